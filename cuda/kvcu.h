@@ -1,0 +1,64 @@
+/**
+ * @file kvcu.h
+ * kvlab's GPU library: the CPU library's operations as CUDA kernels, behind a C API.
+ *
+ * Naming mirrors reference_cpu/: kv_x(...) on the CPU, kvcu_x(...) here with the same
+ * argument order (pointers are device pointers), so a test reads kv_x, then kvcu_x, then
+ * compares. Every function returns a ::kv_status and fills a ::kv_err; device OOM is
+ * KV_ERR_NOMEM, any other CUDA failure KV_ERR_DEVICE with the call and its message.
+ */
+#ifndef KVCU_H
+#define KVCU_H
+
+#include "kv_backend.h"
+#include "kv_forward.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** KV_OK when a CUDA device can run kernels (always, in the emulation build). */
+int kvcu_device_available(kv_err *err);
+/** "NVIDIA H200, sm_90, 139 GiB" or "emulated (CPU fibers)"; KV_ERR_DEVICE if none. */
+int kvcu_device_describe(char *buf, size_t n, kv_err *err);
+/** 1 when this library is the CPU emulation build. */
+int kvcu_is_emulation(void);
+
+/* ---- building blocks, twins of kv_ops.h / kv_attention.h (device pointers) ---------- */
+int kvcu_rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps, kv_err *err);
+int kvcu_matmul(float *y, const float *x, const float *W, int T, int in, int out, kv_err *err);
+int kvcu_rope(float *x, const int *pos, int T, int n_heads, int head_dim, int rotary_dim,
+              float theta, kv_err *err);
+int kvcu_swiglu(float *g, const float *u, int64_t n, kv_err *err);
+int kvcu_add(float *x, const float *y, int64_t n, kv_err *err);
+int kvcu_embed(float *out, const float *table, const int *tokens, int T, int dim, kv_err *err);
+int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out, int n_heads,
+                     int n_kv_heads, int head_dim, int max_seq, int len, kv_err *err);
+
+/* ---- the engine: weights, cache and scratch on the device --------------------------- */
+typedef struct kvcu_model kvcu_model; /* device copy of a kv_model's weights */
+typedef struct kvcu_cache kvcu_cache; /* device KV cache, same spec and layout as kv_cache */
+typedef struct kvcu_state kvcu_state; /* device scratch buffers of the forward pass */
+
+int kvcu_model_upload(kvcu_model **out, const kv_model *m, kv_err *err);
+void kvcu_model_free(kvcu_model *m);
+int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spec *spec,
+                      kv_err *err);
+void kvcu_cache_free(kvcu_cache *c);
+void kvcu_cache_reset(kvcu_cache *c, int slot);
+int kvcu_cache_length(const kvcu_cache *c, int slot);
+int kvcu_state_create(kvcu_state **out, kv_err *err);
+void kvcu_state_free(kvcu_state *s);
+
+/** The transformer step on the GPU; same contract as kv_forward(). logits: host memory. */
+int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq *seqs,
+                 int n_seqs, float *logits, kv_counters *cnt, kv_err *err);
+
+/** A ::kv_backend running kvcu_forward(); uploads @p model (the host copy may then go). */
+int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
+                        kv_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,43 @@
+/**
+ * @file kv_attention.h
+ * The one attention family (DESIGN.md §2), CPU reference.
+ *
+ * kv_attn_decode() is the math on plain arrays; kv_attention() reads a ::kv_cache through
+ * its spec and calls the right member of the family. Later chapters add layouts, dtypes and
+ * retention to kv_attention(), never a private copy.
+ */
+#ifndef KV_ATTENTION_H
+#define KV_ATTENTION_H
+
+#include "kv_cache.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/**
+ * Attention of one query token over a contiguous cache.
+ *
+ * q    [n_heads][head_dim]               this token's queries, RoPE applied
+ * k, v [n_kv_heads][max_seq][head_dim]   the cache; positions 0..len-1 are valid
+ * out  [n_heads][head_dim]
+ *
+ * Query head h reads KV head h / G, G = n_heads / n_kv_heads (G = 1 MHA, G = n_heads MQA).
+ * Softmax is computed in three passes (max, exp-sum, weighted values) in fp32, in the order
+ * of positions, so the result does not depend on thread count.
+ */
+void kv_attn_decode(const float *q, const float *k, const float *v, float *out,
+                    int n_heads, int n_kv_heads, int head_dim, int max_seq, int len);
+
+/**
+ * Attention of one query token at position @p pos of @p slot over cache positions 0..pos of
+ * @p layer (causal: the token sees itself and everything before it).
+ * q [H][d], out [H][d].
+ */
+void kv_attention(const kv_cache *c, int layer, int slot, int pos, const float *q, float *out,
+                  int n_heads);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

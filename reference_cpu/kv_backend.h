@@ -1,0 +1,44 @@
+/**
+ * @file kv_backend.h
+ * A device-neutral handle on "a model with a cache", so generation loops, the tour and the
+ * benchmarks are written once and run on the CPU or the GPU.
+ *
+ * kv_backend_cpu() wraps kv_forward(); kvcu_backend_create() (cuda/kvcu.h) wraps kvcu_forward().
+ */
+#ifndef KV_BACKEND_H
+#define KV_BACKEND_H
+
+#include "kv_forward.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kv_backend kv_backend;
+struct kv_backend {
+    const char *name;        /* "cpu", "cuda", "cuda-emulation" */
+    const kv_config *config; /* the model's config */
+    void *impl;
+    /** One step; see kv_forward(). logits are host memory [n_seqs][vocab]. */
+    int (*forward)(kv_backend *b, const kv_seq *seqs, int n_seqs, float *logits,
+                   kv_counters *cnt, kv_err *err);
+    /** Forget a slot's cached tokens. */
+    void (*reset)(kv_backend *b, int slot);
+    /** Tokens cached in a slot. */
+    int (*length)(kv_backend *b, int slot);
+    /** Release everything the backend owns (not the model it was given). */
+    void (*destroy)(kv_backend *b);
+};
+
+/**
+ * A CPU backend over @p model (borrowed, must outlive the backend) with a cache built
+ * from @p spec. *out is allocated; destroy with kv_backend_destroy().
+ */
+int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
+                   kv_err *err);
+void kv_backend_destroy(kv_backend *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,41 @@
+/**
+ * @file kv_checkpoint.h
+ * Model files: llama2.c's fp32 checkpoint ("legacy" version 0) and kvlab's versioned header.
+ *
+ * llama2.c layout: 7 int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
+ * seq_len; negative vocab_size = untied classifier), then fp32 weights in kv_weights order,
+ * with two legacy RoPE tables [seq_len][d/2] between rms_final and wcls that kvlab skips.
+ *
+ * kvlab layout: a 256-byte header (magic "KVLB", version, the seven fields, rope_theta,
+ * rotary_dim, norm_eps, tied flag, model kind, zero padding), then the weights in the same
+ * order without the RoPE tables.
+ */
+#ifndef KV_CHECKPOINT_H
+#define KV_CHECKPOINT_H
+
+#include "kv_model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { KV_FILE_LLAMA2C = 0, KV_FILE_KVLAB = 1 } kv_file_format;
+
+/**
+ * Read a checkpoint of either format (detected by the magic). Validates the header
+ * (kv_config_validate), the exact file size, and that every weight is finite; any failure
+ * names the problem (KV_ERR_IO / KV_ERR_FORMAT) and leaves @p m zeroed.
+ */
+int kv_checkpoint_read(const char *path, kv_model *m, kv_err *err);
+
+/**
+ * Write @p m in @p format. llama2.c files cannot carry rope_theta != 10000, partial rotary,
+ * norm_eps != 1e-5 or a model kind: KV_ERR_UNSUPPORTED then. The file is written to a
+ * temporary name and renamed, so a failure leaves no partial file.
+ */
+int kv_checkpoint_write(const char *path, const kv_model *m, int format, kv_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,89 @@
+/**
+ * @file kv_config.h
+ * Model configuration: the llama2.c checkpoint header fields plus what kvlab adds.
+ *
+ * Symbols (DESIGN.md §3): L = n_layers, H = n_heads, H_kv = n_kv_heads, G = H / H_kv,
+ * d = head_dim = dim / H.
+ */
+#ifndef KV_CONFIG_H
+#define KV_CONFIG_H
+
+#include "kv_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** What a model's weights are: random (timing) or constructed to recall planted facts. */
+typedef enum {
+    KV_MODEL_GENERIC = 0,       /**< loaded from a file or random weights */
+    KV_MODEL_RECALL_DIRECT = 1, /**< constructed direct-lookup recall model (needle suite) */
+    KV_MODEL_RECALL_INDUCTION = 2 /**< constructed previous-token + induction recall model */
+} kv_model_kind;
+
+typedef struct {
+    /* the seven llama2.c header fields */
+    int dim;        /**< residual stream width (= H * d) */
+    int hidden_dim; /**< SwiGLU hidden width */
+    int n_layers;   /**< L */
+    int n_heads;    /**< H, query heads */
+    int n_kv_heads; /**< H_kv, key/value heads; divides H */
+    int vocab_size; /**< tokens in the vocabulary */
+    int seq_len;    /**< longest context the model is meant for (cache capacity default) */
+    /* fields the llama2.c header lacks (kvlab header v1) */
+    float rope_theta; /**< RoPE base, 10000 in llama2.c */
+    int rotary_dim;   /**< leading dims of each head that RoPE rotates (even, <= d); d = full */
+    float norm_eps;   /**< RMSNorm epsilon, 1e-5 in llama2.c */
+    int tied_classifier; /**< 1: the classifier reuses the token embedding */
+    int kind;         /**< ::kv_model_kind */
+} kv_config;
+
+/** Head dimension d = dim / n_heads. */
+static inline int kv_config_head_dim(const kv_config *c) { return c->dim / c->n_heads; }
+/** Width of K (and of V) for one token: H_kv * d. */
+static inline int kv_config_kv_dim(const kv_config *c) { return c->n_kv_heads * (c->dim / c->n_heads); }
+
+/** Fill the kvlab defaults for the fields llama2.c lacks (theta 10000, full rotary, eps 1e-5). */
+void kv_config_set_defaults(kv_config *c);
+
+/**
+ * Check a configuration: positive sizes within sane limits, H divides dim, H_kv divides H,
+ * even rotary_dim <= d, finite theta/eps. Returns KV_OK or KV_ERR_ARG with the problem named.
+ */
+int kv_config_validate(const kv_config *c, kv_err *err);
+
+/** Number of fp32 parameters the model holds (embedding counted once when tied). */
+int64_t kv_config_param_count(const kv_config *c);
+
+/** One-line description, e.g. "dim 288, L 6, H 6, H_kv 6, d 48, hidden 768, vocab 32000, seq 256". */
+void kv_config_describe(const kv_config *c, char *buf, size_t n);
+
+/** The embedded default models, created by the program (no download). */
+typedef enum {
+    KV_DEFAULT_TINY = 0,  /**< tiny MHA model: fast tests and the tour */
+    KV_DEFAULT_TINY_GQA,  /**< tiny GQA model (H_kv = H / 2)  */
+    KV_DEFAULT_SMALL,     /**< llama2.c-15M-sized model for timing */
+    KV_DEFAULT_COUNT
+} kv_default_model;
+
+/** Config of an embedded default model; NULL name -> KV_ERR_ARG. */
+int kv_config_default(kv_default_model which, kv_config *out, kv_err *err);
+/** Look up an embedded default by name ("tiny", "tiny-gqa", "small"). */
+int kv_config_default_by_name(const char *name, kv_config *out, uint64_t *seed, kv_err *err);
+
+/** A published model's shape, for memory arithmetic (kvlab calc); no weights. */
+typedef struct {
+    const char *name;      /**< "llama-2-7b" */
+    kv_config config;      /**< dims of the published model */
+    int sliding_window;    /**< 0 = none; Mistral-7B: 4096 */
+} kv_preset;
+
+/** Table of presets (Llama-2-7B/13B/70B, Llama-3-8B/70B, Mistral-7B); count in @p n. */
+const kv_preset *kv_presets(int *n);
+/** Preset by name (case-insensitive), or NULL. */
+const kv_preset *kv_preset_find(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

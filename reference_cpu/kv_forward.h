@@ -1,0 +1,76 @@
+/**
+ * @file kv_forward.h
+ * The transformer step, written once for the CPU (cuda/kvcu.h mirrors it for the GPU).
+ *
+ * One call advances a batch of sequences, each at its own position by any number of tokens:
+ *   embed → for each layer: RMSNorm → Q,K,V → RoPE → cache write → attention → Wo → residual
+ *                           → RMSNorm → SwiGLU MLP → residual
+ *   → final RMSNorm → classifier (last token of each sequence only).
+ * A prefill is a sequence with many tokens, a decode step a sequence with one. Chapter 01's
+ * naive recompute is kv_cache_reset() followed by a prefill of the whole prefix.
+ */
+#ifndef KV_FORWARD_H
+#define KV_FORWARD_H
+
+#include "kv_model.h"
+#include "kv_cache.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** One sequence's part of a step. */
+typedef struct {
+    int slot;          /**< cache slot of the sequence */
+    int pos;           /**< position of tokens[0]; must equal the slot's cached length */
+    int n_tokens;      /**< tokens to process this step (>= 1) */
+    const int *tokens; /**< [n_tokens] */
+} kv_seq;
+
+/** Work done by steps, counted from shapes (the same formulas for CPU and CUDA). */
+typedef struct {
+    double flops_proj;       /**< Q,K,V,O, MLP and classifier matmuls: 2 FLOPs per multiply-add */
+    double flops_attn;       /**< q·k and p·v: 4·H·d per (query, cached key) pair per layer */
+    double kv_bytes_read;    /**< K and V bytes attention reads: L·2·H_kv·d·b per cached token */
+    double kv_bytes_written; /**< K and V bytes written to the cache: L·2·H_kv·d·b per new token */
+    int64_t tokens;          /**< tokens processed (prompt and generated) */
+    int64_t steps;           /**< forward calls */
+} kv_counters;
+
+/** Add the work of one step over @p seqs to @p cnt (NULL cnt: nothing). */
+void kv_counters_add_step(kv_counters *cnt, const kv_config *c, const kv_cache_spec *spec,
+                          const kv_seq *seqs, int n_seqs);
+
+/** Scratch buffers of the CPU forward pass, grown to the largest step seen. */
+typedef struct {
+    int max_tokens;  /* tokens the buffers hold */
+    float *x;        /* [T][dim]     residual stream */
+    float *xb;       /* [T][dim]     normed input / attention output */
+    float *xb2;      /* [T][dim]     projection output */
+    float *q;        /* [T][H*d] */
+    float *k;        /* [T][H_kv*d] */
+    float *v;        /* [T][H_kv*d] */
+    float *hb;       /* [T][hidden]  gate, then SwiGLU */
+    float *hb2;      /* [T][hidden]  up */
+    float *xlast;    /* [n_seqs][dim] final-normed last token of each sequence */
+    int max_seqs;
+    int *tok_slot;   /* [T] */
+    int *tok_pos;    /* [T] */
+} kv_state;
+
+void kv_state_init(kv_state *s);
+void kv_state_free(kv_state *s);
+
+/**
+ * Run one step. Checks the batch against the cache (slot range, pos == cached length,
+ * capacity, token ids) and returns KV_ERR_ARG / KV_ERR_CAPACITY with the problem named.
+ *
+ * logits [n_seqs][vocab]  logits after the last token of each sequence (may be NULL)
+ */
+int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, int n_seqs,
+               float *logits, kv_counters *cnt, kv_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,46 @@
+/**
+ * @file kv_generate.h
+ * Generation loops written once over a ::kv_backend (CPU or GPU):
+ *  - chapter 01, naive recompute: before every new token the slot is reset and the whole
+ *    prefix (prompt + generated so far) is run again;
+ *  - chapter 02, KV cache: the prompt is prefilled once, then one token per step.
+ * Both produce the same tokens; only the work differs (see ::kv_counters).
+ */
+#ifndef KV_GENERATE_H
+#define KV_GENERATE_H
+
+#include "kv_backend.h"
+#include "kv_sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { KV_MODE_NAIVE = 0, KV_MODE_CACHED = 1 } kv_gen_mode;
+
+/** Called after each generated token (may be NULL): step index, token, that step's work. */
+typedef void (*kv_step_fn)(void *user, int step, int token, const kv_counters *step_work,
+                           double seconds);
+
+typedef struct {
+    int mode;          /**< ::kv_gen_mode */
+    int slot;          /**< cache slot to use */
+    int n_steps;       /**< tokens to generate */
+    kv_sampler *sampler; /**< NULL = greedy */
+    kv_step_fn on_step;
+    void *user;
+    float *last_logits;  /**< optional [vocab]: logits that chose the final token */
+} kv_gen_opts;
+
+/**
+ * Generate @p opts->n_steps tokens after @p prompt (n_prompt >= 1) into out [n_steps].
+ * Total work is added to @p total (may be NULL). The prompt plus generated tokens must fit the
+ * backend's cache capacity: otherwise KV_ERR_CAPACITY before any work is done.
+ */
+int kv_generate(kv_backend *b, const int *prompt, int n_prompt, const kv_gen_opts *opts,
+                int *out, kv_counters *total, kv_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

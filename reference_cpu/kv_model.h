@@ -1,0 +1,58 @@
+/**
+ * @file kv_model.h
+ * Weights of a Llama-style model, in the llama2.c order and layout.
+ *
+ * Every matrix is row-major [out][in], so y = W x is y[i] = sum_j W[i][j] x[j].
+ */
+#ifndef KV_MODEL_H
+#define KV_MODEL_H
+
+#include "kv_config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    float *token_embedding; /* [vocab][dim] */
+    float *rms_att;         /* [L][dim] */
+    float *wq;              /* [L][H*d][dim] */
+    float *wk;              /* [L][H_kv*d][dim] */
+    float *wv;              /* [L][H_kv*d][dim] */
+    float *wo;              /* [L][dim][H*d] */
+    float *rms_ffn;         /* [L][dim] */
+    float *w1;              /* [L][hidden][dim]  gate */
+    float *w2;              /* [L][dim][hidden]  down */
+    float *w3;              /* [L][hidden][dim]  up   */
+    float *rms_final;       /* [dim] */
+    float *wcls;            /* [vocab][dim]; == token_embedding when tied */
+} kv_weights;
+
+typedef struct {
+    kv_config config;
+    kv_weights w;   /* pointers into data */
+    float *data;    /* one allocation holding every weight, llama2.c order */
+    int64_t n_floats;
+} kv_model;
+
+/** Allocate zeroed weights for a validated config and set the pointers. */
+int kv_model_alloc(kv_model *m, const kv_config *c, kv_err *err);
+/** Free the weights (safe on a zeroed struct). */
+void kv_model_free(kv_model *m);
+
+/**
+ * Fill with deterministic random weights (seeded): matrices uniform in ±1/sqrt(fan_in)·scale,
+ * RMSNorm gains 1. Same seed and config -> identical bytes on every machine.
+ */
+void kv_model_randomize(kv_model *m, uint64_t seed);
+
+/** Allocate and randomize an embedded default model (kv_config_default + kv_model_randomize). */
+int kv_model_default(kv_model *m, kv_default_model which, kv_err *err);
+
+/** KV_OK if every weight is finite, else KV_ERR_FORMAT naming the tensor and index. */
+int kv_model_check_finite(const kv_model *m, kv_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
