@@ -15,10 +15,11 @@
 
 #ifdef KV_CUDA_EMULATION
 /* The kernel body runs once per emulated thread, as a fiber; arguments are captured by value
- * exactly as a real launch copies them. */
+ * exactly as a real launch copies them. The kernel's address keys its cudaFuncSetAttribute
+ * settings, so `kernel` must name one function (give template arguments explicitly). */
 #define KV_LAUNCH(kernel, grid, block, smem, stream, ...) \
-    kvemu_launch(#kernel, dim3(grid), dim3(block), (size_t)(smem), (stream), \
-                 [=]() { kernel(__VA_ARGS__); })
+    kvemu_launch(#kernel, kvemu_func_key(kernel), dim3(grid), dim3(block), (size_t)(smem), \
+                 (stream), [=]() { kernel(__VA_ARGS__); })
 #define KV_DYNAMIC_SMEM(T, name) T *name = (T *)kvemu_dynamic_smem()
 #else
 #define KV_LAUNCH(kernel, grid, block, smem, stream, ...) \

@@ -24,6 +24,18 @@ int kvcu_device_describe(char *buf, size_t n, kv_err *err);
 /** 1 when this library is the CPU emulation build. */
 int kvcu_is_emulation(void);
 
+/* ---- device memory for C callers (tests, demos): cudaMalloc / cudaMemcpy as kv_status -- */
+/** Allocate @p bytes of device memory in *dptr; KV_ERR_NOMEM when the device is full. */
+int kvcu_malloc(void **dptr, size_t bytes, kv_err *err);
+/** Free device memory from kvcu_malloc (NULL is fine). */
+void kvcu_free(void *dptr);
+/** Copy @p bytes host -> device. */
+int kvcu_upload(void *dst, const void *src, size_t bytes, kv_err *err);
+/** Copy @p bytes device -> host (waits for the kernels before it; reports their errors). */
+int kvcu_download(void *dst, const void *src, size_t bytes, kv_err *err);
+/** Wait for every launched kernel; reports the first error one of them hit. */
+int kvcu_synchronize(kv_err *err);
+
 /* ---- building blocks, twins of kv_ops.h / kv_attention.h (device pointers) ---------- */
 int kvcu_rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps, kv_err *err);
 int kvcu_matmul(float *y, const float *x, const float *W, int T, int in, int out, kv_err *err);

@@ -25,17 +25,29 @@ extern "C" {
  * Query head h reads KV head h / G, G = n_heads / n_kv_heads (G = 1 MHA, G = n_heads MQA).
  * Softmax is computed in three passes (max, exp-sum, weighted values) in fp32, in the order
  * of positions, so the result does not depend on thread count.
+ *
+ * The scores need len floats per head of scratch, allocated here: returns KV_OK, or
+ * KV_ERR_NOMEM (out untouched) when that allocation fails.
  */
-void kv_attn_decode(const float *q, const float *k, const float *v, float *out,
-                    int n_heads, int n_kv_heads, int head_dim, int max_seq, int len);
+int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
+                   int n_heads, int n_kv_heads, int head_dim, int max_seq, int len);
 
 /**
  * Attention of one query token at position @p pos of @p slot over cache positions 0..pos of
  * @p layer (causal: the token sees itself and everything before it).
  * q [H][d], out [H][d].
+ * Allocates (pos + 1) floats of score scratch per head: KV_OK, or KV_ERR_NOMEM.
  */
-void kv_attention(const kv_cache *c, int layer, int slot, int pos, const float *q, float *out,
-                  int n_heads);
+int kv_attention(const kv_cache *c, int layer, int slot, int pos, const float *q, float *out,
+                 int n_heads);
+
+/**
+ * One query head @p h of kv_attention(), with the caller's scratch: the unit kv_forward()
+ * spreads over threads as (token, head) pairs. Reads the cache through its spec.
+ * qh [d], oh [d], att [pos + 1] scratch for the scores.
+ */
+void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, int n_heads,
+                       const float *qh, float *oh, float *att);
 
 #ifdef __cplusplus
 }

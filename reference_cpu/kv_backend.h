@@ -18,6 +18,7 @@ typedef struct kv_backend kv_backend;
 struct kv_backend {
     const char *name;        /* "cpu", "cuda", "cuda-emulation" */
     const kv_config *config; /* the model's config */
+    kv_cache_spec spec;      /* the cache it was built with (slots, capacity) */
     void *impl;
     /** One step; see kv_forward(). logits are host memory [n_seqs][vocab]. */
     int (*forward)(kv_backend *b, const kv_seq *seqs, int n_seqs, float *logits,

@@ -8,7 +8,8 @@
  *
  * kvlab layout: a 256-byte header (magic "KVLB", version, the seven fields, rope_theta,
  * rotary_dim, norm_eps, tied flag, model kind, zero padding), then the weights in the same
- * order without the RoPE tables.
+ * order without the RoPE tables. Byte offsets: kv_checkpoint.c. llama2.c's later export
+ * versions (magic "ak42") are recognised and refused with a message saying so.
  */
 #ifndef KV_CHECKPOINT_H
 #define KV_CHECKPOINT_H

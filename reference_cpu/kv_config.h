@@ -32,7 +32,7 @@ typedef struct {
     int seq_len;    /**< longest context the model is meant for (cache capacity default) */
     /* fields the llama2.c header lacks (kvlab header v1) */
     float rope_theta; /**< RoPE base, 10000 in llama2.c */
-    int rotary_dim;   /**< leading dims of each head that RoPE rotates (even, <= d); d = full */
+    int rotary_dim;   /**< leading dims of each head that RoPE rotates (even, <= d); d = full, 0 = none */
     float norm_eps;   /**< RMSNorm epsilon, 1e-5 in llama2.c */
     int tied_classifier; /**< 1: the classifier reuses the token embedding */
     int kind;         /**< ::kv_model_kind */
@@ -43,12 +43,17 @@ static inline int kv_config_head_dim(const kv_config *c) { return c->dim / c->n_
 /** Width of K (and of V) for one token: H_kv * d. */
 static inline int kv_config_kv_dim(const kv_config *c) { return c->n_kv_heads * (c->dim / c->n_heads); }
 
-/** Fill the kvlab defaults for the fields llama2.c lacks (theta 10000, full rotary, eps 1e-5). */
+/**
+ * Fill the kvlab defaults for the fields llama2.c lacks (theta 10000, full rotary, eps 1e-5),
+ * plus tied classifier and generic kind. Set dim and n_heads first: rotary_dim = dim / n_heads.
+ */
 void kv_config_set_defaults(kv_config *c);
 
 /**
- * Check a configuration: positive sizes within sane limits, H divides dim, H_kv divides H,
- * even rotary_dim <= d, finite theta/eps. Returns KV_OK or KV_ERR_ARG with the problem named.
+ * Check a configuration: positive sizes within sane limits (dim <= 65536, hidden <= 2^20,
+ * L <= 1024, vocab and seq_len <= 2^24, at most 2^40 parameters), H divides dim, H_kv divides
+ * H, d even, even rotary_dim <= d, positive finite theta/eps. Returns KV_OK or KV_ERR_ARG with
+ * the field and its value named, e.g. "n_kv_heads (3) must divide n_heads (8)".
  */
 int kv_config_validate(const kv_config *c, kv_err *err);
 
@@ -66,9 +71,14 @@ typedef enum {
     KV_DEFAULT_COUNT
 } kv_default_model;
 
-/** Config of an embedded default model; NULL name -> KV_ERR_ARG. */
+/** Config of an embedded default model; an unknown @p which -> KV_ERR_ARG. */
 int kv_config_default(kv_default_model which, kv_config *out, kv_err *err);
-/** Look up an embedded default by name ("tiny", "tiny-gqa", "small"). */
+/** Name of an embedded default ("tiny", ...), or NULL when @p which is out of range. */
+const char *kv_config_default_name(kv_default_model which);
+/**
+ * Look up an embedded default by name ("tiny", "tiny-gqa", "small"); @p seed (may be NULL)
+ * receives the fixed seed its weights are drawn from. Unknown or NULL name -> KV_ERR_ARG.
+ */
 int kv_config_default_by_name(const char *name, kv_config *out, uint64_t *seed, kv_err *err);
 
 /** A published model's shape, for memory arithmetic (kvlab calc); no weights. */

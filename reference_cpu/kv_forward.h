@@ -41,7 +41,8 @@ typedef struct {
 void kv_counters_add_step(kv_counters *cnt, const kv_config *c, const kv_cache_spec *spec,
                           const kv_seq *seqs, int n_seqs);
 
-/** Scratch buffers of the CPU forward pass, grown to the largest step seen. */
+/** Scratch buffers of the CPU forward pass, grown to the largest step seen. A state serves
+ *  one model: its buffers are sized by that model's widths. */
 typedef struct {
     int max_tokens;  /* tokens the buffers hold */
     float *x;        /* [T][dim]     residual stream */
@@ -65,7 +66,8 @@ void kv_state_free(kv_state *s);
  * Run one step. Checks the batch against the cache (slot range, pos == cached length,
  * capacity, token ids) and returns KV_ERR_ARG / KV_ERR_CAPACITY with the problem named.
  *
- * logits [n_seqs][vocab]  logits after the last token of each sequence (may be NULL)
+ * logits [n_seqs][vocab]  logits after the last token of each sequence (may be NULL: the
+ *                         classifier is skipped, and so are its FLOPs in @p cnt)
  */
 int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, int n_seqs,
                float *logits, kv_counters *cnt, kv_err *err);

@@ -35,14 +35,19 @@ typedef struct {
     int64_t n_floats;
 } kv_model;
 
-/** Allocate zeroed weights for a validated config and set the pointers. */
+/**
+ * Allocate zeroed weights for a config (validated here) and set the pointers. At most 2^34
+ * parameters (64 GiB of fp32): more -> KV_ERR_NOMEM. On failure @p m is left zeroed.
+ */
 int kv_model_alloc(kv_model *m, const kv_config *c, kv_err *err);
 /** Free the weights (safe on a zeroed struct). */
 void kv_model_free(kv_model *m);
 
 /**
- * Fill with deterministic random weights (seeded): matrices uniform in ±1/sqrt(fan_in)·scale,
- * RMSNorm gains 1. Same seed and config -> identical bytes on every machine.
+ * Fill with deterministic random weights (seeded): matrices uniform in ±1/sqrt(fan_in)·scale
+ * with scale sqrt(3) (unit-variance outputs), embedding (and an untied wcls) normal with
+ * std 2/sqrt(dim) (logits of spread ~2), RMSNorm gains 1. Same seed and config -> identical
+ * bytes on every machine. kv_model.c explains the choice.
  */
 void kv_model_randomize(kv_model *m, uint64_t seed);
 

@@ -18,6 +18,12 @@ extern "C" {
 /** out[t] = x[t] / rms(x[t]) * w;  x, out [T][n], w [n]. out may alias x. */
 void kv_rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps);
 
+/**
+ * a · b over n elements in one fixed order: eight partial sums (element j goes to sum j mod 8),
+ * folded 0..7, then the tail n mod 8 in order. Every dot product of kv_matmul and of attention.
+ */
+float kv_dot(const float *a, const float *b, int n);
+
 /** y[t][i] = sum_j W[i][j] x[t][j];  x [T][in], W [out][in], y [T][out]. */
 void kv_matmul(float *y, const float *x, const float *W, int T, int in, int out);
 

@@ -1,0 +1,165 @@
+/*
+ * kvlab bench: timing runs, reported as medians of repeats and as ratios measured in the
+ * same run (DESIGN.md §6). `bench decode`: naive recompute vs the KV cache.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "cli.h"
+#include "kv_config.h"
+#include "measure.h"
+
+#define BENCH_PROMPT 16
+
+/* Sustained read bandwidth of this machine: a sum over a buffer far larger than any CPU
+ * cache, median of 5. Bytes = the buffer size; time = the summing loop. */
+static double read_bandwidth(void)
+{
+    const size_t n = (size_t)64 << 20; /* 64 Mi floats = 256 MiB */
+    float *x = kv_calloc(n * sizeof(float));
+    if (!x) return 0.0;
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) x[i] = (float)(i & 7);
+    double t[5];
+    volatile float sink = 0.0f;
+    for (int r = 0; r < 5; r++) {
+        double t0 = kv_now();
+        float s = 0.0f;
+        #pragma omp parallel for reduction(+ : s)
+        for (size_t i = 0; i < n; i++) s += x[i];
+        t[r] = kv_now() - t0;
+        sink += s;
+    }
+    (void)sink;
+    kv_free(x);
+    return (double)(n * sizeof(float)) / kv_median(t, 5);
+}
+
+static int bench_decode(int argc, char **argv)
+{
+    const char *cmd = "kvlab bench decode";
+    const char *model_name = "tiny", *device = "cpu";
+    int steps = 200, repeats = 5;
+    kv_opt opts[] = {
+        {"--default", KV_OPT_CHOICE, &model_name, 0, 0, kv_cli_defaults, "NAME", "embedded model (default tiny)", 0},
+        {"--steps", KV_OPT_INT, &steps, 1, 1 << 20, NULL, "N", "tokens to generate (default 200; prompt 16 + N <= the model's seq_len)", 0},
+        {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "runs of each mode, interleaved (default 5)", 0},
+        {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
+    };
+    int r = kv_args_parse(cmd,
+                          "Generate N tokens greedily after a fixed 16-token prompt, naive (recompute\n"
+                          "the prefix each step) and cached, R times each, interleaved; report medians\n"
+                          "and the cached/naive speed-up measured in the same run.",
+                          argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (r == KV_ARGS_HELP) return KV_EXIT_OK;
+    if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    kv_config probe;
+    kv_config_default_by_name(model_name, &probe, NULL, NULL);
+    if (BENCH_PROMPT + steps > probe.seq_len)
+        return kv_args_bad(cmd, "--steps", "%d steps + the %d-token prompt exceed model '%s''s "
+                           "seq_len %d (at most %d steps)", steps, BENCH_PROMPT, model_name,
+                           probe.seq_len, probe.seq_len - BENCH_PROMPT);
+    int e = kv_cli_check_device(cmd, device);
+    if (e) return e;
+
+    kv_err err = {{0}};
+    kv_model m = {0};
+    kv_backend *b = NULL;
+    kv_run_log runs[2] = {{0}};
+    int st = kv_cli_default_model(&m, model_name, &err);
+    kv_cache_spec spec = kv_cache_spec_default(1, BENCH_PROMPT + steps);
+    if (!st) st = kv_cli_backend(&b, device, &m, &spec, &err);
+    for (int k = 0; k < 2 && !st; k++) st = kv_run_log_init(&runs[k], k, steps, repeats, &err);
+    int prompt[BENCH_PROMPT];
+    if (!st) kv_demo_prompt(prompt, BENCH_PROMPT, m.config.vocab_size);
+    kv_progress prog;
+    kv_progress_start(&prog, "bench decode");
+    for (int rep = 0; rep < repeats && !st; rep++)
+        for (int k = 0; k < 2 && !st; k++)
+            st = kv_run_once(&runs[k], b, prompt, BENCH_PROMPT, &prog, (2L * rep + k) * steps,
+                             2L * repeats * steps, &err);
+    kv_progress_end(&prog);
+    if (st) {
+        kv_cli_fail(cmd, "run", st, &err);
+        goto done;
+    }
+    const double bw = strcmp(device, "cpu") == 0 ? read_bandwidth() : 0.0;
+
+    char desc[256];
+    kv_config_describe(&m.config, desc, sizeof desc);
+    printf("bench decode: model '%s' (%s), device %s, %d OpenMP threads\n", model_name, desc,
+           b->name, omp_get_max_threads());
+    printf("prompt %d tokens, %d generated, greedy; %d runs of each mode, interleaved; medians\n\n",
+           BENCH_PROMPT, steps, repeats);
+    printf("%-8s %11s %11s %11s %13s %11s\n", "mode", "time (s)", "tokens/s", "GFLOP/s",
+           "KV read GB/s", "tokens run");
+    double ratio[64];
+    for (int i = 0; i < repeats; i++) ratio[i] = runs[0].total[i] / runs[1].total[i];
+    for (int k = 0; k < 2; k++) {
+        const kv_counters *s = &runs[k].sum;
+        double t = kv_run_total_median(&runs[k]);
+        printf("%-8s %11.4f %11.1f %11.2f %13.2f %11lld\n", k ? "cached" : "naive", t, steps / t,
+               (s->flops_proj + s->flops_attn) / t * 1e-9, s->kv_bytes_read / t * 1e-9,
+               (long long)s->tokens);
+    }
+    printf("speed-up cached/naive: %.2fx (median over the %d repeats of naive time / cached time,"
+           " each pair run back to back)\n", kv_median(ratio, repeats), repeats);
+
+    printf("\nper-position cost (median step time; the step that runs position p):\n");
+    printf("%8s %12s %12s %9s\n", "p", "naive (s)", "cached (s)", "ratio");
+    for (int j = 0; j < 8; j++) {
+        int i = j == 7 ? steps - 1 : (int)((long)j * steps / 7);
+        if (j > 0 && i == (int)((long)(j - 1) * steps / 7)) continue;
+        double tn = kv_run_step_median(&runs[0], i), tc = kv_run_step_median(&runs[1], i);
+        printf("%8d %12.3e %12.3e %8.1fx\n", BENCH_PROMPT + i - 1, tn, tc, tn / tc);
+    }
+    if (bw > 0) {
+        double t = kv_run_total_median(&runs[1]);
+        printf("\nmachine read bandwidth (sum over a 256 MiB buffer, median of 5): %.2f GB/s\n", bw * 1e-9);
+        printf("cached KV read rate / machine bandwidth: %.1f%% (the rate divides by the whole step's\n"
+               "time, projections included; a cache that fits the CPU's caches can exceed 100%%)\n",
+               100.0 * runs[1].sum.kv_bytes_read / t / bw);
+    }
+    printf("\nformulas: tokens/s = generated tokens / wall time of the run (prefill included);\n"
+           "  FLOPs (2 per multiply-add) = proj 2*P per token run (P = weights in the Q,K,V,O and MLP\n"
+           "  matmuls) + 2*dim*vocab per step (classifier) + attn 4*L*H*d per (query, key) pair;\n"
+           "  KV read bytes = L*2*H_kv*d*4 per (query, key) pair; GB = 1e9 bytes; cache fp32.\n");
+done:
+    for (int k = 0; k < 2; k++) kv_run_log_free(&runs[k]);
+    if (b) kv_backend_destroy(b);
+    kv_model_free(&m);
+    return st ? kv_cli_exit_code(st) : KV_EXIT_OK;
+}
+
+typedef struct {
+    const char *name;
+    kv_cli_cmd run;
+    const char *summary;
+} kv_bench;
+
+static const kv_bench benches[] = {
+    {"decode", bench_decode, "naive vs cached decoding: tokens/s, per-position cost, speed-up"},
+};
+
+int cmd_bench(int argc, char **argv)
+{
+    const int n = (int)(sizeof benches / sizeof benches[0]);
+    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        printf("usage: kvlab bench <benchmark> [options]   (kvlab bench <benchmark> --help)\n\n"
+               "Benchmarks report medians of repeated runs and ratios measured in the same run.\n\n"
+               "benchmarks:\n");
+        for (int i = 0; i < n; i++) printf("  %-8s %s\n", benches[i].name, benches[i].summary);
+        return KV_EXIT_OK;
+    }
+    if (argc < 2) {
+        fprintf(stderr, "kvlab bench: missing the benchmark name (decode); see kvlab bench --help\n");
+        return KV_EXIT_USAGE;
+    }
+    for (int i = 0; i < n; i++)
+        if (strcmp(argv[1], benches[i].name) == 0) return benches[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "kvlab bench: unknown benchmark '%s' (decode); see kvlab bench --help\n", argv[1]);
+    return KV_EXIT_USAGE;
+}

@@ -1,0 +1,222 @@
+/*
+ * kvlab calc: the KV cache's memory, from the formula.
+ *
+ * Every layer keeps, for every cached token, one key and one value vector per KV head:
+ *   bytes = L · 2 · N · H_kv · d · b       (· B for B sequences)
+ * It depends on the KV heads (not the query heads) and not on the vocabulary at all.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kv_config.h"
+
+static const char *const about =
+    "KV-cache memory = L * 2 * N * H_kv * d * b bytes (* B sequences), printed step by step\n"
+    "for one model (--preset or --config), or as a table for every preset when neither is\n"
+    "given. Units are binary (1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB).\n"
+    "Element bytes b: fp32 4, fp16/bf16 2, int8/fp8 1, int4 0.5. Quantized caches also store\n"
+    "scales (and zero points); that metadata arrives with chapter 04 and is not counted here.";
+
+static const char *const dtypes[] = {"fp32", "fp16", "bf16", "int8", "fp8", "int4", NULL};
+
+static double dtype_bytes(const char *dt)
+{
+    if (!strcmp(dt, "fp32")) return 4.0;
+    if (!strcmp(dt, "fp16") || !strcmp(dt, "bf16")) return 2.0;
+    if (!strcmp(dt, "int4")) return 0.5;
+    return 1.0; /* int8, fp8 */
+}
+
+/* "dim,hidden,L,H,Hkv,vocab,seq" -> a validated config; exit code on failure. */
+static int parse_config(const char *cmd, const char *s, kv_config *c)
+{
+    int v[7], n = 0;
+    char part[64];
+    const char *p = s;
+    while (n < 7) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len >= sizeof part) len = sizeof part - 1;
+        memcpy(part, p, len);
+        part[len] = '\0';
+        int64_t x;
+        const char *why;
+        if (kv_parse_i64(part, 1, 1 << 30, &x, &why))
+            return kv_args_bad(cmd, "--config", "field %d '%s' %s (expected 7 positive integers "
+                               "dim,hidden,L,H,Hkv,vocab,seq)", n + 1, part, why);
+        v[n++] = (int)x;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    if (n != 7 || strchr(p, ','))
+        return kv_args_bad(cmd, "--config", "'%s' needs exactly 7 comma-separated integers "
+                           "dim,hidden,L,H,Hkv,vocab,seq", s);
+    memset(c, 0, sizeof *c);
+    c->dim = v[0]; c->hidden_dim = v[1]; c->n_layers = v[2]; c->n_heads = v[3];
+    c->n_kv_heads = v[4]; c->vocab_size = v[5]; c->seq_len = v[6];
+    kv_config_set_defaults(c);
+    kv_err err = {{0}};
+    if (kv_config_validate(c, &err) != KV_OK)
+        return kv_args_bad(cmd, "--config", "%s", err.msg);
+    return KV_EXIT_OK;
+}
+
+/* One model, every step of the formula with its numbers. */
+static void explain(const char *name, const kv_config *c, int window, const char *dt,
+                    int64_t n_req, int64_t batch)
+{
+    const double b = dtype_bytes(dt);
+    const int L = c->n_layers, H = c->n_heads, Hkv = c->n_kv_heads, d = kv_config_head_dim(c);
+    const int64_t n = (window > 0 && n_req > window) ? window : n_req;
+    const double per_layer = 2.0 * Hkv * d * b;  /* one token, one layer */
+    const double per_token = L * per_layer;
+    const double at_n = per_token * (double)n;
+    const double at_b = at_n * (double)batch;
+    char u1[32], u2[32], u3[32], u4[32], g[32];
+
+    printf("KV-cache memory of %s: L %d, H %d, H_kv %d (G = H/H_kv = %d), d %d; dtype %s, b = %g bytes\n\n",
+           name, L, H, Hkv, H / Hkv, d, dt, b);
+    printf("  bytes = L * 2 * N * H_kv * d * b   (2: one K and one V vector per KV head; * B sequences)\n");
+    printf("  binary units: 1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB\n\n");
+    char e1[64], e2[64], e3[64], e4[64];
+    snprintf(e1, sizeof e1, "2 * %d * %d * %g", Hkv, d, b);
+    snprintf(e2, sizeof e2, "%d * %.0f", L, per_layer);
+    snprintf(e3, sizeof e3, "%lld * %.0f", (long long)n, per_token);
+    snprintf(e4, sizeof e4, "%lld * %.0f", (long long)batch, at_n);
+    char l3[48], l4[48];
+    snprintf(l3, sizeof l3, "at N = %lld tokens", (long long)n);
+    snprintf(l4, sizeof l4, "at batch B = %lld", (long long)batch);
+    const char *rows[4][3] = {{"per token per layer", "2 * H_kv * d * b", e1},
+                              {"per token", "L * (per layer)", e2},
+                              {l3, "N * (per token)", e3},
+                              {l4, "B * (at N)", e4}};
+    const double val[4] = {per_layer, per_token, at_n, at_b};
+    char *unit[4] = {u1, u2, u3, u4};
+    for (int i = 0; i < 4; i++) {
+        kv_fmt_bytes(val[i], unit[i], sizeof u1);
+        printf("  %-20s %-17s = %-22s = %14.0f bytes = %s", rows[i][0], rows[i][1], rows[i][2],
+               val[i], unit[i]);
+        /* GiB too when the natural unit is smaller, so "512 MiB" reads as "0.5 GiB" as well */
+        if (i >= 2 && val[i] < 1024.0 * 1024 * 1024 && val[i] >= 1024.0 * 1024)
+            printf(" = %.4g GiB", val[i] / (1024.0 * 1024 * 1024));
+        printf("\n");
+    }
+    if (window > 0)
+        printf("\n  %s attends over a sliding window of %d tokens: its cache never holds more than\n"
+               "  %d tokens per sequence, so N = min(%lld requested, %d) = %lld.\n",
+               name, window, window, (long long)n_req, window, (long long)n);
+    if (b < 2.0)
+        printf("\n  %s counts element bytes only: a quantized cache also stores scales (and zero\n"
+               "  points) per token, head or group; chapter 04 adds that metadata to the bill.\n", dt);
+    const double weights = (double)kv_config_param_count(c) * b;
+    printf("\n  for scale: the weights at %s are %.3g params * %g = %s; one sequence's cache\n"
+           "  reaches that size at N = %.0f tokens%s.\n", dt, (double)kv_config_param_count(c), b,
+           kv_fmt_bytes(weights, g, sizeof g), weights / per_token,
+           window > 0 && weights / per_token > window ? " (never, with the window)" : "");
+}
+
+/* Every preset at a few lengths. */
+void kv_calc_table(FILE *f, const char *dt, int64_t seq, int64_t batch)
+{
+    static const int64_t lens[] = {2048, 8192, 32768, 131072};
+    int np = 0;
+    const kv_preset *p = kv_presets(&np);
+    const double b = dtype_bytes(dt);
+    int capped = 0;
+    fprintf(f, "KV-cache memory of the presets, dtype %s (b = %g), batch B = %lld:\n"
+           "bytes = L * 2 * N * H_kv * d * b * B; binary units (1 GiB = 2^30 bytes)\n\n",
+           dt, b, (long long)batch);
+    fprintf(f, "%-14s %3s %3s %4s %4s %12s", "model", "L", "H", "H_kv", "d", "per token");
+    if (seq > 0) fprintf(f, " %14s=%-8lld", "N", (long long)seq);
+    else
+        for (int j = 0; j < 4; j++) fprintf(f, " %11s%-6lld", "N=", (long long)lens[j]);
+    fprintf(f, " %12s\n", "weights");
+    for (int i = 0; i < np; i++) {
+        const kv_config *c = &p[i].config;
+        double per_token = (double)c->n_layers * 2 * c->n_kv_heads * kv_config_head_dim(c) * b;
+        char u[32];
+        fprintf(f, "%-14s %3d %3d %4d %4d %12s", p[i].name, c->n_layers, c->n_heads, c->n_kv_heads,
+               kv_config_head_dim(c), kv_fmt_bytes(per_token, u, sizeof u));
+        int64_t one[1] = {seq};
+        const int64_t *ls = seq > 0 ? one : lens;
+        for (int j = 0; j < (seq > 0 ? 1 : 4); j++) {
+            int64_t n = ls[j];
+            int cap = p[i].sliding_window > 0 && n > p[i].sliding_window;
+            if (cap) n = p[i].sliding_window, capped = 1;
+            fprintf(f, " %16s%c", kv_fmt_bytes(per_token * (double)n * (double)batch, u, sizeof u),
+                   cap ? '*' : ' ');
+        }
+        fprintf(f, " %12s\n", kv_fmt_bytes((double)kv_config_param_count(c) * b, u, sizeof u));
+    }
+    if (capped)
+        fprintf(f, "\n* sliding window: the cache holds at most the window (Mistral-7B: 4096 tokens).\n");
+    fprintf(f, "\nweights = parameter count * b, for scale. 'kvlab calc --preset NAME' explains one row.\n");
+}
+
+static void list(void)
+{
+    int np = 0;
+    const kv_preset *p = kv_presets(&np);
+    printf("%-14s %6s %6s %3s %3s %4s %7s %7s %7s\n", "preset", "dim", "hidden", "L", "H",
+           "H_kv", "vocab", "seq", "window");
+    for (int i = 0; i < np; i++) {
+        const kv_config *c = &p[i].config;
+        printf("%-14s %6d %6d %3d %3d %4d %7d %7d %7d\n", p[i].name, c->dim, c->hidden_dim,
+               c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len,
+               p[i].sliding_window);
+    }
+}
+
+int cmd_calc(int argc, char **argv)
+{
+    const char *cmd = "kvlab calc";
+    const char *preset = NULL, *config = NULL, *dt = "fp16";
+    int64_t seq = 0, batch = 1;
+    int do_list = 0;
+    kv_opt opts[] = {
+        {"--preset", KV_OPT_STRING, &preset, 0, 0, NULL, "NAME", "a published model (see --list)", 0},
+        {"--config", KV_OPT_STRING, &config, 0, 0, NULL, "D,F,L,H,K,V,S",
+         "dim,hidden,L,H,Hkv,vocab,seq of any model", 0},
+        {"--dtype", KV_OPT_CHOICE, &dt, 0, 0, dtypes, "T", "stored element type (default fp16)", 0},
+        {"--seq", KV_OPT_I64, &seq, 1, 1e12, NULL, "N", "tokens in the cache (default: the model's seq_len)", 0},
+        {"--batch", KV_OPT_I64, &batch, 1, 1e9, NULL, "B", "sequences cached at once (default 1)", 0},
+        {"--list", KV_OPT_FLAG, &do_list, 0, 0, NULL, NULL, "list the presets and their dims", 0},
+    };
+    int r = kv_args_parse(cmd, about, argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (r == KV_ARGS_HELP) return KV_EXIT_OK;
+    if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (do_list) {
+        list();
+        return KV_EXIT_OK;
+    }
+    if (preset && config)
+        return kv_args_bad(cmd, "--preset", "give either --preset or --config, not both");
+
+    kv_config c;
+    const char *name;
+    int window = 0;
+    if (preset) {
+        const kv_preset *p = kv_preset_find(preset);
+        if (!p) {
+            fprintf(stderr, "%s: --preset: unknown preset '%s'; the presets are:", cmd, preset);
+            int np = 0;
+            const kv_preset *all = kv_presets(&np);
+            for (int i = 0; i < np; i++) fprintf(stderr, " %s", all[i].name);
+            fprintf(stderr, "\n");
+            return KV_EXIT_USAGE;
+        }
+        c = p->config;
+        name = p->name;
+        window = p->sliding_window;
+    } else if (config) {
+        int e = parse_config(cmd, config, &c);
+        if (e) return e;
+        name = "the given config";
+    } else {
+        kv_calc_table(stdout, dt, seq, batch);
+        return KV_EXIT_OK;
+    }
+    explain(name, &c, window, dt, seq > 0 ? seq : c.seq_len, batch);
+    return KV_EXIT_OK;
+}

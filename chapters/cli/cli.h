@@ -1,0 +1,87 @@
+/**
+ * @file cli.h
+ * What the kvlab subcommands and the chapter demos share: the subcommand signature,
+ * device selection, model loading, byte formatting and progress lines on stderr.
+ */
+#ifndef KV_CLI_H
+#define KV_CLI_H
+
+#include <stdio.h>
+
+#include "args.h"
+#include "kv_backend.h"
+#include "kv_model.h"
+
+/** A subcommand: argv[0] is its name; returns the process exit code (args.h). */
+typedef int (*kv_cli_cmd)(int argc, char **argv);
+
+int cmd_tour(int argc, char **argv);     /* tour.c */
+int cmd_generate(int argc, char **argv); /* generate.c */
+int cmd_calc(int argc, char **argv);     /* calc.c */
+int cmd_info(int argc, char **argv);     /* info.c */
+int cmd_bench(int argc, char **argv);    /* bench.c */
+int cmd_needle(int argc, char **argv);   /* needle.c */
+int cmd_dialogue(int argc, char **argv); /* dialogue.c */
+
+/** Exit code for a library status: bad input (ARG, IO, FORMAT, UNSUPPORTED) 2, else 1. */
+int kv_cli_exit_code(int status);
+/** Print "cmd: what: message" on stderr and return kv_cli_exit_code(status). */
+int kv_cli_fail(const char *cmd, const char *what, int status, const kv_err *err);
+
+/** Devices a --device option accepts; NULL-terminated. */
+extern const char *const kv_cli_devices[];
+
+/**
+ * Check that @p device ("cpu" or "cuda") can be used by this build and machine.
+ * Prints why not and returns 2 (built without CUDA) or 1 (no usable device); 0 when fine.
+ */
+int kv_cli_check_device(const char *cmd, const char *device);
+
+/** A backend on @p device over @p model with @p spec (kv_backend_cpu or kvcu_backend_create). */
+int kv_cli_backend(kv_backend **out, const char *device, const kv_model *model,
+                   const kv_cache_spec *spec, kv_err *err);
+
+/** Names of the embedded default models ("tiny", ...); NULL-terminated. */
+extern const char *const kv_cli_defaults[];
+/** Build an embedded default model by name (kv_config_default_by_name + randomize). */
+int kv_cli_default_model(kv_model *m, const char *name, kv_err *err);
+
+/**
+ * The KV-cache bill of every preset (kvlab calc without a model): bytes per token and at a few
+ * lengths (or at @p seq when > 0), for dtype @p dt ("fp16", ...) and @p batch sequences.
+ */
+void kv_calc_table(FILE *f, const char *dt, int64_t seq, int64_t batch);
+
+/** "16 KiB", "1 GiB", "1.5 MiB", "512 B": binary units, at most 4 significant digits. */
+const char *kv_fmt_bytes(double bytes, char *buf, size_t n);
+
+/**
+ * Progress on stderr for long runs: nothing during the first second, then one line
+ * rewritten in place at most ten times a second, and a newline at the end.
+ */
+typedef struct {
+    const char *label;
+    double t0, last;
+    int shown;
+} kv_progress;
+
+void kv_progress_start(kv_progress *p, const char *label);
+void kv_progress_update(kv_progress *p, long done, long total);
+void kv_progress_end(kv_progress *p);
+
+/* ---- chapter demos (chapters/NN-name/demo.c), run by `kvlab tour` ------------------- */
+
+/** What a demo is given: where to print, in which form, on which device. */
+typedef struct {
+    FILE *out;          /**< tables go here (stdout) */
+    int csv;            /**< 1: comma-separated rows instead of aligned tables */
+    const char *device; /**< "cpu" or "cuda" (already checked) */
+} kv_demo_ctx;
+
+/** A chapter demo: returns a kv_status and fills @p err. */
+typedef int (*kv_demo_fn)(const kv_demo_ctx *ctx, kv_err *err);
+
+int kv_demo_ch01(const kv_demo_ctx *ctx, kv_err *err); /* 01-naive-recompute/demo.c */
+int kv_demo_ch02(const kv_demo_ctx *ctx, kv_err *err); /* 02-kv-cache/demo.c */
+
+#endif

@@ -1,0 +1,54 @@
+/* Device selection and model loading shared by tour, generate and bench (cli.h). */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "kv_config.h"
+#ifdef KV_HAVE_CUDA
+#include "kvcu.h"
+#endif
+
+const char *const kv_cli_devices[] = {"cpu", "cuda", NULL};
+const char *const kv_cli_defaults[] = {"tiny", "tiny-gqa", "small", NULL};
+
+int kv_cli_check_device(const char *cmd, const char *device)
+{
+    if (strcmp(device, "cpu") == 0) return KV_EXIT_OK;
+#ifdef KV_HAVE_CUDA
+    kv_err err = {{0}};
+    if (kvcu_device_available(&err) != KV_OK) {
+        fprintf(stderr, "%s: --device cuda: no usable CUDA device: %s\n", cmd, err.msg);
+        return KV_EXIT_FAIL;
+    }
+    return KV_EXIT_OK;
+#else
+    fprintf(stderr,
+            "%s: --device cuda: this kvlab was built without CUDA (CUDA mode: none).\n"
+            "Rebuild with nvcc on the PATH, or with -DKV_CUDA_EMULATION=ON to run the CUDA\n"
+            "kernels on the CPU; `kvlab info` shows how this binary was built.\n", cmd);
+    return KV_EXIT_USAGE;
+#endif
+}
+
+int kv_cli_backend(kv_backend **out, const char *device, const kv_model *model,
+                   const kv_cache_spec *spec, kv_err *err)
+{
+    if (strcmp(device, "cpu") == 0) return kv_backend_cpu(out, model, spec, err);
+#ifdef KV_HAVE_CUDA
+    if (strcmp(device, "cuda") == 0) return kvcu_backend_create(out, model, spec, err);
+#endif
+    return kv_fail(err, KV_ERR_UNSUPPORTED, "device '%s' is not available in this build", device);
+}
+
+int kv_cli_default_model(kv_model *m, const char *name, kv_err *err)
+{
+    kv_config c;
+    uint64_t seed = 0;
+    int st = kv_config_default_by_name(name, &c, &seed, err);
+    if (st != KV_OK) return st;
+    st = kv_model_alloc(m, &c, err);
+    if (st != KV_OK) return st;
+    kv_model_randomize(m, seed);
+    return KV_OK;
+}

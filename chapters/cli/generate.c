@@ -1,0 +1,154 @@
+/*
+ * kvlab generate: text (or token ids) from an embedded default or a checkpoint, naive or
+ * cached, on the CPU or the GPU, with the tokens/s it reached.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kv_checkpoint.h"
+#include "kv_generate.h"
+#include "kv_tokenizer.h"
+
+static const char *const modes[] = {"naive", "cached", NULL};
+
+/* Print a token's text, leaving out raw control bytes a random model may pick. */
+static void print_piece(const char *s)
+{
+    if (!s || !s[0]) return;
+    if (s[1] == '\0' && !(isprint((unsigned char)s[0]) || isspace((unsigned char)s[0]))) return;
+    fputs(s, stdout);
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    const char *cmd = "kvlab generate";
+    const char *model_path = NULL, *def = NULL, *tok_path = NULL, *text = NULL;
+    const char *mode = "cached", *device = "cpu";
+    int steps = 64;
+    double temperature = 0.0, top_p = 1.0;
+    int64_t seed = 42;
+    kv_opt opts[] = {
+        {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint", 0},
+        {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded model (default tiny)", 0},
+        {"--tokenizer", KV_OPT_STRING, &tok_path, 0, 0, NULL, "FILE", "llama2.c tokenizer.bin (defaults: the embedded byte tokenizer)", 0},
+        {"--prompt", KV_OPT_STRING, &text, 0, 0, NULL, "TEXT", "prompt text (needs a tokenizer; default: BOS only)", 0},
+        {"--steps", KV_OPT_INT, &steps, 1, 1 << 24, NULL, "N", "tokens to generate (default 64; prompt + N <= seq_len)", 0},
+        {"--mode", KV_OPT_CHOICE, &mode, 0, 0, modes, "M", "naive recompute or KV cache (default cached)", 0},
+        {"--temperature", KV_OPT_FLOAT, &temperature, 0, 100, NULL, "T", "0 = greedy (default 0)", 0},
+        {"--top-p", KV_OPT_FLOAT, &top_p, 1e-6, 1, NULL, "P", "nucleus sampling cut (default 1 = off)", 0},
+        {"--seed", KV_OPT_I64, &seed, 0, 9.0e15, NULL, "S", "sampler seed (default 42)", 0},
+        {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
+    };
+    int r = kv_args_parse(cmd,
+                          "Generate tokens after a prompt and print them as text (with a tokenizer)\n"
+                          "or as ids, then the speed reached. The embedded defaults have random\n"
+                          "weights: their text is noise; they exist for timing and for the chapters.",
+                          argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (r == KV_ARGS_HELP) return KV_EXIT_OK;
+    if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (model_path && def) return kv_args_bad(cmd, "--model", "give either --model or --default, not both");
+    if (!model_path && !def) def = "tiny";
+    if (text && !tok_path && model_path)
+        return kv_args_bad(cmd, "--prompt", "a model file needs --tokenizer FILE to encode the prompt");
+    int e = kv_cli_check_device(cmd, device);
+    if (e) return e;
+
+    kv_err err = {{0}};
+    kv_model m = {0};
+    kv_tokenizer tok;
+    int have_tok = 0, *prompt = NULL, *out = NULL, n_prompt = 0, rc = KV_EXIT_OK;
+    kv_backend *b = NULL;
+    kv_sampler sampler;
+    int have_sampler = 0;
+    memset(&tok, 0, sizeof tok);
+
+    int st = model_path ? kv_checkpoint_read(model_path, &m, &err) : kv_cli_default_model(&m, def, &err);
+    if (st) {
+        rc = kv_cli_fail(cmd, model_path ? model_path : def, st, &err);
+        goto done;
+    }
+    const int vocab = m.config.vocab_size;
+    if (tok_path) st = kv_tokenizer_read(tok_path, vocab, &tok, &err);
+    else if (!model_path) st = kv_tokenizer_bytes(&tok, vocab, &err);
+    if (st) {
+        rc = kv_cli_fail(cmd, tok_path ? tok_path : "byte tokenizer", st, &err);
+        goto done;
+    }
+    have_tok = tok_path || !model_path;
+
+    const char *ptext = text ? text : "";
+    prompt = malloc((strlen(ptext) + 3) * sizeof(int)); /* [strlen + 3] as encode asks */
+    if (!prompt) {
+        rc = kv_cli_fail(cmd, "prompt", KV_ERR_NOMEM, &err);
+        goto done;
+    }
+    if (have_tok) {
+        st = kv_tokenizer_encode(&tok, ptext, 1, 0, prompt, &n_prompt, &err);
+        if (st) {
+            rc = kv_cli_fail(cmd, "--prompt", st, &err);
+            goto done;
+        }
+    } else {
+        prompt[0] = 1; /* BOS */
+        n_prompt = 1;
+    }
+    if ((int64_t)n_prompt + steps > m.config.seq_len) {
+        fprintf(stderr, "%s: --steps: %d steps after a %d-token prompt exceed the model's seq_len %d\n",
+                cmd, steps, n_prompt, m.config.seq_len);
+        rc = KV_EXIT_USAGE;
+        goto done;
+    }
+    out = malloc((size_t)steps * sizeof(int)); /* [steps] */
+    kv_cache_spec spec = kv_cache_spec_default(1, n_prompt + steps);
+    if (!out) {
+        rc = kv_cli_fail(cmd, "output", KV_ERR_NOMEM, &err);
+        goto done;
+    }
+    if ((st = kv_cli_backend(&b, device, &m, &spec, &err))) {
+        rc = kv_cli_fail(cmd, "backend", st, &err);
+        goto done;
+    }
+    if ((st = kv_sampler_init(&sampler, vocab, (float)temperature, (float)top_p, (uint64_t)seed, &err))) {
+        rc = kv_cli_fail(cmd, "sampler", st, &err);
+        goto done;
+    }
+    have_sampler = 1;
+
+    kv_gen_opts o = {0};
+    o.mode = strcmp(mode, "naive") == 0 ? KV_MODE_NAIVE : KV_MODE_CACHED;
+    o.n_steps = steps;
+    o.sampler = &sampler;
+    kv_counters total = {0};
+    double t0 = kv_now();
+    st = kv_generate(b, prompt, n_prompt, &o, out, &total, &err);
+    double t = kv_now() - t0;
+    if (st) {
+        rc = kv_cli_fail(cmd, "generation", st, &err);
+        goto done;
+    }
+    if (have_tok) {
+        char bytebuf[2];
+        fputs(ptext, stdout);
+        int prev = prompt[n_prompt - 1];
+        for (int i = 0; i < steps; i++) {
+            print_piece(kv_tokenizer_decode(&tok, prev, out[i], bytebuf));
+            prev = out[i];
+        }
+        printf("\n");
+    } else {
+        for (int i = 0; i < steps; i++) printf("%d%c", out[i], i + 1 < steps ? ' ' : '\n');
+    }
+    fprintf(stderr, "%d tokens in %.4f s (prompt of %d tokens included): %.1f tokens/s; mode %s,"
+                    " device %s\n", steps, t, n_prompt, steps / t, mode, b->name);
+done:
+    if (have_sampler) kv_sampler_free(&sampler);
+    if (b) kv_backend_destroy(b);
+    if (have_tok) kv_tokenizer_free(&tok);
+    free(prompt);
+    free(out);
+    kv_model_free(&m);
+    return rc;
+}

@@ -1,0 +1,64 @@
+/* kvlab info: how this binary was built and what it runs on. */
+#include <stdio.h>
+
+#include <omp.h>
+
+#include "cli.h"
+#ifdef KV_HAVE_CUDA
+#include "kvcu.h"
+#endif
+
+#ifndef KV_BUILD_TYPE
+#define KV_BUILD_TYPE "unknown"
+#endif
+#ifndef KV_COMPILER
+#define KV_COMPILER "unknown"
+#endif
+#ifndef KV_CUDA_MODE
+#define KV_CUDA_MODE "none"
+#endif
+
+/* The widest vector instructions the compiler was allowed to use (its predefined macros),
+ * not what the CPU could do: a default build targets the baseline of the architecture. */
+static const char *simd_level(void)
+{
+#if defined(__AVX512F__)
+    return "AVX-512";
+#elif defined(__AVX2__)
+    return "AVX2";
+#elif defined(__ARM_NEON) || defined(__ARM_NEON__)
+    return "NEON";
+#elif defined(__SSE2__)
+    return "none beyond SSE2 (x86-64 baseline; -march=native would enable more)";
+#else
+    return "none";
+#endif
+}
+
+int cmd_info(int argc, char **argv)
+{
+    kv_opt *opts = NULL;
+    int r = kv_args_parse("kvlab info",
+                          "Print the version, build type, compiler, SIMD level, OpenMP threads,\n"
+                          "CUDA mode (none, cuda, emulation) and, with CUDA, the device.",
+                          argc - 1, argv + 1, opts, 0);
+    if (r == KV_ARGS_HELP) return KV_EXIT_OK;
+    if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+
+    printf("kvlab        %s\n", KV_VERSION_STRING);
+    printf("build type   %s\n", KV_BUILD_TYPE);
+    printf("compiler     %s\n", KV_COMPILER);
+    printf("SIMD level   %s\n", simd_level());
+    printf("OpenMP       %d threads (omp_get_max_threads; set OMP_NUM_THREADS to change)\n",
+           omp_get_max_threads());
+    printf("CUDA mode    %s\n", KV_CUDA_MODE);
+#ifdef KV_HAVE_CUDA
+    char buf[256];
+    kv_err err = {{0}};
+    if (kvcu_device_describe(buf, sizeof buf, &err) == KV_OK) printf("device       %s\n", buf);
+    else printf("device       none usable: %s\n", err.msg);
+#else
+    printf("device       none (built without CUDA)\n");
+#endif
+    return KV_EXIT_OK;
+}

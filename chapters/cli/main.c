@@ -1,0 +1,58 @@
+/*
+ * kvlab: the command-line front of the library. Each subcommand lives in its own file
+ * (tour.c, generate.c, ...) and is one row of the table below; a new subcommand is one
+ * new file and one new row.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct {
+    const char *name;
+    kv_cli_cmd run;
+    const char *summary;
+} kv_subcommand;
+
+static const kv_subcommand commands[] = {
+    {"tour", cmd_tour, "run the chapter demos and print their measured tables"},
+    {"generate", cmd_generate, "generate text or token ids from a model, naive or cached"},
+    {"calc", cmd_calc, "KV-cache memory for a preset or a config: L*2*N*H_kv*d*b"},
+    {"info", cmd_info, "version, build, SIMD level, threads, CUDA mode and device"},
+    {"bench", cmd_bench, "benchmarks (bench decode: naive vs cached tokens/s)"},
+    /* new subcommands: one row here, e.g. {"needle", cmd_needle, "..."}, */
+};
+static const int n_commands = (int)(sizeof commands / sizeof commands[0]);
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvlab <command> [options]   (kvlab <command> --help for its options)\n\n"
+               "kvlab %s: how LLM inference manages its key/value cache, one chapter at a time.\n\n"
+               "commands:\n", KV_VERSION_STRING);
+    for (int i = 0; i < n_commands; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nexit codes: 0 success, 1 a run failed (library or device error),"
+               " 2 bad arguments or input files\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return KV_EXIT_USAGE;
+    }
+    const char *name = argv[1];
+    if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 || strcmp(name, "help") == 0) {
+        usage(stdout);
+        return KV_EXIT_OK;
+    }
+    if (strcmp(name, "--version") == 0) {
+        printf("kvlab %s\n", KV_VERSION_STRING);
+        return KV_EXIT_OK;
+    }
+    for (int i = 0; i < n_commands; i++)
+        if (strcmp(name, commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "kvlab: unknown command '%s'\n\n", name);
+    usage(stderr);
+    return KV_EXIT_USAGE;
+}

@@ -1,0 +1,69 @@
+/*
+ * kvlab tour: each chapter's demo, in order. A chapter adds its demo as one row of the
+ * table below (its function lives in chapters/NN-name/demo.c and is declared in cli.h).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct {
+    int chapter;
+    const char *title;
+    kv_demo_fn run;
+} kv_demo;
+
+static const kv_demo demos[] = {
+    {1, "naive recompute", kv_demo_ch01},
+    {2, "the KV cache", kv_demo_ch02},
+};
+static const int n_demos = (int)(sizeof demos / sizeof demos[0]);
+
+int cmd_tour(int argc, char **argv)
+{
+    const char *cmd = "kvlab tour";
+    int chapter = 0, csv = 0;
+    const char *device = "cpu";
+    kv_opt opts[] = {
+        {"--chapter", KV_OPT_INT, &chapter, 1, 99, NULL, "N", "run only chapter N's demo", 0},
+        {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
+        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "print comma-separated rows (for plots)", 0},
+    };
+    char about[1024];
+    int used = snprintf(about, sizeof about,
+                        "Run the chapter demos on the embedded default models and print what they\n"
+                        "measured (times in seconds). Progress goes to stderr. Chapters:");
+    for (int i = 0; i < n_demos && used < (int)sizeof about; i++)
+        used += snprintf(about + used, sizeof about - used, "\n  %02d  %s", demos[i].chapter,
+                         demos[i].title);
+    int r = kv_args_parse(cmd, about, argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (r == KV_ARGS_HELP) return KV_EXIT_OK;
+    if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+
+    int found = chapter == 0;
+    for (int i = 0; i < n_demos; i++) found |= demos[i].chapter == chapter;
+    if (!found)
+        return kv_args_bad(cmd, "--chapter", "no demo for chapter %d yet (chapters 01..%02d have one)",
+                           chapter, demos[n_demos - 1].chapter);
+    int e = kv_cli_check_device(cmd, device);
+    if (e) return e;
+
+    kv_demo_ctx ctx = {stdout, csv, device};
+    for (int i = 0; i < n_demos; i++) {
+        if (chapter && demos[i].chapter != chapter) continue;
+        if (!csv) printf("== chapter %02d: %s (device %s) ==\n\n", demos[i].chapter, demos[i].title, device);
+        else printf("# chapter %02d: %s (device %s)\n", demos[i].chapter, demos[i].title, device);
+        kv_err err = {{0}};
+        int st = demos[i].run(&ctx, &err);
+        if (st != KV_OK) {
+            /* the demo's inputs are fixed: any failure is the run's, not the user's.
+             * A negative status is a check of the demo itself that did not hold. */
+            fprintf(stderr, "%s: chapter %02d demo: %s%s%s\n", cmd, demos[i].chapter,
+                    err.msg[0] ? err.msg : "failed", st > 0 ? " " : "",
+                    st > 0 ? kv_status_name(st) : "");
+            return KV_EXIT_FAIL;
+        }
+        printf("\n");
+    }
+    return KV_EXIT_OK;
+}

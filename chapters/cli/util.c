@@ -1,0 +1,60 @@
+/* Exit codes, byte formatting and progress lines (cli.h). */
+#include "cli.h"
+
+#include <math.h>
+#include <stdio.h>
+
+int kv_cli_exit_code(int status)
+{
+    switch (status) {
+    case KV_OK: return KV_EXIT_OK;
+    case KV_ERR_ARG:
+    case KV_ERR_IO:
+    case KV_ERR_FORMAT:
+    case KV_ERR_UNSUPPORTED: return KV_EXIT_USAGE; /* the input was wrong, not the run */
+    default: return KV_EXIT_FAIL;
+    }
+}
+
+int kv_cli_fail(const char *cmd, const char *what, int status, const kv_err *err)
+{
+    fprintf(stderr, "%s: %s: %s (%s)\n", cmd, what, err && err->msg[0] ? err->msg : "failed",
+            kv_status_name(status));
+    return kv_cli_exit_code(status);
+}
+
+const char *kv_fmt_bytes(double bytes, char *buf, size_t n)
+{
+    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int u = 0;
+    double v = bytes;
+    while (fabs(v) >= 1024.0 && u < 5) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, n, "%.4g %s", v, unit[u]);
+    return buf;
+}
+
+void kv_progress_start(kv_progress *p, const char *label)
+{
+    p->label = label;
+    p->t0 = p->last = kv_now();
+    p->shown = 0;
+}
+
+void kv_progress_update(kv_progress *p, long done, long total)
+{
+    double now = kv_now();
+    if (now - p->t0 < 1.0 || now - p->last < 0.1) return;
+    p->last = now;
+    p->shown = 1;
+    fprintf(stderr, "\r  %s: %ld/%ld (%.1f s)   ", p->label, done, total, now - p->t0);
+    fflush(stderr);
+}
+
+void kv_progress_end(kv_progress *p)
+{
+    if (p->shown) fprintf(stderr, "\r  %s: done in %.1f s          \n", p->label, kv_now() - p->t0);
+    p->shown = 0;
+}

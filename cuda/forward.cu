@@ -1,0 +1,454 @@
+/*
+ * The transformer step on the GPU, the twin of reference_cpu/kv_forward.c: the same batch
+ * (sequences flattened into T rows, each row knowing its slot and position), the same checks,
+ * the same order of operations, each one a kvcu_ kernel from ops.cu, cache.cu and
+ * attn_decode.cu. What stays on the host is bookkeeping: the batch checks, the slot lengths,
+ * the work counters (kv_counters_add_step from reference_cpu, one formula for both devices).
+ *
+ * Per step the host uploads one small array (token ids, slots, positions, last rows) and
+ * downloads the logits; weights, cache and activations never leave the device.
+ *
+ * Also here: the device queries, C wrappers of cudaMalloc/cudaMemcpy for C callers, and the
+ * kv_backend that runs kvcu_forward().
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvcu_internal.cuh"
+
+/* A scores scratch larger than this many floats (256 MiB) is not allocated: a long prefill
+ * runs its attention in chunks of rows instead (rows * H * capacity floats each). */
+#define KVCU_SCORES_MAX ((size_t)1 << 26)
+
+/* ---- structs ----------------------------------------------------------------------------- */
+
+struct kvcu_model {
+    kv_config config;
+    kv_weights w; /* device pointers into data, at the host copy's offsets */
+    float *data;  /* device, every weight in llama2.c order */
+};
+
+/* A device buffer that only grows (its contents are not kept when it does). */
+typedef struct {
+    void *p;
+    size_t bytes;
+} kvcu_buf;
+
+struct kvcu_state {
+    kvcu_buf x;      /* [T][dim]     residual stream */
+    kvcu_buf xb;     /* [T][dim]     normed input / attention output */
+    kvcu_buf xb2;    /* [T][dim]     projection output */
+    kvcu_buf q;      /* [T][H*d] */
+    kvcu_buf k;      /* [T][H_kv*d] */
+    kvcu_buf v;      /* [T][H_kv*d] */
+    kvcu_buf hb;     /* [T][hidden]  gate, then SwiGLU */
+    kvcu_buf hb2;    /* [T][hidden]  up */
+    kvcu_buf xlast;  /* [n_seqs][dim] last token of each sequence, final-normed */
+    kvcu_buf logits; /* [n_seqs][vocab] */
+    kvcu_buf scores; /* [rows][H][capacity] attention scores of a chunk of rows */
+    kvcu_buf ints;   /* [3T + n_seqs] tokens | slots | positions | last rows */
+    int *host_ints;  /* host staging of ints */
+    size_t host_ints_n;
+};
+
+/* ---- the device --------------------------------------------------------------------------- */
+
+/** KV_OK when a CUDA device can run kernels (always, in the emulation build). */
+int kvcu_device_available(kv_err *err)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* no driver / no device: not an error to keep */
+        return kv_fail(err, KV_ERR_DEVICE, "no usable CUDA device: %s", cudaGetErrorString(e));
+    }
+    if (n < 1) return kv_fail(err, KV_ERR_DEVICE, "no CUDA device found");
+    return KV_OK;
+}
+
+/** "NVIDIA H200, sm_90, 139 GiB" or "emulated (CPU fibers)"; KV_ERR_DEVICE if none. */
+int kvcu_device_describe(char *buf, size_t n, kv_err *err)
+{
+    int st = kvcu_device_available(err);
+    if (st) return st;
+    if (kvcu_is_emulation()) {
+        snprintf(buf, n, "emulated (CPU fibers)");
+        return KV_OK;
+    }
+    int dev = 0;
+    cudaDeviceProp prop;
+    KV_CUDA_TRY(cudaGetDevice(&dev), err);
+    KV_CUDA_TRY(cudaGetDeviceProperties(&prop, dev), err);
+    snprintf(buf, n, "%s, sm_%d%d, %.0f GiB", prop.name, prop.major, prop.minor,
+             (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    return KV_OK;
+}
+
+/** 1 when this library is the CPU emulation build. */
+int kvcu_is_emulation(void)
+{
+#ifdef KV_CUDA_EMULATION
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* ---- device memory for C callers ----------------------------------------------------------- */
+
+int kvcu_malloc(void **dptr, size_t bytes, kv_err *err)
+{
+    *dptr = NULL;
+    KV_CUDA_TRY(cudaMalloc(dptr, bytes), err);
+    return KV_OK;
+}
+
+void kvcu_free(void *dptr) { cudaFree(dptr); }
+
+int kvcu_upload(void *dst, const void *src, size_t bytes, kv_err *err)
+{
+    KV_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), err);
+    return KV_OK;
+}
+
+int kvcu_download(void *dst, const void *src, size_t bytes, kv_err *err)
+{
+    KV_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), err);
+    return KV_OK;
+}
+
+int kvcu_synchronize(kv_err *err)
+{
+    KV_CUDA_TRY(cudaDeviceSynchronize(), err);
+    return KV_OK;
+}
+
+/* ---- weights --------------------------------------------------------------------------- */
+
+/** Copy a model's weights to the device; the host model may be freed afterwards. */
+int kvcu_model_upload(kvcu_model **out, const kv_model *m, kv_err *err)
+{
+    *out = NULL;
+    if (!m || !m->data || m->n_floats <= 0)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_model_upload: model has no weights");
+    kvcu_model *g = (kvcu_model *)calloc(1, sizeof *g);
+    if (!g) return kv_fail(err, KV_ERR_NOMEM, "kvcu_model_upload: host memory");
+    g->config = m->config;
+    const size_t bytes = (size_t)m->n_floats * sizeof(float);
+    cudaError_t e = cudaMalloc(&g->data, bytes);
+    if (e == cudaSuccess) e = cudaMemcpy(g->data, m->data, bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        kvcu_model_free(g);
+        cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+        return kv_fail(err, e == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE,
+                       "kvcu_model_upload: %zu bytes of weights: %s", bytes,
+                       cudaGetErrorString(e));
+    }
+    /* the weights are one block, so each tensor sits at the same offset on both sides
+     * (a tied classifier keeps pointing at the embedding) */
+#define KVCU_REBASE(f) g->w.f = g->data + (m->w.f - m->data)
+    KVCU_REBASE(token_embedding);
+    KVCU_REBASE(rms_att);
+    KVCU_REBASE(wq);
+    KVCU_REBASE(wk);
+    KVCU_REBASE(wv);
+    KVCU_REBASE(wo);
+    KVCU_REBASE(rms_ffn);
+    KVCU_REBASE(w1);
+    KVCU_REBASE(w2);
+    KVCU_REBASE(w3);
+    KVCU_REBASE(rms_final);
+    KVCU_REBASE(wcls);
+#undef KVCU_REBASE
+    *out = g;
+    return KV_OK;
+}
+
+void kvcu_model_free(kvcu_model *m)
+{
+    if (!m) return;
+    cudaFree(m->data);
+    free(m);
+}
+
+/* ---- scratch ------------------------------------------------------------------------- */
+
+int kvcu_state_create(kvcu_state **out, kv_err *err)
+{
+    *out = (kvcu_state *)calloc(1, sizeof(kvcu_state));
+    return *out ? KV_OK : kv_fail(err, KV_ERR_NOMEM, "kvcu_state_create: host memory");
+}
+
+void kvcu_state_free(kvcu_state *s)
+{
+    if (!s) return;
+    kvcu_buf *bufs[] = {&s->x, &s->xb, &s->xb2, &s->q, &s->k, &s->v, &s->hb, &s->hb2,
+                        &s->xlast, &s->logits, &s->scores, &s->ints};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]->p);
+    free(s->host_ints);
+    free(s);
+}
+
+/* Make b hold at least @p bytes. */
+static int grow(kvcu_buf *b, size_t bytes, kv_err *err)
+{
+    if (bytes <= b->bytes) return KV_OK;
+    cudaFree(b->p);
+    b->p = NULL;
+    b->bytes = 0;
+    cudaError_t e = cudaMalloc(&b->p, bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return kv_fail(err, e == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE,
+                       "kvcu_forward: %zu bytes of device scratch: %s", bytes,
+                       cudaGetErrorString(e));
+    }
+    b->bytes = bytes;
+    return KV_OK;
+}
+
+/* Make room for a step of T rows, n_seqs sequences and score chunks of @p rows rows. */
+static int state_reserve(kvcu_state *s, const kv_config *c, int T, int n_seqs, int rows,
+                         int capacity, kv_err *err)
+{
+    const size_t f = sizeof(float), t = (size_t)T;
+    const size_t dim = (size_t)c->dim, qdim = (size_t)c->n_heads * kv_config_head_dim(c);
+    const size_t kvdim = (size_t)kv_config_kv_dim(c), hidden = (size_t)c->hidden_dim;
+    int rc = 0;
+    if ((rc = grow(&s->x, t * dim * f, err)) || (rc = grow(&s->xb, t * dim * f, err)) ||
+        (rc = grow(&s->xb2, t * dim * f, err)) || (rc = grow(&s->q, t * qdim * f, err)) ||
+        (rc = grow(&s->k, t * kvdim * f, err)) || (rc = grow(&s->v, t * kvdim * f, err)) ||
+        (rc = grow(&s->hb, t * hidden * f, err)) || (rc = grow(&s->hb2, t * hidden * f, err)) ||
+        (rc = grow(&s->xlast, (size_t)n_seqs * dim * f, err)) ||
+        (rc = grow(&s->logits, (size_t)n_seqs * c->vocab_size * f, err)) ||
+        (rc = grow(&s->scores, (size_t)rows * c->n_heads * capacity * f, err)))
+        return rc;
+    const size_t n_ints = 3 * t + (size_t)n_seqs;
+    if ((rc = grow(&s->ints, n_ints * sizeof(int), err))) return rc;
+    if (n_ints > s->host_ints_n) {
+        free(s->host_ints);
+        s->host_ints = (int *)malloc(n_ints * sizeof(int));
+        s->host_ints_n = s->host_ints ? n_ints : 0;
+        if (!s->host_ints) return kv_fail(err, KV_ERR_NOMEM, "kvcu_forward: host memory");
+    }
+    return KV_OK;
+}
+
+/* ---- the step ------------------------------------------------------------------------ */
+
+/* The checks of kv_forward(), with its messages: before anything is touched, so a refused
+ * step leaves the cache as it was. Returns the total number of new tokens in *T. */
+static int check_batch(const kv_config *cfg, const kvcu_cache *c, const kv_seq *seqs,
+                       int n_seqs, int *T, kv_err *err)
+{
+    if (c->n_layers != cfg->n_layers || c->n_kv_heads != cfg->n_kv_heads ||
+        c->head_dim != kv_config_head_dim(cfg))
+        return kv_fail(err, KV_ERR_ARG,
+                       "kvcu_forward: cache shape (L %d, H_kv %d, d %d) does not match the "
+                       "model (L %d, H_kv %d, d %d)", c->n_layers, c->n_kv_heads, c->head_dim,
+                       cfg->n_layers, cfg->n_kv_heads, kv_config_head_dim(cfg));
+    if (!seqs || n_seqs < 1)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_forward: empty batch (n_seqs %d)", n_seqs);
+    if (n_seqs > c->spec.n_slots)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_forward: %d sequences but the cache has %d slots",
+                       n_seqs, c->spec.n_slots);
+    int64_t total = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        const kv_seq *q = &seqs[i];
+        if (q->slot < 0 || q->slot >= c->spec.n_slots)
+            return kv_fail(err, KV_ERR_ARG,
+                           "kvcu_forward: sequence %d: slot %d is outside [0, %d)", i, q->slot,
+                           c->spec.n_slots);
+        for (int j = 0; j < i; j++)
+            if (seqs[j].slot == q->slot)
+                return kv_fail(err, KV_ERR_ARG,
+                               "kvcu_forward: sequences %d and %d both use slot %d", j, i,
+                               q->slot);
+        if (q->n_tokens < 1 || !q->tokens)
+            return kv_fail(err, KV_ERR_ARG,
+                           "kvcu_forward: sequence %d: n_tokens %d (need >= 1)", i, q->n_tokens);
+        if (q->pos != c->len[q->slot])
+            return kv_fail(err, KV_ERR_ARG,
+                           "kvcu_forward: sequence %d: pos %d but slot %d holds %d tokens", i,
+                           q->pos, q->slot, c->len[q->slot]);
+        if ((int64_t)q->pos + q->n_tokens > c->spec.capacity)
+            return kv_fail(err, KV_ERR_CAPACITY,
+                           "kvcu_forward: sequence %d: pos %d + %d tokens exceeds the capacity "
+                           "%d", i, q->pos, q->n_tokens, c->spec.capacity);
+        for (int t = 0; t < q->n_tokens; t++)
+            if (q->tokens[t] < 0 || q->tokens[t] >= cfg->vocab_size)
+                return kv_fail(err, KV_ERR_ARG,
+                               "kvcu_forward: sequence %d: token %d is %d, outside [0, %d)", i, t,
+                               q->tokens[t], cfg->vocab_size);
+        total += q->n_tokens;
+    }
+    if (total > (1 << 24))
+        return kv_fail(err, KV_ERR_ARG, "kvcu_forward: %lld tokens in one step (max %d)",
+                       (long long)total, 1 << 24);
+    *T = (int)total;
+    return KV_OK;
+}
+
+#define KVCU_TRY(call)              \
+    do {                            \
+        int kv_rc_ = (call);        \
+        if (kv_rc_) return kv_rc_;  \
+    } while (0)
+
+/** The transformer step on the GPU; same contract as kv_forward(). logits: host memory. */
+int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq *seqs,
+                 int n_seqs, float *logits, kv_counters *cnt, kv_err *err)
+{
+    if (!m || !c || !s)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_forward: NULL model, cache or state");
+    const kv_config *p = &m->config;
+    const kv_weights *w = &m->w; /* device pointers */
+    int T = 0;
+    KVCU_TRY(check_batch(p, c, seqs, n_seqs, &T, err));
+
+    const int dim = p->dim, H = p->n_heads, d = kv_config_head_dim(p), cap = c->spec.capacity;
+    const int qdim = H * d, kvdim = kv_config_kv_dim(p), hidden = p->hidden_dim;
+    const float eps = p->norm_eps;
+    /* attention rows per launch: all of them, unless their scores would pass KVCU_SCORES_MAX */
+    const size_t per_row = (size_t)H * cap;
+    const int rows = per_row * T <= KVCU_SCORES_MAX ? T
+                     : (int)(KVCU_SCORES_MAX / per_row > 0 ? KVCU_SCORES_MAX / per_row : 1);
+    KVCU_TRY(state_reserve(s, p, T, n_seqs, rows, cap, err));
+    float *x = (float *)s->x.p, *xb = (float *)s->xb.p, *xb2 = (float *)s->xb2.p;
+    float *q = (float *)s->q.p, *k = (float *)s->k.p, *v = (float *)s->v.p;
+    float *hb = (float *)s->hb.p, *hb2 = (float *)s->hb2.p, *xlast = (float *)s->xlast.p;
+
+    /* flatten on the host: row t is token j of sequence i, at position pos + j of its slot;
+     * last[i] is the row of sequence i's last token. One upload carries all four. */
+    int *tok = s->host_ints, *slot = tok + T, *pos = slot + T, *last = pos + T;
+    for (int i = 0, t = 0; i < n_seqs; i++) {
+        for (int j = 0; j < seqs[i].n_tokens; j++, t++) {
+            tok[t] = seqs[i].tokens[j];
+            slot[t] = seqs[i].slot;
+            pos[t] = seqs[i].pos + j;
+        }
+        last[i] = t - 1;
+    }
+    KV_CUDA_TRY(cudaMemcpy(s->ints.p, tok, (3 * (size_t)T + n_seqs) * sizeof(int),
+                           cudaMemcpyHostToDevice), err);
+    const int *d_tok = (const int *)s->ints.p, *d_slot = d_tok + T, *d_pos = d_slot + T;
+    const int *d_last = d_pos + T;
+
+    KVCU_TRY(kvcu_embed(x, w->token_embedding, d_tok, T, dim, err));
+    for (int l = 0; l < p->n_layers; l++) {
+        /* attention block: x += Wo · attention(RoPE(Wq·xb), cache(RoPE(Wk·xb), Wv·xb)) */
+        KVCU_TRY(kvcu_rmsnorm(xb, x, w->rms_att + (size_t)l * dim, T, dim, eps, err));
+        KVCU_TRY(kvcu_matmul(q, xb, w->wq + (size_t)l * qdim * dim, T, dim, qdim, err));
+        KVCU_TRY(kvcu_matmul(k, xb, w->wk + (size_t)l * kvdim * dim, T, dim, kvdim, err));
+        KVCU_TRY(kvcu_matmul(v, xb, w->wv + (size_t)l * kvdim * dim, T, dim, kvdim, err));
+        KVCU_TRY(kvcu_rope(q, d_pos, T, H, d, p->rotary_dim, p->rope_theta, err));
+        KVCU_TRY(kvcu_rope(k, d_pos, T, p->n_kv_heads, d, p->rotary_dim, p->rope_theta, err));
+        /* every row's K/V first, so a prefill row can attend to the rows before it */
+        KVCU_TRY(kvcu_cache_write(c, l, d_slot, d_pos, k, v, T, err));
+        for (int r0 = 0; r0 < T; r0 += rows) {
+            const int nr = T - r0 < rows ? T - r0 : rows;
+            KVCU_TRY(kvcu_attention(c, l, d_slot + r0, d_pos + r0, q + (size_t)r0 * qdim,
+                                    xb + (size_t)r0 * qdim, (float *)s->scores.p, nr, H, err));
+        }
+        KVCU_TRY(kvcu_matmul(xb2, xb, w->wo + (size_t)l * dim * qdim, T, qdim, dim, err));
+        KVCU_TRY(kvcu_add(x, xb2, (int64_t)T * dim, err));
+
+        /* MLP block: x += W2 · (silu(W1·xb) * W3·xb) */
+        KVCU_TRY(kvcu_rmsnorm(xb, x, w->rms_ffn + (size_t)l * dim, T, dim, eps, err));
+        KVCU_TRY(kvcu_matmul(hb, xb, w->w1 + (size_t)l * hidden * dim, T, dim, hidden, err));
+        KVCU_TRY(kvcu_matmul(hb2, xb, w->w3 + (size_t)l * hidden * dim, T, dim, hidden, err));
+        KVCU_TRY(kvcu_swiglu(hb, hb2, (int64_t)T * hidden, err));
+        KVCU_TRY(kvcu_matmul(xb2, hb, w->w2 + (size_t)l * dim * hidden, T, hidden, dim, err));
+        KVCU_TRY(kvcu_add(x, xb2, (int64_t)T * dim, err));
+    }
+
+    /* only the last token of each sequence needs logits: the next token is chosen from it.
+     * Gathering those rows is an embedding lookup with x as the table. */
+    if (logits) {
+        float *dlogits = (float *)s->logits.p;
+        KVCU_TRY(kvcu_embed(xlast, x, d_last, n_seqs, dim, err));
+        KVCU_TRY(kvcu_rmsnorm(xlast, xlast, w->rms_final, n_seqs, dim, eps, err));
+        KVCU_TRY(kvcu_matmul(dlogits, xlast, w->wcls, n_seqs, dim, p->vocab_size, err));
+        KV_CUDA_TRY(cudaMemcpy(logits, dlogits, (size_t)n_seqs * p->vocab_size * sizeof(float),
+                               cudaMemcpyDeviceToHost), err);
+    } else {
+        KV_CUDA_TRY(cudaDeviceSynchronize(), err); /* report a failed kernel before it counts */
+    }
+
+    for (int i = 0; i < n_seqs; i++) c->len[seqs[i].slot] = seqs[i].pos + seqs[i].n_tokens;
+    if (cnt) {
+        kv_counters_add_step(cnt, p, &c->spec, seqs, n_seqs);
+        if (!logits) /* no classifier was run */
+            cnt->flops_proj -= 2.0 * (double)dim * p->vocab_size * n_seqs;
+    }
+    return KV_OK;
+}
+
+/* ---- the backend ------------------------------------------------------------------------ */
+
+typedef struct {
+    kvcu_model *model; /* owned: uploaded at creation */
+    kvcu_cache *cache;
+    kvcu_state *state;
+} cuda_impl;
+
+static int cuda_forward(kv_backend *b, const kv_seq *seqs, int n_seqs, float *logits,
+                        kv_counters *cnt, kv_err *err)
+{
+    cuda_impl *p = (cuda_impl *)b->impl;
+    return kvcu_forward(p->model, p->cache, p->state, seqs, n_seqs, logits, cnt, err);
+}
+
+static void cuda_reset(kv_backend *b, int slot) { kvcu_cache_reset(((cuda_impl *)b->impl)->cache, slot); }
+
+static int cuda_length(kv_backend *b, int slot)
+{
+    return kvcu_cache_length(((cuda_impl *)b->impl)->cache, slot);
+}
+
+static void cuda_destroy(kv_backend *b)
+{
+    cuda_impl *p = (cuda_impl *)b->impl;
+    if (p) {
+        kvcu_state_free(p->state);
+        kvcu_cache_free(p->cache);
+        kvcu_model_free(p->model);
+        free(p);
+    }
+    free(b);
+}
+
+/** A ::kv_backend running kvcu_forward(); uploads @p model (the host copy may then go). */
+int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
+                        kv_err *err)
+{
+    if (!out || !model || !spec)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_backend_create: NULL argument");
+    *out = NULL;
+    int rc = kvcu_device_available(err);
+    if (rc) return rc;
+    kv_backend *b = (kv_backend *)calloc(1, sizeof *b);
+    cuda_impl *p = (cuda_impl *)calloc(1, sizeof *p);
+    if (!b || !p) {
+        free(b);
+        free(p);
+        return kv_fail(err, KV_ERR_NOMEM, "kvcu_backend_create: out of memory");
+    }
+    b->impl = p;
+    b->destroy = cuda_destroy;
+    if ((rc = kvcu_model_upload(&p->model, model, err)) ||
+        (rc = kvcu_cache_create(&p->cache, &model->config, spec, err)) ||
+        (rc = kvcu_state_create(&p->state, err))) {
+        cuda_destroy(b);
+        return rc;
+    }
+    b->name = kvcu_is_emulation() ? "cuda-emulation" : "cuda";
+    b->config = &p->model->config; /* the device model's copy: the host model may go */
+    b->spec = *spec;
+    b->forward = cuda_forward;
+    b->reset = cuda_reset;
+    b->length = cuda_length;
+    *out = b;
+    return KV_OK;
+}

@@ -1,0 +1,96 @@
+/**
+ * @file kvcu_internal.cuh
+ * What the CUDA engine's files share and callers of kvcu.h never see: the device cache
+ * struct, the engine-only launchers (cache write, attention over the cache), and the
+ * warp/block reductions every kernel that sums uses.
+ */
+#ifndef KVCU_INTERNAL_CUH
+#define KVCU_INTERNAL_CUH
+
+#include <math.h>
+
+#include "kv_cuda.cuh"
+#include "kvcu.h"
+
+/* The device cache: the same spec and the same layout as the CPU's kv_cache, so a chapter's
+ * figure of the memory holds for both. Slot lengths live on the host: the batch checks and
+ * the launch sizes need them there, and the kernels get each token's position explicitly. */
+struct kvcu_cache {
+    kv_cache_spec spec;
+    int n_layers, n_kv_heads, head_dim;
+    float *k;  /* device [L][n_slots][H_kv][capacity][d] */
+    float *v;  /* device [L][n_slots][H_kv][capacity][d] */
+    int *len;  /* host [n_slots] tokens currently stored per slot */
+};
+
+/**
+ * Store the K and V rows of T tokens of one layer: token t goes to position tok_pos[t] of
+ * slot tok_slot[t] (twin of calling kv_cache_write() once per token).
+ * k, v [T][H_kv][d] device; tok_slot, tok_pos [T] device.
+ */
+int kvcu_cache_write(kvcu_cache *c, int layer, const int *tok_slot, const int *tok_pos,
+                     const float *k, const float *v, int T, kv_err *err);
+
+/**
+ * Attention of T query tokens over one layer of the cache (twin of calling kv_attention()
+ * once per token): token t reads positions 0 .. tok_pos[t] of slot tok_slot[t].
+ * q, out [T][H][d] device; tok_slot, tok_pos [T] device;
+ * scores [T][H][capacity] device scratch.
+ */
+int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const int *tok_pos,
+                   const float *q, float *out, float *scores, int T, int n_heads, kv_err *err);
+
+/* ---- reductions ------------------------------------------------------------------------
+ * Warp sums use the xor butterfly: after 5 steps every lane holds the total. The order of the
+ * additions is fixed by the lane pattern, so a result never depends on scheduling. */
+
+#define KV_WARP 32
+
+/* Loop unrolling hint; the emulation build's host compiler spells it differently. */
+#ifdef KV_CUDA_EMULATION
+#define KV_UNROLL _Pragma("GCC unroll 32")
+#else
+#define KV_UNROLL _Pragma("unroll")
+#endif
+
+__device__ inline float kv_warp_sum(float v)
+{
+    for (int off = KV_WARP / 2; off > 0; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+__device__ inline float kv_warp_max(float v)
+{
+    for (int off = KV_WARP / 2; off > 0; off >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+/* Block-wide sum (blockDim.x a multiple of 32); every thread gets the total.
+ * red: shared scratch of 32 floats. The leading barrier lets a block call it twice in a row
+ * without a reader of the previous total racing the next writer. */
+__device__ inline float kv_block_sum(float v, float *red)
+{
+    const int lane = threadIdx.x % KV_WARP, warp = threadIdx.x / KV_WARP;
+    const int n_warps = blockDim.x / KV_WARP;
+    v = kv_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    return kv_warp_sum(lane < n_warps ? red[lane] : 0.0f);
+}
+
+/* Block-wide max, same shape as kv_block_sum. */
+__device__ inline float kv_block_max(float v, float *red)
+{
+    const int lane = threadIdx.x % KV_WARP, warp = threadIdx.x / KV_WARP;
+    const int n_warps = blockDim.x / KV_WARP;
+    v = kv_warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    return kv_warp_max(lane < n_warps ? red[lane] : -INFINITY);
+}
+
+#endif

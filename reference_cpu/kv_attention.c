@@ -1,0 +1,87 @@
+/* The attention family on the CPU (kv_attention.h).
+ *
+ * attend_head() is the math, written once: one query head over len cached positions.
+ * kv_attn_decode() feeds it plain arrays; kv_attention() and kv_attention_head() feed it the
+ * rows of a kv_cache, found through the cache's spec (contiguous fp32 is the only layout
+ * kv_cache_create() accepts so far; later layouts and dtypes are new cases of the dispatch in
+ * kv_attention_head(), not new copies of the math). */
+#include "kv_attention.h"
+#include "kv_ops.h"
+
+#include <math.h>
+
+/*
+ * out = softmax(q·K^T / sqrt(d)) V for one head, positions 0..len-1 in order.
+ * qh [d], kh, vh [>= len][d], oh [d], att [len] scratch.
+ * Three passes so no exp() can overflow and only one division is made per output:
+ *   1) scores and their max   2) exp(score - max) and their sum   3) weighted sum of values
+ */
+static void attend_head(const float *qh, const float *kh, const float *vh, float *oh, float *att,
+                        int d, int len)
+{
+    const float scale = 1.0f / sqrtf((float)d);
+
+    /* pass 1: scores q·k/√d, and their max */
+    float max = -INFINITY;
+    for (int p = 0; p < len; p++) {
+        att[p] = kv_dot(qh, kh + (size_t)p * d, d) * scale;
+        if (att[p] > max) max = att[p];
+    }
+    /* pass 2: exponentiate relative to the max (the largest becomes 1), and sum */
+    float sum = 0.0f;
+    for (int p = 0; p < len; p++) {
+        att[p] = expf(att[p] - max);
+        sum += att[p];
+    }
+    /* pass 3: weighted sum of values, divided once by the sum */
+    for (int i = 0; i < d; i++) oh[i] = 0.0f;
+    for (int p = 0; p < len; p++) {
+        const float w = att[p];
+        const float *vp = vh + (size_t)p * d;
+        for (int i = 0; i < d; i++) oh[i] += w * vp[i];
+    }
+    const float inv = 1.0f / sum;
+    for (int i = 0; i < d; i++) oh[i] *= inv;
+}
+
+int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
+                   int n_heads, int n_kv_heads, int head_dim, int max_seq, int len)
+{
+    if (len < 1) return KV_ERR_ARG;
+    float *att = kv_calloc((size_t)n_heads * len * sizeof(float)); /* [H][len] */
+    if (!att) return KV_ERR_NOMEM;
+    const int group = n_heads / n_kv_heads; /* G query heads share one KV head */
+    #pragma omp parallel for
+    for (int h = 0; h < n_heads; h++) {
+        const float *kh = k + (size_t)(h / group) * max_seq * head_dim; /* [max_seq][d] */
+        const float *vh = v + (size_t)(h / group) * max_seq * head_dim; /* [max_seq][d] */
+        attend_head(q + (size_t)h * head_dim, kh, vh, out + (size_t)h * head_dim,
+                    att + (size_t)h * len, head_dim, len);
+    }
+    kv_free(att);
+    return KV_OK;
+}
+
+void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, int n_heads,
+                       const float *qh, float *oh, float *att)
+{
+    const int kvh = h / (n_heads / c->n_kv_heads);
+    /* the only (layout, dtype) pair kv_cache_create() accepts today: contiguous fp32 */
+    attend_head(qh, kv_cache_k(c, layer, slot, kvh), kv_cache_v(c, layer, slot, kvh), oh, att,
+                c->head_dim, pos + 1);
+}
+
+int kv_attention(const kv_cache *c, int layer, int slot, int pos, const float *q, float *out,
+                 int n_heads)
+{
+    const int d = c->head_dim;
+    const size_t len = (size_t)pos + 1;
+    float *att = kv_calloc((size_t)n_heads * len * sizeof(float)); /* [H][pos+1] */
+    if (!att) return KV_ERR_NOMEM;
+    #pragma omp parallel for
+    for (int h = 0; h < n_heads; h++)
+        kv_attention_head(c, layer, slot, pos, h, n_heads, q + (size_t)h * d,
+                          out + (size_t)h * d, att + (size_t)h * len);
+    kv_free(att);
+    return KV_OK;
+}

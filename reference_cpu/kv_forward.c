@@ -1,0 +1,234 @@
+/* The transformer step on the CPU (kv_forward.h), written once for every chapter.
+ *
+ * A step is a batch of sequences, each adding n_tokens at its own position. The batch is
+ * flattened into T rows (one per new token); each row remembers its slot and position, so
+ * every matmul runs over all T rows at once and only attention cares which sequence a row
+ * belongs to. Because each row is computed alone in a fixed order (kv_ops.h), a sequence's
+ * logits are bit-identical whether it runs solo, in a batch, or on any number of threads. */
+#include "kv_forward.h"
+#include "kv_attention.h"
+#include "kv_ops.h"
+
+#include <omp.h>
+#include <string.h>
+
+/* ---- counters ---------------------------------------------------------------------------
+ * Symbols: L layers, H query heads, H_kv KV heads, d head dim, b bytes per cached element,
+ * dim = H·d, hidden the SwiGLU width, V the vocabulary.
+ *
+ *   P = L · (dim·H·d + 2·dim·H_kv·d + H·d·dim + 3·dim·hidden)   weights a token multiplies
+ *                                                               (Wq, Wk, Wv, Wo, W1, W2, W3)
+ *   flops_proj  += 2·P per new token + 2·dim·V per sequence (the classifier, last token only)
+ *   flops_attn  += L · 4·H·d · (p+1)    per new token at position p: q·k and p·v over the
+ *                                       p+1 positions 0..p it attends to, 2 FLOPs each
+ *   kv_bytes_read    += L · 2·H_kv·d·b · (p+1)   per new token at position p (K and V of
+ *                                                every position it attends to)
+ *   kv_bytes_written += L · 2·H_kv·d·b           per new token
+ *
+ * A sequence at position p0 adding n tokens attends over sum_{p=p0}^{p0+n-1} (p+1)
+ *   = n·p0 + n(n+1)/2 positions in all, which is what is added below. Grouped-query heads
+ * read each KV row once per KV head, hence H_kv in the bytes and H in the FLOPs. */
+void kv_counters_add_step(kv_counters *cnt, const kv_config *c, const kv_cache_spec *spec,
+                          const kv_seq *seqs, int n_seqs)
+{
+    if (!cnt) return;
+    const double L = c->n_layers, H = c->n_heads, Hkv = c->n_kv_heads;
+    const double d = kv_config_head_dim(c), dim = c->dim, hidden = c->hidden_dim;
+    const double b = (double)kv_dtype_bytes(spec->dtype);
+    const double P = L * (dim * H * d + 2.0 * dim * Hkv * d + H * d * dim + 3.0 * dim * hidden);
+    for (int s = 0; s < n_seqs; s++) {
+        const double n = seqs[s].n_tokens, p0 = seqs[s].pos;
+        const double attended = n * p0 + n * (n + 1.0) / 2.0; /* sum of (p+1) over new tokens */
+        cnt->flops_proj += 2.0 * P * n + 2.0 * dim * c->vocab_size;
+        cnt->flops_attn += L * 4.0 * H * d * attended;
+        cnt->kv_bytes_read += L * 2.0 * Hkv * d * b * attended;
+        cnt->kv_bytes_written += L * 2.0 * Hkv * d * b * n;
+        cnt->tokens += seqs[s].n_tokens;
+    }
+    cnt->steps += 1;
+}
+
+/* ---- scratch ---------------------------------------------------------------------------- */
+
+void kv_state_init(kv_state *s) { memset(s, 0, sizeof *s); }
+
+void kv_state_free(kv_state *s)
+{
+    if (!s) return;
+    float *bufs[] = {s->x, s->xb, s->xb2, s->q, s->k, s->v, s->hb, s->hb2, s->xlast};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kv_free(bufs[i]);
+    kv_free(s->tok_slot);
+    kv_free(s->tok_pos);
+    kv_state_init(s);
+}
+
+/* Make room for T rows and n_seqs sequences (buffers only grow; contents are not kept). */
+static int state_reserve(kv_state *s, const kv_config *c, int T, int n_seqs, kv_err *err)
+{
+    if (T <= s->max_tokens && n_seqs <= s->max_seqs) return KV_OK;
+    if (T < s->max_tokens) T = s->max_tokens;
+    if (n_seqs < s->max_seqs) n_seqs = s->max_seqs;
+    kv_state_free(s);
+    const size_t rows = (size_t)T, f = sizeof(float);
+    const size_t dim = (size_t)c->dim, qdim = (size_t)c->n_heads * kv_config_head_dim(c);
+    const size_t kvdim = (size_t)kv_config_kv_dim(c), hidden = (size_t)c->hidden_dim;
+    s->x = kv_calloc(rows * dim * f);
+    s->xb = kv_calloc(rows * dim * f);
+    s->xb2 = kv_calloc(rows * dim * f);
+    s->q = kv_calloc(rows * qdim * f);
+    s->k = kv_calloc(rows * kvdim * f);
+    s->v = kv_calloc(rows * kvdim * f);
+    s->hb = kv_calloc(rows * hidden * f);
+    s->hb2 = kv_calloc(rows * hidden * f);
+    s->xlast = kv_calloc((size_t)n_seqs * dim * f);
+    s->tok_slot = kv_calloc(rows * sizeof(int));
+    s->tok_pos = kv_calloc(rows * sizeof(int));
+    if (!s->x || !s->xb || !s->xb2 || !s->q || !s->k || !s->v || !s->hb || !s->hb2 ||
+        !s->xlast || !s->tok_slot || !s->tok_pos) {
+        kv_state_free(s);
+        return kv_fail(err, KV_ERR_NOMEM,
+                       "kv_forward: could not allocate scratch for %d tokens", T);
+    }
+    s->max_tokens = T;
+    s->max_seqs = n_seqs;
+    return KV_OK;
+}
+
+/* ---- the step --------------------------------------------------------------------------- */
+
+/* Check the batch against the model and the cache before anything is touched, so a refused
+ * step leaves the cache as it was. Returns the total number of new tokens in *T. */
+static int check_batch(const kv_model *m, const kv_cache *c, const kv_seq *seqs, int n_seqs,
+                       int *T, kv_err *err)
+{
+    const kv_config *cfg = &m->config;
+    if (c->n_layers != cfg->n_layers || c->n_kv_heads != cfg->n_kv_heads ||
+        c->head_dim != kv_config_head_dim(cfg))
+        return kv_fail(err, KV_ERR_ARG,
+                       "kv_forward: cache shape (L %d, H_kv %d, d %d) does not match the model "
+                       "(L %d, H_kv %d, d %d)", c->n_layers, c->n_kv_heads, c->head_dim,
+                       cfg->n_layers, cfg->n_kv_heads, kv_config_head_dim(cfg));
+    if (!seqs || n_seqs < 1)
+        return kv_fail(err, KV_ERR_ARG, "kv_forward: empty batch (n_seqs %d)", n_seqs);
+    if (n_seqs > c->spec.n_slots)
+        return kv_fail(err, KV_ERR_ARG, "kv_forward: %d sequences but the cache has %d slots",
+                       n_seqs, c->spec.n_slots);
+    int64_t total = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        const kv_seq *q = &seqs[i];
+        if (q->slot < 0 || q->slot >= c->spec.n_slots)
+            return kv_fail(err, KV_ERR_ARG, "kv_forward: sequence %d: slot %d is outside [0, %d)",
+                           i, q->slot, c->spec.n_slots);
+        for (int j = 0; j < i; j++)
+            if (seqs[j].slot == q->slot)
+                return kv_fail(err, KV_ERR_ARG,
+                               "kv_forward: sequences %d and %d both use slot %d", j, i, q->slot);
+        if (q->n_tokens < 1 || !q->tokens)
+            return kv_fail(err, KV_ERR_ARG, "kv_forward: sequence %d: n_tokens %d (need >= 1)",
+                           i, q->n_tokens);
+        if (q->pos != c->len[q->slot])
+            return kv_fail(err, KV_ERR_ARG,
+                           "kv_forward: sequence %d: pos %d but slot %d holds %d tokens", i,
+                           q->pos, q->slot, c->len[q->slot]);
+        if ((int64_t)q->pos + q->n_tokens > c->spec.capacity)
+            return kv_fail(err, KV_ERR_CAPACITY,
+                           "kv_forward: sequence %d: pos %d + %d tokens exceeds the capacity %d",
+                           i, q->pos, q->n_tokens, c->spec.capacity);
+        for (int t = 0; t < q->n_tokens; t++)
+            if (q->tokens[t] < 0 || q->tokens[t] >= cfg->vocab_size)
+                return kv_fail(err, KV_ERR_ARG,
+                               "kv_forward: sequence %d: token %d is %d, outside [0, %d)", i, t,
+                               q->tokens[t], cfg->vocab_size);
+        total += q->n_tokens;
+    }
+    if (total > (1 << 24))
+        return kv_fail(err, KV_ERR_ARG, "kv_forward: %lld tokens in one step (max %d)",
+                       (long long)total, 1 << 24);
+    *T = (int)total;
+    return KV_OK;
+}
+
+int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, int n_seqs,
+               float *logits, kv_counters *cnt, kv_err *err)
+{
+    if (!m || !c || !s) return kv_fail(err, KV_ERR_ARG, "kv_forward: NULL model, cache or state");
+    int T = 0;
+    int rc = check_batch(m, c, seqs, n_seqs, &T, err);
+    if (rc) return rc;
+    rc = state_reserve(s, &m->config, T, n_seqs, err);
+    if (rc) return rc;
+
+    const kv_config *p = &m->config;
+    const kv_weights *w = &m->w;
+    const int dim = p->dim, H = p->n_heads, d = kv_config_head_dim(p);
+    const int qdim = H * d, kvdim = kv_config_kv_dim(p), hidden = p->hidden_dim;
+
+    /* flatten: row t is token tokens[j] of sequence i, at position pos + j of its slot */
+    int max_len = 0; /* longest attention span of any row: scores scratch per thread */
+    for (int i = 0, t = 0; i < n_seqs; i++) {
+        for (int j = 0; j < seqs[i].n_tokens; j++, t++) {
+            s->tok_slot[t] = seqs[i].slot;
+            s->tok_pos[t] = seqs[i].pos + j;
+        }
+        kv_embed(s->x + (size_t)(t - seqs[i].n_tokens) * dim, w->token_embedding,
+                 seqs[i].tokens, seqs[i].n_tokens, dim);
+        if (seqs[i].pos + seqs[i].n_tokens > max_len) max_len = seqs[i].pos + seqs[i].n_tokens;
+    }
+    const int n_threads = omp_get_max_threads();
+    float *att = kv_calloc((size_t)n_threads * max_len * sizeof(float)); /* [threads][max_len] */
+    if (!att)
+        return kv_fail(err, KV_ERR_NOMEM, "kv_forward: could not allocate %d x %d scores",
+                       n_threads, max_len);
+
+    for (int l = 0; l < p->n_layers; l++) {
+        /* attention block: x += Wo · attention(RoPE(Wq·xb), cache(RoPE(Wk·xb), Wv·xb)) */
+        kv_rmsnorm(s->xb, s->x, w->rms_att + (size_t)l * dim, T, dim, p->norm_eps);
+        kv_matmul(s->q, s->xb, w->wq + (size_t)l * qdim * dim, T, dim, qdim);
+        kv_matmul(s->k, s->xb, w->wk + (size_t)l * kvdim * dim, T, dim, kvdim);
+        kv_matmul(s->v, s->xb, w->wv + (size_t)l * kvdim * dim, T, dim, kvdim);
+        kv_rope(s->q, s->tok_pos, T, H, d, p->rotary_dim, p->rope_theta);
+        kv_rope(s->k, s->tok_pos, T, p->n_kv_heads, d, p->rotary_dim, p->rope_theta);
+        /* every row's K/V first, so a prefill row can attend to the rows before it */
+        for (int t = 0; t < T; t++)
+            kv_cache_write(c, l, s->tok_slot[t], s->tok_pos[t], s->k + (size_t)t * kvdim,
+                           s->v + (size_t)t * kvdim);
+        /* dynamic: in a prefill later rows attend over more positions than earlier ones */
+        #pragma omp parallel for collapse(2) schedule(dynamic)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++) {
+                float *scores = att + (size_t)omp_get_thread_num() * max_len;
+                const size_t o = (size_t)t * qdim + (size_t)h * d;
+                kv_attention_head(c, l, s->tok_slot[t], s->tok_pos[t], h, H, s->q + o,
+                                  s->xb + o, scores); /* xb [T][H*d] = [T][dim] */
+            }
+        kv_matmul(s->xb2, s->xb, w->wo + (size_t)l * dim * qdim, T, qdim, dim);
+        kv_add(s->x, s->xb2, (int64_t)T * dim);
+
+        /* MLP block: x += W2 · (silu(W1·xb) * W3·xb) */
+        kv_rmsnorm(s->xb, s->x, w->rms_ffn + (size_t)l * dim, T, dim, p->norm_eps);
+        kv_matmul(s->hb, s->xb, w->w1 + (size_t)l * hidden * dim, T, dim, hidden);
+        kv_matmul(s->hb2, s->xb, w->w3 + (size_t)l * hidden * dim, T, dim, hidden);
+        kv_swiglu(s->hb, s->hb2, (int64_t)T * hidden);
+        kv_matmul(s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden, T, hidden, dim);
+        kv_add(s->x, s->xb2, (int64_t)T * dim);
+    }
+    kv_free(att);
+
+    /* only the last token of each sequence needs logits: the next token is chosen from it */
+    if (logits) {
+        for (int i = 0, t = 0; i < n_seqs; i++) {
+            t += seqs[i].n_tokens;
+            kv_rmsnorm(s->xlast + (size_t)i * dim, s->x + (size_t)(t - 1) * dim, w->rms_final,
+                       1, dim, p->norm_eps);
+        }
+        kv_matmul(logits, s->xlast, w->wcls, n_seqs, dim, p->vocab_size);
+    }
+
+    for (int i = 0; i < n_seqs; i++) c->len[seqs[i].slot] = seqs[i].pos + seqs[i].n_tokens;
+    if (cnt) {
+        kv_counters_add_step(cnt, p, &c->spec, seqs, n_seqs);
+        if (!logits) /* no classifier was run */
+            cnt->flops_proj -= 2.0 * (double)dim * p->vocab_size * n_seqs;
+    }
+    return KV_OK;
+}

@@ -1,0 +1,84 @@
+/* Generation loops (kv_generate.h), written once over a kv_backend.
+ *
+ * Step i (0-based) chooses token i from the logits after the prefix prompt + out[0..i-1]:
+ *   naive:  reset the slot, run the whole prefix (n_prompt + i tokens) from position 0;
+ *   cached: step 0 prefills the prompt; step i > 0 runs only out[i-1] at position n_prompt+i-1,
+ *           attending to the keys and values earlier steps left in the cache.
+ * Both feed the model the same tokens at the same positions, so they choose the same tokens;
+ * the counters show what the cache saves. */
+#include "kv_generate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int kv_generate(kv_backend *b, const int *prompt, int n_prompt, const kv_gen_opts *opts,
+                int *out, kv_counters *total, kv_err *err)
+{
+    if (!b || !opts || !prompt) return kv_fail(err, KV_ERR_ARG, "kv_generate: NULL argument");
+    if (opts->mode != KV_MODE_NAIVE && opts->mode != KV_MODE_CACHED)
+        return kv_fail(err, KV_ERR_ARG, "kv_generate: unknown mode %d", opts->mode);
+    if (n_prompt < 1)
+        return kv_fail(err, KV_ERR_ARG, "kv_generate: n_prompt %d (need >= 1)", n_prompt);
+    if (opts->n_steps < 0 || (opts->n_steps > 0 && !out))
+        return kv_fail(err, KV_ERR_ARG, "kv_generate: n_steps %d with %s output", opts->n_steps,
+                       out ? "an" : "no");
+    if (opts->slot < 0 || opts->slot >= b->spec.n_slots)
+        return kv_fail(err, KV_ERR_ARG, "kv_generate: slot %d is outside [0, %d)", opts->slot,
+                       b->spec.n_slots);
+    const int vocab = b->config->vocab_size;
+    if (opts->sampler && opts->sampler->vocab_size != vocab)
+        return kv_fail(err, KV_ERR_ARG, "kv_generate: sampler vocab %d != model vocab %d",
+                       opts->sampler->vocab_size, vocab);
+    if ((int64_t)n_prompt + opts->n_steps > b->spec.capacity)
+        return kv_fail(err, KV_ERR_CAPACITY,
+                       "kv_generate: prompt %d + %d steps exceeds the cache capacity %d",
+                       n_prompt, opts->n_steps, b->spec.capacity);
+    if (opts->n_steps == 0) return KV_OK;
+
+    const int n_all = n_prompt + opts->n_steps;
+    int *prefix = malloc((size_t)n_all * sizeof(int)); /* [n_prompt + n_steps] */
+    float *logits = malloc((size_t)vocab * sizeof(float)); /* [vocab] */
+    if (!prefix || !logits) {
+        free(prefix);
+        free(logits);
+        return kv_fail(err, KV_ERR_NOMEM, "kv_generate: out of memory");
+    }
+    memcpy(prefix, prompt, (size_t)n_prompt * sizeof(int));
+
+    int rc = KV_OK;
+    b->reset(b, opts->slot);
+    for (int i = 0; i < opts->n_steps; i++) {
+        const int n_prefix = n_prompt + i; /* tokens known before this step's choice */
+        kv_seq seq = {opts->slot, 0, n_prefix, prefix};
+        if (opts->mode == KV_MODE_NAIVE) {
+            b->reset(b, opts->slot);
+        } else if (i > 0) {
+            seq.pos = n_prefix - 1;
+            seq.n_tokens = 1;
+            seq.tokens = prefix + n_prefix - 1;
+        }
+        kv_counters step = {0};
+        const double t0 = kv_now();
+        rc = b->forward(b, &seq, 1, logits, &step, err);
+        if (rc) break;
+        if (opts->last_logits && i == opts->n_steps - 1)
+            memcpy(opts->last_logits, logits, (size_t)vocab * sizeof(float));
+        const int token = opts->sampler ? kv_sample(opts->sampler, logits)
+                                        : kv_argmax(logits, vocab);
+        const double seconds = kv_now() - t0;
+        prefix[n_prefix] = token;
+        out[i] = token;
+        if (total) {
+            total->flops_proj += step.flops_proj;
+            total->flops_attn += step.flops_attn;
+            total->kv_bytes_read += step.kv_bytes_read;
+            total->kv_bytes_written += step.kv_bytes_written;
+            total->tokens += step.tokens;
+            total->steps += step.steps;
+        }
+        if (opts->on_step) opts->on_step(opts->user, i, token, &step, seconds);
+    }
+    free(prefix);
+    free(logits);
+    return rc;
+}

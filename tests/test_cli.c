@@ -1,0 +1,266 @@
+/*
+ * The kvlab command line, run as a user would: exit codes (0 ok, 1 run failed, 2 bad
+ * arguments or input files), messages that name the bad argument, --help everywhere, the
+ * calc figures of the chapters, and the chapter demos running to completion.
+ *
+ * usage: test_cli <path to kvlab> <CUDA mode: none|cuda|emulation>
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kv_test.h"
+
+extern char **environ;
+
+static const char *kvlab;
+
+typedef struct {
+    int rc;     /* exit code; 128 + signal when it crashed */
+    char *out;  /* stdout, NUL-terminated */
+    char *err;  /* stderr */
+} result;
+
+static char *slurp(int fd)
+{
+    off_t n = lseek(fd, 0, SEEK_END);
+    char *buf = malloc((size_t)(n > 0 ? n : 0) + 1);
+    lseek(fd, 0, SEEK_SET);
+    size_t got = 0;
+    while (n > 0 && got < (size_t)n) {
+        ssize_t r = read(fd, buf + got, (size_t)n - got);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    buf[got] = '\0';
+    return buf;
+}
+
+/* Run kvlab with the NULL-terminated arguments, stdout and stderr captured in temp files. */
+static result run_v(const char *first, va_list ap)
+{
+    char *argv[64];
+    int argc = 0;
+    argv[argc++] = (char *)kvlab;
+    for (const char *a = first; a && argc < 63; a = va_arg(ap, const char *)) argv[argc++] = (char *)a;
+    argv[argc] = NULL;
+
+    char out_path[] = "/tmp/kvlab_test_out_XXXXXX", err_path[] = "/tmp/kvlab_test_err_XXXXXX";
+    int fo = mkstemp(out_path), fe = mkstemp(err_path);
+    result r = {-1, NULL, NULL};
+    if (fo < 0 || fe < 0) {
+        perror("mkstemp");
+        exit(1);
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fo, 1);
+    posix_spawn_file_actions_adddup2(&fa, fe, 2);
+    pid_t pid;
+    if (posix_spawn(&pid, kvlab, &fa, NULL, argv, environ) != 0) {
+        perror("posix_spawn");
+        exit(1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    posix_spawn_file_actions_destroy(&fa);
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    r.out = slurp(fo);
+    r.err = slurp(fe);
+    close(fo);
+    close(fe);
+    unlink(out_path);
+    unlink(err_path);
+    return r;
+}
+
+static result run(const char *first, ...)
+{
+    va_list ap;
+    va_start(ap, first);
+    result r = run_v(first, ap);
+    va_end(ap);
+    return r;
+}
+
+static void done(result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+/* Expect exit 2 with @p name in stderr; the command line is shown on failure. */
+#define EXPECT_BAD(name, ...)                                                                 \
+    do {                                                                                      \
+        result r_ = run(__VA_ARGS__, (const char *)NULL);                                     \
+        KV_CHECK(r_.rc == 2, "%s: exit %d, expected 2 (stderr: %s)", #__VA_ARGS__, r_.rc, r_.err); \
+        KV_CHECK(strstr(r_.err, name) != NULL, "%s: stderr does not name '%s': %s",         \
+                 #__VA_ARGS__, name, r_.err);                                                 \
+        done(&r_);                                                                            \
+    } while (0)
+
+/* Expect exit 0 and @p text in stdout. */
+#define EXPECT_OK(text, ...)                                                                  \
+    do {                                                                                      \
+        result r_ = run(__VA_ARGS__, (const char *)NULL);                                     \
+        KV_CHECK(r_.rc == 0, "%s: exit %d, expected 0 (stderr: %s)", #__VA_ARGS__, r_.rc, r_.err); \
+        KV_CHECK(strstr(r_.out, text) != NULL, "%s: stdout lacks '%s'", #__VA_ARGS__, text);  \
+        done(&r_);                                                                            \
+    } while (0)
+
+static void test_dispatch(void)
+{
+    result r = run(NULL);
+    KV_CHECK(r.rc == 2, "no command: exit %d, expected 2", r.rc);
+    done(&r);
+    EXPECT_BAD("frobnicate", "frobnicate");
+    EXPECT_OK("calc", "--help");
+    const char *subs[] = {"tour", "generate", "calc", "info", "bench"};
+    for (int i = 0; i < 5; i++) EXPECT_OK("usage", subs[i], "--help");
+    EXPECT_OK("usage", "bench", "decode", "--help");
+}
+
+static void test_tour_args(void)
+{
+    EXPECT_BAD("--bogus", "tour", "--bogus");
+    EXPECT_BAD("--chapter", "tour", "--chapter");
+    EXPECT_BAD("--chapter", "tour", "--chapter", "12abc");
+    EXPECT_BAD("--chapter", "tour", "--chapter", "-1");
+    EXPECT_BAD("--chapter", "tour", "--chapter", "99999999999999999999999");
+    EXPECT_BAD("--chapter", "tour", "--chapter", "77");
+    EXPECT_BAD("--chapter", "tour", "--chapter", "--csv");
+    EXPECT_BAD("--device", "tour", "--device", "tpu");
+    EXPECT_BAD("stray", "tour", "stray");
+    EXPECT_BAD("--csv", "tour", "--csv", "--csv");
+}
+
+static void test_generate_args(void)
+{
+    EXPECT_BAD("--steps", "generate", "--steps", "12abc");
+    EXPECT_BAD("--steps", "generate", "--steps", "-3");
+    EXPECT_BAD("--steps", "generate", "--steps", "");
+    EXPECT_BAD("--steps", "generate", "--steps", "100000");  /* past the model's seq_len */
+    EXPECT_BAD("--temperature", "generate", "--temperature", "nan");
+    EXPECT_BAD("--temperature", "generate", "--temperature", "-0.5");
+    EXPECT_BAD("--top-p", "generate", "--top-p", "1.5");
+    EXPECT_BAD("--seed", "generate", "--seed", "99999999999999999999999");
+    EXPECT_BAD("--mode", "generate", "--mode", "fast");
+    EXPECT_BAD("--default", "generate", "--default", "huge");
+    EXPECT_BAD("--model", "generate", "--model");
+    EXPECT_BAD("/nonexistent/model.bin", "generate", "--model", "/nonexistent/model.bin");
+    EXPECT_BAD("--tokenizer", "generate", "--tokenizer");
+    EXPECT_BAD("--prompt", "generate", "--model", "x.bin", "--prompt", "hi");
+}
+
+static void test_calc_args(void)
+{
+    EXPECT_BAD("nosuch", "calc", "--preset", "nosuch");
+    EXPECT_BAD("--dtype", "calc", "--preset", "llama-2-7b", "--dtype", "fp64");
+    EXPECT_BAD("--seq", "calc", "--preset", "llama-2-7b", "--seq", "0");
+    EXPECT_BAD("--seq", "calc", "--preset", "llama-2-7b", "--seq", "2048x");
+    EXPECT_BAD("--batch", "calc", "--preset", "llama-2-7b", "--batch", "-8");
+    EXPECT_BAD("--config", "calc", "--config", "1,2,3");
+    EXPECT_BAD("--config", "calc", "--config", "64,172,2,4,3,512,512"); /* H_kv 3 does not divide H 4 */
+    EXPECT_BAD("--config", "calc", "--config", "64,172,2,4,4,512,51x");
+    EXPECT_BAD("--preset", "calc", "--preset", "llama-2-7b", "--config", "64,172,2,4,4,512,512");
+    EXPECT_BAD("--frob", "calc", "--frob=1");
+}
+
+static void test_other_args(void)
+{
+    EXPECT_BAD("--verbose", "info", "--verbose");
+    EXPECT_BAD("benchmark", "bench");
+    EXPECT_BAD("nosuch", "bench", "nosuch");
+    EXPECT_BAD("--repeats", "bench", "decode", "--repeats", "0");
+    EXPECT_BAD("--steps", "bench", "decode", "--steps", "12abc");
+    EXPECT_BAD("--default", "bench", "decode", "--default", "nosuch");
+}
+
+static void test_calc_figures(void)
+{
+    /* Llama-2-7B, fp16: 2*32*128*2 = 16 KiB per token per layer, x32 = 512 KiB per token,
+     * x2048 = 1 GiB, x8 = 8 GiB */
+    result r = run("calc", "--preset", "llama-2-7b", "--dtype", "fp16", "--seq", "2048", "--batch", "8",
+                   (const char *)NULL);
+    KV_CHECK(r.rc == 0, "calc llama-2-7b: exit %d", r.rc);
+    KV_CHECK(strstr(r.out, "16384 bytes = 16 KiB") != NULL, "per token per layer 16 KiB missing:\n%s", r.out);
+    KV_CHECK(strstr(r.out, "524288 bytes = 512 KiB") != NULL, "per token 512 KiB missing");
+    KV_CHECK(strstr(r.out, "1073741824 bytes = 1 GiB") != NULL, "1 GiB at 2048 tokens missing");
+    KV_CHECK(strstr(r.out, "8589934592 bytes = 8 GiB") != NULL, "8 GiB at batch 8 missing");
+    KV_CHECK(strstr(r.out, "binary") != NULL, "units not said to be binary");
+    done(&r);
+    /* the source article's "about 1 GB" for 7B fp32 at 512 tokens: it is 0.5 GiB */
+    r = run("calc", "--preset", "llama-2-7b", "--dtype", "fp32", "--seq", "512", (const char *)NULL);
+    KV_CHECK(r.rc == 0 && strstr(r.out, "536870912 bytes = 512 MiB = 0.5 GiB") != NULL,
+             "7B fp32 at 512 tokens is not 0.5 GiB:\n%s", r.out);
+    done(&r);
+    /* Mistral's window caps N at 4096: 32*2*8*128*2 * 4096 = 512 MiB, and it says so */
+    r = run("calc", "--preset", "Mistral-7B", "--seq", "32768", (const char *)NULL);
+    KV_CHECK(r.rc == 0 && strstr(r.out, "536870912 bytes = 512 MiB") != NULL &&
+                 strstr(r.out, "sliding window") != NULL,
+             "mistral-7b at 32768 tokens not capped at the 4096 window:\n%s", r.out);
+    done(&r);
+    /* int4 is half a byte per element, with the metadata caveat */
+    r = run("calc", "--preset", "llama-2-7b", "--dtype", "int4", "--seq", "1024", (const char *)NULL);
+    KV_CHECK(r.rc == 0 && strstr(r.out, "= 128 MiB") != NULL && strstr(r.out, "chapter 04") != NULL,
+             "int4 figures or the metadata note missing:\n%s", r.out);
+    done(&r);
+    /* --config: llama2.c stories15M shape, fp32, 256 tokens: 6*2*6*48*4 = 13.5 KiB per token */
+    EXPECT_OK("13824 bytes = 13.5 KiB", "calc", "--config", "288,768,6,6,6,32000,256", "--dtype", "fp32");
+    EXPECT_OK("llama-3-70b", "calc");
+    EXPECT_OK("mistral-7b", "calc", "--list");
+    EXPECT_OK("CUDA mode", "info");
+}
+
+static void test_runs(const char *cuda_mode)
+{
+    EXPECT_OK("cost of the step", "tour", "--chapter", "1");
+    EXPECT_OK("identical", "tour", "--chapter", "2");
+    EXPECT_OK("chapter,mode,step", "tour", "--chapter", "1", "--csv");
+    EXPECT_OK("speed-up", "bench", "decode", "--steps", "8", "--repeats", "1");
+
+    /* greedy naive and cached generation print the same tokens */
+    result a = run("generate", "--steps", "24", "--mode", "naive", "--prompt", "abc", (const char *)NULL);
+    result b = run("generate", "--steps=24", "--mode=cached", "--prompt", "abc", (const char *)NULL);
+    KV_CHECK(a.rc == 0 && b.rc == 0, "generate: exits %d, %d (%s%s)", a.rc, b.rc, a.err, b.err);
+    KV_CHECK(strcmp(a.out, b.out) == 0 && strncmp(a.out, "abc", 3) == 0,
+             "naive and cached text differ:\n%s\n%s", a.out, b.out);
+    KV_CHECK(strstr(a.err, "tokens/s") != NULL, "generate does not report tokens/s");
+    done(&a);
+    done(&b);
+
+    if (strcmp(cuda_mode, "none") == 0) {
+        const char *what[3][6] = {{"tour", "--chapter", "1", "--device", "cuda", NULL},
+                                  {"generate", "--device", "cuda", NULL},
+                                  {"bench", "decode", "--device", "cuda", NULL}};
+        for (int i = 0; i < 3; i++) {
+            result r = run(what[i][0], what[i][1], what[i][2], what[i][3], what[i][4], what[i][5],
+                           (const char *)NULL);
+            KV_CHECK(r.rc == 2 && strstr(r.err, "without CUDA") != NULL,
+                     "%s --device cuda in a CPU-only build: exit %d, stderr: %s", what[i][0], r.rc, r.err);
+            done(&r);
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s <kvlab> <cuda mode>\n", argv[0]);
+        return 2;
+    }
+    kvlab = argv[1];
+    test_dispatch();
+    test_tour_args();
+    test_generate_args();
+    test_calc_args();
+    test_other_args();
+    test_calc_figures();
+    test_runs(argv[2]);
+    return kv_test_finish();
+}

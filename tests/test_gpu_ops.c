@@ -1,0 +1,259 @@
+/* GPU building blocks vs their CPU twins (chapters 01-02): every kvcu_x() against kv_x() on
+ * the same inputs, over a grid of shapes whose sizes are not multiples of any tile or block
+ * (1, 7, 33, 257), head_dim 64 and 128, GQA ratios 1/2/4 and MQA, T = 1 and 5.
+ *
+ *  - fp32 tolerances from kv_test.h (the only difference is summation order);
+ *  - matmul: the T = 5 (tiled, v2) rows are bit-identical to five T = 1 (warp, v1) calls,
+ *    which is what makes a sequence's result independent of its batch;
+ *  - rope at positions up to 40000, where an fp32 angle would already be off.
+ * Exits 77 (skipped) without a usable device. */
+#include "kv_attention.h"
+#include "kv_ops.h"
+#include "kv_rng.h"
+#include "kv_test.h"
+#include "kvcu.h"
+
+#include <string.h>
+
+static kv_rng rng;
+
+static float *host_random(size_t n, float lo, float hi)
+{
+    float *p = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = kv_rng_uniform(&rng, lo, hi);
+    return p;
+}
+
+/* A device copy of n host floats (or ints): NULL (and a FAIL line) if the device refuses. */
+static void *dev_copy(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    kv_err e;
+    int rc = kvcu_malloc(&d, bytes, &e);
+    if (!rc) rc = kvcu_upload(d, host, bytes, &e);
+    KV_CHECK(rc == KV_OK, "device copy of %zu bytes: %s", bytes, e.msg);
+    return rc ? NULL : d;
+}
+
+/* Download n floats from the device and compare them with the CPU's. */
+static void check_close(const char *what, const float *dev, const float *ref, size_t n)
+{
+    float *got = malloc(n * sizeof(float));
+    kv_err e;
+    int rc = kvcu_download(got, dev, n * sizeof(float), &e);
+    KV_CHECK(rc == KV_OK, "%s: download: %s", what, e.msg);
+    if (!rc)
+        KV_CHECK(kv_test_compare(what, got, ref, (long)n, KV_TOL_F32_ATOL, KV_TOL_F32_RTOL) == 0,
+                 "%s: GPU differs from CPU", what);
+    free(got);
+}
+
+static const int lengths[] = {1, 7, 33, 257};
+#define N_LENGTHS 4
+
+/* ---- rmsnorm --------------------------------------------------------------------------- */
+
+static void test_rmsnorm(void)
+{
+    const int Ts[] = {1, 5}, ns[] = {7, 64, 257};
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 3; b++) {
+            const int T = Ts[a], n = ns[b];
+            float *x = host_random((size_t)T * n, -2, 2), *w = host_random(n, 0.5f, 1.5f);
+            float *ref = malloc((size_t)T * n * sizeof(float));
+            kv_rmsnorm(ref, x, w, T, n, 1e-5f);
+            float *dx = dev_copy(x, (size_t)T * n * 4), *dw = dev_copy(w, (size_t)n * 4);
+            float *dout = dev_copy(x, (size_t)T * n * 4);
+            kv_err e;
+            char what[64];
+            int rc = kvcu_rmsnorm(dout, dx, dw, T, n, 1e-5f, &e);
+            KV_CHECK(rc == KV_OK, "kvcu_rmsnorm: %s", e.msg);
+            snprintf(what, sizeof what, "rmsnorm T %d n %d", T, n);
+            check_close(what, dout, ref, (size_t)T * n);
+            rc = kvcu_rmsnorm(dx, dx, dw, T, n, 1e-5f, &e); /* out aliasing x */
+            KV_CHECK(rc == KV_OK, "kvcu_rmsnorm in place: %s", e.msg);
+            snprintf(what, sizeof what, "rmsnorm in place T %d n %d", T, n);
+            check_close(what, dx, ref, (size_t)T * n);
+            kvcu_free(dx), kvcu_free(dw), kvcu_free(dout);
+            free(x), free(w), free(ref);
+        }
+}
+
+/* ---- matmul ---------------------------------------------------------------------------- */
+
+static void test_matmul(void)
+{
+    for (int a = 0; a < N_LENGTHS; a++)
+        for (int b = 0; b < N_LENGTHS; b++) {
+            const int in = lengths[a], out = lengths[b], T = 5;
+            float *x = host_random((size_t)T * in, -1, 1), *W = host_random((size_t)out * in, -1, 1);
+            float *ref = malloc((size_t)T * out * sizeof(float));
+            float *v1 = malloc((size_t)T * out * sizeof(float));
+            float *v2 = malloc((size_t)T * out * sizeof(float));
+            kv_matmul(ref, x, W, T, in, out);
+            float *dx = dev_copy(x, (size_t)T * in * 4), *dW = dev_copy(W, (size_t)out * in * 4);
+            float *dy = dev_copy(ref, (size_t)T * out * 4);
+            kv_err e;
+            char what[80];
+            /* T = 5 at once (v2), then each row alone (v1) */
+            int rc = kvcu_matmul(dy, dx, dW, T, in, out, &e);
+            KV_CHECK(rc == KV_OK, "kvcu_matmul: %s", e.msg);
+            snprintf(what, sizeof what, "matmul T %d in %d out %d", T, in, out);
+            check_close(what, dy, ref, (size_t)T * out);
+            kvcu_download(v2, dy, (size_t)T * out * 4, &e);
+            for (int t = 0; t < T; t++) {
+                rc = kvcu_matmul(dy + (size_t)t * out, dx + (size_t)t * in, dW, 1, in, out, &e);
+                KV_CHECK(rc == KV_OK, "kvcu_matmul T 1: %s", e.msg);
+            }
+            snprintf(what, sizeof what, "matmul T 1 x %d in %d out %d", T, in, out);
+            check_close(what, dy, ref, (size_t)T * out);
+            kvcu_download(v1, dy, (size_t)T * out * 4, &e);
+            KV_CHECK(memcmp(v1, v2, (size_t)T * out * 4) == 0,
+                     "matmul in %d out %d: T 5 rows are not bit-identical to T 1 calls", in, out);
+            kvcu_free(dx), kvcu_free(dW), kvcu_free(dy);
+            free(x), free(W), free(ref), free(v1), free(v2);
+        }
+}
+
+/* ---- rope ------------------------------------------------------------------------------ */
+
+static void test_rope(void)
+{
+    const int dims[] = {64, 128};
+    for (int a = 0; a < 2; a++) {
+        const int d = dims[a];
+        const int rotary[] = {d, d / 2, 0}; /* full, partial, none */
+        for (int r = 0; r < 3; r++)
+            for (int T = 1; T <= 5; T += 4) {
+                const int H = 3;
+                int pos[5];
+                for (int t = 0; t < T; t++)
+                    pos[t] = t == 0 ? 40000 - 1 : (int)(kv_rng_u32(&rng) % 300);
+                float *x = host_random((size_t)T * H * d, -1, 1);
+                float *ref = malloc((size_t)T * H * d * sizeof(float));
+                memcpy(ref, x, (size_t)T * H * d * sizeof(float));
+                kv_rope(ref, pos, T, H, d, rotary[r], 10000.0f);
+                float *dx = dev_copy(x, (size_t)T * H * d * 4);
+                int *dpos = dev_copy(pos, (size_t)T * sizeof(int));
+                kv_err e;
+                int rc = kvcu_rope(dx, dpos, T, H, d, rotary[r], 10000.0f, &e);
+                KV_CHECK(rc == KV_OK, "kvcu_rope: %s", e.msg);
+                char what[80];
+                snprintf(what, sizeof what, "rope T %d d %d rotary %d", T, d, rotary[r]);
+                check_close(what, dx, ref, (size_t)T * H * d);
+                kvcu_free(dx), kvcu_free(dpos);
+                free(x), free(ref);
+            }
+    }
+    kv_err e;
+    KV_CHECK(kvcu_rope(NULL, NULL, 1, 1, 8, 7, 10000.0f, &e) == KV_ERR_ARG,
+             "odd rotary_dim is refused");
+}
+
+/* ---- swiglu, add, embed --------------------------------------------------------------- */
+
+static void test_elementwise(void)
+{
+    for (int a = 0; a < N_LENGTHS; a++) {
+        const int n = lengths[a] * 5; /* T = 5 rows of each length */
+        float *g = host_random(n, -6, 6), *u = host_random(n, -2, 2);
+        float *ref = malloc((size_t)n * sizeof(float));
+        float *dg = dev_copy(g, (size_t)n * 4), *du = dev_copy(u, (size_t)n * 4);
+        kv_err e;
+        char what[64];
+        memcpy(ref, g, (size_t)n * 4);
+        kv_swiglu(ref, u, n);
+        KV_CHECK(kvcu_swiglu(dg, du, n, &e) == KV_OK, "kvcu_swiglu: %s", e.msg);
+        snprintf(what, sizeof what, "swiglu n %d", n);
+        check_close(what, dg, ref, n);
+
+        kvcu_upload(dg, g, (size_t)n * 4, &e);
+        memcpy(ref, g, (size_t)n * 4);
+        kv_add(ref, u, n);
+        KV_CHECK(kvcu_add(dg, du, n, &e) == KV_OK, "kvcu_add: %s", e.msg);
+        snprintf(what, sizeof what, "add n %d", n);
+        check_close(what, dg, ref, n);
+        kvcu_free(dg), kvcu_free(du);
+        free(g), free(u), free(ref);
+    }
+
+    const int vocab = 33, dim = 64;
+    float *table = host_random((size_t)vocab * dim, -1, 1);
+    float *dtable = dev_copy(table, (size_t)vocab * dim * 4);
+    for (int T = 1; T <= 5; T += 4) {
+        int tokens[5] = {vocab - 1, 0, 7, 7, 19};
+        float *ref = malloc((size_t)T * dim * sizeof(float));
+        kv_embed(ref, table, tokens, T, dim);
+        int *dtok = dev_copy(tokens, sizeof tokens);
+        float *dout = NULL;
+        kv_err e;
+        kvcu_malloc((void **)&dout, (size_t)T * dim * 4, &e);
+        KV_CHECK(kvcu_embed(dout, dtable, dtok, T, dim, &e) == KV_OK, "kvcu_embed: %s", e.msg);
+        check_close(T == 1 ? "embed T 1" : "embed T 5", dout, ref, (size_t)T * dim);
+        kvcu_free(dtok), kvcu_free(dout);
+        free(ref);
+    }
+    kvcu_free(dtable);
+    free(table);
+}
+
+/* ---- decode attention ---------------------------------------------------------------- */
+
+static void test_attn_decode(void)
+{
+    const int dims[] = {64, 128};
+    const int H = 8, kv_heads[] = {8, 4, 2, 1}; /* G = 1 (MHA), 2, 4, 8 (MQA) */
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 4; b++)
+            for (int c = 0; c < N_LENGTHS; c++) {
+                const int d = dims[a], Hkv = kv_heads[b], len = lengths[c];
+                const int max_seq = len + 3; /* rows past len hold garbage nobody may read */
+                float *q = host_random((size_t)H * d, -1, 1);
+                /* keys scaled so the softmax is peaked, not uniform */
+                float *k = host_random((size_t)Hkv * max_seq * d, -1.5f, 1.5f);
+                float *v = host_random((size_t)Hkv * max_seq * d, -1, 1);
+                float *ref = malloc((size_t)H * d * sizeof(float));
+                int rc = kv_attn_decode(q, k, v, ref, H, Hkv, d, max_seq, len);
+                KV_CHECK(rc == KV_OK, "kv_attn_decode: %d", rc);
+                float *dq = dev_copy(q, (size_t)H * d * 4);
+                float *dk = dev_copy(k, (size_t)Hkv * max_seq * d * 4);
+                float *dv = dev_copy(v, (size_t)Hkv * max_seq * d * 4);
+                float *dout = dev_copy(q, (size_t)H * d * 4);
+                kv_err e;
+                rc = kvcu_attn_decode(dq, dk, dv, dout, H, Hkv, d, max_seq, len, &e);
+                KV_CHECK(rc == KV_OK, "kvcu_attn_decode: %s", e.msg);
+                char what[96];
+                snprintf(what, sizeof what, "attn_decode d %d H %d H_kv %d len %d", d, H, Hkv,
+                         len);
+                check_close(what, dout, ref, (size_t)H * d);
+                kvcu_free(dq), kvcu_free(dk), kvcu_free(dv), kvcu_free(dout);
+                free(q), free(k), free(v), free(ref);
+            }
+    kv_err e;
+    KV_CHECK(kvcu_attn_decode(NULL, NULL, NULL, NULL, 8, 3, 64, 16, 4, &e) == KV_ERR_ARG,
+             "H_kv that does not divide H is refused");
+    KV_CHECK(kvcu_attn_decode(NULL, NULL, NULL, NULL, 8, 8, 64, 16, 17, &e) == KV_ERR_ARG,
+             "len > max_seq is refused");
+}
+
+int main(void)
+{
+    kv_err e;
+    if (kvcu_device_available(&e) != KV_OK) {
+        printf("skipped: %s\n", e.msg);
+        return KV_TEST_SKIP;
+    }
+    char desc[128];
+    if (kvcu_device_describe(desc, sizeof desc, &e) == KV_OK) printf("device: %s\n", desc);
+    kv_rng_seed(&rng, 2024);
+    test_rmsnorm();
+    test_matmul();
+    test_rope();
+    test_elementwise();
+    test_attn_decode();
+
+    void *huge = NULL;
+    KV_CHECK(kvcu_malloc(&huge, (size_t)1 << 50, &e) == KV_ERR_NOMEM,
+             "a 1 PiB allocation is KV_ERR_NOMEM");
+    return kv_test_finish();
+}
