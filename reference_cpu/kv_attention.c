@@ -47,7 +47,9 @@ static void attend_head(const float *qh, const float *kh, const float *vh, float
 int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
                    int n_heads, int n_kv_heads, int head_dim, int max_seq, int len)
 {
-    if (len < 1) return KV_ERR_ARG;
+    if (n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads || head_dim < 1 || len < 1 ||
+        len > max_seq)
+        return KV_ERR_ARG;
     float *att = kv_calloc((size_t)n_heads * len * sizeof(float)); /* [H][len] */
     if (!att) return KV_ERR_NOMEM;
     const int group = n_heads / n_kv_heads; /* G query heads share one KV head */

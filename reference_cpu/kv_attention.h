@@ -26,8 +26,9 @@ extern "C" {
  * Softmax is computed in three passes (max, exp-sum, weighted values) in fp32, in the order
  * of positions, so the result does not depend on thread count.
  *
- * The scores need len floats per head of scratch, allocated here: returns KV_OK, or
- * KV_ERR_NOMEM (out untouched) when that allocation fails.
+ * The scores need len floats per head of scratch, allocated here. Returns KV_OK; KV_ERR_ARG
+ * when the shapes are inconsistent (H_kv must divide H, 1 <= len <= max_seq); KV_ERR_NOMEM
+ * when the scratch cannot be allocated (out untouched in both cases).
  */
 int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
                    int n_heads, int n_kv_heads, int head_dim, int max_seq, int len);

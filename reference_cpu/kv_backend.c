@@ -16,7 +16,10 @@ static int cpu_forward(kv_backend *b, const kv_seq *seqs, int n_seqs, float *log
     return kv_forward(p->model, &p->cache, &p->state, seqs, n_seqs, logits, cnt, err);
 }
 
-static void cpu_reset(kv_backend *b, int slot) { kv_cache_reset(&((cpu_impl *)b->impl)->cache, slot); }
+static void cpu_reset(kv_backend *b, int slot)
+{
+    kv_cache_reset(&((cpu_impl *)b->impl)->cache, slot);
+}
 
 static int cpu_length(kv_backend *b, int slot)
 {

@@ -113,6 +113,7 @@ size_t kv_cache_bytes(const kv_cache *c)
 
 void kv_cache_write(kv_cache *c, int layer, int slot, int pos, const float *k, const float *v)
 {
+    /* contiguous fp32 is the only (layout, dtype) kv_cache_create() accepts so far */
     const int d = c->head_dim;
     for (int h = 0; h < c->n_kv_heads; h++) {
         memcpy(kv_cache_k(c, layer, slot, h) + (size_t)pos * d, k + (size_t)h * d,

@@ -3,8 +3,8 @@
  * The KV cache as a pluggable strategy: where K/V live, in what format, which are kept.
  *
  * The forward pass (kv_forward.h) never indexes cache memory itself: it calls
- * kv_cache_write() for new tokens and kv_attention() (kv_attention.h) to read them, and both
- * dispatch on the ::kv_cache_spec. Chapters add layouts, dtypes and retention policies here
+ * kv_cache_write() for new tokens and kv_attention_head() (kv_attention.h) to read them, and
+ * both dispatch on the ::kv_cache_spec. Chapters add layouts, dtypes and retention policies here
  * instead of copying the forward pass.
  *
  * Chapter 02 layout (contiguous, fp32), per layer and per sequence slot:

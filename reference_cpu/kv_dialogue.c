@@ -12,6 +12,8 @@
 #define DLG_MAX_TURNS 1024
 #define DLG_MAX_ITEMS 65536
 #define DLG_MAX_RUN 65536
+/* tokens a whole dialogue may render to (a cache's capacity limit): bounds the sums below */
+#define DLG_MAX_TOKENS (1 << 24)
 
 /* ---- parsing ---------------------------------------------------------------------------- */
 
@@ -52,6 +54,7 @@ int kv_dialogue_parse(const char *text, const char *name, kv_dialogue *d, kv_err
     int stated[KV_RECALL_KEYS]; /* value of each key stated so far, -1 none */
     for (int i = 0; i < KV_RECALL_KEYS; i++) stated[i] = -1;
     int line_no = 0, rc = KV_OK;
+    int64_t n_tokens = 0; /* upper bound of the rendered length: 2 per turn, 2 per fact */
     const char *p = text;
     while (*p && !rc) {
         char line[4096];
@@ -143,6 +146,12 @@ int kv_dialogue_parse(const char *text, const char *name, kv_dialogue *d, kv_err
             if (d->n_items == DLG_MAX_ITEMS) {
                 rc = kv_fail(err, KV_ERR_FORMAT, "%s: more than %d items", d->name,
                              DLG_MAX_ITEMS);
+                break;
+            }
+            n_tokens += it.type == KV_DLG_FILLER_RUN ? it.count : 2;
+            if (n_tokens + 2 * (int64_t)(d->n_turns + 1) > DLG_MAX_TOKENS) {
+                rc = kv_fail(err, KV_ERR_FORMAT, "%s:%d: the dialogue is longer than %d tokens",
+                             d->name, line_no, DLG_MAX_TOKENS);
                 break;
             }
             d->items[d->n_items++] = it;

@@ -123,9 +123,11 @@ static int check_batch(const kv_model *m, const kv_cache *c, const kv_seq *seqs,
             if (seqs[j].slot == q->slot)
                 return kv_fail(err, KV_ERR_ARG,
                                "kv_forward: sequences %d and %d both use slot %d", j, i, q->slot);
-        if (q->n_tokens < 1 || !q->tokens)
+        if (q->n_tokens < 1)
             return kv_fail(err, KV_ERR_ARG, "kv_forward: sequence %d: n_tokens %d (need >= 1)",
                            i, q->n_tokens);
+        if (!q->tokens)
+            return kv_fail(err, KV_ERR_ARG, "kv_forward: sequence %d: tokens is NULL", i);
         if (q->pos != c->len[q->slot])
             return kv_fail(err, KV_ERR_ARG,
                            "kv_forward: sequence %d: pos %d but slot %d holds %d tokens", i,
@@ -174,6 +176,8 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
                  seqs[i].tokens, seqs[i].n_tokens, dim);
         if (seqs[i].pos + seqs[i].n_tokens > max_len) max_len = seqs[i].pos + seqs[i].n_tokens;
     }
+    /* multiply-adds of attention, at most: worth threads only when it is not tiny */
+    const int64_t attn_work = (int64_t)T * H * max_len * d;
     const int n_threads = omp_get_max_threads();
     float *att = kv_calloc((size_t)n_threads * max_len * sizeof(float)); /* [threads][max_len] */
     if (!att)
@@ -192,8 +196,9 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
         for (int t = 0; t < T; t++)
             kv_cache_write(c, l, s->tok_slot[t], s->tok_pos[t], s->k + (size_t)t * kvdim,
                            s->v + (size_t)t * kvdim);
-        /* dynamic: in a prefill later rows attend over more positions than earlier ones */
-        #pragma omp parallel for collapse(2) schedule(dynamic)
+        /* dynamic: in a prefill later rows attend over more positions than earlier ones;
+         * one thread below 2^18 multiply-adds, the threshold kv_ops.c uses */
+        #pragma omp parallel for collapse(2) schedule(dynamic) if (attn_work >= (1 << 18))
         for (int t = 0; t < T; t++)
             for (int h = 0; h < H; h++) {
                 float *scores = att + (size_t)omp_get_thread_num() * max_len;

@@ -8,8 +8,11 @@
 #include <math.h>
 #include <string.h>
 
-/* below this many multiply-adds a matmul runs on one thread: waking the team costs more */
-#define KV_MATMUL_PARALLEL_MIN 32768
+/* Below this many multiply-adds (or elements) an op runs on one thread: starting a parallel
+ * region and meeting at its barrier costs microseconds on an idle machine and whole scheduler
+ * slices on a busy one, more than a 300x300 matrix-vector product takes alone. (Threads change
+ * which core computes a row, never how, so this is a speed choice only.) */
+#define KV_PARALLEL_MIN (1 << 18)
 
 void kv_embed(float *out, const float *table, const int *tokens, int T, int dim)
 {
@@ -19,7 +22,7 @@ void kv_embed(float *out, const float *table, const int *tokens, int T, int dim)
 
 void kv_rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps)
 {
-    #pragma omp parallel for if (T > 1)
+    #pragma omp parallel for if ((int64_t)T * n >= KV_PARALLEL_MIN)
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * n;
         float *ot = out + (size_t)t * n;
@@ -48,7 +51,7 @@ float kv_dot(const float *a, const float *b, int n)
 void kv_matmul(float *y, const float *x, const float *W, int T, int in, int out)
 {
     const int64_t work = (int64_t)T * in * out;
-    #pragma omp parallel for collapse(2) if (work >= KV_MATMUL_PARALLEL_MIN)
+    #pragma omp parallel for collapse(2) if (work >= KV_PARALLEL_MIN)
     for (int t = 0; t < T; t++)
         for (int i = 0; i < out; i++)
             y[(size_t)t * out + i] = kv_dot(W + (size_t)i * in, x + (size_t)t * in, in);
@@ -59,7 +62,9 @@ void kv_matmul(float *y, const float *x, const float *W, int T, int in, int out)
 void kv_rope(float *x, const int *pos, int T, int n_heads, int head_dim, int rotary_dim,
              float theta)
 {
-    #pragma omp parallel for collapse(2) if (T > 1)
+    /* a pow, a cos and a sin per pair: worth threads sixteen times sooner than a multiply-add */
+    #pragma omp parallel for collapse(2) \
+        if ((int64_t)T * n_heads * rotary_dim * 16 >= KV_PARALLEL_MIN)
     for (int t = 0; t < T; t++)
         for (int h = 0; h < n_heads; h++) {
             float *xh = x + ((size_t)t * n_heads + h) * head_dim;
@@ -76,7 +81,7 @@ void kv_rope(float *x, const int *pos, int T, int n_heads, int head_dim, int rot
 
 void kv_swiglu(float *g, const float *u, int64_t n)
 {
-    #pragma omp parallel for if (n >= 65536)
+    #pragma omp parallel for if (n >= KV_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float a = g[i];
         g[i] = a / (1.0f + expf(-a)) * u[i]; /* silu(a) = a·sigmoid(a) */
@@ -90,10 +95,17 @@ void kv_add(float *x, const float *y, int64_t n)
 
 void kv_softmax(float *x, int n)
 {
+    if (n <= 0) return; /* an empty row: nothing to normalize (x may be NULL) */
     /* subtract the max so the largest exponent is exp(0) = 1: no overflow for any input */
     float max = x[0];
     for (int i = 1; i < n; i++)
         if (x[i] > max) max = x[i];
+    if (max == -INFINITY) {
+        /* fully masked: no entry may receive weight. exp(-inf - -inf) would be NaN; all
+         * weights 0 is what a masked row means (and what fused kernels produce for it) */
+        for (int i = 0; i < n; i++) x[i] = 0.0f;
+        return;
+    }
     float sum = 0.0f;
     for (int i = 0; i < n; i++) {
         x[i] = expf(x[i] - max);

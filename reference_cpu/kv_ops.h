@@ -41,7 +41,10 @@ void kv_swiglu(float *g, const float *u, int64_t n);
 /** x[i] += y[i] over n elements. */
 void kv_add(float *x, const float *y, int64_t n);
 
-/** In-place softmax of x[0..n-1] (max-subtracted, fp32). */
+/**
+ * In-place softmax of x[0..n-1] (max-subtracted, fp32). -inf entries get weight 0; a row of
+ * only -inf (fully masked) becomes all 0 rather than NaN; n <= 0 does nothing.
+ */
 void kv_softmax(float *x, int n);
 
 /** out[t] = table[tokens[t]];  table [vocab][dim], out [T][dim]. */

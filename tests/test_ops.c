@@ -117,7 +117,8 @@ static void test_rope(kv_rng *r)
         free(x), free(x0), free(ref);
     }
 
-    /* q·k after RoPE depends only on the distance m - n: (m, n) = (7, 3), (107, 103), (1007, 1003) */
+    /* q·k after RoPE depends only on the distance m - n:
+     * (m, n) = (7, 3), (107, 103), (1007, 1003) */
     for (int rd = 0; rd < 2; rd++) {
         const int rot = rot_dims[rd];
         float q[16], k[16];
@@ -235,6 +236,10 @@ static void test_attn_decode(kv_rng *r)
                      "kv_attn_decode H %d H_kv %d len %d", H, Hkv, len);
             free(q), free(out), free(ref), free(k), free(v);
         }
+    float x[4] = {0};
+    KV_CHECK(kv_attn_decode(x, x, x, x, 4, 3, 1, 1, 1) == KV_ERR_ARG, "H_kv 3 does not divide H 4");
+    KV_CHECK(kv_attn_decode(x, x, x, x, 1, 1, 4, 1, 2) == KV_ERR_ARG, "len 2 > max_seq 1");
+    KV_CHECK(kv_attn_decode(x, x, x, x, 1, 1, 4, 1, 0) == KV_ERR_ARG, "len 0");
 }
 
 int main(void)

@@ -279,14 +279,18 @@ static void test_position_damage(void)
         int vp, n = haystack(kind, 500, at, 3, tok, &vp);
         /* the cut: after the fact's first token (induction: k3 is cached, v3 not yet) */
         const int cut = at + 1;
-        const int deltas[] = {0, 1, -1, 5, 300};
-        for (int i = 0; i < 5; i++) {
+        /* -1 is printed, not asserted: shifting the fact's key one step toward the query
+         * ties it with the query's own key (offsets +1 and -1 score alike, f is even), so
+         * half of the previous-token weight survives and the outcome rides on the noise */
+        const int deltas[] = {0, 1, 2, -2, 5, 300, -1};
+        for (int i = 0; i < 7; i++) {
             damage d = {layer, deltas[i], 0, 0, 0, m.config.rotary_dim, m.config.rope_theta};
             int ans = run(&m, tok, n, cut, rerotate, &d, logits);
             const int expect_pass = kind == KV_MODEL_RECALL_DIRECT || deltas[i] == 0;
             printf("%-9s cache keys of layer %d re-positioned by %+4d: answer %s (margin %.3f)\n",
                    kv_recall_kind_name(kind), layer, deltas[i], ans == want ? "right" : "lost",
                    logits[want] - logits[V.ack]);
+            if (deltas[i] != -1)
             KV_CHECK((ans == want) == expect_pass, "%s, keys shifted by %d: %s, predicted %s",
                      kv_recall_kind_name(kind), deltas[i], ans == want ? "pass" : "fail",
                      expect_pass ? "pass" : "fail");

@@ -20,6 +20,8 @@ static const kv_subcommand commands[] = {
     {"calc", cmd_calc, "KV-cache memory for a preset or a config: L*2*N*H_kv*d*b"},
     {"info", cmd_info, "version, build, SIMD level, threads, CUDA mode and device"},
     {"bench", cmd_bench, "benchmarks (bench decode: naive vs cached tokens/s)"},
+    {"needle", cmd_needle, "needle-in-a-haystack grid over the recall models: lengths x depths x cache"},
+    {"dialogue", cmd_dialogue, "run a multi-turn dialogue file on the recall models, turn by turn"},
     /* new subcommands: one row here, e.g. {"needle", cmd_needle, "..."}, */
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);

@@ -146,7 +146,7 @@ struct pool {
     std::mutex msg_mu;
     uint64_t switches = 0, threads_run = 0, blocks_run = 0;
 };
-static pool P;
+static pool &P = *new pool; /* never destroyed: its threads wait on it until exit */
 static std::mutex launch_mu; /* one launch at a time (streams are in order anyway) */
 static int n_workers = 0;
 

@@ -1,0 +1,230 @@
+/*
+ * kvlab needle: the needle-in-a-haystack grid over the recall models (reference_cpu/kv_needle.h):
+ * context lengths × needle depths × cache variants. Progress on stderr, a table per model and
+ * variant on stdout, optional CSV and an SVG heatmap. Exits 1 when any cell contradicts the
+ * outcome its variant predicts.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kv_needle.h"
+
+typedef struct {
+    kv_progress p;
+    char label[96];
+} progress_state;
+
+static void on_progress(void *user, const char *what, long done, long total)
+{
+    progress_state *s = user;
+    if (strcmp(s->label, what)) snprintf(s->label, sizeof s->label, "%s", what);
+    s->p.label = s->label;
+    kv_progress_update(&s->p, done, total);
+}
+
+typedef struct {
+    const char *device;
+} make_ctx;
+
+static int make_backend(kv_backend **out, const kv_model *m, const kv_cache_spec *spec, void *user,
+                        kv_err *err)
+{
+    return kv_cli_backend(out, ((make_ctx *)user)->device, m, spec, err);
+}
+
+/* "1024,4096" -> "lengths 1024 4096\n" appended to the spec text */
+static int add_list(char *text, size_t n, const char *field, const char *list)
+{
+    size_t k = strlen(text);
+    int w = snprintf(text + k, n - k, "%s ", field);
+    if (w < 0 || (size_t)w >= n - k) return -1;
+    k += (size_t)w;
+    for (const char *p = list; *p && k + 2 < n; p++) text[k++] = (*p == ',') ? ' ' : *p;
+    if (k + 2 >= n) return -1;
+    text[k++] = '\n';
+    text[k] = 0;
+    return 0;
+}
+
+static const char *result_mark(const kv_needle_result *r)
+{
+    if (r->expected >= 0 && r->expected != r->pass) return r->pass ? "pass!" : "FAIL!";
+    return r->pass ? "pass" : "FAIL";
+}
+
+/* One table per (model, variant, seed): rows are lengths, columns depths, each cell the
+ * outcome and its logit margin; '!' marks a cell that contradicts its prediction. */
+static void print_tables(const kv_needle_spec *s, const kv_needle_result *res)
+{
+    const int per = s->n_lengths * s->n_depths;
+    for (int g = 0; g < s->n_models * s->n_variants * s->n_seeds; g++) {
+        const kv_needle_result *r0 = res + (size_t)g * per;
+        const kv_needle_variant *v = &s->variants[r0->variant];
+        char pred[48];
+        if (v->rule == KV_EXPECT_WITHIN)
+            snprintf(pred, sizeof pred, "pass iff distance <= %ld", v->arg);
+        else
+            snprintf(pred, sizeof pred, "%s", v->rule == KV_EXPECT_ALL    ? "every cell passes"
+                                              : v->rule == KV_EXPECT_NONE ? "every cell fails"
+                                                                          : "not asserted");
+        printf("\nmodel %s, cache %s (predicted: %s), seed %llu; cell: answer, logit margin\n",
+               kv_recall_kind_name(r0->kind), v->spec, pred, (unsigned long long)r0->seed);
+        printf("%8s", "length");
+        for (int d = 0; d < s->n_depths; d++) printf(" %12d%%", s->depths[d]);
+        printf("\n");
+        for (int l = 0; l < s->n_lengths; l++) {
+            printf("%8d", s->lengths[l]);
+            for (int d = 0; d < s->n_depths; d++) {
+                const kv_needle_result *r = r0 + l * s->n_depths + d;
+                printf(" %6s %+6.2f", result_mark(r), r->margin);
+            }
+            printf("\n");
+        }
+    }
+}
+
+static int write_csv(const char *path, const kv_needle_spec *s, const kv_needle_result *res, int n)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f, "model,cache,seed,length,depth_pct,key,value,position,distance,answer,pass,"
+               "predicted,logit_value,logit_other,margin\n");
+    for (int i = 0; i < n; i++) {
+        const kv_needle_result *r = &res[i];
+        fprintf(f, "%s,%s,%llu,%d,%d,%d,%d,%d,%ld,%d,%d,%d,%.6f,%.6f,%.6f\n",
+                kv_recall_kind_name(r->kind), s->variants[r->variant].spec,
+                (unsigned long long)r->seed, r->length, r->depth, r->key, r->value, r->position,
+                r->distance, r->answer, r->pass, r->expected, r->logit_value, r->logit_other,
+                r->margin);
+    }
+    return fclose(f) ? -1 : 0;
+}
+
+/* The heatmap: one panel per (model, variant, seed); green cells passed (darker = larger
+ * margin), red cells failed; a black border marks a cell that contradicts its prediction. */
+static int write_svg(const char *path, const kv_needle_spec *s, const kv_needle_result *res)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    const int cw = 56, ch = 26, left = 70, top = 40, gap = 50;
+    const int panels = s->n_models * s->n_variants * s->n_seeds, per = s->n_lengths * s->n_depths;
+    const int pw = left + cw * s->n_depths + 20, ph = top + ch * s->n_lengths + gap;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+               "font-family=\"sans-serif\" font-size=\"11\">\n", pw, ph * panels + 10);
+    for (int g = 0; g < panels; g++) {
+        const kv_needle_result *r0 = res + (size_t)g * per;
+        const int y0 = g * ph;
+        fprintf(f, "<text x=\"4\" y=\"%d\" font-size=\"13\">needle: %s model, cache %s, seed "
+                   "%llu (cell: logit margin)</text>\n", y0 + 16, kv_recall_kind_name(r0->kind),
+                s->variants[r0->variant].spec, (unsigned long long)r0->seed);
+        for (int d = 0; d < s->n_depths; d++)
+            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%d%%</text>\n",
+                    left + d * cw + cw / 2, y0 + top - 6, s->depths[d]);
+        for (int l = 0; l < s->n_lengths; l++) {
+            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%d</text>\n", left - 6,
+                    y0 + top + l * ch + ch / 2 + 4, s->lengths[l]);
+            for (int d = 0; d < s->n_depths; d++) {
+                const kv_needle_result *r = r0 + l * s->n_depths + d;
+                double a = r->margin < 0 ? -r->margin : r->margin;
+                a = 0.25 + 0.75 * (a > 5.0 ? 1.0 : a / 5.0);
+                const int bad = r->expected >= 0 && r->expected != r->pass;
+                fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\" "
+                           "fill-opacity=\"%.2f\" stroke=\"%s\" stroke-width=\"%d\"/>\n",
+                        left + d * cw, y0 + top + l * ch, cw - 2, ch - 2,
+                        r->pass ? "#1a9850" : "#d73027", a, bad ? "black" : "white", bad ? 2 : 1);
+                fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%+.2f</text>\n",
+                        left + d * cw + cw / 2 - 1, y0 + top + l * ch + ch / 2 + 3, r->margin);
+            }
+        }
+        fprintf(f, "<text x=\"4\" y=\"%d\" fill=\"#555\">rows: context length (tokens); "
+                   "columns: needle depth</text>\n", y0 + top + s->n_lengths * ch + 16);
+    }
+    fprintf(f, "</svg>\n");
+    return fclose(f) ? -1 : 0;
+}
+
+int cmd_needle(int argc, char **argv)
+{
+    const char *cmd = "kvlab needle";
+    const char *spec_path = NULL, *models = NULL, *lengths = NULL, *depths = NULL, *cache = NULL;
+    const char *seeds = NULL, *csv = NULL, *svg = NULL, *device = "cpu";
+    kv_opt opts[] = {
+        {"--spec", KV_OPT_STRING, &spec_path, 0, 0, NULL, "FILE", "grid spec (datasets/needle/*.needle; default: both models, 1k and 4k, depths 0..100 by 25)", 0},
+        {"--models", KV_OPT_STRING, &models, 0, 0, NULL, "LIST", "direct,induction (overrides the spec)", 0},
+        {"--lengths", KV_OPT_STRING, &lengths, 0, 0, NULL, "LIST", "context lengths, e.g. 1024,65536", 0},
+        {"--depths", KV_OPT_STRING, &depths, 0, 0, NULL, "LIST", "needle depths in percent, e.g. 0,50,100", 0},
+        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant (fp32), predicted to pass every cell", 0},
+        {"--seeds", KV_OPT_STRING, &seeds, 0, 0, NULL, "LIST", "haystack seeds", 0},
+        {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "write every cell as CSV", 0},
+        {"--svg", KV_OPT_STRING, &svg, 0, 0, NULL, "FILE", "write a heatmap (SVG)", 0},
+        {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the models run (default cpu)", 0},
+    };
+    int r = kv_args_parse(cmd,
+                          "Plant facts at several depths of a filler context, ask for them at the end,\n"
+                          "and check the greedy answers of the recall models (constructed weights,\n"
+                          "docs/recall-models.md). A cell passes when the answer is the planted value;\n"
+                          "the margin is its logit minus the best other logit. Exit 1 when a cell\n"
+                          "contradicts the outcome its cache variant predicts.",
+                          argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (r == KV_ARGS_HELP) return KV_EXIT_OK;
+    if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    int e = kv_cli_check_device(cmd, device);
+    if (e) return e;
+
+    kv_err err = {{0}};
+    kv_needle_spec s;
+    kv_needle_spec_default(&s);
+    if (spec_path && kv_needle_spec_read(spec_path, &s, &err))
+        return kv_cli_fail(cmd, "--spec", KV_ERR_FORMAT, &err);
+    char text[2048] = "";
+    const char *fields[] = {"models", "lengths", "depths", "seeds"};
+    const char *values[] = {models, lengths, depths, seeds};
+    for (int i = 0; i < 4; i++)
+        if (values[i] && add_list(text, sizeof text, fields[i], values[i]))
+            return kv_args_bad(cmd, fields[i], "list too long");
+    if (cache) {
+        size_t k = strlen(text);
+        snprintf(text + k, sizeof text - k, "variant %s all\n", cache);
+    }
+    if (text[0] && kv_needle_spec_parse(text, &s, &err))
+        return kv_args_bad(cmd, "options", "%s", err.msg);
+    for (int i = 0; i < s.n_variants; i++) { /* refuse unknown variants before any work */
+        kv_cache_spec cs;
+        if (kv_needle_cache_spec(s.variants[i].spec, 1, 16, &cs, &err))
+            return kv_cli_fail(cmd, "--cache", KV_ERR_UNSUPPORTED, &err);
+    }
+
+    progress_state ps;
+    memset(&ps, 0, sizeof ps);
+    snprintf(ps.label, sizeof ps.label, "needle");
+    kv_progress_start(&ps.p, ps.label);
+    make_ctx mc = {device};
+    kv_needle_result *res = NULL;
+    int n = 0;
+    const double t0 = kv_now();
+    int st = kv_needle_grid(&s, make_backend, &mc, on_progress, &ps, &res, &n, &err);
+    kv_progress_end(&ps.p);
+    if (st) return kv_cli_fail(cmd, s.name, st, &err);
+
+    printf("needle grid '%s' on %s: %d cells in %.1f s\n", s.name, device, n, kv_now() - t0);
+    print_tables(&s, res);
+    int pass = 0, unexpected = 0;
+    for (int i = 0; i < n; i++) {
+        pass += res[i].pass;
+        unexpected += res[i].expected >= 0 && res[i].expected != res[i].pass;
+    }
+    printf("\n%d of %d cells pass; %d contradict their prediction\n", pass, n, unexpected);
+    int rc = unexpected ? KV_EXIT_FAIL : KV_EXIT_OK;
+    if (csv && write_csv(csv, &s, res, n)) {
+        fprintf(stderr, "%s: --csv: cannot write %s\n", cmd, csv);
+        rc = KV_EXIT_FAIL;
+    }
+    if (svg && write_svg(svg, &s, res)) {
+        fprintf(stderr, "%s: --svg: cannot write %s\n", cmd, svg);
+        rc = KV_EXIT_FAIL;
+    }
+    free(res);
+    return rc;
+}

@@ -1,0 +1,214 @@
+/*
+ * Writes the seed corpora of the fuzz targets into tests/fuzz/corpus/<target>/: small valid
+ * inputs (and a few near-misses) that give libFuzzer a start inside each format. The files
+ * are committed; rerun this after a format changes:
+ *
+ *   cmake --preset fuzz -B build-fuzz && cmake --build build-fuzz --target fuzz_make_seeds
+ *   ./build-fuzz/tests/fuzz/fuzz_make_seeds tests/fuzz/corpus
+ *
+ * The needle and dialogue targets also start from datasets/needle and datasets/dialogues.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "kv_checkpoint.h"
+#include "kv_tokenizer.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const char *root;
+
+static void die(const char *what)
+{
+    fprintf(stderr, "make_seeds: %s\n", what);
+    exit(1);
+}
+
+static const char *path_of(const char *target, const char *name)
+{
+    static char p[4096];
+    snprintf(p, sizeof p, "%s/%s", root, target);
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) die(p);
+    snprintf(p, sizeof p, "%s/%s/%s", root, target, name);
+    return p;
+}
+
+static void put(const char *target, const char *name, const void *data, size_t n)
+{
+    FILE *f = fopen(path_of(target, name), "wb");
+    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) die(name);
+}
+
+/* ---- checkpoints: a 4-wide model (d 2, H 2, H_kv 1) in both formats -------------------- */
+
+static void checkpoint(const char *name, int format, int tied, int n_kv_heads, float theta)
+{
+    kv_config c = {4, 4, 1, 2, n_kv_heads, 4, 3, 0, 0, 0, 0, 0};
+    kv_config_set_defaults(&c);
+    c.tied_classifier = tied;
+    c.rope_theta = theta;
+    kv_model m;
+    kv_err err;
+    if (kv_model_alloc(&m, &c, &err)) die(err.msg);
+    kv_model_randomize(&m, 7);
+    if (kv_checkpoint_write(path_of("checkpoint", name), &m, format, &err)) die(err.msg);
+    kv_model_free(&m);
+}
+
+/* ---- tokenizer: [u16 vocab-1][u8 prompt length][prompt][tokenizer.bin] -------------------- */
+
+typedef struct {
+    unsigned char *b;
+    size_t n, cap;
+} buf;
+
+static void add(buf *x, const void *p, size_t n)
+{
+    if (x->n + n > x->cap) {
+        x->cap = (x->n + n) * 2;
+        x->b = realloc(x->b, x->cap);
+        if (!x->b) die("out of memory");
+    }
+    memcpy(x->b + x->n, p, n);
+    x->n += n;
+}
+
+static void tok_header(buf *x, int vocab, const char *prompt)
+{
+    unsigned v = (unsigned)(vocab - 1);
+    unsigned char h[3] = {(unsigned char)(v & 255), (unsigned char)(v >> 8), (unsigned char)strlen(prompt)};
+    add(x, h, 3);
+    add(x, prompt, strlen(prompt));
+}
+
+static void tok_entry(buf *x, const char *s, float score)
+{
+    int32_t len = (int32_t)strlen(s);
+    add(x, &score, 4);
+    add(x, &len, 4);
+    add(x, s, (size_t)len);
+}
+
+static void tokenizers(void)
+{
+    /* a hand-made vocabulary of 8 tokens with merges and no byte fallback */
+    buf x = {0};
+    static const char *hand[8] = {"<unk>", "<s>", "</s>", " ", "a", "b", "ab", " ab"};
+    tok_header(&x, 8, "abab ba");
+    int32_t max_len = 5;
+    add(&x, &max_len, 4);
+    for (int i = 0; i < 8; i++) tok_entry(&x, hand[i], i >= 6 ? (float)i : 0.0f);
+    put("tokenizer", "hand8", x.b, x.n);
+
+    /* the embedded byte tokenizer, 259 and 300 tokens, as files */
+    const int sizes[2] = {259, 300};
+    const char *names[2] = {"bytes259", "bytes300"};
+    for (int k = 0; k < 2; k++) {
+        kv_tokenizer t;
+        kv_err err;
+        if (kv_tokenizer_bytes(&t, sizes[k], &err)) die(err.msg);
+        x.n = 0;
+        tok_header(&x, sizes[k], "hi \xc3\xa9!");
+        int32_t ml = t.max_token_length;
+        add(&x, &ml, 4);
+        for (int i = 0; i < t.vocab_size; i++) {
+            int32_t len = t.lengths[i];
+            add(&x, &t.scores[i], 4);
+            add(&x, &len, 4);
+            add(&x, t.vocab[i], (size_t)len);
+        }
+        put("tokenizer", names[k], x.b, x.n);
+        kv_tokenizer_free(&t);
+    }
+    /* near-misses: truncated after the header, and a negative token length */
+    x.n = 0;
+    tok_header(&x, 8, "a");
+    add(&x, &max_len, 4);
+    put("tokenizer", "truncated", x.b, x.n);
+    int32_t neg = -1;
+    float zero = 0.0f;
+    add(&x, &zero, 4);
+    add(&x, &neg, 4);
+    put("tokenizer", "negative-length", x.b, x.n);
+    free(x.b);
+}
+
+/* ---- encode: [u8 vocab choice][text] ---------------------------------------------------- */
+
+static void encode_seeds(void)
+{
+    static const char *texts[] = {
+        "Hello world", "the thing that they then", "\xe2\x82\xac 5 \xf0\x9f\x98\x80 ok",
+        "\xff\xfe\x80 broken utf-8 \xc3", "<0x41><s></s><unk>", "   spaces   ", "a",
+    };
+    for (int i = 0; i < (int)(sizeof texts / sizeof texts[0]); i++) {
+        char name[32], data[128];
+        data[0] = (char)i; /* vocab choice i & 3 */
+        size_t n = strlen(texts[i]);
+        memcpy(data + 1, texts[i], n);
+        snprintf(name, sizeof name, "text%d", i);
+        put("encode", name, data, n + 1);
+    }
+}
+
+/* ---- args: [u8 mode][word\0word\0...] ---------------------------------------------------- */
+
+static void args_seed(const char *name, int mode, const char *const *words)
+{
+    char data[512];
+    size_t n = 0;
+    data[n++] = (char)mode;
+    for (int i = 0; words[i]; i++) {
+        size_t l = strlen(words[i]) + 1;
+        memcpy(data + n, words[i], l);
+        n += l;
+    }
+    put("args", name, data, n);
+}
+
+static void args_seeds(void)
+{
+    args_seed("table-ok", 0, (const char *const[]){"--flag", "--n", "12", "--big=900", "--x", "-0.25",
+                                                   "--s", "word", "--c=blue", NULL});
+    args_seed("table-bad", 0, (const char *const[]){"--n", "12abc", NULL});
+    args_seed("table-help", 0, (const char *const[]){"--x", "1e-3", "--help", NULL});
+    args_seed("table-missing", 0, (const char *const[]){"--s", "--flag", NULL});
+    args_seed("calc-preset", 1, (const char *const[]){"--preset", "llama-2-7b", "--dtype", "int4",
+                                                      "--seq", "2048", "--batch", "8", NULL});
+    args_seed("calc-config", 1, (const char *const[]){"--config", "288,768,6,6,6,32000,256", NULL});
+    args_seed("calc-config-bad", 1, (const char *const[]){"--config=64,172,2,4,3,512,51x", NULL});
+    args_seed("calc-table", 1, (const char *const[]){"--dtype", "fp8", "--seq=100", NULL});
+    args_seed("calc-list", 1, (const char *const[]){"--list", NULL});
+}
+
+/* ---- needle / dialogue: edge cases beside the datasets' real files ---------------------- */
+
+static void text_seeds(void)
+{
+    const char *needle = "name edge # comment\nmodels induction\nlengths 16 17\ndepths 100 0\n"
+                         "variant fp32 within:5\nvariant exact any\nseeds 3\nmodel-seed 0\n";
+    put("needle", "edge", needle, strlen(needle));
+    const char *dlg = "seed 5\nk0=v15 f3 ~2\n~1 k0?\nk15=v0\nf63 k15?\n";
+    put("dialogue", "edge", dlg, strlen(dlg));
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s <corpus folder>\n", argv[0]);
+        return 2;
+    }
+    root = argv[1];
+    if (mkdir(root, 0755) != 0 && errno != EEXIST) die(root);
+    checkpoint("kvlab-tied", KV_FILE_KVLAB, 1, 1, 500000.0f);
+    checkpoint("kvlab-untied-mha", KV_FILE_KVLAB, 0, 2, 10000.0f);
+    checkpoint("llama2c-tied", KV_FILE_LLAMA2C, 1, 1, 10000.0f);
+    checkpoint("llama2c-untied", KV_FILE_LLAMA2C, 0, 2, 10000.0f);
+    tokenizers();
+    encode_seeds();
+    args_seeds();
+    text_seeds();
+    return 0;
+}

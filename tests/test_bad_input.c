@@ -1,0 +1,531 @@
+/*
+ * Bad input, every kind kvlab reads today (issue 15): checkpoint files, tokenizer files,
+ * needle specs, dialogues and command-line arguments. For each: truncated, oversized, wrong
+ * magic or shape, NaN/inf, negative or absurd sizes, unknown fields.
+ *
+ * Library: an error status (never KV_OK, never a crash), a message naming the problem, the
+ * output struct left empty, and no file (or temporary file) left behind by a failed write.
+ * CLI:     exit code 2, a message on stderr naming the input, nothing on stdout, no crash,
+ *          and no file created in the working directory.
+ *
+ * usage: test_bad_input <path to kvlab>
+ */
+#define _GNU_SOURCE
+#include "kv_checkpoint.h"
+#include "kv_dialogue.h"
+#include "kv_needle.h"
+#include "kv_tokenizer.h"
+#include "kv_test.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[64];        /* per-run scratch folder */
+static const char *kvlab;   /* the CLI binary */
+
+static const char *file(const char *name)
+{
+    static char p[4][256]; /* a few names may be live at once */
+    static int k = 0;
+    k = (k + 1) % 4;
+    snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
+    return p[k];
+}
+
+static void write_bytes(const char *p, const void *data, size_t n)
+{
+    FILE *f = fopen(p, "wb");
+    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) {
+        printf("cannot write %s\n", p);
+        exit(1);
+    }
+}
+
+static unsigned char *slurp(const char *p, size_t *n)
+{
+    FILE *f = fopen(p, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc(*n + 1);
+    if (fread(b, 1, *n, f) != *n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    return b;
+}
+
+static int exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* entries in the scratch folder whose name contains @p part */
+static int count_files(const char *part)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.' && strstr(e->d_name, part)) n++;
+    closedir(d);
+    return n;
+}
+
+static void put32(unsigned char *b, size_t off, int32_t v) { memcpy(b + off, &v, 4); }
+static void putf(unsigned char *b, size_t off, float v) { memcpy(b + off, &v, 4); }
+
+/* ---- checkpoints ------------------------------------------------------------------------ */
+
+/* dim 8, hidden 8, L 1, H 2, H_kv 1 (d 4), vocab 300, seq 16; untied, so both tables exist */
+static void small_model(kv_model *m, int tied)
+{
+    kv_config c = {8, 8, 1, 2, 1, 300, 16, 0, 0, 0, 0, 0};
+    kv_config_set_defaults(&c);
+    c.tied_classifier = tied;
+    kv_err err;
+    if (kv_model_alloc(m, &c, &err)) {
+        printf("model: %s\n", err.msg);
+        exit(1);
+    }
+    kv_model_randomize(m, 3);
+}
+
+/* Expect kv_checkpoint_read(p) to fail with @p status and a message containing every word
+ * of @p want (words separated by '|'), and leave the model zeroed. */
+static void expect_ckpt_fail(const char *p, int status, const char *want, const char *what)
+{
+    kv_model m;
+    memset(&m, 0x5a, sizeof m);
+    kv_err err = {{0}};
+    int rc = kv_checkpoint_read(p, &m, &err);
+    KV_CHECK(rc == status, "checkpoint %s: status %s, expected %s (%s)", what, kv_status_name(rc),
+             kv_status_name(status), err.msg);
+    char words[256];
+    snprintf(words, sizeof words, "%s", want);
+    for (char *w = strtok(words, "|"); w; w = strtok(NULL, "|"))
+        KV_CHECK(strstr(err.msg, w) != NULL, "checkpoint %s: message lacks '%s': %s", what, w, err.msg);
+    KV_CHECK(m.data == NULL && m.n_floats == 0, "checkpoint %s: model not left empty", what);
+    if (rc == KV_OK) kv_model_free(&m);
+}
+
+/* the valid kvlab file with one change: put32/putf at @p off, or cut/extend to @p size */
+static const char *ckpt_variant(const unsigned char *good, size_t n, const char *name, long off,
+                                int is_float, double value, long size)
+{
+    size_t len = size >= 0 ? (size_t)size : n;
+    unsigned char *b = calloc(len + 1, 1);
+    memcpy(b, good, len < n ? len : n);
+    if (off >= 0) {
+        if (is_float) putf(b, (size_t)off, (float)value);
+        else put32(b, (size_t)off, (int32_t)value);
+    }
+    const char *p = file(name);
+    write_bytes(p, b, len);
+    free(b);
+    return p;
+}
+
+static void test_checkpoint(void)
+{
+    kv_model m;
+    small_model(&m, 0);
+    kv_err err = {{0}};
+    const char *good_kv = file("good.kvlab"), *good_l2 = file("good.llama2c");
+    KV_CHECK(kv_checkpoint_write(good_kv, &m, KV_FILE_KVLAB, &err) == KV_OK, "write: %s", err.msg);
+    KV_CHECK(kv_checkpoint_write(good_l2, &m, KV_FILE_LLAMA2C, &err) == KV_OK, "write: %s", err.msg);
+    size_t n = 0, n2 = 0;
+    unsigned char *g = slurp(good_kv, &n), *g2 = slurp(good_l2, &n2);
+    kv_model back;
+    KV_CHECK(g && g2 && kv_checkpoint_read(good_kv, &back, &err) == KV_OK, "valid file refused: %s", err.msg);
+    kv_model_free(&back);
+    if (!g || !g2) return;
+    /* kvlab header offsets: 4 version, 8 dim, 12 hidden, 16 L, 20 H, 24 H_kv, 28 vocab,
+     * 32 seq, 36 theta, 40 rotary, 44 eps, 48 tied, 52 kind, 56..255 zero; weights from 256 */
+    const int F = KV_ERR_FORMAT;
+    struct { const char *name; long off; int is_float; double value; long size; const char *want; } v[] = {
+        /* truncated */
+        {"empty", -1, 0, 0, 0, "empty"},
+        {"cut-header", -1, 0, 0, 100, "truncated|256"},
+        {"cut-weights", -1, 0, 0, (long)n - 4, "truncated|expected"},
+        /* oversized */
+        {"trailing", -1, 0, 0, (long)n + 4, "4 trailing bytes"},
+        /* wrong magic, version, shape */
+        {"magic-ak42", 0, 0, 0x616b3432, -1, "ak42"},
+        {"version-2", 4, 0, 2, -1, "version 2"},
+        {"heads-not-dividing", 20, 0, 3, -1, "n_heads (3) must divide dim (8)"},
+        {"kv-heads-above", 24, 0, 4, -1, "n_kv_heads (4)"},
+        {"odd-head-dim", 20, 0, 8, -1, "even"},
+        {"rotary-odd", 40, 0, 3, -1, "rotary_dim"},
+        /* NaN / inf in the header and in the weights */
+        {"theta-nan", 36, 1, NAN, -1, "rope_theta"},
+        {"eps-inf", 44, 1, INFINITY, -1, "norm_eps"},
+        {"weight-nan", 256 + 4 * 17, 1, NAN, -1, "NaN|token_embedding"},
+        {"weight-inf", (long)n - 4, 1, -INFINITY, -1, "inf"},
+        /* negative or absurd sizes */
+        {"dim-negative", 8, 0, -8, -1, "dim (-8)"},
+        {"layers-zero", 16, 0, 0, -1, "n_layers (0)"},
+        {"seq-intmax", 32, 0, INT_MAX, -1, "seq_len"},
+        {"vocab-intmin", 28, 0, INT_MIN, -1, "vocab_size"},
+        {"hidden-absurd", 12, 0, 1 << 30, -1, "hidden_dim"},
+        /* a valid shape (dim 65536: 1.3e10 weights) that this small file cannot hold */
+        {"dims-huge", 8, 0, 65536, -1, "truncated|expected"},
+        /* unknown fields: the padding where later versions put new fields, kind, tied flag */
+        {"padding", 100, 0, 1, -1, "padding byte 100"},
+        {"kind-7", 52, 0, 7, -1, "kind (7)"},
+        {"tied-2", 48, 0, 2, -1, "tied_classifier (2)"},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        const char *p = ckpt_variant(g, n, v[i].name, v[i].off, v[i].is_float, v[i].value, v[i].size);
+        expect_ckpt_fail(p, F, v[i].want, v[i].name);
+    }
+
+    /* llama2.c files: seven int32, no magic */
+    struct { const char *name; int field; int32_t value; long size; const char *want; } l[] = {
+        {"l2-short-header", -1, 0, 20, "truncated header|KVLB"},
+        {"l2-zero-dim", 0, 0, -1, "not a valid llama2.c header|dim (0)"},
+        {"l2-negative-seq", 6, -16, -1, "seq_len (-16)"},
+        {"l2-vocab-intmin", 5, INT_MIN, -1, "vocab_size"},
+        {"l2-wrong-vocab", 5, -301, -1, "expected"},
+        {"l2-trailing", -1, 0, (long)n2 + 1, "1 trailing bytes"},
+    };
+    for (size_t i = 0; i < sizeof l / sizeof l[0]; i++) {
+        const char *p = ckpt_variant(g2, n2, l[i].name, l[i].field >= 0 ? 4L * l[i].field : -1, 0,
+                                     l[i].value, l[i].size);
+        expect_ckpt_fail(p, F, l[i].want, l[i].name);
+    }
+    /* not a file at all */
+    expect_ckpt_fail(dir, KV_ERR_IO, "Is a directory", "a folder");
+    expect_ckpt_fail(file("missing.bin"), KV_ERR_IO, "cannot open|missing.bin", "missing file");
+
+    /* writes that fail leave neither the file nor a temporary behind */
+    const char *nope = file("nosuchdir/out.bin");
+    KV_CHECK(kv_checkpoint_write(nope, &m, KV_FILE_KVLAB, &err) == KV_ERR_IO &&
+                 strstr(err.msg, "nosuchdir") != NULL, "write into a missing folder: %s", err.msg);
+    m.config.rope_theta = 500000.0f; /* not expressible in a llama2.c header */
+    const char *l2 = file("theta.llama2c");
+    KV_CHECK(kv_checkpoint_write(l2, &m, KV_FILE_LLAMA2C, &err) == KV_ERR_UNSUPPORTED &&
+                 strstr(err.msg, "rope_theta") != NULL && !exists(l2), "unsupported llama2.c write: %s", err.msg);
+    m.config.rope_theta = 10000.0f;
+    /* a write cut short by the file-size limit (as a full disk would): EFBIG mid-file */
+    struct rlimit old, small = {2048, 0};
+    getrlimit(RLIMIT_FSIZE, &old);
+    small.rlim_max = old.rlim_max;
+    signal(SIGXFSZ, SIG_IGN);
+    const char *cut = file("cut-short.bin");
+    int rc = setrlimit(RLIMIT_FSIZE, &small) == 0 ? kv_checkpoint_write(cut, &m, KV_FILE_KVLAB, &err) : -1;
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, SIG_DFL);
+    KV_CHECK(rc == KV_ERR_IO && !exists(cut), "write cut short: status %d, file %s (%s)", rc,
+             exists(cut) ? "left behind" : "absent", err.msg);
+    KV_CHECK(count_files(".tmp.") == 0, "a failed write left a temporary file");
+    free(g);
+    free(g2);
+    kv_model_free(&m);
+}
+
+/* ---- tokenizer files -------------------------------------------------------------------- */
+
+static void expect_tok_fail(const char *p, int vocab, int status, const char *want, const char *what)
+{
+    kv_tokenizer t;
+    memset(&t, 0x5a, sizeof t);
+    kv_err err = {{0}};
+    int rc = kv_tokenizer_read(p, vocab, &t, &err);
+    KV_CHECK(rc == status, "tokenizer %s: status %s, expected %s (%s)", what, kv_status_name(rc),
+             kv_status_name(status), err.msg);
+    KV_CHECK(strstr(err.msg, want) != NULL, "tokenizer %s: message lacks '%s': %s", what, want, err.msg);
+    KV_CHECK(t.vocab == NULL && t.vocab_size == 0, "tokenizer %s: not left empty", what);
+    if (rc == KV_OK) kv_tokenizer_free(&t);
+}
+
+static void test_tokenizer(void)
+{
+    kv_tokenizer t;
+    kv_err err = {{0}};
+    if (kv_tokenizer_bytes(&t, 300, &err)) {
+        KV_CHECK(0, "byte tokenizer: %s", err.msg);
+        return;
+    }
+    const char *good = file("good.tok");
+    KV_CHECK(kv_tokenizer_write(good, &t, &err) == KV_OK, "write: %s", err.msg);
+    size_t n = 0;
+    unsigned char *g = slurp(good, &n);
+    if (!g) return;
+    kv_tokenizer back;
+    KV_CHECK(kv_tokenizer_read(good, 300, &back, &err) == KV_OK, "valid file refused: %s", err.msg);
+    kv_tokenizer_free(&back);
+    /* layout: 0 max_token_length, then per token: score f32, length i32, bytes.
+     * token 0 "<unk>" sits at 4 (score), 8 (length), 12.. (5 bytes) */
+    unsigned char *b = malloc(n + 8);
+    const int F = KV_ERR_FORMAT;
+#define VARIANT(name, size, edit)                                                           \
+    do {                                                                                    \
+        memcpy(b, g, n);                                                                    \
+        edit;                                                                               \
+        write_bytes(file(name), b, (size));                                                 \
+    } while (0)
+    VARIANT("tok-empty", 0, (void)0);
+    expect_tok_fail(file("tok-empty"), 300, F, "no max_token_length", "empty");
+    VARIANT("tok-cut", n - 3, (void)0);
+    expect_tok_fail(file("tok-cut"), 300, F, "truncated", "truncated in a token");
+    VARIANT("tok-trailing", n + 2, (b[n] = 1, b[n + 1] = 2));
+    expect_tok_fail(file("tok-trailing"), 300, F, "trailing bytes", "trailing bytes");
+    /* the file holds 300 tokens: asked for another count it is too long or too short */
+    expect_tok_fail(good, 299, F, "trailing bytes", "vocab_size one short");
+    expect_tok_fail(good, 301, F, "truncated at token 300", "vocab_size one long");
+    VARIANT("tok-maxlen-0", n, put32(b, 0, 0));
+    expect_tok_fail(file("tok-maxlen-0"), 300, F, "max_token_length (0)", "max_token_length 0");
+    VARIANT("tok-maxlen-huge", n, put32(b, 0, 1 << 30));
+    expect_tok_fail(file("tok-maxlen-huge"), 300, F, "max_token_length", "absurd max_token_length");
+    VARIANT("tok-score-nan", n, putf(b, 4, NAN));
+    expect_tok_fail(file("tok-score-nan"), 300, F, "score of token 0 is NaN", "NaN score");
+    VARIANT("tok-score-inf", n, putf(b, 4, INFINITY));
+    expect_tok_fail(file("tok-score-inf"), 300, F, "infinite", "inf score");
+    VARIANT("tok-len-negative", n, put32(b, 8, -1));
+    expect_tok_fail(file("tok-len-negative"), 300, F, "token 0 has length -1", "negative length");
+    VARIANT("tok-len-absurd", n, put32(b, 8, INT_MAX));
+    expect_tok_fail(file("tok-len-absurd"), 300, F, "token 0 has length", "absurd length");
+#undef VARIANT
+    /* vocab sizes the caller passes: negative, zero, absurd */
+    expect_tok_fail(good, 0, KV_ERR_ARG, "vocab_size (0)", "vocab_size 0");
+    expect_tok_fail(good, -5, KV_ERR_ARG, "vocab_size (-5)", "vocab_size -5");
+    expect_tok_fail(good, INT_MAX, KV_ERR_ARG, "vocab_size", "vocab_size INT_MAX");
+    expect_tok_fail(file("missing.tok"), 300, KV_ERR_IO, "missing.tok", "missing file");
+
+    /* a failed write leaves nothing behind */
+    t.lengths[5] = t.max_token_length + 1;
+    const char *w = file("bad-write.tok");
+    KV_CHECK(kv_tokenizer_write(w, &t, &err) == KV_ERR_ARG && !exists(w) && count_files(".tmp.") == 0,
+             "tokenizer write of a bad length: %s", err.msg);
+    t.lengths[5] = 6;
+    free(b);
+    free(g);
+    kv_tokenizer_free(&t);
+}
+
+/* ---- needle specs and dialogues (datasets/) ---------------------------------------------- */
+
+static void expect_needle_fail(const char *text, const char *want)
+{
+    kv_needle_spec s;
+    kv_needle_spec_default(&s);
+    kv_err err = {{0}};
+    int rc = kv_needle_spec_parse(text, &s, &err);
+    KV_CHECK(rc == KV_ERR_FORMAT && strstr(err.msg, want) != NULL,
+             "needle spec '%.40s': status %d, message '%s' (wanted '%s')", text, rc, err.msg, want);
+}
+
+static void expect_dialogue_fail(const char *text, const char *want)
+{
+    kv_dialogue d;
+    kv_err err = {{0}};
+    int rc = kv_dialogue_parse(text, "bad", &d, &err);
+    KV_CHECK(rc == KV_ERR_FORMAT && strstr(err.msg, want) != NULL && d.turns == NULL,
+             "dialogue '%.40s': status %d, message '%s' (wanted '%s')", text, rc, err.msg, want);
+    if (rc == KV_OK) kv_dialogue_free(&d);
+}
+
+static void test_datasets(void)
+{
+    expect_needle_fail("colour blue\n", "unknown field 'colour'");
+    expect_needle_fail("lengths 1024 -5\n", "'-5'");
+    expect_needle_fail("lengths 99999999999999999999\n", "lengths");
+    expect_needle_fail("depths 50 101\n", "'101'");
+    expect_needle_fail("depths nan\n", "'nan'");
+    expect_needle_fail("seeds 1 2 3 4 5 6 7 8 9\n", "at most 8 seeds");
+    expect_needle_fail("variant fp32 within:-1\n", "within:-1");
+    expect_needle_fail("models\n", "needs a value");
+    char *longline = malloc(6001); /* longer than either parser's line buffer */
+    memset(longline, 'a', 6000);
+    longline[6000] = '\0';
+    expect_needle_fail(longline, "too long");
+
+    expect_dialogue_fail("", "no turns");
+    expect_dialogue_fail("k0=v1 bogus\n", "unknown item 'bogus'");
+    expect_dialogue_fail("k99=v1\n", "k99=v1");
+    expect_dialogue_fail("k0=v1\n~0\n", "~0");
+    expect_dialogue_fail("k0=v1\n~-3\n", "~-3");
+    expect_dialogue_fail("k0=v1\n~99999999999\n", "~99999999999");
+    expect_dialogue_fail("k3?\n", "no earlier turn stated");
+    expect_dialogue_fail("seed nan\n", "seed N");
+    /* absurd total length: 40000 runs of 65536 filler tokens (2.6e9 tokens) overflowed the
+     * int sum in kv_dialogue_length(); now the parser refuses the dialogue by its length */
+    const int runs_per_line = 500, lines = 80;
+    char *huge = malloc((size_t)lines * runs_per_line * 7 + 16);
+    size_t k = (size_t)sprintf(huge, "k0=v1\n");
+    for (int i = 0; i < lines; i++) {
+        for (int j = 0; j < runs_per_line; j++) k += (size_t)sprintf(huge + k, "~65536 ");
+        huge[k++] = '\n';
+    }
+    huge[k] = '\0';
+    expect_dialogue_fail(huge, "longer than");
+    free(huge);
+    memset(longline, 'k', 6000);
+    expect_dialogue_fail(longline, "line too long");
+    free(longline);
+}
+
+/* ---- the CLI ----------------------------------------------------------------------------- */
+
+typedef struct {
+    int rc;     /* exit code; 128 + signal when it crashed */
+    char *out;  /* stdout */
+    char *err;  /* stderr */
+} result;
+
+/* Run kvlab with @p args (NULL-terminated) in the scratch folder @p cwd. */
+static result run_in(const char *cwd, const char *const *args)
+{
+    char *argv[64];
+    int argc = 0;
+    argv[argc++] = (char *)kvlab;
+    for (int i = 0; args[i] && argc < 63; i++) argv[argc++] = (char *)args[i];
+    argv[argc] = NULL;
+    char out_path[] = "/tmp/kvlab_bad_out_XXXXXX", err_path[] = "/tmp/kvlab_bad_err_XXXXXX";
+    int fo = mkstemp(out_path), fe = mkstemp(err_path);
+    result r = {-1, NULL, NULL};
+    if (fo < 0 || fe < 0) {
+        perror("mkstemp");
+        exit(1);
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fo, 1);
+        dup2(fe, 2);
+        if (chdir(cwd) != 0) _exit(126);
+        execv(kvlab, argv);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    size_t n;
+    r.out = slurp(out_path, &n);
+    r.err = slurp(err_path, &n);
+    close(fo);
+    close(fe);
+    unlink(out_path);
+    unlink(err_path);
+    return r;
+}
+
+/* Expect exit 2, stderr naming every '|'-separated word of @p want, an empty stdout, and no
+ * new file in the working folder. */
+static void expect_cli_bad(const char *want, const char *const *args)
+{
+    char cwd[128];
+    snprintf(cwd, sizeof cwd, "%s/cwd", dir);
+    mkdir(cwd, 0700);
+    result r = run_in(cwd, args);
+    char line[512] = "";
+    for (int i = 0; args[i]; i++) {
+        size_t used = strlen(line);
+        snprintf(line + used, sizeof line - used, "%s%.60s", i ? " " : "", args[i]);
+    }
+    KV_CHECK(r.rc == 2, "kvlab %s: exit %d, expected 2 (stderr: %s)", line, r.rc, r.err);
+    char words[256];
+    snprintf(words, sizeof words, "%s", want);
+    for (char *w = strtok(words, "|"); w; w = strtok(NULL, "|"))
+        KV_CHECK(strstr(r.err, w) != NULL, "kvlab %s: stderr lacks '%s': %s", line, w, r.err);
+    KV_CHECK(r.out[0] == '\0', "kvlab %s: printed on stdout: %.200s", line, r.out);
+    DIR *d = opendir(cwd);
+    int left = 0;
+    for (struct dirent *e; d && (e = readdir(d));) left += e->d_name[0] != '.';
+    if (d) closedir(d);
+    KV_CHECK(left == 0, "kvlab %s: left %d file(s) in its working folder", line, left);
+    free(r.out);
+    free(r.err);
+}
+
+#define CLI_BAD(want, ...) expect_cli_bad(want, (const char *const[]){__VA_ARGS__, NULL})
+
+static void test_cli(void)
+{
+    /* a valid model and tokenizer first: the failures below are the corruption's, not the run's */
+    const char *model = file("good.kvlab"), *tok = file("good.tok");
+    result ok = run_in(dir, (const char *const[]){"generate", "--model", model, "--tokenizer", tok,
+                                                  "--prompt", "hi", "--steps", "4", NULL});
+    KV_CHECK(ok.rc == 0 && ok.out[0] != '\0', "generate on the valid files: exit %d (%s)", ok.rc, ok.err);
+    free(ok.out);
+    free(ok.err);
+
+    /* checkpoint files */
+    CLI_BAD("cut-weights|truncated", "generate", "--model", file("cut-weights"));
+    CLI_BAD("trailing|trailing bytes", "generate", "--model", file("trailing"));
+    CLI_BAD("magic-ak42|ak42", "generate", "--model", file("magic-ak42"));
+    CLI_BAD("weight-nan|NaN", "generate", "--model", file("weight-nan"));
+    CLI_BAD("dim-negative|dim (-8)", "generate", "--model", file("dim-negative"));
+    CLI_BAD("padding|padding byte", "generate", "--model", file("padding"));
+    CLI_BAD("empty", "generate", "--model", file("empty"));
+    CLI_BAD("Is a directory", "generate", "--model", dir);
+    /* tokenizer files, and a tokenizer that does not fit the model */
+    CLI_BAD("tok-score-nan|NaN", "generate", "--model", model, "--tokenizer", file("tok-score-nan"), "--prompt", "x");
+    CLI_BAD("tok-len-negative|length -1", "generate", "--model", model, "--tokenizer", file("tok-len-negative"));
+    CLI_BAD("tok-cut|truncated", "generate", "--model", model, "--tokenizer", file("tok-cut"));
+    CLI_BAD("trailing bytes", "generate", "--model", model, "--tokenizer", file("good.llama2c"));
+    /* arguments: absurd, negative, NaN/inf, malformed, unknown, overlong, not UTF-8 */
+    CLI_BAD("--steps", "generate", "--steps=");
+    CLI_BAD("--steps", "generate", "--steps", "1e3");
+    CLI_BAD("--steps", "generate", "--steps", "2147483648");
+    CLI_BAD("--steps|seq_len", "generate", "--model", model, "--steps", "16");
+    CLI_BAD("--temperature", "generate", "--temperature", "inf");
+    CLI_BAD("--temperature", "generate", "--temperature", "1e999");
+    CLI_BAD("--top-p", "generate", "--top-p", "0");
+    CLI_BAD("--seed", "generate", "--seed", "-1");
+    CLI_BAD("--chapter", "tour", "--chapter", "0x10");
+    CLI_BAD("--chapter", "tour", "--chapter", " 1");
+    CLI_BAD("unknown option '--'", "tour", "--=3");
+    CLI_BAD("unexpected argument '--'", "tour", "--");
+    CLI_BAD("unknown option", "calc", "--\xff\xfe");
+    CLI_BAD("--config", "calc", "--config", "64,172,2,4,4,512,512,7");
+    CLI_BAD("--config", "calc", "--config", ",,,,,,");
+    CLI_BAD("--config|must be even", "calc", "--config", "6,6,1,2,1,10,10");
+    CLI_BAD("--config", "calc", "--config", "1073741824,1073741824,1024,1,1,16777216,16777216");
+    char *huge = malloc(100001);
+    memset(huge, '7', 100000);
+    huge[100000] = '\0';
+    CLI_BAD("--seq|out of range", "calc", "--seq", huge);
+    memset(huge, 'x', 100000);
+    CLI_BAD("unknown command", huge);
+    free(huge);
+}
+
+static void cleanup(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) printf("could not remove %s\n", dir);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s <kvlab>\n", argv[0]);
+        return 2;
+    }
+    kvlab = argv[1];
+    snprintf(dir, sizeof dir, "/tmp/kvlab_bad_input_XXXXXX");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_checkpoint();
+    test_tokenizer();
+    test_datasets();
+    test_cli();
+    cleanup();
+    return kv_test_finish();
+}
