@@ -71,8 +71,15 @@ int kv_dialogue_parse(const char *text, const char *name, kv_dialogue *d, kv_err
         if (hash) *hash = 0;
         char *words[512];
         int nw = 0;
-        for (char *t = strtok(line, " \t\r"); t && nw < 512; t = strtok(NULL, " \t\r"))
+        for (char *t = strtok(line, " \t\r"); t; t = strtok(NULL, " \t\r")) {
+            if (nw == 512) break;
             words[nw++] = t;
+        }
+        if (nw == 512) {
+            rc = kv_fail(err, KV_ERR_FORMAT, "%s:%d: more than 511 items in a turn", d->name,
+                         line_no);
+            break;
+        }
         if (nw == 0) continue;
         if (!strcmp(words[0], "seed")) {
             int s = 0;

@@ -60,6 +60,8 @@ static unsigned char *slurp(const char *p, size_t *n)
     if (fread(b, 1, *n, f) != *n) {
         free(b);
         b = NULL;
+    } else {
+        b[*n] = '\0'; /* the CLI's output is read as text */
     }
     fclose(f);
     return b;
@@ -258,7 +260,8 @@ static void test_tokenizer(void)
         KV_CHECK(0, "byte tokenizer: %s", err.msg);
         return;
     }
-    const char *good = file("good.tok");
+    char good[256]; /* a copy: file() reuses its buffers */
+    snprintf(good, sizeof good, "%s", file("good.tok"));
     KV_CHECK(kv_tokenizer_write(good, &t, &err) == KV_OK, "write: %s", err.msg);
     size_t n = 0;
     unsigned char *g = slurp(good, &n);
@@ -363,7 +366,7 @@ static void test_datasets(void)
     /* absurd total length: 40000 runs of 65536 filler tokens (2.6e9 tokens) overflowed the
      * int sum in kv_dialogue_length(); now the parser refuses the dialogue by its length */
     const int runs_per_line = 500, lines = 80;
-    char *huge = malloc((size_t)lines * runs_per_line * 7 + 16);
+    char *huge = malloc((size_t)lines * (runs_per_line * 7 + 1) + 16); /* "~65536 " x runs, "\n" */
     size_t k = (size_t)sprintf(huge, "k0=v1\n");
     for (int i = 0; i < lines; i++) {
         for (int j = 0; j < runs_per_line; j++) k += (size_t)sprintf(huge + k, "~65536 ");
@@ -413,8 +416,8 @@ static result run_in(const char *cwd, const char *const *args)
     waitpid(pid, &status, 0);
     r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     size_t n;
-    r.out = slurp(out_path, &n);
-    r.err = slurp(err_path, &n);
+    r.out = (char *)slurp(out_path, &n);
+    r.err = (char *)slurp(err_path, &n);
     close(fo);
     close(fe);
     unlink(out_path);
@@ -455,7 +458,9 @@ static void expect_cli_bad(const char *want, const char *const *args)
 static void test_cli(void)
 {
     /* a valid model and tokenizer first: the failures below are the corruption's, not the run's */
-    const char *model = file("good.kvlab"), *tok = file("good.tok");
+    char model[256], tok[256]; /* copies: file() reuses its buffers */
+    snprintf(model, sizeof model, "%s", file("good.kvlab"));
+    snprintf(tok, sizeof tok, "%s", file("good.tok"));
     result ok = run_in(dir, (const char *const[]){"generate", "--model", model, "--tokenizer", tok,
                                                   "--prompt", "hi", "--steps", "4", NULL});
     KV_CHECK(ok.rc == 0 && ok.out[0] != '\0', "generate on the valid files: exit %d (%s)", ok.rc, ok.err);
@@ -475,7 +480,8 @@ static void test_cli(void)
     CLI_BAD("tok-score-nan|NaN", "generate", "--model", model, "--tokenizer", file("tok-score-nan"), "--prompt", "x");
     CLI_BAD("tok-len-negative|length -1", "generate", "--model", model, "--tokenizer", file("tok-len-negative"));
     CLI_BAD("tok-cut|truncated", "generate", "--model", model, "--tokenizer", file("tok-cut"));
-    CLI_BAD("trailing bytes", "generate", "--model", model, "--tokenizer", file("good.llama2c"));
+    CLI_BAD("good.llama2c|outside 0..max_token_length", "generate", "--model", model, "--tokenizer",
+            file("good.llama2c"));
     /* arguments: absurd, negative, NaN/inf, malformed, unknown, overlong, not UTF-8 */
     CLI_BAD("--steps", "generate", "--steps=");
     CLI_BAD("--steps", "generate", "--steps", "1e3");
@@ -492,6 +498,8 @@ static void test_cli(void)
     CLI_BAD("unknown option", "calc", "--\xff\xfe");
     CLI_BAD("--config", "calc", "--config", "64,172,2,4,4,512,512,7");
     CLI_BAD("--config", "calc", "--config", ",,,,,,");
+    CLI_BAD("--config|field 7", "calc", "--config",
+            "64,172,2,4,4,512,00000000000000000000000000000000000000000000000000000000000000512abc");
     CLI_BAD("--config|must be even", "calc", "--config", "6,6,1,2,1,10,10");
     CLI_BAD("--config", "calc", "--config", "1073741824,1073741824,1024,1,1,16777216,16777216");
     char *huge = malloc(100001);

@@ -120,8 +120,8 @@ static void test_dispatch(void)
     done(&r);
     EXPECT_BAD("frobnicate", "frobnicate");
     EXPECT_OK("calc", "--help");
-    const char *subs[] = {"tour", "generate", "calc", "info", "bench"};
-    for (int i = 0; i < 5; i++) EXPECT_OK("usage", subs[i], "--help");
+    const char *subs[] = {"tour", "generate", "calc", "info", "bench", "needle", "dialogue"};
+    for (int i = 0; i < 7; i++) EXPECT_OK("usage", subs[i], "--help");
     EXPECT_OK("usage", "bench", "decode", "--help");
 }
 
@@ -167,6 +167,10 @@ static void test_calc_args(void)
     EXPECT_BAD("--config", "calc", "--config", "1,2,3");
     EXPECT_BAD("--config", "calc", "--config", "64,172,2,4,3,512,512"); /* H_kv 3 does not divide H 4 */
     EXPECT_BAD("--config", "calc", "--config", "64,172,2,4,4,512,51x");
+    EXPECT_BAD("--config", "calc", "--config", "64,172,2,4,4,512,512,");
+    EXPECT_BAD("--config", "calc", "--config", "64,172,2,4,4,512,512,9");
+    EXPECT_BAD("--config", "calc", "--config",
+               "0000000000000000000000000000000000000000000000000000000000000000064abc,172,2,4,4,512,512");
     EXPECT_BAD("--preset", "calc", "--preset", "llama-2-7b", "--config", "64,172,2,4,4,512,512");
     EXPECT_BAD("--frob", "calc", "--frob=1");
 }
@@ -234,6 +238,16 @@ static void test_runs(const char *cuda_mode)
     done(&a);
     done(&b);
 
+    if (strcmp(cuda_mode, "emulation") == 0) {
+        /* the emulated GPU runs a short chapter 02 demo: the same tokens as its naive run */
+        EXPECT_OK("identical", "tour", "--chapter", "2", "--device", "cuda");
+    } else if (strcmp(cuda_mode, "cuda") == 0) {
+        /* a real CUDA build: runs where a GPU is, else exits 1 with a message, never crashes */
+        result r = run("tour", "--chapter", "2", "--device", "cuda", (const char *)NULL);
+        KV_CHECK(r.rc == 0 || (r.rc == 1 && strstr(r.err, "no usable CUDA device") != NULL),
+                 "tour --device cuda: exit %d, stderr: %s", r.rc, r.err);
+        done(&r);
+    }
     if (strcmp(cuda_mode, "none") == 0) {
         const char *what[3][6] = {{"tour", "--chapter", "1", "--device", "cuda", NULL},
                                   {"generate", "--device", "cuda", NULL},

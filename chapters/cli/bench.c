@@ -2,6 +2,7 @@
  * kvlab bench: timing runs, reported as medians of repeats and as ratios measured in the
  * same run (DESIGN.md §6). `bench decode`: naive recompute vs the KV cache.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,19 +16,22 @@
 #define BENCH_PROMPT 16
 
 /* Sustained read bandwidth of this machine: a sum over a buffer far larger than any CPU
- * cache, median of 5. Bytes = the buffer size; time = the summing loop. */
+ * cache, median of 5. Bytes = the buffer size; time = the summing loop. The sum is over
+ * 64-bit integers: integer addition is associative, so the compiler may vectorize and
+ * reorder it freely (a float sum is one long chain of dependent adds, which measures the
+ * adder's latency instead of memory). */
 static double read_bandwidth(void)
 {
-    const size_t n = (size_t)64 << 20; /* 64 Mi floats = 256 MiB */
-    float *x = kv_calloc(n * sizeof(float));
+    const size_t n = (size_t)32 << 20; /* 32 Mi words = 256 MiB */
+    uint64_t *x = kv_calloc(n * sizeof *x);
     if (!x) return 0.0;
     #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) x[i] = (float)(i & 7);
+    for (size_t i = 0; i < n; i++) x[i] = i & 7;
     double t[5];
-    volatile float sink = 0.0f;
+    volatile uint64_t sink = 0;
     for (int r = 0; r < 5; r++) {
         double t0 = kv_now();
-        float s = 0.0f;
+        uint64_t s = 0;
         #pragma omp parallel for reduction(+ : s)
         for (size_t i = 0; i < n; i++) s += x[i];
         t[r] = kv_now() - t0;
@@ -35,7 +39,7 @@ static double read_bandwidth(void)
     }
     (void)sink;
     kv_free(x);
-    return (double)(n * sizeof(float)) / kv_median(t, 5);
+    return (double)(n * sizeof *x) / kv_median(t, 5);
 }
 
 static int bench_decode(int argc, char **argv)

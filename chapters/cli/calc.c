@@ -31,13 +31,16 @@ static double dtype_bytes(const char *dt)
 /* "dim,hidden,L,H,Hkv,vocab,seq" -> a validated config; exit code on failure. */
 static int parse_config(const char *cmd, const char *s, kv_config *c)
 {
-    int v[7], n = 0;
+    int v[7], n = 0, more = 0; /* more: text follows the last field read */
     char part[64];
     const char *p = s;
     while (n < 7) {
         const char *comma = strchr(p, ',');
+        more = comma != NULL;
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        if (len >= sizeof part) len = sizeof part - 1;
+        if (len >= sizeof part) /* not cut short: "000...0005abc" must not read as 5 */
+            return kv_args_bad(cmd, "--config", "field %d is %zu characters long (too long for "
+                               "an integer)", n + 1, len);
         memcpy(part, p, len);
         part[len] = '\0';
         int64_t x;
@@ -49,7 +52,7 @@ static int parse_config(const char *cmd, const char *s, kv_config *c)
         if (!comma) break;
         p = comma + 1;
     }
-    if (n != 7 || strchr(p, ','))
+    if (n != 7 || more)
         return kv_args_bad(cmd, "--config", "'%s' needs exactly 7 comma-separated integers "
                            "dim,hidden,L,H,Hkv,vocab,seq", s);
     memset(c, 0, sizeof *c);

@@ -29,7 +29,7 @@ static const char *simd_level(void)
 #elif defined(__ARM_NEON) || defined(__ARM_NEON__)
     return "NEON";
 #elif defined(__SSE2__)
-    return "none beyond SSE2 (x86-64 baseline; -march=native would enable more)";
+    return "none (the x86-64 baseline, SSE2; build with -march=native for AVX2/AVX-512)";
 #else
     return "none";
 #endif

@@ -22,7 +22,7 @@ static const kv_subcommand commands[] = {
     {"bench", cmd_bench, "benchmarks (bench decode: naive vs cached tokens/s)"},
     {"needle", cmd_needle, "needle-in-a-haystack grid over the recall models: lengths x depths x cache"},
     {"dialogue", cmd_dialogue, "run a multi-turn dialogue file on the recall models, turn by turn"},
-    /* new subcommands: one row here, e.g. {"needle", cmd_needle, "..."}, */
+    /* a new subcommand: its own file, and one row here */
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);
 

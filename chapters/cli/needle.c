@@ -110,7 +110,9 @@ static int write_svg(const char *path, const kv_needle_spec *s, const kv_needle_
     if (!f) return -1;
     const int cw = 56, ch = 26, left = 70, top = 40, gap = 50;
     const int panels = s->n_models * s->n_variants * s->n_seeds, per = s->n_lengths * s->n_depths;
-    const int pw = left + cw * s->n_depths + 20, ph = top + ch * s->n_lengths + gap;
+    int pw = left + cw * s->n_depths + 20; /* wide enough for the panel titles too */
+    if (pw < 470) pw = 470;
+    const int ph = top + ch * s->n_lengths + gap;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "font-family=\"sans-serif\" font-size=\"11\">\n", pw, ph * panels + 10);
     for (int g = 0; g < panels; g++) {

@@ -1,8 +1,10 @@
 /* Exit codes, byte formatting and progress lines (cli.h). */
+#define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <unistd.h>
 
 int kv_cli_exit_code(int status)
 {
@@ -45,16 +47,21 @@ void kv_progress_start(kv_progress *p, const char *label)
 
 void kv_progress_update(kv_progress *p, long done, long total)
 {
+    /* a terminal gets one line rewritten in place; a file or pipe a new line every 5 s */
+    const int tty = isatty(STDERR_FILENO);
     double now = kv_now();
-    if (now - p->t0 < 1.0 || now - p->last < 0.1) return;
+    if (now - p->t0 < 1.0 || now - p->last < (tty ? 0.1 : 5.0)) return;
     p->last = now;
     p->shown = 1;
-    fprintf(stderr, "\r  %s: %ld/%ld (%.1f s)   ", p->label, done, total, now - p->t0);
+    fprintf(stderr, tty ? "\r  %s: %ld/%ld (%.1f s)   " : "  %s: %ld/%ld (%.1f s)\n", p->label,
+            done, total, now - p->t0);
     fflush(stderr);
 }
 
 void kv_progress_end(kv_progress *p)
 {
-    if (p->shown) fprintf(stderr, "\r  %s: done in %.1f s          \n", p->label, kv_now() - p->t0);
+    if (p->shown)
+        fprintf(stderr, "%s  %s: done in %.1f s          \n", isatty(STDERR_FILENO) ? "\r" : "",
+                p->label, kv_now() - p->t0);
     p->shown = 0;
 }

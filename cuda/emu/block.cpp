@@ -50,13 +50,35 @@ static void fault(kvemu_worker *w, const char *fmt, ...)
     va_end(ap);
 }
 
-/** The coroutine on a stack: runs CUDA threads one after another, parking between them. */
+static kvemu_fiber *next_runnable(kvemu_worker *w);
+static void after_exit(kvemu_worker *w, kvemu_fiber *f);
+
+/**
+ * The coroutine on a stack: runs CUDA threads one after another. When a thread ends and the
+ * next one in the schedule has not started yet, it starts right here, with no switch at all;
+ * so a kernel without barriers runs a whole block on one stack.
+ */
 void kvemu_thread_main(kvemu_worker *w, kvemu_stack *s)
 {
     for (;;) {
         kvemu_fiber *f = w->cur;
         w->job->body(w->job->arg);
         f->state = KVEMU_DONE;
+        f->stack = NULL;
+        w->n_done++;
+        w->threads++;
+        after_exit(w, f);
+        kvemu_fiber *g = w->fault[0] ? NULL : next_runnable(w);
+        if (g && g->state == KVEMU_NEW) {
+            g->stack = s;
+            g->state = KVEMU_RUN;
+            w->cur = g;
+            threadIdx = g->tid;
+            continue;
+        }
+        w->pending = g; /* a parked fiber, or NULL: the scheduler takes it from here */
+        w->has_pending = 1;
+        w->done_stack = s;
         kvemu_switch_out(w, s);
     }
 }
@@ -175,6 +197,7 @@ static void try_warp(kvemu_worker *w, int warp, unsigned mask)
     }
     for (int l = 0; l < 32; l++)
         if ((parts >> l) & 1u) base[l].state = KVEMU_RUN;
+    w->arrived[warp] &= ~parts;
 }
 
 extern "C" uint64_t kvemu_warp(int op, unsigned mask, uint64_t value, int arg, int width)
@@ -193,8 +216,12 @@ extern "C" uint64_t kvemu_warp(int op, unsigned mask, uint64_t value, int arg, i
         fault(w, "thread (%u,%u,%u), lane %d of warp %d, called %s with mask 0x%08x, which "
               "does not include its own lane", f->tid.x, f->tid.y, f->tid.z, f->lane, f->warp,
               op_name[op], mask);
-    else
-        try_warp(w, f->warp, mask);
+    else {
+        /* cheap test first: has every live lane of the mask arrived somewhere? */
+        w->arrived[f->warp] |= 1u << f->lane;
+        unsigned need = mask & w->exists[f->warp] & ~w->exited[f->warp];
+        if (!(need & ~w->arrived[f->warp])) try_warp(w, f->warp, mask);
+    }
     kvemu_switch_out(w, f->stack);
     return f->result;
 }
@@ -244,22 +271,43 @@ static void describe_deadlock(kvemu_worker *w)
     fault(w, "deadlock: %s%s%s", a, b, c);
 }
 
-static void fill_order(kvemu_worker *w, uint64_t *rng)
+static void fill_order(kvemu_worker *w)
 {
     int n = w->n, *o = w->order;
     for (int i = 0; i < n; i++) o[i] = w->job->order == KVEMU_REVERSE ? n - 1 - i : i;
     if (w->job->order == KVEMU_RANDOM)
         for (int i = n - 1; i > 0; i--) {
-            int j = (int)(splitmix(rng) % (uint64_t)(i + 1)), t = o[i];
+            int j = (int)(((splitmix(&w->rng) >> 32) * (uint64_t)(i + 1)) >> 32), t = o[i];
             o[i] = o[j];
             o[j] = t;
         }
+}
+
+/* Next fiber to run in the schedule's order, starting a new pass when one ends; NULL when the
+ * block has finished or a whole pass found nothing runnable (a deadlock). */
+static kvemu_fiber *next_runnable(kvemu_worker *w)
+{
+    for (;;) {
+        while (w->pass_k < w->n) {
+            kvemu_fiber *f = &w->fibers[w->order[w->pass_k++]];
+            if (f->state == KVEMU_NEW || f->state == KVEMU_RUN) {
+                w->pass_ran++;
+                return f;
+            }
+        }
+        if (!w->pass_ran || w->n_done == w->n) return NULL;
+        fill_order(w);
+        w->pass_k = 0;
+        w->pass_ran = 0;
+    }
 }
 
 /* A fiber exited: lanes of its warp waiting on it may now complete. */
 static void after_exit(kvemu_worker *w, kvemu_fiber *f)
 {
     kvemu_fiber *base = &w->fibers[f->warp * 32];
+    w->exited[f->warp] |= 1u << f->lane;
+    if (!w->arrived[f->warp]) return;
     for (int l = 0; l < 32 && !w->fault[0]; l++)
         if (((w->exists[f->warp] >> l) & 1u) && base[l].state == KVEMU_AT_WARP)
             try_warp(w, f->warp, base[l].mask);
@@ -291,8 +339,10 @@ int kvemu_run_block(kvemu_worker *w, const kvemu_job *job, uint64_t linear, char
         f->lane = t & 31;
         f->stack = NULL;
     }
-    for (int k = 0; k < (n + 31) / 32; k++)
+    for (int k = 0; k < (n + 31) / 32; k++) {
         w->exists[k] = n - 32 * k >= 32 ? 0xffffffffu : (1u << (n - 32 * k)) - 1u;
+        w->arrived[k] = w->exited[k] = 0;
+    }
     /* Shared memory starts as garbage on a GPU; all-ones bytes (NaN, -1) make a read before
      * write visible. Under ASan the bytes past the requested size are poisoned. */
 #ifdef KVEMU_ASAN
@@ -302,34 +352,31 @@ int kvemu_run_block(kvemu_worker *w, const kvemu_job *job, uint64_t linear, char
 #ifdef KVEMU_ASAN
     __asan_poison_memory_region(w->smem + job->smem, KVEMU_SMEM_MAX - job->smem);
 #endif
-    uint64_t rng = job->seed ^ (linear * 0xd1b54a32d192ed03ull);
+    w->rng = job->seed ^ (linear * 0xd1b54a32d192ed03ull);
+    w->pass_k = n; /* the first call starts a pass */
+    w->pass_ran = 1;
+    w->has_pending = 0;
+    w->done_stack = NULL;
 
-    while (w->n_done < n && !w->fault[0]) {
-        fill_order(w, &rng);
-        int ran = 0;
-        for (int k = 0; k < n && !w->fault[0]; k++) {
-            kvemu_fiber *f = &w->fibers[w->order[k]];
-            if (f->state != KVEMU_NEW && f->state != KVEMU_RUN) continue;
-            if (!f->stack && !(f->stack = kvemu_stack_get(w))) {
-                fault(w, "out of memory for fiber stacks");
-                break;
-            }
-            f->state = KVEMU_RUN;
-            w->cur = f;
-            threadIdx = f->tid;
-            kvemu_switch_in(w, f->stack);
-            ran++;
-            if (f->state == KVEMU_DONE) {
-                w->n_done++;
-                w->threads++;
-                f->stack->next = w->free_stacks;
-                w->free_stacks = f->stack;
-                f->stack = NULL;
-                after_exit(w, f);
-            }
+    for (;;) {
+        kvemu_fiber *f = w->has_pending ? w->pending : next_runnable(w);
+        w->has_pending = 0;
+        if (!f || w->fault[0]) break;
+        if (!f->stack && !(f->stack = kvemu_stack_get(w))) {
+            fault(w, "out of memory for fiber stacks");
+            break;
         }
-        if (!ran && !w->fault[0]) describe_deadlock(w);
+        f->state = KVEMU_RUN;
+        w->cur = f;
+        threadIdx = f->tid;
+        kvemu_switch_in(w, f->stack);
+        if (w->done_stack) {
+            w->done_stack->next = w->free_stacks;
+            w->free_stacks = w->done_stack;
+            w->done_stack = NULL;
+        }
     }
+    if (w->n_done < n && !w->fault[0]) describe_deadlock(w);
     w->cur = NULL;
     if (!w->fault[0]) return 0;
 

@@ -86,10 +86,17 @@ struct kvemu_worker {
     kvemu_stack *all_stacks[1024]; /* every stack this worker made */
     int n_stacks;
     kvemu_fiber *cur;
+    int pass_k, pass_ran;          /* position in the current pass, fibers run in it */
+    uint64_t rng;                  /* random schedule state */
+    kvemu_fiber *pending;          /* chosen by a finishing fiber for the scheduler to run */
+    int has_pending;
+    kvemu_stack *done_stack;       /* a finished fiber's stack, for the scheduler to free */
     const kvemu_job *job;
     uint3 block_idx;
     int n, n_done, n_bar;
     unsigned exists[32];           /* per warp: lanes that exist (a partial last warp) */
+    unsigned arrived[32];          /* per warp: lanes parked at a warp operation */
+    unsigned exited[32];           /* per warp: lanes that have exited */
     char *smem;                    /* dynamic shared memory, KVEMU_SMEM_MAX bytes */
     char fault[512];               /* set by a fiber: the block failed */
     uint64_t switches, threads;

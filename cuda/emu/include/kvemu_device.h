@@ -222,7 +222,8 @@ inline int __mulhi(int a, int b) { return (int)(((long long)a * b) >> 32); }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b)
 {
-    return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+    __extension__ typedef unsigned __int128 u128;
+    return (unsigned long long)(((u128)a * b) >> 64);
 }
 
 /* ---- float intrinsics: the fast device forms are the precise host ones here ------------- */
