@@ -127,18 +127,18 @@ static size_t parse_size(const char *s)
     return v > 0 ? (size_t)v : 0;
 }
 
+static size_t host_ram(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : (size_t)16 << 30;
+}
+
 static void load_limit(void)
 {
     if (limit_loaded) return;
     limit_loaded = true;
     const char *e = getenv("KVEMU_MEM_LIMIT");
     if (e && *e) mem_limit = parse_size(e);
-}
-
-static size_t host_ram(void)
-{
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : (size_t)16 << 30;
 }
 
 extern "C" void kvemu_set_mem_limit(size_t bytes)
@@ -162,8 +162,10 @@ static cudaError_t alloc(void **out, size_t size, int kind)
     std::lock_guard<std::mutex> lk(mem_mu);
     load_limit();
     bool counted = kind == MEM_DEVICE || kind == MEM_MANAGED;
-    if (counted && mem_limit && (size > mem_limit || device_in_use > mem_limit - size))
+    size_t total = mem_limit ? mem_limit : host_ram(); /* a device cannot give more than it has */
+    if (counted && (size > total || device_in_use > total - size))
         return fail(cudaErrorMemoryAllocation);
+    if (size > ((size_t)1 << 40)) return fail(cudaErrorMemoryAllocation);
     size_t rounded = (size + 255) / 256 * 256; /* cudaMalloc aligns to 256 bytes */
     void *p = aligned_alloc(256, rounded);
     if (!p) return fail(cudaErrorMemoryAllocation);
