@@ -19,7 +19,10 @@
 
 /* A scores scratch larger than this many floats (256 MiB) is not allocated: a long prefill
  * runs its attention in chunks of rows instead (rows * H * capacity floats each). */
+#ifndef KVCU_SCORES_MAX
 #define KVCU_SCORES_MAX ((size_t)1 << 26)
+#endif
+#define KVCU_ATTN_MAX_ROWS 65535 /* rows of one attention launch: its grid's y */
 
 /* ---- structs ----------------------------------------------------------------------------- */
 
@@ -237,59 +240,6 @@ static int state_reserve(kvcu_state *s, const kv_config *c, int T, int n_seqs, i
 
 /* ---- the step ------------------------------------------------------------------------ */
 
-/* The checks of kv_forward(), with its messages: before anything is touched, so a refused
- * step leaves the cache as it was. Returns the total number of new tokens in *T. */
-static int check_batch(const kv_config *cfg, const kvcu_cache *c, const kv_seq *seqs,
-                       int n_seqs, int *T, kv_err *err)
-{
-    if (c->n_layers != cfg->n_layers || c->n_kv_heads != cfg->n_kv_heads ||
-        c->head_dim != kv_config_head_dim(cfg))
-        return kv_fail(err, KV_ERR_ARG,
-                       "kvcu_forward: cache shape (L %d, H_kv %d, d %d) does not match the "
-                       "model (L %d, H_kv %d, d %d)", c->n_layers, c->n_kv_heads, c->head_dim,
-                       cfg->n_layers, cfg->n_kv_heads, kv_config_head_dim(cfg));
-    if (!seqs || n_seqs < 1)
-        return kv_fail(err, KV_ERR_ARG, "kvcu_forward: empty batch (n_seqs %d)", n_seqs);
-    if (n_seqs > c->spec.n_slots)
-        return kv_fail(err, KV_ERR_ARG, "kvcu_forward: %d sequences but the cache has %d slots",
-                       n_seqs, c->spec.n_slots);
-    int64_t total = 0;
-    for (int i = 0; i < n_seqs; i++) {
-        const kv_seq *q = &seqs[i];
-        if (q->slot < 0 || q->slot >= c->spec.n_slots)
-            return kv_fail(err, KV_ERR_ARG,
-                           "kvcu_forward: sequence %d: slot %d is outside [0, %d)", i, q->slot,
-                           c->spec.n_slots);
-        for (int j = 0; j < i; j++)
-            if (seqs[j].slot == q->slot)
-                return kv_fail(err, KV_ERR_ARG,
-                               "kvcu_forward: sequences %d and %d both use slot %d", j, i,
-                               q->slot);
-        if (q->n_tokens < 1 || !q->tokens)
-            return kv_fail(err, KV_ERR_ARG,
-                           "kvcu_forward: sequence %d: n_tokens %d (need >= 1)", i, q->n_tokens);
-        if (q->pos != c->len[q->slot])
-            return kv_fail(err, KV_ERR_ARG,
-                           "kvcu_forward: sequence %d: pos %d but slot %d holds %d tokens", i,
-                           q->pos, q->slot, c->len[q->slot]);
-        if ((int64_t)q->pos + q->n_tokens > c->spec.capacity)
-            return kv_fail(err, KV_ERR_CAPACITY,
-                           "kvcu_forward: sequence %d: pos %d + %d tokens exceeds the capacity "
-                           "%d", i, q->pos, q->n_tokens, c->spec.capacity);
-        for (int t = 0; t < q->n_tokens; t++)
-            if (q->tokens[t] < 0 || q->tokens[t] >= cfg->vocab_size)
-                return kv_fail(err, KV_ERR_ARG,
-                               "kvcu_forward: sequence %d: token %d is %d, outside [0, %d)", i, t,
-                               q->tokens[t], cfg->vocab_size);
-        total += q->n_tokens;
-    }
-    if (total > (1 << 24))
-        return kv_fail(err, KV_ERR_ARG, "kvcu_forward: %lld tokens in one step (max %d)",
-                       (long long)total, 1 << 24);
-    *T = (int)total;
-    return KV_OK;
-}
-
 #define KVCU_TRY(call)              \
     do {                            \
         int kv_rc_ = (call);        \
@@ -305,15 +255,19 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
     const kv_config *p = &m->config;
     const kv_weights *w = &m->w; /* device pointers */
     int T = 0;
-    KVCU_TRY(check_batch(p, c, seqs, n_seqs, &T, err));
+    KVCU_TRY(kv_batch_check("kvcu_forward", p, &c->spec, c->n_layers, c->n_kv_heads, c->head_dim,
+                            c->len, seqs, n_seqs, &T, err));
 
     const int dim = p->dim, H = p->n_heads, d = kv_config_head_dim(p), cap = c->spec.capacity;
     const int qdim = H * d, kvdim = kv_config_kv_dim(p), hidden = p->hidden_dim;
     const float eps = p->norm_eps;
-    /* attention rows per launch: all of them, unless their scores would pass KVCU_SCORES_MAX */
+    /* attention rows per launch: all of them, unless their scores would pass KVCU_SCORES_MAX
+     * (or the rows would pass the grid's 65535 limit in y) */
     const size_t per_row = (size_t)H * cap;
-    const int rows = per_row * T <= KVCU_SCORES_MAX ? T
-                     : (int)(KVCU_SCORES_MAX / per_row > 0 ? KVCU_SCORES_MAX / per_row : 1);
+    size_t rows_fit = KVCU_SCORES_MAX / per_row;
+    if (rows_fit < 1) rows_fit = 1;
+    if (rows_fit > KVCU_ATTN_MAX_ROWS) rows_fit = KVCU_ATTN_MAX_ROWS;
+    const int rows = (size_t)T <= rows_fit ? T : (int)rows_fit;
     KVCU_TRY(state_reserve(s, p, T, n_seqs, rows, cap, err));
     float *x = (float *)s->x.p, *xb = (float *)s->xb.p, *xb2 = (float *)s->xb2.p;
     float *q = (float *)s->q.p, *k = (float *)s->k.p, *v = (float *)s->v.p;

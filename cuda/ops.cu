@@ -16,7 +16,8 @@
  *   y. Tiles of x and W, 32 columns wide, are staged in shared memory, so each weight is read
  *   from global memory once per 16 tokens instead of once per token. Each thread keeps 32
  *   partial sums, one per column of the tile, and adds them in the end in the butterfly order
- *   of v1's shuffles: the two versions produce the same bits for the same row. That makes a
+ *   of v1's shuffles: the two versions produce the same bits for the same row (both write
+ *   acc += x * w, which the compiler turns into the same fused multiply-add). That makes a
  *   sequence's result independent of who shares its step (batched vs solo, DESIGN.md §4).
  *
  * rope_kernel: one thread per rotated pair (token, head, i). As in the CPU reference the
@@ -49,7 +50,7 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int n
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         ss += xr[i] * xr[i];
-    ss = kv_block_sum(ss, red); /* its barriers also finish every read before out (== x?) is written */
+    ss = kv_block_sum(ss, red); /* every thread gets the total */
     const float inv = 1.0f / sqrtf(ss / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         outr[i] = xr[i] * inv * w[i];
@@ -92,9 +93,9 @@ __global__ void matmul_kernel_v2(float *y, const float *x, const float *W, int T
     float *xs = smem;                           /* [MM_TILE][MM_K + 1] tokens  x columns */
     float *ws = smem + MM_TILE * (MM_K + 1);    /* [MM_TILE][MM_K + 1] outputs x columns */
     const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * MM_TILE + tx;
-    const int o0 = blockIdx.x * MM_TILE, t0 = blockIdx.y * MM_TILE;
+    const int t0 = blockIdx.x * MM_TILE, o0 = blockIdx.y * MM_TILE;
     float part[MM_K]; /* part[c]: products of columns j = c (mod 32), as v1's lane c */
-KV_UNROLL
+    KV_UNROLL
     for (int c = 0; c < MM_K; c++) part[c] = 0.0f;
 
     for (int j0 = 0; j0 < in; j0 += MM_K) {
@@ -106,18 +107,18 @@ KV_UNROLL
             ws[r * (MM_K + 1) + c] = (o0 + r < out && j < in) ? W[(size_t)(o0 + r) * in + j] : 0.0f;
         }
         __syncthreads();
-KV_UNROLL
+        KV_UNROLL
         for (int c = 0; c < MM_K; c++)
             part[c] += xs[ty * (MM_K + 1) + c] * ws[tx * (MM_K + 1) + c];
         __syncthreads(); /* the tiles are overwritten next round */
     }
     /* v1's butterfly as lane 0 sees it: the step at distance off adds lane l + off into
      * lane l. Written out with constant bounds so part[] stays in registers. */
-KV_UNROLL
+    KV_UNROLL
     for (int l = 0; l < 16; l++) part[l] += part[l + 16];
-KV_UNROLL
+    KV_UNROLL
     for (int l = 0; l < 8; l++) part[l] += part[l + 8];
-KV_UNROLL
+    KV_UNROLL
     for (int l = 0; l < 4; l++) part[l] += part[l + 4];
     part[0] += part[2];
     part[1] += part[3];
@@ -132,10 +133,11 @@ int kvcu_matmul(float *y, const float *x, const float *W, int T, int in, int out
         return kv_fail(err, KV_ERR_ARG, "kvcu_matmul: T %d, in %d, out %d", T, in, out);
     if (T == 0) return KV_OK;
     if (T == 1) {
-        dim3 grid(kv_ceil_div(out, MM_V1_WARPS), 1);
+        dim3 grid(kv_ceil_div(out, MM_V1_WARPS), T); /* y: tokens */
         KV_LAUNCH(matmul_kernel_v1, grid, MM_V1_WARPS * KV_WARP, 0, 0, y, x, W, in, out);
     } else {
-        dim3 grid(kv_ceil_div(out, MM_TILE), kv_ceil_div(T, MM_TILE));
+        /* token tiles in x (up to 2^31 blocks), output tiles in y (65535 x 16 outputs) */
+        dim3 grid(kv_ceil_div(T, MM_TILE), kv_ceil_div(out, MM_TILE));
         dim3 block(MM_TILE, MM_TILE);
         size_t smem = 2 * MM_TILE * (MM_K + 1) * sizeof(float);
         KV_LAUNCH(matmul_kernel_v2, grid, block, smem, 0, y, x, W, T, in, out);

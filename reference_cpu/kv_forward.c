@@ -98,53 +98,53 @@ static int state_reserve(kv_state *s, const kv_config *c, int T, int n_seqs, kv_
 
 /* Check the batch against the model and the cache before anything is touched, so a refused
  * step leaves the cache as it was. Returns the total number of new tokens in *T. */
-static int check_batch(const kv_model *m, const kv_cache *c, const kv_seq *seqs, int n_seqs,
-                       int *T, kv_err *err)
+int kv_batch_check(const char *who, const kv_config *cfg, const kv_cache_spec *spec,
+                   int cache_layers, int cache_kv_heads, int cache_head_dim, const int *len,
+                   const kv_seq *seqs, int n_seqs, int *T, kv_err *err)
 {
-    const kv_config *cfg = &m->config;
-    if (c->n_layers != cfg->n_layers || c->n_kv_heads != cfg->n_kv_heads ||
-        c->head_dim != kv_config_head_dim(cfg))
+    if (cache_layers != cfg->n_layers || cache_kv_heads != cfg->n_kv_heads ||
+        cache_head_dim != kv_config_head_dim(cfg))
         return kv_fail(err, KV_ERR_ARG,
-                       "kv_forward: cache shape (L %d, H_kv %d, d %d) does not match the model "
-                       "(L %d, H_kv %d, d %d)", c->n_layers, c->n_kv_heads, c->head_dim,
-                       cfg->n_layers, cfg->n_kv_heads, kv_config_head_dim(cfg));
+                       "%s: cache shape (L %d, H_kv %d, d %d) does not match the model "
+                       "(L %d, H_kv %d, d %d)", who, cache_layers, cache_kv_heads,
+                       cache_head_dim, cfg->n_layers, cfg->n_kv_heads, kv_config_head_dim(cfg));
     if (!seqs || n_seqs < 1)
-        return kv_fail(err, KV_ERR_ARG, "kv_forward: empty batch (n_seqs %d)", n_seqs);
-    if (n_seqs > c->spec.n_slots)
-        return kv_fail(err, KV_ERR_ARG, "kv_forward: %d sequences but the cache has %d slots",
-                       n_seqs, c->spec.n_slots);
+        return kv_fail(err, KV_ERR_ARG, "%s: empty batch (n_seqs %d)", who, n_seqs);
+    if (n_seqs > spec->n_slots)
+        return kv_fail(err, KV_ERR_ARG, "%s: %d sequences but the cache has %d slots", who,
+                       n_seqs, spec->n_slots);
     int64_t total = 0;
     for (int i = 0; i < n_seqs; i++) {
         const kv_seq *q = &seqs[i];
-        if (q->slot < 0 || q->slot >= c->spec.n_slots)
-            return kv_fail(err, KV_ERR_ARG, "kv_forward: sequence %d: slot %d is outside [0, %d)",
-                           i, q->slot, c->spec.n_slots);
+        if (q->slot < 0 || q->slot >= spec->n_slots)
+            return kv_fail(err, KV_ERR_ARG, "%s: sequence %d: slot %d is outside [0, %d)", who,
+                           i, q->slot, spec->n_slots);
         for (int j = 0; j < i; j++)
             if (seqs[j].slot == q->slot)
                 return kv_fail(err, KV_ERR_ARG,
-                               "kv_forward: sequences %d and %d both use slot %d", j, i, q->slot);
+                               "%s: sequences %d and %d both use slot %d", who, j, i, q->slot);
         if (q->n_tokens < 1)
-            return kv_fail(err, KV_ERR_ARG, "kv_forward: sequence %d: n_tokens %d (need >= 1)",
+            return kv_fail(err, KV_ERR_ARG, "%s: sequence %d: n_tokens %d (need >= 1)", who,
                            i, q->n_tokens);
         if (!q->tokens)
-            return kv_fail(err, KV_ERR_ARG, "kv_forward: sequence %d: tokens is NULL", i);
-        if (q->pos != c->len[q->slot])
+            return kv_fail(err, KV_ERR_ARG, "%s: sequence %d: tokens is NULL", who, i);
+        if (q->pos != len[q->slot])
             return kv_fail(err, KV_ERR_ARG,
-                           "kv_forward: sequence %d: pos %d but slot %d holds %d tokens", i,
-                           q->pos, q->slot, c->len[q->slot]);
-        if ((int64_t)q->pos + q->n_tokens > c->spec.capacity)
+                           "%s: sequence %d: pos %d but slot %d holds %d tokens", who, i,
+                           q->pos, q->slot, len[q->slot]);
+        if ((int64_t)q->pos + q->n_tokens > spec->capacity)
             return kv_fail(err, KV_ERR_CAPACITY,
-                           "kv_forward: sequence %d: pos %d + %d tokens exceeds the capacity %d",
-                           i, q->pos, q->n_tokens, c->spec.capacity);
+                           "%s: sequence %d: pos %d + %d tokens exceeds the capacity %d", who,
+                           i, q->pos, q->n_tokens, spec->capacity);
         for (int t = 0; t < q->n_tokens; t++)
             if (q->tokens[t] < 0 || q->tokens[t] >= cfg->vocab_size)
                 return kv_fail(err, KV_ERR_ARG,
-                               "kv_forward: sequence %d: token %d is %d, outside [0, %d)", i, t,
+                               "%s: sequence %d: token %d is %d, outside [0, %d)", who, i, t,
                                q->tokens[t], cfg->vocab_size);
         total += q->n_tokens;
     }
     if (total > (1 << 24))
-        return kv_fail(err, KV_ERR_ARG, "kv_forward: %lld tokens in one step (max %d)",
+        return kv_fail(err, KV_ERR_ARG, "%s: %lld tokens in one step (max %d)", who,
                        (long long)total, 1 << 24);
     *T = (int)total;
     return KV_OK;
@@ -155,7 +155,8 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
 {
     if (!m || !c || !s) return kv_fail(err, KV_ERR_ARG, "kv_forward: NULL model, cache or state");
     int T = 0;
-    int rc = check_batch(m, c, seqs, n_seqs, &T, err);
+    int rc = kv_batch_check("kv_forward", &m->config, &c->spec, c->n_layers, c->n_kv_heads,
+                            c->head_dim, c->len, seqs, n_seqs, &T, err);
     if (rc) return rc;
     rc = state_reserve(s, &m->config, T, n_seqs, err);
     if (rc) return rc;

@@ -115,6 +115,7 @@ typedef void (*kv_needle_progress)(void *user, const char *what, long done, long
  * Run one context on @p b (slot @p slot is reset first): prefill the haystack in chunks of
  * @p chunk tokens (<= 0: 512), then ask each item's question and append the greedy answer.
  * Needs capacity >= length + 2·n_items. Fills res [n_items] (variant, seed, expected left 0).
+ * @p cb (may be NULL) is told done0 + tokens done so far, of @p total, after every chunk.
  */
 int kv_needle_run(kv_backend *b, int slot, int kind, const int *tokens, int length,
                   const kv_needle_item *items, int n_items, int chunk, kv_needle_result *res,

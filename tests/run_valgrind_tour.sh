@@ -18,7 +18,7 @@ if ! command -v valgrind >/dev/null; then
   echo "run_valgrind_tour.sh: valgrind not found (Debian: apt-get install valgrind)" >&2
   exit 2
 fi
-cmake -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKV_CUDA=OFF -DKV_BUILD_TESTS=OFF >/dev/null
+cmake -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKV_CUDA=OFF >/dev/null
 cmake --build "$build" -j "$jobs" --target kvlab
 
 chapters=("$@")

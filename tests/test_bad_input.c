@@ -482,6 +482,17 @@ static void test_cli(void)
     CLI_BAD("tok-cut|truncated", "generate", "--model", model, "--tokenizer", file("tok-cut"));
     CLI_BAD("good.llama2c|outside 0..max_token_length", "generate", "--model", model, "--tokenizer",
             file("good.llama2c"));
+    /* needle specs and dialogues; the needle run would write --csv/--svg: refused first */
+    write_bytes(file("bad.needle"), "name x\ncolour blue\n", 20);
+    write_bytes(file("bad.dlg"), "k0=v1 bogus\n", 12);
+    CLI_BAD("bad.needle|unknown field 'colour'", "needle", "--spec", file("bad.needle"), "--csv",
+            "out.csv", "--svg", "out.svg", "--save-models", "m");
+    CLI_BAD("missing.needle", "needle", "--spec", file("missing.needle"), "--csv", "out.csv");
+    CLI_BAD("'5'", "needle", "--lengths", "5", "--csv", "out.csv");
+    CLI_BAD("'101'", "needle", "--depths", "50,101", "--svg", "out.svg");
+    CLI_BAD("nosuch", "needle", "--cache", "nosuch", "--csv", "out.csv", "--save-models", "m");
+    CLI_BAD("bad.dlg|unknown item 'bogus'", "dialogue", file("bad.dlg"));
+    CLI_BAD("missing.dlg", "dialogue", file("missing.dlg"));
     /* arguments: absurd, negative, NaN/inf, malformed, unknown, overlong, not UTF-8 */
     CLI_BAD("--steps", "generate", "--steps=");
     CLI_BAD("--steps", "generate", "--steps", "1e3");

@@ -155,6 +155,19 @@ static void test_generate_args(void)
     EXPECT_BAD("/nonexistent/model.bin", "generate", "--model", "/nonexistent/model.bin");
     EXPECT_BAD("--tokenizer", "generate", "--tokenizer");
     EXPECT_BAD("--prompt", "generate", "--model", "x.bin", "--prompt", "hi");
+
+    /* bad input files: a model file of garbage, a tokenizer file cut short -> exit 2, named */
+    char path[] = "/tmp/kvlab_test_garbage_XXXXXX";
+    int fd = mkstemp(path);
+    KV_CHECK(fd >= 0, "mkstemp");
+    if (fd >= 0) {
+        const char junk[] = "this is not a checkpoint, only forty-odd bytes of text";
+        KV_CHECK(write(fd, junk, sizeof junk) == (ssize_t)sizeof junk, "write");
+        close(fd);
+        EXPECT_BAD(path, "generate", "--model", path);
+        EXPECT_BAD(path, "generate", "--tokenizer", path);
+        unlink(path);
+    }
 }
 
 static void test_calc_args(void)

@@ -218,6 +218,32 @@ static void test_prediction(void)
     free(logits);
 }
 
+/* Other depths: the retrieval path works with the fewest layers it needs and with more. */
+static void test_depths(void)
+{
+    static int tok[200];
+    float *logits = malloc(sizeof(float) * V.vocab_size);
+    const int layers[][2] = {{KV_MODEL_RECALL_DIRECT, 1}, {KV_MODEL_RECALL_INDUCTION, 2},
+                             {KV_MODEL_RECALL_DIRECT, 7}, {KV_MODEL_RECALL_INDUCTION, 7}};
+    for (int i = 0; i < 4; i++) {
+        kv_recall_opts o;
+        kv_recall_opts_default(&o, layers[i][0]);
+        o.n_layers = layers[i][1];
+        kv_model m;
+        kv_err e;
+        if (kv_recall_build(&m, &o, &e)) {
+            KV_CHECK(0, "build L %d: %s", o.n_layers, e.msg);
+            continue;
+        }
+        int vp, n = haystack(o.kind, 180, 40, 11, tok, &vp);
+        int ans = run(&m, tok, n, -1, NULL, NULL, logits);
+        KV_CHECK(ans == V.value0 + 7, "%s model with L = %d answers v7 (got %d)",
+                 kv_recall_kind_name(o.kind), o.n_layers, ans);
+        kv_model_free(&m);
+    }
+    free(logits);
+}
+
 /* ---- position damage -------------------------------------------------------------------- */
 
 typedef struct {
@@ -319,6 +345,7 @@ int main(void)
     test_determinism_and_checkpoint();
     test_prev_profile();
     test_prediction();
+    test_depths();
     test_position_damage();
     printf("test_recall: %.1f s\n", kv_now() - t0);
     return kv_test_finish();

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kv_checkpoint.h"
 #include "kv_needle.h"
 
 typedef struct {
@@ -151,7 +152,7 @@ int cmd_needle(int argc, char **argv)
 {
     const char *cmd = "kvlab needle";
     const char *spec_path = NULL, *models = NULL, *lengths = NULL, *depths = NULL, *cache = NULL;
-    const char *seeds = NULL, *csv = NULL, *svg = NULL, *device = "cpu";
+    const char *seeds = NULL, *csv = NULL, *svg = NULL, *device = "cpu", *save = NULL;
     kv_opt opts[] = {
         {"--spec", KV_OPT_STRING, &spec_path, 0, 0, NULL, "FILE", "grid spec (datasets/needle/*.needle; default: both models, 1k and 4k, depths 0..100 by 25)", 0},
         {"--models", KV_OPT_STRING, &models, 0, 0, NULL, "LIST", "direct,induction (overrides the spec)", 0},
@@ -162,6 +163,7 @@ int cmd_needle(int argc, char **argv)
         {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "write every cell as CSV", 0},
         {"--svg", KV_OPT_STRING, &svg, 0, 0, NULL, "FILE", "write a heatmap (SVG)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the models run (default cpu)", 0},
+        {"--save-models", KV_OPT_STRING, &save, 0, 0, NULL, "PREFIX", "also write the grid's recall models as PREFIX-direct.bin, PREFIX-induction.bin (kvlab checkpoints)", 0},
     };
     int r = kv_args_parse(cmd,
                           "Plant facts at several depths of a filler context, ask for them at the end,\n"
@@ -196,6 +198,20 @@ int cmd_needle(int argc, char **argv)
         kv_cache_spec cs;
         if (kv_needle_cache_spec(s.variants[i].spec, 1, 16, &cs, &err))
             return kv_cli_fail(cmd, "--cache", KV_ERR_UNSUPPORTED, &err);
+    }
+
+    for (int i = 0; save && i < s.n_models; i++) { /* the same models the grid builds */
+        kv_recall_opts o;
+        kv_recall_opts_default(&o, s.models[i]);
+        o.seed = s.model_seed;
+        kv_model m;
+        char path[1024];
+        snprintf(path, sizeof path, "%s-%s.bin", save, kv_recall_kind_name(s.models[i]));
+        int st = kv_recall_build(&m, &o, &err);
+        if (!st) st = kv_checkpoint_write(path, &m, KV_FILE_KVLAB, &err);
+        kv_model_free(&m);
+        if (st) return kv_cli_fail(cmd, path, st, &err);
+        fprintf(stderr, "%s: wrote %s\n", cmd, path);
     }
 
     progress_state ps;
