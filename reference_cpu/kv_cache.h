@@ -20,8 +20,14 @@
 extern "C" {
 #endif
 
-typedef enum { KV_LAYOUT_CONTIGUOUS = 0 } kv_layout;
-typedef enum { KV_DTYPE_F32 = 0 } kv_dtype;
+/** Where a sequence's K/V rows live. */
+typedef enum {
+    KV_LAYOUT_CONTIGUOUS = 0 /**< one [capacity][d] row block per (layer, slot, kv head) */
+} kv_layout;
+/** How a cached element is stored. */
+typedef enum {
+    KV_DTYPE_F32 = 0 /**< fp32, b = 4 */
+} kv_dtype;
 
 /** How a cache is built: chosen by the caller, checked by kv_cache_create(). */
 typedef struct {

@@ -16,7 +16,11 @@
 extern "C" {
 #endif
 
-typedef enum { KV_MODE_NAIVE = 0, KV_MODE_CACHED = 1 } kv_gen_mode;
+/** How kv_generate() runs the model. */
+typedef enum {
+    KV_MODE_NAIVE = 0, /**< chapter 01: re-run the whole prefix for every new token */
+    KV_MODE_CACHED = 1 /**< chapter 02: prefill once, then one token per step */
+} kv_gen_mode;
 
 /** Called after each generated token (may be NULL): step index, token, that step's work. */
 typedef void (*kv_step_fn)(void *user, int step, int token, const kv_counters *step_work,

@@ -36,7 +36,7 @@ int kv_tokenizer_write(const char *path, const kv_tokenizer *t, kv_err *err);
 void kv_tokenizer_free(kv_tokenizer *t);
 
 /**
- * The embedded byte-level tokenizer: <unk>, <s>, </s>, then <0x00>..<0xFF> (ids 3..258),
+ * The embedded byte-level tokenizer: `<unk>`, `<s>`, `</s>`, then <0x00>..<0xFF> (ids 3..258),
  * then the 95 printable ASCII characters (ids 259..353, what encode's codepoint step finds),
  * then ids up to vocab_size filled with deterministic merged pairs of printable bytes (common
  * English pairs first), then longer merges if vocab_size asks for more. vocab_size >= 259.
