@@ -2,27 +2,46 @@
  * Decode attention on the GPU: the device side of the one attention family
  * (reference_cpu/kv_attention.c). A query token at position pos reads cache positions
  * 0 .. pos of its sequence; query head h reads KV head h / G (G = H / H_kv: 1 is MHA,
- * H is MQA).
+ * H is MQA), the grouping kv_attn_kv_head() names on the CPU.
  *
- * attn_decode_kernel_v1: one block per (query token, query head), scores in a global scratch
- *   of [T][H][capacity] floats (a 32k-token context needs 128 KiB of scores per head, more
- *   than a block's shared memory). The softmax runs in the CPU reference's three passes:
- *   (1) each thread takes cached positions p = tid, tid + 128, ... and writes the score
- *       q·k_p / sqrt(d), keeping its running max; a block reduction gives the max;
- *   (2) each thread exponentiates its own scores relative to the max and sums them; a block
- *       reduction gives the sum (subtracting the max keeps expf from overflowing);
- *   (3) each thread takes output dims i = tid, tid + 128, ... and adds up p_p · v_p[i] over
- *       the positions in order, multiplied once by 1/sum at the end.
- *   Pass 3 reads V rows coalesced (consecutive threads, consecutive dims); pass 1 reads K
- *   one row per thread, which is simple rather than fast. Making decode attention fast
- *   (split-KV, the group's query heads sharing one pass over K/V) is chapter 08's subject.
+ * Both versions compute the CPU reference's three-pass softmax in fp32, scores in a global
+ * scratch of [T][H][capacity] floats (a 32k-token context needs 128 KiB of scores per head,
+ * more than a block's shared memory):
+ *   (1) scores q·k_p / sqrt(d), position p taken by thread p mod 128, and their max;
+ *   (2) exp(score - max) and their sum (subtracting the max keeps expf from overflowing);
+ *   (3) the weighted sum of values in position order, thread i taking output dim i,
+ *       multiplied once by 1/sum.
  *
- * kvcu_attn_decode() is the plain-array twin of kv_attn_decode(); kvcu_attention() runs a
- * step's tokens over one layer of a kvcu_cache, as kv_forward() calls kv_attention().
+ * attn_decode_kernel_v1: one block per (query token, query head). Every query head streams
+ *   its KV head's rows from memory on its own, so a group of G heads reads the same K and V
+ *   G times: H·N·d·2·b bytes per token per layer, whatever H_kv is. Pass 1 reads K one row
+ *   per thread, which is simple rather than fast.
+ *
+ * attn_decode_kernel_v2 (chapter 03): one block per (query token, KV head). The group's G
+ *   query heads are packed together in shared memory; each thread loads a K row (pass 1) or
+ *   a V element (pass 3) once and applies it to up to ATTN_GROUP_REGS heads held in registers.
+ *   A group of G <= 8 heads therefore reads K and V once: H_kv·N·d·2·b bytes, G times fewer
+ *   than v1. Larger groups (MQA with many heads) walk the group in chunks of 8 and re-read
+ *   the rows once per chunk, mostly from L2. Per head the arithmetic is v1's, in v1's order.
+ *   The group takes G·(d + 1) + 32 floats of shared memory; past 48 KiB (G·(d+1) > 12256,
+ *   e.g. MQA with 96 heads of d = 128) the launchers run v1 instead.
+ *
+ * kvcu_attn_decode() is the plain-array twin of kv_attn_decode() and runs v2;
+ * kvcu_attn_decode_version() picks the version (the tests hold both against the CPU, the
+ * bench times both). kvcu_attention() runs a step's tokens over one layer of a kvcu_cache,
+ * as kv_forward() calls kv_attention(); the engine uses v2.
  */
 #include "kvcu_internal.cuh"
 
 #define ATTN_THREADS 128
+#define ATTN_GROUP_REGS 8              /* v2: query heads one thread applies a K/V load to */
+#define ATTN_SMEM_MAX (48 * 1024)      /* default dynamic shared memory per block */
+
+/* v2's shared memory: the packed queries [G][d], the reduction scratch [32], 1/sums [G] */
+static size_t v2_smem(int group, int head_dim)
+{
+    return ((size_t)group * (head_dim + 1) + KV_WARP) * sizeof(float);
+}
 
 /* tok_slot == NULL: every token is in slot 0 and sees @p len positions (the plain-array
  * entry point); otherwise token t sees tok_pos[t] + 1 positions of slot tok_slot[t]. */
@@ -72,6 +91,90 @@ __global__ void attn_decode_kernel_v1(float *out, const float *q, const float *k
     }
 }
 
+/* tok_slot == NULL as in v1. Block (kvh, t) computes query heads kvh·G .. kvh·G + G - 1. */
+__global__ void attn_decode_kernel_v2(float *out, const float *q, const float *k, const float *v,
+                                      float *scores, const int *tok_slot, const int *tok_pos,
+                                      int len, int n_heads, int n_kv_heads, int head_dim,
+                                      int capacity)
+{
+    KV_DYNAMIC_SMEM(float, smem);
+    const int kvh = blockIdx.x, t = blockIdx.y;
+    const int G = n_heads / n_kv_heads, h0 = kvh * G;
+    float *qs = smem;                            /* [G][d] the group's queries */
+    float *red = smem + (size_t)G * head_dim;    /* [32] block reduction scratch */
+    float *inv = red + KV_WARP;                  /* [G] 1/sum of each head's softmax */
+    const int slot = tok_slot ? tok_slot[t] : 0;
+    const int n = tok_slot ? tok_pos[t] + 1 : len;
+    const size_t row = (size_t)slot * n_kv_heads + kvh;
+    const float *kh = k + row * capacity * head_dim;             /* [capacity][d] */
+    const float *vh = v + row * capacity * head_dim;             /* [capacity][d] */
+    float *att = scores + ((size_t)t * n_heads + h0) * capacity; /* [G][capacity] */
+    float *oh = out + ((size_t)t * n_heads + h0) * head_dim;     /* [G][d] */
+    const float scale = 1.0f / sqrtf((float)head_dim);
+
+    /* the group's G query rows are contiguous in q: one coalesced copy */
+    const float *qg = q + ((size_t)t * n_heads + h0) * head_dim; /* [G][d] */
+    for (int i = threadIdx.x; i < G * head_dim; i += blockDim.x) qs[i] = qg[i];
+    __syncthreads();
+
+    /* pass 1: scores of every head of the group; each K row is loaded once per chunk of
+     * ATTN_GROUP_REGS heads and multiplied into each of them */
+    for (int g0 = 0; g0 < G; g0 += ATTN_GROUP_REGS) {
+        const int ng = G - g0 < ATTN_GROUP_REGS ? G - g0 : ATTN_GROUP_REGS;
+        for (int p = threadIdx.x; p < n; p += blockDim.x) {
+            const float *kp = kh + (size_t)p * head_dim;
+            float dot[ATTN_GROUP_REGS];
+            KV_UNROLL
+            for (int g = 0; g < ATTN_GROUP_REGS; g++) dot[g] = 0.0f;
+            for (int i = 0; i < head_dim; i++) {
+                const float ki = kp[i];
+                KV_UNROLL
+                for (int g = 0; g < ATTN_GROUP_REGS; g++)
+                    if (g < ng) dot[g] += qs[(size_t)(g0 + g) * head_dim + i] * ki;
+            }
+            KV_UNROLL
+            for (int g = 0; g < ATTN_GROUP_REGS; g++)
+                if (g < ng) att[(size_t)(g0 + g) * capacity + p] = dot[g] * scale;
+        }
+    }
+
+    /* pass 2, per head: max, then exponentiate and sum. A thread touches only the scores it
+     * wrote itself; the reductions' barriers publish them to the block for pass 3. */
+    for (int g = 0; g < G; g++) {
+        float *ag = att + (size_t)g * capacity;
+        float m = -INFINITY;
+        for (int p = threadIdx.x; p < n; p += blockDim.x) m = fmaxf(m, ag[p]);
+        m = kv_block_max(m, red);
+        float sum = 0.0f;
+        for (int p = threadIdx.x; p < n; p += blockDim.x) {
+            ag[p] = expf(ag[p] - m);
+            sum += ag[p];
+        }
+        sum = kv_block_sum(sum, red);
+        if (threadIdx.x == 0) inv[g] = 1.0f / sum;
+    }
+    __syncthreads();
+
+    /* pass 3: weighted values; each V element is loaded once per chunk of heads */
+    for (int g0 = 0; g0 < G; g0 += ATTN_GROUP_REGS) {
+        const int ng = G - g0 < ATTN_GROUP_REGS ? G - g0 : ATTN_GROUP_REGS;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+            float acc[ATTN_GROUP_REGS];
+            KV_UNROLL
+            for (int g = 0; g < ATTN_GROUP_REGS; g++) acc[g] = 0.0f;
+            for (int p = 0; p < n; p++) {
+                const float vi = vh[(size_t)p * head_dim + i];
+                KV_UNROLL
+                for (int g = 0; g < ATTN_GROUP_REGS; g++)
+                    if (g < ng) acc[g] += att[(size_t)(g0 + g) * capacity + p] * vi;
+            }
+            KV_UNROLL
+            for (int g = 0; g < ATTN_GROUP_REGS; g++)
+                if (g < ng) oh[(size_t)(g0 + g) * head_dim + i] = acc[g] * inv[g0 + g];
+        }
+    }
+}
+
 static int check_heads(const char *who, int n_heads, int n_kv_heads, int head_dim, kv_err *err)
 {
     if (n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 || n_heads % n_kv_heads)
@@ -80,31 +183,53 @@ static int check_heads(const char *who, int n_heads, int n_kv_heads, int head_di
     return KV_OK;
 }
 
-/**
- * GPU twin of kv_attn_decode(): one query token over a contiguous cache.
- * q, out [n_heads][head_dim]; k, v [n_kv_heads][max_seq][head_dim] device.
- * Allocates (and frees) a [n_heads][max_seq] score scratch on each call; the engine uses
- * kvcu_attention() with its own scratch instead.
- */
-int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out, int n_heads,
-                     int n_kv_heads, int head_dim, int max_seq, int len, kv_err *err)
+/* Launch version @p version (1 or 2; 2 falls back to 1 when its shared memory would not fit)
+ * over T tokens; k, v point at one layer, [n_slots][H_kv][capacity][d]. */
+static void launch(int version, float *out, const float *q, const float *k, const float *v,
+                   float *scores, const int *tok_slot, const int *tok_pos, int len, int T,
+                   int n_heads, int n_kv_heads, int head_dim, int capacity)
+{
+    const size_t smem2 = v2_smem(n_heads / n_kv_heads, head_dim);
+    if (version == 2 && smem2 <= ATTN_SMEM_MAX) {
+        dim3 grid(n_kv_heads, T);
+        KV_LAUNCH(attn_decode_kernel_v2, grid, ATTN_THREADS, smem2, 0, out, q, k, v, scores,
+                  tok_slot, tok_pos, len, n_heads, n_kv_heads, head_dim, capacity);
+    } else {
+        dim3 grid(n_heads, T);
+        KV_LAUNCH(attn_decode_kernel_v1, grid, ATTN_THREADS, KV_WARP * sizeof(float), 0, out,
+                  q, k, v, scores, tok_slot, tok_pos, len, n_heads, n_kv_heads, head_dim,
+                  capacity);
+    }
+}
+
+int kvcu_attn_decode_version(int version, const float *q, const float *k, const float *v,
+                             float *out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
+                             int len, kv_err *err)
 {
     int st = check_heads("kvcu_attn_decode", n_heads, n_kv_heads, head_dim, err);
     if (st) return st;
+    if (version != 1 && version != 2)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_attn_decode: version %d (there are v1 and v2)",
+                       version);
     if (len <= 0 || len > max_seq)
         return kv_fail(err, KV_ERR_ARG, "kvcu_attn_decode: len %d outside 1..max_seq %d", len,
                        max_seq);
     float *scores = NULL; /* [H][max_seq] */
     KV_CUDA_TRY(cudaMalloc(&scores, (size_t)n_heads * max_seq * sizeof(float)), err);
-    dim3 grid(n_heads, 1);
-    KV_LAUNCH(attn_decode_kernel_v1, grid, ATTN_THREADS, KV_WARP * sizeof(float), 0, out, q, k,
-              v, scores, (const int *)NULL, (const int *)NULL, len, n_heads, n_kv_heads,
-              head_dim, max_seq);
+    launch(version, out, q, k, v, scores, NULL, NULL, len, 1, n_heads, n_kv_heads, head_dim,
+           max_seq);
     cudaError_t e = cudaGetLastError();
     cudaError_t f = cudaFree(scores); /* waits for the kernel */
     KV_CUDA_TRY(e, err);
     KV_CUDA_TRY(f, err);
     return KV_OK;
+}
+
+int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out, int n_heads,
+                     int n_kv_heads, int head_dim, int max_seq, int len, kv_err *err)
+{
+    return kvcu_attn_decode_version(2, q, k, v, out, n_heads, n_kv_heads, head_dim, max_seq,
+                                    len, err);
 }
 
 int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const int *tok_pos,
@@ -115,10 +240,8 @@ int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const in
     if (T == 0) return KV_OK;
     const size_t per_layer = (size_t)c->spec.n_slots * c->n_kv_heads * c->spec.capacity *
                              c->head_dim;
-    dim3 grid(n_heads, T);
-    KV_LAUNCH(attn_decode_kernel_v1, grid, ATTN_THREADS, KV_WARP * sizeof(float), 0, out, q,
-              c->k + layer * per_layer, c->v + layer * per_layer, scores, tok_slot, tok_pos, 0,
-              n_heads, c->n_kv_heads, c->head_dim, c->spec.capacity);
+    launch(2, out, q, c->k + layer * per_layer, c->v + layer * per_layer, scores, tok_slot,
+           tok_pos, 0, T, n_heads, c->n_kv_heads, c->head_dim, c->spec.capacity);
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
 }

@@ -44,8 +44,21 @@ int kvcu_rope(float *x, const int *pos, int T, int n_heads, int head_dim, int ro
 int kvcu_swiglu(float *g, const float *u, int64_t n, kv_err *err);
 int kvcu_add(float *x, const float *y, int64_t n, kv_err *err);
 int kvcu_embed(float *out, const float *table, const int *tokens, int T, int dim, kv_err *err);
+/**
+ * Twin of kv_attn_decode(): q, out [H][d]; k, v [H_kv][max_seq][d] (device). Runs the newest
+ * kernel, v2 (one block per KV head, the group's G query heads packed together).
+ */
 int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out, int n_heads,
                      int n_kv_heads, int head_dim, int max_seq, int len, kv_err *err);
+/**
+ * kvcu_attn_decode() with the kernel version chosen (cuda/attn_decode.cu describes them):
+ * 1 = one block per query head, reads H·N·d·2·b bytes of cache; 2 = one block per KV head,
+ * reads H_kv·N·d·2·b (groups of up to 8 heads; v2 falls back to v1 when a group's queries
+ * would not fit in 48 KiB of shared memory). Other versions: KV_ERR_ARG.
+ */
+int kvcu_attn_decode_version(int version, const float *q, const float *k, const float *v,
+                             float *out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
+                             int len, kv_err *err);
 
 /* ---- the engine: weights, cache and scratch on the device --------------------------- */
 typedef struct kvcu_model kvcu_model; /* device copy of a kv_model's weights */
