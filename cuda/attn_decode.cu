@@ -54,7 +54,7 @@ __global__ void attn_decode_kernel_v1(float *out, const float *q, const float *k
     const int h = blockIdx.x, t = blockIdx.y;
     const int slot = tok_slot ? tok_slot[t] : 0;
     const int n = tok_slot ? tok_pos[t] + 1 : len; /* causal: itself and everything before */
-    const int kvh = h / (n_heads / n_kv_heads);
+    const int kvh = h / (n_heads / n_kv_heads); /* kv_attn_kv_head(): h / G */
     const size_t row = (size_t)slot * n_kv_heads + kvh;
     const float *qh = q + ((size_t)t * n_heads + h) * head_dim;   /* [d] */
     const float *kh = k + row * capacity * head_dim;              /* [capacity][d] */
@@ -203,8 +203,8 @@ static void launch(int version, float *out, const float *q, const float *k, cons
 }
 
 int kvcu_attn_decode_version(int version, const float *q, const float *k, const float *v,
-                             float *out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
-                             int len, kv_err *err)
+                             float *out, float *scores, int n_heads, int n_kv_heads, int head_dim,
+                             int max_seq, int len, kv_err *err)
 {
     int st = check_heads("kvcu_attn_decode", n_heads, n_kv_heads, head_dim, err);
     if (st) return st;
@@ -214,12 +214,15 @@ int kvcu_attn_decode_version(int version, const float *q, const float *k, const 
     if (len <= 0 || len > max_seq)
         return kv_fail(err, KV_ERR_ARG, "kvcu_attn_decode: len %d outside 1..max_seq %d", len,
                        max_seq);
-    float *scores = NULL; /* [H][max_seq] */
-    KV_CUDA_TRY(cudaMalloc(&scores, (size_t)n_heads * max_seq * sizeof(float)), err);
+    float *own = NULL; /* [H][max_seq] when the caller gave no scratch */
+    if (!scores) {
+        KV_CUDA_TRY(cudaMalloc(&own, (size_t)n_heads * max_seq * sizeof(float)), err);
+        scores = own;
+    }
     launch(version, out, q, k, v, scores, NULL, NULL, len, 1, n_heads, n_kv_heads, head_dim,
            max_seq);
     cudaError_t e = cudaGetLastError();
-    cudaError_t f = cudaFree(scores); /* waits for the kernel */
+    cudaError_t f = own ? cudaFree(own) : cudaSuccess; /* cudaFree waits for the kernel */
     KV_CUDA_TRY(e, err);
     KV_CUDA_TRY(f, err);
     return KV_OK;
@@ -228,8 +231,8 @@ int kvcu_attn_decode_version(int version, const float *q, const float *k, const 
 int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out, int n_heads,
                      int n_kv_heads, int head_dim, int max_seq, int len, kv_err *err)
 {
-    return kvcu_attn_decode_version(2, q, k, v, out, n_heads, n_kv_heads, head_dim, max_seq,
-                                    len, err);
+    return kvcu_attn_decode_version(2, q, k, v, out, NULL, n_heads, n_kv_heads, head_dim,
+                                    max_seq, len, err);
 }
 
 int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const int *tok_pos,

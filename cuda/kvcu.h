@@ -55,10 +55,13 @@ int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out,
  * 1 = one block per query head, reads H·N·d·2·b bytes of cache; 2 = one block per KV head,
  * reads H_kv·N·d·2·b (groups of up to 8 heads; v2 falls back to v1 when a group's queries
  * would not fit in 48 KiB of shared memory). Other versions: KV_ERR_ARG.
+ * scores: device scratch [H][max_seq] floats, or NULL to allocate one for this call (a timing
+ * loop passes its own, so cudaMalloc is not what it measures). With NULL the call waits for
+ * the kernel (cudaFree does); with a scratch it returns at once (kvcu_synchronize() waits).
  */
 int kvcu_attn_decode_version(int version, const float *q, const float *k, const float *v,
-                             float *out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
-                             int len, kv_err *err);
+                             float *out, float *scores, int n_heads, int n_kv_heads, int head_dim,
+                             int max_seq, int len, kv_err *err);
 
 /* ---- the engine: weights, cache and scratch on the device --------------------------- */
 typedef struct kvcu_model kvcu_model; /* device copy of a kv_model's weights */
@@ -82,6 +85,18 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
 /** A ::kv_backend running kvcu_forward(); uploads @p model (the host copy may then go). */
 int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
                         kv_err *err);
+
+/* ---- chapter 04: KV-cache quantization, twins of kv_quant.h (device pointers) -------- */
+/**
+ * GPU twin of kv_quant_encode(): x [n][d] device fp32 rows, codes / meta device outputs in
+ * the layouts of kv_quant.h, bit-identical to the CPU's. KIVI keys need d <= 288 (their
+ * 32-token tile sits in 48 KiB of shared memory): KV_ERR_UNSUPPORTED beyond.
+ */
+int kvcu_quant_encode(int fmt, int role, const float *x, int64_t n, int d, float scale,
+                      void *codes, void *meta, kv_err *err);
+/** GPU twin of kv_quant_decode(): x [n][d] device out. */
+int kvcu_quant_decode(int fmt, int role, const void *codes, const void *meta, int64_t n, int d,
+                      float scale, float *x, kv_err *err);
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,16 @@
  * kv_attn_decode() feeds it plain arrays; kv_attention() and kv_attention_head() feed it the
  * rows of a kv_cache, found through the cache's spec (contiguous fp32 is the only layout
  * kv_cache_create() accepts so far; later layouts and dtypes are new cases of the dispatch in
- * kv_attention_head(), not new copies of the math). */
+ * kv_attention_head(), not new copies of the math).
+ *
+ * Grouped-query attention (chapter 03) is not a separate routine: it is which K/V rows a query
+ * head is handed. Query head h reads KV head kv_attn_kv_head(h) = h / G, so the G heads of a
+ * group attend over the same cached rows with their own queries, and MHA (G = 1), GQA and MQA
+ * (G = H) are the same code. That is also why "GQA" and "MHA whose K/V heads are duplicated
+ * across each group" give bit-identical outputs: attend_head() sees identical inputs either way
+ * (tests/test_gqa.c checks it). The CPU threads over query heads, so it reads a group's rows
+ * G times, from cache after the first; the GPU's v2 kernel packs a group into one block so
+ * device memory is read once per group (cuda/attn_decode.cu). */
 #include "kv_attention.h"
 #include "kv_ops.h"
 
@@ -52,11 +61,11 @@ int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
         return KV_ERR_ARG;
     float *att = kv_calloc((size_t)n_heads * len * sizeof(float)); /* [H][len] */
     if (!att) return KV_ERR_NOMEM;
-    const int group = n_heads / n_kv_heads; /* G query heads share one KV head */
     #pragma omp parallel for
     for (int h = 0; h < n_heads; h++) {
-        const float *kh = k + (size_t)(h / group) * max_seq * head_dim; /* [max_seq][d] */
-        const float *vh = v + (size_t)(h / group) * max_seq * head_dim; /* [max_seq][d] */
+        const int kvh = kv_attn_kv_head(h, n_heads, n_kv_heads); /* h / G */
+        const float *kh = k + (size_t)kvh * max_seq * head_dim; /* [max_seq][d] */
+        const float *vh = v + (size_t)kvh * max_seq * head_dim; /* [max_seq][d] */
         attend_head(q + (size_t)h * head_dim, kh, vh, out + (size_t)h * head_dim,
                     att + (size_t)h * len, head_dim, len);
     }
@@ -67,7 +76,7 @@ int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
 void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, int n_heads,
                        const float *qh, float *oh, float *att)
 {
-    const int kvh = h / (n_heads / c->n_kv_heads);
+    const int kvh = kv_attn_kv_head(h, n_heads, c->n_kv_heads);
     /* the only (layout, dtype) pair kv_cache_create() accepts today: contiguous fp32 */
     attend_head(qh, kv_cache_k(c, layer, slot, kvh), kv_cache_v(c, layer, slot, kvh), oh, att,
                 c->head_dim, pos + 1);

@@ -375,6 +375,10 @@ static void test_datasets(void)
     huge[k] = '\0';
     expect_dialogue_fail(huge, "longer than");
     free(huge);
+    /* more items on a line than the parser holds: refused, not cut silently */
+    for (int i = 0; i < 600; i++) memcpy(longline + 3 * i, "f1 ", 3);
+    longline[1800] = '\0';
+    expect_dialogue_fail(longline, "more than 511 items");
     memset(longline, 'k', 6000);
     expect_dialogue_fail(longline, "line too long");
     free(longline);
@@ -535,7 +539,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s <kvlab>\n", argv[0]);
         return 2;
     }
-    kvlab = argv[1];
+    static char kvlab_abs[PATH_MAX]; /* the CLI runs in other folders: an absolute path */
+    kvlab = realpath(argv[1], kvlab_abs) ? kvlab_abs : argv[1];
     snprintf(dir, sizeof dir, "/tmp/kvlab_bad_input_XXXXXX");
     if (!mkdtemp(dir)) {
         perror("mkdtemp");

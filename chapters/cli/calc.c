@@ -157,6 +157,37 @@ void kv_calc_table(FILE *f, const char *dt, int64_t seq, int64_t batch)
     fprintf(f, "\nweights = parameter count * b, for scale. 'kvlab calc --preset NAME' explains one row.\n");
 }
 
+/* MHA / GQA / MQA: the same preset with H_kv = H, H/8, 1 (and its own H_kv). Only H_kv moves:
+ * per token L * 2 * H_kv * d * b, so each column is the MHA column divided by G. */
+void kv_calc_heads_table(FILE *f, const char *dt, int64_t seq, int64_t batch)
+{
+    int np = 0;
+    const kv_preset *p = kv_presets(&np);
+    const double b = dtype_bytes(dt);
+    const int64_t n = seq > 0 ? seq : 32768;
+    char u[5][32];
+    fprintf(f, "MHA vs GQA vs MQA, dtype %s (b = %g): cache bytes per token = L * 2 * H_kv * d * b;\n"
+            "each column is the MHA column divided by G = H / H_kv. Last columns: the preset's own\n"
+            "H_kv at N = %lld tokens, batch B = %lld (sliding windows ignored here).\n\n",
+            dt, b, (long long)n, (long long)batch);
+    fprintf(f, "%-14s %3s %3s %4s %12s %12s %12s %5s %12s %12s\n", "model", "L", "H", "d",
+            "MHA H_kv=H", "GQA H_kv=H/8", "MQA H_kv=1", "own", "own/token", "own at N");
+    for (int i = 0; i < np; i++) {
+        const kv_config *c = &p[i].config;
+        const int H = c->n_heads, d = kv_config_head_dim(c);
+        const double unit = (double)c->n_layers * 2.0 * d * b; /* bytes per token per KV head */
+        kv_fmt_bytes(unit * H, u[0], sizeof u[0]);
+        if (H % 8 == 0) kv_fmt_bytes(unit * (H / 8), u[1], sizeof u[1]);
+        else snprintf(u[1], sizeof u[1], "-");
+        kv_fmt_bytes(unit, u[2], sizeof u[2]);
+        kv_fmt_bytes(unit * c->n_kv_heads, u[3], sizeof u[3]);
+        kv_fmt_bytes(unit * c->n_kv_heads * (double)n * (double)batch, u[4], sizeof u[4]);
+        fprintf(f, "%-14s %3d %3d %4d %12s %12s %12s %5d %12s %12s\n", p[i].name, c->n_layers, H,
+                d, u[0], u[1], u[2], c->n_kv_heads, u[3], u[4]);
+    }
+    fprintf(f, "\nwith g KV heads the cache is L * 2 * N * g * d elements (not L * 2 * (N + g - 1) * d).\n");
+}
+
 static void list(void)
 {
     int np = 0;
@@ -176,7 +207,7 @@ int cmd_calc(int argc, char **argv)
     const char *cmd = "kvlab calc";
     const char *preset = NULL, *config = NULL, *dt = "fp16";
     int64_t seq = 0, batch = 1;
-    int do_list = 0;
+    int do_list = 0, heads = 0;
     kv_opt opts[] = {
         {"--preset", KV_OPT_STRING, &preset, 0, 0, NULL, "NAME", "a published model (see --list)", 0},
         {"--config", KV_OPT_STRING, &config, 0, 0, NULL, "D,F,L,H,K,V,S",
@@ -185,6 +216,8 @@ int cmd_calc(int argc, char **argv)
         {"--seq", KV_OPT_I64, &seq, 1, 1e12, NULL, "N", "tokens in the cache (default: the model's seq_len)", 0},
         {"--batch", KV_OPT_I64, &batch, 1, 1e9, NULL, "B", "sequences cached at once (default 1)", 0},
         {"--list", KV_OPT_FLAG, &do_list, 0, 0, NULL, NULL, "list the presets and their dims", 0},
+        {"--compare-heads", KV_OPT_FLAG, &heads, 0, 0, NULL, NULL,
+         "MHA / GQA / MQA per-token bytes of every preset (chapter 03)", 0},
     };
     int r = kv_args_parse(cmd, about, argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
@@ -195,6 +228,12 @@ int cmd_calc(int argc, char **argv)
     }
     if (preset && config)
         return kv_args_bad(cmd, "--preset", "give either --preset or --config, not both");
+    if (heads) {
+        if (preset || config)
+            return kv_args_bad(cmd, "--compare-heads", "covers every preset; drop --preset/--config");
+        kv_calc_heads_table(stdout, dt, seq, batch);
+        return KV_EXIT_OK;
+    }
 
     kv_config c;
     const char *name;

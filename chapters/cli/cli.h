@@ -22,6 +22,7 @@ int cmd_info(int argc, char **argv);     /* info.c */
 int cmd_bench(int argc, char **argv);    /* bench.c */
 int cmd_needle(int argc, char **argv);   /* needle.c */
 int cmd_dialogue(int argc, char **argv); /* dialogue.c */
+int cmd_convert(int argc, char **argv);  /* convert.c */
 
 /** Exit code for a library status: bad input (ARG, IO, FORMAT, UNSUPPORTED) 2, else 1. */
 int kv_cli_exit_code(int status);
@@ -51,6 +52,21 @@ int kv_cli_default_model(kv_model *m, const char *name, kv_err *err);
  * lengths (or at @p seq when > 0), for dtype @p dt ("fp16", ...) and @p batch sequences.
  */
 void kv_calc_table(FILE *f, const char *dt, int64_t seq, int64_t batch);
+
+/**
+ * MHA / GQA / MQA side by side for every preset (kvlab calc --compare-heads): per-token cache
+ * bytes with H_kv = H, H/8 and 1 beside the preset's own H_kv, and the cache at @p seq tokens
+ * (32768 when <= 0) for @p batch sequences, dtype @p dt.
+ */
+void kv_calc_heads_table(FILE *f, const char *dt, int64_t seq, int64_t batch);
+
+/**
+ * Decode attention per group size (kvlab bench attention-gqa, chapter 03's demo): one token of
+ * @p H heads over @p N positions, G = 1, 2, 4, 8, H; median of @p repeats calls on @p device
+ * ("cpu"; "cuda" times kernel v1 and v2). Prints a table (or CSV) to @p f.
+ */
+int kv_attn_gqa_table(FILE *f, const char *device, int H, int d, int N, int repeats, int csv,
+                      kv_err *err);
 
 /** "16 KiB", "1 GiB", "1.5 MiB", "512 B": binary units, at most 4 significant digits. */
 const char *kv_fmt_bytes(double bytes, char *buf, size_t n);
@@ -83,5 +99,6 @@ typedef int (*kv_demo_fn)(const kv_demo_ctx *ctx, kv_err *err);
 
 int kv_demo_ch01(const kv_demo_ctx *ctx, kv_err *err); /* 01-naive-recompute/demo.c */
 int kv_demo_ch02(const kv_demo_ctx *ctx, kv_err *err); /* 02-kv-cache/demo.c */
+int kv_demo_ch03(const kv_demo_ctx *ctx, kv_err *err); /* 03-mqa-gqa/demo.c */
 
 #endif

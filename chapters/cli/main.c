@@ -21,6 +21,7 @@ static const kv_subcommand commands[] = {
     {"info", cmd_info, "version, build, SIMD level, threads, CUDA mode and device"},
     {"bench", cmd_bench, "benchmarks (bench decode: naive vs cached tokens/s)"},
     {"needle", cmd_needle, "needle-in-a-haystack grid over the recall models: lengths x depths x cache"},
+    {"convert", cmd_convert, "MHA -> GQA/MQA: mean-pool K/V heads per group, write a new checkpoint"},
     {"dialogue", cmd_dialogue, "run a multi-turn dialogue file on the recall models, turn by turn"},
     /* a new subcommand: its own file, and one row here */
 };

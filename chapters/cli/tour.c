@@ -16,6 +16,7 @@ typedef struct {
 static const kv_demo demos[] = {
     {1, "naive recompute", kv_demo_ch01},
     {2, "the KV cache", kv_demo_ch02},
+    {3, "MQA and GQA", kv_demo_ch03},
 };
 static const int n_demos = (int)(sizeof demos / sizeof demos[0]);
 
