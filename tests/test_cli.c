@@ -120,9 +120,13 @@ static void test_dispatch(void)
     done(&r);
     EXPECT_BAD("frobnicate", "frobnicate");
     EXPECT_OK("calc", "--help");
-    const char *subs[] = {"tour", "generate", "calc", "info", "bench", "needle", "dialogue"};
-    for (int i = 0; i < 7; i++) EXPECT_OK("usage", subs[i], "--help");
+    const char *subs[] = {"tour", "generate", "calc", "info", "bench", "needle", "dialogue",
+                          "convert"};
+    for (int i = 0; i < 8; i++) EXPECT_OK("usage", subs[i], "--help");
     EXPECT_OK("usage", "bench", "decode", "--help");
+    EXPECT_OK("usage", "bench", "attention-gqa", "--help");
+    EXPECT_BAD("--kv-heads", "convert", "--kv-heads", "3x");
+    EXPECT_BAD("--heads", "bench", "attention-gqa", "--heads", "0");
 }
 
 static void test_tour_args(void)
@@ -238,6 +242,9 @@ static void test_runs(const char *cuda_mode)
 {
     EXPECT_OK("cost of the step", "tour", "--chapter", "1");
     EXPECT_OK("identical", "tour", "--chapter", "2");
+    /* chapter 03: Llama-2-7B MHA 512 KiB per token at fp16, divided by G = 8 for its GQA column */
+    EXPECT_OK("64 KiB", "calc", "--compare-heads");
+    EXPECT_OK("G", "tour", "--chapter", "3");
     EXPECT_OK("chapter,mode,step", "tour", "--chapter", "1", "--csv");
     EXPECT_OK("speed-up", "bench", "decode", "--steps", "8", "--repeats", "1");
 
