@@ -2,9 +2,10 @@
  *
  * attend_head() is the math, written once: one query head over len cached positions.
  * kv_attn_decode() feeds it plain arrays; kv_attention() and kv_attention_head() feed it the
- * rows of a kv_cache, found through the cache's spec (contiguous fp32 is the only layout
- * kv_cache_create() accepts so far; later layouts and dtypes are new cases of the dispatch in
- * kv_attention_head(), not new copies of the math).
+ * rows of a kv_cache, found through the cache's spec. Chapter 04's storage formats are
+ * attend_head_view(): the same passes, each K/V row dequantized as it is read (fused), by
+ * the per-element decode the CUDA kernels share. Later layouts are new cases of the dispatch
+ * in kv_attention_head(), not new copies of the math.
  *
  * Grouped-query attention (chapter 03) is not a separate routine: it is which K/V rows a query
  * head is handed. Query head h reads KV head kv_attn_kv_head(h) = h / G, so the G heads of a
@@ -73,13 +74,54 @@ int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
     return KV_OK;
 }
 
+/* attend_head() over a quantized cache (chapter 04): the same three passes, with each K and
+ * V row dequantized inside the loop into a d-float run (kv_cache_elem(): kv_quant_math.h's
+ * kvq_decode_element(), the very code the CUDA kernels inline, or the KIVI fp32 window) and
+ * never materialized for the whole cache. row [d] scratch. */
+static void attend_head_view(const float *qh, const kv_head_view *kh, const kv_head_view *vh,
+                             float *oh, float *att, float *row, int d, int len)
+{
+    const float scale = 1.0f / sqrtf((float)d);
+    float max = -INFINITY;
+    for (int p = 0; p < len; p++) {
+        for (int j = 0; j < d; j++) row[j] = kv_cache_elem(kh, p, j);
+        att[p] = kv_dot(qh, row, d) * scale;
+        if (att[p] > max) max = att[p];
+    }
+    float sum = 0.0f;
+    for (int p = 0; p < len; p++) {
+        att[p] = expf(att[p] - max);
+        sum += att[p];
+    }
+    for (int i = 0; i < d; i++) oh[i] = 0.0f;
+    for (int p = 0; p < len; p++) {
+        const float w = att[p];
+        for (int j = 0; j < d; j++) row[j] = kv_cache_elem(vh, p, j);
+        for (int i = 0; i < d; i++) oh[i] += w * row[i];
+    }
+    const float inv = 1.0f / sum;
+    for (int i = 0; i < d; i++) oh[i] *= inv;
+}
+
 void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, int n_heads,
                        const float *qh, float *oh, float *att)
 {
-    const int kvh = kv_attn_kv_head(h, n_heads, c->n_kv_heads);
-    /* the only (layout, dtype) pair kv_cache_create() accepts today: contiguous fp32 */
-    attend_head(qh, kv_cache_k(c, layer, slot, kvh), kv_cache_v(c, layer, slot, kvh), oh, att,
-                c->head_dim, pos + 1);
+    const int kvh = kv_attn_kv_head(h, n_heads, c->n_kv_heads), d = c->head_dim;
+    const kv_head_view kh = kv_cache_view(c, layer, slot, kvh, KV_QROLE_KEY);
+    const kv_head_view vh = kv_cache_view(c, layer, slot, kvh, KV_QROLE_VALUE);
+    if (c->fmt[layer] == KV_QF_F32) { /* chapter 02: the rows are plain floats */
+        attend_head(qh, (const float *)(const void *)kh.codes,
+                    (const float *)(const void *)vh.codes, oh, att, d, pos + 1);
+        return;
+    }
+    /* a run of d floats for the dequantized row: on the stack up to d = 256, else heap */
+    float stack[256], *row = d <= 256 ? stack : kv_calloc((size_t)d * sizeof(float));
+    if (!row) { /* no memory: make the failure visible rather than silently wrong */
+        for (int i = 0; i < d; i++) oh[i] = NAN;
+        return;
+    }
+    attend_head_view(qh, &kh, &vh, oh, att, row, d, pos + 1);
+    if (row != stack) kv_free(row);
 }
 
 int kv_attention(const kv_cache *c, int layer, int slot, int pos, const float *q, float *out,

@@ -3,18 +3,45 @@
  * The KV cache as a pluggable strategy: where K/V live, in what format, which are kept.
  *
  * The forward pass (kv_forward.h) never indexes cache memory itself: it calls
- * kv_cache_write() for new tokens and kv_attention_head() (kv_attention.h) to read them, and
- * both dispatch on the ::kv_cache_spec. Chapters add layouts, dtypes and retention policies here
- * instead of copying the forward pass.
+ * kv_cache_write_seq() for new tokens and kv_attention_head() (kv_attention.h) to read them,
+ * and both dispatch on the ::kv_cache_spec. Chapters add layouts, dtypes and retention
+ * policies here instead of copying the forward pass.
  *
  * Chapter 02 layout (contiguous, fp32), per layer and per sequence slot:
  *   k, v  [L][n_slots][H_kv][capacity][d]
  * Cache size = L · 2 · N · H_kv · d · b bytes (b = 4 for fp32).
+ *
+ * Chapter 04 (quantized storage, formats of kv_quant.h). Each layer l has a storage format
+ * fmt[l] (spec.dtype on the layers spec.dtype_layers selects, fp16 on the others; every
+ * layer when the mask is 0) and, for K and for V, one ::kv_cache_plane:
+ *   codes  [n_slots][H_kv][capacity][row_bytes]    row t of a head = token t, packed codes
+ *   meta   [n_slots][H_kv][meta_entries]           4-byte scales / kv_qsz (kv_quant.h)
+ *   scale  [n_slots][H_kv]                         fp8 only: the calibrated scale of a head
+ *   ring   [n_slots][H_kv][window][d]              KIVI only: the fp32 window of new tokens
+ * An fp32 layer's codes plane is exactly chapter 02's [capacity][d] floats, so an all-fp32
+ * cache keeps the old layout and k / v point at it.
+ *
+ * When quantization happens:
+ *  - per-token formats (fp16, bf16, int8, int8-gG, fp8): each row as it is written;
+ *  - fp8: a slot's scales are calibrated from the first chunk written at position 0 (the
+ *    prefill): amax / max per kv head (spec.fp8_per_head = 1) or over all kv heads of the
+ *    layer's K (and its V) for that slot (per tensor, 0). Later tokens beyond that range
+ *    saturate at +-max: a one-token "prefill" gives a poor scale, so prefill whole prompts;
+ *  - KIVI (int4/int2): tokens enter the fp32 ring; a chunk that makes the slot hold more
+ *    than `window` unquantized tokens spills the oldest whole 32-token blocks into the code
+ *    and meta planes (the plan in kv_quant.h). Q(slot) tokens are quantized; rows t < Q are
+ *    read from the planes, rows t >= Q from ring row t % window. All rows of a prefill chunk
+ *    see the cache as it is after the whole chunk is written (the spill of a chunk happens
+ *    before its attention), so a chunked prefill reads the same as the chunk boundaries
+ *    decide, deterministically.
  */
 #ifndef KV_CACHE_H
 #define KV_CACHE_H
 
+#include <stdint.h>
+
 #include "kv_config.h"
+#include "kv_quant_math.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,31 +51,109 @@ extern "C" {
 typedef enum {
     KV_LAYOUT_CONTIGUOUS = 0 /**< one [capacity][d] row block per (layer, slot, kv head) */
 } kv_layout;
-/** How a cached element is stored. */
+/** How a cached element is stored: the values are the ::kv_qformat formats of kv_quant.h. */
 typedef enum {
-    KV_DTYPE_F32 = 0 /**< fp32, b = 4 */
+    KV_DTYPE_F32 = KV_QF_F32 /**< fp32, b = 4; any other ::kv_qformat value is a quantized cache */
 } kv_dtype;
 
 /** How a cache is built: chosen by the caller, checked by kv_cache_create(). */
 typedef struct {
     int layout;   /**< ::kv_layout */
-    int dtype;    /**< ::kv_dtype */
+    int dtype;    /**< ::kv_qformat (KV_DTYPE_F32 = fp32) */
     int n_slots;  /**< sequences the cache holds at once (the batch) */
     int capacity; /**< tokens per sequence slot (N max) */
+    /** Selective layers (chapter 04): bit l set = layer l stores @c dtype, the others fp16;
+     * 0 = every layer stores @c dtype. Models with more than 64 layers need 0. */
+    uint64_t dtype_layers;
+    int fp8_per_head; /**< fp8: 1 = one scale per kv head, 0 = one per tensor (layer's K or V) */
+    int kivi_window;  /**< KIVI: fp32 window of newest tokens, a multiple of 32; 0 = 128 */
 } kv_cache_spec;
 
-/** Bytes one stored element takes (b), for the memory formula. */
+/** Bytes one stored element takes (b), metadata included, at head dim @p d
+ * (kv_quant_bytes_per_element()); 4 for fp32. */
+double kv_dtype_bytes_d(int dtype, int d);
+/** Whole bytes of one stored fp element (4 fp32, 2 fp16/bf16); 0 for the quantized formats,
+ * whose b is fractional (use kv_dtype_bytes_d()). */
 size_t kv_dtype_bytes(int dtype);
-/** Name of a dtype ("fp32"). */
+/** Name of a dtype ("fp32", "int8", "int4-kivi", ...). */
 const char *kv_dtype_name(int dtype);
+/** The format layer @p layer of a cache built from @p spec stores. */
+int kv_cache_spec_layer_dtype(const kv_cache_spec *spec, int layer);
+/** Average bytes per cached element over the @p n_layers layers of @p spec (selective layers
+ * mix formats), metadata included: b of the memory formula. */
+double kv_cache_spec_bytes_per_element(const kv_cache_spec *spec, int n_layers, int d);
+/**
+ * Why @p spec cannot be built for @p cfg: KV_ERR_UNSUPPORTED (layout, dtype, or a dtype's
+ * shape rule such as KIVI's 32 | d, named) or KV_ERR_ARG; KV_OK when it can. Shared by the
+ * CPU and CUDA caches so both refuse the same specs with the same words (@p who prefixes).
+ */
+int kv_cache_spec_check(const char *who, const kv_config *cfg, const kv_cache_spec *spec,
+                        kv_err *err);
+
+/** One tensor (K or V) of one layer, quantized layout (see the file comment). Pointers are
+ * host memory in a kv_cache and device memory in the CUDA twin. */
+typedef struct {
+    uint8_t *codes;       /* [n_slots][H_kv][capacity][row_bytes] */
+    void *meta;           /* [n_slots][H_kv][meta_entries] 4-byte entries, or NULL */
+    float *scale;         /* [n_slots][H_kv] fp8 scales, or NULL */
+    float *ring;          /* [n_slots][H_kv][window][d] KIVI window, or NULL */
+    int64_t row_bytes;    /* bytes of one token row of codes */
+    int64_t meta_entries; /* metadata entries per (slot, kv head) */
+} kv_cache_plane;
 
 typedef struct {
     kv_cache_spec spec;
     int n_layers, n_kv_heads, head_dim;
-    float *k;  /* [L][n_slots][H_kv][capacity][d] */
-    float *v;  /* [L][n_slots][H_kv][capacity][d] */
-    int *len;  /* [n_slots] tokens currently stored per slot */
+    int window;        /* KIVI window R (0 when no layer is KIVI) */
+    float *k;          /* all-fp32 caches: [L][n_slots][H_kv][capacity][d], else NULL */
+    float *v;          /* all-fp32 caches: [L][n_slots][H_kv][capacity][d], else NULL */
+    int *len;          /* [n_slots] tokens currently stored per slot */
+    int *fmt;          /* [L] storage format of each layer */
+    kv_cache_plane *kp, *vp; /* [L] K and V planes */
+    int *qlen;         /* [L][n_slots] KIVI: tokens already quantized (multiple of 32) */
+    uint8_t *mem;      /* the one allocation every plane points into */
+    size_t mem_bytes;
 } kv_cache;
+
+/**
+ * What attention needs to read one (layer, slot, kv head) of K or of V, in any format:
+ * element j of row t is kv_cache_elem(). Host and device alike (KV_HD).
+ */
+typedef struct {
+    int fmt, role, d, window;
+    int64_t q;            /* rows < q are in codes/meta, rows >= q in the ring (KIVI) */
+    const uint8_t *codes; /* [capacity][row_bytes] */
+    const void *meta;     /* this head's metadata */
+    const float *ring;    /* [window][d] or NULL */
+    float scale;          /* fp8 scale of this head */
+} kv_head_view;
+
+/** Element j of row t of a head view: the fused dequantization attention calls inline. */
+static inline KV_HD float kv_cache_elem(const kv_head_view *h, int64_t t, int j)
+{
+    if (t >= h->q) return h->ring[(t % h->window) * h->d + j];
+    return kvq_decode_element(h->fmt, h->role, h->codes, h->meta, t, j, h->d, h->scale);
+}
+
+/** Build the view of (layer plane @p p of format @p fmt, slot, kvh). @p q: quantized rows
+ * (KIVI), or a value >= capacity for the other formats (everything is in the planes). */
+static inline KV_HD kv_head_view kv_cache_plane_view(const kv_cache_plane *p, int fmt, int role,
+                                                    int n_kv_heads, int capacity, int d,
+                                                    int window, int slot, int kvh, int64_t q)
+{
+    kv_head_view h;
+    const int64_t head = (int64_t)slot * n_kv_heads + kvh;
+    h.fmt = fmt;
+    h.role = role;
+    h.d = d;
+    h.window = window > 0 ? window : 1;
+    h.q = kvq_is_kivi(fmt) ? q : INT64_MAX;
+    h.codes = p->codes + head * capacity * p->row_bytes;
+    h.meta = p->meta ? (const uint8_t *)p->meta + head * p->meta_entries * 4 : NULL;
+    h.ring = p->ring ? p->ring + head * window * d : NULL;
+    h.scale = p->scale ? p->scale[head] : 1.0f;
+    return h;
+}
 
 /** A spec for @p n_slots sequences of @p capacity tokens, contiguous fp32. */
 kv_cache_spec kv_cache_spec_default(int n_slots, int capacity);
@@ -56,24 +161,37 @@ kv_cache_spec kv_cache_spec_default(int n_slots, int capacity);
 /** Allocate a cache for a model config; unsupported spec -> KV_ERR_UNSUPPORTED, named. */
 int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec, kv_err *err);
 void kv_cache_free(kv_cache *c);
-/** Forget a slot's tokens (length 0); the memory is kept. */
+/** Forget a slot's tokens (length 0, and for KIVI nothing quantized); the memory is kept. */
 void kv_cache_reset(kv_cache *c, int slot);
-/** Bytes of K and V storage the cache holds in total. */
+/** Bytes of K and V storage the cache holds in total: codes, metadata, fp8 scales, KIVI
+ * windows. */
 size_t kv_cache_bytes(const kv_cache *c);
 
+/** The view attention reads for (layer, slot, kv head), K (@p role KV_QROLE_KEY) or V. */
+kv_head_view kv_cache_view(const kv_cache *c, int layer, int slot, int kvh, int role);
+
 /**
- * Store one token's keys and values at position @p pos of @p slot in @p layer.
- * k, v  [H_kv][d]   (k already rotated by RoPE)
+ * Store @p n consecutive tokens' keys and values at positions pos .. pos+n-1 of @p slot in
+ * @p layer, quantizing into the layer's format (file comment: fp8 calibrates at pos 0, KIVI
+ * spills its window). The slot's length is the caller's (kv_forward() sets it after the
+ * step); pos must continue what the layer holds.
+ * k, v  [n][H_kv][d]   (k already rotated by RoPE)
+ * Returns KV_OK, or KV_ERR_NOMEM (KIVI staging), with a message.
  */
+int kv_cache_write_seq(kv_cache *c, int layer, int slot, int pos, int n, const float *k,
+                       const float *v, kv_err *err);
+
+/** One token: kv_cache_write_seq() with n = 1 (a KIVI spill's scratch failing is ignored
+ * here; use kv_cache_write_seq() to see it). k, v [H_kv][d]. */
 void kv_cache_write(kv_cache *c, int layer, int slot, int pos, const float *k, const float *v);
 
-/** Row of keys for (layer, slot, kv head): [capacity][d]. Contiguous layout only. */
+/** Row of keys for (layer, slot, kv head): [capacity][d]. Contiguous all-fp32 caches only. */
 static inline float *kv_cache_k(const kv_cache *c, int layer, int slot, int kvh)
 {
     size_t row = (((size_t)layer * c->spec.n_slots + slot) * c->n_kv_heads + kvh);
     return c->k + row * (size_t)c->spec.capacity * c->head_dim;
 }
-/** Row of values for (layer, slot, kv head): [capacity][d]. */
+/** Row of values for (layer, slot, kv head): [capacity][d]. All-fp32 caches only. */
 static inline float *kv_cache_v(const kv_cache *c, int layer, int slot, int kvh)
 {
     size_t row = (((size_t)layer * c->spec.n_slots + slot) * c->n_kv_heads + kvh);

@@ -24,6 +24,7 @@
  *   kv_bytes_read    += L · 2·H_kv·d·b · (p+1)   per new token at position p (K and V of
  *                                                every position it attends to)
  *   kv_bytes_written += L · 2·H_kv·d·b           per new token
+ * (b averaged over the layers, metadata included, for quantized caches: chapter 04)
  *
  * A sequence at position p0 adding n tokens attends over sum_{p=p0}^{p0+n-1} (p+1)
  *   = n·p0 + n(n+1)/2 positions in all, which is what is added below. Grouped-query heads
@@ -34,7 +35,7 @@ void kv_counters_add_step(kv_counters *cnt, const kv_config *c, const kv_cache_s
     if (!cnt) return;
     const double L = c->n_layers, H = c->n_heads, Hkv = c->n_kv_heads;
     const double d = kv_config_head_dim(c), dim = c->dim, hidden = c->hidden_dim;
-    const double b = (double)kv_dtype_bytes(spec->dtype);
+    const double b = kv_cache_spec_bytes_per_element(spec, c->n_layers, kv_config_head_dim(c));
     const double P = L * (dim * H * d + 2.0 * dim * Hkv * d + H * d * dim + 3.0 * dim * hidden);
     for (int s = 0; s < n_seqs; s++) {
         const double n = seqs[s].n_tokens, p0 = seqs[s].pos;
@@ -193,10 +194,17 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
         kv_matmul(s->v, s->xb, w->wv + (size_t)l * kvdim * dim, T, dim, kvdim);
         kv_rope(s->q, s->tok_pos, T, H, d, p->rotary_dim, p->rope_theta);
         kv_rope(s->k, s->tok_pos, T, p->n_kv_heads, d, p->rotary_dim, p->rope_theta);
-        /* every row's K/V first, so a prefill row can attend to the rows before it */
-        for (int t = 0; t < T; t++)
-            kv_cache_write(c, l, s->tok_slot[t], s->tok_pos[t], s->k + (size_t)t * kvdim,
-                           s->v + (size_t)t * kvdim);
+        /* every row's K/V first, so a prefill row can attend to the rows before it; one
+         * call per sequence, whose rows are consecutive, so a quantized cache sees the whole
+         * chunk (fp8 calibrates on a prefill, KIVI spills whole blocks: kv_cache.h) */
+        for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
+            rc = kv_cache_write_seq(c, l, seqs[i].slot, seqs[i].pos, seqs[i].n_tokens,
+                                    s->k + (size_t)t * kvdim, s->v + (size_t)t * kvdim, err);
+            if (rc) {
+                kv_free(att);
+                return rc;
+            }
+        }
         /* dynamic: in a prefill later rows attend over more positions than earlier ones;
          * one thread below 2^18 multiply-adds, the threshold kv_ops.c uses */
         #pragma omp parallel for collapse(2) schedule(dynamic) if (attn_work >= (1 << 18))

@@ -1,6 +1,7 @@
 /* The needle grid (kv_needle.h): spec files, haystacks, running a context through a
  * kv_backend, and the pass rule. */
 #include "kv_needle.h"
+#include "kv_quant.h"
 #include "kv_rng.h"
 #include "kv_sampler.h"
 
@@ -174,8 +175,47 @@ int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cach
         *out = kv_cache_spec_default(n_slots, capacity);
         return KV_OK;
     }
-    return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s' is not known (known: fp32)",
-                   variant);
+    /* chapter 04: FORMAT[/head][/wR][/lA,B,...] (kv_needle.h) */
+    char buf[64];
+    if (strlen(variant) >= sizeof buf)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%.40s...' is too long", variant);
+    strcpy(buf, variant);
+    char *save = NULL, *part = strtok_r(buf, "/", &save);
+    const int fmt = part ? kv_quant_parse(part) : -1;
+    if (fmt < 0)
+        return kv_fail(err, KV_ERR_UNSUPPORTED,
+                       "cache variant '%s' is not known (known: fp32, or a format fp16 bf16 int8 "
+                       "int8-g32 int8-g64 int8-g128 fp8-e4m3 fp8-e5m2 int4 int2, with options "
+                       "/head /wR /lA,B)", variant);
+    kv_cache_spec s = kv_cache_spec_default(n_slots, capacity);
+    s.dtype = fmt;
+    while ((part = strtok_r(NULL, "/", &save))) {
+        char *end = NULL;
+        if (!strcmp(part, "head") && kvq_is_fp8(fmt)) {
+            s.fp8_per_head = 1;
+        } else if (part[0] == 'w' && kvq_is_kivi(fmt)) {
+            long w = strtol(part + 1, &end, 10);
+            if (*end || w < 32 || w % 32 || w > 1 << 20)
+                return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': window '%s' must "
+                               "be a multiple of 32", variant, part + 1);
+            s.kivi_window = (int)w;
+        } else if (part[0] == 'l') {
+            for (char *p = part + 1; *p;) {
+                long l = strtol(p, &end, 10);
+                if (end == p || l < 0 || l > 63 || (*end && *end != ','))
+                    return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': layer list "
+                                   "'%s' (numbers 0..63 separated by commas)", variant, part + 1);
+                s.dtype_layers |= (uint64_t)1 << l;
+                p = *end ? end + 1 : end;
+            }
+        } else {
+            return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': option '%s' is not "
+                           "known for %s (/head for fp8, /wR for int4/int2, /lA,B for any)",
+                           variant, part, kv_quant_name(fmt));
+        }
+    }
+    *out = s;
+    return KV_OK;
 }
 
 /* ---- haystacks -------------------------------------------------------------------------- */

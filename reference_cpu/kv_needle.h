@@ -72,7 +72,12 @@ int kv_needle_variant_parse(const char *spec, const char *rule, kv_needle_varian
 
 /**
  * The cache a variant spec string means, for @p n_slots sequences of @p capacity tokens.
- * "fp32" (alias "exact"): contiguous fp32. Unknown -> KV_ERR_UNSUPPORTED naming the known ones.
+ * "fp32" (alias "exact"): contiguous fp32. Chapter 04: a storage format as kv_quant_parse()
+ * reads it ("fp16", "int8", "int8-g32", "fp8-e4m3", "fp8", "int4", "int2", ...), then options
+ * separated by '/': "head" (fp8: per-head scales; default per tensor), "wR" (KIVI: fp32
+ * window of R tokens, a multiple of 32; default 128), "lA,B,..." (selective layers: only
+ * layers A, B, ... use the format, the others fp16). E.g. "int4/w64", "fp8-e5m2/head",
+ * "int8/l0". Unknown -> KV_ERR_UNSUPPORTED naming the known ones.
  */
 int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cache_spec *out,
                          kv_err *err);

@@ -304,8 +304,8 @@ static void test_refusals(void)
     bs.layout = 9;
     expect(kv_cache_create(&bad, &m.config, &bs, &e), KV_ERR_UNSUPPORTED, &e, "layout", "layout 9");
     bs = kv_cache_spec_default(1, 16);
-    bs.dtype = 3;
-    expect(kv_cache_create(&bad, &m.config, &bs, &e), KV_ERR_UNSUPPORTED, &e, "dtype", "dtype 3");
+    bs.dtype = 99;
+    expect(kv_cache_create(&bad, &m.config, &bs, &e), KV_ERR_UNSUPPORTED, &e, "dtype", "dtype 99");
     bs = kv_cache_spec_default(0, 16);
     expect(kv_cache_create(&bad, &m.config, &bs, &e), KV_ERR_ARG, &e, "n_slots", "0 slots");
     bs = kv_cache_spec_default(1, 0);

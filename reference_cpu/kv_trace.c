@@ -1,0 +1,341 @@
+/* Request traces (chapter 05): seeded generator, CSV writer and parser.
+ *
+ * Sources for the length means (see kv_trace.h): Kwon et al., "Efficient Memory Management
+ * for Large Language Model Serving with PagedAttention", SOSP 2023, arXiv:2309.06180, §6.1
+ * and Fig. 11 (ShareGPT 161.31 / 337.99, Alpaca 19.31 / 58.45 mean input / output tokens;
+ * the text: ShareGPT inputs 8.4x and outputs 5.8x longer than Alpaca, higher variance).
+ * Sigmas and caps below are kvlab's choices, not published figures. */
+#include "kv_trace.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_rng.h"
+
+static const char *HEADER = "arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id";
+
+int kv_trace_length_model(int dist, int output, kv_len_model *m, kv_err *err)
+{
+    /* mean: published; sigma: ShareGPT's conversations spread wider than Alpaca's one-line
+     * instructions; max: ShareGPT capped at 1024 like the paper's chatbot run (§6.5) */
+    static const kv_len_model table[2][2] = {
+        {{161.31, 1.0, 1024}, {337.99, 1.0, 1024}}, /* ShareGPT: prompt, output */
+        {{19.31, 0.6, 256}, {58.45, 0.8, 512}},     /* Alpaca */
+    };
+    if (dist != KV_TRACE_SHAREGPT && dist != KV_TRACE_ALPACA)
+        return kv_fail(err, KV_ERR_ARG, "trace: unknown length distribution %d", dist);
+    *m = table[dist][output ? 1 : 0];
+    return KV_OK;
+}
+
+static double phi(double z) { return 0.5 * erfc(-z / sqrt(2.0)); }
+
+static double clamped_mean(double mu, double s, double c)
+{
+    double lc = log(c);
+    return exp(mu + 0.5 * s * s) * phi((lc - mu - s * s) / s) + c * (1.0 - phi((lc - mu) / s));
+}
+
+double kv_trace_lognormal_mu(const kv_len_model *m)
+{
+    /* the clamped mean grows with mu: bisect */
+    double lo = log(m->mean) - 10.0, hi = log((double)m->max) + 10.0;
+    for (int it = 0; it < 200; it++) {
+        double mid = 0.5 * (lo + hi);
+        if (clamped_mean(mid, m->sigma, m->max) < m->mean) lo = mid;
+        else hi = mid;
+    }
+    return 0.5 * (lo + hi);
+}
+
+static int draw_len(kv_rng *r, const kv_len_model *m, double mu)
+{
+    double x = exp(mu + m->sigma * (double)kv_rng_normal(r));
+    if (x > m->max) x = m->max;
+    long n = lround(x);
+    return n < 1 ? 1 : (int)n;
+}
+
+void kv_trace_free(kv_trace *t)
+{
+    free(t->req);
+    memset(t, 0, sizeof(*t));
+}
+
+int kv_trace_generate(const kv_trace_spec *s, kv_trace *t, kv_err *err)
+{
+    memset(t, 0, sizeof(*t));
+    kv_len_model pm, om;
+    if (kv_trace_length_model(s->dist, 0, &pm, err) || kv_trace_length_model(s->dist, 1, &om, err))
+        return KV_ERR_ARG;
+    if (s->n_requests < 1 || !(s->rate > 0) || s->n_samples < 1 || s->beam_width < 1 ||
+        s->n_samples > KV_TRACE_MAX_FANOUT || s->beam_width > KV_TRACE_MAX_FANOUT ||
+        (s->n_samples > 1 && s->beam_width > 1) || s->n_prefixes < 0 || s->n_prefixes > 4)
+        return kv_fail(err, KV_ERR_ARG, "trace: bad spec (n %d, rate %g, n_samples %d, beam %d, "
+                       "prefixes %d)", s->n_requests, s->rate, s->n_samples, s->beam_width,
+                       s->n_prefixes);
+    for (int p = 0; p < s->n_prefixes; p++)
+        if (s->prefix_len[p] < 1 || s->prefix_len[p] > KV_TRACE_MAX_LEN / 2)
+            return kv_fail(err, KV_ERR_ARG, "trace: prefix %d length %d", p, s->prefix_len[p]);
+    t->req = calloc((size_t)s->n_requests, sizeof(kv_request));
+    if (!t->req) return kv_fail(err, KV_ERR_NOMEM, "trace: no memory for %d requests",
+                                s->n_requests);
+    t->n = s->n_requests;
+    t->n_prefixes = s->n_prefixes;
+    for (int p = 0; p < s->n_prefixes; p++) t->prefix_len[p] = s->prefix_len[p];
+    const double pmu = kv_trace_lognormal_mu(&pm), omu = kv_trace_lognormal_mu(&om);
+    kv_rng r;
+    kv_rng_seed(&r, s->seed);
+    double clock = 0.0;
+    for (int i = 0; i < t->n; i++) {
+        kv_request *q = &t->req[i];
+        /* Poisson process: exponential gaps of mean 1/rate; 1-u is in (0, 1] */
+        clock += -log(1.0 - (double)kv_rng_float(&r)) / s->rate;
+        q->arrival_s = clock;
+        q->prefix_id = s->n_prefixes ? (int)(kv_rng_u32(&r) % (uint32_t)s->n_prefixes) : -1;
+        q->prompt_len = draw_len(&r, &pm, pmu) + (q->prefix_id >= 0 ? t->prefix_len[q->prefix_id] : 0);
+        q->output_len = draw_len(&r, &om, omu);
+        q->n_samples = s->n_samples;
+        q->beam_width = s->beam_width;
+    }
+    return KV_OK;
+}
+
+int kv_trace_format(const kv_trace *t, const char *comment, char **text, kv_err *err)
+{
+    size_t cap = 256 + (comment ? 2 * strlen(comment) : 0) + (size_t)t->n * 64 +
+                 (size_t)t->n_prefixes * 32, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) return kv_fail(err, KV_ERR_NOMEM, "trace: no memory to format");
+    for (const char *c = comment; c && *c;) { /* "# " before each comment line */
+        const char *e = strchr(c, '\n');
+        size_t len = e ? (size_t)(e - c) : strlen(c);
+        n += (size_t)snprintf(buf + n, cap - n, "# %.*s\n", (int)len, c);
+        c += len + (e ? 1 : 0);
+    }
+    for (int p = 0; p < t->n_prefixes; p++)
+        n += (size_t)snprintf(buf + n, cap - n, "#prefix,%d,%d\n", p, t->prefix_len[p]);
+    n += (size_t)snprintf(buf + n, cap - n, "%s\n", HEADER);
+    for (int i = 0; i < t->n; i++) {
+        const kv_request *q = &t->req[i];
+        n += (size_t)snprintf(buf + n, cap - n, "%.3f,%d,%d,%d,%d,%d\n", q->arrival_s,
+                              q->prompt_len, q->output_len, q->n_samples, q->beam_width,
+                              q->prefix_id);
+    }
+    *text = buf;
+    return KV_OK;
+}
+
+/* ---- parser ------------------------------------------------------------------------------ */
+
+/* one integer field, the whole of it; lo..hi inclusive */
+static int field_int(const char *s, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int split(char *line, char **f, int max)
+{
+    int n = 0;
+    for (char *p = line;; p++) {
+        if (n < max) f[n] = p;
+        n++;
+        p = strchr(p, ',');
+        if (!p) break;
+        *p = 0;
+    }
+    return n;
+}
+
+static int parse_line(char *line, int lineno, kv_trace *t, int *cap, kv_err *err)
+{
+    char *f[6];
+    if (strncmp(line, "#prefix,", 8) == 0) {
+        int id, len;
+        if (split(line + 8, f, 2) != 2 || field_int(f[0], 0, KV_TRACE_MAX_PREFIXES - 1, &id) ||
+            field_int(f[1], 1, KV_TRACE_MAX_LEN - 1, &len))
+            return kv_fail(err, KV_ERR_FORMAT, "trace line %d: expected #prefix,<id 0..%d>,"
+                           "<tokens 1..%d>", lineno, KV_TRACE_MAX_PREFIXES - 1,
+                           KV_TRACE_MAX_LEN - 1);
+        if (t->prefix_len[id])
+            return kv_fail(err, KV_ERR_FORMAT, "trace line %d: prefix %d declared twice",
+                           lineno, id);
+        t->prefix_len[id] = len;
+        if (id >= t->n_prefixes) t->n_prefixes = id + 1;
+        return KV_OK;
+    }
+    if (line[0] == '#' || line[0] == 0) return KV_OK;
+    if (*cap < 0) { /* the header comes first */
+        if (strcmp(line, HEADER))
+            return kv_fail(err, KV_ERR_FORMAT, "trace line %d: expected the header \"%s\"",
+                           lineno, HEADER);
+        *cap = 0;
+        return KV_OK;
+    }
+    int nf = split(line, f, 6);
+    if (nf != 6)
+        return kv_fail(err, KV_ERR_FORMAT, "trace line %d: %d fields, expected 6 (%s)", lineno,
+                       nf, HEADER);
+    kv_request q;
+    char *end;
+    errno = 0;
+    q.arrival_s = strtod(f[0], &end);
+    if (end == f[0] || *end || errno || !isfinite(q.arrival_s) || q.arrival_s < 0)
+        return kv_fail(err, KV_ERR_FORMAT, "trace line %d: arrival_s \"%s\" is not a number >= 0",
+                       lineno, f[0]);
+    if (t->n > 0 && q.arrival_s < t->req[t->n - 1].arrival_s)
+        return kv_fail(err, KV_ERR_FORMAT, "trace line %d: arrival %.3f before the previous "
+                       "request's %.3f (rows must be sorted)", lineno, q.arrival_s,
+                       t->req[t->n - 1].arrival_s);
+    const char *names[5] = {"prompt_len", "output_len", "n_samples", "beam_width", "prefix_id"};
+    const int lo[5] = {1, 1, 1, 1, -1};
+    const int hi[5] = {KV_TRACE_MAX_LEN, KV_TRACE_MAX_LEN, KV_TRACE_MAX_FANOUT,
+                       KV_TRACE_MAX_FANOUT, KV_TRACE_MAX_PREFIXES - 1};
+    int *dst[5] = {&q.prompt_len, &q.output_len, &q.n_samples, &q.beam_width, &q.prefix_id};
+    for (int k = 0; k < 5; k++)
+        if (field_int(f[k + 1], lo[k], hi[k], dst[k]))
+            return kv_fail(err, KV_ERR_FORMAT, "trace line %d: %s \"%s\" is not an integer in "
+                           "%d..%d", lineno, names[k], f[k + 1], lo[k], hi[k]);
+    if (q.n_samples > 1 && q.beam_width > 1)
+        return kv_fail(err, KV_ERR_FORMAT, "trace line %d: n_samples %d and beam_width %d: "
+                       "a request samples or beams, not both", lineno, q.n_samples, q.beam_width);
+    if (q.prefix_id >= 0 && !t->prefix_len[q.prefix_id])
+        return kv_fail(err, KV_ERR_FORMAT, "trace line %d: prefix_id %d is not declared "
+                       "(#prefix,%d,<tokens> before the header)", lineno, q.prefix_id,
+                       q.prefix_id);
+    if (q.prefix_id >= 0 && q.prompt_len <= t->prefix_len[q.prefix_id])
+        return kv_fail(err, KV_ERR_FORMAT, "trace line %d: prompt_len %d not longer than its "
+                       "prefix %d (%d tokens)", lineno, q.prompt_len, q.prefix_id,
+                       t->prefix_len[q.prefix_id]);
+    if (t->n == *cap) {
+        int nc = *cap ? 2 * *cap : 64;
+        kv_request *nr = realloc(t->req, (size_t)nc * sizeof(*nr));
+        if (!nr) return kv_fail(err, KV_ERR_NOMEM, "trace: no memory for %d requests", nc);
+        t->req = nr;
+        *cap = nc;
+    }
+    t->req[t->n++] = q;
+    return KV_OK;
+}
+
+int kv_trace_parse(const char *text, kv_trace *t, kv_err *err)
+{
+    memset(t, 0, sizeof(*t));
+    int cap = -1, lineno = 0, st = KV_OK;
+    char line[512];
+    for (const char *p = text; *p && !st;) {
+        const char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        lineno++;
+        if (len >= sizeof(line)) {
+            st = kv_fail(err, KV_ERR_FORMAT, "trace line %d: longer than %zu characters", lineno,
+                         sizeof(line) - 1);
+            break;
+        }
+        memcpy(line, p, len);
+        line[len] = 0;
+        if (len && line[len - 1] == '\r') line[len - 1] = 0; /* files edited on Windows */
+        st = parse_line(line, lineno, t, &cap, err);
+        p += len + (e ? 1 : 0);
+    }
+    if (!st && cap < 0)
+        st = kv_fail(err, KV_ERR_FORMAT, "trace: no header line \"%s\"", HEADER);
+    if (!st && t->n == 0) st = kv_fail(err, KV_ERR_FORMAT, "trace: no requests");
+    if (st) kv_trace_free(t);
+    return st;
+}
+
+int kv_trace_load(const char *path, kv_trace *t, kv_err *err)
+{
+    memset(t, 0, sizeof(*t));
+    FILE *f = fopen(path, "rb");
+    if (!f) return kv_fail(err, KV_ERR_IO, "trace: cannot open %s", path);
+    char *buf = NULL;
+    size_t n = 0, cap = 0, got;
+    do {
+        if (cap - n < 4096) {
+            cap = cap ? 2 * cap : 65536;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return kv_fail(err, KV_ERR_NOMEM, "trace: no memory to read %s", path);
+            }
+            buf = nb;
+        }
+        got = fread(buf + n, 1, cap - n, f);
+        n += got;
+    } while (got > 0);
+    int rd_err = ferror(f);
+    fclose(f);
+    if (rd_err) {
+        free(buf);
+        return kv_fail(err, KV_ERR_IO, "trace: read error on %s", path);
+    }
+    buf[n] = 0;
+    if (strlen(buf) != n) {
+        free(buf);
+        return kv_fail(err, KV_ERR_FORMAT, "trace: %s contains a NUL byte", path);
+    }
+    int st = kv_trace_parse(buf, t, err);
+    free(buf);
+    return st;
+}
+
+/* splitmix64: a token id from (stream, position) */
+static uint64_t mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void kv_trace_tokens(const kv_trace *t, int i, int vocab, int *out)
+{
+    const kv_request *q = &t->req[i];
+    int np = q->prefix_id >= 0 ? t->prefix_len[q->prefix_id] : 0;
+    for (int k = 0; k < q->prompt_len; k++) {
+        uint64_t stream = k < np ? (1ull << 40) + (uint64_t)q->prefix_id : (uint64_t)i;
+        out[k] = 1 + (int)(mix(mix(stream) + (uint64_t)k) % (uint64_t)(vocab - 1));
+    }
+}
+
+/* ---- the shipped traces: datasets/traces/<name>.csv -------------------------------------- */
+
+static const struct {
+    const char *name, *what;
+    kv_trace_spec spec;
+} BUILTIN[] = {
+    {"sharegpt", "ShareGPT-like lengths, Poisson 1 req/s",
+     {KV_TRACE_SHAREGPT, 300, 1.0, 1, 1, 0, {0}, 501}},
+    {"alpaca", "Alpaca-like lengths, Poisson 4 req/s",
+     {KV_TRACE_ALPACA, 300, 4.0, 1, 1, 0, {0}, 502}},
+    {"alpaca_n4", "Alpaca-like, parallel sampling n = 4",
+     {KV_TRACE_ALPACA, 300, 4.0, 4, 1, 0, {0}, 503}},
+    {"alpaca_beam4", "Alpaca-like, beam search width 4",
+     {KV_TRACE_ALPACA, 300, 4.0, 1, 4, 0, {0}, 504}},
+    {"sysprompt", "Alpaca-like user turns after one of two shared system prompts (80, 341 tokens)",
+     {KV_TRACE_ALPACA, 300, 4.0, 1, 1, 2, {80, 341}, 505}},
+};
+
+int kv_trace_builtin_count(void) { return (int)(sizeof(BUILTIN) / sizeof(BUILTIN[0])); }
+
+int kv_trace_builtin(int i, const char **name, const char **what, kv_trace_spec *spec,
+                     kv_err *err)
+{
+    if (i < 0 || i >= kv_trace_builtin_count())
+        return kv_fail(err, KV_ERR_ARG, "trace: no shipped trace %d", i);
+    if (name) *name = BUILTIN[i].name;
+    if (what) *what = BUILTIN[i].what;
+    if (spec) *spec = BUILTIN[i].spec;
+    return KV_OK;
+}
