@@ -20,7 +20,11 @@
 extern "C" {
 #endif
 
-typedef enum { KV_FILE_LLAMA2C = 0, KV_FILE_KVLAB = 1 } kv_file_format;
+/** The two checkpoint layouts kvlab reads and writes. */
+typedef enum {
+    KV_FILE_LLAMA2C = 0, /**< llama2.c fp32 checkpoint (legacy version 0) */
+    KV_FILE_KVLAB = 1    /**< kvlab header v1 + the same weights */
+} kv_file_format;
 
 /**
  * Read a checkpoint of either format (detected by the magic). Validates the header

@@ -23,7 +23,13 @@
 extern "C" {
 #endif
 
-typedef enum { KV_DLG_FACT = 0, KV_DLG_QUESTION, KV_DLG_FILLER, KV_DLG_FILLER_RUN } kv_dlg_item_type;
+/** What one item of a dialogue turn is. */
+typedef enum {
+    KV_DLG_FACT = 0,  /**< a fact stated: key and value tokens */
+    KV_DLG_QUESTION,  /**< a question about a key, with the expected answer */
+    KV_DLG_FILLER,    /**< one filler token, by its filler index */
+    KV_DLG_FILLER_RUN /**< a run of count filler tokens */
+} kv_dlg_item_type;
 
 typedef struct {
     int type;       /**< ::kv_dlg_item_type */
