@@ -1,0 +1,115 @@
+# cmake -DKVLAB=<kvlab> -DGNUPLOT=<gnuplot> -DSRC=<source root> -DOUT=<folder> -P docs/figures.cmake
+#
+# The plots the chapters use, each from CSV that kvlab writes (docs/figures.md lists them with
+# the command behind each). kvlab does the measuring; gnuplot only draws. Every CSV stays
+# beside its SVG so a reader can plot it with anything else.
+cmake_minimum_required(VERSION 3.24)
+file(MAKE_DIRECTORY ${OUT})
+
+function(kv_run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "figures: '${ARGN}' failed (${rc}): ${err}")
+  endif()
+endfunction()
+
+function(kv_plot name script)
+  file(WRITE ${OUT}/${name}.gp "set terminal svg size 800,500 dynamic font 'sans,12'\nset output '${OUT}/${name}.svg'\nset datafile separator ','\nset grid\n${script}")
+  kv_run(${GNUPLOT} ${OUT}/${name}.gp)
+  message(STATUS "figures: ${OUT}/${name}.svg")
+endfunction()
+
+# ---- chapter 01: cost of each naive step by position ------------------------------------------
+message(STATUS "figures: kvlab tour --chapter 1 --csv (a few seconds)")
+execute_process(COMMAND ${KVLAB} tour --chapter 1 --csv OUTPUT_FILE ${OUT}/ch01-naive.csv
+  RESULT_VARIABLE rc ERROR_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "figures: kvlab tour --chapter 1 --csv failed (${rc})")
+endif()
+kv_plot(ch01-cost-per-token "
+set title 'Chapter 01: naive recompute, cost of the step at each position'
+set xlabel 'position p of the new token'
+set ylabel 'FLOPs per step'
+set y2label 'measured seconds per step'
+set y2tics
+set ytics nomirror
+set key left top
+plot '${OUT}/ch01-naive.csv' every ::1 using 4:7 with lines lw 2 title 'projections (linear in p)', \\
+     '' every ::1 using 4:8 with lines lw 2 title 'attention (quadratic in p)', \\
+     '' every ::1 using 4:6 axes x1y2 with points pt 7 ps 0.4 title 'measured time (right axis)'
+")
+
+# ---- chapter 02: naive vs cached, same run ----------------------------------------------------
+message(STATUS "figures: kvlab tour --chapter 2 --csv (a few seconds)")
+execute_process(COMMAND ${KVLAB} tour --chapter 2 --csv OUTPUT_FILE ${OUT}/ch02-naive-vs-cached.csv
+  RESULT_VARIABLE rc ERROR_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "figures: kvlab tour --chapter 2 --csv failed (${rc})")
+endif()
+kv_plot(ch02-cost-per-token "
+set title 'Chapter 02: FLOPs of each step, naive recompute vs KV cache'
+set xlabel 'position p of the new token'
+set ylabel 'FLOPs per step (log)'
+set logscale y
+set key right bottom
+f = '${OUT}/ch02-naive-vs-cached.csv'
+plot f every ::1 using 4:(strcol(2) eq 'naive'  ? \$7+\$8 : 1/0) with lines lw 2 title 'naive: whole prefix again', \\
+     f every ::1 using 4:(strcol(2) eq 'cached' ? \$7+\$8 : 1/0) with lines lw 2 title 'cached: one token', \\
+     f every ::1 using 4:(strcol(2) eq 'cached' ? \$8 : 1/0) with lines dt 2 title 'cached: attention part (linear in p)'
+")
+kv_plot(ch02-time-per-token "
+set title 'Chapter 02: measured seconds per step, naive vs cached (same run)'
+set xlabel 'position p of the new token'
+set ylabel 'seconds per step (log)'
+set logscale y
+set key left center
+f = '${OUT}/ch02-naive-vs-cached.csv'
+plot f every ::1 using 4:(strcol(2) eq 'naive'  ? \$6 : 1/0) with points pt 7 ps 0.4 title 'naive', \\
+     f every ::1 using 4:(strcol(2) eq 'cached' ? \$6 : 1/0) with points pt 7 ps 0.4 title 'cached'
+")
+
+# ---- chapter 02: memory vs context from kvlab calc -------------------------------------------
+set(presets llama-2-7b llama-2-13b llama-2-70b llama-3-8b mistral-7b)
+set(lengths 512 1024 2048 4096 8192 16384 32768 65536 131072)
+set(csv "preset,tokens,bytes\n")
+foreach(p ${presets})
+  foreach(n ${lengths})
+    execute_process(COMMAND ${KVLAB} calc --preset ${p} --dtype fp16 --seq ${n}
+      OUTPUT_VARIABLE o RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "figures: kvlab calc --preset ${p} --seq ${n} failed")
+    endif()
+    # the last step of calc's derivation: "at batch B = 1 ... = <bytes> bytes = ..."
+    string(REGEX MATCH "at batch B = 1[^\n]*= *([0-9]+) bytes" m "${o}")
+    if(NOT CMAKE_MATCH_1)
+      message(FATAL_ERROR "figures: could not read the byte count from kvlab calc:\n${o}")
+    endif()
+    string(APPEND csv "${p},${n},${CMAKE_MATCH_1}\n")
+  endforeach()
+endforeach()
+file(WRITE ${OUT}/memory-vs-context.csv "${csv}")
+set(plot_lines "")
+set(i 0)
+foreach(p ${presets})
+  if(i GREATER 0)
+    string(APPEND plot_lines ", \\\n     ")
+  endif()
+  string(APPEND plot_lines "f using 2:(strcol(1) eq '${p}' ? \$3/2**30 : 1/0) with linespoints lw 2 title '${p}'")
+  math(EXPR i "${i} + 1")
+endforeach()
+kv_plot(memory-vs-context "
+set title 'KV-cache bytes of one sequence, fp16 (kvlab calc; Mistral-7B stops at its 4096-token window)'
+set xlabel 'tokens in the cache N'
+set ylabel 'GiB'
+set logscale xy 2
+set key left top
+f = '${OUT}/memory-vs-context.csv'
+plot ${plot_lines}
+")
+
+# ---- needle heatmap: kvlab writes the SVG itself ---------------------------------------------
+message(STATUS "figures: kvlab needle --spec datasets/needle/fast.needle (about 10 s)")
+kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/fast.needle
+  --csv ${OUT}/needle-fast.csv --svg ${OUT}/needle-fast.svg)
+message(STATUS "figures: ${OUT}/needle-fast.svg")
+message(STATUS "figures: done, in ${OUT}")
