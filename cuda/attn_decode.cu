@@ -26,11 +26,19 @@
  *   The group takes G·(d + 1) + 32 floats of shared memory; past 48 KiB (G·(d+1) > 12256,
  *   e.g. MQA with 96 heads of d = 128) the launchers run v1 instead.
  *
+ * Chapter 04: both versions read the cache through kv_head_view (kv_cache.h): an fp32 layer
+ *   as plain floats, any other format by kv_cache_elem() inline in the loops, i.e.
+ *   kvq_decode_element() of reference_cpu/kv_quant_math.h, the very lines the CPU's attention
+ *   runs (or KIVI's fp32 window for its newest rows). Dequantization is fused: no dequantized
+ *   copy of the cache is ever written, and the bytes read are the quantized ones.
+ *
  * kvcu_attn_decode() is the plain-array twin of kv_attn_decode() and runs v2;
  * kvcu_attn_decode_version() picks the version (the tests hold both against the CPU, the
  * bench times both). kvcu_attention() runs a step's tokens over one layer of a kvcu_cache,
  * as kv_forward() calls kv_attention(); the engine uses v2.
  */
+#include <string.h>
+
 #include "kvcu_internal.cuh"
 
 #define ATTN_THREADS 128
@@ -45,7 +53,24 @@ static size_t v2_smem(int group, int head_dim)
 
 /* tok_slot == NULL: every token is in slot 0 and sees @p len positions (the plain-array
  * entry point); otherwise token t sees tok_pos[t] + 1 positions of slot tok_slot[t]. */
-__global__ void attn_decode_kernel_v1(float *out, const float *q, const float *k, const float *v,
+/* Element (p, i) of a head: plain floats for fp32 (f32 != NULL), else the fused decode. */
+__device__ inline float kv_ld(const kv_head_view &hv, const float *f32, int64_t p, int i)
+{
+    return f32 ? f32[p * hv.d + i] : kv_cache_elem(&hv, p, i);
+}
+
+/* The views of (slot, kvh) of one layer's K and V planes; qlen NULL: nothing is KIVI. */
+#define ATTN_VIEWS(kh, vh, kf, vf)                                                                  \
+    const int64_t q_ = qlen ? qlen[slot] : 0;                                                      \
+    const kv_head_view kh = kv_cache_plane_view(&kp, fmt, KV_QROLE_KEY, n_kv_heads, capacity,      \
+                                                head_dim, window, slot, kvh, q_);                  \
+    const kv_head_view vh = kv_cache_plane_view(&vp, fmt, KV_QROLE_VALUE, n_kv_heads, capacity,    \
+                                                head_dim, window, slot, kvh, q_);                  \
+    const float *kf = fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;             \
+    const float *vf = fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL
+
+__global__ void attn_decode_kernel_v1(float *out, const float *q, kv_cache_plane kp,
+                                      kv_cache_plane vp, int fmt, const int *qlen, int window,
                                       float *scores, const int *tok_slot, const int *tok_pos,
                                       int len, int n_heads, int n_kv_heads, int head_dim,
                                       int capacity)
@@ -55,10 +80,8 @@ __global__ void attn_decode_kernel_v1(float *out, const float *q, const float *k
     const int slot = tok_slot ? tok_slot[t] : 0;
     const int n = tok_slot ? tok_pos[t] + 1 : len; /* causal: itself and everything before */
     const int kvh = h / (n_heads / n_kv_heads); /* kv_attn_kv_head(): h / G */
-    const size_t row = (size_t)slot * n_kv_heads + kvh;
+    ATTN_VIEWS(kh, vh, kf, vf);                                   /* [capacity][d] each */
     const float *qh = q + ((size_t)t * n_heads + h) * head_dim;   /* [d] */
-    const float *kh = k + row * capacity * head_dim;              /* [capacity][d] */
-    const float *vh = v + row * capacity * head_dim;              /* [capacity][d] */
     float *att = scores + ((size_t)t * n_heads + h) * capacity;   /* [capacity] */
     float *oh = out + ((size_t)t * n_heads + h) * head_dim;       /* [d] */
     const float scale = 1.0f / sqrtf((float)head_dim);
@@ -66,9 +89,8 @@ __global__ void attn_decode_kernel_v1(float *out, const float *q, const float *k
     /* pass 1: scores and their max */
     float m = -INFINITY;
     for (int p = threadIdx.x; p < n; p += blockDim.x) {
-        const float *kp = kh + (size_t)p * head_dim;
         float dot = 0.0f;
-        for (int i = 0; i < head_dim; i++) dot += qh[i] * kp[i];
+        for (int i = 0; i < head_dim; i++) dot += qh[i] * kv_ld(kh, kf, p, i);
         att[p] = dot * scale;
         m = fmaxf(m, att[p]);
     }
@@ -86,13 +108,14 @@ __global__ void attn_decode_kernel_v1(float *out, const float *q, const float *k
     const float inv = 1.0f / sum;
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
         float acc = 0.0f;
-        for (int p = 0; p < n; p++) acc += att[p] * vh[(size_t)p * head_dim + i];
+        for (int p = 0; p < n; p++) acc += att[p] * kv_ld(vh, vf, p, i);
         oh[i] = acc * inv;
     }
 }
 
 /* tok_slot == NULL as in v1. Block (kvh, t) computes query heads kvh·G .. kvh·G + G - 1. */
-__global__ void attn_decode_kernel_v2(float *out, const float *q, const float *k, const float *v,
+__global__ void attn_decode_kernel_v2(float *out, const float *q, kv_cache_plane kp,
+                                      kv_cache_plane vp, int fmt, const int *qlen, int window,
                                       float *scores, const int *tok_slot, const int *tok_pos,
                                       int len, int n_heads, int n_kv_heads, int head_dim,
                                       int capacity)
@@ -105,9 +128,7 @@ __global__ void attn_decode_kernel_v2(float *out, const float *q, const float *k
     float *inv = red + KV_WARP;                  /* [G] 1/sum of each head's softmax */
     const int slot = tok_slot ? tok_slot[t] : 0;
     const int n = tok_slot ? tok_pos[t] + 1 : len;
-    const size_t row = (size_t)slot * n_kv_heads + kvh;
-    const float *kh = k + row * capacity * head_dim;             /* [capacity][d] */
-    const float *vh = v + row * capacity * head_dim;             /* [capacity][d] */
+    ATTN_VIEWS(kh, vh, kf, vf);                                  /* [capacity][d] each */
     float *att = scores + ((size_t)t * n_heads + h0) * capacity; /* [G][capacity] */
     float *oh = out + ((size_t)t * n_heads + h0) * head_dim;     /* [G][d] */
     const float scale = 1.0f / sqrtf((float)head_dim);
@@ -122,12 +143,11 @@ __global__ void attn_decode_kernel_v2(float *out, const float *q, const float *k
     for (int g0 = 0; g0 < G; g0 += ATTN_GROUP_REGS) {
         const int ng = G - g0 < ATTN_GROUP_REGS ? G - g0 : ATTN_GROUP_REGS;
         for (int p = threadIdx.x; p < n; p += blockDim.x) {
-            const float *kp = kh + (size_t)p * head_dim;
             float dot[ATTN_GROUP_REGS];
             KV_UNROLL
             for (int g = 0; g < ATTN_GROUP_REGS; g++) dot[g] = 0.0f;
             for (int i = 0; i < head_dim; i++) {
-                const float ki = kp[i];
+                const float ki = kv_ld(kh, kf, p, i);
                 KV_UNROLL
                 for (int g = 0; g < ATTN_GROUP_REGS; g++)
                     if (g < ng) dot[g] += qs[(size_t)(g0 + g) * head_dim + i] * ki;
@@ -163,7 +183,7 @@ __global__ void attn_decode_kernel_v2(float *out, const float *q, const float *k
             KV_UNROLL
             for (int g = 0; g < ATTN_GROUP_REGS; g++) acc[g] = 0.0f;
             for (int p = 0; p < n; p++) {
-                const float vi = vh[(size_t)p * head_dim + i];
+                const float vi = kv_ld(vh, vf, p, i);
                 KV_UNROLL
                 for (int g = 0; g < ATTN_GROUP_REGS; g++)
                     if (g < ng) acc[g] += att[(size_t)(g0 + g) * capacity + p] * vi;
@@ -184,22 +204,35 @@ static int check_heads(const char *who, int n_heads, int n_kv_heads, int head_di
 }
 
 /* Launch version @p version (1 or 2; 2 falls back to 1 when its shared memory would not fit)
- * over T tokens; k, v point at one layer, [n_slots][H_kv][capacity][d]. */
-static void launch(int version, float *out, const float *q, const float *k, const float *v,
-                   float *scores, const int *tok_slot, const int *tok_pos, int len, int T,
-                   int n_heads, int n_kv_heads, int head_dim, int capacity)
+ * over T tokens; kp, vp are one layer's planes in format fmt. */
+static void launch(int version, float *out, const float *q, const kv_cache_plane &kp,
+                   const kv_cache_plane &vp, int fmt, const int *qlen, int window, float *scores,
+                   const int *tok_slot, const int *tok_pos, int len, int T, int n_heads,
+                   int n_kv_heads, int head_dim, int capacity)
 {
     const size_t smem2 = v2_smem(n_heads / n_kv_heads, head_dim);
+    if (window < 1) window = 1;
     if (version == 2 && smem2 <= ATTN_SMEM_MAX) {
         dim3 grid(n_kv_heads, T);
-        KV_LAUNCH(attn_decode_kernel_v2, grid, ATTN_THREADS, smem2, 0, out, q, k, v, scores,
-                  tok_slot, tok_pos, len, n_heads, n_kv_heads, head_dim, capacity);
+        KV_LAUNCH(attn_decode_kernel_v2, grid, ATTN_THREADS, smem2, 0, out, q, kp, vp, fmt, qlen,
+                  window, scores, tok_slot, tok_pos, len, n_heads, n_kv_heads, head_dim,
+                  capacity);
     } else {
         dim3 grid(n_heads, T);
         KV_LAUNCH(attn_decode_kernel_v1, grid, ATTN_THREADS, KV_WARP * sizeof(float), 0, out,
-                  q, k, v, scores, tok_slot, tok_pos, len, n_heads, n_kv_heads, head_dim,
-                  capacity);
+                  q, kp, vp, fmt, qlen, window, scores, tok_slot, tok_pos, len, n_heads,
+                  n_kv_heads, head_dim, capacity);
     }
+}
+
+/* fp32 arrays [H_kv][max_seq][d] as a plane: what the plain-array entry points read. */
+static kv_cache_plane f32_plane(const float *x, int head_dim)
+{
+    kv_cache_plane p;
+    memset(&p, 0, sizeof p);
+    p.codes = (uint8_t *)(void *)x;
+    p.row_bytes = (int64_t)head_dim * 4;
+    return p;
 }
 
 int kvcu_attn_decode_version(int version, const float *q, const float *k, const float *v,
@@ -219,8 +252,8 @@ int kvcu_attn_decode_version(int version, const float *q, const float *k, const 
         KV_CUDA_TRY(cudaMalloc(&own, (size_t)n_heads * max_seq * sizeof(float)), err);
         scores = own;
     }
-    launch(version, out, q, k, v, scores, NULL, NULL, len, 1, n_heads, n_kv_heads, head_dim,
-           max_seq);
+    launch(version, out, q, f32_plane(k, head_dim), f32_plane(v, head_dim), KV_QF_F32, NULL, 1,
+           scores, NULL, NULL, len, 1, n_heads, n_kv_heads, head_dim, max_seq);
     cudaError_t e = cudaGetLastError();
     cudaError_t f = own ? cudaFree(own) : cudaSuccess; /* cudaFree waits for the kernel */
     KV_CUDA_TRY(e, err);
@@ -241,10 +274,31 @@ int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const in
     int st = check_heads("kvcu_attention", n_heads, c->n_kv_heads, c->head_dim, err);
     if (st) return st;
     if (T == 0) return KV_OK;
-    const size_t per_layer = (size_t)c->spec.n_slots * c->n_kv_heads * c->spec.capacity *
-                             c->head_dim;
-    launch(2, out, q, c->k + layer * per_layer, c->v + layer * per_layer, scores, tok_slot,
-           tok_pos, 0, T, n_heads, c->n_kv_heads, c->head_dim, c->spec.capacity);
+    const int fmt = c->fmt[layer];
+    launch(2, out, q, c->kp[layer], c->vp[layer], fmt,
+           kvq_is_kivi(fmt) ? c->d_qlen + (size_t)layer * c->spec.n_slots : NULL, c->window,
+           scores, tok_slot, tok_pos, 0, T, n_heads, c->n_kv_heads, c->head_dim,
+           c->spec.capacity);
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
+}
+
+int kvcu_cache_attention(const kvcu_cache *c, int layer, int slot, int pos, const float *q,
+                         float *out, int n_heads, kv_err *err)
+{
+    if (!c || layer < 0 || layer >= c->n_layers || slot < 0 || slot >= c->spec.n_slots ||
+        pos < 0 || pos >= c->spec.capacity)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_attention: layer %d, slot %d, pos %d", layer,
+                       slot, pos);
+    int *dv = NULL, h[2] = {slot, pos};
+    float *scores = NULL; /* [H][capacity] */
+    cudaError_t e = cudaMalloc(&dv, 2 * sizeof(int));
+    if (e == cudaSuccess) e = cudaMemcpy(dv, h, 2 * sizeof(int), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMalloc(&scores, (size_t)n_heads * c->spec.capacity * sizeof(float));
+    int rc = e == cudaSuccess ? kvcu_attention(c, layer, dv, dv + 1, q, out, scores, 1, n_heads, err)
+                              : kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_attention: %s",
+                                        cudaGetErrorString(e));
+    cudaFree(scores); /* waits for the kernel */
+    cudaFree(dv);
+    return rc;
 }

@@ -1,16 +1,32 @@
 /*
- * The device KV cache (chapter 02): the CPU kv_cache's spec and layout in device memory,
- *   k, v  [L][n_slots][H_kv][capacity][d]
- * so its size is the same formula, L · 2 · N · H_kv · d · b bytes. Slot lengths stay on the
- * host (struct kvcu_cache in kvcu_internal.cuh).
+ * The device KV cache (chapters 02 and 04): the CPU kv_cache's spec and layout in device
+ * memory. The planes are laid out by the same kv_cache_layout() as on the CPU, so an fp32
+ * cache is chapter 02's k, v [L][n_slots][H_kv][capacity][d] and a quantized one holds the
+ * same bytes at the same offsets as its CPU twin (tests/test_gpu_quant_cache.c compares
+ * them). Slot lengths and KIVI's quantized counts stay on the host (struct kvcu_cache in
+ * kvcu_internal.cuh); the counts are mirrored to the device for the kernels that read them.
  *
- * cache_write_kernel: one block per new token; the threads copy its H_kv · d keys and values
- *   to position tok_pos[t] of slot tok_slot[t]. Consecutive threads write consecutive dims of
- *   one head's row, so both the reads and the writes are coalesced.
+ * cache_write_kernel: one block per (new token, kv head, K or V). fp32 copies; fp16, bf16
+ *   and fp8 convert each element with the device's native types (cuda_fp16.h, cuda_bf16.h,
+ *   cuda_fp8.h: round to nearest even, fp8 saturating, the bits kv_quant_math.h's software
+ *   conversions give); int8 gives each group of G channels a warp: a shuffle max gives the
+ *   amax, lane 0 writes s = amax / 127, every lane its codes (kvq_int8_encode(), the CPU's
+ *   line). KIVI rows go to the fp32 ring instead, at t % R, for tokens at or past the slot's
+ *   quantized count (earlier ones were just spilled).
+ * fp8_calibrate_kernel: one block per prefilled sequence: each head's amax over the chunk
+ *   (non-finite values skipped), then amax / max per head or the max over heads.
+ * kivi_stage_kernel: gathers the rows a KIVI spill encodes (ring rows of older tokens, input
+ *   rows of new ones) into one [rows][d] run per head; kvcu_quant_encode() then writes codes
+ *   and metadata exactly as kv_quant_encode() does on the CPU.
  */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "kv_quant.h"
 #include "kvcu_internal.cuh"
 
 #define CACHE_THREADS 128
@@ -18,41 +34,6 @@
 /* Limits of kv_cache_create(), so a spec one device refuses the other refuses too. */
 #define KVCU_CACHE_MAX_SLOTS 65536
 #define KVCU_CACHE_MAX_CAPACITY (1 << 24)
-
-/* Why a spec cannot be built: the same rules as kv_cache_create(). Elements of K (and of V)
- * in *n, checked for overflow. */
-static int check_spec(const kv_config *cfg, const kv_cache_spec *spec, size_t *n, kv_err *err)
-{
-    if (!cfg || !spec) return kv_fail(err, KV_ERR_ARG, "kvcu_cache_create: NULL argument");
-    if (spec->layout != KV_LAYOUT_CONTIGUOUS)
-        return kv_fail(err, KV_ERR_UNSUPPORTED,
-                       "kvcu_cache_create: cache layout %d is not supported (contiguous = %d)",
-                       spec->layout, KV_LAYOUT_CONTIGUOUS);
-    if (spec->dtype != KV_DTYPE_F32)
-        return kv_fail(err, KV_ERR_UNSUPPORTED,
-                       "kvcu_cache_create: cache dtype %d is not supported (fp32 = %d)",
-                       spec->dtype, KV_DTYPE_F32);
-    if (spec->n_slots < 1 || spec->n_slots > KVCU_CACHE_MAX_SLOTS)
-        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_create: n_slots %d is outside [1, %d]",
-                       spec->n_slots, KVCU_CACHE_MAX_SLOTS);
-    if (spec->capacity < 1 || spec->capacity > KVCU_CACHE_MAX_CAPACITY)
-        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_create: capacity %d is outside [1, %d]",
-                       spec->capacity, KVCU_CACHE_MAX_CAPACITY);
-    if (cfg->n_layers < 1 || cfg->n_heads < 1 || cfg->n_kv_heads < 1 || cfg->dim < cfg->n_heads)
-        return kv_fail(err, KV_ERR_ARG,
-                       "kvcu_cache_create: bad model shape (L %d, H %d, H_kv %d, dim %d)",
-                       cfg->n_layers, cfg->n_heads, cfg->n_kv_heads, cfg->dim);
-    const size_t factors[5] = {(size_t)cfg->n_layers, (size_t)spec->n_slots,
-                               (size_t)cfg->n_kv_heads, (size_t)spec->capacity,
-                               (size_t)kv_config_head_dim(cfg)};
-    *n = 1;
-    for (int i = 0; i < 5; i++) {
-        if (*n > SIZE_MAX / sizeof(float) / factors[i])
-            return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_create: cache size overflows size_t");
-        *n *= factors[i];
-    }
-    return KV_OK;
-}
 
 /**
  * Allocate a device cache for a model config; the twin of kv_cache_create().
@@ -62,27 +43,76 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
                       kv_err *err)
 {
     *out = NULL;
-    size_t n = 0; /* elements of K, and of V */
-    int st = check_spec(cfg, spec, &n, err);
+    int st = kv_cache_spec_check("kvcu_cache_create", cfg, spec, err);
     if (st) return st;
+    const int L = cfg->n_layers, d = kv_config_head_dim(cfg);
+    /* elements of K (and of V) as fp32, checked for overflow */
+    const size_t factors[5] = {(size_t)L, (size_t)spec->n_slots, (size_t)cfg->n_kv_heads,
+                               (size_t)spec->capacity, (size_t)d};
+    size_t n = 1;
+    for (int i = 0; i < 5; i++) {
+        if (n > SIZE_MAX / sizeof(float) / factors[i])
+            return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_create: cache size overflows size_t");
+        n *= factors[i];
+    }
     kvcu_cache *c = (kvcu_cache *)calloc(1, sizeof *c);
-    if (c) c->len = (int *)calloc((size_t)spec->n_slots, sizeof(int));
-    if (!c || !c->len) {
-        free(c);
+    if (c) {
+        c->len = (int *)calloc((size_t)spec->n_slots, sizeof(int));
+        c->fmt = (int *)calloc((size_t)L, sizeof(int));
+        c->kp = (kv_cache_plane *)calloc((size_t)L, sizeof(kv_cache_plane));
+        c->vp = (kv_cache_plane *)calloc((size_t)L, sizeof(kv_cache_plane));
+        c->qlen = (int *)calloc((size_t)L * spec->n_slots, sizeof(int));
+    }
+    if (!c || !c->len || !c->fmt || !c->kp || !c->vp || !c->qlen) {
+        kvcu_cache_free(c);
         return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_create: host memory");
     }
     c->spec = *spec;
-    c->n_layers = cfg->n_layers;
+    c->n_layers = L;
     c->n_kv_heads = cfg->n_kv_heads;
-    c->head_dim = kv_config_head_dim(cfg);
-    cudaError_t e = cudaMalloc(&c->k, n * sizeof(float));
-    if (e == cudaSuccess) e = cudaMalloc(&c->v, n * sizeof(float));
+    c->head_dim = d;
+    int all_f32 = 1;
+    for (int l = 0; l < L; l++) {
+        c->fmt[l] = kv_cache_spec_layer_dtype(spec, l);
+        all_f32 &= c->fmt[l] == KV_QF_F32;
+        if (kvq_is_kivi(c->fmt[l]))
+            c->window = spec->kivi_window ? spec->kivi_window : KV_KIVI_WINDOW;
+    }
+    const size_t total = kv_cache_layout(spec, L, c->n_kv_heads, d, NULL, c->kp, c->vp);
+    cudaError_t e = cudaMalloc(&c->mem, total);
+    if (e == cudaSuccess) e = cudaMalloc(&c->d_qlen, (size_t)L * spec->n_slots * sizeof(int));
+    if (e == cudaSuccess) e = cudaMemset(c->d_qlen, 0, (size_t)L * spec->n_slots * sizeof(int));
     if (e != cudaSuccess) {
         kvcu_cache_free(c);
         cudaGetLastError(); /* a failed allocation is not sticky: clear it */
         return kv_fail(err, e == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE,
-                       "kvcu_cache_create: could not allocate 2 x %zu bytes of K/V storage on "
-                       "the device: %s", n * sizeof(float), cudaGetErrorString(e));
+                       "kvcu_cache_create: could not allocate %zu bytes of K/V storage on "
+                       "the device: %s", total, cudaGetErrorString(e));
+    }
+    c->mem_bytes = total;
+    kv_cache_layout(spec, L, c->n_kv_heads, d, c->mem, c->kp, c->vp);
+    /* fp8 scales start at 1, as on the CPU (calibration overwrites them at position 0) */
+    const size_t heads = (size_t)spec->n_slots * c->n_kv_heads;
+    float *ones = NULL;
+    for (int l = 0; l < L && e == cudaSuccess; l++)
+        for (int r = 0; r < 2 && e == cudaSuccess; r++) {
+            const kv_cache_plane *p = r ? &c->vp[l] : &c->kp[l];
+            if (!p->scale) continue;
+            if (!ones) {
+                ones = (float *)malloc(heads * sizeof(float));
+                if (!ones) break;
+                for (size_t i = 0; i < heads; i++) ones[i] = 1.0f;
+            }
+            e = cudaMemcpy(p->scale, ones, heads * sizeof(float), cudaMemcpyHostToDevice);
+        }
+    free(ones);
+    if (e != cudaSuccess) {
+        kvcu_cache_free(c);
+        return kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_create: %s", cudaGetErrorString(e));
+    }
+    if (all_f32) {
+        c->k = (float *)(void *)c->kp[0].codes;
+        c->v = (float *)(void *)c->vp[0].codes;
     }
     *out = c;
     return KV_OK;
@@ -92,16 +122,30 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
 void kvcu_cache_free(kvcu_cache *c)
 {
     if (!c) return;
-    cudaFree(c->k);
-    cudaFree(c->v);
+    cudaFree(c->mem);
+    cudaFree(c->d_qlen);
+    cudaFree(c->stage);
     free(c->len);
+    free(c->fmt);
+    free(c->kp);
+    free(c->vp);
+    free(c->qlen);
     free(c);
 }
 
 /** Forget a slot's tokens; the device memory is kept (and not cleared: nothing reads it). */
 void kvcu_cache_reset(kvcu_cache *c, int slot)
 {
-    if (c && slot >= 0 && slot < c->spec.n_slots) c->len[slot] = 0;
+    if (!c || slot < 0 || slot >= c->spec.n_slots) return;
+    c->len[slot] = 0;
+    int any = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        any |= c->qlen[(size_t)l * c->spec.n_slots + slot] != 0;
+        c->qlen[(size_t)l * c->spec.n_slots + slot] = 0;
+    }
+    if (any) /* the device mirror too; a failure here resurfaces at the next checked call */
+        cudaMemcpy(c->d_qlen, c->qlen, (size_t)c->n_layers * c->spec.n_slots * sizeof(int),
+                   cudaMemcpyHostToDevice);
 }
 
 /** Tokens cached in a slot; -1 for a slot out of range (as the CPU backend's length()). */
@@ -110,31 +154,205 @@ int kvcu_cache_length(const kvcu_cache *c, int slot)
     return (c && slot >= 0 && slot < c->spec.n_slots) ? c->len[slot] : -1;
 }
 
-__global__ void cache_write_kernel(float *kc, float *vc, const float *k, const float *v,
-                                   const int *tok_slot, const int *tok_pos, int n_kv_heads,
-                                   int head_dim, int capacity)
+size_t kvcu_cache_mem_bytes(const kvcu_cache *c) { return c ? c->mem_bytes : 0; }
+
+int kvcu_cache_download(const kvcu_cache *c, void *host, size_t bytes, kv_err *err)
 {
-    const int t = blockIdx.x, slot = tok_slot[t], pos = tok_pos[t];
-    const int kv_dim = n_kv_heads * head_dim;
-    for (int e = threadIdx.x; e < kv_dim; e += blockDim.x) {
-        const int h = e / head_dim, i = e % head_dim;
-        const size_t dst = (((size_t)slot * n_kv_heads + h) * capacity + pos) * head_dim + i;
-        kc[dst] = k[(size_t)t * kv_dim + e];
-        vc[dst] = v[(size_t)t * kv_dim + e];
+    if (!c || !host || bytes > c->mem_bytes)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_download: %zu bytes of %zu", bytes,
+                       c ? c->mem_bytes : (size_t)0);
+    KV_CUDA_TRY(cudaMemcpy(host, c->mem, bytes, cudaMemcpyDeviceToHost), err);
+    return KV_OK;
+}
+
+/* ---- writing ------------------------------------------------------------------------------ */
+
+/* Block (t, h, r): row h of token t's keys (r = 0) or values (r = 1) into its plane. */
+__global__ void cache_write_kernel(int fmt, kv_cache_plane kp, kv_cache_plane vp,
+                                   const float *k, const float *v, const int *tok_slot,
+                                   const int *tok_pos, const int *qlen, int n_kv_heads, int d,
+                                   int capacity, int window)
+{
+    const int t = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
+    const int slot = tok_slot[t], pos = tok_pos[t];
+    const kv_cache_plane *p = r ? &vp : &kp;
+    const float *x = (r ? v : k) + ((size_t)t * n_kv_heads + h) * d; /* [d] */
+    const int64_t head = (int64_t)slot * n_kv_heads + h;
+    if (kvq_is_kivi(fmt)) {
+        if (pos < qlen[slot]) return; /* spilled before this launch, from the input rows */
+        float *ring = p->ring + (head * window + pos % window) * d;
+        for (int j = threadIdx.x; j < d; j += blockDim.x) ring[j] = x[j];
+        return;
+    }
+    uint8_t *row = p->codes + (head * capacity + pos) * p->row_bytes;
+    if (kvq_is_int8(fmt)) {
+        const int g = kvq_row_group(fmt, KV_QROLE_VALUE, d), ng = d / g;
+        const int lane = threadIdx.x % KV_WARP, warp = threadIdx.x / KV_WARP;
+        float *meta = (float *)p->meta + head * p->meta_entries + (int64_t)pos * ng;
+        for (int gi = warp; gi < ng; gi += blockDim.x / KV_WARP) {
+            const float *xg = x + gi * g;
+            float amax = 0.0f, bad = 0.0f;
+            for (int i = lane; i < g; i += KV_WARP) {
+                bad = fmaxf(bad, kvq_nonfinite(xg[i]) ? 1.0f : 0.0f);
+                amax = fmaxf(amax, fabsf(xg[i]));
+            }
+            bad = kv_warp_max(bad);
+            amax = kv_warp_max(amax);
+            const float s = bad > 0.0f ? kvq_bits_f32(KVQ_F32_NAN) : kvq_int8_scale(amax);
+            if (lane == 0) meta[gi] = s;
+            for (int i = lane; i < g; i += KV_WARP)
+                row[gi * g + i] = bad > 0.0f ? 0 : (uint8_t)kvq_int8_encode(xg[i], s);
+        }
+        return;
+    }
+    const float scale = p->scale ? p->scale[head] : 1.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        const float xv = x[j];
+        switch (fmt) {
+        case KV_QF_F32: ((float *)row)[j] = xv; break;
+        case KV_QF_F16: ((unsigned short *)row)[j] = __half_as_ushort(__float2half_rn(xv)); break;
+        case KV_QF_BF16:
+            ((unsigned short *)row)[j] = __bfloat16_as_ushort(__float2bfloat16_rn(xv));
+            break;
+        case KV_QF_FP8_E4M3: row[j] = __nv_fp8_e4m3(__fdiv_rn(xv, scale)).__x; break;
+        case KV_QF_FP8_E5M2: row[j] = __nv_fp8_e5m2(__fdiv_rn(xv, scale)).__x; break;
+        }
     }
 }
 
-int kvcu_cache_write(kvcu_cache *c, int layer, const int *tok_slot, const int *tok_pos,
-                     const float *k, const float *v, int T, kv_err *err)
+/* One block: the fp8 scales of one slot from its prefill chunk x [n][H_kv][d]. */
+__global__ void fp8_calibrate_kernel(int fmt, const float *x, int n, int n_kv_heads, int d,
+                                     int per_head, float *scales)
+{
+    KV_DYNAMIC_SMEM(float, smem);
+    float *red = smem, *amax = smem + KV_WARP; /* [32] reduction, [H_kv] amax per head */
+    for (int h = 0; h < n_kv_heads; h++) {
+        float m = 0.0f;
+        for (int64_t i = threadIdx.x; i < (int64_t)n * d; i += blockDim.x) {
+            const float xv = x[((i / d) * n_kv_heads + h) * d + i % d];
+            if (!kvq_nonfinite(xv)) m = fmaxf(m, fabsf(xv));
+        }
+        m = kv_block_max(m, red);
+        if (threadIdx.x == 0) amax[h] = m;
+    }
+    if (threadIdx.x == 0) {
+        float all = 0.0f;
+        for (int h = 0; h < n_kv_heads; h++) all = fmaxf(all, amax[h]);
+        for (int h = 0; h < n_kv_heads; h++) {
+            const float a = per_head ? amax[h] : all; /* kv_quant_fp8_scale() */
+            scales[h] = (a > 0.0f && !kvq_nonfinite(a)) ? KVQ_DIV(a, kvq_fp8_max(fmt)) : 1.0f;
+        }
+    }
+}
+
+/* Block (i, h, r): row q0 + i of head h's keys (r = 0) or values into stage [2][H_kv][rows][d]:
+ * from the ring when the token is older than the chunk, else from the chunk's input. */
+__global__ void kivi_stage_kernel(float *stage, kv_cache_plane kp, kv_cache_plane vp,
+                                  const float *k, const float *v, int slot, int pos, int q0,
+                                  int rows, int n_kv_heads, int d, int window)
+{
+    const int i = blockIdx.x, h = blockIdx.y, r = blockIdx.z, t = q0 + i;
+    const kv_cache_plane *p = r ? &vp : &kp;
+    const int64_t head = (int64_t)slot * n_kv_heads + h;
+    const float *src = t < pos ? p->ring + (head * window + t % window) * d
+                               : (r ? v : k) + ((size_t)(t - pos) * n_kv_heads + h) * d;
+    float *dst = stage + (((size_t)r * n_kv_heads + h) * rows + i) * d;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = src[j];
+}
+
+int kvcu_cache_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_seqs,
+                     const int *tok_slot, const int *tok_pos, const float *k, const float *v,
+                     int T, kv_err *err)
 {
     if (layer < 0 || layer >= c->n_layers)
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write: layer %d of %d", layer, c->n_layers);
     if (T == 0) return KV_OK;
-    const size_t per_layer = (size_t)c->spec.n_slots * c->n_kv_heads * c->spec.capacity *
-                             c->head_dim;
-    KV_LAUNCH(cache_write_kernel, T, CACHE_THREADS, 0, 0, c->k + layer * per_layer,
-              c->v + layer * per_layer, k, v, tok_slot, tok_pos, c->n_kv_heads, c->head_dim,
-              c->spec.capacity);
+    const int fmt = c->fmt[layer], Hkv = c->n_kv_heads, d = c->head_dim, R = c->window;
+    const size_t kvdim = (size_t)Hkv * d;
+    kv_cache_plane *kp = &c->kp[layer], *vp = &c->vp[layer];
+    if (kvq_is_fp8(fmt)) /* calibrate each sequence that starts at position 0 on its chunk */
+        for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
+            if (seqs[i].pos != 0) continue;
+            const size_t smem = (KV_WARP + (size_t)Hkv) * sizeof(float);
+            float *sk = kp->scale + (size_t)seqs[i].slot * Hkv, *sv = vp->scale + (size_t)seqs[i].slot * Hkv;
+            KV_LAUNCH(fp8_calibrate_kernel, 1, CACHE_THREADS, smem, 0, fmt, k + t * kvdim,
+                      seqs[i].n_tokens, Hkv, d, c->spec.fp8_per_head, sk);
+            KV_LAUNCH(fp8_calibrate_kernel, 1, CACHE_THREADS, smem, 0, fmt, v + t * kvdim,
+                      seqs[i].n_tokens, Hkv, d, c->spec.fp8_per_head, sv);
+            KV_CUDA_TRY_LAUNCH(err);
+        }
+    if (kvq_is_kivi(fmt)) { /* spill what no longer fits the window (kv_cache_write_seq()) */
+        int changed = 0;
+        for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
+            const int slot = seqs[i].slot, pos = seqs[i].pos, n = seqs[i].n_tokens;
+            int *qlen = &c->qlen[(size_t)layer * c->spec.n_slots + slot];
+            const int q0 = *qlen, over = pos + n - R;
+            if (over <= q0) continue;
+            const int q1 = (over + KV_KIVI_GROUP - 1) / KV_KIVI_GROUP * KV_KIVI_GROUP;
+            const int rows = q1 - q0;
+            const size_t need = (size_t)2 * Hkv * rows * d * sizeof(float);
+            if (need > c->stage_bytes) {
+                cudaFree(c->stage);
+                c->stage = NULL;
+                c->stage_bytes = 0;
+                KV_CUDA_TRY(cudaMalloc(&c->stage, need), err);
+                c->stage_bytes = need;
+            }
+            dim3 grid(rows, Hkv, 2);
+            KV_LAUNCH(kivi_stage_kernel, grid, CACHE_THREADS, 0, 0, c->stage, *kp, *vp,
+                      k + t * kvdim, v + t * kvdim, slot, pos, q0, rows, Hkv, d, R);
+            KV_CUDA_TRY_LAUNCH(err);
+            for (int r = 0; r < 2; r++)
+                for (int h = 0; h < Hkv; h++) {
+                    const kv_cache_plane *p = r ? vp : kp;
+                    const int role = r ? KV_QROLE_VALUE : KV_QROLE_KEY;
+                    const int64_t head = (int64_t)slot * Hkv + h;
+                    uint8_t *codes = p->codes + (head * c->spec.capacity + q0) * p->row_bytes;
+                    uint8_t *meta = (uint8_t *)p->meta +
+                                    (head * p->meta_entries + kvq_meta_index(fmt, role, q0, 0, d)) * 4;
+                    int rc = kvcu_quant_encode(fmt, role, c->stage + ((size_t)r * Hkv + h) * rows * d,
+                                               rows, d, 0.0f, codes, meta, err);
+                    if (rc) return rc;
+                }
+            *qlen = q1;
+            changed = 1;
+        }
+        if (changed)
+            KV_CUDA_TRY(cudaMemcpy(c->d_qlen, c->qlen,
+                                   (size_t)c->n_layers * c->spec.n_slots * sizeof(int),
+                                   cudaMemcpyHostToDevice), err);
+    }
+    dim3 grid(T, Hkv, 2);
+    KV_LAUNCH(cache_write_kernel, grid, CACHE_THREADS, 0, 0, fmt, *kp, *vp, k, v, tok_slot,
+              tok_pos, c->d_qlen + (size_t)layer * c->spec.n_slots, Hkv, d, c->spec.capacity,
+              R > 0 ? R : 1);
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
+}
+
+int kvcu_cache_write_seq(kvcu_cache *c, int layer, int slot, int pos, int n, const float *k,
+                         const float *v, kv_err *err)
+{
+    if (!c || slot < 0 || slot >= c->spec.n_slots || n < 1 || pos < 0 ||
+        (int64_t)pos + n > c->spec.capacity)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_seq: slot %d, pos %d, n %d", slot, pos, n);
+    int *h = (int *)malloc(2 * (size_t)n * sizeof(int)), *dv = NULL;
+    if (!h) return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_write_seq: host memory");
+    for (int i = 0; i < n; i++) {
+        h[i] = slot;
+        h[n + i] = pos + i;
+    }
+    cudaError_t e = cudaMalloc(&dv, 2 * (size_t)n * sizeof(int));
+    if (e == cudaSuccess) e = cudaMemcpy(dv, h, 2 * (size_t)n * sizeof(int), cudaMemcpyHostToDevice);
+    free(h);
+    if (e != cudaSuccess) {
+        cudaFree(dv);
+        return kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_write_seq: %s", cudaGetErrorString(e));
+    }
+    kv_seq s = {slot, pos, n, NULL};
+    int rc = kvcu_cache_write(c, layer, &s, 1, dv, dv + n, k, v, n, err);
+    e = cudaFree(dv); /* waits for the kernels */
+    if (!rc && e != cudaSuccess)
+        rc = kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_write_seq: %s", cudaGetErrorString(e));
+    return rc;
 }

@@ -299,7 +299,7 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
         KVCU_TRY(kvcu_rope(q, d_pos, T, H, d, p->rotary_dim, p->rope_theta, err));
         KVCU_TRY(kvcu_rope(k, d_pos, T, p->n_kv_heads, d, p->rotary_dim, p->rope_theta, err));
         /* every row's K/V first, so a prefill row can attend to the rows before it */
-        KVCU_TRY(kvcu_cache_write(c, l, d_slot, d_pos, k, v, T, err));
+        KVCU_TRY(kvcu_cache_write(c, l, seqs, n_seqs, d_slot, d_pos, k, v, T, err));
         for (int r0 = 0; r0 < T; r0 += rows) {
             const int nr = T - r0 < rows ? T - r0 : rows;
             KVCU_TRY(kvcu_attention(c, l, d_slot + r0, d_pos + r0, q + (size_t)r0 * qdim,

@@ -94,6 +94,20 @@ int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_
  */
 int kvcu_quant_encode(int fmt, int role, const float *x, int64_t n, int d, float scale,
                       void *codes, void *meta, kv_err *err);
+/**
+ * GPU twin of kv_cache_write_seq(): n tokens' k, v [n][H_kv][d] (device) at positions
+ * pos .. pos+n-1 of @p slot in @p layer, quantized into the layer's format with the CPU's
+ * bytes. The slot's length is the caller's, as on the CPU.
+ */
+int kvcu_cache_write_seq(kvcu_cache *c, int layer, int slot, int pos, int n, const float *k,
+                         const float *v, kv_err *err);
+/** GPU twin of kv_attention(): q, out [H][d] device; positions 0..pos of @p slot. */
+int kvcu_cache_attention(const kvcu_cache *c, int layer, int slot, int pos, const float *q,
+                         float *out, int n_heads, kv_err *err);
+/** Bytes of the device cache's one buffer (the CPU kv_cache's mem_bytes for the same spec). */
+size_t kvcu_cache_mem_bytes(const kvcu_cache *c);
+/** Copy the first @p bytes of the device cache's buffer to @p host (same layout as kv_cache.mem). */
+int kvcu_cache_download(const kvcu_cache *c, void *host, size_t bytes, kv_err *err);
 /** GPU twin of kv_quant_decode(): x [n][d] device out. */
 int kvcu_quant_decode(int fmt, int role, const void *codes, const void *meta, int64_t n, int d,
                       float scale, float *x, kv_err *err);

@@ -12,28 +12,44 @@
 #include "kv_cuda.cuh"
 #include "kvcu.h"
 
-/* The device cache: the same spec and the same layout as the CPU's kv_cache, so a chapter's
- * figure of the memory holds for both. Slot lengths live on the host: the batch checks and
- * the launch sizes need them there, and the kernels get each token's position explicitly. */
+/* The device cache: the same spec and the same layout as the CPU's kv_cache (planes placed
+ * by kv_cache_layout()), so a chapter's figure of the memory holds for both. Slot lengths
+ * and KIVI's quantized counts live on the host: the batch checks, the spill decisions and
+ * the launch sizes need them there; kernels get each token's position explicitly and the
+ * counts from the d_qlen mirror. */
 struct kvcu_cache {
     kv_cache_spec spec;
     int n_layers, n_kv_heads, head_dim;
-    float *k;  /* device [L][n_slots][H_kv][capacity][d] */
-    float *v;  /* device [L][n_slots][H_kv][capacity][d] */
-    int *len;  /* host [n_slots] tokens currently stored per slot */
+    int window;          /* KIVI window R (0 when no layer is KIVI) */
+    float *k;            /* device, all-fp32 caches: [L][n_slots][H_kv][capacity][d], else NULL */
+    float *v;            /* device, all-fp32 caches: [L][n_slots][H_kv][capacity][d], else NULL */
+    int *len;            /* host [n_slots] tokens currently stored per slot */
+    int *fmt;            /* host [L] storage format of each layer */
+    kv_cache_plane *kp;  /* host [L], device pointers: K planes */
+    kv_cache_plane *vp;  /* host [L], device pointers: V planes */
+    int *qlen;           /* host [L][n_slots] KIVI tokens already quantized */
+    int *d_qlen;         /* device mirror of qlen */
+    uint8_t *mem;        /* device: every plane */
+    size_t mem_bytes;
+    float *stage;        /* device scratch of a KIVI spill: [2][H_kv][rows][d] */
+    size_t stage_bytes;
 };
 
 /**
  * Store the K and V rows of T tokens of one layer: token t goes to position tok_pos[t] of
- * slot tok_slot[t] (twin of calling kv_cache_write() once per token).
+ * slot tok_slot[t] (twin of kv_cache_write_seq() once per sequence), quantizing into the
+ * layer's format; @p seqs (host) are the step's sequences, whose rows are consecutive in
+ * k / v, for the per-sequence work (fp8 calibration at position 0, KIVI spills).
  * k, v [T][H_kv][d] device; tok_slot, tok_pos [T] device.
  */
-int kvcu_cache_write(kvcu_cache *c, int layer, const int *tok_slot, const int *tok_pos,
-                     const float *k, const float *v, int T, kv_err *err);
+int kvcu_cache_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_seqs,
+                     const int *tok_slot, const int *tok_pos, const float *k, const float *v,
+                     int T, kv_err *err);
 
 /**
  * Attention of T query tokens over one layer of the cache (twin of calling kv_attention()
- * once per token): token t reads positions 0 .. tok_pos[t] of slot tok_slot[t].
+ * once per token): token t reads positions 0 .. tok_pos[t] of slot tok_slot[t], dequantizing
+ * K and V inside the loops (kv_cache_elem()).
  * q, out [T][H][d] device; tok_slot, tok_pos [T] device;
  * scores [T][H][capacity] device scratch.
  */

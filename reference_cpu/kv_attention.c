@@ -19,6 +19,7 @@
 #include "kv_ops.h"
 
 #include <math.h>
+#include <string.h>
 
 /*
  * out = softmax(q·K^T / sqrt(d)) V for one head, positions 0..len-1 in order.
@@ -74,17 +75,79 @@ int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
     return KV_OK;
 }
 
+/* Row t of a head view into out [d]: kv_cache_elem() for every j, with the format's switch
+ * and the row's metadata lookups hoisted out of the loop (the per-element arithmetic is
+ * kv_quant_math.h's, so the values are kv_cache_elem()'s bit for bit; test_quant_cache checks
+ * it). This is the CPU's share of "dequantize inside attention": one row at a time, in a
+ * d-float scratch, never the whole cache. */
+void kv_attn_row(const kv_head_view *h, int64_t t, float *out)
+{
+    const int d = h->d;
+    if (t >= h->q) {
+        memcpy(out, h->ring + (t % h->window) * d, (size_t)d * sizeof(float));
+        return;
+    }
+    const uint8_t *row = h->codes + t * kvq_row_bytes(h->fmt, d);
+    switch (h->fmt) {
+    case KV_QF_F16: case KV_QF_BF16: {
+        uint16_t b[256];
+        for (int j0 = 0; j0 < d; j0 += 256) {
+            const int n = d - j0 < 256 ? d - j0 : 256;
+            memcpy(b, row + (size_t)j0 * 2, (size_t)n * 2);
+            if (h->fmt == KV_QF_F16)
+                for (int j = 0; j < n; j++) out[j0 + j] = kvq_f16_to_f32(b[j]);
+            else
+                for (int j = 0; j < n; j++) out[j0 + j] = kvq_bf16_to_f32(b[j]);
+        }
+        return;
+    }
+    case KV_QF_FP8_E4M3: case KV_QF_FP8_E5M2:
+        for (int j = 0; j < d; j++)
+            out[j] = kvq_fp8_to_f32(row[j], h->fmt == KV_QF_FP8_E5M2) * h->scale;
+        return;
+    case KV_QF_INT8: case KV_QF_INT8_G32: case KV_QF_INT8_G64: case KV_QF_INT8_G128: {
+        const int g = kvq_row_group(h->fmt, h->role, d);
+        const float *s = (const float *)h->meta + kvq_meta_index(h->fmt, h->role, t, 0, d);
+        for (int j0 = 0; j0 < d; j0 += g) { /* group by group: no division per element */
+            const float sg = s[j0 / g];
+            for (int j = j0; j < j0 + g; j++) out[j] = kvq_int8_decode((int8_t)row[j], sg);
+        }
+        return;
+    }
+    case KV_QF_INT4_KIVI: case KV_QF_INT2_KIVI: {
+        const kv_qsz *m = (const kv_qsz *)h->meta + kvq_meta_index(h->fmt, h->role, t, 0, d);
+        const int per_channel = h->role == KV_QROLE_KEY; /* keys: one entry per channel */
+        /* kvq_unpack() with the bit width a constant of each branch */
+        if (h->fmt == KV_QF_INT4_KIVI)
+            for (int j = 0; j < d; j++) {
+                const kv_qsz p = m[per_channel ? j : j / KV_KIVI_GROUP];
+                out[j] = kvq_asym_decode(kvq_unpack(row, j, 4), kvq_f16_to_f32(p.scale),
+                                         kvq_f16_to_f32(p.zero));
+            }
+        else
+            for (int j = 0; j < d; j++) {
+                const kv_qsz p = m[per_channel ? j : j / KV_KIVI_GROUP];
+                out[j] = kvq_asym_decode(kvq_unpack(row, j, 2), kvq_f16_to_f32(p.scale),
+                                         kvq_f16_to_f32(p.zero));
+            }
+        return;
+    }
+    default:
+        for (int j = 0; j < d; j++) out[j] = kv_cache_elem(h, t, j);
+    }
+}
+
 /* attend_head() over a quantized cache (chapter 04): the same three passes, with each K and
- * V row dequantized inside the loop into a d-float run (kv_cache_elem(): kv_quant_math.h's
- * kvq_decode_element(), the very code the CUDA kernels inline, or the KIVI fp32 window) and
- * never materialized for the whole cache. row [d] scratch. */
+ * V row dequantized as it is read (kv_attn_row(): kv_quant_math.h's per-element decode, the
+ * code the CUDA kernels inline, or the KIVI fp32 window for the newest rows).
+ * row [d] scratch. */
 static void attend_head_view(const float *qh, const kv_head_view *kh, const kv_head_view *vh,
                              float *oh, float *att, float *row, int d, int len)
 {
     const float scale = 1.0f / sqrtf((float)d);
     float max = -INFINITY;
     for (int p = 0; p < len; p++) {
-        for (int j = 0; j < d; j++) row[j] = kv_cache_elem(kh, p, j);
+        kv_attn_row(kh, p, row);
         att[p] = kv_dot(qh, row, d) * scale;
         if (att[p] > max) max = att[p];
     }
@@ -96,7 +159,7 @@ static void attend_head_view(const float *qh, const kv_head_view *kh, const kv_h
     for (int i = 0; i < d; i++) oh[i] = 0.0f;
     for (int p = 0; p < len; p++) {
         const float w = att[p];
-        for (int j = 0; j < d; j++) row[j] = kv_cache_elem(vh, p, j);
+        kv_attn_row(vh, p, row);
         for (int i = 0; i < d; i++) oh[i] += w * row[i];
     }
     const float inv = 1.0f / sum;

@@ -3,7 +3,8 @@
  * The one attention family (DESIGN.md §2), CPU reference.
  *
  * kv_attn_decode() is the math on plain arrays; kv_attention() reads a ::kv_cache through
- * its spec and calls the right member of the family. Later chapters add layouts, dtypes and
+ * its spec and calls the right member of the family: fp32 rows directly, any chapter 04
+ * storage format dequantized row by row inside the loops (kv_attn_row()). Later chapters add layouts, dtypes and
  * retention to kv_attention(), never a private copy.
  */
 #ifndef KV_ATTENTION_H
@@ -61,6 +62,13 @@ int kv_attention(const kv_cache *c, int layer, int slot, int pos, const float *q
  */
 void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, int n_heads,
                        const float *qh, float *oh, float *att);
+
+/**
+ * Row @p t of a cache head view dequantized into out [d] (chapter 04): equal, bit for bit,
+ * to kv_cache_elem() for every j, with the format's switch hoisted out of the loop. What the
+ * CPU attention reads a quantized K or V row with.
+ */
+void kv_attn_row(const kv_head_view *h, int64_t t, float *out);
 
 #ifdef __cplusplus
 }

@@ -110,6 +110,41 @@ static void plane_sizes(int fmt, int role, int64_t heads, int capacity, int d, i
 
 static size_t align_up(size_t n) { return (n + KV_CACHE_ALIGN - 1) / KV_CACHE_ALIGN * KV_CACHE_ALIGN; }
 
+size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, int d,
+                       uint8_t *base, kv_cache_plane *kp, kv_cache_plane *vp)
+{
+    /* First the codes of every layer's K, then of every layer's V, each run back to back
+     * (4-byte aligned), so an all-fp32 cache is exactly chapter 02's
+     * k [L][n_slots][H_kv][capacity][d] followed by v; then metadata, scales and rings,
+     * each 64-byte aligned. */
+    const int64_t heads = (int64_t)spec->n_slots * n_kv_heads;
+    const int window = spec->kivi_window ? spec->kivi_window : KV_KIVI_WINDOW;
+    size_t at = 0;
+    for (int part = 0; part < 4; part++)
+        for (int role = 0; role < 2; role++)
+            for (int l = 0; l < n_layers; l++) {
+                const int f = kv_cache_spec_layer_dtype(spec, l);
+                const int r = role == 0 ? KV_QROLE_KEY : KV_QROLE_VALUE;
+                kv_cache_plane *p = role == 0 ? &kp[l] : &vp[l];
+                size_t sz[4];
+                plane_sizes(f, r, heads, spec->capacity, d, window, sz);
+                at = part == 0 ? (at + 3) / 4 * 4 : align_up(at);
+                if (part == 0) {
+                    memset(p, 0, sizeof *p);
+                    p->row_bytes = kvq_row_bytes(f, d);
+                    p->meta_entries = (int64_t)(kv_quant_meta_bytes(f, r, spec->capacity, d) / 4);
+                }
+                if (base && sz[part]) {
+                    if (part == 0) p->codes = base + at;
+                    if (part == 1) p->meta = base + at;
+                    if (part == 2) p->scale = (float *)(void *)(base + at);
+                    if (part == 3) p->ring = (float *)(void *)(base + at);
+                }
+                at += sz[part];
+            }
+    return align_up(at);
+}
+
 int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec, kv_err *err)
 {
     if (!c) return kv_fail(err, KV_ERR_ARG, "kv_cache_create: NULL argument");
@@ -142,51 +177,21 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
         kv_cache_free(c);
         return kv_fail(err, KV_ERR_NOMEM, "kv_cache_create: host memory for the cache tables");
     }
-    /* Lay the planes out: first the codes of every layer's K, then of every layer's V, each
-     * run back to back (4-byte aligned), so an all-fp32 cache is exactly chapter 02's
-     * k [L][n_slots][H_kv][capacity][d] then v; then metadata, scales and rings, 64-aligned. */
     int all_f32 = 1;
     for (int l = 0; l < L; l++) {
-        const int f = c->fmt[l] = kv_cache_spec_layer_dtype(spec, l);
-        all_f32 &= f == KV_QF_F32;
-        if (kvq_is_kivi(f)) c->window = window;
+        c->fmt[l] = kv_cache_spec_layer_dtype(spec, l);
+        all_f32 &= c->fmt[l] == KV_QF_F32;
+        if (kvq_is_kivi(c->fmt[l])) c->window = window;
     }
-    size_t total = 0;
-    for (int pass = 0; pass < 2; pass++) { /* 0: count, 1: assign */
-        uint8_t *base = c->mem;
-        size_t at = 0;
-        for (int part = 0; part < 4; part++)
-            for (int role = 0; role < 2; role++)
-                for (int l = 0; l < L; l++) {
-                    const int f = c->fmt[l], r = role == 0 ? KV_QROLE_KEY : KV_QROLE_VALUE;
-                    kv_cache_plane *p = role == 0 ? &c->kp[l] : &c->vp[l];
-                    size_t sz[4];
-                    plane_sizes(f, r, heads, spec->capacity, d, window, sz);
-                    at = part == 0 ? (at + 3) / 4 * 4 : align_up(at);
-                    if (pass == 1 && sz[part]) {
-                        if (part == 0) p->codes = base + at;
-                        if (part == 1) p->meta = base + at;
-                        if (part == 2) p->scale = (float *)(void *)(base + at);
-                        if (part == 3) p->ring = (float *)(void *)(base + at);
-                    }
-                    if (pass == 1 && part == 0) {
-                        p->row_bytes = kvq_row_bytes(f, d);
-                        p->meta_entries = (int64_t)(kv_quant_meta_bytes(f, r, spec->capacity, d) / 4);
-                    }
-                    at += sz[part];
-                }
-        if (pass == 0) {
-            total = align_up(at);
-            c->mem = kv_calloc(total);
-            if (!c->mem) {
-                kv_cache_free(c);
-                return kv_fail(err, KV_ERR_NOMEM,
-                               "kv_cache_create: could not allocate %zu bytes of K/V storage",
-                               total);
-            }
-            c->mem_bytes = total;
-        }
+    const size_t total = kv_cache_layout(spec, L, cfg->n_kv_heads, d, NULL, c->kp, c->vp);
+    c->mem = kv_calloc(total);
+    if (!c->mem) {
+        kv_cache_free(c);
+        return kv_fail(err, KV_ERR_NOMEM,
+                       "kv_cache_create: could not allocate %zu bytes of K/V storage", total);
     }
+    c->mem_bytes = total;
+    kv_cache_layout(spec, L, cfg->n_kv_heads, d, c->mem, c->kp, c->vp);
     for (int l = 0; l < L; l++)
         for (int role = 0; role < 2; role++) {
             kv_cache_plane *p = role == 0 ? &c->kp[l] : &c->vp[l];

@@ -167,6 +167,14 @@ void kv_cache_reset(kv_cache *c, int slot);
  * windows. */
 size_t kv_cache_bytes(const kv_cache *c);
 
+/**
+ * Lay out the planes of a cache built from @p spec in one buffer of the returned size and
+ * point @p kp, @p vp [n_layers] into @p base (NULL: sizes only, pointers left NULL). Shared
+ * by kv_cache_create() and the CUDA cache, so both hold the same bytes at the same offsets.
+ */
+size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, int d,
+                       uint8_t *base, kv_cache_plane *kp, kv_cache_plane *vp);
+
 /** The view attention reads for (layer, slot, kv head), K (@p role KV_QROLE_KEY) or V. */
 kv_head_view kv_cache_view(const kv_cache *c, int layer, int slot, int kvh, int role);
 

@@ -206,8 +206,8 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
             }
         }
         /* dynamic: in a prefill later rows attend over more positions than earlier ones;
-         * one thread below 2^18 multiply-adds, the threshold kv_ops.c uses */
-        #pragma omp parallel for collapse(2) schedule(dynamic) if (attn_work >= (1 << 18))
+         * one thread below 2^18 multiply-adds or on a busy machine (kv_parallel_worth) */
+        #pragma omp parallel for collapse(2) schedule(dynamic) if (kv_parallel_worth(attn_work))
         for (int t = 0; t < T; t++)
             for (int h = 0; h < H; h++) {
                 float *scores = att + (size_t)omp_get_thread_num() * max_len;

@@ -8,7 +8,8 @@
  * keys); after the haystack the questions follow one by one, each answer appended before the
  * next question, so one prefill serves every depth.
  *
- * A cache variant is a spec string ("fp32" today) with the outcome the chapter predicts for
+ * A cache variant is a spec string ("fp32", or a chapter 04 storage format such as "int8",
+ * "int4/w64", "fp8-e5m2/head": kv_needle_cache_spec()) with the outcome the chapter predicts for
  * it, e.g. "all" (every cell passes) or "within:W" (passes iff the needle is at most W tokens
  * before its question). Later chapters add variants to kv_needle_cache_spec() and predictions
  * to ::kv_needle_rule.

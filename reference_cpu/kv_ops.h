@@ -19,10 +19,23 @@ extern "C" {
 void kv_rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps);
 
 /**
- * a · b over n elements in one fixed order: eight partial sums (element j goes to sum j mod 8),
- * folded 0..7, then the tail n mod 8 in order. Every dot product of kv_matmul and of attention.
+ * a · b over n elements in one fixed order: sixteen partial sums (element j goes to sum
+ * j mod 16), folded as a tree (sum l + 8 into l, then + 4, + 2, + 1), then the tail n mod 16
+ * in order. Every dot product of kv_matmul and of attention.
  */
 float kv_dot(const float *a, const float *b, int n);
+
+/**
+ * 1 when an op of @p work multiply-adds is worth an OpenMP parallel region: work >= 2^18,
+ * more than one thread, and not more runnable tasks than cores on the machine (kv_ops.c: on
+ * a busy machine a region waits for scheduler slices). A speed choice only: every op here
+ * gives the same bits on any number of threads.
+ */
+int kv_parallel_worth(int64_t work);
+
+/** @p yes = 1: kv_parallel_worth() and the ops ignore the machine's load (tests that compare
+ * thread counts need the team to run even on a busy machine); 0: back to the default. */
+void kv_parallel_ignore_load(int yes);
 
 /** y[t][i] = sum_j W[i][j] x[t][j];  x [T][in], W [out][in], y [T][out]. */
 void kv_matmul(float *y, const float *x, const float *W, int T, int in, int out);

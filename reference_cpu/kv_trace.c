@@ -116,8 +116,9 @@ int kv_trace_format(const kv_trace *t, const char *comment, char **text, kv_err 
         n += (size_t)snprintf(buf + n, cap - n, "# %.*s\n", (int)len, c);
         c += len + (e ? 1 : 0);
     }
-    for (int p = 0; p < t->n_prefixes; p++)
-        n += (size_t)snprintf(buf + n, cap - n, "#prefix,%d,%d\n", p, t->prefix_len[p]);
+    for (int p = 0; p < t->n_prefixes; p++) /* ids may skip: write only the declared ones */
+        if (t->prefix_len[p] > 0)
+            n += (size_t)snprintf(buf + n, cap - n, "#prefix,%d,%d\n", p, t->prefix_len[p]);
     n += (size_t)snprintf(buf + n, cap - n, "%s\n", HEADER);
     for (int i = 0; i < t->n; i++) {
         const kv_request *q = &t->req[i];
@@ -188,9 +189,11 @@ static int parse_line(char *line, int lineno, kv_trace *t, int *cap, kv_err *err
     char *end;
     errno = 0;
     q.arrival_s = strtod(f[0], &end);
-    if (end == f[0] || *end || errno || !isfinite(q.arrival_s) || q.arrival_s < 0)
-        return kv_fail(err, KV_ERR_FORMAT, "trace line %d: arrival_s \"%s\" is not a number >= 0",
-                       lineno, f[0]);
+    /* bounded, so kv_trace_format's "%.3f" fits its row budget (1e300 would print 300 digits) */
+    if (end == f[0] || *end || errno || !isfinite(q.arrival_s) || q.arrival_s < 0 ||
+        q.arrival_s > KV_TRACE_MAX_ARRIVAL)
+        return kv_fail(err, KV_ERR_FORMAT, "trace line %d: arrival_s \"%s\" is not a number in "
+                       "[0, %g]", lineno, f[0], KV_TRACE_MAX_ARRIVAL);
     if (t->n > 0 && q.arrival_s < t->req[t->n - 1].arrival_s)
         return kv_fail(err, KV_ERR_FORMAT, "trace line %d: arrival %.3f before the previous "
                        "request's %.3f (rows must be sorted)", lineno, q.arrival_s,

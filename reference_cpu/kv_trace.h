@@ -33,6 +33,7 @@ extern "C" {
 #define KV_TRACE_MAX_PREFIXES 64
 #define KV_TRACE_MAX_LEN (1 << 20) /* longest prompt or output a trace may ask for */
 #define KV_TRACE_MAX_FANOUT 64     /* largest n_samples or beam_width */
+#define KV_TRACE_MAX_ARRIVAL 1e9   /* latest arrival_s a trace may hold (about 31 years) */
 
 /** One request. */
 typedef struct {
@@ -96,9 +97,10 @@ int kv_trace_format(const kv_trace *t, const char *comment, char **text, kv_err 
 
 /**
  * Parse file text. KV_ERR_FORMAT naming the line and the problem: missing or wrong header,
- * wrong field count, a field that is not a number, negative or decreasing arrivals, lengths
- * < 1 or > KV_TRACE_MAX_LEN, n_samples / beam_width outside 1..KV_TRACE_MAX_FANOUT or both > 1,
- * an undeclared prefix id or a prompt not longer than its prefix, no requests at all.
+ * wrong field count, a field that is not a number, negative, decreasing or absurd (past
+ * KV_TRACE_MAX_ARRIVAL) arrivals, lengths < 1 or > KV_TRACE_MAX_LEN, n_samples / beam_width
+ * outside 1..KV_TRACE_MAX_FANOUT or both > 1, an undeclared prefix id or a prompt not longer
+ * than its prefix, no requests at all.
  */
 int kv_trace_parse(const char *text, kv_trace *t, kv_err *err);
 

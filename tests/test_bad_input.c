@@ -15,6 +15,7 @@
 #include "kv_dialogue.h"
 #include "kv_needle.h"
 #include "kv_tokenizer.h"
+#include "kv_trace.h"
 #include "kv_test.h"
 
 #include <dirent.h>
@@ -354,6 +355,32 @@ static void test_datasets(void)
     memset(longline, 'a', 6000);
     longline[6000] = '\0';
     expect_needle_fail(longline, "too long");
+
+    /* request traces */
+    struct { const char *row, *want; } tr[] = {
+        {"1e300,5,5,1,1,-1", "arrival_s"}, /* overflowed kv_trace_format's buffer */
+        {"nan,5,5,1,1,-1", "arrival_s"},   {"-1,5,5,1,1,-1", "arrival_s"},
+        {"0,0,5,1,1,-1", "prompt"},        {"0,5,-5,1,1,-1", "output"},
+        {"0,5,2000000,1,1,-1", "output"},  {"0,5,5,65,1,-1", "n_samples"},
+        {"0,5,5,4,4,-1", "beam"},          {"0,5,5,1,1,7", "prefix"},
+        {"0,5,5,1,1", "field"},            {"0,5,5,1,1,-1,9", "field"},
+    };
+    for (size_t i = 0; i < sizeof tr / sizeof tr[0]; i++) {
+        char text[256];
+        snprintf(text, sizeof text,
+                 "arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id\n%s\n", tr[i].row);
+        kv_trace t;
+        kv_err err = {{0}};
+        int rc = kv_trace_parse(text, &t, &err);
+        KV_CHECK(rc == KV_ERR_FORMAT && strstr(err.msg, tr[i].want) != NULL && t.req == NULL,
+                 "trace row '%s': status %d, message '%s' (wanted '%s')", tr[i].row, rc, err.msg,
+                 tr[i].want);
+        if (rc == KV_OK) kv_trace_free(&t);
+    }
+    kv_trace t;
+    kv_err err = {{0}};
+    KV_CHECK(kv_trace_parse("0,5,5,1,1,-1\n", &t, &err) == KV_ERR_FORMAT && strstr(err.msg, "header"),
+             "trace without a header: %s", err.msg);
 
     expect_dialogue_fail("", "no turns");
     expect_dialogue_fail("k0=v1 bogus\n", "unknown item 'bogus'");

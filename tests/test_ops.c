@@ -6,6 +6,7 @@
 #include "kv_test.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +60,20 @@ static void test_matmul(kv_rng *r)
         kv_matmul(y1, x + (size_t)(T - 1) * in, W, 1, in, out);
         KV_CHECK(memcmp(y1, y + (size_t)(T - 1) * out, sizeof(float) * out) == 0,
                  "matmul: a row alone equals the row in a batch (T %d)", T);
+        /* thread independence: the team splits rows, never a sum (load ignored, so the
+         * team really runs even on a busy machine) */
+        float *y2 = fbuf((size_t)T * out);
+        const int threads = omp_get_max_threads();
+        kv_parallel_ignore_load(1);
+        omp_set_num_threads(2);
+        kv_matmul(y2, x, W, T, in, out);
+        omp_set_num_threads(1);
+        kv_matmul(y, x, W, T, in, out);
+        kv_parallel_ignore_load(0);
+        omp_set_num_threads(threads);
+        KV_CHECK(memcmp(y, y2, sizeof(float) * T * out) == 0,
+                 "matmul T %d in %d out %d: 1 and 2 threads give the same bits", T, in, out);
+        free(y2);
         free(x), free(W), free(y), free(ref), free(y1);
     }
 }

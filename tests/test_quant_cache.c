@@ -12,9 +12,11 @@
  *  - the engine end to end with every format (top-1 agreement with fp32 over a generation);
  *  - the quantized needle grid (datasets/needle/quant.needle), predictions in that file.
  *
- *   test_quant_cache [DATASETS/needle]   (the grid runs when the folder is given) */
+ *   test_quant_cache [DATASETS/needle [slow]]   grid quant.needle (1k) when the folder is
+ *                                               given; slow: quant-fast.needle (1k and 4k) */
 #include "kv_attention.h"
 #include "kv_backend.h"
+#include "kv_dialogue.h"
 #include "kv_forward.h"
 #include "kv_model.h"
 #include "kv_needle.h"
@@ -165,6 +167,23 @@ static void check_format(int fmt, int per_head, int d, int H, int Hkv, int n, in
         }
     KV_CHECK(bad == 0, "%s%s d %d: %ld elements beyond the format's bound", kv_quant_name(fmt),
              per_head ? "/head" : "", d, bad);
+    /* the attention's row decoder equals the per-element decode, bit for bit */
+    long rowdiff = 0;
+    float *row = malloc(sizeof(float) * d);
+    for (int h = 0; h < Hkv; h++)
+        for (int role = 0; role < 2; role++) {
+            const kv_head_view hv = kv_cache_view(&c, layer, slot, h, role);
+            for (int t = 0; t < n; t++) {
+                kv_attn_row(&hv, t, row);
+                for (int j = 0; j < d; j++) {
+                    const float x = kv_cache_elem(&hv, t, j);
+                    rowdiff += memcmp(&x, &row[j], 4) != 0;
+                }
+            }
+        }
+    free(row);
+    KV_CHECK(rowdiff == 0, "%s: kv_attn_row() = kv_cache_elem() bit for bit (%ld differ)",
+             kv_quant_name(fmt), rowdiff);
 
     /* bytes: the planes of a per-token format hold what kv_quant_encode() makes of each row */
     if (!kvq_is_kivi(fmt)) {
@@ -468,10 +487,10 @@ static int make_cpu(kv_backend **out, const kv_model *m, const kv_cache_spec *sp
     return kv_backend_cpu(out, m, spec, err);
 }
 
-static void run_grid(const char *dir)
+static void run_grid(const char *dir, const char *file)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/quant.needle", dir);
+    snprintf(path, sizeof path, "%s/%s", dir, file);
     kv_needle_spec s;
     kv_err e;
     kv_needle_spec_default(&s);
@@ -505,6 +524,61 @@ static void run_grid(const char *dir)
     free(res);
 }
 
+/* Multi-turn recall on quantized caches: every turn of two dialogues, both recall models.
+ * Predicted as for the needles (datasets/needle/quant.needle): every turn passes for int8,
+ * fp8, int4 and int2 (the facts' keys are sparse: min/max quantization keeps them). */
+static void run_dialogues(const char *needle_dir)
+{
+    static const char *const files[] = {"early-facts.dlg", "interleaved.dlg"};
+    static const char *const fmts[] = {"int8", "fp8-e4m3", "int4", "int2"};
+    kv_model models[2];
+    kv_err e;
+    memset(models, 0, sizeof models);
+    for (int k = 0; k < 2; k++) {
+        kv_recall_opts o;
+        kv_recall_opts_default(&o, k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT);
+        if (kv_recall_build(&models[k], &o, &e)) {
+            KV_CHECK(0, "recall model: %s", e.msg);
+            return;
+        }
+    }
+    for (int f = 0; f < 2; f++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/../dialogues/%s", needle_dir, files[f]);
+        kv_dialogue d;
+        if (kv_dialogue_read(path, &d, &e)) {
+            KV_CHECK(0, "%s", e.msg);
+            continue;
+        }
+        for (int fi = 0; fi < 4; fi++)
+            for (int k = 0; k < 2; k++) {
+                const int kind = k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT;
+                kv_cache_spec sp;
+                kv_backend *b = NULL;
+                kv_needle_cache_spec(fmts[fi], 1, kv_dialogue_length(&d, kind), &sp, &e);
+                kv_dlg_result *res = calloc((size_t)d.n_turns, sizeof *res);
+                int rc = kv_backend_cpu(&b, &models[k], &sp, &e);
+                if (!rc) rc = kv_dialogue_run(b, &d, kind, 0, res, &e);
+                int pass = 0;
+                float mm = 1e9f;
+                for (int t = 0; t < d.n_turns && !rc; t++) {
+                    pass += res[t].pass;
+                    mm = fminf(mm, res[t].margin);
+                }
+                KV_CHECK(rc == KV_OK && pass == d.n_turns, "dialogue %s, %s model, %s: %d of %d "
+                         "turns (%s)", files[f], kv_recall_kind_name(kind), fmts[fi], pass,
+                         d.n_turns, rc ? e.msg : "predicted: all");
+                printf("  dialogue %-16s %-9s %-9s %d/%d turns, smallest margin %.3f\n", files[f],
+                       kv_recall_kind_name(kind), fmts[fi], pass, d.n_turns, mm);
+                free(res);
+                if (b) kv_backend_destroy(b);
+            }
+        kv_dialogue_free(&d);
+    }
+    kv_model_free(&models[0]);
+    kv_model_free(&models[1]);
+}
+
 int main(int argc, char **argv)
 {
     kv_rng_seed(&rng, 404);
@@ -519,6 +593,8 @@ int main(int argc, char **argv)
     check_fp8_scales();
     check_spec_rules();
     check_engine();
-    if (argc > 1) run_grid(argv[1]);
+    if (argc > 1) run_grid(argv[1], argc > 2 && !strcmp(argv[2], "slow") ? "quant-fast.needle"
+                                                                          : "quant.needle");
+    if (argc > 1) run_dialogues(argv[1]);
     return kv_test_finish();
 }

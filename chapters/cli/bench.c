@@ -10,6 +10,7 @@
 
 #include <omp.h>
 
+#include "bench_cmds.h"
 #include "cli.h"
 #include "kv_attention.h"
 #include "kv_config.h"
@@ -21,31 +22,13 @@
 
 #define BENCH_PROMPT 16
 
-/* Sustained read bandwidth of this machine: a sum over a buffer far larger than any CPU
- * cache, median of 5. Bytes = the buffer size; time = the summing loop. The sum is over
- * 64-bit integers: integer addition is associative, so the compiler may vectorize and
- * reorder it freely (a float sum is one long chain of dependent adds, which measures the
- * adder's latency instead of memory). */
+/* Sustained read bandwidth of this machine: kv_read_bandwidth() (kv_bench.h, the same
+ * measurement as `kvlab bench bandwidth`) over a 256 MiB buffer, median of 5. */
 static double read_bandwidth(void)
 {
-    const size_t n = (size_t)32 << 20; /* 32 Mi words = 256 MiB */
-    uint64_t *x = kv_calloc(n * sizeof *x);
-    if (!x) return 0.0;
-    #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) x[i] = i & 7;
-    double t[5];
-    volatile uint64_t sink = 0;
-    for (int r = 0; r < 5; r++) {
-        double t0 = kv_now();
-        uint64_t s = 0;
-        #pragma omp parallel for reduction(+ : s)
-        for (size_t i = 0; i < n; i++) s += x[i];
-        t[r] = kv_now() - t0;
-        sink += s;
-    }
-    (void)sink;
-    kv_free(x);
-    return (double)(n * sizeof *x) / kv_median(t, 5);
+    kv_bandwidth bw;
+    kv_err err = {{0}};
+    return kv_read_bandwidth(&bw, (size_t)256 << 20, 5, &err) == KV_OK ? bw.bytes_per_s : 0.0;
 }
 
 static int bench_decode(int argc, char **argv)
@@ -126,6 +109,7 @@ static int bench_decode(int argc, char **argv)
         double tn = kv_run_step_median(&runs[0], i), tc = kv_run_step_median(&runs[1], i);
         printf("%8d %12.3e %12.3e %8.1fx\n", BENCH_PROMPT + i - 1, tn, tc, tn / tc);
     }
+    kv_print_growth_exponents(stdout, runs, BENCH_PROMPT);
     if (bw > 0) {
         double t = kv_run_total_median(&runs[1]);
         printf("\nmachine read bandwidth (sum over a 256 MiB buffer, median of 5): %.2f GB/s\n", bw * 1e-9);
@@ -306,6 +290,9 @@ typedef struct {
 static const kv_bench benches[] = {
     {"decode", bench_decode, "naive vs cached decoding: tokens/s, per-position cost, speed-up"},
     {"attention-gqa", bench_attention_gqa, "decode attention time and KV bytes per G (MHA/GQA/MQA; GPU v1 vs v2)"},
+    {"quant", kv_bench_quant, "KV-cache formats vs fp32: bytes, errors, KL/top-1, needles, attention time"},
+    {"bandwidth", cmd_bench_bandwidth, "the machine's read bandwidth and last-level cache (the roofline)"},
+    {"engine", cmd_bench_engine, "whole-model decoding: tokens/s and the fraction of the memory roofline"},
 };
 
 int cmd_bench(int argc, char **argv)
@@ -319,11 +306,11 @@ int cmd_bench(int argc, char **argv)
         return KV_EXIT_OK;
     }
     if (argc < 2) {
-        fprintf(stderr, "kvlab bench: missing the benchmark name (decode, attention-gqa); see kvlab bench --help\n");
+        fprintf(stderr, "kvlab bench: missing the benchmark name (decode, attention-gqa, quant, bandwidth, engine); see kvlab bench --help\n");
         return KV_EXIT_USAGE;
     }
     for (int i = 0; i < n; i++)
         if (strcmp(argv[1], benches[i].name) == 0) return benches[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "kvlab bench: unknown benchmark '%s' (decode, attention-gqa); see kvlab bench --help\n", argv[1]);
+    fprintf(stderr, "kvlab bench: unknown benchmark '%s' (decode, attention-gqa, quant, bandwidth, engine); see kvlab bench --help\n", argv[1]);
     return KV_EXIT_USAGE;
 }

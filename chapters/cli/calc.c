@@ -10,22 +10,33 @@
 
 #include "cli.h"
 #include "kv_config.h"
+#include "kv_quant.h"
 
 static const char *const about =
     "KV-cache memory = L * 2 * N * H_kv * d * b bytes (* B sequences), printed step by step\n"
     "for one model (--preset or --config), or as a table for every preset when neither is\n"
     "given. Units are binary (1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB).\n"
-    "Element bytes b: fp32 4, fp16/bf16 2, int8/fp8 1, int4 0.5. Quantized caches also store\n"
-    "scales (and zero points); that metadata arrives with chapter 04 and is not counted here.";
+    "Element bytes b include the formats' metadata (chapter 04, reference_cpu/kv_quant.h):\n"
+    "fp32 4, fp16/bf16 2, int8 1 + 4/d (one fp32 scale per token and head), int8-gG 1 + 4/G,\n"
+    "fp8 1 (+ one 4-byte scale per layer, head and K/V), int4 0.5 + 4/32, int2 0.25 + 4/32\n"
+    "(KIVI: fp16 scale and zero per 32 elements, + a 128-token fp32 window per head).";
 
-static const char *const dtypes[] = {"fp32", "fp16", "bf16", "int8", "fp8", "int4", NULL};
+static const char *const dtypes[] = {"fp32", "fp16", "bf16", "int8", "int8-g32", "int8-g64",
+                                     "int8-g128", "fp8", "fp8-e4m3", "fp8-e5m2", "int4",
+                                     "int4-kivi", "int2", "int2-kivi", NULL};
 
-static double dtype_bytes(const char *dt)
+/* b of a format at head dim d, metadata included (kv_quant_bytes_per_element()). */
+static double dtype_bytes(const char *dt, int d)
 {
-    if (!strcmp(dt, "fp32")) return 4.0;
-    if (!strcmp(dt, "fp16") || !strcmp(dt, "bf16")) return 2.0;
-    if (!strcmp(dt, "int4")) return 0.5;
-    return 1.0; /* int8, fp8 */
+    return kv_quant_bytes_per_element(kv_quant_parse(dt), d);
+}
+
+/* Bytes a format adds per sequence whatever N: L · 2 · H_kv · kv_quant_fixed_bytes()
+ * (KIVI's fp32 window of KV_KIVI_WINDOW tokens, fp8's scale per head). */
+static double dtype_fixed(const char *dt, const kv_config *c)
+{
+    return (double)c->n_layers * 2 * c->n_kv_heads *
+           (double)kv_quant_fixed_bytes(kv_quant_parse(dt), kv_config_head_dim(c), KV_KIVI_WINDOW);
 }
 
 /* "dim,hidden,L,H,Hkv,vocab,seq" -> a validated config; exit code on failure. */
@@ -69,8 +80,8 @@ static int parse_config(const char *cmd, const char *s, kv_config *c)
 static void explain(const char *name, const kv_config *c, int window, const char *dt,
                     int64_t n_req, int64_t batch)
 {
-    const double b = dtype_bytes(dt);
     const int L = c->n_layers, H = c->n_heads, Hkv = c->n_kv_heads, d = kv_config_head_dim(c);
+    const double b = dtype_bytes(dt, d);
     const int64_t n = (window > 0 && n_req > window) ? window : n_req;
     const double per_layer = 2.0 * Hkv * d * b;  /* one token, one layer */
     const double per_token = L * per_layer;
@@ -109,9 +120,19 @@ static void explain(const char *name, const kv_config *c, int window, const char
         printf("\n  %s attends over a sliding window of %d tokens: its cache never holds more than\n"
                "  %d tokens per sequence, so N = min(%lld requested, %d) = %lld.\n",
                name, window, window, (long long)n_req, window, (long long)n);
-    if (b < 2.0)
-        printf("\n  %s counts element bytes only: a quantized cache also stores scales (and zero\n"
-               "  points) per token, head or group; chapter 04 adds that metadata to the bill.\n", dt);
+    if (b < 2.0) {
+        const double fixed = dtype_fixed(dt, c);
+        char uf[32];
+        printf("\n  b = %g includes %s's metadata (chapter 04, kv_quant.h): scales (and zero points)\n"
+               "  per token, head or group of its codes.", b, dt);
+        if (fixed > 0)
+            printf(" Plus, per sequence and independent of N,\n  L * 2 * H_kv * %zu = %s (%s).",
+                   kv_quant_fixed_bytes(kv_quant_parse(dt), d, KV_KIVI_WINDOW),
+                   kv_fmt_bytes(fixed, uf, sizeof uf),
+                   kvq_is_kivi(kv_quant_parse(dt)) ? "the fp32 window of the newest 128 tokens"
+                                                   : "one fp32 scale per head");
+        printf("\n");
+    }
     const double weights = (double)kv_config_param_count(c) * b;
     printf("\n  for scale: the weights at %s are %.3g params * %g = %s; one sequence's cache\n"
            "  reaches that size at N = %.0f tokens%s.\n", dt, (double)kv_config_param_count(c), b,
@@ -125,9 +146,10 @@ void kv_calc_table(FILE *f, const char *dt, int64_t seq, int64_t batch)
     static const int64_t lens[] = {2048, 8192, 32768, 131072};
     int np = 0;
     const kv_preset *p = kv_presets(&np);
-    const double b = dtype_bytes(dt);
+    const double b = dtype_bytes(dt, 128);
     int capped = 0;
-    fprintf(f, "KV-cache memory of the presets, dtype %s (b = %g), batch B = %lld:\n"
+    fprintf(f, "KV-cache memory of the presets, dtype %s (b = %g at d = 128, metadata included), "
+           "batch B = %lld:\n"
            "bytes = L * 2 * N * H_kv * d * b * B; binary units (1 GiB = 2^30 bytes)\n\n",
            dt, b, (long long)batch);
     fprintf(f, "%-14s %3s %3s %4s %4s %12s", "model", "L", "H", "H_kv", "d", "per token");
@@ -137,7 +159,8 @@ void kv_calc_table(FILE *f, const char *dt, int64_t seq, int64_t batch)
     fprintf(f, " %12s\n", "weights");
     for (int i = 0; i < np; i++) {
         const kv_config *c = &p[i].config;
-        double per_token = (double)c->n_layers * 2 * c->n_kv_heads * kv_config_head_dim(c) * b;
+        double per_token = (double)c->n_layers * 2 * c->n_kv_heads * kv_config_head_dim(c) *
+                           dtype_bytes(dt, kv_config_head_dim(c));
         char u[32];
         fprintf(f, "%-14s %3d %3d %4d %4d %12s", p[i].name, c->n_layers, c->n_heads, c->n_kv_heads,
                kv_config_head_dim(c), kv_fmt_bytes(per_token, u, sizeof u));
@@ -150,7 +173,7 @@ void kv_calc_table(FILE *f, const char *dt, int64_t seq, int64_t batch)
             fprintf(f, " %16s%c", kv_fmt_bytes(per_token * (double)n * (double)batch, u, sizeof u),
                    cap ? '*' : ' ');
         }
-        fprintf(f, " %12s\n", kv_fmt_bytes((double)kv_config_param_count(c) * b, u, sizeof u));
+        fprintf(f, " %12s\n", kv_fmt_bytes((double)kv_config_param_count(c) * dtype_bytes(dt, kv_config_head_dim(c)), u, sizeof u));
     }
     if (capped)
         fprintf(f, "\n* sliding window: the cache holds at most the window (Mistral-7B: 4096 tokens).\n");
@@ -163,7 +186,7 @@ void kv_calc_heads_table(FILE *f, const char *dt, int64_t seq, int64_t batch)
 {
     int np = 0;
     const kv_preset *p = kv_presets(&np);
-    const double b = dtype_bytes(dt);
+    const double b = dtype_bytes(dt, 128);
     const int64_t n = seq > 0 ? seq : 32768;
     char u[5][32];
     fprintf(f, "MHA vs GQA vs MQA, dtype %s (b = %g): cache bytes per token = L * 2 * H_kv * d * b;\n"
@@ -175,7 +198,7 @@ void kv_calc_heads_table(FILE *f, const char *dt, int64_t seq, int64_t batch)
     for (int i = 0; i < np; i++) {
         const kv_config *c = &p[i].config;
         const int H = c->n_heads, d = kv_config_head_dim(c);
-        const double unit = (double)c->n_layers * 2.0 * d * b; /* bytes per token per KV head */
+        const double unit = (double)c->n_layers * 2.0 * d * dtype_bytes(dt, d); /* per token per KV head */
         kv_fmt_bytes(unit * H, u[0], sizeof u[0]);
         if (H % 8 == 0) kv_fmt_bytes(unit * (H / 8), u[1], sizeof u[1]);
         else snprintf(u[1], sizeof u[1], "-");

@@ -100,5 +100,17 @@ typedef int (*kv_demo_fn)(const kv_demo_ctx *ctx, kv_err *err);
 int kv_demo_ch01(const kv_demo_ctx *ctx, kv_err *err); /* 01-naive-recompute/demo.c */
 int kv_demo_ch02(const kv_demo_ctx *ctx, kv_err *err); /* 02-kv-cache/demo.c */
 int kv_demo_ch03(const kv_demo_ctx *ctx, kv_err *err); /* 03-mqa-gqa/demo.c */
+int kv_demo_ch04(const kv_demo_ctx *ctx, kv_err *err); /* 04-quantization/demo.c */
+
+/**
+ * KV-cache formats side by side (chapter 04's demo, kvlab bench quant): per format bytes per
+ * token, K/V and attention error, KL and top-1 over a generation, needles (when @p needles),
+ * and the median decode-attention time over @p N tokens (@p repeats calls) on @p device;
+ * on the checkpoint @p model_path when not NULL (default: a random d = 64 model).
+ */
+int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int needles,
+                   const char *model_path, kv_err *err);
+/** kvlab bench quant (bench_quant.c). */
+int kv_bench_quant(int argc, char **argv);
 
 #endif

@@ -94,7 +94,7 @@ int cmd_dialogue(int argc, char **argv)
     int recompute = 0;
     kv_opt opts[] = {
         {"--model", KV_OPT_CHOICE, &model, 0, 0, model_names, "M", "recall model: direct, induction or both (default both)", 0},
-        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant (default fp32)", 0},
+        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant (default fp32; or a storage format: fp16 int8 fp8 int4 int2 ..., chapter 04)", 0},
         {"--recompute", KV_OPT_FLAG, &recompute, 0, 0, NULL, NULL, "also run each turn's whole history from scratch and compare", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
     };

@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "kv_checkpoint.h"
 #include "kv_generate.h"
+#include "kv_needle.h"
 #include "kv_tokenizer.h"
 
 static const char *const modes[] = {"naive", "cached", NULL};
@@ -26,7 +27,7 @@ int cmd_generate(int argc, char **argv)
 {
     const char *cmd = "kvlab generate";
     const char *model_path = NULL, *def = NULL, *tok_path = NULL, *text = NULL;
-    const char *mode = "cached", *device = "cpu";
+    const char *mode = "cached", *device = "cpu", *cache = "fp32";
     int steps = 64;
     double temperature = 0.0, top_p = 1.0;
     int64_t seed = 42;
@@ -41,6 +42,7 @@ int cmd_generate(int argc, char **argv)
         {"--top-p", KV_OPT_FLOAT, &top_p, 1e-6, 1, NULL, "P", "nucleus sampling cut (default 1 = off)", 0},
         {"--seed", KV_OPT_I64, &seed, 0, 9.0e15, NULL, "S", "sampler seed (default 42)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
+        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "cache storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2, int4, int2; options /head (fp8 per-head scales), /wR (KIVI window), /lA,B (only those layers; the rest fp16) (chapter 04)", 0},
     };
     int r = kv_args_parse(cmd,
                           "Generate tokens after a prompt and print them as text (with a tokenizer)\n"
@@ -102,7 +104,11 @@ int cmd_generate(int argc, char **argv)
         goto done;
     }
     out = malloc((size_t)steps * sizeof(int)); /* [steps] */
-    kv_cache_spec spec = kv_cache_spec_default(1, n_prompt + steps);
+    kv_cache_spec spec;
+    if ((st = kv_needle_cache_spec(cache, 1, n_prompt + steps, &spec, &err))) {
+        rc = kv_cli_fail(cmd, "--cache", st, &err);
+        goto done;
+    }
     if (!out) {
         rc = kv_cli_fail(cmd, "output", KV_ERR_NOMEM, &err);
         goto done;

@@ -158,7 +158,7 @@ int cmd_needle(int argc, char **argv)
         {"--models", KV_OPT_STRING, &models, 0, 0, NULL, "LIST", "direct,induction (overrides the spec)", 0},
         {"--lengths", KV_OPT_STRING, &lengths, 0, 0, NULL, "LIST", "context lengths, e.g. 1024,65536", 0},
         {"--depths", KV_OPT_STRING, &depths, 0, 0, NULL, "LIST", "needle depths in percent, e.g. 0,50,100", 0},
-        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant (fp32), predicted to pass every cell", 0},
+        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant: fp32, or a storage format (fp16 int8 fp8 int4 ... with /head /wR /lA,B; see kvlab generate --help), predicted to pass every cell (int2: measured, not predicted)", 0},
         {"--seeds", KV_OPT_STRING, &seeds, 0, 0, NULL, "LIST", "haystack seeds", 0},
         {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "write every cell as CSV", 0},
         {"--svg", KV_OPT_STRING, &svg, 0, 0, NULL, "FILE", "write a heatmap (SVG)", 0},
@@ -190,7 +190,9 @@ int cmd_needle(int argc, char **argv)
             return kv_args_bad(cmd, fields[i], "list too long");
     if (cache) {
         size_t k = strlen(text);
-        snprintf(text + k, sizeof text - k, "variant %s all\n", cache);
+        /* int2's outcome is measured, not predicted (chapters/04-quantization/README.md) */
+        snprintf(text + k, sizeof text - k, "variant %s %s\n", cache,
+                 !strncmp(cache, "int2", 4) ? "any" : "all");
     }
     if (text[0] && kv_needle_spec_parse(text, &s, &err))
         return kv_args_bad(cmd, "options", "%s", err.msg);

@@ -17,6 +17,7 @@ static const kv_demo demos[] = {
     {1, "naive recompute", kv_demo_ch01},
     {2, "the KV cache", kv_demo_ch02},
     {3, "MQA and GQA", kv_demo_ch03},
+    {4, "KV-cache quantization", kv_demo_ch04},
 };
 static const int n_demos = (int)(sizeof demos / sizeof demos[0]);
 

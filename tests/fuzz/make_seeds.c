@@ -6,7 +6,8 @@
  *   cmake --preset fuzz -B build-fuzz && cmake --build build-fuzz --target fuzz_make_seeds
  *   ./build-fuzz/tests/fuzz/fuzz_make_seeds tests/fuzz/corpus
  *
- * The needle and dialogue targets also start from datasets/needle and datasets/dialogues.
+ * The needle, dialogue and trace targets also start from datasets/needle, datasets/dialogues
+ * and datasets/traces.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "kv_checkpoint.h"
@@ -192,6 +193,10 @@ static void text_seeds(void)
     put("needle", "edge", needle, strlen(needle));
     const char *dlg = "seed 5\nk0=v15 f3 ~2\n~1 k0?\nk15=v0\nf63 k15?\n";
     put("dialogue", "edge", dlg, strlen(dlg));
+    const char *trace = "# two prefixes, every kind of request\n#prefix,0,8\n#prefix,3,20\n"
+                        "arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id\n"
+                        "0,9,1,1,1,0\n0,1,5,4,1,-1\n0.5,21,2,1,64,3\n1.5,30,1048576,1,1,-1\r\n";
+    put("trace", "edge", trace, strlen(trace));
 }
 
 int main(int argc, char **argv)

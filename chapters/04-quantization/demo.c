@@ -1,0 +1,365 @@
+/*
+ * Chapter 04 demo (and `kvlab bench quant`): KV-cache formats side by side.
+ *
+ * For each format, one row of measurements against the fp32 cache:
+ *   bytes per token   L · 2 · H_kv · d · b (b with metadata, kv_cache_spec_bytes_per_element())
+ *   K, V error        ‖x − deq(q(x))‖ / ‖x‖ over the cache of a fp32 prefill (every layer)
+ *   attn error        ‖o − o_fp32‖ / ‖o_fp32‖ of attention at the last position, every layer
+ *   KL, top-1         mean KL(p_fp32 ‖ p_fmt) and greedy agreement over a teacher-forced
+ *                     generation (the fp32 model's own greedy text)
+ *   needles           recall models (direct + induction), one context, depths 0/50/100
+ *   attn time         median decode-attention time over a cache of N tokens (one layer)
+ * Model: a random Llama-style model, d = 64 (KIVI needs 32 | d), L 4, H 8, H_kv 4; the
+ * needles use the constructed recall models (their results are properties of the
+ * construction; see the README).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kv_attention.h"
+#include "kv_checkpoint.h"
+#include "kv_forward.h"
+#include "kv_needle.h"
+#include "kv_quant.h"
+#include "kv_rng.h"
+#include "measure.h"
+#ifdef KV_HAVE_CUDA
+#include "kvcu.h"
+#endif
+
+#define Q_PROMPT 64  /* prompt of the generation */
+#define Q_STEPS 128  /* teacher-forced decode steps measured */
+#define Q_NEEDLE 512
+
+static const char *const variants[] = {
+    "fp32", "fp16", "bf16", "int8", "int8-g32", "fp8-e4m3", "fp8-e4m3/head", "fp8-e5m2",
+    "int4", "int2", "int4/l0,1", "int2/w32",
+};
+#define N_VARIANTS (int)(sizeof variants / sizeof variants[0])
+
+typedef struct {
+    double bytes_token, k_err, v_err, attn_err, kl, time_ms, gbs;
+    int top1, needles, needle_cells;
+} q_row;
+
+static kv_config study_config(void)
+{
+    kv_config c;
+    memset(&c, 0, sizeof c);
+    c.dim = 512;
+    c.hidden_dim = 1024;
+    c.n_layers = 4;
+    c.n_heads = 8;
+    c.n_kv_heads = 4;
+    c.vocab_size = 512;
+    c.seq_len = 8192;
+    kv_config_set_defaults(&c);
+    return c;
+}
+
+/* K/V reconstruction and attention error: the fp32 cache's rows written into the format. */
+static int part_errors(const kv_model *m, const kv_cache *ref, const kv_cache_spec *spec,
+                       int n, q_row *r, kv_err *err)
+{
+    const kv_config *cfg = &m->config;
+    const int d = kv_config_head_dim(cfg), Hkv = cfg->n_kv_heads, H = cfg->n_heads;
+    kv_cache c;
+    int st = kv_cache_create(&c, cfg, spec, err);
+    if (st) return st;
+    float *k = malloc(sizeof(float) * n * Hkv * d), *v = malloc(sizeof(float) * n * Hkv * d);
+    float *row = malloc(sizeof(float) * d), *q = malloc(sizeof(float) * H * d);
+    float *o = malloc(sizeof(float) * H * d), *o32 = malloc(sizeof(float) * H * d);
+    if (!k || !v || !row || !q || !o || !o32) st = kv_fail(err, KV_ERR_NOMEM, "demo: memory");
+    double ek = 0, nk = 0, ev = 0, nv = 0, ea = 0, na = 0;
+    for (int l = 0; l < cfg->n_layers && !st; l++) {
+        for (int t = 0; t < n; t++) /* [n][H_kv][d] from the fp32 cache's [H_kv][capacity][d] */
+            for (int h = 0; h < Hkv; h++) {
+                memcpy(k + ((size_t)t * Hkv + h) * d, kv_cache_k(ref, l, 0, h) + (size_t)t * d, sizeof(float) * d);
+                memcpy(v + ((size_t)t * Hkv + h) * d, kv_cache_v(ref, l, 0, h) + (size_t)t * d, sizeof(float) * d);
+            }
+        st = kv_cache_write_seq(&c, l, 0, 0, n, k, v, err);
+        for (int h = 0; h < Hkv && !st; h++)
+            for (int role = 0; role < 2; role++) {
+                const kv_head_view hv = kv_cache_view(&c, l, 0, h, role);
+                const float *x = role ? k : v;
+                for (int t = 0; t < n; t++) {
+                    kv_attn_row(&hv, t, row);
+                    for (int j = 0; j < d; j++) {
+                        const double xv = x[((size_t)t * Hkv + h) * d + j], e = row[j] - xv;
+                        if (role) { ek += e * e; nk += xv * xv; } else { ev += e * e; nv += xv * xv; }
+                    }
+                }
+            }
+        /* a query that looks like this model's: the last token's keys, one per query head */
+        for (int h = 0; h < H && !st; h++)
+            memcpy(q + (size_t)h * d, k + ((size_t)(n - 1) * Hkv + kv_attn_kv_head(h, H, Hkv)) * d,
+                   sizeof(float) * d);
+        if (!st && (kv_attention(&c, l, 0, n - 1, q, o, H) || kv_attention(ref, l, 0, n - 1, q, o32, H)))
+            st = kv_fail(err, KV_ERR_NOMEM, "demo: attention scratch");
+        for (int i = 0; i < H * d && !st; i++) {
+            ea += (o[i] - o32[i]) * (double)(o[i] - o32[i]);
+            na += (double)o32[i] * o32[i];
+        }
+    }
+    r->k_err = sqrt(ek / nk);
+    r->v_err = sqrt(ev / nv);
+    r->attn_err = sqrt(ea / na);
+    free(k); free(v); free(row); free(q); free(o); free(o32);
+    kv_cache_free(&c);
+    return st;
+}
+
+/* KL and top-1 over a teacher-forced generation on @p device; ref_logits [Q_STEPS][V] from
+ * the fp32 run (filled when @p ref is 1). */
+static int part_generation(const kv_model *m, const char *device, const kv_cache_spec *spec,
+                           const int *text, float *ref_logits, int ref, q_row *r, kv_err *err)
+{
+    const int V = m->config.vocab_size;
+    kv_backend *b = NULL;
+    int st = kv_cli_backend(&b, device, m, spec, err);
+    float *lg = malloc(sizeof(float) * V);
+    if (!st && !lg) st = kv_fail(err, KV_ERR_NOMEM, "demo: logits");
+    kv_seq s = {0, 0, Q_PROMPT, text};
+    double kl = 0;
+    int agree = 0;
+    for (int t = 0; t < Q_STEPS && !st; t++) {
+        st = b->forward(b, &s, 1, lg, NULL, err);
+        if (st) break;
+        const float *lr = ref_logits + (size_t)t * V;
+        if (ref) memcpy(ref_logits + (size_t)t * V, lg, sizeof(float) * V);
+        double mr = -1e30, mq = -1e30, zr = 0, zq = 0, klt = 0;
+        int ar = 0, aq = 0;
+        for (int i = 0; i < V; i++) {
+            if (lr[i] > lr[ar]) ar = i;
+            if (lg[i] > lg[aq]) aq = i;
+            mr = fmax(mr, lr[i]);
+            mq = fmax(mq, lg[i]);
+        }
+        for (int i = 0; i < V; i++) { zr += exp(lr[i] - mr); zq += exp(lg[i] - mq); }
+        for (int i = 0; i < V; i++) {
+            const double pr = exp(lr[i] - mr) / zr;
+            klt += pr * ((lr[i] - mr - log(zr)) - (lg[i] - mq - log(zq)));
+        }
+        kl += klt;
+        agree += ar == aq;
+        s = (kv_seq){0, Q_PROMPT + t, 1, text + Q_PROMPT + t};
+    }
+    r->kl = kl / Q_STEPS;
+    r->top1 = agree;
+    if (b) kv_backend_destroy(b);
+    free(lg);
+    return st;
+}
+
+/* Needles found, both recall models, one context of Q_NEEDLE tokens, depths 0/50/100. */
+static int part_needles(const kv_model *rm, const char *device, const char *variant, q_row *r,
+                        kv_err *err)
+{
+    const int depths[] = {0, 50, 100};
+    static int tok[Q_NEEDLE];
+    r->needles = r->needle_cells = 0;
+    for (int kind = 0; kind < 2; kind++) {
+        kv_needle_item it[3];
+        kv_needle_result res[3];
+        kv_cache_spec spec;
+        kv_backend *b = NULL;
+        const int k = kind ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT;
+        int st = kv_needle_cache_spec(variant, 1, Q_NEEDLE + 8, &spec, err);
+        if (!st) st = kv_needle_build(k, Q_NEEDLE, depths, 3, 1, tok, it, err);
+        if (!st) st = kv_cli_backend(&b, device, &rm[kind], &spec, err);
+        if (!st) st = kv_needle_run(b, 0, k, tok, Q_NEEDLE, it, 3, 0, res, NULL, NULL, 0, 0, err);
+        for (int i = 0; i < 3 && !st; i++) r->needles += res[i].pass;
+        r->needle_cells += 3;
+        if (b) kv_backend_destroy(b);
+        if (st) return st;
+    }
+    return KV_OK;
+}
+
+/* Median decode-attention time: one query token over N cached tokens of one layer. */
+static int part_time(const kv_config *cfg, const char *device, const kv_cache_spec *spec0, int N,
+                     int repeats, q_row *r, kv_err *err)
+{
+    const int d = kv_config_head_dim(cfg), Hkv = cfg->n_kv_heads, H = cfg->n_heads;
+    kv_cache_spec spec = *spec0;
+    spec.capacity = N;
+    kv_config one = *cfg;
+    one.n_layers = 1;
+    spec.dtype_layers = spec0->dtype_layers & 1; /* the one layer's format as in layer 0 */
+    float *k = malloc(sizeof(float) * N * Hkv * d), *v = malloc(sizeof(float) * N * Hkv * d);
+    float *q = malloc(sizeof(float) * H * d), *o = malloc(sizeof(float) * H * d);
+    double *ts = malloc(sizeof(double) * repeats);
+    int st = (!k || !v || !q || !o || !ts) ? kv_fail(err, KV_ERR_NOMEM, "demo: memory") : KV_OK;
+    kv_rng g;
+    kv_rng_seed(&g, 9);
+    for (int64_t i = 0; i < (int64_t)N * Hkv * d && !st; i++) {
+        k[i] = kv_rng_normal(&g);
+        v[i] = kv_rng_normal(&g);
+    }
+    for (int i = 0; i < H * d && !st; i++) q[i] = kv_rng_normal(&g) * 0.1f;
+    if (!st && !strcmp(device, "cpu")) {
+        kv_cache c;
+        st = kv_cache_create(&c, &one, &spec, err);
+        if (!st) st = kv_cache_write_seq(&c, 0, 0, 0, N, k, v, err);
+        for (int i = -1; i < repeats && !st; i++) {
+            const double t0 = kv_now();
+            st = kv_attention(&c, 0, 0, N - 1, q, o, H);
+            if (i >= 0) ts[i] = kv_now() - t0; /* the first call warms up */
+        }
+        kv_cache_free(&c);
+    }
+#ifdef KV_HAVE_CUDA
+    else if (!st) {
+        kvcu_cache *c = NULL;
+        float *dk = NULL, *dv = NULL, *dq = NULL, *dout = NULL;
+        const size_t kb = sizeof(float) * N * Hkv * d;
+        st = kvcu_cache_create(&c, &one, &spec, err);
+        if (!st) st = kvcu_malloc((void **)&dk, kb, err);
+        if (!st) st = kvcu_malloc((void **)&dv, kb, err);
+        if (!st) st = kvcu_malloc((void **)&dq, sizeof(float) * H * d, err);
+        if (!st) st = kvcu_malloc((void **)&dout, sizeof(float) * H * d, err);
+        if (!st) st = kvcu_upload(dk, k, kb, err);
+        if (!st) st = kvcu_upload(dv, v, kb, err);
+        if (!st) st = kvcu_upload(dq, q, sizeof(float) * H * d, err);
+        if (!st) st = kvcu_cache_write_seq(c, 0, 0, 0, N, dk, dv, err);
+        for (int i = -1; i < repeats && !st; i++) {
+            const double t0 = kv_now();
+            st = kvcu_cache_attention(c, 0, 0, N - 1, dq, dout, H, err); /* synchronous */
+            if (i >= 0) ts[i] = kv_now() - t0;
+        }
+        kvcu_free(dk); kvcu_free(dv); kvcu_free(dq); kvcu_free(dout);
+        kvcu_cache_free(c);
+    }
+#endif
+    if (!st) { /* bytes read: 2 · H_kv · N · d · b (the layer's b, metadata included) */
+        r->time_ms = kv_median(ts, repeats) * 1e3;
+        r->gbs = 2.0 * Hkv * N * d * kv_cache_spec_bytes_per_element(&spec, 1, d) /
+                 (r->time_ms * 1e-3) * 1e-9;
+    }
+    free(k); free(v); free(q); free(o); free(ts);
+    return st;
+}
+
+int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int needles,
+                   const char *model_path, kv_err *err)
+{
+    kv_config cfg = study_config();
+    kv_model m, rm[2];
+    memset(&m, 0, sizeof m);
+    memset(rm, 0, sizeof rm);
+    int st;
+    if (model_path) { /* a user's checkpoint: its own shape; formats it cannot take are refused */
+        st = kv_checkpoint_read(model_path, &m, err);
+        if (st) return st;
+        cfg = m.config;
+    } else {
+        st = kv_model_alloc(&m, &cfg, err);
+        if (st) return st;
+        kv_model_randomize(&m, 404);
+    }
+    const int V = cfg.vocab_size, d = kv_config_head_dim(&cfg);
+    if (Q_PROMPT + Q_STEPS > cfg.seq_len) {
+        kv_model_free(&m);
+        return kv_fail(err, KV_ERR_ARG, "the model's seq_len %d is below the %d tokens the study "
+                       "generates", cfg.seq_len, Q_PROMPT + Q_STEPS);
+    }
+    int *text = malloc(sizeof(int) * (Q_PROMPT + Q_STEPS));
+    float *ref = malloc(sizeof(float) * Q_STEPS * V);
+    if (!text || !ref) st = kv_fail(err, KV_ERR_NOMEM, "demo: memory");
+    for (int kind = 0; kind < 2 && needles && !st; kind++) {
+        kv_recall_opts o;
+        kv_recall_opts_default(&o, kind ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT);
+        st = kv_recall_build(&rm[kind], &o, err);
+    }
+    /* the text: a seeded prompt, then the fp32 model's own greedy continuation */
+    kv_cache ref_cache;
+    memset(&ref_cache, 0, sizeof ref_cache);
+    kv_state s;
+    kv_state_init(&s);
+    kv_cache_spec s32 = kv_cache_spec_default(1, Q_PROMPT + Q_STEPS);
+    if (!st) st = kv_cache_create(&ref_cache, &cfg, &s32, err);
+    if (!st) {
+        kv_rng g;
+        kv_rng_seed(&g, 4);
+        for (int i = 0; i < Q_PROMPT; i++) text[i] = (int)(kv_rng_u32(&g) % (uint32_t)V);
+        float *lg = malloc(sizeof(float) * V);
+        kv_seq q = {0, 0, Q_PROMPT, text};
+        for (int t = 0; t < Q_STEPS && !st && lg; t++) {
+            st = kv_forward(&m, &ref_cache, &s, &q, 1, lg, NULL, err);
+            int best = 0;
+            for (int i = 1; i < V; i++) if (lg[i] > lg[best]) best = i;
+            text[Q_PROMPT + t] = best;
+            q = (kv_seq){0, Q_PROMPT + t, 1, text + Q_PROMPT + t};
+        }
+        if (!lg) st = kv_fail(err, KV_ERR_NOMEM, "demo: logits");
+        free(lg);
+    }
+    const int n_err = Q_PROMPT + Q_STEPS - 1; /* tokens in the reference cache */
+    if (!st && !csv) {
+        fprintf(f, "%s: L %d, H %d, H_kv %d, d %d; %d-token prefill + %d teacher-forced "
+                "steps on %s; needles: recall models, %d tokens, depths 0/50/100 (constructed: "
+                "see README); attention time: one layer, N = %d, median of %d.\n\n",
+                model_path ? model_path : "Random model", cfg.n_layers, cfg.n_heads,
+                cfg.n_kv_heads, d, Q_PROMPT, Q_STEPS, device,
+                Q_NEEDLE, N, repeats);
+        fprintf(f, "%-14s %8s %9s %9s %9s %10s %7s %7s %9s %7s\n", "format", "B/token", "K err",
+                "V err", "attn err", "KL", "top-1", "needles", "attn ms", "GB/s");
+    } else if (!st) {
+        fprintf(f, "format,bytes_per_token,k_rel_err,v_rel_err,attn_rel_err,kl,top1,steps,"
+                "needles,needle_cells,attn_ms,attn_gb_per_s,N\n");
+    }
+    for (int i = 0; i < N_VARIANTS && !st; i++) {
+        q_row r;
+        memset(&r, 0, sizeof r);
+        kv_cache_spec spec;
+        st = kv_needle_cache_spec(variants[i], 1, Q_PROMPT + Q_STEPS, &spec, err);
+        if (st) break;
+        kv_err why;
+        if (kv_cache_spec_check("cache", &cfg, &spec, &why)) { /* e.g. KIVI needs 32 | d */
+            fprintf(f, csv ? "%s,refused,,,,,,,,,,\n" : "%-14s refused: %s\n", variants[i], why.msg);
+            continue;
+        }
+        r.bytes_token = cfg.n_layers * 2.0 * cfg.n_kv_heads * d *
+                        kv_cache_spec_bytes_per_element(&spec, cfg.n_layers, d);
+        fprintf(stderr, "  [ch04] %s ...\n", variants[i]);
+        st = part_errors(&m, &ref_cache, &spec, n_err, &r, err);
+        if (!st) st = part_generation(&m, device, &spec, text, ref, i == 0, &r, err);
+        if (!st && needles) st = part_needles(rm, device, variants[i], &r, err);
+        if (!st) st = part_time(&cfg, device, &spec, N, repeats, &r, err);
+        if (st) break;
+        char nd[16] = "-";
+        if (needles) snprintf(nd, sizeof nd, "%d/%d", r.needles, r.needle_cells);
+        if (csv)
+            fprintf(f, "%s,%.1f,%.3e,%.3e,%.3e,%.3e,%d,%d,%d,%d,%.4f,%.3f,%d\n", variants[i],
+                    r.bytes_token, r.k_err, r.v_err, r.attn_err, r.kl, r.top1, Q_STEPS, r.needles,
+                    r.needle_cells, r.time_ms, r.gbs, N);
+        else
+            fprintf(f, "%-14s %8.0f %9.2e %9.2e %9.2e %10.2e %3d/%-3d %7s %9.3f %7.2f\n",
+                    variants[i], r.bytes_token, r.k_err, r.v_err, r.attn_err, r.kl, r.top1,
+                    Q_STEPS, nd, r.time_ms, r.gbs);
+    }
+    if (!st && !csv)
+        fprintf(f, "\nB/token = L*2*H_kv*d*b with metadata (KIVI's fp32 window and fp8's scales are "
+                "fixed costs per sequence, not per token: kvlab calc). Errors are relative RMS over "
+                "every layer; KL(p_fp32 || p_format) in nats per step. GB/s = K/V bytes read "
+                "(2*H_kv*N*d*b) / attention time.\n");
+    kv_state_free(&s);
+    kv_cache_free(&ref_cache);
+    kv_model_free(&m);
+    kv_model_free(&rm[0]);
+    kv_model_free(&rm[1]);
+    free(text);
+    free(ref);
+    return st;
+}
+
+int kv_demo_ch04(const kv_demo_ctx *ctx, kv_err *err)
+{
+    if (!ctx->csv)
+        fprintf(ctx->out, "KV-cache formats against the fp32 cache (kvlab bench quant for larger N "
+                "and more repeats).\n");
+    return kv_quant_study(ctx->out, ctx->device, ctx->csv, 2048, 5, 1, NULL, err);
+}

@@ -1,0 +1,62 @@
+/*
+ * kvlab bench bandwidth: the machine's sustained read bandwidth and its last-level cache, the
+ * denominator of every roofline ratio the other benchmarks print (kv_bench.h).
+ */
+#include <stdio.h>
+
+#include <omp.h>
+
+#include "cli.h"
+#include "bench_cmds.h"
+
+/* "LLC 32 MiB (L3, sysfs)" into buf. */
+static const char *llc_words(char *buf, size_t n)
+{
+    int level = 0;
+    const char *src = NULL;
+    const int64_t llc = kv_llc_bytes(&level, &src);
+    char b[32];
+    if (llc > 0) snprintf(buf, n, "%s (L%d, from %s)", kv_fmt_bytes((double)llc, b, sizeof b), level, src);
+    else snprintf(buf, n, "unknown");
+    return buf;
+}
+
+int kv_bench_print_bandwidth(FILE *f, const kv_bandwidth *bw, const char *when)
+{
+    char llc[96], b[32];
+    fprintf(f, "read bandwidth%s%s: %.2f GB/s (median of %d; slowest %.2f, fastest %.2f), "
+            "%d OpenMP threads summing %s; last-level cache %s\n", when ? " " : "", when ? when : "",
+            bw->bytes_per_s * 1e-9, bw->repeats, bw->min * 1e-9, bw->max * 1e-9, bw->threads,
+            kv_fmt_bytes(bw->buffer_bytes, b, sizeof b), llc_words(llc, sizeof llc));
+    return 0;
+}
+
+int cmd_bench_bandwidth(int argc, char **argv)
+{
+    const char *cmd = "kvlab bench bandwidth";
+    int mib = 0, repeats = 7;
+    kv_opt opts[] = {
+        {"--mib", KV_OPT_INT, &mib, 1, 1 << 16, NULL, "M", "buffer size in MiB (default 8 x the LLC, 256 MiB to 1 GiB)", 0},
+        {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "timed passes after one warm-up (default 7)", 0},
+    };
+    int r = kv_args_parse(cmd,
+                          "Sustained read bandwidth: every OpenMP thread sums (as 64-bit integers) its\n"
+                          "own part of a buffer far larger than the last-level cache; the median of R\n"
+                          "passes of buffer bytes / wall time (GB = 1e9 bytes). Also the LLC size\n"
+                          "(sysfs, else sysconf). `bench engine` and `bench decode` divide by this.",
+                          argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (r == KV_ARGS_HELP) return KV_EXIT_OK;
+    if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    kv_err err = {{0}};
+    kv_bandwidth bw;
+    int st = kv_read_bandwidth(&bw, (size_t)mib << 20, repeats, &err);
+    if (st) return kv_cli_fail(cmd, "measure", st, &err);
+    kv_bench_print_bandwidth(stdout, &bw, NULL);
+    kv_bandwidth one;
+    omp_set_num_threads(1); /* one core alone: why matmuls split their rows over threads */
+    st = kv_read_bandwidth(&one, (size_t)mib << 20, repeats, &err);
+    if (st) return kv_cli_fail(cmd, "measure", st, &err);
+    printf("one thread alone: %.2f GB/s (%.0f%% of all threads)\n", one.bytes_per_s * 1e-9,
+           100.0 * one.bytes_per_s / bw.bytes_per_s);
+    return KV_EXIT_OK;
+}

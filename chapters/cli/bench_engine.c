@@ -1,0 +1,181 @@
+/*
+ * kvlab bench engine: whole-model greedy decoding against the memory roofline (issue 11).
+ *
+ * Decode at batch 1 must read every weight once per token, and the K and V of every earlier
+ * position; nothing else it does comes close in bytes. So the fastest a token can be is
+ *   roofline time per token = (weight bytes + KV bytes read) / read bandwidth
+ * and a run's ratio is roofline time / measured time (1.0 = memory-bound at full speed):
+ *   weight bytes per token = kv_decode_weight_bytes()  = 4 (P + dim V + dim + (2L+1) dim)
+ *   KV bytes read at position p = L · 2 · H_kv · d · b · (p + 1)      (kv_forward.c's counter)
+ * summed over the run, divided by the median wall time of the run, divided by the bandwidth
+ * measured in the same process just before and just after (the larger of the two, so a
+ * machine that got busier cannot flatter the ratio).
+ *
+ * Models are random llama2.c-format weights (kv_model_randomize), built here for each config;
+ * the prompt is BOS alone and every step is one token, so the run is pure decode.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "bench_cmds.h"
+#include "cli.h"
+#include "kv_generate.h"
+#include "kv_needle.h"
+#include "kv_ops.h"
+#include "measure.h"
+
+/* A model shape, a run length and the issue's target for it. */
+typedef struct {
+    const char *name;
+    int dim, hidden, layers, heads, vocab, tokens, seq_len;
+    double target; /* roofline ratio issue 11 asks for (fp32 cache) */
+    const char *why;
+} engine_cfg;
+
+static const engine_cfg configs[] = {
+    {"small", 288, 768, 6, 6, 32000, 256, 256, 0.85,
+     "llama2.c-15M shape, ~61 MB of fp32 weights: just over a 32 MiB LLC"},
+    {"long", 288, 768, 6, 6, 32000, 8000, 8192, 0.80,
+     "the same model, 8000 tokens: the KV cache outgrows the weights"},
+    {"large", 768, 2048, 12, 12, 32000, 256, 256, 0.85,
+     "~440 MB of weights: far beyond any LLC, pure weight streaming"},
+};
+#define N_CONFIGS ((int)(sizeof configs / sizeof configs[0]))
+static const char *const config_names[] = {"small", "long", "large", "all", NULL};
+
+/* One config: build the model, decode `repeats` times, print one result row. *missed counts
+ * configs under target. */
+static int run_config(const engine_cfg *e, const char *cache, int repeats, int custom,
+                      int *missed, kv_err *err)
+{
+    kv_config c = {0};
+    c.dim = e->dim;
+    c.hidden_dim = e->hidden;
+    c.n_layers = e->layers;
+    c.n_heads = e->heads;
+    c.n_kv_heads = e->heads;
+    c.vocab_size = e->vocab;
+    c.seq_len = e->seq_len;
+    kv_config_set_defaults(&c);
+    c.tied_classifier = 0; /* llama2.c checkpoints of this size carry their own classifier */
+    int st = kv_config_validate(&c, err);
+    if (st) return st;
+    kv_model m = {0};
+    kv_backend *b = NULL;
+    kv_run_log run = {0};
+    kv_cache_spec spec;
+    st = kv_needle_cache_spec(cache, 1, e->seq_len, &spec, err);
+    if (!st) st = kv_model_alloc(&m, &c, err);
+    if (!st) {
+        kv_model_randomize(&m, 1234);
+        st = kv_backend_cpu(&b, &m, &spec, err);
+    }
+    if (!st) st = kv_run_log_init(&run, KV_MODE_CACHED, e->tokens, repeats, err);
+    kv_bandwidth bw0 = {0}, bw1 = {0};
+    if (!st) st = kv_read_bandwidth(&bw0, 0, 0, err);
+    const int prompt[1] = {1}; /* BOS: every step is one decoded token */
+    kv_progress prog;
+    kv_progress_start(&prog, "bench engine");
+    for (int r = 0; r < repeats && !st; r++)
+        st = kv_run_once(&run, b, prompt, 1, &prog, (long)r * e->tokens, (long)repeats * e->tokens, err);
+    kv_progress_end(&prog);
+    if (!st) st = kv_read_bandwidth(&bw1, 0, 0, err);
+    if (!st) {
+        const double bw = bw0.bytes_per_s > bw1.bytes_per_s ? bw0.bytes_per_s : bw1.bytes_per_s;
+        const double t = kv_run_total_median(&run);
+        const double wbytes = kv_decode_weight_bytes(&c) * e->tokens;
+        const double kvbytes = run.sum.kv_bytes_read;
+        const double ratio = (wbytes + kvbytes) / t / bw;
+        const int64_t llc = kv_llc_bytes(NULL, NULL);
+        char desc[256], wb[32], kb[32];
+        kv_config_describe(&c, desc, sizeof desc);
+        printf("\n[%s] %s; %s\n", custom ? "custom" : e->name, desc, e->why);
+        printf("  weights %s per token (%.1fx the LLC); KV read %s per token on average "
+               "(cache %s); %d tokens, %d repeats, median\n",
+               kv_fmt_bytes(wbytes / e->tokens, wb, sizeof wb),
+               llc > 0 ? wbytes / e->tokens / (double)llc : 0.0,
+               kv_fmt_bytes(kvbytes / e->tokens, kb, sizeof kb), cache, e->tokens, repeats);
+        printf("  bandwidth before %.2f, after %.2f GB/s (used: %.2f)\n", bw0.bytes_per_s * 1e-9,
+               bw1.bytes_per_s * 1e-9, bw * 1e-9);
+        printf("  %.2f ms/token, %.1f tokens/s, %.2f GB/s read; roofline %.2f ms/token; "
+               "ratio %.3f", t / e->tokens * 1e3, e->tokens / t, (wbytes + kvbytes) / t * 1e-9,
+               (wbytes + kvbytes) / bw / e->tokens * 1e3, ratio);
+        if (custom || strcmp(cache, "fp32") != 0) printf(" (no target for this shape/cache)\n");
+        else if (ratio >= e->target) printf("  target >= %.2f: met\n", e->target);
+        else {
+            printf("  target >= %.2f: MISSED\n", e->target);
+            ++*missed;
+        }
+        if (run.repeats_differ) printf("  warning: repeats chose different tokens\n");
+    }
+    kv_run_log_free(&run);
+    if (b) kv_backend_destroy(b);
+    kv_model_free(&m);
+    return st;
+}
+
+int cmd_bench_engine(int argc, char **argv)
+{
+    const char *cmd = "kvlab bench engine";
+    const char *which = "small", *cache = "fp32";
+    int ignore_load = 0;
+    int repeats = 0, tokens = 0, dim = 0, layers = 0, heads = 0, hidden = 0, vocab = 0, seq = 0;
+    kv_opt opts[] = {
+        {"--config", KV_OPT_CHOICE, &which, 0, 0, config_names, "NAME", "small (dim 288, L 6, vocab 32000, 256 tokens), long (the same, 8000 tokens, seq_len 8192), large (dim 768, L 12), or all (default small)", 0},
+        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "cache storage, as kvlab generate --cache (default fp32; the targets are for fp32)", 0},
+        {"--ignore-load", KV_OPT_FLAG, &ignore_load, 0, 0, NULL, NULL, "run the OpenMP team even when the machine has no idle core (kv_parallel_ignore_load; default: ops fall back to one thread then)", 0},
+        {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "runs per config, median (default 5; long: 1)", 0},
+        {"--tokens", KV_OPT_INT, &tokens, 1, 1 << 20, NULL, "N", "tokens to decode (overrides the config's; no target then)", 0},
+        {"--dim", KV_OPT_INT, &dim, 2, 65536, NULL, "D", "model width (override)", 0},
+        {"--layers", KV_OPT_INT, &layers, 1, 1024, NULL, "L", "layers (override)", 0},
+        {"--heads", KV_OPT_INT, &heads, 1, 1024, NULL, "H", "heads (override)", 0},
+        {"--hidden", KV_OPT_INT, &hidden, 1, 1 << 20, NULL, "F", "SwiGLU width (override)", 0},
+        {"--vocab", KV_OPT_INT, &vocab, 2, 1 << 24, NULL, "V", "vocabulary (override)", 0},
+        {"--seq-len", KV_OPT_INT, &seq, 1, 1 << 24, NULL, "S", "cache capacity (override; >= tokens)", 0},
+    };
+    int r = kv_args_parse(cmd,
+                          "Greedy decoding of random-weight llama2.c-format models, one token per step,\n"
+                          "timed against the memory roofline measured in the same run:\n"
+                          "  ratio = (weight bytes + KV bytes read) / run time / read bandwidth\n"
+                          "(kvlab bench bandwidth). A target the issue sets and the run misses is\n"
+                          "printed as MISSED; the exit code stays 0 (a benchmark, not a test).",
+                          argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (r == KV_ARGS_HELP) return KV_EXIT_OK;
+    if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    const int custom = tokens || dim || layers || heads || hidden || vocab || seq;
+    int st = KV_OK, missed = 0, ran = 0;
+    kv_err err = {{0}};
+    kv_cache_spec probe;
+    if ((st = kv_needle_cache_spec(cache, 1, 1 << 12, &probe, &err)))
+        return kv_cli_fail(cmd, "--cache", st, &err);
+    kv_parallel_ignore_load(ignore_load);
+    printf("bench engine: %d OpenMP threads%s, fp32 weights, cache %s\n", omp_get_max_threads(),
+           ignore_load ? " (even on a busy machine)" : " (one thread while the machine is busy)", cache);
+    for (int i = 0; i < N_CONFIGS && !st; i++) {
+        if (strcmp(which, "all") && strcmp(which, configs[i].name)) continue;
+        engine_cfg e = configs[i];
+        if (tokens) e.tokens = tokens;
+        if (dim) e.dim = dim;
+        if (layers) e.layers = layers;
+        if (heads) e.heads = heads;
+        if (hidden) e.hidden = hidden;
+        if (vocab) e.vocab = vocab;
+        /* kv_generate() holds room for the prompt (BOS) and every chosen token */
+        if (seq) e.seq_len = seq;
+        else if (e.seq_len < e.tokens + 1) e.seq_len = e.tokens + 1;
+        if (e.tokens + 1 > e.seq_len)
+            return kv_args_bad(cmd, "--tokens", "BOS + %d tokens exceed the cache capacity %d",
+                               e.tokens, e.seq_len);
+        const int reps = repeats ? repeats : (e.tokens > 2048 ? 1 : 5);
+        st = run_config(&e, cache, reps, custom, &missed, &err);
+        ran++;
+    }
+    if (st) return kv_cli_fail(cmd, "run", st, &err);
+    printf("\n%d config%s run; %d below target\n", ran, ran == 1 ? "" : "s", missed);
+    printf("formulas: weight bytes/token = 4 (P + dim V + dim + (2L+1) dim), P = L (dim H d + 2 dim H_kv d\n"
+           "  + H d dim + 3 dim hidden); KV bytes read at position p = L 2 H_kv d b (p+1);\n"
+           "  ratio = (weight + KV bytes) / median run time / bandwidth; GB = 1e9 bytes\n");
+    return KV_EXIT_OK;
+}

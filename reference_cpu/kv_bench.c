@@ -1,0 +1,129 @@
+/* Measuring the machine for the benchmarks (kv_bench.h): its last-level cache and read
+ * bandwidth, and the weight bytes of one decode token. */
+#include "kv_bench.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Parse "32768K" / "1M" / "512" from a sysfs size file. */
+static int64_t read_size_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char buf[64] = {0};
+    int64_t v = 0;
+    if (fgets(buf, sizeof buf, f)) {
+        char *end = NULL;
+        v = strtoll(buf, &end, 10);
+        if (end && (*end == 'K' || *end == 'k')) v <<= 10;
+        else if (end && (*end == 'M' || *end == 'm')) v <<= 20;
+    }
+    fclose(f);
+    return v > 0 ? v : 0;
+}
+
+static int read_int_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int v = -1;
+    if (fscanf(f, "%d", &v) != 1) v = -1;
+    fclose(f);
+    return v;
+}
+
+int64_t kv_llc_bytes(int *level, const char **source)
+{
+    /* sysfs lists cpu0's caches as index0..N; the last-level one has the largest level.
+     * (glibc's sysconf answer for L3 is on some virtual machines the sum over all of the
+     * host's cache dies, so sysfs comes first.) */
+    int64_t best = 0;
+    int best_level = 0;
+    for (int i = 0; i < 16; i++) {
+        char path[128], type[32] = {0};
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+        FILE *f = fopen(path, "r");
+        if (!f) break;
+        int ok = fgets(type, sizeof type, f) != NULL;
+        fclose(f);
+        if (!ok || strncmp(type, "Instruction", 11) == 0) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        const int lv = read_int_file(path);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        const int64_t sz = read_size_file(path);
+        if (lv > best_level && sz > 0) best_level = lv, best = sz;
+    }
+    const char *src = "sysfs";
+#if defined(_SC_LEVEL3_CACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
+    if (best == 0) {
+        long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        if (l3 > 0) best = l3, best_level = 3, src = "sysconf";
+        else if (l2 > 0) best = l2, best_level = 2, src = "sysconf";
+    }
+#endif
+    if (best == 0) src = "unknown";
+    if (level) *level = best_level;
+    if (source) *source = src;
+    return best;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int kv_read_bandwidth(kv_bandwidth *out, size_t buffer_bytes, int repeats, kv_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (repeats <= 0) repeats = 7;
+    if (repeats > 64) repeats = 64;
+    if (buffer_bytes == 0) {
+        const int64_t llc = kv_llc_bytes(NULL, NULL);
+        buffer_bytes = (size_t)8 * (size_t)(llc > 0 ? llc : 0);
+        if (buffer_bytes < ((size_t)256 << 20)) buffer_bytes = (size_t)256 << 20;
+        if (buffer_bytes > ((size_t)1 << 30)) buffer_bytes = (size_t)1 << 30;
+    }
+    const size_t n = buffer_bytes / sizeof(uint64_t);
+    uint64_t *x = kv_calloc(n * sizeof *x); /* [n] */
+    if (!x)
+        return kv_fail(err, KV_ERR_NOMEM, "bandwidth: could not allocate %.0f MiB",
+                       (double)buffer_bytes / 1048576.0);
+    /* first touch by the same static split the sums use: each thread reads pages it wrote */
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] = i & 7;
+    double t[64];
+    volatile uint64_t sink = 0; /* keeps the sums alive */
+    for (int r = -1; r < repeats; r++) { /* r = -1: warm-up (page tables, clocks) */
+        const double t0 = kv_now();
+        uint64_t s = 0;
+        #pragma omp parallel for schedule(static) reduction(+ : s)
+        for (size_t i = 0; i < n; i++) s += x[i];
+        const double dt = kv_now() - t0;
+        sink += s;
+        if (r >= 0) t[r] = dt;
+    }
+    (void)sink;
+    kv_free(x);
+    qsort(t, (size_t)repeats, sizeof t[0], cmp_double);
+    const double med = repeats % 2 ? t[repeats / 2] : 0.5 * (t[repeats / 2 - 1] + t[repeats / 2]);
+    const double bytes = (double)(n * sizeof(uint64_t));
+    out->bytes_per_s = bytes / med;
+    out->min = bytes / t[repeats - 1];
+    out->max = bytes / t[0];
+    out->buffer_bytes = bytes;
+    out->threads = omp_get_max_threads();
+    out->repeats = repeats;
+    return KV_OK;
+}
+
+double kv_decode_weight_bytes(const kv_config *c)
+{
+    const double L = c->n_layers, H = c->n_heads, Hkv = c->n_kv_heads;
+    const double d = kv_config_head_dim(c), dim = c->dim, hidden = c->hidden_dim;
+    const double P = L * (dim * H * d + 2.0 * dim * Hkv * d + H * d * dim + 3.0 * dim * hidden);
+    return 4.0 * (P + dim * c->vocab_size + dim + (2.0 * L + 1.0) * dim);
+}
