@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <omp.h>
 
@@ -41,8 +42,12 @@ static int machine_busy(void)
     if (f) {
         double l1, l5, l15;
         int running = 0, total = 0;
+        /* the count is machine-wide, so compare with the machine's cores (a container
+         * limited to 2 of 64 cores must not read the host's 20 runnable tasks as "busy") */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        if (cores < omp_get_num_procs()) cores = omp_get_num_procs();
         if (fscanf(f, "%lf %lf %lf %d/%d", &l1, &l5, &l15, &running, &total) == 5)
-            busy = running > omp_get_num_procs(); /* ourselves included */
+            busy = running > cores; /* ourselves included */
         fclose(f);
     }
     atomic_store_explicit(&busy_flag, busy, memory_order_relaxed);

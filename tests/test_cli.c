@@ -200,6 +200,12 @@ static void test_other_args(void)
     EXPECT_BAD("--repeats", "bench", "decode", "--repeats", "0");
     EXPECT_BAD("--steps", "bench", "decode", "--steps", "12abc");
     EXPECT_BAD("--default", "bench", "decode", "--default", "nosuch");
+    /* issue 11: the roofline benchmarks */
+    EXPECT_OK("usage", "bench", "bandwidth", "--help");
+    EXPECT_OK("usage", "bench", "engine", "--help");
+    EXPECT_BAD("--cache", "bench", "engine", "--cache", "nosuch");
+    EXPECT_BAD("--config", "bench", "engine", "--config", "huge");
+    EXPECT_BAD("--tokens", "bench", "engine", "--tokens", "300", "--seq-len", "300");
 }
 
 static void test_calc_figures(void)
@@ -246,8 +252,13 @@ static void test_runs(const char *cuda_mode)
     /* chapter 03: Llama-2-7B MHA 512 KiB per token at fp16, divided by G = 8 for its GQA column */
     EXPECT_OK("64 KiB", "calc", "--compare-heads");
     EXPECT_OK("G", "tour", "--chapter", "3");
+    EXPECT_OK("int8", "tour", "--chapter", "4");
     EXPECT_OK("chapter,mode,step", "tour", "--chapter", "1", "--csv");
     EXPECT_OK("speed-up", "bench", "decode", "--steps", "8", "--repeats", "1");
+    EXPECT_OK("growth exponents", "bench", "decode", "--steps", "8", "--repeats", "1");
+    EXPECT_OK("last-level cache", "bench", "bandwidth", "--mib", "8", "--repeats", "1");
+    EXPECT_OK("ratio", "bench", "engine", "--tokens", "4", "--dim", "32", "--layers", "1",
+              "--heads", "2", "--hidden", "32", "--vocab", "64", "--repeats", "1");
 
     /* greedy naive and cached generation print the same tokens */
     result a = run("generate", "--steps", "24", "--mode", "naive", "--prompt", "abc", (const char *)NULL);
