@@ -37,12 +37,19 @@ int kvcu_download(void *dst, const void *src, size_t bytes, kv_err *err);
 int kvcu_synchronize(kv_err *err);
 
 /* ---- building blocks, twins of kv_ops.h / kv_attention.h (device pointers) ---------- */
+/** kv_rmsnorm() on the GPU: one block per row. */
 int kvcu_rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps, kv_err *err);
+/** kv_matmul() on the GPU: v1 (a warp per output) for T = 1, v2 (shared-memory tiles) for T > 1,
+ * both summing a row in the same order, so a row's bits do not depend on T. */
 int kvcu_matmul(float *y, const float *x, const float *W, int T, int in, int out, kv_err *err);
+/** kv_rope() on the GPU: angles formed in double exactly as the CPU forms them. */
 int kvcu_rope(float *x, const int *pos, int T, int n_heads, int head_dim, int rotary_dim,
               float theta, kv_err *err);
+/** kv_swiglu() on the GPU. */
 int kvcu_swiglu(float *g, const float *u, int64_t n, kv_err *err);
+/** kv_add() on the GPU. */
 int kvcu_add(float *x, const float *y, int64_t n, kv_err *err);
+/** kv_embed() on the GPU (token ids in device memory). */
 int kvcu_embed(float *out, const float *table, const int *tokens, int T, int dim, kv_err *err);
 /**
  * Twin of kv_attn_decode(): q, out [H][d]; k, v [H_kv][max_seq][d] (device). Runs the newest
@@ -68,14 +75,22 @@ typedef struct kvcu_model kvcu_model; /* device copy of a kv_model's weights */
 typedef struct kvcu_cache kvcu_cache; /* device KV cache, same spec and layout as kv_cache */
 typedef struct kvcu_state kvcu_state; /* device scratch buffers of the forward pass */
 
+/** Copy a host model's weights to the device; KV_ERR_NOMEM when they do not fit. */
 int kvcu_model_upload(kvcu_model **out, const kv_model *m, kv_err *err);
+/** Free a device model (NULL is fine). */
 void kvcu_model_free(kvcu_model *m);
+/** kv_cache_create() on the device: same spec, same layout and byte offsets. */
 int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spec *spec,
                       kv_err *err);
+/** Free a device cache (NULL is fine). */
 void kvcu_cache_free(kvcu_cache *c);
+/** Forget a slot's tokens (kv_cache_reset()). */
 void kvcu_cache_reset(kvcu_cache *c, int slot);
+/** Tokens cached in a slot; -1 for a slot out of range. */
 int kvcu_cache_length(const kvcu_cache *c, int slot);
+/** Device scratch of the forward pass; buffers grow with the largest step seen. */
 int kvcu_state_create(kvcu_state **out, kv_err *err);
+/** Free the device scratch (NULL is fine). */
 void kvcu_state_free(kvcu_state *s);
 
 /** The transformer step on the GPU; same contract as kv_forward(). logits: host memory. */

@@ -37,6 +37,7 @@ struct kv_backend {
  */
 int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
                    kv_err *err);
+/** Call b->destroy (NULL is fine). */
 void kv_backend_destroy(kv_backend *b);
 
 #ifdef __cplusplus

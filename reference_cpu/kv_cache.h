@@ -160,6 +160,7 @@ kv_cache_spec kv_cache_spec_default(int n_slots, int capacity);
 
 /** Allocate a cache for a model config; unsupported spec -> KV_ERR_UNSUPPORTED, named. */
 int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec, kv_err *err);
+/** Free the cache's memory (safe on a zeroed struct). */
 void kv_cache_free(kv_cache *c);
 /** Forget a slot's tokens (length 0, and for KIVI nothing quantized); the memory is kept. */
 void kv_cache_reset(kv_cache *c, int slot);

@@ -57,6 +57,7 @@ typedef struct {
 int kv_dialogue_parse(const char *text, const char *name, kv_dialogue *d, kv_err *err);
 /** kv_dialogue_parse() on a file (name = the path). */
 int kv_dialogue_read(const char *path, kv_dialogue *d, kv_err *err);
+/** Free a parsed dialogue (safe on a zeroed struct). */
 void kv_dialogue_free(kv_dialogue *d);
 
 /**
@@ -85,6 +86,7 @@ int kv_session_open(kv_session *s, kv_backend *b, int slot, kv_err *err);
  */
 int kv_session_turn(kv_session *s, const int *tokens, int n, int n_reply, int *reply,
                     kv_err *err);
+/** Release the session's cache slot and buffers. */
 void kv_session_close(kv_session *s);
 
 /**

@@ -74,7 +74,9 @@ typedef struct {
     int *tok_pos;    /* [T] */
 } kv_state;
 
+/** Zero a state; buffers are allocated by the first kv_forward(). */
 void kv_state_init(kv_state *s);
+/** Free the state's buffers (safe on an initialized state). */
 void kv_state_free(kv_state *s);
 
 /**

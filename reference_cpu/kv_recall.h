@@ -94,8 +94,9 @@ int kv_recall_build(kv_model *m, const kv_recall_opts *o, kv_err *err);
 /** Layers of the retrieval path: previous-token layer (-1 for direct) and retrieval layer. */
 void kv_recall_layers(int kind, int n_layers, int *prev_layer, int *retrieval_layer);
 
-/** "direct" / "induction" -> kind (-1 when unknown); and back. */
+/** "direct" / "induction" -> kind (-1 when unknown). */
 int kv_recall_kind_parse(const char *name);
+/** kind -> "direct" / "induction" (kv_recall_kind_parse() backwards). */
 const char *kv_recall_kind_name(int kind);
 
 /* ---- the derivation, as code (docs/recall-models.md) ------------------------------------ */

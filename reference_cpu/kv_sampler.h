@@ -23,6 +23,7 @@ typedef struct {
 /** temperature >= 0, top_p in (0, 1]; KV_ERR_ARG otherwise. */
 int kv_sampler_init(kv_sampler *s, int vocab_size, float temperature, float top_p,
                     uint64_t seed, kv_err *err);
+/** Free the sampler's scratch. */
 void kv_sampler_free(kv_sampler *s);
 /** Index of the largest logit (lowest index on ties). */
 int kv_argmax(const float *logits, int n);

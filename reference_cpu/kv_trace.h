@@ -107,6 +107,7 @@ int kv_trace_parse(const char *text, kv_trace *t, kv_err *err);
 /** Read and parse a file (KV_ERR_IO when it cannot be read). */
 int kv_trace_load(const char *path, kv_trace *t, kv_err *err);
 
+/** Free a trace (safe on a zeroed struct). */
 void kv_trace_free(kv_trace *t);
 
 /**
