@@ -45,6 +45,9 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
     *out = NULL;
     int st = kv_cache_spec_check("kvcu_cache_create", cfg, spec, err);
     if (st) return st;
+    if (spec->layout == KV_LAYOUT_PAGED)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_create: the paged layout is not "
+                       "built on the GPU yet");
     const int L = cfg->n_layers, d = kv_config_head_dim(cfg);
     /* elements of K (and of V) as fp32, checked for overflow */
     const size_t factors[5] = {(size_t)L, (size_t)spec->n_slots, (size_t)cfg->n_kv_heads,

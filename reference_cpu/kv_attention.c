@@ -87,8 +87,12 @@ void kv_attn_row(const kv_head_view *h, int64_t t, float *out)
         memcpy(out, h->ring + (t % h->window) * d, (size_t)d * sizeof(float));
         return;
     }
-    const uint8_t *row = h->codes + t * kvq_row_bytes(h->fmt, d);
+    const int64_t r = kv_view_row(h, t); /* the stored row: codes and metadata live there */
+    const uint8_t *row = h->codes + r * kvq_row_bytes(h->fmt, d);
     switch (h->fmt) {
+    case KV_QF_F32: /* a paged fp32 row: plain floats, wherever its block is */
+        memcpy(out, row, (size_t)d * sizeof(float));
+        return;
     case KV_QF_F16: case KV_QF_BF16: {
         uint16_t b[256];
         for (int j0 = 0; j0 < d; j0 += 256) {
@@ -107,7 +111,7 @@ void kv_attn_row(const kv_head_view *h, int64_t t, float *out)
         return;
     case KV_QF_INT8: case KV_QF_INT8_G32: case KV_QF_INT8_G64: case KV_QF_INT8_G128: {
         const int g = kvq_row_group(h->fmt, h->role, d);
-        const float *s = (const float *)h->meta + kvq_meta_index(h->fmt, h->role, t, 0, d);
+        const float *s = (const float *)h->meta + kvq_meta_index(h->fmt, h->role, r, 0, d);
         for (int j0 = 0; j0 < d; j0 += g) { /* group by group: no division per element */
             const float sg = s[j0 / g];
             for (int j = j0; j < j0 + g; j++) out[j] = kvq_int8_decode((int8_t)row[j], sg);
@@ -115,7 +119,7 @@ void kv_attn_row(const kv_head_view *h, int64_t t, float *out)
         return;
     }
     case KV_QF_INT4_KIVI: case KV_QF_INT2_KIVI: {
-        const kv_qsz *m = (const kv_qsz *)h->meta + kvq_meta_index(h->fmt, h->role, t, 0, d);
+        const kv_qsz *m = (const kv_qsz *)h->meta + kvq_meta_index(h->fmt, h->role, r, 0, d);
         const int per_channel = h->role == KV_QROLE_KEY; /* keys: one entry per channel */
         /* kvq_unpack() with the bit width a constant of each branch */
         if (h->fmt == KV_QF_INT4_KIVI)
@@ -172,7 +176,7 @@ void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, i
     const int kvh = kv_attn_kv_head(h, n_heads, c->n_kv_heads), d = c->head_dim;
     const kv_head_view kh = kv_cache_view(c, layer, slot, kvh, KV_QROLE_KEY);
     const kv_head_view vh = kv_cache_view(c, layer, slot, kvh, KV_QROLE_VALUE);
-    if (c->fmt[layer] == KV_QF_F32) { /* chapter 02: the rows are plain floats */
+    if (c->fmt[layer] == KV_QF_F32 && !kh.blocks) { /* chapter 02: the rows are plain floats */
         attend_head(qh, (const float *)(const void *)kh.codes,
                     (const float *)(const void *)vh.codes, oh, att, d, pos + 1);
         return;

@@ -13,12 +13,36 @@ static int cpu_forward(kv_backend *b, const kv_seq *seqs, int n_seqs, float *log
                        kv_counters *cnt, kv_err *err)
 {
     cpu_impl *p = b->impl;
-    return kv_forward(p->model, &p->cache, &p->state, seqs, n_seqs, logits, cnt, err);
+    int rc = b->paged ? kv_paged_prepare(b, seqs, n_seqs, err) : KV_OK;
+    if (!rc) rc = kv_forward(p->model, &p->cache, &p->state, seqs, n_seqs, logits, cnt, err);
+    if (!rc && b->paged) rc = kv_paged_commit(b, seqs, n_seqs, err);
+    return rc;
 }
 
 static void cpu_reset(kv_backend *b, int slot)
 {
+    if (b->paged) kv_paged_release(b, slot, NULL);
     kv_cache_reset(&((cpu_impl *)b->impl)->cache, slot);
+}
+
+static int cpu_set_blocks(kv_backend *b, int slot, const int *blocks, int n, kv_err *err)
+{
+    return kv_cache_set_blocks(&((cpu_impl *)b->impl)->cache, slot, blocks, n, err);
+}
+
+static int cpu_copy_blocks(kv_backend *b, const kv_block_copy *pairs, int n, kv_err *err)
+{
+    return kv_cache_copy_blocks(&((cpu_impl *)b->impl)->cache, pairs, n, err);
+}
+
+static int cpu_fork_slot(kv_backend *b, int dst, int src, kv_err *err)
+{
+    return kv_cache_fork_slot(&((cpu_impl *)b->impl)->cache, dst, src, err);
+}
+
+static int cpu_set_length(kv_backend *b, int slot, int len, kv_err *err)
+{
+    return kv_cache_set_length(&((cpu_impl *)b->impl)->cache, slot, len, err);
 }
 
 static int cpu_length(kv_backend *b, int slot)
@@ -30,6 +54,7 @@ static int cpu_length(kv_backend *b, int slot)
 static void cpu_destroy(kv_backend *b)
 {
     cpu_impl *p = b->impl;
+    kv_paged_destroy(b->paged);
     if (p) {
         kv_cache_free(&p->cache);
         kv_state_free(&p->state);
@@ -66,8 +91,29 @@ int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec 
     b->reset = cpu_reset;
     b->length = cpu_length;
     b->destroy = cpu_destroy;
+    if (spec->layout == KV_LAYOUT_PAGED) {
+        b->set_blocks = cpu_set_blocks;
+        b->copy_blocks = cpu_copy_blocks;
+        b->fork_slot = cpu_fork_slot;
+        b->set_length = cpu_set_length;
+        rc = kv_paged_create(&b->paged, spec, 0, err);
+        if (rc) {
+            cpu_destroy(b);
+            return rc;
+        }
+    }
     *out = b;
     return KV_OK;
+}
+
+int kv_backend_enable_prefix_cache(kv_backend *b, kv_err *err)
+{
+    if (!b || !b->paged)
+        return kv_fail(err, KV_ERR_ARG, "prefix caching needs a paged cache (--layout paged)");
+    if (b->paged->prefix_caching) return KV_OK;
+    int rc = kv_prefix_init(&b->paged->prefix, &b->paged->pool, err);
+    if (!rc) b->paged->prefix_caching = 1;
+    return rc;
 }
 
 void kv_backend_destroy(kv_backend *b)

@@ -9,6 +9,7 @@
 #define KV_BACKEND_H
 
 #include "kv_forward.h"
+#include "kv_paged.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,14 +30,30 @@ struct kv_backend {
     int (*length)(kv_backend *b, int slot);
     /** Release everything the backend owns (not the model it was given). */
     void (*destroy)(kv_backend *b);
+
+    /* ---- chapter 05: a paged cache (spec.layout KV_LAYOUT_PAGED), else all NULL ---------
+     * forward() and reset() page through @c paged themselves (kv_paged.h); these are the
+     * device operations kv_paged calls, twins of kv_cache.h's. */
+    kv_paged *paged;
+    /** kv_cache_set_blocks() on the backend's cache. */
+    int (*set_blocks)(kv_backend *b, int slot, const int *blocks, int n, kv_err *err);
+    /** kv_cache_copy_blocks(): the step's copy-on-write list, batched. */
+    int (*copy_blocks)(kv_backend *b, const kv_block_copy *pairs, int n, kv_err *err);
+    /** kv_cache_fork_slot(). */
+    int (*fork_slot)(kv_backend *b, int dst, int src, kv_err *err);
+    /** kv_cache_set_length(). */
+    int (*set_length)(kv_backend *b, int slot, int len, kv_err *err);
 };
 
 /**
  * A CPU backend over @p model (borrowed, must outlive the backend) with a cache built
- * from @p spec. *out is allocated; destroy with kv_backend_destroy().
+ * from @p spec. *out is allocated; destroy with kv_backend_destroy(). A paged spec gets a
+ * kv_paged (prefix caching off; kv_backend_enable_prefix_cache() turns it on).
  */
 int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
                    kv_err *err);
+/** Turn the prefix cache of a paged backend on (KV_ERR_ARG on a contiguous one). */
+int kv_backend_enable_prefix_cache(kv_backend *b, kv_err *err);
 /** Call b->destroy (NULL is fine). */
 void kv_backend_destroy(kv_backend *b);
 

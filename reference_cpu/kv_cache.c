@@ -62,10 +62,23 @@ int kv_cache_spec_check(const char *who, const kv_config *cfg, const kv_cache_sp
                         kv_err *err)
 {
     if (!cfg || !spec) return kv_fail(err, KV_ERR_ARG, "%s: NULL argument", who);
-    if (spec->layout != KV_LAYOUT_CONTIGUOUS)
+    if (spec->layout != KV_LAYOUT_CONTIGUOUS && spec->layout != KV_LAYOUT_PAGED)
         return kv_fail(err, KV_ERR_UNSUPPORTED,
-                       "%s: cache layout %d is not supported (contiguous = %d)", who,
-                       spec->layout, KV_LAYOUT_CONTIGUOUS);
+                       "%s: cache layout %d is not supported (contiguous = %d, paged = %d)",
+                       who, spec->layout, KV_LAYOUT_CONTIGUOUS, KV_LAYOUT_PAGED);
+    if (spec->layout == KV_LAYOUT_PAGED) {
+        if (spec->block_size < 1 || spec->block_size > 4096)
+            return kv_fail(err, KV_ERR_ARG, "%s: block size %d is outside [1, 4096]", who,
+                           spec->block_size);
+        if (spec->n_blocks < 1 || (int64_t)spec->n_blocks * spec->block_size > KV_CACHE_MAX_CAPACITY)
+            return kv_fail(err, KV_ERR_ARG, "%s: %d blocks of %d tokens: the pool must hold "
+                           "1 .. %d tokens", who, spec->n_blocks, spec->block_size,
+                           KV_CACHE_MAX_CAPACITY);
+        if (kvq_is_kivi(spec->dtype) && spec->block_size % KV_KIVI_GROUP)
+            return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: a paged %s cache needs the block size "
+                           "(%d) to be a multiple of %d, the tokens one key scale covers", who,
+                           kv_quant_name(spec->dtype), spec->block_size, KV_KIVI_GROUP);
+    }
     if (spec->dtype < 0 || spec->dtype >= KV_QF_COUNT)
         return kv_fail(err, KV_ERR_UNSUPPORTED,
                        "%s: cache dtype %d is not supported (known: 0 fp32 .. %d %s)", who,
@@ -98,14 +111,26 @@ int kv_cache_spec_check(const char *who, const kv_config *cfg, const kv_cache_sp
     return KV_OK;
 }
 
-/* Bytes of each part of one plane (K or V of one layer) for n_heads = n_slots · H_kv heads. */
-static void plane_sizes(int fmt, int role, int64_t heads, int capacity, int d, int window,
-                        size_t sz[4])
+/* Bytes of each part of one plane (K or V of one layer): codes and metadata of row_heads
+ * heads of rows rows each (contiguous: n_slots · H_kv heads of capacity rows; paged: H_kv
+ * heads of N·B pool rows), scales and windows of slot_heads = n_slots · H_kv heads. */
+static void plane_sizes(int fmt, int role, int64_t row_heads, int rows, int64_t slot_heads,
+                        int d, int window, size_t sz[4])
 {
-    sz[0] = (size_t)heads * kv_quant_code_bytes(fmt, capacity, d);           /* codes */
-    sz[1] = (size_t)heads * kv_quant_meta_bytes(fmt, role, capacity, d);     /* meta */
-    sz[2] = kvq_is_fp8(fmt) ? (size_t)heads * sizeof(float) : 0;             /* scale */
-    sz[3] = kvq_is_kivi(fmt) ? (size_t)heads * window * d * sizeof(float) : 0; /* ring */
+    sz[0] = (size_t)row_heads * kv_quant_code_bytes(fmt, rows, d);                /* codes */
+    sz[1] = (size_t)row_heads * kv_quant_meta_bytes(fmt, role, rows, d);          /* meta */
+    sz[2] = kvq_is_fp8(fmt) ? (size_t)slot_heads * sizeof(float) : 0;             /* scale */
+    sz[3] = kvq_is_kivi(fmt) ? (size_t)slot_heads * window * d * sizeof(float) : 0; /* ring */
+}
+
+/* Rows per head of a plane and the heads that own rows, for either layout. */
+static int spec_rows(const kv_cache_spec *spec)
+{
+    return spec->layout == KV_LAYOUT_PAGED ? spec->n_blocks * spec->block_size : spec->capacity;
+}
+static int64_t spec_row_heads(const kv_cache_spec *spec, int n_kv_heads)
+{
+    return spec->layout == KV_LAYOUT_PAGED ? n_kv_heads : (int64_t)spec->n_slots * n_kv_heads;
 }
 
 static size_t align_up(size_t n) { return (n + KV_CACHE_ALIGN - 1) / KV_CACHE_ALIGN * KV_CACHE_ALIGN; }
@@ -118,6 +143,8 @@ size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, 
      * k [L][n_slots][H_kv][capacity][d] followed by v; then metadata, scales and rings,
      * each 64-byte aligned. */
     const int64_t heads = (int64_t)spec->n_slots * n_kv_heads;
+    const int64_t row_heads = spec_row_heads(spec, n_kv_heads);
+    const int rows = spec_rows(spec);
     const int window = spec->kivi_window ? spec->kivi_window : KV_KIVI_WINDOW;
     size_t at = 0;
     for (int part = 0; part < 4; part++)
@@ -127,12 +154,12 @@ size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, 
                 const int r = role == 0 ? KV_QROLE_KEY : KV_QROLE_VALUE;
                 kv_cache_plane *p = role == 0 ? &kp[l] : &vp[l];
                 size_t sz[4];
-                plane_sizes(f, r, heads, spec->capacity, d, window, sz);
+                plane_sizes(f, r, row_heads, rows, heads, d, window, sz);
                 at = part == 0 ? (at + 3) / 4 * 4 : align_up(at);
                 if (part == 0) {
                     memset(p, 0, sizeof *p);
                     p->row_bytes = kvq_row_bytes(f, d);
-                    p->meta_entries = (int64_t)(kv_quant_meta_bytes(f, r, spec->capacity, d) / 4);
+                    p->meta_entries = (int64_t)(kv_quant_meta_bytes(f, r, rows, d) / 4);
                 }
                 if (base && sz[part]) {
                     if (part == 0) p->codes = base + at;
@@ -156,7 +183,8 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
     const int64_t heads = (int64_t)spec->n_slots * cfg->n_kv_heads;
     const int window = spec->kivi_window ? spec->kivi_window : KV_KIVI_WINDOW;
     /* bytes of codes of one fp32 layer (the largest format), checked for overflow */
-    const size_t factors[4] = {(size_t)heads, (size_t)spec->capacity, (size_t)d, 2 * (size_t)L};
+    const size_t factors[4] = {(size_t)spec_row_heads(spec, cfg->n_kv_heads),
+                               (size_t)spec_rows(spec), (size_t)d, 2 * (size_t)L};
     size_t n = sizeof(float);
     for (int i = 0; i < 4; i++) {
         if (n > SIZE_MAX / 4 / factors[i])
@@ -173,7 +201,14 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
     c->vp = kv_calloc((size_t)L * sizeof(kv_cache_plane));
     c->qlen = kv_calloc((size_t)L * spec->n_slots * sizeof(int));
     c->len = kv_calloc((size_t)spec->n_slots * sizeof(int));
-    if (!c->fmt || !c->kp || !c->vp || !c->qlen || !c->len) {
+    c->rows = spec_rows(spec);
+    if (spec->layout == KV_LAYOUT_PAGED) {
+        c->max_blocks = (spec->capacity + spec->block_size - 1) / spec->block_size;
+        c->tables = kv_calloc((size_t)spec->n_slots * c->max_blocks * sizeof(int));
+        c->n_mapped = kv_calloc((size_t)spec->n_slots * sizeof(int));
+    }
+    if (!c->fmt || !c->kp || !c->vp || !c->qlen || !c->len ||
+        (spec->layout == KV_LAYOUT_PAGED && (!c->tables || !c->n_mapped))) {
         kv_cache_free(c);
         return kv_fail(err, KV_ERR_NOMEM, "kv_cache_create: host memory for the cache tables");
     }
@@ -198,7 +233,7 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
             if (p->scale)
                 for (int64_t i = 0; i < heads; i++) p->scale[i] = 1.0f;
         }
-    if (all_f32) { /* chapter 02's arrays: kv_cache_k() / kv_cache_v() work on them */
+    if (all_f32 && !c->tables) { /* chapter 02's arrays: kv_cache_k() / kv_cache_v() work on them */
         c->k = (float *)(void *)c->kp[0].codes;
         c->v = (float *)(void *)c->vp[0].codes;
     }
@@ -214,6 +249,8 @@ void kv_cache_free(kv_cache *c)
     kv_free(c->vp);
     kv_free(c->qlen);
     kv_free(c->len);
+    kv_free(c->tables);
+    kv_free(c->n_mapped);
     memset(c, 0, sizeof *c);
 }
 
@@ -223,6 +260,7 @@ void kv_cache_reset(kv_cache *c, int slot)
     if (!c || !c->len || slot < 0 || slot >= c->spec.n_slots) return;
     c->len[slot] = 0;
     for (int l = 0; l < c->n_layers; l++) c->qlen[(size_t)l * c->spec.n_slots + slot] = 0;
+    if (c->n_mapped) c->n_mapped[slot] = 0; /* paged: the blocks go back with the table */
 }
 
 size_t kv_cache_bytes(const kv_cache *c)
@@ -234,8 +272,9 @@ size_t kv_cache_bytes(const kv_cache *c)
     for (int l = 0; l < c->n_layers; l++)
         for (int role = 0; role < 2; role++) {
             size_t sz[4];
-            plane_sizes(c->fmt[l], role == 0 ? KV_QROLE_KEY : KV_QROLE_VALUE, heads,
-                        c->spec.capacity, c->head_dim, c->window, sz);
+            plane_sizes(c->fmt[l], role == 0 ? KV_QROLE_KEY : KV_QROLE_VALUE,
+                        spec_row_heads(&c->spec, c->n_kv_heads), c->rows, heads, c->head_dim,
+                        c->window, sz);
             total += sz[0] + sz[1] + sz[2] + sz[3];
         }
     return total;
@@ -244,9 +283,14 @@ size_t kv_cache_bytes(const kv_cache *c)
 kv_head_view kv_cache_view(const kv_cache *c, int layer, int slot, int kvh, int role)
 {
     const kv_cache_plane *p = role == KV_QROLE_KEY ? &c->kp[layer] : &c->vp[layer];
+    const int64_t q = c->qlen[(size_t)layer * c->spec.n_slots + slot];
+    if (c->tables)
+        return kv_cache_plane_view_paged(p, c->fmt[layer], role, c->n_kv_heads, c->rows,
+                                         c->head_dim, c->window, slot, kvh, q,
+                                         c->tables + (size_t)slot * c->max_blocks,
+                                         c->spec.block_size);
     return kv_cache_plane_view(p, c->fmt[layer], role, c->n_kv_heads, c->spec.capacity,
-                               c->head_dim, c->window, slot, kvh,
-                               c->qlen[(size_t)layer * c->spec.n_slots + slot]);
+                               c->head_dim, c->window, slot, kvh, q);
 }
 
 /* fp8 calibration from a slot's first chunk: amax of each head's finite values over the n
@@ -274,16 +318,20 @@ static int write_plane(kv_cache *c, int layer, kv_cache_plane *p, int role, int 
                        int n, const float *x, int q0, int q1, kv_err *err)
 {
     const int fmt = c->fmt[layer], d = c->head_dim, Hkv = c->n_kv_heads, R = c->window;
-    const int cap = c->spec.capacity;
+    /* contiguous: the slot's own rows; paged: the pool's rows, found through the table */
+    const int *table = c->tables ? c->tables + (size_t)slot * c->max_blocks : NULL;
+    const int B = c->spec.block_size;
     for (int h = 0; h < Hkv; h++) {
-        const int64_t head = (int64_t)slot * Hkv + h;
-        uint8_t *codes = p->codes + head * cap * p->row_bytes;       /* [capacity][row_bytes] */
-        uint8_t *meta = p->meta ? (uint8_t *)p->meta + head * p->meta_entries * 4 : NULL;
+        const int64_t head = (int64_t)slot * Hkv + h;            /* scales and windows */
+        const int64_t rhead = table ? h : head;                  /* codes and metadata */
+        uint8_t *codes = p->codes + rhead * c->rows * p->row_bytes;  /* [rows][row_bytes] */
+        uint8_t *meta = p->meta ? (uint8_t *)p->meta + rhead * p->meta_entries * 4 : NULL;
         if (!kvq_is_kivi(fmt)) {
             const float scale = p->scale ? p->scale[head] : 1.0f;
             for (int t = 0; t < n; t++) {
                 const float *xr = x + ((size_t)t * Hkv + h) * d;    /* [d] */
-                const int64_t row = pos + t;
+                const int64_t row = table ? (int64_t)table[(pos + t) / B] * B + (pos + t) % B
+                                          : pos + t;
                 if (fmt == KV_QF_F32) { /* chapter 02's copy */
                     memcpy(codes + row * p->row_bytes, xr, (size_t)d * sizeof(float));
                     continue;
@@ -307,9 +355,14 @@ static int write_plane(kv_cache *c, int layer, kv_cache_plane *p, int role, int 
                 memcpy(stage + (size_t)(t - q0) * d,
                        t < pos ? ring + (size_t)(t % R) * d : x + ((size_t)(t - pos) * Hkv + h) * d,
                        (size_t)d * sizeof(float));
-            int rc = kv_quant_encode(fmt, role, stage, q1 - q0, d, 0.0f,
-                                     codes + (int64_t)q0 * p->row_bytes,
-                                     meta + kvq_meta_index(fmt, role, q0, 0, d) * 4, err);
+            /* one 32-token group at a time: a group never straddles two blocks (32 | B) */
+            int rc = KV_OK;
+            for (int g = q0; g < q1 && !rc; g += KV_KIVI_GROUP) {
+                const int64_t row = table ? (int64_t)table[g / B] * B + g % B : g;
+                rc = kv_quant_encode(fmt, role, stage + (size_t)(g - q0) * d, KV_KIVI_GROUP, d,
+                                     0.0f, codes + row * p->row_bytes,
+                                     meta + kvq_meta_index(fmt, role, row, 0, d) * 4, err);
+            }
             kv_free(stage);
             if (rc) return rc;
         }
@@ -348,4 +401,111 @@ int kv_cache_write_seq(kv_cache *c, int layer, int slot, int pos, int n, const f
 void kv_cache_write(kv_cache *c, int layer, int slot, int pos, const float *k, const float *v)
 {
     kv_cache_write_seq(c, layer, slot, pos, 1, k, v, NULL);
+}
+
+/* ---- chapter 05: the paged layout's operations ---------------------------------------- */
+
+static int paged_slot(const kv_cache *c, const char *who, int slot, kv_err *err)
+{
+    if (!c || !c->tables)
+        return kv_fail(err, KV_ERR_ARG, "%s: the cache is not paged", who);
+    if (slot < 0 || slot >= c->spec.n_slots)
+        return kv_fail(err, KV_ERR_ARG, "%s: slot %d is outside [0, %d)", who, slot,
+                       c->spec.n_slots);
+    return KV_OK;
+}
+
+int kv_cache_set_blocks(kv_cache *c, int slot, const int *blocks, int n, kv_err *err)
+{
+    int rc = paged_slot(c, "kv_cache_set_blocks", slot, err);
+    if (rc) return rc;
+    if (n < 0 || n > c->max_blocks || (n > 0 && !blocks))
+        return kv_fail(err, KV_ERR_ARG, "kv_cache_set_blocks: %d blocks for slot %d (max %d)",
+                       n, slot, c->max_blocks);
+    if ((int64_t)n * c->spec.block_size < c->len[slot])
+        return kv_fail(err, KV_ERR_ARG, "kv_cache_set_blocks: %d blocks cannot hold the %d "
+                       "tokens slot %d caches", n, c->len[slot], slot);
+    for (int i = 0; i < n; i++)
+        if (blocks[i] < 0 || blocks[i] >= c->spec.n_blocks)
+            return kv_fail(err, KV_ERR_ARG, "kv_cache_set_blocks: slot %d entry %d is block "
+                           "%d, outside the pool [0, %d)", slot, i, blocks[i], c->spec.n_blocks);
+    memcpy(c->tables + (size_t)slot * c->max_blocks, blocks, (size_t)n * sizeof(int));
+    c->n_mapped[slot] = n;
+    return KV_OK;
+}
+
+int kv_cache_fork_slot(kv_cache *c, int dst, int src, kv_err *err)
+{
+    int rc = paged_slot(c, "kv_cache_fork_slot", dst, err);
+    if (!rc) rc = paged_slot(c, "kv_cache_fork_slot", src, err);
+    if (rc || dst == src) return rc;
+    const int64_t Hkv = c->n_kv_heads, d = c->head_dim;
+    c->len[dst] = c->len[src];
+    for (int l = 0; l < c->n_layers; l++) {
+        const size_t ns = (size_t)c->spec.n_slots;
+        c->qlen[l * ns + dst] = c->qlen[l * ns + src];
+        for (int role = 0; role < 2; role++) {
+            kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
+            if (p->scale) memcpy(p->scale + dst * Hkv, p->scale + src * Hkv, Hkv * sizeof(float));
+            if (p->ring)
+                memcpy(p->ring + dst * Hkv * c->window * d, p->ring + src * Hkv * c->window * d,
+                       (size_t)(Hkv * c->window * d) * sizeof(float));
+        }
+    }
+    return KV_OK;
+}
+
+int kv_cache_set_length(kv_cache *c, int slot, int len, kv_err *err)
+{
+    int rc = paged_slot(c, "kv_cache_set_length", slot, err);
+    if (rc) return rc;
+    for (int l = 0; l < c->n_layers; l++)
+        if (kvq_is_fp8(c->fmt[l]) || kvq_is_kivi(c->fmt[l]))
+            return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_set_length: layer %d stores %s, "
+                           "whose scales or window belong to the sequence that wrote the rows: "
+                           "its blocks cannot be adopted by another sequence", l,
+                           kv_quant_name(c->fmt[l]));
+    if (c->len[slot] != 0)
+        return kv_fail(err, KV_ERR_ARG, "kv_cache_set_length: slot %d already holds %d tokens",
+                       slot, c->len[slot]);
+    if (len < 0 || (int64_t)len > (int64_t)c->n_mapped[slot] * c->spec.block_size)
+        return kv_fail(err, KV_ERR_ARG, "kv_cache_set_length: %d tokens but slot %d maps %d "
+                       "blocks of %d", len, slot, c->n_mapped[slot], c->spec.block_size);
+    c->len[slot] = len;
+    return KV_OK;
+}
+
+int kv_cache_copy_blocks(kv_cache *c, const kv_block_copy *pairs, int n, kv_err *err)
+{
+    if (!c || !c->tables)
+        return kv_fail(err, KV_ERR_ARG, "kv_cache_copy_blocks: the cache is not paged");
+    const int B = c->spec.block_size, d = c->head_dim;
+    for (int i = 0; i < n; i++)
+        if (pairs[i].src < 0 || pairs[i].src >= c->spec.n_blocks || pairs[i].dst < 0 ||
+            pairs[i].dst >= c->spec.n_blocks)
+            return kv_fail(err, KV_ERR_ARG, "kv_cache_copy_blocks: pair %d (%d -> %d) is "
+                           "outside the pool [0, %d)", i, pairs[i].src, pairs[i].dst,
+                           c->spec.n_blocks);
+    for (int i = 0; i < n; i++) {
+        const int64_t s0 = (int64_t)pairs[i].src * B, d0 = (int64_t)pairs[i].dst * B;
+        for (int l = 0; l < c->n_layers; l++)
+            for (int role = 0; role < 2; role++) {
+                kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
+                const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY, f = c->fmt[l];
+                /* a block's metadata entries are contiguous too: meta index is linear in the
+                 * row (per token) or in the 32-row group (KIVI keys), and 32 | B there */
+                const int64_t m0 = kvq_meta_index(f, r, s0, 0, d), m1 = kvq_meta_index(f, r, d0, 0, d);
+                const int64_t mn = kvq_meta_index(f, r, s0 + B, 0, d) - m0;
+                for (int h = 0; h < c->n_kv_heads; h++) {
+                    uint8_t *codes = p->codes + (int64_t)h * c->rows * p->row_bytes;
+                    memcpy(codes + d0 * p->row_bytes, codes + s0 * p->row_bytes,
+                           (size_t)(B * p->row_bytes));
+                    if (p->meta && mn > 0) {
+                        uint8_t *meta = (uint8_t *)p->meta + (int64_t)h * p->meta_entries * 4;
+                        memcpy(meta + m1 * 4, meta + m0 * 4, (size_t)mn * 4);
+                    }
+                }
+            }
+    }
+    return KV_OK;
 }

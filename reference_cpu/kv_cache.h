@@ -34,12 +34,28 @@
  *    see the cache as it is after the whole chunk is written (the spill of a chunk happens
  *    before its attention), so a chunked prefill reads the same as the chunk boundaries
  *    decide, deterministically.
+ *
+ * Chapter 05 (paged layout, spec.layout = KV_LAYOUT_PAGED). The rows of every sequence live
+ * in one pool of N = spec.n_blocks blocks of B = spec.block_size tokens, per layer and per
+ * KV head:
+ *   codes  [H_kv][N·B][row_bytes]       physical row = block·B + offset (kv_block_table.h)
+ *   meta   [H_kv][meta_entries(N·B)]    the format's metadata of those rows
+ *   scale  [n_slots][H_kv]              fp8: still one calibration per sequence
+ *   ring   [n_slots][H_kv][window][d]   KIVI: still one fp32 window per sequence
+ *   tables [n_slots][max_blocks]        logical block i of a slot -> physical block
+ * A slot is now only a handle on a sequence: it owns no rows, just its table (set by the
+ * caller with kv_cache_set_blocks(), normally kv_paged.h on behalf of a kv_backend). Position
+ * t of a slot is physical row tables[t / B]·B + t % B; attention finds it through the
+ * kv_head_view, so the math of every format is unchanged. KIVI groups 32 tokens, so a KIVI
+ * paged cache needs 32 | B. Head-major pools keep a head's rows of one block adjacent; a block
+ * copy is one run of B rows per (layer, K/V, head).
  */
 #ifndef KV_CACHE_H
 #define KV_CACHE_H
 
 #include <stdint.h>
 
+#include "kv_block_table.h"
 #include "kv_config.h"
 #include "kv_quant_math.h"
 
@@ -49,7 +65,8 @@ extern "C" {
 
 /** Where a sequence's K/V rows live. */
 typedef enum {
-    KV_LAYOUT_CONTIGUOUS = 0 /**< one [capacity][d] row block per (layer, slot, kv head) */
+    KV_LAYOUT_CONTIGUOUS = 0, /**< one [capacity][d] row block per (layer, slot, kv head) */
+    KV_LAYOUT_PAGED = 1       /**< chapter 05: rows in a pool of blocks, found by block tables */
 } kv_layout;
 /** How a cached element is stored: the values are the ::kv_qformat formats of kv_quant.h. */
 typedef enum {
@@ -67,6 +84,8 @@ typedef struct {
     uint64_t dtype_layers;
     int fp8_per_head; /**< fp8: 1 = one scale per kv head, 0 = one per tensor (layer's K or V) */
     int kivi_window;  /**< KIVI: fp32 window of newest tokens, a multiple of 32; 0 = 128 */
+    int block_size;   /**< paged: tokens per block B (KIVI needs a multiple of 32) */
+    int n_blocks;     /**< paged: blocks in the pool N */
 } kv_cache_spec;
 
 /** Bytes one stored element takes (b), metadata included, at head dim @p d
@@ -104,6 +123,10 @@ typedef struct {
 typedef struct {
     kv_cache_spec spec;
     int n_layers, n_kv_heads, head_dim;
+    int rows;          /* rows per head of a plane: capacity (contiguous) or N·B (paged) */
+    int max_blocks;    /* paged: ceil(capacity / B) table entries per slot, else 0 */
+    int *tables;       /* paged: [n_slots][max_blocks] physical block ids, else NULL */
+    int *n_mapped;     /* paged: [n_slots] table entries set, else NULL */
     int window;        /* KIVI window R (0 when no layer is KIVI) */
     float *k;          /* all-fp32 caches: [L][n_slots][H_kv][capacity][d], else NULL */
     float *v;          /* all-fp32 caches: [L][n_slots][H_kv][capacity][d], else NULL */
@@ -126,13 +149,23 @@ typedef struct {
     const void *meta;     /* this head's metadata */
     const float *ring;    /* [window][d] or NULL */
     float scale;          /* fp8 scale of this head */
+    const int *blocks;    /* paged: the slot's table [max_blocks]; NULL = contiguous */
+    int block_size;       /* paged: B */
 } kv_head_view;
+
+/** Where row t of a view is stored: t itself (contiguous), or its physical row (paged). */
+static inline KV_HD int64_t kv_view_row(const kv_head_view *h, int64_t t)
+{
+    if (!h->blocks) return t;
+    return (int64_t)h->blocks[t / h->block_size] * h->block_size + t % h->block_size;
+}
 
 /** Element j of row t of a head view: the fused dequantization attention calls inline. */
 static inline KV_HD float kv_cache_elem(const kv_head_view *h, int64_t t, int j)
 {
     if (t >= h->q) return h->ring[(t % h->window) * h->d + j];
-    return kvq_decode_element(h->fmt, h->role, h->codes, h->meta, t, j, h->d, h->scale);
+    return kvq_decode_element(h->fmt, h->role, h->codes, h->meta, kv_view_row(h, t), j, h->d,
+                              h->scale);
 }
 
 /** Build the view of (layer plane @p p of format @p fmt, slot, kvh). @p q: quantized rows
@@ -152,6 +185,26 @@ static inline KV_HD kv_head_view kv_cache_plane_view(const kv_cache_plane *p, in
     h.meta = p->meta ? (const uint8_t *)p->meta + head * p->meta_entries * 4 : NULL;
     h.ring = p->ring ? p->ring + head * window * d : NULL;
     h.scale = p->scale ? p->scale[head] : 1.0f;
+    h.blocks = NULL;
+    h.block_size = 0;
+    return h;
+}
+
+/** The paged twin of kv_cache_plane_view(): codes and metadata from head @p kvh of the pool
+ * (@p pool_rows = N·B rows), the fp8 scale and KIVI window from the slot, rows mapped through
+ * @p blocks (the slot's table) of @p block_size tokens. */
+static inline KV_HD kv_head_view kv_cache_plane_view_paged(const kv_cache_plane *p, int fmt,
+                                                          int role, int n_kv_heads,
+                                                          int pool_rows, int d, int window,
+                                                          int slot, int kvh, int64_t q,
+                                                          const int *blocks, int block_size)
+{
+    kv_head_view h = kv_cache_plane_view(p, fmt, role, n_kv_heads, pool_rows, d, window, 0, kvh, q);
+    const int64_t head = (int64_t)slot * n_kv_heads + kvh;
+    h.ring = p->ring ? p->ring + head * window * d : NULL;
+    h.scale = p->scale ? p->scale[head] : 1.0f;
+    h.blocks = blocks;
+    h.block_size = block_size;
     return h;
 }
 
@@ -189,6 +242,34 @@ kv_head_view kv_cache_view(const kv_cache *c, int layer, int slot, int kvh, int 
  */
 int kv_cache_write_seq(kv_cache *c, int layer, int slot, int pos, int n, const float *k,
                        const float *v, kv_err *err);
+
+/**
+ * Paged caches: map logical blocks 0 .. n-1 of @p slot to physical blocks @p blocks [n]
+ * (the slot's kv_block_table). KV_ERR_ARG on a contiguous cache, n > max_blocks, an id
+ * outside the pool, or a map that no longer covers the slot's cached tokens.
+ */
+int kv_cache_set_blocks(kv_cache *c, int slot, const int *blocks, int n, kv_err *err);
+
+/**
+ * A fork's per-sequence state: @p dst takes @p src's length, KIVI quantized count and fp32
+ * window, and fp8 scales (the rows themselves are shared through the block table the caller
+ * sets). Paged caches only.
+ */
+int kv_cache_fork_slot(kv_cache *c, int dst, int src, kv_err *err);
+
+/**
+ * A prefix-cache hit: @p slot's mapped blocks already hold its first @p len tokens, written by
+ * another sequence. KV_ERR_UNSUPPORTED when a layer is fp8 or KIVI (their scales and windows
+ * belong to the sequence that wrote the rows, not to the rows), KV_ERR_ARG when len exceeds
+ * the mapped blocks or the slot is not empty.
+ */
+int kv_cache_set_length(kv_cache *c, int slot, int len, kv_err *err);
+
+/**
+ * Copy every layer's K and V rows (codes and metadata) of block src into block dst, for each
+ * pair in order: the copy-on-write list of a step (kv_block_table.h). Paged caches only.
+ */
+int kv_cache_copy_blocks(kv_cache *c, const kv_block_copy *pairs, int n, kv_err *err);
 
 /** One token: kv_cache_write_seq() with n = 1 (a KIVI spill's scratch failing is ignored
  * here; use kv_cache_write_seq() to see it). k, v [H_kv][d]. */

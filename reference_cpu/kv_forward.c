@@ -151,6 +151,22 @@ int kv_batch_check(const char *who, const kv_config *cfg, const kv_cache_spec *s
     return KV_OK;
 }
 
+int kv_paged_batch_check(const char *who, const int *n_mapped, int block_size,
+                         const kv_seq *seqs, int n_seqs, kv_err *err)
+{
+    /* a paged slot owns only the blocks its table maps: a write past them has nowhere to go */
+    for (int i = 0; i < n_seqs; i++) {
+        const int64_t end = (int64_t)seqs[i].pos + seqs[i].n_tokens;
+        const int64_t mapped = (int64_t)n_mapped[seqs[i].slot] * block_size;
+        if (end > mapped)
+            return kv_fail(err, KV_ERR_CAPACITY,
+                           "%s: sequence %d: positions up to %lld but slot %d has %d blocks "
+                           "(%lld tokens) mapped", who, i, (long long)end - 1, seqs[i].slot,
+                           n_mapped[seqs[i].slot], (long long)mapped);
+    }
+    return KV_OK;
+}
+
 int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, int n_seqs,
                float *logits, kv_counters *cnt, kv_err *err)
 {
@@ -158,6 +174,8 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
     int T = 0;
     int rc = kv_batch_check("kv_forward", &m->config, &c->spec, c->n_layers, c->n_kv_heads,
                             c->head_dim, c->len, seqs, n_seqs, &T, err);
+    if (!rc && c->tables)
+        rc = kv_paged_batch_check("kv_forward", c->n_mapped, c->spec.block_size, seqs, n_seqs, err);
     if (rc) return rc;
     rc = state_reserve(s, &m->config, T, n_seqs, err);
     if (rc) return rc;

@@ -1,0 +1,190 @@
+/* Paging for a backend (kv_paged.h): pool, tables, copy-on-write and prefix cache on the
+ * host; the bytes move on whatever device the backend's cache lives on. */
+#include "kv_paged.h"
+#include "kv_backend.h"
+
+#include <string.h>
+
+int kv_paged_create(kv_paged **out, const kv_cache_spec *spec, int prefix_caching, kv_err *err)
+{
+    *out = NULL;
+    if (!spec || spec->layout != KV_LAYOUT_PAGED)
+        return kv_fail(err, KV_ERR_ARG, "kv_paged_create: the cache spec is not paged");
+    kv_paged *pg = kv_calloc(sizeof *pg);
+    if (!pg) return kv_fail(err, KV_ERR_NOMEM, "kv_paged_create: out of memory");
+    pg->n_slots = spec->n_slots;
+    pg->tables = kv_calloc((size_t)spec->n_slots * sizeof(kv_block_table));
+    pg->tokens = kv_calloc((size_t)spec->n_slots * sizeof(int *));
+    pg->tok_cap = kv_calloc((size_t)spec->n_slots * sizeof(int64_t));
+    kv_copy_list_init(&pg->copies);
+    int rc = (!pg->tables || !pg->tokens || !pg->tok_cap)
+                 ? kv_fail(err, KV_ERR_NOMEM, "kv_paged_create: out of memory")
+                 : kv_pool_init(&pg->pool, spec->n_blocks, spec->block_size, 0, err);
+    if (!rc && prefix_caching) {
+        rc = kv_prefix_init(&pg->prefix, &pg->pool, err);
+        pg->prefix_caching = !rc;
+    }
+    if (rc) {
+        kv_paged_destroy(pg);
+        return rc;
+    }
+    for (int s = 0; s < spec->n_slots; s++) kv_block_table_init(&pg->tables[s], spec->block_size);
+    *out = pg;
+    return KV_OK;
+}
+
+void kv_paged_destroy(kv_paged *pg)
+{
+    if (!pg) return;
+    for (int s = 0; s < pg->n_slots && pg->tables; s++) {
+        kv_block_table_release(&pg->tables[s], &pg->pool, NULL);
+        if (pg->tokens) kv_free(pg->tokens[s]);
+    }
+    if (pg->prefix_caching) kv_prefix_free(&pg->prefix);
+    kv_pool_free(&pg->pool);
+    kv_copy_list_free(&pg->copies);
+    kv_free(pg->tables);
+    kv_free(pg->tokens);
+    kv_free(pg->tok_cap);
+    kv_free(pg);
+}
+
+/* Grow slot s's token record to hold n tokens. */
+static int reserve_tokens(kv_paged *pg, int s, int64_t n, kv_err *err)
+{
+    if (n <= pg->tok_cap[s]) return KV_OK;
+    int64_t cap = pg->tok_cap[s] ? pg->tok_cap[s] : 64;
+    while (cap < n) cap *= 2;
+    int *t = kv_calloc((size_t)cap * sizeof(int));
+    if (!t) return kv_fail(err, KV_ERR_NOMEM, "paged cache: token record of %lld", (long long)cap);
+    if (pg->tokens[s]) memcpy(t, pg->tokens[s], (size_t)pg->tables[s].n_tokens * sizeof(int));
+    kv_free(pg->tokens[s]);
+    pg->tokens[s] = t;
+    pg->tok_cap[s] = cap;
+    return KV_OK;
+}
+
+static int push_table(kv_backend *b, int s, kv_err *err)
+{
+    const kv_block_table *t = &b->paged->tables[s];
+    return b->set_blocks(b, s, t->blocks, t->n_blocks, err);
+}
+
+int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
+{
+    kv_paged *pg = b->paged;
+    /* check everything first, so a refused step changes no table */
+    int64_t need = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        const int s = seqs[i].slot;
+        if (s < 0 || s >= pg->n_slots)
+            return kv_fail(err, KV_ERR_ARG, "paged cache: sequence %d: slot %d is outside "
+                           "[0, %d)", i, s, pg->n_slots);
+        if (seqs[i].n_tokens < 1 || seqs[i].pos != pg->tables[s].n_tokens)
+            return kv_fail(err, KV_ERR_ARG, "paged cache: sequence %d: pos %d, %d tokens, but "
+                           "slot %d holds %lld", i, seqs[i].pos, seqs[i].n_tokens, s,
+                           (long long)pg->tables[s].n_tokens);
+        if ((int64_t)seqs[i].pos + seqs[i].n_tokens > b->spec.capacity)
+            return kv_fail(err, KV_ERR_CAPACITY, "paged cache: sequence %d: pos %d + %d tokens "
+                           "exceeds the capacity %d", i, seqs[i].pos, seqs[i].n_tokens,
+                           b->spec.capacity);
+        for (int t = 0; seqs[i].tokens && t < seqs[i].n_tokens; t++)
+            if (seqs[i].tokens[t] < 0 || seqs[i].tokens[t] >= b->config->vocab_size)
+                return kv_fail(err, KV_ERR_ARG, "paged cache: sequence %d: token %d is %d, "
+                               "outside [0, %d)", i, t, seqs[i].tokens[t], b->config->vocab_size);
+        if (!seqs[i].tokens)
+            return kv_fail(err, KV_ERR_ARG, "paged cache: sequence %d: tokens is NULL", i);
+        for (int j = 0; j < i; j++)
+            if (seqs[j].slot == s)
+                return kv_fail(err, KV_ERR_ARG, "paged cache: sequences %d and %d both use "
+                               "slot %d", j, i, s);
+        need += kv_block_table_blocks_needed(&pg->tables[s], &pg->pool, seqs[i].n_tokens);
+    }
+    if (need > kv_pool_available(&pg->pool))
+        return kv_fail(err, KV_ERR_CAPACITY, "paged cache: the step needs %lld blocks but the "
+                       "pool has %d free of %d (blocks of %d tokens)", (long long)need,
+                       kv_pool_available(&pg->pool), pg->pool.n_blocks, pg->pool.block_size);
+    kv_copy_list_clear(&pg->copies);
+    for (int i = 0; i < n_seqs; i++) {
+        const int s = seqs[i].slot;
+        int rc = reserve_tokens(pg, s, (int64_t)seqs[i].pos + seqs[i].n_tokens, err);
+        if (!rc) rc = kv_block_table_append(&pg->tables[s], &pg->pool, seqs[i].n_tokens, NULL,
+                                            &pg->copies, err);
+        if (rc) return rc;
+        memcpy(pg->tokens[s] + seqs[i].pos, seqs[i].tokens, (size_t)seqs[i].n_tokens * sizeof(int));
+    }
+    pg->n_cow += pg->copies.n;
+    if (pg->pool.n_used > pg->peak_used) pg->peak_used = pg->pool.n_used;
+    /* the copies first (every sharer still reads the old block), then the new tables */
+    int rc = pg->copies.n ? b->copy_blocks(b, pg->copies.pairs, pg->copies.n, err) : KV_OK;
+    for (int i = 0; i < n_seqs && !rc; i++) rc = push_table(b, seqs[i].slot, err);
+    return rc;
+}
+
+int kv_paged_commit(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
+{
+    kv_paged *pg = b->paged;
+    if (!pg->prefix_caching) return KV_OK;
+    for (int i = 0; i < n_seqs; i++) {
+        const int s = seqs[i].slot;
+        int rc = kv_prefix_register(&pg->prefix, &pg->tables[s], pg->tokens[s], err);
+        if (rc) return rc;
+    }
+    return KV_OK;
+}
+
+int kv_paged_blocks_needed(const kv_backend *b, int slot, int64_t n_new)
+{
+    return kv_block_table_blocks_needed(&b->paged->tables[slot], &b->paged->pool, n_new);
+}
+
+int kv_paged_available(const kv_backend *b) { return kv_pool_available(&b->paged->pool); }
+
+int kv_paged_fork(kv_backend *b, int dst, int src, kv_err *err)
+{
+    kv_paged *pg = b->paged;
+    if (dst < 0 || dst >= pg->n_slots || src < 0 || src >= pg->n_slots || dst == src)
+        return kv_fail(err, KV_ERR_ARG, "paged cache: fork %d -> %d: bad slots (%d slots)", src,
+                       dst, pg->n_slots);
+    if (pg->tables[dst].n_blocks)
+        return kv_fail(err, KV_ERR_ARG, "paged cache: fork into slot %d, which is in use", dst);
+    int rc = reserve_tokens(pg, dst, pg->tables[src].n_tokens, err);
+    if (!rc) rc = kv_block_table_fork(&pg->tables[dst], &pg->tables[src], &pg->pool, err);
+    if (rc) return rc;
+    memcpy(pg->tokens[dst], pg->tokens[src], (size_t)pg->tables[src].n_tokens * sizeof(int));
+    rc = push_table(b, dst, err);
+    return rc ? rc : b->fork_slot(b, dst, src, err);
+}
+
+int kv_paged_release(kv_backend *b, int slot, kv_err *err)
+{
+    kv_paged *pg = b->paged;
+    if (slot < 0 || slot >= pg->n_slots)
+        return kv_fail(err, KV_ERR_ARG, "paged cache: release of slot %d (%d slots)", slot,
+                       pg->n_slots);
+    return kv_block_table_release(&pg->tables[slot], &pg->pool, err);
+}
+
+int kv_paged_match_prefix(kv_backend *b, int slot, const int *tokens, int n, int *n_hit,
+                          kv_err *err)
+{
+    kv_paged *pg = b->paged;
+    *n_hit = 0;
+    if (!pg->prefix_caching) return KV_OK;
+    if (slot < 0 || slot >= pg->n_slots || pg->tables[slot].n_blocks)
+        return kv_fail(err, KV_ERR_ARG, "paged cache: prefix match into slot %d, which is "
+                       "out of range or in use", slot);
+    int64_t hit = 0;
+    int rc = reserve_tokens(pg, slot, n, err);
+    if (!rc) rc = kv_prefix_match(&pg->prefix, tokens, n, &pg->tables[slot], &hit, err);
+    if (rc || hit == 0) return rc;
+    memcpy(pg->tokens[slot], tokens, (size_t)hit * sizeof(int));
+    rc = push_table(b, slot, err);
+    if (!rc) rc = b->set_length(b, slot, (int)hit, err);
+    if (rc) {
+        kv_block_table_release(&pg->tables[slot], &pg->pool, NULL);
+        return rc;
+    }
+    *n_hit = (int)hit;
+    return KV_OK;
+}
