@@ -107,6 +107,31 @@ f = '${OUT}/memory-vs-context.csv'
 plot ${plot_lines}
 ")
 
+# ---- chapter 05: KV bytes reserved per step, contiguous policies vs paging ------------------
+message(STATUS "figures: kvlab tour --chapter 5 --csv (under a second)")
+execute_process(COMMAND ${KVLAB} tour --chapter 5 --csv OUTPUT_FILE ${OUT}/ch05-tour.csv
+  RESULT_VARIABLE rc ERROR_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "figures: kvlab tour --chapter 5 --csv failed (${rc})")
+endif()
+# the per-step rows of part 2 ("2t,...") with their header, as a CSV of their own
+file(STRINGS ${OUT}/ch05-tour.csv ch05_lines REGEX "^(2t,|part,step,held_bytes)")
+list(JOIN ch05_lines "\n" ch05_text)
+file(WRITE ${OUT}/ch05-reserved.csv "${ch05_text}\n")
+kv_plot(ch05-reserved-per-step "
+set title 'Chapter 05: KV bytes reserved at each decode step, 8 Alpaca-like requests (tiny model)'
+set xlabel 'decode step'
+set ylabel 'KiB reserved (log)'
+set logscale y
+set key right top
+f = '${OUT}/ch05-reserved.csv'
+plot f every ::1 using 2:(\$4/1024) with steps lw 2 title 'contiguous Max', \\
+     '' every ::1 using 2:(\$5/1024) with steps lw 2 title 'contiguous Pow2', \\
+     '' every ::1 using 2:(\$6/1024) with steps lw 2 title 'contiguous Oracle', \\
+     '' every ::1 using 2:(\$8/1024) with steps lw 2 title 'paged, B = 16', \\
+     '' every ::1 using 2:(\$3/1024) with lines dt 2 lw 2 title 'tokens held'
+")
+
 # ---- needle heatmap: kvlab writes the SVG itself ---------------------------------------------
 message(STATUS "figures: kvlab needle --spec datasets/needle/fast.needle (about 10 s)")
 kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/fast.needle

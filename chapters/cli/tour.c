@@ -18,6 +18,7 @@ static const kv_demo demos[] = {
     {2, "the KV cache", kv_demo_ch02},
     {3, "MQA and GQA", kv_demo_ch03},
     {4, "KV-cache quantization", kv_demo_ch04},
+    {5, "paged KV cache", kv_demo_ch05},
 };
 static const int n_demos = (int)(sizeof demos / sizeof demos[0]);
 
