@@ -4,7 +4,7 @@
  * 0 .. pos of its sequence; query head h reads KV head h / G (G = H / H_kv: 1 is MHA,
  * H is MQA), the grouping kv_attn_kv_head() names on the CPU.
  *
- * Both versions compute the CPU reference's three-pass softmax in fp32, scores in a global
+ * Versions 1 and 2 compute the CPU reference's three-pass softmax in fp32, scores in a global
  * scratch of [T][H][capacity] floats (a 32k-token context needs 128 KiB of scores per head,
  * more than a block's shared memory):
  *   (1) scores q·k_p / sqrt(d), position p taken by thread p mod 128, and their max;
@@ -23,74 +23,118 @@
  *   A group of G <= 8 heads therefore reads K and V once: H_kv·N·d·2·b bytes, G times fewer
  *   than v1. Larger groups (MQA with many heads) walk the group in chunks of 8 and re-read
  *   the rows once per chunk, mostly from L2. Per head the arithmetic is v1's, in v1's order.
- *   The group takes G·(d + 1) + 32 floats of shared memory; past 48 KiB (G·(d+1) > 12256,
+ *   The group takes G·(d + 2) + 32 floats of shared memory; past 48 KiB (G·(d+2) > 12256,
  *   e.g. MQA with 96 heads of d = 128) the launchers run v1 instead.
  *
- * Chapter 04: both versions read the cache through kv_head_view (kv_cache.h): an fp32 layer
- *   as plain floats, any other format by kv_cache_elem() inline in the loops, i.e.
- *   kvq_decode_element() of reference_cpu/kv_quant_math.h, the very lines the CPU's attention
+ * attn_decode_kernel_v3 + attn_combine_kernel (chapter 05, flash-decoding): v2 gives one
+ *   decode token H_kv blocks, far fewer than a GPU has multiprocessors, and each of them walks
+ *   the whole context alone. v3 splits a token's positions into partitions of ATTN_PARTITION
+ *   (512) positions and gives each (KV head, partition) its own block, which runs v2's three
+ *   passes over its span but does not normalize: it writes its local max m_j, its exp-sum
+ *   l_j = sum exp(s - m_j) and its unnormalized output o_j = sum exp(s - m_j) v. The combine
+ *   kernel, one block per (token, query head), rescales the partitions to their common max
+ *   M = max_j m_j:  out = (sum_j o_j e^(m_j - M)) / (sum_j l_j e^(m_j - M)).
+ *   This is the same softmax summed in another order, so it is not bit-identical to the CPU
+ *   (the tests allow the fp32 tolerance). With one partition it is bit-identical to v2 by
+ *   construction: the partition runs v2's code (attn_group_span()) on v2's positions with
+ *   v2's thread assignment, and the combine multiplies by e^0 = 1 and divides as v2 does.
+ *   Extra scratch: [T][H][n_parts][d + 2] floats of partition results.
+ *   The engine (kvcu_attention()) runs v2 when the step's longest row fits one partition and
+ *   v3 otherwise; rows of a v3 launch that fit one partition get v2's bits, so a sequence's
+ *   result never depends on what else is in its batch.
+ *
+ * Chapter 04: every version reads the cache through kv_head_view (kv_cache.h): an fp32 layer
+ *   as plain floats, any other format by the per-element decode of
+ *   reference_cpu/kv_quant_math.h inline in the loops, the very lines the CPU's attention
  *   runs (or KIVI's fp32 window for its newest rows). Dequantization is fused: no dequantized
  *   copy of the cache is ever written, and the bytes read are the quantized ones.
+ * Chapter 05: on a paged cache the views are kv_cache_plane_view_paged(): a position's row is
+ *   found through the slot's block table (a device copy), once per row a thread reads, and the
+ *   math is unchanged, so paged and contiguous caches holding the same rows give the same bits.
  *
  * kvcu_attn_decode() is the plain-array twin of kv_attn_decode() and runs v2;
- * kvcu_attn_decode_version() picks the version (the tests hold both against the CPU, the
- * bench times both). kvcu_attention() runs a step's tokens over one layer of a kvcu_cache,
- * as kv_forward() calls kv_attention(); the engine uses v2.
+ * kvcu_attn_decode_version() picks the version (the tests hold each against the CPU, the
+ * bench times them). kvcu_attention() runs a step's tokens over one layer of a kvcu_cache,
+ * as kv_forward() calls kv_attention().
  */
 #include <string.h>
 
 #include "kvcu_internal.cuh"
 
 #define ATTN_THREADS 128
-#define ATTN_GROUP_REGS 8              /* v2: query heads one thread applies a K/V load to */
+#define ATTN_GROUP_REGS 8              /* v2, v3: query heads one thread applies a K/V load to */
 #define ATTN_SMEM_MAX (48 * 1024)      /* default dynamic shared memory per block */
+#define ATTN_PARTITION 512             /* v3: positions per partition */
 
-/* v2's shared memory: the packed queries [G][d], the reduction scratch [32], 1/sums [G] */
-static size_t v2_smem(int group, int head_dim)
+/* What the kernels read of one layer of a cache (or of plain fp32 arrays): passed by value. */
+typedef struct {
+    kv_cache_plane kp, vp; /* K and V planes, device pointers */
+    int fmt;               /* the layer's format */
+    const int *qlen;       /* device [n_slots] KIVI quantized counts, NULL when not KIVI */
+    int window;            /* KIVI window (>= 1) */
+    int rows;              /* rows per head of a plane: capacity, or N·B pool rows */
+    const int *tables;     /* paged: device [n_slots][max_blocks]; NULL: contiguous */
+    int max_blocks, block_size;
+} attn_src;
+
+/* v2's and v3's shared memory: the packed queries [G][d], the reduction scratch [32], each
+ * head's max and exp-sum [G] + [G] */
+static size_t group_smem(int group, int head_dim)
 {
-    return ((size_t)group * (head_dim + 1) + KV_WARP) * sizeof(float);
+    return ((size_t)group * (head_dim + 2) + KV_WARP) * sizeof(float);
 }
 
-/* tok_slot == NULL: every token is in slot 0 and sees @p len positions (the plain-array
- * entry point); otherwise token t sees tok_pos[t] + 1 positions of slot tok_slot[t]. */
-/* Element (p, i) of a head: plain floats for fp32 (f32 != NULL), else the fused decode. */
-__device__ inline float kv_ld(const kv_head_view &hv, const float *f32, int64_t p, int i)
+/* The view of (slot, kvh) of the K (role KV_QROLE_KEY) or V plane. */
+__device__ inline kv_head_view attn_view(const attn_src &s, int role, int n_kv_heads, int d,
+                                         int slot, int kvh)
 {
-    return f32 ? f32[p * hv.d + i] : kv_cache_elem(&hv, p, i);
+    const kv_cache_plane *p = role == KV_QROLE_KEY ? &s.kp : &s.vp;
+    const int64_t q = s.qlen ? s.qlen[slot] : 0;
+    if (s.tables)
+        return kv_cache_plane_view_paged(p, s.fmt, role, n_kv_heads, s.rows, d, s.window, slot,
+                                         kvh, q, s.tables + (size_t)slot * s.max_blocks,
+                                         s.block_size);
+    return kv_cache_plane_view(p, s.fmt, role, n_kv_heads, s.rows, d, s.window, slot, kvh, q);
 }
 
-/* The views of (slot, kvh) of one layer's K and V planes; qlen NULL: nothing is KIVI. */
-#define ATTN_VIEWS(kh, vh, kf, vf)                                                                  \
-    const int64_t q_ = qlen ? qlen[slot] : 0;                                                      \
-    const kv_head_view kh = kv_cache_plane_view(&kp, fmt, KV_QROLE_KEY, n_kv_heads, capacity,      \
-                                                head_dim, window, slot, kvh, q_);                  \
-    const kv_head_view vh = kv_cache_plane_view(&vp, fmt, KV_QROLE_VALUE, n_kv_heads, capacity,    \
-                                                head_dim, window, slot, kvh, q_);                  \
-    const float *kf = fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;             \
-    const float *vf = fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL
+/* Element i of logical row p, stored at row r = kv_view_row(p): kv_cache_elem() with the
+ * block-table lookup hoisted out of the loop over i. f32: the plain floats of an fp32 layer. */
+__device__ inline float kv_ld(const kv_head_view &hv, const float *f32, int64_t p, int64_t r, int i)
+{
+    if (f32) return f32[r * hv.d + i];
+    if (p >= hv.q) return hv.ring[(p % hv.window) * hv.d + i];
+    return kvq_decode_element(hv.fmt, hv.role, hv.codes, hv.meta, r, i, hv.d, hv.scale);
+}
 
-__global__ void attn_decode_kernel_v1(float *out, const float *q, kv_cache_plane kp,
-                                      kv_cache_plane vp, int fmt, const int *qlen, int window,
-                                      float *scores, const int *tok_slot, const int *tok_pos,
+/* A token's slot and how many positions it sees: tok_slot NULL = one token (slot0, len). */
+#define ATTN_TOKEN(t)                                               \
+    const int slot = tok_slot ? tok_slot[t] : slot0;                \
+    const int n = tok_slot ? tok_pos[t] + 1 : len /* causal: itself and everything before */
+
+__global__ void attn_decode_kernel_v1(float *out, const float *q, attn_src src, float *scores,
+                                      const int *tok_slot, const int *tok_pos, int slot0,
                                       int len, int n_heads, int n_kv_heads, int head_dim,
-                                      int capacity)
+                                      int stride)
 {
     KV_DYNAMIC_SMEM(float, red); /* [32] block reduction scratch */
     const int h = blockIdx.x, t = blockIdx.y;
-    const int slot = tok_slot ? tok_slot[t] : 0;
-    const int n = tok_slot ? tok_pos[t] + 1 : len; /* causal: itself and everything before */
+    ATTN_TOKEN(t);
     const int kvh = h / (n_heads / n_kv_heads); /* kv_attn_kv_head(): h / G */
-    ATTN_VIEWS(kh, vh, kf, vf);                                   /* [capacity][d] each */
+    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
+    const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
+    const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
+    const float *vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL;
     const float *qh = q + ((size_t)t * n_heads + h) * head_dim;   /* [d] */
-    float *att = scores + ((size_t)t * n_heads + h) * capacity;   /* [capacity] */
+    float *att = scores + ((size_t)t * n_heads + h) * stride;     /* [stride] */
     float *oh = out + ((size_t)t * n_heads + h) * head_dim;       /* [d] */
     const float scale = 1.0f / sqrtf((float)head_dim);
 
     /* pass 1: scores and their max */
     float m = -INFINITY;
     for (int p = threadIdx.x; p < n; p += blockDim.x) {
+        const int64_t r = kv_view_row(&kh, p);
         float dot = 0.0f;
-        for (int i = 0; i < head_dim; i++) dot += qh[i] * kv_ld(kh, kf, p, i);
+        for (int i = 0; i < head_dim; i++) dot += qh[i] * kv_ld(kh, kf, p, r, i);
         att[p] = dot * scale;
         m = fmaxf(m, att[p]);
     }
@@ -108,70 +152,62 @@ __global__ void attn_decode_kernel_v1(float *out, const float *q, kv_cache_plane
     const float inv = 1.0f / sum;
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
         float acc = 0.0f;
-        for (int p = 0; p < n; p++) acc += att[p] * kv_ld(vh, vf, p, i);
+        for (int p = 0; p < n; p++) acc += att[p] * kv_ld(vh, vf, p, kv_view_row(&vh, p), i);
         oh[i] = acc * inv;
     }
 }
 
-/* tok_slot == NULL as in v1. Block (kvh, t) computes query heads kvh·G .. kvh·G + G - 1. */
-__global__ void attn_decode_kernel_v2(float *out, const float *q, kv_cache_plane kp,
-                                      kv_cache_plane vp, int fmt, const int *qlen, int window,
-                                      float *scores, const int *tok_slot, const int *tok_pos,
-                                      int len, int n_heads, int n_kv_heads, int head_dim,
-                                      int capacity)
+/*
+ * The three passes of a group's G query heads (queries qs [G][d] in shared memory) over
+ * positions p0 .. p1-1: v2's body, and v3's for one partition. att: the group's scores,
+ * [G][stride] indexed by position. Per head g: its max goes to mx[g], its exp-sum to l[g]
+ * (shared), and the weighted values to o + g·o_stride [d], divided by the sum when
+ * @p normalize (v2) and left unnormalized otherwise (v3).
+ */
+__device__ void attn_group_span(const float *qs, float *red, float *mx, float *l,
+                                const kv_head_view &kh, const kv_head_view &vh, const float *kf,
+                                const float *vf, float *att, int stride, int G, int head_dim,
+                                int p0, int p1, float *o, size_t o_stride, int normalize)
 {
-    KV_DYNAMIC_SMEM(float, smem);
-    const int kvh = blockIdx.x, t = blockIdx.y;
-    const int G = n_heads / n_kv_heads, h0 = kvh * G;
-    float *qs = smem;                            /* [G][d] the group's queries */
-    float *red = smem + (size_t)G * head_dim;    /* [32] block reduction scratch */
-    float *inv = red + KV_WARP;                  /* [G] 1/sum of each head's softmax */
-    const int slot = tok_slot ? tok_slot[t] : 0;
-    const int n = tok_slot ? tok_pos[t] + 1 : len;
-    ATTN_VIEWS(kh, vh, kf, vf);                                  /* [capacity][d] each */
-    float *att = scores + ((size_t)t * n_heads + h0) * capacity; /* [G][capacity] */
-    float *oh = out + ((size_t)t * n_heads + h0) * head_dim;     /* [G][d] */
     const float scale = 1.0f / sqrtf((float)head_dim);
-
-    /* the group's G query rows are contiguous in q: one coalesced copy */
-    const float *qg = q + ((size_t)t * n_heads + h0) * head_dim; /* [G][d] */
-    for (int i = threadIdx.x; i < G * head_dim; i += blockDim.x) qs[i] = qg[i];
-    __syncthreads();
-
     /* pass 1: scores of every head of the group; each K row is loaded once per chunk of
      * ATTN_GROUP_REGS heads and multiplied into each of them */
     for (int g0 = 0; g0 < G; g0 += ATTN_GROUP_REGS) {
         const int ng = G - g0 < ATTN_GROUP_REGS ? G - g0 : ATTN_GROUP_REGS;
-        for (int p = threadIdx.x; p < n; p += blockDim.x) {
+        for (int p = p0 + threadIdx.x; p < p1; p += blockDim.x) {
+            const int64_t r = kv_view_row(&kh, p);
             float dot[ATTN_GROUP_REGS];
             KV_UNROLL
             for (int g = 0; g < ATTN_GROUP_REGS; g++) dot[g] = 0.0f;
             for (int i = 0; i < head_dim; i++) {
-                const float ki = kv_ld(kh, kf, p, i);
+                const float ki = kv_ld(kh, kf, p, r, i);
                 KV_UNROLL
                 for (int g = 0; g < ATTN_GROUP_REGS; g++)
                     if (g < ng) dot[g] += qs[(size_t)(g0 + g) * head_dim + i] * ki;
             }
             KV_UNROLL
             for (int g = 0; g < ATTN_GROUP_REGS; g++)
-                if (g < ng) att[(size_t)(g0 + g) * capacity + p] = dot[g] * scale;
+                if (g < ng) att[(size_t)(g0 + g) * stride + p] = dot[g] * scale;
         }
     }
 
     /* pass 2, per head: max, then exponentiate and sum. A thread touches only the scores it
      * wrote itself; the reductions' barriers publish them to the block for pass 3. */
     for (int g = 0; g < G; g++) {
-        float *ag = att + (size_t)g * capacity;
+        float *ag = att + (size_t)g * stride;
         float m = -INFINITY;
-        for (int p = threadIdx.x; p < n; p += blockDim.x) m = fmaxf(m, ag[p]);
+        for (int p = p0 + threadIdx.x; p < p1; p += blockDim.x) m = fmaxf(m, ag[p]);
         m = kv_block_max(m, red);
         float sum = 0.0f;
-        for (int p = threadIdx.x; p < n; p += blockDim.x) {
+        for (int p = p0 + threadIdx.x; p < p1; p += blockDim.x) {
             ag[p] = expf(ag[p] - m);
             sum += ag[p];
         }
         sum = kv_block_sum(sum, red);
-        if (threadIdx.x == 0) inv[g] = 1.0f / sum;
+        if (threadIdx.x == 0) {
+            mx[g] = m;
+            l[g] = sum;
+        }
     }
     __syncthreads();
 
@@ -182,16 +218,116 @@ __global__ void attn_decode_kernel_v2(float *out, const float *q, kv_cache_plane
             float acc[ATTN_GROUP_REGS];
             KV_UNROLL
             for (int g = 0; g < ATTN_GROUP_REGS; g++) acc[g] = 0.0f;
-            for (int p = 0; p < n; p++) {
-                const float vi = kv_ld(vh, vf, p, i);
+            for (int p = p0; p < p1; p++) {
+                const float vi = kv_ld(vh, vf, p, kv_view_row(&vh, p), i);
                 KV_UNROLL
                 for (int g = 0; g < ATTN_GROUP_REGS; g++)
-                    if (g < ng) acc[g] += att[(size_t)(g0 + g) * capacity + p] * vi;
+                    if (g < ng) acc[g] += att[(size_t)(g0 + g) * stride + p] * vi;
             }
             KV_UNROLL
             for (int g = 0; g < ATTN_GROUP_REGS; g++)
-                if (g < ng) oh[(size_t)(g0 + g) * head_dim + i] = acc[g] * inv[g0 + g];
+                if (g < ng)
+                    o[(size_t)(g0 + g) * o_stride + i] =
+                        normalize ? acc[g] * (1.0f / l[g0 + g]) : acc[g];
         }
+    }
+}
+
+/* The group's queries into shared memory: qs [G][d] <- q [t][h0 .. h0+G-1][d], contiguous. */
+__device__ inline void load_group(float *qs, const float *q, int t, int n_heads, int h0, int G,
+                                  int head_dim)
+{
+    const float *qg = q + ((size_t)t * n_heads + h0) * head_dim; /* [G][d] */
+    for (int i = threadIdx.x; i < G * head_dim; i += blockDim.x) qs[i] = qg[i];
+    __syncthreads();
+}
+
+/* Block (kvh, t) computes query heads kvh·G .. kvh·G + G - 1 over all n positions. */
+__global__ void attn_decode_kernel_v2(float *out, const float *q, attn_src src, float *scores,
+                                      const int *tok_slot, const int *tok_pos, int slot0,
+                                      int len, int n_heads, int n_kv_heads, int head_dim,
+                                      int stride)
+{
+    KV_DYNAMIC_SMEM(float, smem);
+    const int kvh = blockIdx.x, t = blockIdx.y;
+    const int G = n_heads / n_kv_heads, h0 = kvh * G;
+    float *qs = smem;                            /* [G][d] the group's queries */
+    float *red = smem + (size_t)G * head_dim;    /* [32] block reduction scratch */
+    float *mx = red + KV_WARP, *l = mx + G;      /* [G] each: max and exp-sum of each head */
+    ATTN_TOKEN(t);
+    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
+    const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
+    const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
+    const float *vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL;
+    float *att = scores + ((size_t)t * n_heads + h0) * stride; /* [G][stride] */
+    float *oh = out + ((size_t)t * n_heads + h0) * head_dim;   /* [G][d] */
+    load_group(qs, q, t, n_heads, h0, G, head_dim);
+    attn_group_span(qs, red, mx, l, kh, vh, kf, vf, att, stride, G, head_dim, 0, n, oh,
+                    head_dim, 1);
+}
+
+/* Where v3's partition results live, after the scores in the same scratch:
+ * pm, pl [T][H][n_parts] the max and exp-sum of each partition, po [T][H][n_parts][d] its
+ * unnormalized output. */
+#define V3_PARTS(scores, T, n_heads, head_dim, stride, n_parts)                               \
+    float *pm = (scores) + (size_t)(T) * (n_heads) * (stride);                                 \
+    float *pl = pm + (size_t)(T) * (n_heads) * (n_parts);                                      \
+    float *po = pl + (size_t)(T) * (n_heads) * (n_parts);                                      \
+    (void)po; (void)pl; (void)pm
+
+/* Block (kvh, part, t): v2's passes over partition `part` of token t, unnormalized. */
+__global__ void attn_decode_kernel_v3(const float *q, attn_src src, float *scores,
+                                      const int *tok_slot, const int *tok_pos, int slot0,
+                                      int len, int T, int n_heads, int n_kv_heads, int head_dim,
+                                      int stride, int n_parts)
+{
+    KV_DYNAMIC_SMEM(float, smem);
+    const int kvh = blockIdx.x, part = blockIdx.y, t = blockIdx.z;
+    const int G = n_heads / n_kv_heads, h0 = kvh * G;
+    ATTN_TOKEN(t);
+    const int p0 = part * ATTN_PARTITION;
+    if (p0 >= n) return; /* the token is shorter than this partition: the whole block leaves */
+    const int p1 = n - p0 < ATTN_PARTITION ? n : p0 + ATTN_PARTITION;
+    float *qs = smem;
+    float *red = smem + (size_t)G * head_dim;
+    float *mx = red + KV_WARP, *l = mx + G;
+    V3_PARTS(scores, T, n_heads, head_dim, stride, n_parts);
+    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
+    const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
+    const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
+    const float *vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL;
+    float *att = scores + ((size_t)t * n_heads + h0) * stride;              /* [G][stride] */
+    const size_t ph = ((size_t)t * n_heads + h0) * n_parts + part;          /* head h0's entry */
+    load_group(qs, q, t, n_heads, h0, G, head_dim);
+    attn_group_span(qs, red, mx, l, kh, vh, kf, vf, att, stride, G, head_dim, p0, p1,
+                    po + ph * head_dim, (size_t)n_parts * head_dim, 0);
+    for (int g = threadIdx.x; g < G; g += blockDim.x) {
+        pm[ph + (size_t)g * n_parts] = mx[g];
+        pl[ph + (size_t)g * n_parts] = l[g];
+    }
+}
+
+/* Block (h, t): token t's query head h from its ceil(n / 512) partitions,
+ * out = sum_j o_j e^(m_j - M) / sum_j l_j e^(m_j - M), M = max_j m_j. The first partition
+ * starts the sums (no 0 + x), so one partition gives o_0 · (1 / l_0): v2's bits. */
+__global__ void attn_combine_kernel(float *out, float *scores, const int *tok_slot,
+                                    const int *tok_pos, int len, int T, int n_heads,
+                                    int head_dim, int stride, int n_parts)
+{
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int n = tok_slot ? tok_pos[t] + 1 : len;
+    const int np = (n + ATTN_PARTITION - 1) / ATTN_PARTITION;
+    V3_PARTS(scores, T, n_heads, head_dim, stride, n_parts);
+    const size_t ph = ((size_t)t * n_heads + h) * n_parts; /* [n_parts] of this head */
+    float M = pm[ph];
+    for (int j = 1; j < np; j++) M = fmaxf(M, pm[ph + j]);
+    float L = pl[ph] * expf(pm[ph] - M);
+    for (int j = 1; j < np; j++) L += pl[ph + j] * expf(pm[ph + j] - M);
+    const float inv = 1.0f / L;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        float acc = po[ph * head_dim + i] * expf(pm[ph] - M);
+        for (int j = 1; j < np; j++) acc += po[(ph + j) * head_dim + i] * expf(pm[ph + j] - M);
+        out[((size_t)t * n_heads + h) * head_dim + i] = acc * inv;
     }
 }
 
@@ -203,36 +339,83 @@ static int check_heads(const char *who, int n_heads, int n_kv_heads, int head_di
     return KV_OK;
 }
 
-/* Launch version @p version (1 or 2; 2 falls back to 1 when its shared memory would not fit)
- * over T tokens; kp, vp are one layer's planes in format fmt. */
-static void launch(int version, float *out, const float *q, const kv_cache_plane &kp,
-                   const kv_cache_plane &vp, int fmt, const int *qlen, int window, float *scores,
-                   const int *tok_slot, const int *tok_pos, int len, int T, int n_heads,
-                   int n_kv_heads, int head_dim, int capacity)
+static int n_partitions(int positions) { return (positions + ATTN_PARTITION - 1) / ATTN_PARTITION; }
+
+static size_t scratch_floats(int T, int version, int n_heads, int head_dim, int stride)
 {
-    const size_t smem2 = v2_smem(n_heads / n_kv_heads, head_dim);
-    if (window < 1) window = 1;
-    if (version == 2 && smem2 <= ATTN_SMEM_MAX) {
+    size_t f = (size_t)T * n_heads * stride;
+    if (version == 3) f += (size_t)T * n_heads * n_partitions(stride) * (head_dim + 2);
+    return f;
+}
+
+size_t kvcu_attention_scratch(int T, int n_heads, int head_dim, int capacity)
+{
+    return scratch_floats(T, 3, n_heads, head_dim, capacity);
+}
+
+size_t kvcu_attn_decode_scratch(int version, int n_heads, int head_dim, int max_seq)
+{
+    return scratch_floats(1, version, n_heads, head_dim, max_seq);
+}
+
+/* Launch version @p version (1, 2 or 3; 2 and 3 fall back to 1 when the group's shared memory
+ * would not fit) over T tokens whose longest sees max_len positions. stride: positions per
+ * head of the scores scratch (>= max_len); v3's partition results follow them. */
+static void launch(int version, float *out, const float *q, const attn_src &src, float *scores,
+                   const int *tok_slot, const int *tok_pos, int slot0, int len, int max_len,
+                   int T, int n_heads, int n_kv_heads, int head_dim, int stride)
+{
+    const size_t smem = group_smem(n_heads / n_kv_heads, head_dim);
+    if (version == 3 && smem <= ATTN_SMEM_MAX) {
+        const int n_parts = n_partitions(stride);
+        dim3 grid(n_kv_heads, n_partitions(max_len), T);
+        KV_LAUNCH(attn_decode_kernel_v3, grid, ATTN_THREADS, smem, 0, q, src, scores, tok_slot,
+                  tok_pos, slot0, len, T, n_heads, n_kv_heads, head_dim, stride, n_parts);
+        dim3 grid2(n_heads, T);
+        KV_LAUNCH(attn_combine_kernel, grid2, ATTN_THREADS, 0, 0, out, scores, tok_slot, tok_pos,
+                  len, T, n_heads, head_dim, stride, n_parts);
+    } else if (version >= 2 && smem <= ATTN_SMEM_MAX) {
         dim3 grid(n_kv_heads, T);
-        KV_LAUNCH(attn_decode_kernel_v2, grid, ATTN_THREADS, smem2, 0, out, q, kp, vp, fmt, qlen,
-                  window, scores, tok_slot, tok_pos, len, n_heads, n_kv_heads, head_dim,
-                  capacity);
+        KV_LAUNCH(attn_decode_kernel_v2, grid, ATTN_THREADS, smem, 0, out, q, src, scores,
+                  tok_slot, tok_pos, slot0, len, n_heads, n_kv_heads, head_dim, stride);
     } else {
         dim3 grid(n_heads, T);
         KV_LAUNCH(attn_decode_kernel_v1, grid, ATTN_THREADS, KV_WARP * sizeof(float), 0, out,
-                  q, kp, vp, fmt, qlen, window, scores, tok_slot, tok_pos, len, n_heads,
-                  n_kv_heads, head_dim, capacity);
+                  q, src, scores, tok_slot, tok_pos, slot0, len, n_heads, n_kv_heads, head_dim,
+                  stride);
     }
 }
 
-/* fp32 arrays [H_kv][max_seq][d] as a plane: what the plain-array entry points read. */
-static kv_cache_plane f32_plane(const float *x, int head_dim)
+/* fp32 arrays [H_kv][max_seq][d] as a layer: what the plain-array entry points read. */
+static attn_src f32_src(const float *k, const float *v, int head_dim, int max_seq)
 {
-    kv_cache_plane p;
-    memset(&p, 0, sizeof p);
-    p.codes = (uint8_t *)(void *)x;
-    p.row_bytes = (int64_t)head_dim * 4;
-    return p;
+    attn_src s;
+    memset(&s, 0, sizeof s);
+    s.kp.codes = (uint8_t *)(void *)k;
+    s.kp.row_bytes = (int64_t)head_dim * 4;
+    s.vp.codes = (uint8_t *)(void *)v;
+    s.vp.row_bytes = (int64_t)head_dim * 4;
+    s.fmt = KV_QF_F32;
+    s.window = 1;
+    s.rows = max_seq;
+    return s;
+}
+
+/* Layer @p layer of a device cache. */
+static attn_src cache_src(const kvcu_cache *c, int layer)
+{
+    attn_src s;
+    memset(&s, 0, sizeof s);
+    s.kp = c->kp[layer];
+    s.vp = c->vp[layer];
+    s.fmt = c->fmt[layer];
+    s.qlen = kvq_is_kivi(s.fmt) ? c->d_qlen + (size_t)layer * c->spec.n_slots : NULL;
+    s.window = c->window > 0 ? c->window : 1;
+    s.rows = c->rows;
+    s.tables = c->d_tables;
+    s.max_blocks = c->max_blocks;
+    s.block_size = c->spec.block_size;
+    return s;
 }
 
 int kvcu_attn_decode_version(int version, const float *q, const float *k, const float *v,
@@ -241,19 +424,20 @@ int kvcu_attn_decode_version(int version, const float *q, const float *k, const 
 {
     int st = check_heads("kvcu_attn_decode", n_heads, n_kv_heads, head_dim, err);
     if (st) return st;
-    if (version != 1 && version != 2)
-        return kv_fail(err, KV_ERR_ARG, "kvcu_attn_decode: version %d (there are v1 and v2)",
+    if (version < 1 || version > 3)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_attn_decode: version %d (there are v1, v2 and v3)",
                        version);
     if (len <= 0 || len > max_seq)
         return kv_fail(err, KV_ERR_ARG, "kvcu_attn_decode: len %d outside 1..max_seq %d", len,
                        max_seq);
-    float *own = NULL; /* [H][max_seq] when the caller gave no scratch */
+    float *own = NULL; /* kvcu_attn_decode_scratch() floats when the caller gave no scratch */
     if (!scores) {
-        KV_CUDA_TRY(cudaMalloc(&own, (size_t)n_heads * max_seq * sizeof(float)), err);
+        KV_CUDA_TRY(cudaMalloc(&own, kvcu_attn_decode_scratch(version, n_heads, head_dim, max_seq) *
+                                         sizeof(float)), err);
         scores = own;
     }
-    launch(version, out, q, f32_plane(k, head_dim), f32_plane(v, head_dim), KV_QF_F32, NULL, 1,
-           scores, NULL, NULL, len, 1, n_heads, n_kv_heads, head_dim, max_seq);
+    launch(version, out, q, f32_src(k, v, head_dim, max_seq), scores, NULL, NULL, 0, len, len, 1,
+           n_heads, n_kv_heads, head_dim, max_seq);
     cudaError_t e = cudaGetLastError();
     cudaError_t f = own ? cudaFree(own) : cudaSuccess; /* cudaFree waits for the kernel */
     KV_CUDA_TRY(e, err);
@@ -269,36 +453,55 @@ int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out,
 }
 
 int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const int *tok_pos,
-                   const float *q, float *out, float *scores, int T, int n_heads, kv_err *err)
+                   const float *q, float *out, float *scores, int T, int n_heads, int max_len,
+                   kv_err *err)
 {
     int st = check_heads("kvcu_attention", n_heads, c->n_kv_heads, c->head_dim, err);
     if (st) return st;
     if (T == 0) return KV_OK;
-    const int fmt = c->fmt[layer];
-    launch(2, out, q, c->kp[layer], c->vp[layer], fmt,
-           kvq_is_kivi(fmt) ? c->d_qlen + (size_t)layer * c->spec.n_slots : NULL, c->window,
-           scores, tok_slot, tok_pos, 0, T, n_heads, c->n_kv_heads, c->head_dim,
-           c->spec.capacity);
+    /* one partition: v2; longer rows: v3, whose one-partition rows equal v2's bits */
+    const int version = max_len > ATTN_PARTITION ? 3 : 2;
+    launch(version, out, q, cache_src(c, layer), scores, tok_slot, tok_pos, 0, 0, max_len, T,
+           n_heads, c->n_kv_heads, c->head_dim, c->spec.capacity);
     KV_CUDA_TRY_LAUNCH(err);
+    return KV_OK;
+}
+
+int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, int slot, int pos,
+                                 const float *q, float *out, float *scratch, int n_heads,
+                                 kv_err *err)
+{
+    if (!c || layer < 0 || layer >= c->n_layers || slot < 0 || slot >= c->spec.n_slots ||
+        pos < 0 || pos >= c->spec.capacity)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_attention: layer %d, slot %d, pos %d", layer,
+                       slot, pos);
+    if (version < 0 || version > 3)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_attention: version %d (0 = the engine's "
+                       "choice, 1, 2, 3)", version);
+    if (c->tables && (int64_t)pos >= (int64_t)c->n_mapped[slot] * c->spec.block_size)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_attention: position %d of slot %d is past "
+                       "its %d mapped blocks", pos, slot, c->n_mapped[slot]);
+    int st = check_heads("kvcu_cache_attention", n_heads, c->n_kv_heads, c->head_dim, err);
+    if (st) return st;
+    if (version == 0) version = pos + 1 > ATTN_PARTITION ? 3 : 2;
+    float *own = NULL; /* kvcu_attn_decode_scratch() floats, when the caller gave none */
+    if (!scratch) {
+        KV_CUDA_TRY(cudaMalloc(&own, kvcu_attn_decode_scratch(version, n_heads, c->head_dim,
+                                                              c->spec.capacity) * sizeof(float)),
+                    err);
+        scratch = own;
+    }
+    launch(version, out, q, cache_src(c, layer), scratch, NULL, NULL, slot, pos + 1, pos + 1, 1,
+           n_heads, c->n_kv_heads, c->head_dim, c->spec.capacity);
+    cudaError_t e = cudaGetLastError();
+    cudaError_t f = own ? cudaFree(own) : cudaSuccess; /* cudaFree waits for the kernel */
+    KV_CUDA_TRY(e, err);
+    KV_CUDA_TRY(f, err);
     return KV_OK;
 }
 
 int kvcu_cache_attention(const kvcu_cache *c, int layer, int slot, int pos, const float *q,
                          float *out, int n_heads, kv_err *err)
 {
-    if (!c || layer < 0 || layer >= c->n_layers || slot < 0 || slot >= c->spec.n_slots ||
-        pos < 0 || pos >= c->spec.capacity)
-        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_attention: layer %d, slot %d, pos %d", layer,
-                       slot, pos);
-    int *dv = NULL, h[2] = {slot, pos};
-    float *scores = NULL; /* [H][capacity] */
-    cudaError_t e = cudaMalloc(&dv, 2 * sizeof(int));
-    if (e == cudaSuccess) e = cudaMemcpy(dv, h, 2 * sizeof(int), cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) e = cudaMalloc(&scores, (size_t)n_heads * c->spec.capacity * sizeof(float));
-    int rc = e == cudaSuccess ? kvcu_attention(c, layer, dv, dv + 1, q, out, scores, 1, n_heads, err)
-                              : kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_attention: %s",
-                                        cudaGetErrorString(e));
-    cudaFree(scores); /* waits for the kernel */
-    cudaFree(dv);
-    return rc;
+    return kvcu_cache_attention_version(0, c, layer, slot, pos, q, out, NULL, n_heads, err);
 }

@@ -18,6 +18,15 @@
  * kivi_stage_kernel: gathers the rows a KIVI spill encodes (ring rows of older tokens, input
  *   rows of new ones) into one [rows][d] run per head; kvcu_quant_encode() then writes codes
  *   and metadata exactly as kv_quant_encode() does on the CPU.
+ *
+ * Chapter 05, the paged layout: the same kv_cache_layout() places head-major pools
+ * (codes [H_kv][N·B][row_bytes], meta [H_kv][...]) and the kernels find a token's row through
+ * the slot's block table, tables[slot][pos / B]·B + pos % B, read from a device copy of the
+ * tables. The host keeps its own copy (kvcu_cache_set_blocks() writes both): the batch check
+ * (kv_paged_batch_check()) and KIVI's spills, which place each 32-token group at its physical
+ * row, are decided there. A spill encodes one run per block it touches (32 | B, so a group
+ * never straddles two blocks), exactly the groups kv_cache_write_seq() encodes.
+ * The table operations (set_blocks, fork, copy-on-write copies) are in paged.cu.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -45,13 +54,13 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
     *out = NULL;
     int st = kv_cache_spec_check("kvcu_cache_create", cfg, spec, err);
     if (st) return st;
-    if (spec->layout == KV_LAYOUT_PAGED)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_create: the paged layout is not "
-                       "built on the GPU yet");
+    const int paged = spec->layout == KV_LAYOUT_PAGED;
     const int L = cfg->n_layers, d = kv_config_head_dim(cfg);
-    /* elements of K (and of V) as fp32, checked for overflow */
-    const size_t factors[5] = {(size_t)L, (size_t)spec->n_slots, (size_t)cfg->n_kv_heads,
-                               (size_t)spec->capacity, (size_t)d};
+    const int rows = paged ? spec->n_blocks * spec->block_size : spec->capacity;
+    /* elements of K (and of V) as fp32, checked for overflow; a paged pool's rows belong to
+     * no slot, so its heads are the H_kv of one pool */
+    const size_t factors[5] = {(size_t)L, paged ? (size_t)1 : (size_t)spec->n_slots,
+                               (size_t)cfg->n_kv_heads, (size_t)rows, (size_t)d};
     size_t n = 1;
     for (int i = 0; i < 5; i++) {
         if (n > SIZE_MAX / sizeof(float) / factors[i])
@@ -65,8 +74,16 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
         c->kp = (kv_cache_plane *)calloc((size_t)L, sizeof(kv_cache_plane));
         c->vp = (kv_cache_plane *)calloc((size_t)L, sizeof(kv_cache_plane));
         c->qlen = (int *)calloc((size_t)L * spec->n_slots, sizeof(int));
+        c->rows = rows;
+        if (paged) {
+            c->max_blocks = (spec->capacity + spec->block_size - 1) / spec->block_size;
+            c->tables = (int *)calloc((size_t)spec->n_slots * c->max_blocks, sizeof(int));
+            c->n_mapped = (int *)calloc((size_t)spec->n_slots, sizeof(int));
+            c->seg_mark = (int *)calloc(2 * (size_t)spec->n_blocks, sizeof(int));
+        }
     }
-    if (!c || !c->len || !c->fmt || !c->kp || !c->vp || !c->qlen) {
+    if (!c || !c->len || !c->fmt || !c->kp || !c->vp || !c->qlen ||
+        (paged && (!c->tables || !c->n_mapped || !c->seg_mark))) {
         kvcu_cache_free(c);
         return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_create: host memory");
     }
@@ -82,9 +99,16 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
             c->window = spec->kivi_window ? spec->kivi_window : KV_KIVI_WINDOW;
     }
     const size_t total = kv_cache_layout(spec, L, c->n_kv_heads, d, NULL, c->kp, c->vp);
+    const size_t n_table = (size_t)spec->n_slots * c->max_blocks;
     cudaError_t e = cudaMalloc(&c->mem, total);
+    /* zeroed like the CPU's calloc, so the two buffers agree byte for byte everywhere */
+    if (e == cudaSuccess) e = cudaMemset(c->mem, 0, total);
     if (e == cudaSuccess) e = cudaMalloc(&c->d_qlen, (size_t)L * spec->n_slots * sizeof(int));
     if (e == cudaSuccess) e = cudaMemset(c->d_qlen, 0, (size_t)L * spec->n_slots * sizeof(int));
+    if (paged && e == cudaSuccess) e = cudaMalloc(&c->d_tables, n_table * sizeof(int));
+    if (paged && e == cudaSuccess) e = cudaMemset(c->d_tables, 0, n_table * sizeof(int));
+    if (paged && e == cudaSuccess) e = cudaMalloc(&c->d_planes, 2 * (size_t)L * sizeof(kv_cache_plane));
+    if (paged && e == cudaSuccess) e = cudaMalloc(&c->d_fmt, (size_t)L * sizeof(int));
     if (e != cudaSuccess) {
         kvcu_cache_free(c);
         cudaGetLastError(); /* a failed allocation is not sticky: clear it */
@@ -109,11 +133,17 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
             e = cudaMemcpy(p->scale, ones, heads * sizeof(float), cudaMemcpyHostToDevice);
         }
     free(ones);
+    if (paged && e == cudaSuccess) /* the planes and formats the block-copy kernel walks */
+        e = cudaMemcpy(c->d_planes, c->kp, (size_t)L * sizeof(kv_cache_plane), cudaMemcpyHostToDevice);
+    if (paged && e == cudaSuccess)
+        e = cudaMemcpy(c->d_planes + L, c->vp, (size_t)L * sizeof(kv_cache_plane), cudaMemcpyHostToDevice);
+    if (paged && e == cudaSuccess)
+        e = cudaMemcpy(c->d_fmt, c->fmt, (size_t)L * sizeof(int), cudaMemcpyHostToDevice);
     if (e != cudaSuccess) {
         kvcu_cache_free(c);
         return kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_create: %s", cudaGetErrorString(e));
     }
-    if (all_f32) {
+    if (all_f32 && !paged) { /* chapter 02's arrays exist only in the contiguous layout */
         c->k = (float *)(void *)c->kp[0].codes;
         c->v = (float *)(void *)c->vp[0].codes;
     }
@@ -128,6 +158,13 @@ void kvcu_cache_free(kvcu_cache *c)
     cudaFree(c->mem);
     cudaFree(c->d_qlen);
     cudaFree(c->stage);
+    cudaFree(c->d_tables);
+    cudaFree(c->d_planes);
+    cudaFree(c->d_fmt);
+    cudaFree(c->d_pairs);
+    free(c->tables);
+    free(c->n_mapped);
+    free(c->seg_mark);
     free(c->len);
     free(c->fmt);
     free(c->kp);
@@ -141,6 +178,7 @@ void kvcu_cache_reset(kvcu_cache *c, int slot)
 {
     if (!c || slot < 0 || slot >= c->spec.n_slots) return;
     c->len[slot] = 0;
+    if (c->n_mapped) c->n_mapped[slot] = 0; /* paged: the blocks go back with the table */
     int any = 0;
     for (int l = 0; l < c->n_layers; l++) {
         any |= c->qlen[(size_t)l * c->spec.n_slots + slot] != 0;
@@ -171,27 +209,32 @@ int kvcu_cache_download(const kvcu_cache *c, void *host, size_t bytes, kv_err *e
 /* ---- writing ------------------------------------------------------------------------------ */
 
 /* Block (t, h, r): row h of token t's keys (r = 0) or values (r = 1) into its plane. */
+/* Paged caches: tables [n_slots][max_blocks] (device) place the token, codes and metadata
+ * are head h of the pool; contiguous: tables NULL, head (slot, h) of rows = capacity rows. */
 __global__ void cache_write_kernel(int fmt, kv_cache_plane kp, kv_cache_plane vp,
                                    const float *k, const float *v, const int *tok_slot,
                                    const int *tok_pos, const int *qlen, int n_kv_heads, int d,
-                                   int capacity, int window)
+                                   int rows, int window, const int *tables, int max_blocks,
+                                   int block_size)
 {
     const int t = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
     const int slot = tok_slot[t], pos = tok_pos[t];
     const kv_cache_plane *p = r ? &vp : &kp;
     const float *x = (r ? v : k) + ((size_t)t * n_kv_heads + h) * d; /* [d] */
-    const int64_t head = (int64_t)slot * n_kv_heads + h;
+    const int64_t head = (int64_t)slot * n_kv_heads + h;      /* scales and windows */
+    const int64_t rhead = tables ? h : head;                  /* codes and metadata */
+    const int64_t prow = kvcu_slot_row(tables, max_blocks, block_size, slot, pos);
     if (kvq_is_kivi(fmt)) {
         if (pos < qlen[slot]) return; /* spilled before this launch, from the input rows */
         float *ring = p->ring + (head * window + pos % window) * d;
         for (int j = threadIdx.x; j < d; j += blockDim.x) ring[j] = x[j];
         return;
     }
-    uint8_t *row = p->codes + (head * capacity + pos) * p->row_bytes;
+    uint8_t *row = p->codes + (rhead * rows + prow) * p->row_bytes;
     if (kvq_is_int8(fmt)) {
         const int g = kvq_row_group(fmt, KV_QROLE_VALUE, d), ng = d / g;
         const int lane = threadIdx.x % KV_WARP, warp = threadIdx.x / KV_WARP;
-        float *meta = (float *)p->meta + head * p->meta_entries + (int64_t)pos * ng;
+        float *meta = (float *)p->meta + rhead * p->meta_entries + prow * ng;
         for (int gi = warp; gi < ng; gi += blockDim.x / KV_WARP) {
             const float *xg = x + gi * g;
             float amax = 0.0f, bad = 0.0f;
@@ -305,18 +348,27 @@ int kvcu_cache_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_seqs,
             KV_LAUNCH(kivi_stage_kernel, grid, CACHE_THREADS, 0, 0, c->stage, *kp, *vp,
                       k + t * kvdim, v + t * kvdim, slot, pos, q0, rows, Hkv, d, R);
             KV_CUDA_TRY_LAUNCH(err);
-            for (int r = 0; r < 2; r++)
-                for (int h = 0; h < Hkv; h++) {
-                    const kv_cache_plane *p = r ? vp : kp;
-                    const int role = r ? KV_QROLE_VALUE : KV_QROLE_KEY;
-                    const int64_t head = (int64_t)slot * Hkv + h;
-                    uint8_t *codes = p->codes + (head * c->spec.capacity + q0) * p->row_bytes;
-                    uint8_t *meta = (uint8_t *)p->meta +
-                                    (head * p->meta_entries + kvq_meta_index(fmt, role, q0, 0, d)) * 4;
-                    int rc = kvcu_quant_encode(fmt, role, c->stage + ((size_t)r * Hkv + h) * rows * d,
-                                               rows, d, 0.0f, codes, meta, err);
-                    if (rc) return rc;
-                }
+            /* contiguous: one run q0 .. q1-1; paged: one run per block it touches, each at
+             * its physical rows (32 | B: a group never straddles two blocks) */
+            const int B = c->tables ? c->spec.block_size : q1;
+            const int *table = c->tables ? c->tables + (size_t)slot * c->max_blocks : NULL;
+            for (int g = q0; g < q1;) {
+                const int end = (g / B + 1) * B < q1 ? (g / B + 1) * B : q1;
+                const int64_t prow = table ? (int64_t)table[g / B] * B + g % B : g;
+                for (int r = 0; r < 2; r++)
+                    for (int h = 0; h < Hkv; h++) {
+                        const kv_cache_plane *p = r ? vp : kp;
+                        const int role = r ? KV_QROLE_VALUE : KV_QROLE_KEY;
+                        const int64_t rhead = table ? h : (int64_t)slot * Hkv + h;
+                        uint8_t *codes = p->codes + (rhead * c->rows + prow) * p->row_bytes;
+                        uint8_t *meta = (uint8_t *)p->meta +
+                                        (rhead * p->meta_entries + kvq_meta_index(fmt, role, prow, 0, d)) * 4;
+                        const float *x = c->stage + (((size_t)r * Hkv + h) * rows + (g - q0)) * d;
+                        int rc = kvcu_quant_encode(fmt, role, x, end - g, d, 0.0f, codes, meta, err);
+                        if (rc) return rc;
+                    }
+                g = end;
+            }
             *qlen = q1;
             changed = 1;
         }
@@ -327,8 +379,8 @@ int kvcu_cache_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_seqs,
     }
     dim3 grid(T, Hkv, 2);
     KV_LAUNCH(cache_write_kernel, grid, CACHE_THREADS, 0, 0, fmt, *kp, *vp, k, v, tok_slot,
-              tok_pos, c->d_qlen + (size_t)layer * c->spec.n_slots, Hkv, d, c->spec.capacity,
-              R > 0 ? R : 1);
+              tok_pos, c->d_qlen + (size_t)layer * c->spec.n_slots, Hkv, d, c->rows,
+              R > 0 ? R : 1, c->d_tables, c->max_blocks, c->spec.block_size);
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
 }
@@ -339,6 +391,12 @@ int kvcu_cache_write_seq(kvcu_cache *c, int layer, int slot, int pos, int n, con
     if (!c || slot < 0 || slot >= c->spec.n_slots || n < 1 || pos < 0 ||
         (int64_t)pos + n > c->spec.capacity)
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_seq: slot %d, pos %d, n %d", slot, pos, n);
+    kv_seq s = {slot, pos, n, NULL};
+    if (c->tables) { /* a paged slot writes only into the blocks its table maps */
+        int rc = kv_paged_batch_check("kvcu_cache_write_seq", c->n_mapped, c->spec.block_size,
+                                      &s, 1, err);
+        if (rc) return rc;
+    }
     int *h = (int *)malloc(2 * (size_t)n * sizeof(int)), *dv = NULL;
     if (!h) return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_write_seq: host memory");
     for (int i = 0; i < n; i++) {
@@ -352,7 +410,6 @@ int kvcu_cache_write_seq(kvcu_cache *c, int layer, int slot, int pos, int n, con
         cudaFree(dv);
         return kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_write_seq: %s", cudaGetErrorString(e));
     }
-    kv_seq s = {slot, pos, n, NULL};
     int rc = kvcu_cache_write(c, layer, &s, 1, dv, dv + n, k, v, n, err);
     e = cudaFree(dv); /* waits for the kernels */
     if (!rc && e != cudaSuccess)

@@ -9,7 +9,9 @@
  * downloads the logits; weights, cache and activations never leave the device.
  *
  * Also here: the device queries, C wrappers of cudaMalloc/cudaMemcpy for C callers, and the
- * kv_backend that runs kvcu_forward().
+ * kv_backend that runs kvcu_forward(); on a paged spec it pages exactly as the CPU backend
+ * does (kv_paged.h on the host: prepare before the step, commit after, release on reset),
+ * with the device cache's set_blocks / copy_blocks / fork_slot / set_length underneath.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +20,8 @@
 #include "kvcu_internal.cuh"
 
 /* A scores scratch larger than this many floats (256 MiB) is not allocated: a long prefill
- * runs its attention in chunks of rows instead (rows * H * capacity floats each). */
+ * runs its attention in chunks of rows instead (kvcu_attention_scratch() floats each: rows·H
+ * scores of capacity positions and v3's partition results). */
 #ifndef KVCU_SCORES_MAX
 #define KVCU_SCORES_MAX ((size_t)1 << 26)
 #endif
@@ -49,7 +52,8 @@ struct kvcu_state {
     kvcu_buf hb2;    /* [T][hidden]  up */
     kvcu_buf xlast;  /* [n_seqs][dim] last token of each sequence, final-normed */
     kvcu_buf logits; /* [n_seqs][vocab] */
-    kvcu_buf scores; /* [rows][H][capacity] attention scores of a chunk of rows */
+    kvcu_buf scores; /* [rows][H][capacity] attention scores of a chunk of rows, then v3's
+                      * partition results (kvcu_attention_scratch()) */
     kvcu_buf ints;   /* [3T + n_seqs] tokens | slots | positions | last rows */
     int *host_ints;  /* host staging of ints */
     size_t host_ints_n;
@@ -225,7 +229,9 @@ static int state_reserve(kvcu_state *s, const kv_config *c, int T, int n_seqs, i
         (rc = grow(&s->hb, t * hidden * f, err)) || (rc = grow(&s->hb2, t * hidden * f, err)) ||
         (rc = grow(&s->xlast, (size_t)n_seqs * dim * f, err)) ||
         (rc = grow(&s->logits, (size_t)n_seqs * c->vocab_size * f, err)) ||
-        (rc = grow(&s->scores, (size_t)rows * c->n_heads * capacity * f, err)))
+        (rc = grow(&s->scores,
+                   kvcu_attention_scratch(rows, c->n_heads, kv_config_head_dim(c), capacity) * f,
+                   err)))
         return rc;
     const size_t n_ints = 3 * t + (size_t)n_seqs;
     if ((rc = grow(&s->ints, n_ints * sizeof(int), err))) return rc;
@@ -257,13 +263,16 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
     int T = 0;
     KVCU_TRY(kv_batch_check("kvcu_forward", p, &c->spec, c->n_layers, c->n_kv_heads, c->head_dim,
                             c->len, seqs, n_seqs, &T, err));
+    if (c->tables) /* paged: every position written must fall in the slot's mapped blocks */
+        KVCU_TRY(kv_paged_batch_check("kvcu_forward", c->n_mapped, c->spec.block_size, seqs,
+                                      n_seqs, err));
 
     const int dim = p->dim, H = p->n_heads, d = kv_config_head_dim(p), cap = c->spec.capacity;
     const int qdim = H * d, kvdim = kv_config_kv_dim(p), hidden = p->hidden_dim;
     const float eps = p->norm_eps;
     /* attention rows per launch: all of them, unless their scores would pass KVCU_SCORES_MAX
      * (or the rows would pass the grid's 65535 limit in y) */
-    const size_t per_row = (size_t)H * cap;
+    const size_t per_row = kvcu_attention_scratch(1, H, d, cap);
     size_t rows_fit = KVCU_SCORES_MAX / per_row;
     if (rows_fit < 1) rows_fit = 1;
     if (rows_fit > KVCU_ATTN_MAX_ROWS) rows_fit = KVCU_ATTN_MAX_ROWS;
@@ -276,7 +285,9 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
     /* flatten on the host: row t is token j of sequence i, at position pos + j of its slot;
      * last[i] is the row of sequence i's last token. One upload carries all four. */
     int *tok = s->host_ints, *slot = tok + T, *pos = slot + T, *last = pos + T;
+    int max_len = 0; /* the longest row's span: picks the attention kernel (attn_decode.cu) */
     for (int i = 0, t = 0; i < n_seqs; i++) {
+        if (seqs[i].pos + seqs[i].n_tokens > max_len) max_len = seqs[i].pos + seqs[i].n_tokens;
         for (int j = 0; j < seqs[i].n_tokens; j++, t++) {
             tok[t] = seqs[i].tokens[j];
             slot[t] = seqs[i].slot;
@@ -303,7 +314,8 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
         for (int r0 = 0; r0 < T; r0 += rows) {
             const int nr = T - r0 < rows ? T - r0 : rows;
             KVCU_TRY(kvcu_attention(c, l, d_slot + r0, d_pos + r0, q + (size_t)r0 * qdim,
-                                    xb + (size_t)r0 * qdim, (float *)s->scores.p, nr, H, err));
+                                    xb + (size_t)r0 * qdim, (float *)s->scores.p, nr, H,
+                                    max_len, err));
         }
         KVCU_TRY(kvcu_matmul(xb2, xb, w->wo + (size_t)l * dim * qdim, T, qdim, dim, err));
         KVCU_TRY(kvcu_add(x, xb2, (int64_t)T * dim, err));
@@ -347,14 +359,42 @@ typedef struct {
     kvcu_state *state;
 } cuda_impl;
 
+/* A paged backend pages on the host (kv_paged.h) around the device step, as the CPU's does. */
 static int cuda_forward(kv_backend *b, const kv_seq *seqs, int n_seqs, float *logits,
                         kv_counters *cnt, kv_err *err)
 {
     cuda_impl *p = (cuda_impl *)b->impl;
-    return kvcu_forward(p->model, p->cache, p->state, seqs, n_seqs, logits, cnt, err);
+    int rc = b->paged ? kv_paged_prepare(b, seqs, n_seqs, err) : KV_OK;
+    if (!rc) rc = kvcu_forward(p->model, p->cache, p->state, seqs, n_seqs, logits, cnt, err);
+    if (!rc && b->paged) rc = kv_paged_commit(b, seqs, n_seqs, err);
+    return rc;
 }
 
-static void cuda_reset(kv_backend *b, int slot) { kvcu_cache_reset(((cuda_impl *)b->impl)->cache, slot); }
+static void cuda_reset(kv_backend *b, int slot)
+{
+    if (b->paged) kv_paged_release(b, slot, NULL);
+    kvcu_cache_reset(((cuda_impl *)b->impl)->cache, slot);
+}
+
+static int cuda_set_blocks(kv_backend *b, int slot, const int *blocks, int n, kv_err *err)
+{
+    return kvcu_cache_set_blocks(((cuda_impl *)b->impl)->cache, slot, blocks, n, err);
+}
+
+static int cuda_copy_blocks(kv_backend *b, const kv_block_copy *pairs, int n, kv_err *err)
+{
+    return kvcu_cache_copy_blocks(((cuda_impl *)b->impl)->cache, pairs, n, err);
+}
+
+static int cuda_fork_slot(kv_backend *b, int dst, int src, kv_err *err)
+{
+    return kvcu_cache_fork_slot(((cuda_impl *)b->impl)->cache, dst, src, err);
+}
+
+static int cuda_set_length(kv_backend *b, int slot, int len, kv_err *err)
+{
+    return kvcu_cache_set_length(((cuda_impl *)b->impl)->cache, slot, len, err);
+}
 
 static int cuda_length(kv_backend *b, int slot)
 {
@@ -364,6 +404,7 @@ static int cuda_length(kv_backend *b, int slot)
 static void cuda_destroy(kv_backend *b)
 {
     cuda_impl *p = (cuda_impl *)b->impl;
+    kv_paged_destroy(b->paged);
     if (p) {
         kvcu_state_free(p->state);
         kvcu_cache_free(p->cache);
@@ -403,6 +444,17 @@ int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_
     b->forward = cuda_forward;
     b->reset = cuda_reset;
     b->length = cuda_length;
+    if (spec->layout == KV_LAYOUT_PAGED) { /* the host pages, the device moves the bytes */
+        b->set_blocks = cuda_set_blocks;
+        b->copy_blocks = cuda_copy_blocks;
+        b->fork_slot = cuda_fork_slot;
+        b->set_length = cuda_set_length;
+        rc = kv_paged_create(&b->paged, spec, 0, err);
+        if (rc) {
+            cuda_destroy(b);
+            return rc;
+        }
+    }
     *out = b;
     return KV_OK;
 }

@@ -61,14 +61,22 @@ int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out,
  * kvcu_attn_decode() with the kernel version chosen (cuda/attn_decode.cu describes them):
  * 1 = one block per query head, reads H·N·d·2·b bytes of cache; 2 = one block per KV head,
  * reads H_kv·N·d·2·b (groups of up to 8 heads; v2 falls back to v1 when a group's queries
- * would not fit in 48 KiB of shared memory). Other versions: KV_ERR_ARG.
- * scores: device scratch [H][max_seq] floats, or NULL to allocate one for this call (a timing
- * loop passes its own, so cudaMalloc is not what it measures). With NULL the call waits for
- * the kernel (cudaFree does); with a scratch it returns at once (kvcu_synchronize() waits).
+ * would not fit in 48 KiB of shared memory); 3 = v2 split over partitions of 512 positions
+ * (flash-decoding: one block per (KV head, partition), then a small kernel combines the
+ * partitions), so a long context keeps many blocks busy. v3 sums in a different order than
+ * the CPU (not bit-identical to it); with one partition (len <= 512) it is bit-identical to
+ * v2. Other versions: KV_ERR_ARG.
+ * scores: device scratch of kvcu_attn_decode_scratch(version, ...) floats, or NULL to
+ * allocate one for this call (a timing loop passes its own, so cudaMalloc is not what it
+ * measures). With NULL the call waits for the kernel (cudaFree does); with a scratch it
+ * returns at once (kvcu_synchronize() waits).
  */
 int kvcu_attn_decode_version(int version, const float *q, const float *k, const float *v,
                              float *out, float *scores, int n_heads, int n_kv_heads, int head_dim,
                              int max_seq, int len, kv_err *err);
+/** Floats of scratch kvcu_attn_decode_version() needs: H·max_seq scores for v1 and v2, plus
+ * v3's partition results H·ceil(max_seq / 512)·(d + 2). */
+size_t kvcu_attn_decode_scratch(int version, int n_heads, int head_dim, int max_seq);
 
 /* ---- the engine: weights, cache and scratch on the device --------------------------- */
 typedef struct kvcu_model kvcu_model; /* device copy of a kv_model's weights */
@@ -119,6 +127,16 @@ int kvcu_cache_write_seq(kvcu_cache *c, int layer, int slot, int pos, int n, con
 /** GPU twin of kv_attention(): q, out [H][d] device; positions 0..pos of @p slot. */
 int kvcu_cache_attention(const kvcu_cache *c, int layer, int slot, int pos, const float *q,
                          float *out, int n_heads, kv_err *err);
+/**
+ * kvcu_cache_attention() with the kernel chosen: 1, 2, 3 as in kvcu_attn_decode_version(), or
+ * 0 for the engine's choice (v2 up to 512 positions, v3 beyond). @p scratch: device scratch of
+ * kvcu_attn_decode_scratch(version or 3, n_heads, head_dim, capacity) floats, or NULL to
+ * allocate one and wait for the kernel; with a scratch the call returns at once. Contiguous
+ * and paged caches, every format.
+ */
+int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, int slot, int pos,
+                                 const float *q, float *out, float *scratch, int n_heads,
+                                 kv_err *err);
 /** Bytes of the device cache's one buffer (the CPU kv_cache's mem_bytes for the same spec). */
 size_t kvcu_cache_mem_bytes(const kvcu_cache *c);
 /** Copy the first @p bytes of the device cache's buffer to @p host (same layout as kv_cache.mem). */
@@ -126,6 +144,22 @@ int kvcu_cache_download(const kvcu_cache *c, void *host, size_t bytes, kv_err *e
 /** GPU twin of kv_quant_decode(): x [n][d] device out. */
 int kvcu_quant_decode(int fmt, int role, const void *codes, const void *meta, int64_t n, int d,
                       float scale, float *x, kv_err *err);
+
+/* ---- chapter 05: the paged layout, twins of kv_cache.h's (host arrays in, device cache) - */
+/** kv_cache_set_blocks(): map logical blocks 0 .. n-1 of @p slot to @p blocks [n] (host);
+ * the same checks and messages. The table is copied to the device at once. */
+int kvcu_cache_set_blocks(kvcu_cache *c, int slot, const int *blocks, int n, kv_err *err);
+/** kv_cache_fork_slot(): @p dst takes @p src's length, KIVI count and window, fp8 scales. */
+int kvcu_cache_fork_slot(kvcu_cache *c, int dst, int src, kv_err *err);
+/** kv_cache_set_length(): a prefix-cache hit (refuses fp8 and KIVI layers, as the CPU). */
+int kvcu_cache_set_length(kvcu_cache *c, int slot, int len, kv_err *err);
+/**
+ * kv_cache_copy_blocks(): for each pair (host array) in order, every layer's K and V rows,
+ * codes and metadata, of block src into block dst. One kernel launch covers the list (a list
+ * in which a pair reads or overwrites a block an earlier pair wrote runs as several launches,
+ * so the result is the in-order one); the bytes equal the CPU's.
+ */
+int kvcu_cache_copy_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, kv_err *err);
 
 #ifdef __cplusplus
 }

@@ -33,7 +33,30 @@ struct kvcu_cache {
     size_t mem_bytes;
     float *stage;        /* device scratch of a KIVI spill: [2][H_kv][rows][d] */
     size_t stage_bytes;
+    /* chapter 05, paged layout (spec.layout KV_LAYOUT_PAGED); contiguous: rows = capacity,
+     * the rest 0 / NULL. The tables live twice: the host copy answers the batch checks and
+     * places KIVI spills, the device copy is what the write and attention kernels read. */
+    int rows;            /* rows per head of a plane: capacity, or N·B pool rows */
+    int max_blocks;      /* table entries per slot: ceil(capacity / B) */
+    int *tables;         /* host [n_slots][max_blocks] physical block of each logical block */
+    int *n_mapped;       /* host [n_slots] entries set */
+    int *d_tables;       /* device mirror of tables */
+    kv_cache_plane *d_planes; /* device [2][L] K planes then V planes: the block-copy kernel's */
+    int *d_fmt;          /* device [L] copy of fmt */
+    kv_block_copy *d_pairs;   /* device scratch of a copy list */
+    int pairs_cap;
+    int *seg_mark;       /* host [n_blocks] scratch of kvcu_cache_copy_blocks() */
 };
+
+/* Where position t of @p slot is stored: t itself in a contiguous cache (tables NULL), else
+ * the physical row tables[slot][t / B]·B + t % B of the pool (kv_view_row()'s rule). */
+__device__ inline int64_t kvcu_slot_row(const int *tables, int max_blocks, int block_size,
+                                        int slot, int64_t t)
+{
+    if (!tables) return t;
+    return (int64_t)tables[(size_t)slot * max_blocks + t / block_size] * block_size +
+           t % block_size;
+}
 
 /**
  * Store the K and V rows of T tokens of one layer: token t goes to position tok_pos[t] of
@@ -51,10 +74,18 @@ int kvcu_cache_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_seqs,
  * once per token): token t reads positions 0 .. tok_pos[t] of slot tok_slot[t], dequantizing
  * K and V inside the loops (kv_cache_elem()).
  * q, out [T][H][d] device; tok_slot, tok_pos [T] device;
- * scores [T][H][capacity] device scratch.
+ * scores: device scratch of kvcu_attention_scratch(T, ...) floats. max_len: the largest
+ * tok_pos[t] + 1 (host), which picks the kernel: v2 when it fits one 512-position
+ * partition, else v3 (cuda/attn_decode.cu says why).
  */
 int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const int *tok_pos,
-                   const float *q, float *out, float *scores, int T, int n_heads, kv_err *err);
+                   const float *q, float *out, float *scores, int T, int n_heads, int max_len,
+                   kv_err *err);
+
+/** Floats of the scores scratch kvcu_attention() needs for T rows over a cache of
+ * @p capacity positions: the scores [T][H][capacity] and v3's partition results
+ * [T][H][ceil(capacity / 512)][d + 2]. */
+size_t kvcu_attention_scratch(int T, int n_heads, int head_dim, int capacity);
 
 /* ---- reductions ------------------------------------------------------------------------
  * Warp sums use the xor butterfly: after 5 steps every lane holds the total. The order of the

@@ -19,6 +19,7 @@
 #include "kv_ops.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 /*
@@ -75,11 +76,31 @@ int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
     return KV_OK;
 }
 
+/* ---- decode tables -------------------------------------------------------------------------
+ * fp16 and fp8 codes have few enough patterns to decode each one once: f16_table[h] is
+ * kvq_f16_to_f32(h) for all 65536 codes, fp8_table[e5m2][b] is kvq_fp8_to_f32(b, e5m2) for all
+ * 256. A lookup returns the very float the function returns (the table is filled by calling
+ * it), so the rows below are kv_cache_elem()'s bit for bit, only without a branchy conversion
+ * per element (test_quant_cache checks every code). bf16 needs no table: its decode is a
+ * shift. The tables are filled once, by whichever thread first decodes a row, under
+ * pthread_once: attention calls kv_attn_row() from inside an OpenMP loop. */
+static float f16_table[65536];    /* [code] kvq_f16_to_f32(code) */
+static float fp8_table[2][256];   /* [e5m2][code] kvq_fp8_to_f32(code, e5m2) */
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+
+static void tables_build(void)
+{
+    for (uint32_t h = 0; h < 65536u; h++) f16_table[h] = kvq_f16_to_f32((uint16_t)h);
+    for (int e5 = 0; e5 < 2; e5++)
+        for (uint32_t b = 0; b < 256u; b++) fp8_table[e5][b] = kvq_fp8_to_f32((uint8_t)b, e5);
+}
+
 /* Row t of a head view into out [d]: kv_cache_elem() for every j, with the format's switch
- * and the row's metadata lookups hoisted out of the loop (the per-element arithmetic is
- * kv_quant_math.h's, so the values are kv_cache_elem()'s bit for bit; test_quant_cache checks
- * it). This is the CPU's share of "dequantize inside attention": one row at a time, in a
- * d-float scratch, never the whole cache. */
+ * and the row's metadata lookups hoisted out of the loop and the fp16 / fp8 conversions read
+ * from the tables above (the rest of the per-element arithmetic is kv_quant_math.h's, so the
+ * values are kv_cache_elem()'s bit for bit; test_quant_cache checks it). This is the CPU's
+ * share of "dequantize inside attention": one row at a time, in a d-float scratch, never the
+ * whole cache. */
 void kv_attn_row(const kv_head_view *h, int64_t t, float *out)
 {
     const int d = h->d;
@@ -87,28 +108,32 @@ void kv_attn_row(const kv_head_view *h, int64_t t, float *out)
         memcpy(out, h->ring + (t % h->window) * d, (size_t)d * sizeof(float));
         return;
     }
+    pthread_once(&tables_once, tables_build);
     const int64_t r = kv_view_row(h, t); /* the stored row: codes and metadata live there */
     const uint8_t *row = h->codes + r * kvq_row_bytes(h->fmt, d);
     switch (h->fmt) {
     case KV_QF_F32: /* a paged fp32 row: plain floats, wherever its block is */
         memcpy(out, row, (size_t)d * sizeof(float));
         return;
-    case KV_QF_F16: case KV_QF_BF16: {
-        uint16_t b[256];
-        for (int j0 = 0; j0 < d; j0 += 256) {
-            const int n = d - j0 < 256 ? d - j0 : 256;
-            memcpy(b, row + (size_t)j0 * 2, (size_t)n * 2);
-            if (h->fmt == KV_QF_F16)
-                for (int j = 0; j < n; j++) out[j0 + j] = kvq_f16_to_f32(b[j]);
-            else
-                for (int j = 0; j < n; j++) out[j0 + j] = kvq_bf16_to_f32(b[j]);
+    case KV_QF_F16: /* through the table */
+        for (int j = 0; j < d; j++) {
+            uint16_t b;
+            memcpy(&b, row + (size_t)j * 2, 2);
+            out[j] = f16_table[b];
         }
         return;
-    }
-    case KV_QF_FP8_E4M3: case KV_QF_FP8_E5M2:
-        for (int j = 0; j < d; j++)
-            out[j] = kvq_fp8_to_f32(row[j], h->fmt == KV_QF_FP8_E5M2) * h->scale;
+    case KV_QF_BF16: /* kvq_bf16_to_f32() is a shift: no table needed */
+        for (int j = 0; j < d; j++) {
+            uint16_t b;
+            memcpy(&b, row + (size_t)j * 2, 2);
+            out[j] = kvq_bf16_to_f32(b);
+        }
         return;
+    case KV_QF_FP8_E4M3: case KV_QF_FP8_E5M2: {
+        const float *tab = fp8_table[h->fmt == KV_QF_FP8_E5M2], s = h->scale;
+        for (int j = 0; j < d; j++) out[j] = tab[row[j]] * s;
+        return;
+    }
     case KV_QF_INT8: case KV_QF_INT8_G32: case KV_QF_INT8_G64: case KV_QF_INT8_G128: {
         const int g = kvq_row_group(h->fmt, h->role, d);
         const float *s = (const float *)h->meta + kvq_meta_index(h->fmt, h->role, r, 0, d);
@@ -121,18 +146,19 @@ void kv_attn_row(const kv_head_view *h, int64_t t, float *out)
     case KV_QF_INT4_KIVI: case KV_QF_INT2_KIVI: {
         const kv_qsz *m = (const kv_qsz *)h->meta + kvq_meta_index(h->fmt, h->role, r, 0, d);
         const int per_channel = h->role == KV_QROLE_KEY; /* keys: one entry per channel */
-        /* kvq_unpack() with the bit width a constant of each branch */
+        /* kvq_unpack() with the bit width a constant of each branch; the binary16 scale and
+         * zero through the table */
         if (h->fmt == KV_QF_INT4_KIVI)
             for (int j = 0; j < d; j++) {
                 const kv_qsz p = m[per_channel ? j : j / KV_KIVI_GROUP];
-                out[j] = kvq_asym_decode(kvq_unpack(row, j, 4), kvq_f16_to_f32(p.scale),
-                                         kvq_f16_to_f32(p.zero));
+                out[j] = kvq_asym_decode(kvq_unpack(row, j, 4), f16_table[p.scale],
+                                         f16_table[p.zero]);
             }
         else
             for (int j = 0; j < d; j++) {
                 const kv_qsz p = m[per_channel ? j : j / KV_KIVI_GROUP];
-                out[j] = kvq_asym_decode(kvq_unpack(row, j, 2), kvq_f16_to_f32(p.scale),
-                                         kvq_f16_to_f32(p.zero));
+                out[j] = kvq_asym_decode(kvq_unpack(row, j, 2), f16_table[p.scale],
+                                         f16_table[p.zero]);
             }
         return;
     }
@@ -141,30 +167,64 @@ void kv_attn_row(const kv_head_view *h, int64_t t, float *out)
     }
 }
 
-/* attend_head() over a quantized cache (chapter 04): the same three passes, with each K and
- * V row dequantized as it is read (kv_attn_row(): kv_quant_math.h's per-element decode, the
- * code the CUDA kernels inline, or the KIVI fp32 window for the newest rows).
+/* Rotate a key row [d] by cache index i (chapter 06, KV_POS_CACHE): the pairs (2j, 2j+1)
+ * of its first rotary_dim dims, with the cos/sin kv_rope() would use at position i (the
+ * cache's table), in kv_rope()'s arithmetic, so the bits are kv_rope()'s. */
+static void rotate_row(float *row, const float *cs, int64_t i, int rotary_dim)
+{
+    const int P = rotary_dim / 2;
+    const float *ci = cs + (size_t)i * P * 2; /* [P][2] */
+    for (int j = 0; j < P; j++) {
+        const float c = ci[2 * j], s = ci[2 * j + 1];
+        const float a = row[2 * j], b = row[2 * j + 1];
+        row[2 * j] = a * c - b * s;
+        row[2 * j + 1] = a * s + b * c;
+    }
+}
+
+/* What a query sees of a cache (chapter 06): the retention window of its slot, and where
+ * keys still need their rotation. W = 0 is the chapter 02-05 cache: position i, row i. */
+typedef struct {
+    int window, n_sinks; /* W, S of the spec */
+    int64_t t;           /* the query's position */
+    const float *rope_cs; /* KV_POS_CACHE: cos/sin per cache index, else NULL */
+    int rotary_dim;
+} retained;
+
+/* attend_head() over any cache (chapters 04-06): the same three passes, with each K and V
+ * row dequantized as it is read (kv_attn_row(): kv_quant_math.h's per-element decode, the
+ * code the CUDA kernels inline, or the KIVI fp32 window for the newest rows). The query
+ * visits the len retained positions in position order (kv_window_walk: sinks, then the
+ * window), each read from its logical row (kv_window_row(): the ring), so a windowed cache
+ * gives the bits full attention with the equivalent mask gives: masked positions would only
+ * add exp(-inf) = 0 to the sum and 0·v to the output. Under KV_POS_CACHE a key is rotated
+ * here by its index i in that order.
  * row [d] scratch. */
 static void attend_head_view(const float *qh, const kv_head_view *kh, const kv_head_view *vh,
-                             float *oh, float *att, float *row, int d, int len)
+                             const retained *w, float *oh, float *att, float *row, int d,
+                             int64_t len)
 {
     const float scale = 1.0f / sqrtf((float)d);
     float max = -INFINITY;
-    for (int p = 0; p < len; p++) {
-        kv_attn_row(kh, p, row);
-        att[p] = kv_dot(qh, row, d) * scale;
-        if (att[p] > max) max = att[p];
+    kv_window_walk k; /* position i of the list and its row, in order */
+    kv_window_walk_start(&k, w->window, w->n_sinks, w->t);
+    for (int64_t i = 0; i < len; i++, kv_window_walk_next(&k)) {
+        kv_attn_row(kh, k.row, row);
+        if (w->rope_cs) rotate_row(row, w->rope_cs, i, w->rotary_dim);
+        att[i] = kv_dot(qh, row, d) * scale;
+        if (att[i] > max) max = att[i];
     }
     float sum = 0.0f;
-    for (int p = 0; p < len; p++) {
-        att[p] = expf(att[p] - max);
-        sum += att[p];
+    for (int64_t i = 0; i < len; i++) {
+        att[i] = expf(att[i] - max);
+        sum += att[i];
     }
     for (int i = 0; i < d; i++) oh[i] = 0.0f;
-    for (int p = 0; p < len; p++) {
-        const float w = att[p];
-        kv_attn_row(vh, p, row);
-        for (int i = 0; i < d; i++) oh[i] += w * row[i];
+    kv_window_walk_start(&k, w->window, w->n_sinks, w->t);
+    for (int64_t i = 0; i < len; i++, kv_window_walk_next(&k)) {
+        const float wt = att[i];
+        kv_attn_row(vh, k.row, row);
+        for (int j = 0; j < d; j++) oh[j] += wt * row[j];
     }
     const float inv = 1.0f / sum;
     for (int i = 0; i < d; i++) oh[i] *= inv;
@@ -176,18 +236,21 @@ void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, i
     const int kvh = kv_attn_kv_head(h, n_heads, c->n_kv_heads), d = c->head_dim;
     const kv_head_view kh = kv_cache_view(c, layer, slot, kvh, KV_QROLE_KEY);
     const kv_head_view vh = kv_cache_view(c, layer, slot, kvh, KV_QROLE_VALUE);
-    if (c->fmt[layer] == KV_QF_F32 && !kh.blocks) { /* chapter 02: the rows are plain floats */
+    if (c->fmt[layer] == KV_QF_F32 && !kh.blocks && c->spec.window == 0) {
+        /* chapter 02: the rows are plain floats, in position order */
         attend_head(qh, (const float *)(const void *)kh.codes,
                     (const float *)(const void *)vh.codes, oh, att, d, pos + 1);
         return;
     }
+    const retained w = {c->spec.window, c->spec.n_sinks, pos, c->rope_cs, c->rotary_dim};
     /* a run of d floats for the dequantized row: on the stack up to d = 256, else heap */
     float stack[256], *row = d <= 256 ? stack : kv_calloc((size_t)d * sizeof(float));
     if (!row) { /* no memory: make the failure visible rather than silently wrong */
         for (int i = 0; i < d; i++) oh[i] = NAN;
         return;
     }
-    attend_head_view(qh, &kh, &vh, oh, att, row, d, pos + 1);
+    attend_head_view(qh, &kh, &vh, &w, oh, att, row, d,
+                     kv_window_count(c->spec.window, c->spec.n_sinks, pos));
     if (row != stack) kv_free(row);
 }
 
@@ -195,8 +258,8 @@ int kv_attention(const kv_cache *c, int layer, int slot, int pos, const float *q
                  int n_heads)
 {
     const int d = c->head_dim;
-    const size_t len = (size_t)pos + 1;
-    float *att = kv_calloc((size_t)n_heads * len * sizeof(float)); /* [H][pos+1] */
+    const size_t len = (size_t)kv_window_count(c->spec.window, c->spec.n_sinks, pos);
+    float *att = kv_calloc((size_t)n_heads * len * sizeof(float)); /* [H][retained] */
     if (!att) return KV_ERR_NOMEM;
     #pragma omp parallel for
     for (int h = 0; h < n_heads; h++)

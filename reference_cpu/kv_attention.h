@@ -48,17 +48,22 @@ int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
 
 /**
  * Attention of one query token at position @p pos of @p slot over cache positions 0..pos of
- * @p layer (causal: the token sees itself and everything before it).
- * q [H][d], out [H][d].
- * Allocates (pos + 1) floats of score scratch per head: KV_OK, or KV_ERR_NOMEM.
+ * @p layer (causal: the token sees itself and everything before it), or, with a window
+ * (chapter 06), over the positions the cache retains: the sinks and the last W positions, in
+ * position order (kv_window.h). q [H][d] (rotated by RoPE at the position the spec's scheme
+ * gives it: kv_window_query_pos()), out [H][d].
+ * Allocates kv_window_count() (pos + 1 without a window) floats of score scratch per head:
+ * KV_OK, or KV_ERR_NOMEM.
  */
 int kv_attention(const kv_cache *c, int layer, int slot, int pos, const float *q, float *out,
                  int n_heads);
 
 /**
  * One query head @p h of kv_attention(), with the caller's scratch: the unit kv_forward()
- * spreads over threads as (token, head) pairs. Reads the cache through its spec.
- * qh [d], oh [d], att [pos + 1] scratch for the scores.
+ * spreads over threads as (token, head) pairs. Reads the cache through its spec: layout,
+ * format and retention (a windowed cache: its retained positions in position order, each
+ * from its ring row; KV_POS_CACHE keys rotated by their cache index as they are read).
+ * qh [d], oh [d], att [kv_window_count(W, S, pos)] scratch for the scores.
  */
 void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, int n_heads,
                        const float *qh, float *oh, float *att);

@@ -61,6 +61,42 @@ kv_cache_spec kv_cache_spec_default(int n_slots, int capacity)
 int kv_cache_spec_check(const char *who, const kv_config *cfg, const kv_cache_spec *spec,
                         kv_err *err)
 {
+    return kv_cache_spec_check_caps(who, cfg, spec, 0, err);
+}
+
+/* Chapter 06's rules on a spec's retention fields (kv_window.h). */
+static int window_check(const char *who, const kv_cache_spec *spec, int caps, kv_err *err)
+{
+    if (spec->window == 0 && spec->n_sinks == 0 && spec->pos_scheme == KV_POS_ORIGINAL)
+        return KV_OK;
+    if (spec->window < 0 || spec->window > KV_CACHE_MAX_CAPACITY)
+        return kv_fail(err, KV_ERR_ARG, "%s: window %d is outside [0, %d] (0 keeps every "
+                       "token)", who, spec->window, KV_CACHE_MAX_CAPACITY);
+    if (spec->n_sinks < 0 || spec->n_sinks > KV_CACHE_MAX_CAPACITY - spec->window)
+        return kv_fail(err, KV_ERR_ARG, "%s: %d sink tokens (need 0 <= S and S + W <= %d)",
+                       who, spec->n_sinks, KV_CACHE_MAX_CAPACITY);
+    if (spec->pos_scheme != KV_POS_ORIGINAL && spec->pos_scheme != KV_POS_CACHE)
+        return kv_fail(err, KV_ERR_ARG, "%s: position scheme %d is neither original (%d) nor "
+                       "cache (%d)", who, spec->pos_scheme, KV_POS_ORIGINAL, KV_POS_CACHE);
+    if (spec->window == 0)
+        return kv_fail(err, KV_ERR_ARG, "%s: %d sinks or the cache position scheme without a "
+                       "window (window 0 keeps every token: nothing to sink or renumber)", who,
+                       spec->n_sinks);
+    if (!(caps & KV_CACHE_CAN_WINDOW))
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: a sliding-window cache (window %d, %d "
+                       "sinks) is not built on this device yet", who, spec->window,
+                       spec->n_sinks);
+    if (kvq_is_kivi(spec->dtype))
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: %s with a sliding window: KIVI quantizes "
+                       "32-token groups and keeps an fp32 window of rows that never move, "
+                       "which a ring of reused rows breaks (use a per-token format: fp16, "
+                       "bf16, int8, int8-gG, fp8)", who, kv_quant_name(spec->dtype));
+    return KV_OK;
+}
+
+int kv_cache_spec_check_caps(const char *who, const kv_config *cfg, const kv_cache_spec *spec,
+                             int caps, kv_err *err)
+{
     if (!cfg || !spec) return kv_fail(err, KV_ERR_ARG, "%s: NULL argument", who);
     if (spec->layout != KV_LAYOUT_CONTIGUOUS && spec->layout != KV_LAYOUT_PAGED)
         return kv_fail(err, KV_ERR_UNSUPPORTED,
@@ -108,7 +144,7 @@ int kv_cache_spec_check(const char *who, const kv_config *cfg, const kv_cache_sp
             return kv_fail(err, KV_ERR_ARG, "%s: %s window %d is not a positive multiple of %d",
                            who, kv_quant_name(f), R, KV_KIVI_GROUP);
     }
-    return KV_OK;
+    return window_check(who, spec, caps, err);
 }
 
 /* Bytes of each part of one plane (K or V of one layer): codes and metadata of row_heads
@@ -123,10 +159,16 @@ static void plane_sizes(int fmt, int role, int64_t row_heads, int rows, int64_t 
     sz[3] = kvq_is_kivi(fmt) ? (size_t)slot_heads * window * d * sizeof(float) : 0; /* ring */
 }
 
+/* Rows one slot ever holds: its capacity, or S+W when a window forgets the rest. */
+static int slot_rows(const kv_cache_spec *spec)
+{
+    return (int)kv_window_rows(spec->window, spec->n_sinks, spec->capacity);
+}
+
 /* Rows per head of a plane and the heads that own rows, for either layout. */
 static int spec_rows(const kv_cache_spec *spec)
 {
-    return spec->layout == KV_LAYOUT_PAGED ? spec->n_blocks * spec->block_size : spec->capacity;
+    return spec->layout == KV_LAYOUT_PAGED ? spec->n_blocks * spec->block_size : slot_rows(spec);
 }
 static int64_t spec_row_heads(const kv_cache_spec *spec, int n_kv_heads)
 {
@@ -176,7 +218,7 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
 {
     if (!c) return kv_fail(err, KV_ERR_ARG, "kv_cache_create: NULL argument");
     memset(c, 0, sizeof *c);
-    int rc = kv_cache_spec_check("kv_cache_create", cfg, spec, err);
+    int rc = kv_cache_spec_check_caps("kv_cache_create", cfg, spec, KV_CACHE_CAN_WINDOW, err);
     if (rc) return rc;
 
     const int d = kv_config_head_dim(cfg), L = cfg->n_layers;
@@ -203,7 +245,7 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
     c->len = kv_calloc((size_t)spec->n_slots * sizeof(int));
     c->rows = spec_rows(spec);
     if (spec->layout == KV_LAYOUT_PAGED) {
-        c->max_blocks = (spec->capacity + spec->block_size - 1) / spec->block_size;
+        c->max_blocks = (slot_rows(spec) + spec->block_size - 1) / spec->block_size;
         c->tables = kv_calloc((size_t)spec->n_slots * c->max_blocks * sizeof(int));
         c->n_mapped = kv_calloc((size_t)spec->n_slots * sizeof(int));
     }
@@ -233,7 +275,28 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
             if (p->scale)
                 for (int64_t i = 0; i < heads; i++) p->scale[i] = 1.0f;
         }
-    if (all_f32 && !c->tables) { /* chapter 02's arrays: kv_cache_k() / kv_cache_v() work on them */
+    c->rotary_dim = cfg->rotary_dim;
+    if (spec->window > 0 && spec->pos_scheme == KV_POS_CACHE) {
+        /* cos and sin of every cache index, computed as kv_rope() computes them, so a key
+         * rotated at attention time has the bits kv_rope() would have given it */
+        const int64_t keep = kv_window_keep(spec->window, spec->n_sinks), P = cfg->rotary_dim / 2;
+        c->rope_cs = kv_calloc((size_t)(keep * P * 2) * sizeof(float)); /* [S+W][P][2] */
+        if (!c->rope_cs) {
+            kv_cache_free(c);
+            return kv_fail(err, KV_ERR_NOMEM, "kv_cache_create: RoPE table of %lld positions",
+                           (long long)keep);
+        }
+        for (int64_t p = 0; p < keep; p++)
+            for (int64_t i = 0; i < P; i++) {
+                const double freq = pow((double)cfg->rope_theta,
+                                        -(double)(2 * i) / (double)cfg->rotary_dim);
+                const double angle = (double)p * freq;
+                c->rope_cs[(p * P + i) * 2] = (float)cos(angle);
+                c->rope_cs[(p * P + i) * 2 + 1] = (float)sin(angle);
+            }
+    }
+    if (all_f32 && !c->tables && spec->window == 0) {
+        /* chapter 02's arrays: kv_cache_k() / kv_cache_v() work on them */
         c->k = (float *)(void *)c->kp[0].codes;
         c->v = (float *)(void *)c->vp[0].codes;
     }
@@ -251,6 +314,7 @@ void kv_cache_free(kv_cache *c)
     kv_free(c->len);
     kv_free(c->tables);
     kv_free(c->n_mapped);
+    kv_free(c->rope_cs);
     memset(c, 0, sizeof *c);
 }
 
@@ -289,7 +353,7 @@ kv_head_view kv_cache_view(const kv_cache *c, int layer, int slot, int kvh, int 
                                          c->head_dim, c->window, slot, kvh, q,
                                          c->tables + (size_t)slot * c->max_blocks,
                                          c->spec.block_size);
-    return kv_cache_plane_view(p, c->fmt[layer], role, c->n_kv_heads, c->spec.capacity,
+    return kv_cache_plane_view(p, c->fmt[layer], role, c->n_kv_heads, c->rows,
                                c->head_dim, c->window, slot, kvh, q);
 }
 
@@ -330,8 +394,10 @@ static int write_plane(kv_cache *c, int layer, kv_cache_plane *p, int role, int 
             const float scale = p->scale ? p->scale[head] : 1.0f;
             for (int t = 0; t < n; t++) {
                 const float *xr = x + ((size_t)t * Hkv + h) * d;    /* [d] */
-                const int64_t row = table ? (int64_t)table[(pos + t) / B] * B + (pos + t) % B
-                                          : pos + t;
+                /* retention picks the logical row (a ring row with a window), the layout
+                 * where that row is stored */
+                const int64_t r = kv_window_row(c->spec.window, c->spec.n_sinks, (int64_t)pos + t);
+                const int64_t row = table ? (int64_t)table[r / B] * B + r % B : r;
                 if (fmt == KV_QF_F32) { /* chapter 02's copy */
                     memcpy(codes + row * p->row_bytes, xr, (size_t)d * sizeof(float));
                     continue;
@@ -422,7 +488,8 @@ int kv_cache_set_blocks(kv_cache *c, int slot, const int *blocks, int n, kv_err 
     if (n < 0 || n > c->max_blocks || (n > 0 && !blocks))
         return kv_fail(err, KV_ERR_ARG, "kv_cache_set_blocks: %d blocks for slot %d (max %d)",
                        n, slot, c->max_blocks);
-    if ((int64_t)n * c->spec.block_size < c->len[slot])
+    if ((int64_t)n * c->spec.block_size <
+        kv_window_rows(c->spec.window, c->spec.n_sinks, c->len[slot]))
         return kv_fail(err, KV_ERR_ARG, "kv_cache_set_blocks: %d blocks cannot hold the %d "
                        "tokens slot %d caches", n, c->len[slot], slot);
     for (int i = 0; i < n; i++)
@@ -439,6 +506,9 @@ int kv_cache_fork_slot(kv_cache *c, int dst, int src, kv_err *err)
     int rc = paged_slot(c, "kv_cache_fork_slot", dst, err);
     if (!rc) rc = paged_slot(c, "kv_cache_fork_slot", src, err);
     if (rc || dst == src) return rc;
+    if (c->spec.window > 0) /* the ring would overwrite rows the other sequence still reads */
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_fork_slot: a sliding-window "
+                       "sequence cannot share its blocks (its ring rewrites them in place)");
     const int64_t Hkv = c->n_kv_heads, d = c->head_dim;
     c->len[dst] = c->len[src];
     for (int l = 0; l < c->n_layers; l++) {
@@ -459,6 +529,9 @@ int kv_cache_set_length(kv_cache *c, int slot, int len, kv_err *err)
 {
     int rc = paged_slot(c, "kv_cache_set_length", slot, err);
     if (rc) return rc;
+    if (c->spec.window > 0)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_set_length: a sliding-window cache "
+                       "cannot adopt another sequence's blocks (its ring rewrites them)");
     for (int l = 0; l < c->n_layers; l++)
         if (kvq_is_fp8(c->fmt[l]) || kvq_is_kivi(c->fmt[l]))
             return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_set_length: layer %d stores %s, "

@@ -49,6 +49,17 @@
  * kv_head_view, so the math of every format is unchanged. KIVI groups 32 tokens, so a KIVI
  * paged cache needs 32 | B. Head-major pools keep a head's rows of one block adjacent; a block
  * copy is one run of B rows per (layer, K/V, head).
+ *
+ * Chapter 06 (retention, spec.window W > 0; kv_window.h). A slot keeps its first S =
+ * spec.n_sinks tokens and its W most recent ones: position p lives in logical row p (p < S)
+ * or S + (p - S) mod W, a ring reused cyclically, so a slot holds at most S+W rows whatever
+ * its length and spec.capacity becomes a bound on positions, not storage. Contiguous: each
+ * (layer, slot, head) owns min(capacity, S+W) rows. Paged: the logical row goes through the
+ * block table, which stops growing at ceil((S+W)/B) blocks. Per-token formats work unchanged
+ * (a row is self-contained: overwriting it overwrites its scales too); KIVI, whose 32-token
+ * groups and fp32 window assume rows that never move, is refused with a window. With
+ * spec.pos_scheme = KV_POS_CACHE (StreamingLLM) keys are stored before RoPE: attention
+ * rotates each by its index in the cache (c->rope_cs holds cos/sin of the S+W indices).
  */
 #ifndef KV_CACHE_H
 #define KV_CACHE_H
@@ -58,6 +69,7 @@
 #include "kv_block_table.h"
 #include "kv_config.h"
 #include "kv_quant_math.h"
+#include "kv_window.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -78,7 +90,8 @@ typedef struct {
     int layout;   /**< ::kv_layout */
     int dtype;    /**< ::kv_qformat (KV_DTYPE_F32 = fp32) */
     int n_slots;  /**< sequences the cache holds at once (the batch) */
-    int capacity; /**< tokens per sequence slot (N max) */
+    int capacity; /**< tokens per sequence slot (N max); with a window, positions per slot
+                   *   (the stream's length bound), storage being min(capacity, S+W) rows */
     /** Selective layers (chapter 04): bit l set = layer l stores @c dtype, the others fp16;
      * 0 = every layer stores @c dtype. Models with more than 64 layers need 0. */
     uint64_t dtype_layers;
@@ -86,6 +99,10 @@ typedef struct {
     int kivi_window;  /**< KIVI: fp32 window of newest tokens, a multiple of 32; 0 = 128 */
     int block_size;   /**< paged: tokens per block B (KIVI needs a multiple of 32) */
     int n_blocks;     /**< paged: blocks in the pool N */
+    /* chapter 06: retention (kv_window.h). window 0 keeps every token (chapters 02-05). */
+    int window;     /**< W: recent tokens kept per sequence; 0 = keep all */
+    int n_sinks;    /**< S: first tokens kept forever (attention sinks); needs window > 0 */
+    int pos_scheme; /**< ::kv_pos_scheme: RoPE by original position (0) or cache index (1) */
 } kv_cache_spec;
 
 /** Bytes one stored element takes (b), metadata included, at head dim @p d
@@ -105,9 +122,24 @@ double kv_cache_spec_bytes_per_element(const kv_cache_spec *spec, int n_layers, 
  * Why @p spec cannot be built for @p cfg: KV_ERR_UNSUPPORTED (layout, dtype, or a dtype's
  * shape rule such as KIVI's 32 | d, named) or KV_ERR_ARG; KV_OK when it can. Shared by the
  * CPU and CUDA caches so both refuse the same specs with the same words (@p who prefixes).
+ * A cache that does not implement retention yet calls this one: a windowed spec
+ * (window > 0) is refused with KV_ERR_UNSUPPORTED. kv_cache_spec_check_caps() with
+ * KV_CACHE_CAN_WINDOW accepts it.
  */
 int kv_cache_spec_check(const char *who, const kv_config *cfg, const kv_cache_spec *spec,
                         kv_err *err);
+
+/** Capabilities a cache implementation declares to kv_cache_spec_check_caps(). */
+#define KV_CACHE_CAN_WINDOW 1 /**< sliding window + sinks, both position schemes (chapter 06) */
+
+/**
+ * kv_cache_spec_check() for a cache that implements the capabilities @p caps (a mask of
+ * KV_CACHE_CAN_*): the CPU cache passes KV_CACHE_CAN_WINDOW. Window rules: window >= 0,
+ * 0 <= n_sinks, sinks and the cache scheme need a window, S+W within the capacity limit;
+ * KIVI with a window is KV_ERR_UNSUPPORTED.
+ */
+int kv_cache_spec_check_caps(const char *who, const kv_config *cfg, const kv_cache_spec *spec,
+                             int caps, kv_err *err);
 
 /** One tensor (K or V) of one layer, quantized layout (see the file comment). Pointers are
  * host memory in a kv_cache and device memory in the CUDA twin. */
@@ -123,8 +155,10 @@ typedef struct {
 typedef struct {
     kv_cache_spec spec;
     int n_layers, n_kv_heads, head_dim;
-    int rows;          /* rows per head of a plane: capacity (contiguous) or N·B (paged) */
-    int max_blocks;    /* paged: ceil(capacity / B) table entries per slot, else 0 */
+    int rows;          /* rows per head of a plane: capacity, or min(capacity, S+W) with a
+                        * window (contiguous), or N·B (paged) */
+    int max_blocks;    /* paged: ceil(capacity / B), or ceil(min(capacity, S+W) / B) with a
+                        * window, table entries per slot, else 0 */
     int *tables;       /* paged: [n_slots][max_blocks] physical block ids, else NULL */
     int *n_mapped;     /* paged: [n_slots] table entries set, else NULL */
     int window;        /* KIVI window R (0 when no layer is KIVI) */
@@ -136,6 +170,9 @@ typedef struct {
     int *qlen;         /* [L][n_slots] KIVI: tokens already quantized (multiple of 32) */
     uint8_t *mem;      /* the one allocation every plane points into */
     size_t mem_bytes;
+    int rotary_dim;    /* the model's rotary dims (KV_POS_CACHE rotates keys at attention) */
+    float *rope_cs;    /* KV_POS_CACHE: [S+W][rotary_dim/2][2] cos, sin of each cache index,
+                        * computed as kv_rope() does; else NULL */
 } kv_cache;
 
 /**
@@ -237,7 +274,10 @@ kv_head_view kv_cache_view(const kv_cache *c, int layer, int slot, int kvh, int 
  * @p layer, quantizing into the layer's format (file comment: fp8 calibrates at pos 0, KIVI
  * spills its window). The slot's length is the caller's (kv_forward() sets it after the
  * step); pos must continue what the layer holds.
- * k, v  [n][H_kv][d]   (k already rotated by RoPE)
+ * k, v  [n][H_kv][d]   (k already rotated by RoPE; under a window's KV_POS_CACHE scheme, k
+ *                       before RoPE: attention rotates it by its cache index)
+ * A windowed cache stores position p in its ring row (kv_window_row()): the caller writes a
+ * chunk only as far as kv_window_chunk() allows before its queries attend (kv_forward does).
  * Returns KV_OK, or KV_ERR_NOMEM (KIVI staging), with a message.
  */
 int kv_cache_write_seq(kv_cache *c, int layer, int slot, int pos, int n, const float *k,
@@ -275,7 +315,8 @@ int kv_cache_copy_blocks(kv_cache *c, const kv_block_copy *pairs, int n, kv_err 
  * here; use kv_cache_write_seq() to see it). k, v [H_kv][d]. */
 void kv_cache_write(kv_cache *c, int layer, int slot, int pos, const float *k, const float *v);
 
-/** Row of keys for (layer, slot, kv head): [capacity][d]. Contiguous all-fp32 caches only. */
+/** Row of keys for (layer, slot, kv head): [capacity][d]. Contiguous all-fp32 caches without
+ * a window only (c->k is NULL otherwise). */
 static inline float *kv_cache_k(const kv_cache *c, int layer, int slot, int kvh)
 {
     size_t row = (((size_t)layer * c->spec.n_slots + slot) * c->n_kv_heads + kvh);

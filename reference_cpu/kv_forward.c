@@ -8,6 +8,7 @@
 #include "kv_forward.h"
 #include "kv_attention.h"
 #include "kv_ops.h"
+#include "kv_window.h"
 
 #include <omp.h>
 #include <string.h>
@@ -28,7 +29,9 @@
  *
  * A sequence at position p0 adding n tokens attends over sum_{p=p0}^{p0+n-1} (p+1)
  *   = n·p0 + n(n+1)/2 positions in all, which is what is added below. Grouped-query heads
- * read each KV row once per KV head, hence H_kv in the bytes and H in the FLOPs. */
+ * read each KV row once per KV head, hence H_kv in the bytes and H in the FLOPs.
+ * With a window (chapter 06) a query attends min(p+1, S+W) positions instead: the sum is
+ * kv_window_attended(), and per-token work stops growing once the cache is full. */
 void kv_counters_add_step(kv_counters *cnt, const kv_config *c, const kv_cache_spec *spec,
                           const kv_seq *seqs, int n_seqs)
 {
@@ -39,7 +42,11 @@ void kv_counters_add_step(kv_counters *cnt, const kv_config *c, const kv_cache_s
     const double P = L * (dim * H * d + 2.0 * dim * Hkv * d + H * d * dim + 3.0 * dim * hidden);
     for (int s = 0; s < n_seqs; s++) {
         const double n = seqs[s].n_tokens, p0 = seqs[s].pos;
-        const double attended = n * p0 + n * (n + 1.0) / 2.0; /* sum of (p+1) over new tokens */
+        /* sum of (p+1), or of min(p+1, S+W) with a window, over the new tokens */
+        const double attended = spec->window > 0
+                                    ? kv_window_attended(spec->window, spec->n_sinks,
+                                                         seqs[s].pos, seqs[s].n_tokens)
+                                    : n * p0 + n * (n + 1.0) / 2.0;
         cnt->flops_proj += 2.0 * P * n + 2.0 * dim * c->vocab_size;
         cnt->flops_attn += L * 4.0 * H * d * attended;
         cnt->kv_bytes_read += L * 2.0 * Hkv * d * b * attended;
@@ -60,6 +67,9 @@ void kv_state_free(kv_state *s)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kv_free(bufs[i]);
     kv_free(s->tok_slot);
     kv_free(s->tok_pos);
+    kv_free(s->q_pos);
+    kv_free(s->wave);
+    kv_free(s->done);
     kv_state_init(s);
 }
 
@@ -84,8 +94,11 @@ static int state_reserve(kv_state *s, const kv_config *c, int T, int n_seqs, kv_
     s->xlast = kv_calloc((size_t)n_seqs * dim * f);
     s->tok_slot = kv_calloc(rows * sizeof(int));
     s->tok_pos = kv_calloc(rows * sizeof(int));
+    s->q_pos = kv_calloc(rows * sizeof(int));
+    s->wave = kv_calloc(rows * sizeof(int));
+    s->done = kv_calloc((size_t)n_seqs * sizeof(int));
     if (!s->x || !s->xb || !s->xb2 || !s->q || !s->k || !s->v || !s->hb || !s->hb2 ||
-        !s->xlast || !s->tok_slot || !s->tok_pos) {
+        !s->xlast || !s->tok_slot || !s->tok_pos || !s->q_pos || !s->wave || !s->done) {
         kv_state_free(s);
         return kv_fail(err, KV_ERR_NOMEM,
                        "kv_forward: could not allocate scratch for %d tokens", T);
@@ -167,6 +180,23 @@ int kv_paged_batch_check(const char *who, const int *n_mapped, int block_size,
     return KV_OK;
 }
 
+/* kv_paged_batch_check() for a windowed paged cache (chapter 06): the slot's rows, not its
+ * positions, must be mapped; they stop growing at S+W. */
+static int window_paged_check(const kv_cache *c, const kv_seq *seqs, int n_seqs, kv_err *err)
+{
+    for (int i = 0; i < n_seqs; i++) {
+        const int64_t rows = kv_window_rows(c->spec.window, c->spec.n_sinks,
+                                            (int64_t)seqs[i].pos + seqs[i].n_tokens);
+        const int64_t mapped = (int64_t)c->n_mapped[seqs[i].slot] * c->spec.block_size;
+        if (rows > mapped)
+            return kv_fail(err, KV_ERR_CAPACITY, "kv_forward: sequence %d: its window needs "
+                           "%lld rows but slot %d has %d blocks (%lld rows) mapped", i,
+                           (long long)rows, seqs[i].slot, c->n_mapped[seqs[i].slot],
+                           (long long)mapped);
+    }
+    return KV_OK;
+}
+
 int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, int n_seqs,
                float *logits, kv_counters *cnt, kv_err *err)
 {
@@ -174,8 +204,10 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
     int T = 0;
     int rc = kv_batch_check("kv_forward", &m->config, &c->spec, c->n_layers, c->n_kv_heads,
                             c->head_dim, c->len, seqs, n_seqs, &T, err);
-    if (!rc && c->tables)
+    if (!rc && c->tables && c->spec.window == 0)
         rc = kv_paged_batch_check("kv_forward", c->n_mapped, c->spec.block_size, seqs, n_seqs, err);
+    if (!rc && c->tables && c->spec.window > 0)
+        rc = window_paged_check(c, seqs, n_seqs, err);
     if (rc) return rc;
     rc = state_reserve(s, &m->config, T, n_seqs, err);
     if (rc) return rc;
@@ -185,19 +217,23 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
     const int dim = p->dim, H = p->n_heads, d = kv_config_head_dim(p);
     const int qdim = H * d, kvdim = kv_config_kv_dim(p), hidden = p->hidden_dim;
 
-    /* flatten: row t is token tokens[j] of sequence i, at position pos + j of its slot */
+    /* flatten: row t is token tokens[j] of sequence i, at position pos + j of its slot.
+     * The query is rotated at q_pos: its position, or its index in a KV_POS_CACHE window;
+     * such a cache stores keys unrotated (attention rotates them by their cache index). */
+    const int W = c->spec.window, S = c->spec.n_sinks;
+    const int keys_at_cache_pos = W > 0 && c->spec.pos_scheme == KV_POS_CACHE;
     int max_len = 0; /* longest attention span of any row: scores scratch per thread */
     for (int i = 0, t = 0; i < n_seqs; i++) {
         for (int j = 0; j < seqs[i].n_tokens; j++, t++) {
             s->tok_slot[t] = seqs[i].slot;
             s->tok_pos[t] = seqs[i].pos + j;
+            s->q_pos[t] = (int)kv_window_query_pos(W, S, c->spec.pos_scheme, seqs[i].pos + j);
         }
         kv_embed(s->x + (size_t)(t - seqs[i].n_tokens) * dim, w->token_embedding,
                  seqs[i].tokens, seqs[i].n_tokens, dim);
-        if (seqs[i].pos + seqs[i].n_tokens > max_len) max_len = seqs[i].pos + seqs[i].n_tokens;
+        const int span = (int)kv_window_count(W, S, seqs[i].pos + seqs[i].n_tokens - 1);
+        if (span > max_len) max_len = span;
     }
-    /* multiply-adds of attention, at most: worth threads only when it is not tiny */
-    const int64_t attn_work = (int64_t)T * H * max_len * d;
     const int n_threads = omp_get_max_threads();
     float *att = kv_calloc((size_t)n_threads * max_len * sizeof(float)); /* [threads][max_len] */
     if (!att)
@@ -210,29 +246,46 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
         kv_matmul(s->q, s->xb, w->wq + (size_t)l * qdim * dim, T, dim, qdim);
         kv_matmul(s->k, s->xb, w->wk + (size_t)l * kvdim * dim, T, dim, kvdim);
         kv_matmul(s->v, s->xb, w->wv + (size_t)l * kvdim * dim, T, dim, kvdim);
-        kv_rope(s->q, s->tok_pos, T, H, d, p->rotary_dim, p->rope_theta);
-        kv_rope(s->k, s->tok_pos, T, p->n_kv_heads, d, p->rotary_dim, p->rope_theta);
-        /* every row's K/V first, so a prefill row can attend to the rows before it; one
-         * call per sequence, whose rows are consecutive, so a quantized cache sees the whole
-         * chunk (fp8 calibrates on a prefill, KIVI spills whole blocks: kv_cache.h) */
-        for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
-            rc = kv_cache_write_seq(c, l, seqs[i].slot, seqs[i].pos, seqs[i].n_tokens,
-                                    s->k + (size_t)t * kvdim, s->v + (size_t)t * kvdim, err);
-            if (rc) {
-                kv_free(att);
-                return rc;
+        kv_rope(s->q, s->q_pos, T, H, d, p->rotary_dim, p->rope_theta);
+        if (!keys_at_cache_pos)
+            kv_rope(s->k, s->tok_pos, T, p->n_kv_heads, d, p->rotary_dim, p->rope_theta);
+        /* Rows' K/V first, so a prefill row can attend to the rows before it; one call per
+         * sequence, whose rows are consecutive, so a quantized cache sees the whole chunk
+         * (fp8 calibrates on a prefill, KIVI spills whole blocks: kv_cache.h). Without a
+         * window that is one wave: every row written, then every row attends. A window's
+         * ring reuses rows, so a wave only takes the rows that can be written before any of
+         * them attends without overwriting what one of them reads (kv_window_chunk(): the
+         * rows up to S+W at once, then one token per sequence per wave). */
+        for (int i = 0; i < n_seqs; i++) s->done[i] = 0;
+        for (;;) {
+            int n_rows = 0; /* rows of this wave, listed in s->wave */
+            for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
+                const int left = seqs[i].n_tokens - s->done[i], p0 = seqs[i].pos + s->done[i];
+                if (left == 0) continue;
+                const int n = kv_window_chunk(W, S, p0, left), t0 = t + s->done[i];
+                rc = kv_cache_write_seq(c, l, seqs[i].slot, p0, n, s->k + (size_t)t0 * kvdim,
+                                        s->v + (size_t)t0 * kvdim, err);
+                if (rc) {
+                    kv_free(att);
+                    return rc;
+                }
+                for (int j = 0; j < n; j++) s->wave[n_rows++] = t0 + j;
+                s->done[i] += n;
             }
+            if (n_rows == 0) break;
+            /* dynamic: in a prefill later rows attend over more positions than earlier ones;
+             * one thread below 2^18 multiply-adds or on a busy machine (kv_parallel_worth) */
+            const int64_t wave_work = (int64_t)n_rows * H * max_len * d;
+            #pragma omp parallel for collapse(2) schedule(dynamic) if (kv_parallel_worth(wave_work))
+            for (int k = 0; k < n_rows; k++)
+                for (int h = 0; h < H; h++) {
+                    const int t = s->wave[k];
+                    float *scores = att + (size_t)omp_get_thread_num() * max_len;
+                    const size_t o = (size_t)t * qdim + (size_t)h * d;
+                    kv_attention_head(c, l, s->tok_slot[t], s->tok_pos[t], h, H, s->q + o,
+                                      s->xb + o, scores); /* xb [T][H*d] = [T][dim] */
+                }
         }
-        /* dynamic: in a prefill later rows attend over more positions than earlier ones;
-         * one thread below 2^18 multiply-adds or on a busy machine (kv_parallel_worth) */
-        #pragma omp parallel for collapse(2) schedule(dynamic) if (kv_parallel_worth(attn_work))
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < H; h++) {
-                float *scores = att + (size_t)omp_get_thread_num() * max_len;
-                const size_t o = (size_t)t * qdim + (size_t)h * d;
-                kv_attention_head(c, l, s->tok_slot[t], s->tok_pos[t], h, H, s->q + o,
-                                  s->xb + o, scores); /* xb [T][H*d] = [T][dim] */
-            }
         kv_matmul(s->xb2, s->xb, w->wo + (size_t)l * dim * qdim, T, qdim, dim);
         kv_add(s->x, s->xb2, (int64_t)T * dim);
 

@@ -8,6 +8,9 @@
  *   → final RMSNorm → classifier (last token of each sequence only).
  * A prefill is a sequence with many tokens, a decode step a sequence with one. Chapter 01's
  * naive recompute is kv_cache_reset() followed by a prefill of the whole prefix.
+ * Chapter 06 (a windowed spec) changes three things only, all chosen by the spec: the query is
+ * rotated at kv_window_query_pos(); KV_POS_CACHE keys go into the cache unrotated; and a chunk
+ * is written and attended in waves (kv_window_chunk()) because the ring reuses rows.
  */
 #ifndef KV_FORWARD_H
 #define KV_FORWARD_H
@@ -80,7 +83,10 @@ typedef struct {
     float *xlast;    /* [n_seqs][dim] final-normed last token of each sequence */
     int max_seqs;
     int *tok_slot;   /* [T] */
-    int *tok_pos;    /* [T] */
+    int *tok_pos;    /* [T] position of each row in its sequence */
+    int *q_pos;      /* [T] position its query is rotated by (chapter 06: cache index) */
+    int *wave;       /* [T] rows written and attended together (a window's ring: kv_forward) */
+    int *done;       /* [n_seqs] rows of each sequence already in the cache this layer */
 } kv_state;
 
 /** Zero a state; buffers are allocated by the first kv_forward(). */

@@ -70,6 +70,18 @@ static int push_table(kv_backend *b, int s, kv_err *err)
     return b->set_blocks(b, s, t->blocks, t->n_blocks, err);
 }
 
+/* Chapter 06: a windowed slot's table holds its rows, min(length, S+W), not its positions:
+ * it stops growing once the ring is mapped, and the ring reuses those blocks. */
+static int64_t slot_held(kv_backend *b, int s)
+{
+    return b->spec.window > 0 ? b->length(b, s) : b->paged->tables[s].n_tokens;
+}
+static int64_t rows_to_add(kv_backend *b, int s, int64_t pos, int n)
+{
+    if (b->spec.window == 0) return n;
+    return kv_window_rows(b->spec.window, b->spec.n_sinks, pos + n) - b->paged->tables[s].n_tokens;
+}
+
 int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
 {
     kv_paged *pg = b->paged;
@@ -80,10 +92,10 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
         if (s < 0 || s >= pg->n_slots)
             return kv_fail(err, KV_ERR_ARG, "paged cache: sequence %d: slot %d is outside "
                            "[0, %d)", i, s, pg->n_slots);
-        if (seqs[i].n_tokens < 1 || seqs[i].pos != pg->tables[s].n_tokens)
+        if (seqs[i].n_tokens < 1 || seqs[i].pos != slot_held(b, s))
             return kv_fail(err, KV_ERR_ARG, "paged cache: sequence %d: pos %d, %d tokens, but "
                            "slot %d holds %lld", i, seqs[i].pos, seqs[i].n_tokens, s,
-                           (long long)pg->tables[s].n_tokens);
+                           (long long)slot_held(b, s));
         if ((int64_t)seqs[i].pos + seqs[i].n_tokens > b->spec.capacity)
             return kv_fail(err, KV_ERR_CAPACITY, "paged cache: sequence %d: pos %d + %d tokens "
                            "exceeds the capacity %d", i, seqs[i].pos, seqs[i].n_tokens,
@@ -98,7 +110,8 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
             if (seqs[j].slot == s)
                 return kv_fail(err, KV_ERR_ARG, "paged cache: sequences %d and %d both use "
                                "slot %d", j, i, s);
-        need += kv_block_table_blocks_needed(&pg->tables[s], &pg->pool, seqs[i].n_tokens);
+        need += kv_block_table_blocks_needed(&pg->tables[s], &pg->pool,
+                                             rows_to_add(b, s, seqs[i].pos, seqs[i].n_tokens));
     }
     if (need > kv_pool_available(&pg->pool))
         return kv_fail(err, KV_ERR_CAPACITY, "paged cache: the step needs %lld blocks but the "
@@ -107,6 +120,14 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
     kv_copy_list_clear(&pg->copies);
     for (int i = 0; i < n_seqs; i++) {
         const int s = seqs[i].slot;
+        if (b->spec.window > 0) { /* no token record: a window has no prefix cache */
+            const int64_t add = rows_to_add(b, s, seqs[i].pos, seqs[i].n_tokens);
+            int rc = add > 0 ? kv_block_table_append(&pg->tables[s], &pg->pool, add, NULL,
+                                                     &pg->copies, err)
+                             : KV_OK;
+            if (rc) return rc;
+            continue;
+        }
         int rc = reserve_tokens(pg, s, (int64_t)seqs[i].pos + seqs[i].n_tokens, err);
         if (!rc) rc = kv_block_table_append(&pg->tables[s], &pg->pool, seqs[i].n_tokens, NULL,
                                             &pg->copies, err);
@@ -124,7 +145,7 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
 int kv_paged_commit(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
 {
     kv_paged *pg = b->paged;
-    if (!pg->prefix_caching) return KV_OK;
+    if (!pg->prefix_caching || b->spec.window > 0) return KV_OK;
     for (int i = 0; i < n_seqs; i++) {
         const int s = seqs[i].slot;
         int rc = kv_prefix_register(&pg->prefix, &pg->tables[s], pg->tokens[s], err);
@@ -135,6 +156,11 @@ int kv_paged_commit(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
 
 int kv_paged_blocks_needed(const kv_backend *b, int slot, int64_t n_new)
 {
+    if (b->spec.window > 0) { /* a window's table grows only until its ring is mapped */
+        kv_backend *mb = (kv_backend *)b; /* length() takes a mutable backend; it only reads */
+        n_new = kv_window_rows(b->spec.window, b->spec.n_sinks, mb->length(mb, slot) + n_new) -
+                b->paged->tables[slot].n_tokens;
+    }
     return kv_block_table_blocks_needed(&b->paged->tables[slot], &b->paged->pool, n_new);
 }
 
@@ -148,6 +174,9 @@ int kv_paged_fork(kv_backend *b, int dst, int src, kv_err *err)
                        dst, pg->n_slots);
     if (pg->tables[dst].n_blocks)
         return kv_fail(err, KV_ERR_ARG, "paged cache: fork into slot %d, which is in use", dst);
+    if (b->spec.window > 0)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "paged cache: fork of a sliding-window "
+                       "sequence (its ring rewrites shared blocks in place)");
     int rc = reserve_tokens(pg, dst, pg->tables[src].n_tokens, err);
     if (!rc) rc = kv_block_table_fork(&pg->tables[dst], &pg->tables[src], &pg->pool, err);
     if (rc) return rc;
@@ -171,6 +200,9 @@ int kv_paged_match_prefix(kv_backend *b, int slot, const int *tokens, int n, int
     kv_paged *pg = b->paged;
     *n_hit = 0;
     if (!pg->prefix_caching) return KV_OK;
+    if (b->spec.window > 0)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "paged cache: prefix caching with a sliding "
+                       "window (a ring's blocks do not hold a prefix for long)");
     if (slot < 0 || slot >= pg->n_slots || pg->tables[slot].n_blocks)
         return kv_fail(err, KV_ERR_ARG, "paged cache: prefix match into slot %d, which is "
                        "out of range or in use", slot);

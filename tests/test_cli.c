@@ -159,6 +159,11 @@ static void test_generate_args(void)
     EXPECT_BAD("/nonexistent/model.bin", "generate", "--model", "/nonexistent/model.bin");
     EXPECT_BAD("--tokenizer", "generate", "--tokenizer");
     EXPECT_BAD("--prompt", "generate", "--model", "x.bin", "--prompt", "hi");
+    /* chapter 05: the cache layout options */
+    EXPECT_BAD("--layout", "generate", "--layout", "scattered");
+    EXPECT_BAD("--block-size", "generate", "--block-size", "8");  /* needs --layout paged */
+    EXPECT_BAD("--blocks", "generate", "--layout", "paged", "--blocks", "0");
+    EXPECT_BAD("multiple of 32", "generate", "--layout", "paged", "--cache", "int4", "--block-size", "16");
 
     /* bad input files: a model file of garbage, a tokenizer file cut short -> exit 2, named */
     char path[] = "/tmp/kvlab_test_garbage_XXXXXX";
@@ -259,6 +264,8 @@ static void test_runs(const char *cuda_mode)
     EXPECT_OK("last-level cache", "bench", "bandwidth", "--mib", "8", "--repeats", "1");
     EXPECT_OK("ratio", "bench", "engine", "--tokens", "4", "--dim", "32", "--layers", "1",
               "--heads", "2", "--hidden", "32", "--vocab", "64", "--repeats", "1");
+    EXPECT_OK("abc", "generate", "--steps", "8", "--layout", "paged", "--block-size", "4", "--prompt", "abc");
+    EXPECT_OK("6 of 6 cells pass", "needle", "--lengths", "200", "--depths", "0,50,100", "--layout", "paged", "--block-size", "8");
 
     /* greedy naive and cached generation print the same tokens */
     result a = run("generate", "--steps", "24", "--mode", "naive", "--prompt", "abc", (const char *)NULL);

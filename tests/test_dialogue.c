@@ -1,12 +1,15 @@
 /* Multi-turn consistency (issue 4): the dialogue format, rendering, and every dialogue in
  * datasets/dialogues on both recall models with an exact cache: each reply is the expected one
  * (the value for a question, "ok" otherwise) and equals a from-scratch recompute of the whole
- * history (identical token; logits compared too).
+ * history (identical token; logits compared too). Chapter 05: two dialogues again on paged
+ * caches (fp32 with the from-scratch check, which resets and refills a slot every turn, and
+ * int8), each turn equal bit for bit to the same run on a contiguous cache.
  *
  *   test_dialogue DATASETS/dialogues  */
 #include "kv_test.h"
 
 #include "kv_dialogue.h"
+#include "kv_needle.h"
 
 #include <string.h>
 
@@ -146,6 +149,182 @@ static void test_datasets(const char *dir, kv_model *models)
     }
 }
 
+/* One dialogue on a cache variant, contiguous or paged with blocks of B (0: contiguous). */
+static int run_variant(const kv_model *m, const kv_dialogue *d, int kind, const char *variant,
+                       int B, int recompute, kv_dlg_result *res, kv_err *e)
+{
+    kv_cache_spec sp;
+    kv_backend *b;
+    int rc = kv_needle_cache_spec(variant, 2, kv_dialogue_length(d, kind), &sp, e);
+    if (!rc && B) {
+        sp.layout = KV_LAYOUT_PAGED;
+        sp.block_size = B;
+        sp.n_blocks = sp.n_slots * ((sp.capacity + B - 1) / B);
+    }
+    if (!rc) rc = kv_backend_cpu(&b, m, &sp, e);
+    if (rc) return rc;
+    rc = kv_dialogue_run(b, d, kind, recompute, res, e);
+    kv_backend_destroy(b);
+    return rc;
+}
+
+static void test_paged(const char *dir, kv_model *models)
+{
+    static const char *const files[] = {"boundaries.dlg", "early-facts.dlg"};
+    static const struct { const char *variant; int B, recompute; } runs[] = {{"fp32", 16, 1},
+                                                                             {"int8", 8, 0}};
+    const double t0 = kv_now();
+    for (int f = 0; f < 2; f++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, files[f]);
+        kv_dialogue d;
+        kv_err e;
+        if (kv_dialogue_read(path, &d, &e)) {
+            KV_CHECK(0, "%s", e.msg);
+            continue;
+        }
+        kv_dlg_result *ref = calloc(d.n_turns, sizeof *ref), *res = calloc(d.n_turns, sizeof *res);
+        for (int k = 0; k < 2; k++)
+            for (int v = 0; v < 2; v++) {
+                const int kind = k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT;
+                int rc = run_variant(&models[k], &d, kind, runs[v].variant, 0, 0, ref, &e);
+                if (!rc)
+                    rc = run_variant(&models[k], &d, kind, runs[v].variant, runs[v].B,
+                                     runs[v].recompute, res, &e);
+                KV_CHECK(rc == KV_OK, "%s paged %s: %s", files[f], runs[v].variant, e.msg);
+                int pass = 0, same = 0;
+                for (int t = 0; t < d.n_turns && !rc; t++) {
+                    pass += res[t].pass;
+                    same += res[t].reply == ref[t].reply && res[t].cached == ref[t].cached &&
+                            !memcmp(&res[t].margin, &ref[t].margin, sizeof(float));
+                    if (runs[v].recompute)
+                        KV_CHECK(res[t].recomputed && res[t].recompute_token == res[t].reply,
+                                 "%s paged turn %d: incremental %d vs from scratch %d", files[f],
+                                 t + 1, res[t].reply, res[t].recompute_token);
+                }
+                KV_CHECK(pass == d.n_turns && same == d.n_turns, "%s (%s) paged %s B=%d: %d of "
+                         "%d turns pass, %d identical to contiguous", files[f],
+                         kv_recall_kind_name(kind), runs[v].variant, runs[v].B, pass, d.n_turns,
+                         same);
+                printf("%-18s %-9s paged %-4s B=%-2d %2d/%2d turns pass, %2d identical to "
+                       "contiguous\n", files[f], kv_recall_kind_name(kind), runs[v].variant,
+                       runs[v].B, pass, d.n_turns, same);
+            }
+        free(ref);
+        free(res);
+        kv_dialogue_free(&d);
+    }
+    printf("paged dialogues: %.1f s\n", kv_now() - t0);
+}
+
+/* Chapter 06: dialogues through a sliding-window cache (induction model). Predicted before
+ * measured, per question turn: the answer comes back iff the fact's latest value token is
+ * still retained when the question is asked (at most W tokens back, or among the S sinks);
+ * a correct answer restates the fact ("k_a" then the reply "v_b" is the fact's own pattern),
+ * so it renews it. Every other turn replies "ok" as with an exact cache. The report names, per dialogue and W, the
+ * first turn at which an early fact is forgotten. The W = 64 runs are also recomputed from
+ * scratch through the same window after every turn: the same reply (the window keeps the
+ * same rows either way). */
+static void test_window_dialogues(const char *dir, const kv_model *m)
+{
+    static const int Ws[] = {32, 64, 128, 512};
+    const int kind = KV_MODEL_RECALL_INDUCTION;
+    printf("window dialogues (induction model): first turn whose question finds its fact "
+           "forgotten\n%-18s %-14s", "dialogue", "positions");
+    for (int w = 0; w < 4; w++) printf("   W=%-4d", Ws[w]);
+    printf("\n");
+    for (int f = 0; f < N_FILES; f++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, FILES[f]);
+        kv_dialogue d;
+        kv_err e;
+        if (kv_dialogue_read(path, &d, &e)) {
+            KV_CHECK(0, "%s", e.msg);
+            continue;
+        }
+        const int need = kv_dialogue_length(&d, kind);
+        int *tok = malloc(sizeof(int) * (size_t)need), *q_pos = malloc(sizeof(int) * d.n_turns);
+        /* positions: the value token of every fact stated (in order, with its turn), the
+         * question token of every question */
+        int *fact_key = malloc(sizeof(int) * (size_t)need), *fact_at = malloc(sizeof(int) * (size_t)need);
+        int *fact_turn = malloc(sizeof(int) * (size_t)need), n_facts = 0;
+        for (int t = 0, at = 0; t < d.n_turns; t++) {
+            int n = 0;
+            kv_dialogue_render(&d, t, kind, tok, need, &n, &e);
+            for (int i = 0; i + 1 < n; i++) /* "k_a v_b" inside a turn is a fact */
+                if (tok[i] >= V.key0 && tok[i] < V.value0 && tok[i + 1] >= V.value0 &&
+                    tok[i + 1] < V.query0) {
+                    fact_key[n_facts] = tok[i] - V.key0;
+                    fact_turn[n_facts] = t;
+                    fact_at[n_facts++] = at + i + 1;
+                }
+            q_pos[t] = d.turns[t].question_key >= 0 ? at + n - 1 : -1;
+            at += n + 1; /* the turn and its reply */
+        }
+        for (int sc = 0; sc < 2; sc++) {
+            const int scheme = sc ? KV_POS_CACHE : KV_POS_ORIGINAL, S = sc ? 4 : 0;
+            printf("%-18s %-8s S %d  ", FILES[f], kv_window_scheme_name(scheme), S);
+            for (int w = 0; w < 4; w++) {
+                const int W = Ws[w];
+                kv_cache_spec sp = kv_cache_spec_default(2, need);
+                sp.dtype = w % 2 ? KV_QF_INT8 : KV_QF_F16;
+                sp.window = W;
+                sp.n_sinks = S;
+                sp.pos_scheme = scheme;
+                if (w >= 2) { /* paged for the larger windows */
+                    sp.layout = KV_LAYOUT_PAGED;
+                    sp.block_size = 16;
+                    sp.n_blocks = 2 * ((W + S + 15) / 16);
+                }
+                kv_backend *b = NULL;
+                kv_dlg_result *res = calloc(d.n_turns, sizeof *res);
+                const int recompute = w == 1; /* from scratch too (costly), on one window */
+                int rc = kv_backend_cpu(&b, m, &sp, &e);
+                if (!rc) rc = kv_dialogue_run(b, &d, kind, recompute, res, &e);
+                KV_CHECK(rc == KV_OK, "%s W %d: %s", FILES[f], W, e.msg);
+                /* every position that states a key's value: its fact, then correct replies */
+                int first_lost = 0, occ[KV_RECALL_KEYS][32], n_occ[KV_RECALL_KEYS] = {0}, fi = 0;
+                for (int t = 0; t < d.n_turns && !rc; t++) {
+                    const kv_dlg_result *r = &res[t];
+                    int predicted = 1;
+                    for (; fi < n_facts && fact_turn[fi] == t; fi++)
+                        if (n_occ[fact_key[fi]] < 32)
+                            occ[fact_key[fi]][n_occ[fact_key[fi]]++] = fact_at[fi];
+                    if (q_pos[t] >= 0) {
+                        const int key = d.turns[t].question_key;
+                        predicted = 0;
+                        for (int i = 0; i < n_occ[key]; i++)
+                            predicted |= kv_window_visible(W, S, q_pos[t], occ[key][i]);
+                        if (!predicted && !first_lost) first_lost = t + 1;
+                        if (predicted && n_occ[key] < 32) /* the reply restates it */
+                            occ[key][n_occ[key]++] = q_pos[t] + 1;
+                    }
+                    char b1[32], b2[32];
+                    KV_CHECK(r->pass == predicted, "%s %s W %d turn %d: reply %s, expected %s: "
+                             "%s, predicted %s", FILES[f], kv_window_scheme_name(scheme), W,
+                             t + 1, kv_recall_token_name(&V, r->reply, b1),
+                             kv_recall_token_name(&V, r->expected, b2),
+                             r->pass ? "kept" : "forgotten", predicted ? "kept" : "forgotten");
+                    KV_CHECK(!recompute || (r->recomputed && r->recompute_token == r->reply),
+                             "%s W %d turn %d: incremental %d vs from scratch %d", FILES[f], W,
+                             t + 1, r->reply, r->recompute_token);
+                }
+                if (first_lost) printf("  turn %-3d", first_lost);
+                else printf("  %-8s", "-");
+                free(res);
+                kv_backend_destroy(b);
+            }
+            printf("\n");
+        }
+        free(tok);
+        free(q_pos);
+        free(fact_key);
+        free(fact_at);
+        free(fact_turn);
+        kv_dialogue_free(&d);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -167,6 +346,8 @@ int main(int argc, char **argv)
     test_parse();
     test_session(&models[1]);
     test_datasets(argv[1], models);
+    test_paged(argv[1], models);
+    test_window_dialogues(argv[1], &models[1]);
     kv_model_free(&models[0]);
     kv_model_free(&models[1]);
     printf("test_dialogue: %.1f s\n", kv_now() - t0);

@@ -124,8 +124,8 @@ static void test_gpu_gqa_equals_duplicated(void)
     KV_CHECK(!rc && kv_test_compare("GQA v2 vs duplicated MHA v1", o1, o2, (long)H * d,
                                     KV_TOL_F32_ATOL, KV_TOL_F32_RTOL) == 0,
              "GPU GQA equals GPU duplicated MHA");
-    KV_CHECK(kvcu_attn_decode_version(3, a.q, a.k, a.v, a.out, NULL, H, Hkv, d, n, n, &e) == KV_ERR_ARG,
-             "version 3 refused");
+    KV_CHECK(kvcu_attn_decode_version(4, a.q, a.k, a.v, a.out, NULL, H, Hkv, d, n, n, &e) == KV_ERR_ARG,
+             "version 4 refused");
     release(&a);
     release(&b);
     kv_free(q); kv_free(k); kv_free(v); kv_free(k2); kv_free(v2); kv_free(o1); kv_free(o2);

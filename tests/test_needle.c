@@ -1,11 +1,15 @@
 /* Needle grid (issue 4): spec parsing, haystack construction, the prediction rules, and the
  * grid itself on the CPU. Predicted before measured: an exact (fp32) cache passes every cell.
+ * Chapter 05: a short grid again on paged caches (fp32 and int8), whose every cell must equal
+ * the contiguous cell bit for bit, since paging moves rows without changing them.
  *
  *   test_needle DATASETS/needle          the fast grid (fast.needle)
  *   test_needle DATASETS/needle slow     the full grid (full.needle; label slow)  */
 #include "kv_test.h"
 
 #include "kv_needle.h"
+#include "kv_quant.h"
+#include "kv_rng.h"
 
 #include <string.h>
 
@@ -95,6 +99,72 @@ static int make_cpu(kv_backend **out, const kv_model *m, const kv_cache_spec *sp
     return kv_backend_cpu(out, m, spec, err);
 }
 
+/* Chapter 05: the same cache spec, paged with blocks of *user tokens, the pool's blocks handed
+ * out in a shuffled order (all allocated, then freed shuffled: the free stack is LIFO). */
+static int make_paged(kv_backend **out, const kv_model *m, const kv_cache_spec *spec, void *user,
+                      kv_err *err)
+{
+    kv_cache_spec s = *spec;
+    s.layout = KV_LAYOUT_PAGED;
+    s.block_size = *(const int *)user;
+    s.n_blocks = s.n_slots * ((s.capacity + s.block_size - 1) / s.block_size);
+    int rc = kv_backend_cpu(out, m, &s, err);
+    if (rc) return rc;
+    kv_pool *p = &(*out)->paged->pool;
+    int *ids = malloc((size_t)p->n_blocks * sizeof(int)), n = 0; /* [N] */
+    while (ids && n < p->n_blocks && kv_pool_alloc(p, &ids[n], err) == KV_OK) n++;
+    kv_rng r;
+    kv_rng_seed(&r, (uint64_t)n);
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(kv_rng_u32(&r) % (uint32_t)(i + 1)), t = ids[i];
+        ids[i] = ids[j];
+        ids[j] = t;
+    }
+    for (int i = 0; i < n; i++) kv_pool_unref(p, ids[i], err);
+    free(ids);
+    return KV_OK;
+}
+
+static void run_paged(int slow)
+{
+    /* short lengths by default; the slow label adds the fast grid's lengths */
+    const char *text = slow ? "name paged-slow\nmodels direct induction\nlengths 1024 4096\n"
+                              "depths 0 25 50 75 100\nvariant fp32 all\nvariant int8 all\nseeds 3\n"
+                            : "name paged\nmodels direct induction\nlengths 200 700\n"
+                              "depths 0 50 100\nvariant fp32 all\nvariant int8 all\nseeds 3\n";
+    kv_needle_spec s;
+    kv_err e;
+    kv_needle_spec_default(&s);
+    if (kv_needle_spec_parse(text, &s, &e)) {
+        KV_CHECK(0, "%s", e.msg);
+        return;
+    }
+    kv_needle_result *ref = NULL;
+    int n_ref = 0;
+    int rc = kv_needle_grid(&s, make_cpu, NULL, NULL, NULL, &ref, &n_ref, &e);
+    KV_CHECK(rc == KV_OK, "contiguous grid: %s", e.msg);
+    for (int B = 8; B <= 32 && !rc; B *= 4) { /* 8 and 32 */
+        kv_needle_result *res = NULL;
+        int n = 0, same = 0, pass = 0;
+        rc = kv_needle_grid(&s, make_paged, &B, NULL, NULL, &res, &n, &e);
+        KV_CHECK(rc == KV_OK && n == n_ref, "paged B=%d grid: %s", B, rc ? e.msg : "cells");
+        for (int i = 0; i < n && !rc; i++) {
+            const kv_needle_result *r = &res[i];
+            pass += r->pass;
+            KV_CHECK(r->expected < 0 || r->pass == r->expected, "paged B=%d %s L %d depth %d%% "
+                     "(%s): %s, predicted %s", B, kv_recall_kind_name(r->kind), r->length,
+                     r->depth, s.variants[r->variant].spec, r->pass ? "pass" : "fail",
+                     r->expected ? "pass" : "fail");
+            same += r->answer == ref[i].answer && !memcmp(&r->margin, &ref[i].margin, sizeof(float));
+        }
+        KV_CHECK(same == n, "paged B=%d: %d of %d cells differ from contiguous", B, n - same, n);
+        printf("grid paged B=%d: %d of %d cells pass, %d identical to contiguous\n", B, pass, n,
+               same);
+        free(res);
+    }
+    free(ref);
+}
+
 static void run_grid(const char *path)
 {
     kv_needle_spec s;
@@ -127,6 +197,85 @@ static void run_grid(const char *path)
     free(res);
 }
 
+/* Chapter 06: needles through a sliding-window cache, on the position-dependent (induction)
+ * recall model. Predicted before measured, per needle: the question at position t finds the
+ * fact only if the fact's value token (needle position + 1) is still retained, i.e. the
+ * needle is at most W tokens before its question (distance <= W), or it sits in the S sink
+ * tokens. So inside the window: retrieved; beyond it: lost (asserted lost); in the sinks:
+ * kept whatever the distance. The same for both position schemes (the match is in head dims
+ * RoPE leaves alone; the previous-token head sees neighbours at neighbouring positions in
+ * both), both layouts and the per-token formats. */
+static void run_window(void)
+{
+    enum { LEN = 1024, W = 256 };
+    static const int depths[] = {0, 10, 40, 70, 80, 90, 100};
+    const int n_depths = (int)(sizeof depths / sizeof depths[0]);
+    /* scheme, sinks, dtype, paged */
+    static const int variants[][4] = {{KV_POS_ORIGINAL, 0, KV_QF_F16, 0},
+                                      {KV_POS_ORIGINAL, 4, KV_QF_INT8, 1},
+                                      {KV_POS_CACHE, 4, KV_QF_F16, 1},
+                                      {KV_POS_CACHE, 4, KV_QF_INT8, 0},
+                                      {KV_POS_CACHE, 0, KV_QF_F32, 0}};
+    kv_recall_opts o;
+    kv_recall_opts_default(&o, KV_MODEL_RECALL_INDUCTION);
+    kv_model m;
+    kv_err e;
+    if (kv_recall_build(&m, &o, &e)) {
+        KV_CHECK(0, "recall model: %s", e.msg);
+        return;
+    }
+    int tokens[LEN];
+    kv_needle_item items[16];
+    kv_needle_result res[16];
+    if (kv_needle_build(KV_MODEL_RECALL_INDUCTION, LEN, depths, n_depths, 61, tokens, items, &e)) {
+        KV_CHECK(0, "haystack: %s", e.msg);
+        kv_model_free(&m);
+        return;
+    }
+    printf("window needles (induction model, %d-token haystack, W = %d):\n", LEN, W);
+    for (int v = 0; v < 5; v++) {
+        const int scheme = variants[v][0], S = variants[v][1];
+        kv_cache_spec sp = kv_cache_spec_default(1, LEN + 2 * n_depths);
+        sp.dtype = variants[v][2];
+        sp.window = W;
+        sp.n_sinks = S;
+        sp.pos_scheme = scheme;
+        if (variants[v][3]) {
+            sp.layout = KV_LAYOUT_PAGED;
+            sp.block_size = 16;
+            sp.n_blocks = (W + S + 15) / 16 + 2;
+        }
+        kv_backend *b = NULL;
+        int rc = kv_backend_cpu(&b, &m, &sp, &e);
+        if (!rc) rc = kv_needle_run(b, 0, KV_MODEL_RECALL_INDUCTION, tokens, LEN, items, n_depths,
+                                    0, res, NULL, NULL, 0, 0, &e);
+        KV_CHECK(rc == KV_OK, "window variant %d: %s", v, e.msg);
+        int inside = 0, lost = 0, sunk = 0;
+        for (int i = 0; i < n_depths && !rc; i++) {
+            const kv_needle_result *r = &res[i];
+            const int in_sinks = r->position + 1 < S; /* the value token is a sink */
+            const int predicted = r->distance <= W || in_sinks;
+            KV_CHECK(r->pass == predicted, "%s W %d S %d %s%s: needle at %d (distance %ld) %s, "
+                     "predicted %s (margin %.3f)", kv_window_scheme_name(scheme), W, S,
+                     kv_quant_name(sp.dtype), variants[v][3] ? " paged" : "", r->position,
+                     r->distance, r->pass ? "retrieved" : "lost", predicted ? "retrieved" : "lost",
+                     r->margin);
+            inside += r->pass && r->distance <= W;
+            lost += !r->pass && !predicted;
+            sunk += r->pass && in_sinks && r->distance > W;
+        }
+        /* the grid covers what it claims: needles retrieved inside, lost beyond, kept by sinks */
+        KV_CHECK(inside >= 2 && lost >= 2 && (S == 0 || sunk == 1),
+                 "variant %d covers inside (%d), lost (%d) and sink (%d) cells", v, inside, lost,
+                 sunk);
+        printf("  %-8s S %d %-5s %-10s  inside retrieved %d, beyond lost %d, in sinks kept %d\n",
+               kv_window_scheme_name(scheme), S, kv_quant_name(sp.dtype),
+               variants[v][3] ? "paged" : "contiguous", inside, lost, sunk);
+        kv_backend_destroy(b);
+    }
+    kv_model_free(&m);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -140,5 +289,7 @@ int main(int argc, char **argv)
     test_build();
     snprintf(path, sizeof path, "%s/%s", argv[1], slow ? "full.needle" : "fast.needle");
     run_grid(path);
+    run_paged(slow);
+    run_window();
     return kv_test_finish();
 }

@@ -12,8 +12,10 @@
  *  - the engine end to end with every format (top-1 agreement with fp32 over a generation);
  *  - the quantized needle grid (datasets/needle/quant.needle), predictions in that file.
  *
- *   test_quant_cache [DATASETS/needle [slow]]   grid quant.needle (1k) when the folder is
- *                                               given; slow: quant-fast.needle (1k and 4k) */
+ *   test_quant_cache [DATASETS/needle [slow|long]]  grid quant.needle (1k) when the folder
+ *                                     is given; slow: quant-fast.needle (1k and 4k); long:
+ *                                     quant-32k.needle (int8, fp8 at 32k) and the dialogue
+ *                                     suite in every format */
 #include "kv_attention.h"
 #include "kv_backend.h"
 #include "kv_dialogue.h"
@@ -235,6 +237,80 @@ static void check_format(int fmt, int per_head, int d, int H, int Hkv, int n, in
     free(q); free(o); free(o32); free(k); free(v);
     kv_cache_free(&c);
     kv_cache_free(&r);
+}
+
+/* kv_attn_row() = kv_cache_elem() bit for bit over every code: the row decoder reads fp16 and
+ * fp8 through tables (kv_attention.c), so each of the 65536 fp16 / bf16 patterns and the 256
+ * patterns of each fp8 format (NaN and infinity included) is decoded both ways, fp8 under
+ * several scales, and the KIVI scale and zero (binary16) under every pattern too. */
+static long rows_differ(const kv_head_view *hv, int64_t n)
+{
+    float row[64];
+    long diff = 0;
+    for (int64_t t = 0; t < n; t++) {
+        kv_attn_row(hv, t, row);
+        for (int j = 0; j < hv->d; j++) {
+            const float x = kv_cache_elem(hv, t, j);
+            diff += memcmp(&x, &row[j], 4) != 0;
+        }
+    }
+    return diff;
+}
+
+static void check_row_codes(void)
+{
+    const int d = 64;
+    kv_head_view hv;
+    memset(&hv, 0, sizeof hv);
+    hv.d = d;
+    hv.window = 1;
+    /* fp16, bf16: row t holds codes 64t .. 64t+63, so 1024 rows hold all of them */
+    const int n = 32768;                         /* KIVI rows, below */
+    uint8_t *codes = malloc((size_t)n * d / 2);  /* [1024][64] x 2 bytes, or [n][d/2] int4 */
+    for (uint32_t c = 0; c < 65536u; c++) {
+        const uint16_t h = (uint16_t)c;
+        memcpy(codes + (size_t)c * 2, &h, 2);
+    }
+    static const int f16s[] = {KV_QF_F16, KV_QF_BF16};
+    for (int i = 0; i < 2; i++) {
+        hv.fmt = f16s[i];
+        hv.codes = codes;
+        hv.q = 1024;
+        KV_CHECK(rows_differ(&hv, 1024) == 0, "%s: kv_attn_row() = kv_cache_elem() for all 65536 "
+                 "codes", kv_quant_name(f16s[i]));
+    }
+    /* fp8: 4 rows hold the 256 codes; scales 1, a calibrated-looking one, tiny, huge */
+    for (int c = 0; c < 256; c++) codes[c] = (uint8_t)c;
+    static const float scales[] = {1.0f, 0.0123f, 0x1p-140f, 3.0e30f};
+    for (int e5 = 0; e5 < 2; e5++)
+        for (int si = 0; si < 4; si++) {
+            hv.fmt = e5 ? KV_QF_FP8_E5M2 : KV_QF_FP8_E4M3;
+            hv.scale = scales[si];
+            hv.q = 4;
+            KV_CHECK(rows_differ(&hv, 4) == 0, "%s scale %g: kv_attn_row() = kv_cache_elem() for "
+                     "all 256 codes", kv_quant_name(hv.fmt), (double)scales[si]);
+        }
+    /* KIVI: 32768 rows of random codes; the metadata entries run through every binary16
+     * pattern as the scale, paired with a zero that also runs through all of them */
+    kv_qsz *meta = malloc(sizeof(kv_qsz) * 65536); /* keys [n/32][d], values [n][d/32] */
+    for (uint32_t c = 0; c < 65536u; c++) {
+        meta[c].scale = (uint16_t)c;
+        meta[c].zero = (uint16_t)(c * 40503u + 7u);
+    }
+    for (int64_t i = 0; i < (int64_t)n * d / 2; i++) codes[i] = (uint8_t)kv_rng_u32(&rng);
+    static const int kivi[] = {KV_QF_INT4_KIVI, KV_QF_INT2_KIVI};
+    for (int i = 0; i < 2; i++)
+        for (int role = 0; role < 2; role++) {
+            hv.fmt = kivi[i];
+            hv.role = role ? KV_QROLE_KEY : KV_QROLE_VALUE;
+            hv.codes = codes;
+            hv.meta = meta;
+            hv.q = n;
+            KV_CHECK(rows_differ(&hv, n) == 0, "%s %s: kv_attn_row() = kv_cache_elem() for every "
+                     "binary16 scale and zero", kv_quant_name(kivi[i]), role ? "keys" : "values");
+        }
+    free(meta);
+    free(codes);
 }
 
 /* KIVI bookkeeping: the window and the spill. */
@@ -524,6 +600,52 @@ static void run_grid(const char *dir, const char *file)
     free(res);
 }
 
+/* A grid one context at a time (mode long): each (model, variant) is its own kv_needle_grid()
+ * call, so every 32k context reports its cells, margin and time as soon as it is done. */
+static void run_grid_each(const char *dir, const char *file)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    kv_needle_spec s;
+    kv_err e;
+    kv_needle_spec_default(&s);
+    if (kv_needle_spec_read(path, &s, &e)) {
+        KV_CHECK(0, "%s", e.msg);
+        return;
+    }
+    for (int mi = 0; mi < s.n_models; mi++)
+        for (int vi = 0; vi < s.n_variants; vi++) {
+            kv_needle_spec one = s;
+            one.n_models = 1;
+            one.models[0] = s.models[mi];
+            one.n_variants = 1;
+            one.variants[0] = s.variants[vi];
+            const double t0 = kv_now();
+            kv_needle_result *res;
+            int n, pass = 0;
+            if (kv_needle_grid(&one, make_cpu, NULL, NULL, NULL, &res, &n, &e)) {
+                KV_CHECK(0, "grid %s: %s", s.name, e.msg);
+                continue;
+            }
+            float mm = 1e9f;
+            for (int i = 0; i < n; i++) {
+                const kv_needle_result *r = &res[i];
+                pass += r->pass;
+                mm = fminf(mm, r->margin);
+                if (r->expected >= 0)
+                    KV_CHECK(r->pass == r->expected, "%s L %d depth %d%% (%s): %s, predicted %s "
+                             "(margin %.3f)", kv_recall_kind_name(r->kind), r->length, r->depth,
+                             s.variants[vi].spec, r->pass ? "pass" : "fail",
+                             r->expected ? "pass" : "fail", r->margin);
+            }
+            printf("  needle %s %-9s %-12s %d of %d cells pass, smallest margin %.3f (%.0f s)\n",
+                   s.name, kv_recall_kind_name(s.models[mi]), s.variants[vi].spec, pass, n, mm,
+                   kv_now() - t0);
+            fflush(stdout);
+            free(res);
+        }
+}
+
 /* Multi-turn recall on quantized caches: every turn of two dialogues, both recall models.
  * Predicted as for the needles (datasets/needle/quant.needle): every turn passes for int8,
  * fp8, int4 and int2 (the facts' keys are sparse: min/max quantization keeps them). */
@@ -579,6 +701,75 @@ static void run_dialogues(const char *needle_dir)
     kv_model_free(&models[1]);
 }
 
+/* The dialogue suite per format (mode long): all six dialogues of datasets/dialogues on both
+ * recall models, for every storage format and the fp8 and KIVI options. Predicted from the
+ * construction as for the needles: every turn passes in every format. The dialogues are
+ * 220-2600 tokens, so KIVI quantizes most of each history (its window keeps the newest 128,
+ * or 32 with /w32); the facts' keys are zero on every filler of their 32-token block, and
+ * min/max quantization keeps a group's extremes on grid points, so a fact decodes within
+ * fp16 rounding at any bit width. Measured: see chapters/04-quantization/README.md. */
+static void run_dialogue_suite(const char *needle_dir)
+{
+    static const char *const files[] = {"early-facts.dlg", "interleaved.dlg", "long-filler.dlg",
+                                        "dense.dlg", "shared-values.dlg", "boundaries.dlg"};
+    /* (int8-g128 needs d >= 128; the recall models have d = 64) */
+    static const char *const fmts[] = {"fp16", "bf16", "int8", "int8-g32", "int8-g64",
+                                       "fp8-e4m3", "fp8-e4m3/head", "fp8-e5m2", "fp8-e5m2/head",
+                                       "int4", "int2", "int4/w32", "int2/w32"};
+    const int n_fmts = (int)(sizeof fmts / sizeof fmts[0]);
+    kv_model models[2];
+    kv_err e;
+    memset(models, 0, sizeof models);
+    for (int k = 0; k < 2; k++) {
+        kv_recall_opts o;
+        kv_recall_opts_default(&o, k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT);
+        if (kv_recall_build(&models[k], &o, &e)) {
+            KV_CHECK(0, "recall model: %s", e.msg);
+            return;
+        }
+    }
+    for (int fi = 0; fi < n_fmts; fi++) {
+        int turns = 0, pass = 0;
+        float mm = 1e9f;
+        for (int f = 0; f < 6; f++) {
+            char path[1024];
+            snprintf(path, sizeof path, "%s/../dialogues/%s", needle_dir, files[f]);
+            kv_dialogue d;
+            if (kv_dialogue_read(path, &d, &e)) {
+                KV_CHECK(0, "%s", e.msg);
+                continue;
+            }
+            for (int k = 0; k < 2; k++) {
+                const int kind = k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT;
+                kv_cache_spec sp;
+                kv_backend *b = NULL;
+                kv_dlg_result *res = calloc((size_t)d.n_turns, sizeof *res);
+                int rc = kv_needle_cache_spec(fmts[fi], 1, kv_dialogue_length(&d, kind), &sp, &e);
+                if (!rc) rc = kv_backend_cpu(&b, &models[k], &sp, &e);
+                if (!rc) rc = kv_dialogue_run(b, &d, kind, 0, res, &e);
+                int p = 0;
+                for (int t = 0; t < d.n_turns && !rc; t++) {
+                    p += res[t].pass;
+                    mm = fminf(mm, res[t].margin);
+                }
+                KV_CHECK(rc == KV_OK && p == d.n_turns, "dialogue %s, %s model, %s: %d of %d "
+                         "turns (%s)", files[f], kv_recall_kind_name(kind), fmts[fi], p,
+                         d.n_turns, rc ? e.msg : "predicted: all");
+                turns += d.n_turns;
+                pass += p;
+                free(res);
+                if (b) kv_backend_destroy(b);
+            }
+            kv_dialogue_free(&d);
+        }
+        printf("  dialogues %-14s %d of %d turns (6 dialogues, 2 models), smallest margin %.3f\n",
+               fmts[fi], pass, turns, mm);
+        fflush(stdout);
+    }
+    kv_model_free(&models[0]);
+    kv_model_free(&models[1]);
+}
+
 int main(int argc, char **argv)
 {
     kv_rng_seed(&rng, 404);
@@ -588,13 +779,22 @@ int main(int argc, char **argv)
         check_format(f, 0, 128, 8, 1, 97, 60, 0);
         if (kvq_is_fp8(f)) check_format(f, 1, 64, 4, 4, 120, 100, 0);
     }
+    check_row_codes();
     check_kivi_window(KV_QF_INT4_KIVI);
     check_kivi_window(KV_QF_INT2_KIVI);
     check_fp8_scales();
     check_spec_rules();
     check_engine();
-    if (argc > 1) run_grid(argv[1], argc > 2 && !strcmp(argv[2], "slow") ? "quant-fast.needle"
-                                                                          : "quant.needle");
-    if (argc > 1) run_dialogues(argv[1]);
+    const char *mode = argc > 2 ? argv[2] : "";
+    if (argc > 1 && !strcmp(mode, "long")) { /* 32k needles and the dialogue suite: slow */
+        const double t0 = kv_now();
+        run_dialogue_suite(argv[1]);
+        const double t1 = kv_now();
+        run_grid_each(argv[1], "quant-32k.needle");
+        printf("  long: dialogue suite %.0f s, 32k grid %.0f s\n", t1 - t0, kv_now() - t1);
+    } else if (argc > 1) {
+        run_grid(argv[1], !strcmp(mode, "slow") ? "quant-fast.needle" : "quant.needle");
+        run_dialogues(argv[1]);
+    }
     return kv_test_finish();
 }

@@ -293,6 +293,7 @@ static const kv_bench benches[] = {
     {"quant", kv_bench_quant, "KV-cache formats vs fp32: bytes, errors, KL/top-1, needles, attention time"},
     {"bandwidth", cmd_bench_bandwidth, "the machine's read bandwidth and last-level cache (the roofline)"},
     {"engine", cmd_bench_engine, "whole-model decoding: tokens/s and the fraction of the memory roofline"},
+    {"paged", cmd_bench_paged, "decode attention: contiguous vs paged caches (B 8/16/32); GPU v2 vs v3 (split-KV)"},
 };
 
 int cmd_bench(int argc, char **argv)
@@ -306,11 +307,11 @@ int cmd_bench(int argc, char **argv)
         return KV_EXIT_OK;
     }
     if (argc < 2) {
-        fprintf(stderr, "kvlab bench: missing the benchmark name (decode, attention-gqa, quant, bandwidth, engine); see kvlab bench --help\n");
+        fprintf(stderr, "kvlab bench: missing the benchmark name (decode, attention-gqa, quant, bandwidth, engine, paged); see kvlab bench --help\n");
         return KV_EXIT_USAGE;
     }
     for (int i = 0; i < n; i++)
         if (strcmp(argv[1], benches[i].name) == 0) return benches[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "kvlab bench: unknown benchmark '%s' (decode, attention-gqa, quant, bandwidth, engine); see kvlab bench --help\n", argv[1]);
+    fprintf(stderr, "kvlab bench: unknown benchmark '%s' (decode, attention-gqa, quant, bandwidth, engine, paged); see kvlab bench --help\n", argv[1]);
     return KV_EXIT_USAGE;
 }

@@ -13,6 +13,8 @@
 
 int cmd_bench_bandwidth(int argc, char **argv);
 int cmd_bench_engine(int argc, char **argv);
+/** `bench paged` (bench_paged.c): decode attention over contiguous vs paged caches (chapter 05). */
+int cmd_bench_paged(int argc, char **argv);
 
 /** One line: the bandwidth, its spread, threads, buffer and the LLC; @p when may be NULL. */
 int kv_bench_print_bandwidth(FILE *f, const kv_bandwidth *bw, const char *when);

@@ -19,7 +19,9 @@ static const char *const about =
     "Element bytes b include the formats' metadata (chapter 04, reference_cpu/kv_quant.h):\n"
     "fp32 4, fp16/bf16 2, int8 1 + 4/d (one fp32 scale per token and head), int8-gG 1 + 4/G,\n"
     "fp8 1 (+ one 4-byte scale per layer, head and K/V), int4 0.5 + 4/32, int2 0.25 + 4/32\n"
-    "(KIVI: fp16 scale and zero per 32 elements, + a 128-token fp32 window per head).";
+    "(KIVI: fp16 scale and zero per 32 elements, + a 128-token fp32 window per head).\n"
+    "A sliding window (chapter 06; --window W, --sinks S, or the preset's own, e.g. mistral-7b)\n"
+    "caps N at S + W: the cache keeps S sink tokens and the W most recent.";
 
 static const char *const dtypes[] = {"fp32", "fp16", "bf16", "int8", "int8-g32", "int8-g64",
                                      "int8-g128", "fp8", "fp8-e4m3", "fp8-e5m2", "int4",
@@ -77,12 +79,14 @@ static int parse_config(const char *cmd, const char *s, kv_config *c)
 }
 
 /* One model, every step of the formula with its numbers. */
-static void explain(const char *name, const kv_config *c, int window, const char *dt,
+static void explain(const char *name, const kv_config *c, int window, int sinks, const char *dt,
                     int64_t n_req, int64_t batch)
 {
     const int L = c->n_layers, H = c->n_heads, Hkv = c->n_kv_heads, d = kv_config_head_dim(c);
     const double b = dtype_bytes(dt, d);
-    const int64_t n = (window > 0 && n_req > window) ? window : n_req;
+    /* a sliding window (chapter 06) keeps S sinks + the W most recent tokens: N <= S + W */
+    const int64_t keep = window > 0 ? (int64_t)window + sinks : 0;
+    const int64_t n = (keep > 0 && n_req > keep) ? keep : n_req;
     const double per_layer = 2.0 * Hkv * d * b;  /* one token, one layer */
     const double per_token = L * per_layer;
     const double at_n = per_token * (double)n;
@@ -116,10 +120,18 @@ static void explain(const char *name, const kv_config *c, int window, const char
             printf(" = %.4g GiB", val[i] / (1024.0 * 1024 * 1024));
         printf("\n");
     }
-    if (window > 0)
+    if (window > 0 && sinks == 0)
         printf("\n  %s attends over a sliding window of %d tokens: its cache never holds more than\n"
                "  %d tokens per sequence, so N = min(%lld requested, %d) = %lld.\n",
                name, window, window, (long long)n_req, window, (long long)n);
+    if (window > 0 && sinks > 0)
+        printf("\n  %s keeps %d sink tokens + a sliding window of the %d most recent (chapter 06):\n"
+               "  its cache never holds more than S + W = %lld tokens per sequence, so\n"
+               "  N = min(%lld requested, %lld) = %lld.\n", name, sinks, window, (long long)keep,
+               (long long)n_req, (long long)keep, (long long)n);
+    if (window > 0 && n_req > keep)
+        printf("  without the window: %lld tokens, %.4g times the bytes.\n", (long long)n_req,
+               (double)n_req / (double)n);
     if (b < 2.0) {
         const double fixed = dtype_fixed(dt, c);
         char uf[32];
@@ -137,7 +149,7 @@ static void explain(const char *name, const kv_config *c, int window, const char
     printf("\n  for scale: the weights at %s are %.3g params * %g = %s; one sequence's cache\n"
            "  reaches that size at N = %.0f tokens%s.\n", dt, (double)kv_config_param_count(c), b,
            kv_fmt_bytes(weights, g, sizeof g), weights / per_token,
-           window > 0 && weights / per_token > window ? " (never, with the window)" : "");
+           keep > 0 && weights / per_token > keep ? " (never, with the window)" : "");
 }
 
 /* Every preset at a few lengths. */
@@ -230,7 +242,7 @@ int cmd_calc(int argc, char **argv)
     const char *cmd = "kvlab calc";
     const char *preset = NULL, *config = NULL, *dt = "fp16";
     int64_t seq = 0, batch = 1;
-    int do_list = 0, heads = 0;
+    int do_list = 0, heads = 0, window_opt = 0, sinks = 0;
     kv_opt opts[] = {
         {"--preset", KV_OPT_STRING, &preset, 0, 0, NULL, "NAME", "a published model (see --list)", 0},
         {"--config", KV_OPT_STRING, &config, 0, 0, NULL, "D,F,L,H,K,V,S",
@@ -241,10 +253,17 @@ int cmd_calc(int argc, char **argv)
         {"--list", KV_OPT_FLAG, &do_list, 0, 0, NULL, NULL, "list the presets and their dims", 0},
         {"--compare-heads", KV_OPT_FLAG, &heads, 0, 0, NULL, NULL,
          "MHA / GQA / MQA per-token bytes of every preset (chapter 03)", 0},
+        {"--window", KV_OPT_INT, &window_opt, 0, 1 << 30, NULL, "W",
+         "sliding window: the cache keeps the W most recent tokens (chapter 06; default: the "
+         "preset's own, e.g. mistral-7b 4096; 0 = none)", 0},
+        {"--sinks", KV_OPT_INT, &sinks, 0, 1 << 30, NULL, "S",
+         "with --window: S first tokens kept as well (StreamingLLM attention sinks; default 0)", 0},
     };
-    int r = kv_args_parse(cmd, about, argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
+    const int n_opts = (int)(sizeof opts / sizeof opts[0]);
+    int r = kv_args_parse(cmd, about, argc - 1, argv + 1, opts, n_opts);
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    const int window_seen = opts[n_opts - 2].seen, sinks_seen = opts[n_opts - 1].seen;
     if (do_list) {
         list();
         return KV_EXIT_OK;
@@ -282,6 +301,10 @@ int cmd_calc(int argc, char **argv)
         kv_calc_table(stdout, dt, seq, batch);
         return KV_EXIT_OK;
     }
-    explain(name, &c, window, dt, seq > 0 ? seq : c.seq_len, batch);
+    if (window_seen) window = window_opt;
+    if (sinks_seen && window == 0)
+        return kv_args_bad(cmd, "--sinks", "sinks are kept beside a sliding window: give "
+                           "--window W > 0 (or a preset that has one)");
+    explain(name, &c, window, sinks, dt, seq > 0 ? seq : c.seq_len, batch);
     return KV_EXIT_OK;
 }

@@ -23,6 +23,8 @@ int cmd_bench(int argc, char **argv);    /* bench.c */
 int cmd_needle(int argc, char **argv);   /* needle.c */
 int cmd_dialogue(int argc, char **argv); /* dialogue.c */
 int cmd_convert(int argc, char **argv);  /* convert.c */
+int cmd_stream(int argc, char **argv);   /* stream.c */
+int cmd_serve(int argc, char **argv);    /* serve.c */
 
 /** Exit code for a library status: bad input (ARG, IO, FORMAT, UNSUPPORTED) 2, else 1. */
 int kv_cli_exit_code(int status);
@@ -41,6 +43,46 @@ int kv_cli_check_device(const char *cmd, const char *device);
 /** A backend on @p device over @p model with @p spec (kv_backend_cpu or kvcu_backend_create). */
 int kv_cli_backend(kv_backend **out, const char *device, const kv_model *model,
                    const kv_cache_spec *spec, kv_err *err);
+
+/**
+ * --layout / --block-size / --blocks (chapter 05), shared by generate, needle and dialogue:
+ * put the three entries KV_CLI_LAYOUT_OPTS(lo) in a command's option table, check them once
+ * with kv_cli_layout_check(), and pass every cache spec the command builds through
+ * kv_cli_layout_apply().
+ */
+typedef struct {
+    const char *layout; /**< "contiguous" (default) or "paged" */
+    int block_size;     /**< B; 0 = 16 (32 for int4/int2, whose key groups span 32 tokens) */
+    int n_blocks;       /**< N; 0 = enough for every slot at full capacity */
+} kv_cli_layout;
+
+/** Layouts a --layout option accepts; NULL-terminated. */
+extern const char *const kv_cli_layouts[];
+
+#define KV_CLI_LAYOUT_OPTS(lo)                                                                  \
+    {"--layout", KV_OPT_CHOICE, &(lo).layout, 0, 0, kv_cli_layouts, "L", "cache layout: contiguous (default) or paged: blocks from a pool, found by block tables (chapter 05)", 0}, \
+    {"--block-size", KV_OPT_INT, &(lo).block_size, 1, 4096, NULL, "B", "paged: tokens per block (default 16; int4/int2 need a multiple of 32, default 32)", 0}, \
+    {"--blocks", KV_OPT_INT, &(lo).n_blocks, 1, 1 << 24, NULL, "N", "paged: blocks in the pool (default: enough for every sequence at full length)", 0}
+
+/** --block-size and --blocks mean nothing without --layout paged: says so and returns 2 (the
+ * exit code); 0 when the options agree. */
+int kv_cli_layout_check(const char *cmd, const kv_cli_layout *lo);
+
+/** Make @p spec paged when --layout paged was given (block size and pool size from @p lo, or
+ * their defaults for the spec's slots, capacity and dtype); otherwise leave it as it is. */
+void kv_cli_layout_apply(const kv_cli_layout *lo, kv_cache_spec *spec);
+
+/** "contiguous" or "paged, blocks of B tokens, N blocks" for @p spec, for headers. */
+const char *kv_cli_layout_name(const kv_cache_spec *spec, char *buf, size_t n);
+
+/**
+ * Chapter 06's stream (kvlab stream, and the tour's shorter run): decode @p tokens greedily on
+ * @p m through a cache built from the windowed spec @p win, reporting every @p every tokens
+ * (KV bytes held, resident memory growth, tokens/s), then a full cache over @p full_tokens
+ * (0: none) beside it. Table or CSV to @p f.
+ */
+int kv_stream_study(FILE *f, int csv, const kv_model *m, const kv_cache_spec *win, long tokens,
+                    long full_tokens, long every, kv_err *err);
 
 /** Names of the embedded default models ("tiny", ...); NULL-terminated. */
 extern const char *const kv_cli_defaults[];
@@ -101,6 +143,8 @@ int kv_demo_ch01(const kv_demo_ctx *ctx, kv_err *err); /* 01-naive-recompute/dem
 int kv_demo_ch02(const kv_demo_ctx *ctx, kv_err *err); /* 02-kv-cache/demo.c */
 int kv_demo_ch03(const kv_demo_ctx *ctx, kv_err *err); /* 03-mqa-gqa/demo.c */
 int kv_demo_ch04(const kv_demo_ctx *ctx, kv_err *err); /* 04-quantization/demo.c */
+int kv_demo_ch05(const kv_demo_ctx *ctx, kv_err *err); /* 05-paged/demo.c */
+int kv_demo_ch06(const kv_demo_ctx *ctx, kv_err *err); /* cli/stream.c */
 
 /**
  * KV-cache formats side by side (chapter 04's demo, kvlab bench quant): per format bytes per

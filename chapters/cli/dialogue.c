@@ -35,7 +35,7 @@ static void turn_text(const kv_dialogue *d, int t, char *buf, size_t n)
 }
 
 static int run_one(const char *cmd, const kv_dialogue *d, int kind, const char *cache,
-                   const char *device, int recompute, int *failed)
+                   const kv_cli_layout *lo, const char *device, int recompute, int *failed)
 {
     kv_recall_vocab v;
     kv_recall_vocab_get(&v);
@@ -48,6 +48,7 @@ static int run_one(const char *cmd, const kv_dialogue *d, int kind, const char *
     kv_cache_spec cs;
     kv_backend *b = NULL;
     st = kv_needle_cache_spec(cache, 2, kv_dialogue_length(d, kind), &cs, &err);
+    if (!st) kv_cli_layout_apply(lo, &cs);
     if (!st) st = kv_cli_backend(&b, device, &m, &cs, &err);
     kv_dlg_result *res = calloc((size_t)d->n_turns, sizeof *res);
     if (!st && !res) st = kv_fail(&err, KV_ERR_NOMEM, "out of memory");
@@ -60,8 +61,10 @@ static int run_one(const char *cmd, const kv_dialogue *d, int kind, const char *
         kv_model_free(&m);
         return rc;
     }
-    printf("\n%s: %s model, cache %s, %s, %d turns in %.2f s\n", d->name,
-           kv_recall_kind_name(kind), cache, device, d->n_turns, kv_now() - t0);
+    char lname[96];
+    printf("\n%s: %s model, cache %s (%s), %s, %d turns in %.2f s\n", d->name,
+           kv_recall_kind_name(kind), cache, kv_cli_layout_name(&cs, lname, sizeof lname), device,
+           d->n_turns, kv_now() - t0);
     printf("%4s  %-34s %6s %6s %8s %8s %7s %s\n", "turn", "items", "tokens", "cached", "expected",
            "reply", "margin", recompute ? "result  from-scratch" : "result");
     int pass = 0;
@@ -92,11 +95,13 @@ int cmd_dialogue(int argc, char **argv)
     const char *cmd = "kvlab dialogue";
     const char *model = "both", *cache = "fp32", *device = "cpu";
     int recompute = 0;
+    kv_cli_layout lo = {"contiguous", 0, 0};
     kv_opt opts[] = {
         {"--model", KV_OPT_CHOICE, &model, 0, 0, model_names, "M", "recall model: direct, induction or both (default both)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant (default fp32; or a storage format: fp16 int8 fp8 int4 int2 ..., chapter 04)", 0},
         {"--recompute", KV_OPT_FLAG, &recompute, 0, 0, NULL, NULL, "also run each turn's whole history from scratch and compare", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
+        KV_CLI_LAYOUT_OPTS(lo),
     };
     /* the file is the one positional word: take it out before parsing the options */
     const char *file = NULL;
@@ -124,7 +129,9 @@ int cmd_dialogue(int argc, char **argv)
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     if (!file) return kv_args_bad(cmd, "FILE", "a dialogue file is required (datasets/dialogues/*.dlg)");
-    int e = kv_cli_check_device(cmd, device);
+    int e = kv_cli_layout_check(cmd, &lo);
+    if (e) return e;
+    e = kv_cli_check_device(cmd, device);
     if (e) return e;
     kv_err err = {{0}};
     kv_cache_spec cs;
@@ -137,7 +144,7 @@ int cmd_dialogue(int argc, char **argv)
     for (int k = 0; k < 2 && rc == KV_EXIT_OK; k++) {
         const int kind = k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT;
         if (strcmp(model, "both") && kv_recall_kind_parse(model) != kind) continue;
-        rc = run_one(cmd, &d, kind, cache, device, recompute, &failed);
+        rc = run_one(cmd, &d, kind, cache, &lo, device, recompute, &failed);
     }
     kv_dialogue_free(&d);
     if (rc == KV_EXIT_OK && failed) rc = KV_EXIT_FAIL;

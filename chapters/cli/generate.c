@@ -31,6 +31,7 @@ int cmd_generate(int argc, char **argv)
     int steps = 64;
     double temperature = 0.0, top_p = 1.0;
     int64_t seed = 42;
+    kv_cli_layout lo = {"contiguous", 0, 0};
     kv_opt opts[] = {
         {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded model (default tiny)", 0},
@@ -43,6 +44,7 @@ int cmd_generate(int argc, char **argv)
         {"--seed", KV_OPT_I64, &seed, 0, 9.0e15, NULL, "S", "sampler seed (default 42)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "cache storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2, int4, int2; options /head (fp8 per-head scales), /wR (KIVI window), /lA,B (only those layers; the rest fp16) (chapter 04)", 0},
+        KV_CLI_LAYOUT_OPTS(lo),
     };
     int r = kv_args_parse(cmd,
                           "Generate tokens after a prompt and print them as text (with a tokenizer)\n"
@@ -55,7 +57,9 @@ int cmd_generate(int argc, char **argv)
     if (!model_path && !def) def = "tiny";
     if (text && !tok_path && model_path)
         return kv_args_bad(cmd, "--prompt", "a model file needs --tokenizer FILE to encode the prompt");
-    int e = kv_cli_check_device(cmd, device);
+    int e = kv_cli_layout_check(cmd, &lo);
+    if (e) return e;
+    e = kv_cli_check_device(cmd, device);
     if (e) return e;
 
     kv_err err = {{0}};
@@ -109,6 +113,7 @@ int cmd_generate(int argc, char **argv)
         rc = kv_cli_fail(cmd, "--cache", st, &err);
         goto done;
     }
+    kv_cli_layout_apply(&lo, &spec);
     if (!out) {
         rc = kv_cli_fail(cmd, "output", KV_ERR_NOMEM, &err);
         goto done;
@@ -147,8 +152,10 @@ int cmd_generate(int argc, char **argv)
     } else {
         for (int i = 0; i < steps; i++) printf("%d%c", out[i], i + 1 < steps ? ' ' : '\n');
     }
+    char lname[96];
     fprintf(stderr, "%d tokens in %.4f s (prompt of %d tokens included): %.1f tokens/s; mode %s,"
-                    " device %s\n", steps, t, n_prompt, steps / t, mode, b->name);
+                    " device %s, cache %s (%s)\n", steps, t, n_prompt, steps / t, mode, b->name,
+            cache, kv_cli_layout_name(&spec, lname, sizeof lname));
 done:
     if (have_sampler) kv_sampler_free(&sampler);
     if (b) kv_backend_destroy(b);

@@ -23,6 +23,8 @@ static const kv_subcommand commands[] = {
     {"needle", cmd_needle, "needle-in-a-haystack grid over the recall models: lengths x depths x cache"},
     {"convert", cmd_convert, "MHA -> GQA/MQA: mean-pool K/V heads per group, write a new checkpoint"},
     {"dialogue", cmd_dialogue, "run a multi-turn dialogue file on the recall models, turn by turn"},
+    {"serve", cmd_serve, "replay a request trace: continuous batching on a paged cache, allocator metrics"},
+    {"stream", cmd_stream, "an endless stream through a sliding-window cache: memory and tokens/s stay flat"},
     /* a new subcommand: its own file, and one row here */
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);

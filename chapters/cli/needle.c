@@ -27,12 +27,17 @@ static void on_progress(void *user, const char *what, long done, long total)
 
 typedef struct {
     const char *device;
+    const kv_cli_layout *layout;
 } make_ctx;
 
+/* Each variant's cache, laid out as --layout says. */
 static int make_backend(kv_backend **out, const kv_model *m, const kv_cache_spec *spec, void *user,
                         kv_err *err)
 {
-    return kv_cli_backend(out, ((make_ctx *)user)->device, m, spec, err);
+    const make_ctx *mc = user;
+    kv_cache_spec s = *spec;
+    kv_cli_layout_apply(mc->layout, &s);
+    return kv_cli_backend(out, mc->device, m, &s, err);
 }
 
 /* "1024,4096" -> "lengths 1024 4096\n" appended to the spec text */
@@ -153,6 +158,7 @@ int cmd_needle(int argc, char **argv)
     const char *cmd = "kvlab needle";
     const char *spec_path = NULL, *models = NULL, *lengths = NULL, *depths = NULL, *cache = NULL;
     const char *seeds = NULL, *csv = NULL, *svg = NULL, *device = "cpu", *save = NULL;
+    kv_cli_layout lo = {"contiguous", 0, 0};
     kv_opt opts[] = {
         {"--spec", KV_OPT_STRING, &spec_path, 0, 0, NULL, "FILE", "grid spec (datasets/needle/*.needle; default: both models, 1k and 4k, depths 0..100 by 25)", 0},
         {"--models", KV_OPT_STRING, &models, 0, 0, NULL, "LIST", "direct,induction (overrides the spec)", 0},
@@ -164,6 +170,7 @@ int cmd_needle(int argc, char **argv)
         {"--svg", KV_OPT_STRING, &svg, 0, 0, NULL, "FILE", "write a heatmap (SVG)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the models run (default cpu)", 0},
         {"--save-models", KV_OPT_STRING, &save, 0, 0, NULL, "PREFIX", "also write the grid's recall models as PREFIX-direct.bin, PREFIX-induction.bin (kvlab checkpoints)", 0},
+        KV_CLI_LAYOUT_OPTS(lo),
     };
     int r = kv_args_parse(cmd,
                           "Plant facts at several depths of a filler context, ask for them at the end,\n"
@@ -174,7 +181,9 @@ int cmd_needle(int argc, char **argv)
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
-    int e = kv_cli_check_device(cmd, device);
+    int e = kv_cli_layout_check(cmd, &lo);
+    if (e) return e;
+    e = kv_cli_check_device(cmd, device);
     if (e) return e;
 
     kv_err err = {{0}};
@@ -220,7 +229,7 @@ int cmd_needle(int argc, char **argv)
     memset(&ps, 0, sizeof ps);
     snprintf(ps.label, sizeof ps.label, "needle");
     kv_progress_start(&ps.p, ps.label);
-    make_ctx mc = {device};
+    make_ctx mc = {device, &lo};
     kv_needle_result *res = NULL;
     int n = 0;
     const double t0 = kv_now();
@@ -229,6 +238,12 @@ int cmd_needle(int argc, char **argv)
     if (st) return kv_cli_fail(cmd, s.name, st, &err);
 
     printf("needle grid '%s' on %s: %d cells in %.1f s\n", s.name, device, n, kv_now() - t0);
+    if (!strcmp(lo.layout, "paged")) {
+        if (lo.block_size) printf("cache layout: paged, blocks of %d tokens", lo.block_size);
+        else printf("cache layout: paged, blocks of 16 tokens (32 for int4/int2)");
+        if (lo.n_blocks) printf(", a pool of %d blocks\n", lo.n_blocks);
+        else printf(", a pool as large as the contiguous cache\n");
+    }
     print_tables(&s, res);
     int pass = 0, unexpected = 0;
     for (int i = 0; i < n; i++) {

@@ -19,6 +19,7 @@ static const kv_demo demos[] = {
     {3, "MQA and GQA", kv_demo_ch03},
     {4, "KV-cache quantization", kv_demo_ch04},
     {5, "paged KV cache", kv_demo_ch05},
+    {6, "sliding window and attention sinks", kv_demo_ch06},
 };
 static const int n_demos = (int)(sizeof demos / sizeof demos[0]);
 

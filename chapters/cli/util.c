@@ -1,9 +1,10 @@
-/* Exit codes, byte formatting and progress lines (cli.h). */
+/* Exit codes, byte formatting, progress lines and the cache layout options (cli.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 int kv_cli_exit_code(int status)
@@ -64,4 +65,37 @@ void kv_progress_end(kv_progress *p)
         fprintf(stderr, "%s  %s: done in %.1f s          \n", isatty(STDERR_FILENO) ? "\r" : "",
                 p->label, kv_now() - p->t0);
     p->shown = 0;
+}
+
+/* ---- --layout / --block-size / --blocks (chapter 05) ------------------------------------ */
+
+const char *const kv_cli_layouts[] = {"contiguous", "paged", NULL};
+
+int kv_cli_layout_check(const char *cmd, const kv_cli_layout *lo)
+{
+    const int paged = lo->layout && !strcmp(lo->layout, "paged");
+    if (!paged && lo->block_size)
+        return kv_args_bad(cmd, "--block-size", "needs --layout paged");
+    if (!paged && lo->n_blocks) return kv_args_bad(cmd, "--blocks", "needs --layout paged");
+    return 0;
+}
+
+void kv_cli_layout_apply(const kv_cli_layout *lo, kv_cache_spec *spec)
+{
+    if (!lo->layout || strcmp(lo->layout, "paged")) return;
+    const int B = lo->block_size ? lo->block_size : kvq_is_kivi(spec->dtype) ? KV_KIVI_GROUP : 16;
+    spec->layout = KV_LAYOUT_PAGED;
+    spec->block_size = B;
+    /* the default pool reserves as much as the contiguous cache: no step can run out */
+    spec->n_blocks = lo->n_blocks ? lo->n_blocks
+                                  : spec->n_slots * ((spec->capacity + B - 1) / B);
+}
+
+const char *kv_cli_layout_name(const kv_cache_spec *spec, char *buf, size_t n)
+{
+    if (spec->layout != KV_LAYOUT_PAGED) snprintf(buf, n, "contiguous");
+    else
+        snprintf(buf, n, "paged, blocks of %d tokens, %d blocks", spec->block_size,
+                 spec->n_blocks);
+    return buf;
 }

@@ -1,0 +1,203 @@
+/*
+ * kvlab serve: replay a request trace through the continuous-batching scheduler
+ * (reference_cpu/kv_sched.h) on a paged CPU cache, under one allocation policy, and print
+ * what chapter 05 measures: KV utilization, waste (internal and reserved), peak concurrency,
+ * preemptions, prefix-cache hits, sharing by forks, tokens/s. --timeline writes the pool
+ * occupancy of every step for the chapter's pool-over-time figure.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kv_checkpoint.h"
+#include "kv_sched.h"
+#include "kv_trace.h"
+
+static const char *const policies[] = {"paged", "max", "pow2", "oracle", NULL};
+
+typedef struct {
+    FILE *timeline; /* NULL: no timeline */
+    kv_progress progress;
+} serve_ctx;
+
+static void on_step(void *user, const kv_sched_step_info *s)
+{
+    serve_ctx *c = user;
+    if (c->timeline)
+        fprintf(c->timeline, "%lld,%.4f,%d,%d,%d,%d,%d,%d,%d\n", (long long)s->step, s->clock_s,
+                s->used_blocks, s->cached_blocks, s->reserved_blocks, s->running_seqs,
+                s->running_reqs, s->waiting, s->batch_tokens);
+    kv_progress_update(&c->progress, s->done, s->total);
+}
+
+static void pct_row(const char *what, double v) { printf("  %-34s %8.2f %%\n", what, 100.0 * v); }
+
+int cmd_serve(int argc, char **argv)
+{
+    const char *cmd = "kvlab serve";
+    const char *trace_path = NULL, *policy = "paged", *model_arg = "tiny", *timeline = NULL;
+    const char *device = "cpu";
+    int n_blocks = 1024, block_size = 16, prefix = 0, max_requests = 100, budget = 256;
+    int max_seqs = 256, max_len = 0, burst = 0;
+    double step_ms = 20.0, temperature = 0.0;
+    int64_t seed = 42;
+    kv_opt opts[] = {
+        {"--trace", KV_OPT_STRING, &trace_path, 0, 0, NULL, "FILE", "request trace (datasets/traces/*.csv); required", 0},
+        {"--policy", KV_OPT_CHOICE, &policy, 0, 0, policies, "P", "paged (blocks on demand) or a contiguous baseline: max, pow2, oracle (default paged)", 0},
+        {"--blocks", KV_OPT_INT, &n_blocks, 1, 1 << 22, NULL, "N", "blocks in the pool: the memory budget (default 1024)", 0},
+        {"--block-size", KV_OPT_INT, &block_size, 1, 4096, NULL, "B", "tokens per block (default 16)", 0},
+        {"--model", KV_OPT_STRING, &model_arg, 0, 0, NULL, "M", "tiny, tiny-gqa, small (embedded) or a checkpoint FILE (default tiny)", 0},
+        {"--prefix-cache", KV_OPT_FLAG, &prefix, 0, 0, NULL, NULL, "share cached prompt blocks between requests", 0},
+        {"--max-requests", KV_OPT_INT, &max_requests, 1, 1 << 24, NULL, "K", "serve the first K requests of the trace (default 100)", 0},
+        {"--timeline", KV_OPT_STRING, &timeline, 0, 0, NULL, "CSV", "write per-step pool occupancy to this file", 0},
+        {"--budget", KV_OPT_INT, &budget, 1, 1 << 20, NULL, "T", "tokens per step, decodes and prefill chunks (default 256)", 0},
+        {"--max-seqs", KV_OPT_INT, &max_seqs, 1, 4096, NULL, "S", "sequences running at once at most (cache slots; default 256)", 0},
+        {"--max-len", KV_OPT_INT, &max_len, 1, 1 << 20, NULL, "L", "tokens the max policy reserves per sequence (default: the model's seq_len, raised to the trace's longest request)", 0},
+        {"--step-ms", KV_OPT_FLOAT, &step_ms, 0, 1e6, NULL, "MS", "simulated milliseconds per step for the arrival clock (default 20)", 0},
+        {"--burst", KV_OPT_FLAG, &burst, 0, 0, NULL, NULL, "every request arrives at time 0 (offline batch)", 0},
+        {"--temperature", KV_OPT_FLOAT, &temperature, 0, 100, NULL, "T", "plain requests: 0 = greedy (default 0); parallel samples use 1", 0},
+        {"--seed", KV_OPT_I64, &seed, 0, 9.0e15, NULL, "S", "sampling seed (default 42)", 0},
+        {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model and its paged cache run (default cpu)", 0},
+    };
+    int r = kv_args_parse(cmd,
+                          "Serve a request trace with continuous batching on a paged KV cache\n"
+                          "(chunked prefill, parallel sampling and beam search by fork, preemption\n"
+                          "by recompute) and print the allocator's metrics. Arrivals follow a\n"
+                          "simulated clock that advances --step-ms per step, so runs are repeatable.\n"
+                          "The baselines max/pow2/oracle reserve contiguous space per sequence at\n"
+                          "admission, counted in blocks of the same pool.",
+                          argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (r == KV_ARGS_HELP) return KV_EXIT_OK;
+    if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (!trace_path) return kv_args_bad(cmd, "--trace", "a trace file is required");
+    int e = kv_cli_check_device(cmd, device);
+    if (e) return e;
+
+    kv_err err = {{0}};
+    kv_trace t = {0};
+    kv_model m = {0};
+    kv_backend *b = NULL;
+    kv_sched_out out = {0};
+    serve_ctx ctx = {0};
+    int rc = KV_EXIT_OK, st;
+    if ((st = kv_trace_load(trace_path, &t, &err))) {
+        rc = kv_cli_fail(cmd, trace_path, st, &err);
+        goto done;
+    }
+    int is_default = 0;
+    for (int i = 0; kv_cli_defaults[i]; i++) is_default |= strcmp(model_arg, kv_cli_defaults[i]) == 0;
+    st = is_default ? kv_cli_default_model(&m, model_arg, &err) : kv_checkpoint_read(model_arg, &m, &err);
+    if (st) {
+        rc = kv_cli_fail(cmd, model_arg, st, &err);
+        goto done;
+    }
+    const int n_req = max_requests < t.n ? max_requests : t.n;
+    /* The longest request of the whole trace sets the sequence length the model must serve:
+     * RoPE has no hard limit, so a shorter seq_len is raised (and said so). */
+    int64_t longest = 0;
+    for (int i = 0; i < t.n; i++)
+        if ((int64_t)t.req[i].prompt_len + t.req[i].output_len > longest)
+            longest = (int64_t)t.req[i].prompt_len + t.req[i].output_len;
+    if (longest > 1 << 20) {
+        rc = kv_args_bad(cmd, "--trace", "a request of %lld tokens is longer than kvlab serves",
+                         (long long)longest);
+        goto done;
+    }
+    if (m.config.seq_len < longest) {
+        fprintf(stderr, "%s: note: the model's seq_len %d is raised to %lld, the trace's longest "
+                "request (RoPE positions have no hard limit)\n", cmd, m.config.seq_len,
+                (long long)longest);
+        m.config.seq_len = (int)longest;
+    }
+    if (!max_len) max_len = m.config.seq_len;
+
+    kv_cache_spec spec = kv_cache_spec_default(max_seqs, m.config.seq_len > max_len ? m.config.seq_len : max_len);
+    spec.layout = KV_LAYOUT_PAGED;
+    spec.block_size = block_size;
+    spec.n_blocks = n_blocks;
+    if ((st = kv_cli_backend(&b, device, &m, &spec, &err)) ||
+        (prefix && (st = kv_backend_enable_prefix_cache(b, &err)))) {
+        rc = kv_cli_fail(cmd, "backend", st, &err);
+        goto done;
+    }
+    if (timeline) {
+        ctx.timeline = fopen(timeline, "w");
+        if (!ctx.timeline) {
+            kv_fail(&err, KV_ERR_IO, "cannot open for writing");
+            rc = kv_cli_fail(cmd, timeline, KV_ERR_IO, &err);
+            goto done;
+        }
+        fprintf(ctx.timeline, "step,clock_s,used_blocks,cached_blocks,reserved_blocks,"
+                              "running_seqs,running_reqs,waiting,batch_tokens\n");
+    }
+    kv_sched_opts o = kv_sched_opts_default();
+    o.policy = kv_policy_by_name(policy);
+    o.token_budget = budget;
+    o.max_len = max_len;
+    o.step_s = step_ms / 1000.0;
+    o.burst = burst;
+    o.temperature = (float)temperature;
+    o.seed = (uint64_t)seed;
+    o.on_step = on_step;
+    o.user = &ctx;
+    kv_progress_start(&ctx.progress, "serve: requests");
+    st = kv_sched_run(b, &t, n_req, &o, &out, &err);
+    kv_progress_end(&ctx.progress);
+    if (st) {
+        rc = kv_cli_fail(cmd, "scheduler", st, &err);
+        goto done;
+    }
+    if (ctx.timeline && fclose(ctx.timeline)) {
+        ctx.timeline = NULL;
+        kv_fail(&err, KV_ERR_IO, "write failed");
+        rc = kv_cli_fail(cmd, timeline, KV_ERR_IO, &err);
+        goto done;
+    }
+    ctx.timeline = NULL;
+    for (int i = 0, shown = 0; i < out.n; i++)
+        if (out.results[i].status != KV_OK && shown++ < 10)
+            fprintf(stderr, "%s: %s\n", cmd, out.results[i].error);
+
+    const kv_sched_metrics *x = &out.m;
+    char desc[160];
+    kv_config_describe(&m.config, desc, sizeof desc);
+    printf("kvlab serve: %s, %d requests, policy %s, %d blocks x %d tokens, prefix cache %s\n",
+           trace_path, n_req, policy, n_blocks, block_size, prefix ? "on" : "off");
+    printf("model %s (%s); budget %d tokens/step, %d slots, max_len %d; clock %.1f ms/step%s\n\n",
+           model_arg, desc, budget, max_seqs, max_len, step_ms, burst ? ", burst arrivals" : "");
+    printf("  %-34s %8d / %d\n", "requests done / failed", x->n_done, x->n_failed);
+    printf("  %-34s %8lld   (%.1f s simulated)\n", "steps", (long long)x->steps, x->clock_s);
+    pct_row("KV utilization (mean over steps)", x->utilization);
+    pct_row("waste, total", x->waste);
+    pct_row("  internal (unused block tails)", x->waste_internal);
+    pct_row("  reserved (held, not yet used)", x->waste_reserved);
+    printf("  %-34s %8d   (requests %d)\n", "peak running sequences", x->peak_seqs, x->peak_reqs);
+    printf("  %-34s %8d   of %d\n", "peak blocks used", x->peak_used_blocks, n_blocks);
+    printf("  %-34s %8lld\n", "preemptions (recompute)", (long long)x->preemptions);
+    if (prefix)
+        printf("  %-34s %8.2f %%  (%lld of %lld prompt tokens)\n", "prefix-cache hit rate",
+               100.0 * x->prefix_hit_rate, (long long)x->prefix_hit_tokens,
+               (long long)x->prompt_tokens);
+    if (x->unshared_blocks)
+        printf("  %-34s %8.2f %%  (blocks held %lld vs %lld unshared, summed over steps)\n",
+               "sharing saving (n > 1, beams)", 100.0 * x->sharing_saving,
+               (long long)x->shared_blocks, (long long)x->unshared_blocks);
+    printf("  %-34s %8lld\n", "copy-on-write block copies", (long long)x->cow_copies);
+    printf("  %-34s %8lld / %lld\n", "tokens generated / processed",
+           (long long)x->tokens_generated, (long long)x->tokens_processed);
+    printf("  %-34s %8.0f   (%.2f s measured)\n", "tokens/s generated", x->tokens_per_s, x->wall_s);
+    int leaked = kv_pool_check_leaks(&b->paged->pool, NULL, 0);
+    if (leaked) kv_fail(&err, KV_ERR_CAPACITY, "%d blocks still in use", leaked);
+    if (leaked || kv_pool_validate(&b->paged->pool, &err) != KV_OK) {
+        rc = kv_cli_fail(cmd, "pool check after the run", KV_ERR_CAPACITY, &err);
+        goto done;
+    }
+done:
+    if (ctx.timeline) fclose(ctx.timeline);
+    kv_sched_out_free(&out);
+    kv_backend_destroy(b);
+    kv_model_free(&m);
+    kv_trace_free(&t);
+    return rc;
+}

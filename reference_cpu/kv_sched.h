@@ -1,0 +1,181 @@
+/**
+ * @file kv_sched.h
+ * Serving many requests on one paged backend (chapter 05): continuous batching, chunked
+ * prefill, parallel sampling and beam search by forking block tables, preemption by
+ * recompute, and the contiguous-allocation baselines of the PagedAttention paper (Kwon et
+ * al., SOSP 2023, arXiv:2309.06180) measured on the same pool.
+ *
+ * Runners. Each request of a ::kv_trace is a small state machine over cache slots:
+ *
+ *   WAITING -> (admitted) PROMPT: one root slot prefills the prompt, in chunks
+ *           -> DECODE: one slot per sequence, one token per step
+ *           -> DONE, or FAILED with a message; a preempted runner goes back to WAITING.
+ *
+ *  - plain: the prompt, then output_len tokens, greedy (temperature 0) or sampled;
+ *  - parallel sampling, n: the prompt is prefilled once; its slot is then forked
+ *    (kv_paged_fork) into n - 1 more, which share every prompt block. Sample s draws with
+ *    its own generator, seeded from (seed, request, s), so its tokens do not depend on what
+ *    else runs;
+ *  - beam search, width k: after each step the k best (beam, token) continuations by
+ *    cumulative log-prob survive (kv_beam.h); a beam kept by several children is forked, a
+ *    dropped one released. Fixed output_len, no end token; the result is the best beam.
+ *
+ * Prompt tokens are kv_trace_tokens(). A runner produces the same tokens whatever else is
+ * in the batch and however its prompt is chunked, because every row of the forward pass is
+ * computed alone, in a fixed order (kv_ops.c): the scheduled run of a request equals its
+ * solo run (kv_sched_solo), token for token.
+ *
+ * One step (kv_sched_run):
+ *  1. plan: every running sequence with tokens to feed gets them, oldest request first, up
+ *     to the token budget (a decode is one token; a prefill takes what is left of the
+ *     budget: chunked prefill). If the blocks this plan needs exceed what the pool can hand
+ *     out, the most recently admitted request is preempted by recompute: its slots are
+ *     released and it goes back to the front of the queue; readmitted, it prefills its
+ *     prompt again, forks, and each sequence re-feeds the tokens it had generated, so it
+ *     continues exactly where it stopped. The oldest running request is never preempted by
+ *     a younger one, so each step makes progress. A request that cannot run even alone
+ *     fails with a message; nothing loops forever and no request is lost.
+ *  2. admit (not in a step that had to preempt): waiting requests in queue order (preempted
+ *     first, then by arrival) that have arrived by the step clock, while there are free
+ *     slots, budget, and blocks for the whole prompt (a preempted request: for everything it
+ *     had grown to) after the plan's blocks, minus prefix-cache hits on blocks in use, with
+ *     1 % of the pool kept free as a watermark; for the baselines, room for the reservation.
+ *  3. one b->forward() over the batch; logits pick tokens; finished sequences free blocks.
+ *
+ * Step clock. Arrivals (arrival_s) are compared with a simulated clock, not the CPU's: it
+ * starts at 0, each step adds opts.step_s (a modelled accelerator step, the same for every
+ * batch size: decode is memory bound), and when nothing runs it jumps to the next arrival.
+ * So a run is deterministic and measures the allocator, not this machine.
+ *
+ * Policies. paged allocates blocks on demand. The baselines are accounting on the same pool:
+ * at admission a request reserves ceil(len / B) blocks per sequence (sequences do not share
+ * in a contiguous cache), with len = max_len (max), prompt + the output length rounded up to
+ * a power of two (pow2, the PagedAttention paper's baseline) or prompt + output itself
+ * (oracle); it is admitted only when the
+ * reservation fits the N blocks, and its real blocks stay within it.
+ */
+#ifndef KV_SCHED_H
+#define KV_SCHED_H
+
+#include "kv_backend.h"
+#include "kv_trace.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** How memory is granted. */
+typedef enum {
+    KV_POLICY_PAGED = 0,  /**< blocks on demand */
+    KV_POLICY_MAX = 1,    /**< reserve max_len per sequence */
+    KV_POLICY_POW2 = 2,   /**< reserve the next power of two of the final length */
+    KV_POLICY_ORACLE = 3  /**< reserve exactly the final length */
+} kv_policy;
+
+/** Name of a policy ("paged", "max", "pow2", "oracle"), NULL out of range. */
+const char *kv_policy_name(int policy);
+/** Policy by name; -1 when unknown. */
+int kv_policy_by_name(const char *name);
+
+/** What one step looked like, for a timeline (pool over time) and progress. */
+typedef struct {
+    int64_t step;
+    double clock_s;     /**< the simulated clock after the step */
+    int used_blocks;    /**< blocks USED */
+    int cached_blocks;  /**< blocks CACHED (prefix cache, evictable) */
+    int reserved_blocks; /**< baselines: blocks reserved by running requests */
+    int running_seqs;   /**< sequences holding a slot */
+    int running_reqs;
+    int waiting;        /**< requests arrived (or preempted) and not admitted */
+    int done;           /**< requests finished or failed so far */
+    int total;          /**< requests in the run */
+    int batch_tokens;   /**< tokens the step processed */
+} kv_sched_step_info;
+
+/** Called after every step (may be NULL). */
+typedef void (*kv_sched_step_fn)(void *user, const kv_sched_step_info *s);
+
+typedef struct {
+    int policy;          /**< ::kv_policy */
+    int token_budget;    /**< tokens per step, decodes and prefill chunks together (e.g. 256) */
+    int max_len;         /**< max policy: tokens reserved per sequence (the model's longest) */
+    double step_s;       /**< seconds the step clock advances per step (e.g. 0.02) */
+    int burst;           /**< 1: every request arrives at time 0 */
+    float temperature;   /**< plain requests: 0 = greedy */
+    float sample_temperature; /**< parallel samples (n > 1); must be > 0 */
+    float top_p;         /**< sampling nucleus, (0, 1] */
+    uint64_t seed;
+    kv_sched_step_fn on_step;
+    void *user;
+} kv_sched_opts;
+
+/** Defaults: paged, budget 256, max_len 2048, step 0.02 s, greedy plain, samples at T = 1. */
+kv_sched_opts kv_sched_opts_default(void);
+
+/** Outcome of one request. */
+typedef struct {
+    int status;          /**< KV_OK, or why it could not be served */
+    char error[200];     /**< the message when status != KV_OK */
+    int n_out;           /**< sequences returned: n_samples (sampling), else 1 */
+    int output_len;
+    int *tokens;         /* [n_out][output_len] */
+    double *logprob;     /* [n_out] cumulative log-prob of each returned sequence */
+    int preemptions;     /**< times this request was preempted */
+    int64_t admit_step, finish_step;
+} kv_sched_result;
+
+/** What a run measured. Waste and utilization are averages over steps. */
+typedef struct {
+    int64_t steps;
+    double clock_s;         /**< simulated seconds at the end */
+    double wall_s;          /**< measured seconds of the run */
+    int64_t tokens_generated, tokens_processed;
+    double tokens_per_s;    /**< generated tokens per measured second */
+    double utilization;     /**< tokens stored / (N * B), mean over steps */
+    double waste;           /**< (internal + reserved) / held, summed over steps */
+    double waste_internal;  /**< unused tail slots of allocated blocks / held */
+    double waste_reserved;  /**< reserved but not (yet) allocated / held */
+    int peak_seqs, peak_reqs; /**< most sequences / requests running at once */
+    int peak_used_blocks;
+    int64_t preemptions;
+    int64_t prompt_tokens, prefix_hit_tokens; /**< at admissions (readmissions included) */
+    double prefix_hit_rate; /**< hit tokens / prompt tokens */
+    /* n > 1 and beam requests: blocks they hold vs blocks unshared copies would hold,
+     * summed over steps */
+    int64_t shared_blocks, unshared_blocks;
+    double sharing_saving;  /**< 1 - shared / unshared (0 without such requests) */
+    int64_t cow_copies;
+    int n_done, n_failed;
+} kv_sched_metrics;
+
+/** A run's results [n] and metrics. */
+typedef struct {
+    int n;
+    int *index;               /* [n] trace index of each result */
+    kv_sched_result *results; /* [n] */
+    kv_sched_metrics m;
+} kv_sched_out;
+
+/**
+ * Serve requests 0 .. @p n_requests - 1 of @p t on the paged backend @p b (every slot
+ * empty; its spec's n_slots bounds the sequences running at once, its capacity the longest
+ * sequence). Per-request failures are in the results; the return value is an error of the
+ * run itself (bad arguments, KV_ERR_NOMEM, a backend failure). Leaves every slot empty.
+ */
+int kv_sched_run(kv_backend *b, const kv_trace *t, int n_requests, const kv_sched_opts *o,
+                 kv_sched_out *out, kv_err *err);
+
+/**
+ * The reference: request @p i of @p t alone in the backend (same seeds as in a full run).
+ * @p out holds one result.
+ */
+int kv_sched_solo(kv_backend *b, const kv_trace *t, int i, const kv_sched_opts *o,
+                  kv_sched_out *out, kv_err *err);
+
+/** Free an out (safe on a zeroed one). */
+void kv_sched_out_free(kv_sched_out *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
