@@ -110,8 +110,22 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
             if (seqs[j].slot == s)
                 return kv_fail(err, KV_ERR_ARG, "paged cache: sequences %d and %d both use "
                                "slot %d", j, i, s);
-        need += kv_block_table_blocks_needed(&pg->tables[s], &pg->pool,
-                                             rows_to_add(b, s, seqs[i].pos, seqs[i].n_tokens));
+        const kv_block_table *t = &pg->tables[s];
+        const int64_t add = rows_to_add(b, s, seqs[i].pos, seqs[i].n_tokens);
+        int n = kv_block_table_blocks_needed(t, &pg->pool, add);
+        /* Sharers of one partly filled last block that all append in this step: each but the
+         * last copies it; the last finds itself alone (refcount 1) and keeps the original. */
+        if (add > 0 && t->n_tokens % t->block_size) {
+            const int last = t->blocks[t->n_blocks - 1], r = pg->pool.refcount[last];
+            int earlier = 0;
+            for (int j = 0; j < i; j++) {
+                const kv_block_table *u = &pg->tables[seqs[j].slot];
+                earlier += u->n_blocks > 0 && u->blocks[u->n_blocks - 1] == last &&
+                           rows_to_add(b, seqs[j].slot, seqs[j].pos, seqs[j].n_tokens) > 0;
+            }
+            if (r > 1 && earlier == r - 1) n--;
+        }
+        need += n;
     }
     if (need > kv_pool_available(&pg->pool))
         return kv_fail(err, KV_ERR_CAPACITY, "paged cache: the step needs %lld blocks but the "

@@ -522,6 +522,46 @@ static void check_exhaustion(const kv_model *m)
     free(ref);
 }
 
+/* Sharers of one partly filled last block appending in the same step: only the first copies
+ * it, so a pool with one free block must accept the step (and keep both equal to solo runs'
+ * reference: the contiguous backend fed the same tokens). */
+static void check_shared_step(const kv_model *m)
+{
+    kv_err e;
+    const int V = m->config.vocab_size;
+    kv_cache_spec cs = kv_cache_spec_default(2, 64), ps = paged(cs, 8, 0);
+    ps.n_blocks = 3; /* 12 tokens take 2 blocks, 1 left: one copy-on-write, no more */
+    kv_backend *b, *r;
+    if (kv_backend_cpu(&b, m, &ps, &e) || kv_backend_cpu(&r, m, &cs, &e)) {
+        KV_CHECK(0, "shared step: %s", e.msg);
+        return;
+    }
+    float *got = malloc((size_t)2 * V * sizeof(float)), *ref = malloc((size_t)2 * V * sizeof(float));
+    kv_seq a = {0, 0, 12, TOK[0]};
+    int rc = b->forward(b, &a, 1, got, NULL, &e);
+    if (!rc) rc = kv_paged_fork(b, 1, 0, &e);
+    kv_seq a1 = {1, 0, 12, TOK[0]};
+    if (!rc) rc = r->forward(r, &a, 1, ref, NULL, &e);
+    if (!rc) rc = r->forward(r, &a1, 1, ref, NULL, &e);
+    KV_CHECK(rc == KV_OK, "shared step setup: %s", rc ? e.msg : "");
+    KV_CHECK(kv_paged_available(b) == 1, "after the fork %d blocks free, expected 1",
+             kv_paged_available(b));
+    kv_seq both[2] = {{0, 12, 1, TOK[0] + 12}, {1, 12, 1, TOK[1] + 12}};
+    rc = b->forward(b, both, 2, got, NULL, &e);
+    KV_CHECK(rc == KV_OK, "both sharers appending in one step with one free block: %s",
+             rc ? e.msg : "");
+    if (!rc) rc = r->forward(r, both, 2, ref, NULL, &e);
+    KV_CHECK(rc == KV_OK && !memcmp(got, ref, (size_t)2 * V * sizeof(float)),
+             "shared step: logits differ from contiguous");
+    KV_CHECK(b->paged->n_cow == 1, "shared step: %lld copies, expected 1",
+             (long long)b->paged->n_cow);
+    check_released(b, "shared step");
+    kv_backend_destroy(b);
+    kv_backend_destroy(r);
+    free(got);
+    free(ref);
+}
+
 /* ---- bad input ------------------------------------------------------------------------------ */
 
 static void check_bad_input(const kv_model *m)
@@ -664,6 +704,7 @@ int main(void)
     check_prefix(&models[1][0], "fp8-e5m2", 8);
     check_prefix(&models[1][1], "int4/w32", 32);
     check_exhaustion(&models[0][0]);
+    check_shared_step(&models[0][0]);
     check_bad_input(&models[0][0]);
     for (int n = 0; n < 2; n++)
         for (int w = 0; w < 2; w++) kv_model_free(&models[n][w]);

@@ -140,7 +140,9 @@ int kv_stream_study(FILE *f, int csv, const kv_model *m, const kv_cache_spec *wi
         full.capacity = (int)full_tokens;
         if (full.layout == KV_LAYOUT_PAGED)
             full.n_blocks = (int)((full_tokens + full.block_size - 1) / full.block_size);
-        rc = stream_one(f, csv, "full", m, &full, full_tokens, every, &sf, err);
+        /* at least 8 reports over the (shorter) full run, to show its slope */
+        const long full_every = every < full_tokens / 8 || full_tokens < 8 ? every : full_tokens / 8;
+        rc = stream_one(f, csv, "full", m, &full, full_tokens, full_every, &sf, err);
     }
     if (rc || csv) return rc;
     fprintf(f, "\nwindow: KV held %s at the first report and %s at the last (%ld tokens); "
