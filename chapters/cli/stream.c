@@ -124,12 +124,13 @@ int kv_stream_study(FILE *f, int csv, const kv_model *m, const kv_cache_spec *wi
     else
         fprintf(f, "stream on a %d-layer model (dim %d, H %d, H_kv %d, vocab %d), greedy, one token "
                 "per step, cache %s%s\nwindow: W = %d recent + S = %d sink tokens, positions by %s "
-                "(%s); full: every token kept\n\n%-10s %10s %8s %12s %14s %12s\n",
+                "(%s)%s\n\n%-10s %10s %8s %12s %14s %12s\n",
                 m->config.n_layers, m->config.dim, m->config.n_heads, m->config.n_kv_heads,
                 m->config.vocab_size, kv_dtype_name(win->dtype),
                 win->layout == KV_LAYOUT_PAGED ? ", paged" : "", W, S,
                 win->pos_scheme == KV_POS_CACHE ? "cache index" : "original position",
-                win->pos_scheme == KV_POS_CACHE ? "StreamingLLM" : "Mistral", "run", "tokens",
+                win->pos_scheme == KV_POS_CACHE ? "StreamingLLM" : "Mistral",
+                full_tokens > 0 ? "; full: every token kept" : "", "run", "tokens",
                 "rows", "KV held", "RSS growth", "tokens/s");
     stream_summary sw, sf;
     memset(&sf, 0, sizeof sf);
