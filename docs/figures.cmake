@@ -132,6 +132,27 @@ plot f every ::1 using 2:(\$4/1024) with steps lw 2 title 'contiguous Max', \\
      '' every ::1 using 2:(\$3/1024) with lines dt 2 lw 2 title 'tokens held'
 ")
 
+# ---- chapter 05: the pool over time while serving a trace ------------------------------------
+message(STATUS "figures: kvlab serve, 100 ShareGPT-like requests at once, paged and max (about 20 s)")
+foreach(pol paged max)
+  kv_run(${KVLAB} serve --trace ${SRC}/datasets/traces/sharegpt.csv --burst --blocks 512
+    --block-size 16 --max-requests 100 --policy ${pol} --timeline ${OUT}/ch05-serve-${pol}.csv)
+endforeach()
+kv_plot(ch05-pool-over-time "
+set title 'Chapter 05: a pool of 512 blocks of 16 tokens serving 100 ShareGPT-like requests (tiny model)'
+set xlabel 'step'
+set ylabel 'blocks'
+set y2label 'requests running'
+set y2tics
+set key right top
+p = '${OUT}/ch05-serve-paged.csv'
+m = '${OUT}/ch05-serve-max.csv'
+plot p every ::1 using 1:3 with steps lw 2 title 'paged: blocks used', \\
+     p every ::1 using 1:7 axes x1y2 with steps lw 1 title 'paged: requests running', \\
+     m every ::1 using 1:5 with steps lw 2 title 'max: blocks reserved', \\
+     m every ::1 using 1:7 axes x1y2 with steps lw 1 title 'max: requests running'
+")
+
 # ---- needle heatmap: kvlab writes the SVG itself ---------------------------------------------
 message(STATUS "figures: kvlab needle --spec datasets/needle/fast.needle (about 10 s)")
 kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/fast.needle

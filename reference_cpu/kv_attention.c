@@ -191,6 +191,18 @@ typedef struct {
     int rotary_dim;
 } retained;
 
+/* Row t of a view for reading: an fp32 row in the cache itself (no copy: a paged fp32 cache
+ * reads its rows where their blocks are, at the speed of the contiguous one), any other row
+ * dequantized into @p row. @p direct NULL forces the copy (the row is rotated in place after). */
+static inline const float *row_ref(const kv_head_view *h, int64_t t, const float *direct,
+                                   float *row)
+{
+    if (direct && h->fmt == KV_QF_F32 && t < h->q)
+        return (const float *)(const void *)h->codes + kv_view_row(h, t) * h->d;
+    kv_attn_row(h, t, row);
+    return row;
+}
+
 /* attend_head() over any cache (chapters 04-06): the same three passes, with each K and V
  * row dequantized as it is read (kv_attn_row(): kv_quant_math.h's per-element decode, the
  * code the CUDA kernels inline, or the KIVI fp32 window for the newest rows). The query
@@ -209,9 +221,9 @@ static void attend_head_view(const float *qh, const kv_head_view *kh, const kv_h
     kv_window_walk k; /* position i of the list and its row, in order */
     kv_window_walk_start(&k, w->window, w->n_sinks, w->t);
     for (int64_t i = 0; i < len; i++, kv_window_walk_next(&k)) {
-        kv_attn_row(kh, k.row, row);
+        const float *kr = row_ref(kh, k.row, w->rope_cs ? NULL : row, row);
         if (w->rope_cs) rotate_row(row, w->rope_cs, i, w->rotary_dim);
-        att[i] = kv_dot(qh, row, d) * scale;
+        att[i] = kv_dot(qh, kr, d) * scale;
         if (att[i] > max) max = att[i];
     }
     float sum = 0.0f;
@@ -223,8 +235,8 @@ static void attend_head_view(const float *qh, const kv_head_view *kh, const kv_h
     kv_window_walk_start(&k, w->window, w->n_sinks, w->t);
     for (int64_t i = 0; i < len; i++, kv_window_walk_next(&k)) {
         const float wt = att[i];
-        kv_attn_row(vh, k.row, row);
-        for (int j = 0; j < d; j++) oh[j] += wt * row[j];
+        const float *vr = row_ref(vh, k.row, row, row);
+        for (int j = 0; j < d; j++) oh[j] += wt * vr[j];
     }
     const float inv = 1.0f / sum;
     for (int i = 0; i < d; i++) oh[i] *= inv;

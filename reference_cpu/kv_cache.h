@@ -188,12 +188,16 @@ typedef struct {
     float scale;          /* fp8 scale of this head */
     const int *blocks;    /* paged: the slot's table [max_blocks]; NULL = contiguous */
     int block_size;       /* paged: B */
+    int block_shift;      /* paged: log2 B when B is a power of two, else -1 */
 } kv_head_view;
 
 /** Where row t of a view is stored: t itself (contiguous), or its physical row (paged). */
 static inline KV_HD int64_t kv_view_row(const kv_head_view *h, int64_t t)
 {
     if (!h->blocks) return t;
+    if (h->block_shift >= 0) /* a shift and a mask: a division per row costs as much as a dot */
+        return ((int64_t)h->blocks[t >> h->block_shift] << h->block_shift) |
+               (t & (h->block_size - 1));
     return (int64_t)h->blocks[t / h->block_size] * h->block_size + t % h->block_size;
 }
 
@@ -224,6 +228,7 @@ static inline KV_HD kv_head_view kv_cache_plane_view(const kv_cache_plane *p, in
     h.scale = p->scale ? p->scale[head] : 1.0f;
     h.blocks = NULL;
     h.block_size = 0;
+    h.block_shift = -1;
     return h;
 }
 
@@ -242,6 +247,9 @@ static inline KV_HD kv_head_view kv_cache_plane_view_paged(const kv_cache_plane 
     h.scale = p->scale ? p->scale[head] : 1.0f;
     h.blocks = blocks;
     h.block_size = block_size;
+    h.block_shift = -1;
+    for (int sh = 0; sh < 31; sh++)
+        if (block_size == (1 << sh)) h.block_shift = sh;
     return h;
 }
 

@@ -95,6 +95,8 @@ static void set_free(paged_set *ps)
 }
 
 /* Build every layout on @p gpu's device and write k, v [N][H_kv][d] into each. */
+static int table_in_order; /* --table in-order: block i of the sequence is pool block i */
+
 static int set_build(paged_set *ps, int gpu, const kv_config *cfg, int N, int dtype,
                      const float *k, const float *v, const float *q, kv_rng *r, kv_err *err)
 {
@@ -126,7 +128,11 @@ static int set_build(paged_set *ps, int gpu, const kv_config *cfg, int N, int dt
     for (int L = 0; L < PAGED_LAYOUTS && !st; L++) {
         if (!layout_ok(L, dtype)) continue;
         const kv_cache_spec s = layout_spec(L, N, dtype);
-        if (s.layout == KV_LAYOUT_PAGED) shuffled(table, s.n_blocks, r);
+        if (s.layout == KV_LAYOUT_PAGED) {
+            shuffled(table, s.n_blocks, r);
+            if (table_in_order)
+                for (int i = 0; i < s.n_blocks; i++) table[i] = i;
+        }
         if (!gpu) {
             st = kv_cache_create(&ps->c[L], cfg, &s, err);
             ps->n_layouts = L + 1;
@@ -204,8 +210,11 @@ static int parse_lengths(const char *s, int *out, int *n)
     return *n > 0 ? 0 : -1;
 }
 
+static const char *const table_orders[] = {"shuffled", "in-order", NULL};
+
 int cmd_bench_paged(int argc, char **argv)
 {
+    const char *table_order = "shuffled";
     const char *cmd = "kvlab bench paged";
     const char *device = "cpu", *lengths_s = "1024,4096,16384", *dtype_s = "fp32";
     int H = 32, Hkv = 8, d = 128, repeats = 7, csv = 0;
@@ -218,6 +227,7 @@ int cmd_bench_paged(int argc, char **argv)
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "timed rounds over every layout, after one warm-up (default 7)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cpu, or cuda: kernel v2 per layout, and v3 beside it (default cpu)", 0},
         {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows", 0},
+        {"--table", KV_OPT_CHOICE, &table_order, 0, 0, table_orders, "T", "shuffled (default: blocks scattered over the pool, as after a long run) or in-order (block i at pool block i: the lookup alone, memory read in order)", 0},
     };
     int r = kv_args_parse(cmd,
                           "Decode attention of one token (H heads over N cached positions, one layer)\n"
@@ -233,6 +243,7 @@ int cmd_bench_paged(int argc, char **argv)
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    table_in_order = strcmp(table_order, "in-order") == 0;
     int lengths[PAGED_MAX_LENGTHS], n_lengths = 0;
     if (parse_lengths(lengths_s, lengths, &n_lengths))
         return kv_args_bad(cmd, "--lengths", "'%s': give 1 to %d comma-separated whole numbers "

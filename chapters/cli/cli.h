@@ -144,7 +144,7 @@ int kv_demo_ch02(const kv_demo_ctx *ctx, kv_err *err); /* 02-kv-cache/demo.c */
 int kv_demo_ch03(const kv_demo_ctx *ctx, kv_err *err); /* 03-mqa-gqa/demo.c */
 int kv_demo_ch04(const kv_demo_ctx *ctx, kv_err *err); /* 04-quantization/demo.c */
 int kv_demo_ch05(const kv_demo_ctx *ctx, kv_err *err); /* 05-paged/demo.c */
-int kv_demo_ch06(const kv_demo_ctx *ctx, kv_err *err); /* cli/stream.c */
+int kv_demo_ch06(const kv_demo_ctx *ctx, kv_err *err); /* 06-sliding-window/demo.c */
 
 /**
  * KV-cache formats side by side (chapter 04's demo, kvlab bench quant): per format bytes per

@@ -19,7 +19,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "kv_needle.h"
 #include "kv_quant.h"
 #include "kv_sampler.h"
 #include "kv_window.h"
@@ -217,90 +216,4 @@ int cmd_stream(int argc, char **argv)
     st = kv_stream_study(stdout, csv, &m, &spec, tokens, full_tokens, every, &err);
     kv_model_free(&m);
     return st ? kv_cli_fail(cmd, "stream", st, &err) : KV_EXIT_OK;
-}
-
-/* ---- chapter 06's demo (kvlab tour --chapter 6) ---------------------------------------- */
-
-/* Needles through windows on the induction recall model: one in the sink region, one beyond
- * the window, one inside it; the prediction (kept iff distance <= W or the value token is a
- * sink) printed beside what was measured. Returns -1 when a prediction fails. */
-static int demo_needles(FILE *f, int csv, kv_err *err)
-{
-    enum { LEN = 600, W = 128 };
-    static const int depths[] = {0, 50, 100};
-    static const struct { const char *name; int window, sinks, scheme; } vs[] = {
-        {"full cache", 0, 0, KV_POS_ORIGINAL},
-        {"window, original positions", W, 0, KV_POS_ORIGINAL},
-        {"window + 4 sinks, original", W, 4, KV_POS_ORIGINAL},
-        {"window + 4 sinks, cache pos", W, 4, KV_POS_CACHE},
-    };
-    kv_recall_opts o;
-    kv_recall_opts_default(&o, KV_MODEL_RECALL_INDUCTION);
-    kv_model m;
-    int rc = kv_recall_build(&m, &o, err);
-    if (rc) return rc;
-    int tokens[LEN];
-    kv_needle_item items[3];
-    kv_needle_result res[3];
-    rc = kv_needle_build(KV_MODEL_RECALL_INDUCTION, LEN, depths, 3, 61, tokens, items, err);
-    if (csv) fprintf(f, "cache,needle_pos,distance,predicted,measured,margin\n");
-    else
-        fprintf(f, "\nneedles on the induction recall model (a constructed model: kept iff the fact's "
-                "value token\nis still cached), %d-token haystack, W = %d, fp16:\n\n%-28s %6s %9s "
-                "%10s %10s %8s\n", LEN, W, "cache", "needle", "distance", "predicted", "measured",
-                "margin");
-    int wrong = 0;
-    for (int v = 0; v < 4 && !rc; v++) {
-        kv_cache_spec sp = kv_cache_spec_default(1, LEN + 6);
-        sp.dtype = KV_QF_F16;
-        sp.window = vs[v].window;
-        sp.n_sinks = vs[v].sinks;
-        sp.pos_scheme = vs[v].scheme;
-        kv_backend *b = NULL;
-        rc = kv_backend_cpu(&b, &m, &sp, err);
-        if (!rc) rc = kv_needle_run(b, 0, KV_MODEL_RECALL_INDUCTION, tokens, LEN, items, 3, 0, res,
-                                    NULL, NULL, 0, 0, err);
-        for (int i = 0; i < 3 && !rc; i++) {
-            const int kept = vs[v].window == 0 ||
-                             kv_window_visible(vs[v].window, vs[v].sinks,
-                                               res[i].position + res[i].distance,
-                                               res[i].position + 1);
-            wrong += kept != res[i].pass;
-            if (csv)
-                fprintf(f, "%s,%d,%ld,%s,%s,%.3f\n", vs[v].name, res[i].position,
-                        res[i].distance, kept ? "kept" : "lost", res[i].pass ? "kept" : "lost",
-                        res[i].margin);
-            else
-                fprintf(f, "%-28s %6d %9ld %10s %10s %8.3f\n", vs[v].name, res[i].position,
-                        res[i].distance, kept ? "kept" : "lost", res[i].pass ? "kept" : "lost",
-                        res[i].margin);
-        }
-        kv_backend_destroy(b);
-    }
-    kv_model_free(&m);
-    if (!rc && wrong)
-        return kv_fail(err, -1, "%d needle(s) did not come out as predicted", wrong);
-    return rc;
-}
-
-int kv_demo_ch06(const kv_demo_ctx *ctx, kv_err *err)
-{
-    if (strcmp(ctx->device, "cpu"))
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "the sliding-window cache runs on the CPU only "
-                       "so far (the CUDA cache refuses a windowed spec)");
-    kv_model m;
-    int rc = kv_cli_default_model(&m, "tiny", err);
-    if (rc) return rc;
-    kv_cache_spec spec = kv_cache_spec_default(1, 1 << 20);
-    spec.dtype = KV_QF_F16;
-    spec.window = 128;
-    spec.n_sinks = KV_WINDOW_DEFAULT_SINKS;
-    spec.pos_scheme = KV_POS_CACHE;
-    rc = kv_stream_study(ctx->out, ctx->csv, &m, &spec, 12000, 3000, 1500, err);
-    kv_model_free(&m);
-    if (!rc) rc = demo_needles(ctx->out, ctx->csv, err);
-    if (!rc && !ctx->csv)
-        fprintf(ctx->out, "\nlonger: kvlab stream (1M tokens by default); kvlab calc --preset "
-                "mistral-7b (the window in the memory formula)\n");
-    return rc;
 }
