@@ -51,6 +51,14 @@
  * Chapter 05: on a paged cache the views are kv_cache_plane_view_paged(): a position's row is
  *   found through the slot's block table (a device copy), once per row a thread reads, and the
  *   math is unchanged, so paged and contiguous caches holding the same rows give the same bits.
+ * Chapter 06 (sliding window + sinks, reference_cpu/kv_window.h): every version's index p runs
+ *   over the n = kv_window_count() positions the query retains, in position order (the sinks,
+ *   then the window), and reads logical row kv_window_row() of the i-th (pass 1 computes it
+ *   per strided index, pass 3 walks the list with kv_window_walk). The scores, the partitions
+ *   of v3 and the reductions see exactly the list the CPU's attend_head_view() sees, so the
+ *   scratch stride is the cache's span, S+W, not its capacity. Under KV_POS_CACHE the keys
+ *   are stored before RoPE; key_ld() rotates each by its index p with the CPU cache's cos/sin
+ *   table and rotate_row()'s unfused arithmetic: the rotated rows are the CPU's, bit for bit.
  *
  * kvcu_attn_decode() is the plain-array twin of kv_attn_decode() and runs v2;
  * kvcu_attn_decode_version() picks the version (the tests hold each against the CPU, the
@@ -75,6 +83,9 @@ typedef struct {
     int rows;              /* rows per head of a plane: capacity, or N·B pool rows */
     const int *tables;     /* paged: device [n_slots][max_blocks]; NULL: contiguous */
     int max_blocks, block_size;
+    int keep_w, keep_s;    /* chapter 06: retention W and S; 0, 0 keeps every position */
+    const float *rope_cs;  /* KV_POS_CACHE: device [S+W][rotary_dim/2][2] cos, sin, else NULL */
+    int rotary_dim;
 } attn_src;
 
 /* v2's and v3's shared memory: the packed queries [G][d], the reduction scratch [32], each
@@ -106,15 +117,59 @@ __device__ inline float kv_ld(const kv_head_view &hv, const float *f32, int64_t 
     return kvq_decode_element(hv.fmt, hv.role, hv.codes, hv.meta, r, i, hv.d, hv.scale);
 }
 
-/* A token's slot and how many positions it sees: tok_slot NULL = one token (slot0, len). */
-#define ATTN_TOKEN(t)                                               \
-    const int slot = tok_slot ? tok_slot[t] : slot0;                \
-    const int n = tok_slot ? tok_pos[t] + 1 : len /* causal: itself and everything before */
+/* Chapter 06. The logical row of the i-th position a query at t retains (kv_window_pos(),
+ * then kv_window_row()): i itself without a window. Pass 1 hands positions to threads with a
+ * stride, so it asks for any i; pass 3 walks them in order (kv_window_walk, no division). */
+__device__ inline int64_t attn_row(const attn_src &s, int64_t t, int64_t i)
+{
+    return kv_window_row(s.keep_w, s.keep_s, kv_window_pos(s.keep_w, s.keep_s, t, i));
+}
+
+/* A walk over the positions a query at t retains, started at the i0-th of them (v3's
+ * partitions start mid-list): kv_window_walk_next() then continues from there. */
+__device__ inline void attn_walk_from(kv_window_walk *k, const attn_src &s, int64_t t, int64_t i0)
+{
+    kv_window_walk_start(k, s.keep_w, s.keep_s, t);
+    if (i0 > 0) {
+        k->pos = kv_window_pos(s.keep_w, s.keep_s, t, i0);
+        k->row = kv_window_row(s.keep_w, s.keep_s, k->pos);
+    }
+}
+
+/* The cos/sin entry [rotary_dim/2][2] of cache index i under KV_POS_CACHE, else NULL. */
+__device__ inline const float *attn_rope(const attn_src &s, int64_t i)
+{
+    return s.rope_cs ? s.rope_cs + i * (s.rotary_dim / 2) * 2 : NULL;
+}
+
+/* Element i of a key, rotated by its cache index when @p cs is that index's cos/sin
+ * (KV_POS_CACHE: keys are stored before RoPE). The pair (2j, 2j+1) is rotated with
+ * kv_attention.c's rotate_row() arithmetic, every product and sum rounded on its own (no
+ * fused multiply-add, which would round once), so the rotated key has the CPU's bits. */
+__device__ inline float key_ld(const kv_head_view &kh, const float *kf, int64_t p, int64_t r,
+                               int i, const float *cs, int rotary_dim)
+{
+    if (!cs || i >= rotary_dim) return kv_ld(kh, kf, p, r, i);
+    const int j = i & ~1;
+    const float a = kv_ld(kh, kf, p, r, j), b = kv_ld(kh, kf, p, r, j + 1);
+    const float c = cs[j], s = cs[j + 1];
+    return (i & 1) ? __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c))
+                   : __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+}
+
+/* A launch's block t handles token row tr = row_of[t] (a prefill wave lists its rows) or t;
+ * tok_slot NULL = one token (slot0, query position len - 1). tpos: the query's position;
+ * n: how many positions it attends (t + 1, or min(t + 1, S+W) with a window). */
+#define ATTN_TOKEN(t)                                                                 \
+    const int tr = row_of ? row_of[t] : (t);                                          \
+    const int slot = tok_slot ? tok_slot[tr] : slot0;                                 \
+    const int64_t tpos = tok_slot ? tok_pos[tr] : (int64_t)len - 1;                   \
+    const int n = (int)kv_window_count(src.keep_w, src.keep_s, tpos)
 
 __global__ void attn_decode_kernel_v1(float *out, const float *q, attn_src src, float *scores,
-                                      const int *tok_slot, const int *tok_pos, int slot0,
-                                      int len, int n_heads, int n_kv_heads, int head_dim,
-                                      int stride)
+                                      const int *tok_slot, const int *tok_pos,
+                                      const int *row_of, int slot0, int len, int n_heads,
+                                      int n_kv_heads, int head_dim, int stride)
 {
     KV_DYNAMIC_SMEM(float, red); /* [32] block reduction scratch */
     const int h = blockIdx.x, t = blockIdx.y;
@@ -124,17 +179,20 @@ __global__ void attn_decode_kernel_v1(float *out, const float *q, attn_src src, 
     const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
     const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
     const float *vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL;
-    const float *qh = q + ((size_t)t * n_heads + h) * head_dim;   /* [d] */
+    const float *qh = q + ((size_t)tr * n_heads + h) * head_dim;  /* [d] */
     float *att = scores + ((size_t)t * n_heads + h) * stride;     /* [stride] */
-    float *oh = out + ((size_t)t * n_heads + h) * head_dim;       /* [d] */
+    float *oh = out + ((size_t)tr * n_heads + h) * head_dim;      /* [d] */
     const float scale = 1.0f / sqrtf((float)head_dim);
 
-    /* pass 1: scores and their max */
+    /* pass 1: scores and their max; p is the index in the retained list (the position
+     * itself without a window) */
     float m = -INFINITY;
     for (int p = threadIdx.x; p < n; p += blockDim.x) {
-        const int64_t r = kv_view_row(&kh, p);
+        const int64_t lr = attn_row(src, tpos, p), r = kv_view_row(&kh, lr);
+        const float *cs = attn_rope(src, p);
         float dot = 0.0f;
-        for (int i = 0; i < head_dim; i++) dot += qh[i] * kv_ld(kh, kf, p, r, i);
+        for (int i = 0; i < head_dim; i++)
+            dot += qh[i] * key_ld(kh, kf, lr, r, i, cs, src.rotary_dim);
         att[p] = dot * scale;
         m = fmaxf(m, att[p]);
     }
@@ -152,22 +210,27 @@ __global__ void attn_decode_kernel_v1(float *out, const float *q, attn_src src, 
     const float inv = 1.0f / sum;
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
         float acc = 0.0f;
-        for (int p = 0; p < n; p++) acc += att[p] * kv_ld(vh, vf, p, kv_view_row(&vh, p), i);
+        kv_window_walk w;
+        attn_walk_from(&w, src, tpos, 0);
+        for (int p = 0; p < n; p++, kv_window_walk_next(&w))
+            acc += att[p] * kv_ld(vh, vf, w.row, kv_view_row(&vh, w.row), i);
         oh[i] = acc * inv;
     }
 }
 
 /*
  * The three passes of a group's G query heads (queries qs [G][d] in shared memory) over
- * positions p0 .. p1-1: v2's body, and v3's for one partition. att: the group's scores,
- * [G][stride] indexed by position. Per head g: its max goes to mx[g], its exp-sum to l[g]
- * (shared), and the weighted values to o + g·o_stride [d], divided by the sum when
- * @p normalize (v2) and left unnormalized otherwise (v3).
+ * the retained positions p0 .. p1-1 (indices in the list a query at tpos sees): v2's body,
+ * and v3's for one partition. att: the group's scores, [G][stride] indexed by list index.
+ * Per head g: its max goes to mx[g], its exp-sum to l[g] (shared), and the weighted values
+ * to o + g·o_stride [d], divided by the sum when @p normalize (v2) and left unnormalized
+ * otherwise (v3).
  */
 __device__ void attn_group_span(const float *qs, float *red, float *mx, float *l,
-                                const kv_head_view &kh, const kv_head_view &vh, const float *kf,
-                                const float *vf, float *att, int stride, int G, int head_dim,
-                                int p0, int p1, float *o, size_t o_stride, int normalize)
+                                const attn_src &src, int64_t tpos, const kv_head_view &kh,
+                                const kv_head_view &vh, const float *kf, const float *vf,
+                                float *att, int stride, int G, int head_dim, int p0, int p1,
+                                float *o, size_t o_stride, int normalize)
 {
     const float scale = 1.0f / sqrtf((float)head_dim);
     /* pass 1: scores of every head of the group; each K row is loaded once per chunk of
@@ -175,12 +238,13 @@ __device__ void attn_group_span(const float *qs, float *red, float *mx, float *l
     for (int g0 = 0; g0 < G; g0 += ATTN_GROUP_REGS) {
         const int ng = G - g0 < ATTN_GROUP_REGS ? G - g0 : ATTN_GROUP_REGS;
         for (int p = p0 + threadIdx.x; p < p1; p += blockDim.x) {
-            const int64_t r = kv_view_row(&kh, p);
+            const int64_t lr = attn_row(src, tpos, p), r = kv_view_row(&kh, lr);
+            const float *cs = attn_rope(src, p);
             float dot[ATTN_GROUP_REGS];
             KV_UNROLL
             for (int g = 0; g < ATTN_GROUP_REGS; g++) dot[g] = 0.0f;
             for (int i = 0; i < head_dim; i++) {
-                const float ki = kv_ld(kh, kf, p, r, i);
+                const float ki = key_ld(kh, kf, lr, r, i, cs, src.rotary_dim);
                 KV_UNROLL
                 for (int g = 0; g < ATTN_GROUP_REGS; g++)
                     if (g < ng) dot[g] += qs[(size_t)(g0 + g) * head_dim + i] * ki;
@@ -211,15 +275,18 @@ __device__ void attn_group_span(const float *qs, float *red, float *mx, float *l
     }
     __syncthreads();
 
-    /* pass 3: weighted values; each V element is loaded once per chunk of heads */
+    /* pass 3: weighted values in position order; each V element is loaded once per chunk
+     * of heads */
     for (int g0 = 0; g0 < G; g0 += ATTN_GROUP_REGS) {
         const int ng = G - g0 < ATTN_GROUP_REGS ? G - g0 : ATTN_GROUP_REGS;
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
             float acc[ATTN_GROUP_REGS];
             KV_UNROLL
             for (int g = 0; g < ATTN_GROUP_REGS; g++) acc[g] = 0.0f;
-            for (int p = p0; p < p1; p++) {
-                const float vi = kv_ld(vh, vf, p, kv_view_row(&vh, p), i);
+            kv_window_walk w;
+            attn_walk_from(&w, src, tpos, p0);
+            for (int p = p0; p < p1; p++, kv_window_walk_next(&w)) {
+                const float vi = kv_ld(vh, vf, w.row, kv_view_row(&vh, w.row), i);
                 KV_UNROLL
                 for (int g = 0; g < ATTN_GROUP_REGS; g++)
                     if (g < ng) acc[g] += att[(size_t)(g0 + g) * stride + p] * vi;
@@ -244,9 +311,9 @@ __device__ inline void load_group(float *qs, const float *q, int t, int n_heads,
 
 /* Block (kvh, t) computes query heads kvh·G .. kvh·G + G - 1 over all n positions. */
 __global__ void attn_decode_kernel_v2(float *out, const float *q, attn_src src, float *scores,
-                                      const int *tok_slot, const int *tok_pos, int slot0,
-                                      int len, int n_heads, int n_kv_heads, int head_dim,
-                                      int stride)
+                                      const int *tok_slot, const int *tok_pos,
+                                      const int *row_of, int slot0, int len, int n_heads,
+                                      int n_kv_heads, int head_dim, int stride)
 {
     KV_DYNAMIC_SMEM(float, smem);
     const int kvh = blockIdx.x, t = blockIdx.y;
@@ -260,10 +327,10 @@ __global__ void attn_decode_kernel_v2(float *out, const float *q, attn_src src, 
     const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
     const float *vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL;
     float *att = scores + ((size_t)t * n_heads + h0) * stride; /* [G][stride] */
-    float *oh = out + ((size_t)t * n_heads + h0) * head_dim;   /* [G][d] */
-    load_group(qs, q, t, n_heads, h0, G, head_dim);
-    attn_group_span(qs, red, mx, l, kh, vh, kf, vf, att, stride, G, head_dim, 0, n, oh,
-                    head_dim, 1);
+    float *oh = out + ((size_t)tr * n_heads + h0) * head_dim;  /* [G][d] */
+    load_group(qs, q, tr, n_heads, h0, G, head_dim);
+    attn_group_span(qs, red, mx, l, src, tpos, kh, vh, kf, vf, att, stride, G, head_dim, 0, n,
+                    oh, head_dim, 1);
 }
 
 /* Where v3's partition results live, after the scores in the same scratch:
@@ -277,9 +344,9 @@ __global__ void attn_decode_kernel_v2(float *out, const float *q, attn_src src, 
 
 /* Block (kvh, part, t): v2's passes over partition `part` of token t, unnormalized. */
 __global__ void attn_decode_kernel_v3(const float *q, attn_src src, float *scores,
-                                      const int *tok_slot, const int *tok_pos, int slot0,
-                                      int len, int T, int n_heads, int n_kv_heads, int head_dim,
-                                      int stride, int n_parts)
+                                      const int *tok_slot, const int *tok_pos,
+                                      const int *row_of, int slot0, int len, int T, int n_heads,
+                                      int n_kv_heads, int head_dim, int stride, int n_parts)
 {
     KV_DYNAMIC_SMEM(float, smem);
     const int kvh = blockIdx.x, part = blockIdx.y, t = blockIdx.z;
@@ -298,8 +365,8 @@ __global__ void attn_decode_kernel_v3(const float *q, attn_src src, float *score
     const float *vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL;
     float *att = scores + ((size_t)t * n_heads + h0) * stride;              /* [G][stride] */
     const size_t ph = ((size_t)t * n_heads + h0) * n_parts + part;          /* head h0's entry */
-    load_group(qs, q, t, n_heads, h0, G, head_dim);
-    attn_group_span(qs, red, mx, l, kh, vh, kf, vf, att, stride, G, head_dim, p0, p1,
+    load_group(qs, q, tr, n_heads, h0, G, head_dim);
+    attn_group_span(qs, red, mx, l, src, tpos, kh, vh, kf, vf, att, stride, G, head_dim, p0, p1,
                     po + ph * head_dim, (size_t)n_parts * head_dim, 0);
     for (int g = threadIdx.x; g < G; g += blockDim.x) {
         pm[ph + (size_t)g * n_parts] = mx[g];
@@ -310,12 +377,13 @@ __global__ void attn_decode_kernel_v3(const float *q, attn_src src, float *score
 /* Block (h, t): token t's query head h from its ceil(n / 512) partitions,
  * out = sum_j o_j e^(m_j - M) / sum_j l_j e^(m_j - M), M = max_j m_j. The first partition
  * starts the sums (no 0 + x), so one partition gives o_0 · (1 / l_0): v2's bits. */
-__global__ void attn_combine_kernel(float *out, float *scores, const int *tok_slot,
-                                    const int *tok_pos, int len, int T, int n_heads,
-                                    int head_dim, int stride, int n_parts)
+__global__ void attn_combine_kernel(float *out, float *scores, attn_src src, const int *tok_slot,
+                                    const int *tok_pos, const int *row_of, int len, int T,
+                                    int n_heads, int head_dim, int stride, int n_parts)
 {
-    const int h = blockIdx.x, t = blockIdx.y;
-    const int n = tok_slot ? tok_pos[t] + 1 : len;
+    const int h = blockIdx.x, t = blockIdx.y, slot0 = 0;
+    ATTN_TOKEN(t);
+    (void)slot;
     const int np = (n + ATTN_PARTITION - 1) / ATTN_PARTITION;
     V3_PARTS(scores, T, n_heads, head_dim, stride, n_parts);
     const size_t ph = ((size_t)t * n_heads + h) * n_parts; /* [n_parts] of this head */
@@ -327,7 +395,7 @@ __global__ void attn_combine_kernel(float *out, float *scores, const int *tok_sl
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
         float acc = po[ph * head_dim + i] * expf(pm[ph] - M);
         for (int j = 1; j < np; j++) acc += po[(ph + j) * head_dim + i] * expf(pm[ph + j] - M);
-        out[((size_t)t * n_heads + h) * head_dim + i] = acc * inv;
+        out[((size_t)tr * n_heads + h) * head_dim + i] = acc * inv;
     }
 }
 
@@ -362,27 +430,29 @@ size_t kvcu_attn_decode_scratch(int version, int n_heads, int head_dim, int max_
  * would not fit) over T tokens whose longest sees max_len positions. stride: positions per
  * head of the scores scratch (>= max_len); v3's partition results follow them. */
 static void launch(int version, float *out, const float *q, const attn_src &src, float *scores,
-                   const int *tok_slot, const int *tok_pos, int slot0, int len, int max_len,
-                   int T, int n_heads, int n_kv_heads, int head_dim, int stride)
+                   const int *tok_slot, const int *tok_pos, const int *row_of, int slot0,
+                   int len, int max_len, int T, int n_heads, int n_kv_heads, int head_dim,
+                   int stride)
 {
     const size_t smem = group_smem(n_heads / n_kv_heads, head_dim);
     if (version == 3 && smem <= ATTN_SMEM_MAX) {
         const int n_parts = n_partitions(stride);
         dim3 grid(n_kv_heads, n_partitions(max_len), T);
         KV_LAUNCH(attn_decode_kernel_v3, grid, ATTN_THREADS, smem, 0, q, src, scores, tok_slot,
-                  tok_pos, slot0, len, T, n_heads, n_kv_heads, head_dim, stride, n_parts);
+                  tok_pos, row_of, slot0, len, T, n_heads, n_kv_heads, head_dim, stride,
+                  n_parts);
         dim3 grid2(n_heads, T);
-        KV_LAUNCH(attn_combine_kernel, grid2, ATTN_THREADS, 0, 0, out, scores, tok_slot, tok_pos,
-                  len, T, n_heads, head_dim, stride, n_parts);
+        KV_LAUNCH(attn_combine_kernel, grid2, ATTN_THREADS, 0, 0, out, scores, src, tok_slot,
+                  tok_pos, row_of, len, T, n_heads, head_dim, stride, n_parts);
     } else if (version >= 2 && smem <= ATTN_SMEM_MAX) {
         dim3 grid(n_kv_heads, T);
         KV_LAUNCH(attn_decode_kernel_v2, grid, ATTN_THREADS, smem, 0, out, q, src, scores,
-                  tok_slot, tok_pos, slot0, len, n_heads, n_kv_heads, head_dim, stride);
+                  tok_slot, tok_pos, row_of, slot0, len, n_heads, n_kv_heads, head_dim, stride);
     } else {
         dim3 grid(n_heads, T);
         KV_LAUNCH(attn_decode_kernel_v1, grid, ATTN_THREADS, KV_WARP * sizeof(float), 0, out,
-                  q, src, scores, tok_slot, tok_pos, slot0, len, n_heads, n_kv_heads, head_dim,
-                  stride);
+                  q, src, scores, tok_slot, tok_pos, row_of, slot0, len, n_heads, n_kv_heads,
+                  head_dim, stride);
     }
 }
 
@@ -415,6 +485,10 @@ static attn_src cache_src(const kvcu_cache *c, int layer)
     s.tables = c->d_tables;
     s.max_blocks = c->max_blocks;
     s.block_size = c->spec.block_size;
+    s.keep_w = c->spec.window;
+    s.keep_s = c->spec.n_sinks;
+    s.rope_cs = c->d_rope_cs;
+    s.rotary_dim = c->rotary_dim;
     return s;
 }
 
@@ -436,8 +510,8 @@ int kvcu_attn_decode_version(int version, const float *q, const float *k, const 
                                          sizeof(float)), err);
         scores = own;
     }
-    launch(version, out, q, f32_src(k, v, head_dim, max_seq), scores, NULL, NULL, 0, len, len, 1,
-           n_heads, n_kv_heads, head_dim, max_seq);
+    launch(version, out, q, f32_src(k, v, head_dim, max_seq), scores, NULL, NULL, NULL, 0, len,
+           len, 1, n_heads, n_kv_heads, head_dim, max_seq);
     cudaError_t e = cudaGetLastError();
     cudaError_t f = own ? cudaFree(own) : cudaSuccess; /* cudaFree waits for the kernel */
     KV_CUDA_TRY(e, err);
@@ -453,16 +527,16 @@ int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out,
 }
 
 int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const int *tok_pos,
-                   const float *q, float *out, float *scores, int T, int n_heads, int max_len,
-                   kv_err *err)
+                   const int *row_of, const float *q, float *out, float *scores, int T,
+                   int n_heads, int max_len, kv_err *err)
 {
     int st = check_heads("kvcu_attention", n_heads, c->n_kv_heads, c->head_dim, err);
     if (st) return st;
     if (T == 0) return KV_OK;
     /* one partition: v2; longer rows: v3, whose one-partition rows equal v2's bits */
     const int version = max_len > ATTN_PARTITION ? 3 : 2;
-    launch(version, out, q, cache_src(c, layer), scores, tok_slot, tok_pos, 0, 0, max_len, T,
-           n_heads, c->n_kv_heads, c->head_dim, c->spec.capacity);
+    launch(version, out, q, cache_src(c, layer), scores, tok_slot, tok_pos, row_of, 0, 0,
+           max_len, T, n_heads, c->n_kv_heads, c->head_dim, c->span);
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
 }
@@ -478,21 +552,24 @@ int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, in
     if (version < 0 || version > 3)
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_attention: version %d (0 = the engine's "
                        "choice, 1, 2, 3)", version);
-    if (c->tables && (int64_t)pos >= (int64_t)c->n_mapped[slot] * c->spec.block_size)
+    /* the rows the query reads: positions 0 .. pos, or with a window min(pos + 1, S+W) */
+    const int n = (int)kv_window_count(c->spec.window, c->spec.n_sinks, pos);
+    if (c->tables && (int64_t)kv_window_rows(c->spec.window, c->spec.n_sinks, (int64_t)pos + 1) >
+                         (int64_t)c->n_mapped[slot] * c->spec.block_size)
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_attention: position %d of slot %d is past "
                        "its %d mapped blocks", pos, slot, c->n_mapped[slot]);
     int st = check_heads("kvcu_cache_attention", n_heads, c->n_kv_heads, c->head_dim, err);
     if (st) return st;
-    if (version == 0) version = pos + 1 > ATTN_PARTITION ? 3 : 2;
+    if (version == 0) version = n > ATTN_PARTITION ? 3 : 2;
     float *own = NULL; /* kvcu_attn_decode_scratch() floats, when the caller gave none */
     if (!scratch) {
         KV_CUDA_TRY(cudaMalloc(&own, kvcu_attn_decode_scratch(version, n_heads, c->head_dim,
-                                                              c->spec.capacity) * sizeof(float)),
+                                                              c->span) * sizeof(float)),
                     err);
         scratch = own;
     }
-    launch(version, out, q, cache_src(c, layer), scratch, NULL, NULL, slot, pos + 1, pos + 1, 1,
-           n_heads, c->n_kv_heads, c->head_dim, c->spec.capacity);
+    launch(version, out, q, cache_src(c, layer), scratch, NULL, NULL, NULL, slot, pos + 1, n, 1,
+           n_heads, c->n_kv_heads, c->head_dim, c->span);
     cudaError_t e = cudaGetLastError();
     cudaError_t f = own ? cudaFree(own) : cudaSuccess; /* cudaFree waits for the kernel */
     KV_CUDA_TRY(e, err);

@@ -27,6 +27,14 @@
  * row, are decided there. A spill encodes one run per block it touches (32 | B, so a group
  * never straddles two blocks), exactly the groups kv_cache_write_seq() encodes.
  * The table operations (set_blocks, fork, copy-on-write copies) are in paged.cu.
+ *
+ * Chapter 06, retention (spec.window W > 0, kv_window.h): a slot owns S+W rows (contiguous)
+ * or ceil((S+W)/B) blocks (paged), and position p is written to its logical row
+ * kv_window_row(p) (a sink's own row, or the ring), which the layout then maps as above. The
+ * write kernel is otherwise unchanged: a per-token row carries its own scales, so overwriting
+ * a ring row overwrites everything that belonged to it. Under KV_POS_CACHE the keys arrive
+ * before RoPE (kvcu_forward skips their rotation, as kv_forward does) and attention rotates
+ * them by cache index with d_rope_cs, the CPU cache's table built by the same host lines.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -44,6 +52,29 @@
 #define KVCU_CACHE_MAX_SLOTS 65536
 #define KVCU_CACHE_MAX_CAPACITY (1 << 24)
 
+/* The KV_POS_CACHE rotation table, [S+W][rotary_dim/2][2] cos, sin of every cache index:
+ * kv_cache_create()'s lines (kv_rope()'s expression, in double, rounded once to float), run
+ * on the host with the same libm, so a key the GPU rotates at attention time has the CPU's
+ * bits. *out is malloc'ed; returns 1 when the host is out of memory. */
+static int rope_table(const kv_config *cfg, const kv_cache_spec *spec, float **out,
+                      size_t *bytes)
+{
+    const int64_t keep = kv_window_keep(spec->window, spec->n_sinks), P = cfg->rotary_dim / 2;
+    *bytes = (size_t)(keep * P * 2 > 0 ? keep * P * 2 : 1) * sizeof(float);
+    float *cs = (float *)malloc(*bytes);
+    if (!cs) return 1;
+    for (int64_t p = 0; p < keep; p++)
+        for (int64_t i = 0; i < P; i++) {
+            const double freq = pow((double)cfg->rope_theta,
+                                    -(double)(2 * i) / (double)cfg->rotary_dim);
+            const double angle = (double)p * freq;
+            cs[(p * P + i) * 2] = (float)cos(angle);
+            cs[(p * P + i) * 2 + 1] = (float)sin(angle);
+        }
+    *out = cs;
+    return 0;
+}
+
 /**
  * Allocate a device cache for a model config; the twin of kv_cache_create().
  * Unsupported spec -> KV_ERR_UNSUPPORTED; device out of memory -> KV_ERR_NOMEM.
@@ -52,11 +83,13 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
                       kv_err *err)
 {
     *out = NULL;
-    int st = kv_cache_spec_check("kvcu_cache_create", cfg, spec, err);
+    int st = kv_cache_spec_check_caps("kvcu_cache_create", cfg, spec, KV_CACHE_CAN_WINDOW, err);
     if (st) return st;
     const int paged = spec->layout == KV_LAYOUT_PAGED;
     const int L = cfg->n_layers, d = kv_config_head_dim(cfg);
-    const int rows = paged ? spec->n_blocks * spec->block_size : spec->capacity;
+    /* a window keeps S+W rows per slot however many positions the capacity allows */
+    const int span = (int)kv_window_rows(spec->window, spec->n_sinks, spec->capacity);
+    const int rows = paged ? spec->n_blocks * spec->block_size : span;
     /* elements of K (and of V) as fp32, checked for overflow; a paged pool's rows belong to
      * no slot, so its heads are the H_kv of one pool */
     const size_t factors[5] = {(size_t)L, paged ? (size_t)1 : (size_t)spec->n_slots,
@@ -75,8 +108,9 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
         c->vp = (kv_cache_plane *)calloc((size_t)L, sizeof(kv_cache_plane));
         c->qlen = (int *)calloc((size_t)L * spec->n_slots, sizeof(int));
         c->rows = rows;
+        c->span = span;
         if (paged) {
-            c->max_blocks = (spec->capacity + spec->block_size - 1) / spec->block_size;
+            c->max_blocks = (span + spec->block_size - 1) / spec->block_size;
             c->tables = (int *)calloc((size_t)spec->n_slots * c->max_blocks, sizeof(int));
             c->n_mapped = (int *)calloc((size_t)spec->n_slots, sizeof(int));
             c->seg_mark = (int *)calloc(2 * (size_t)spec->n_blocks, sizeof(int));
@@ -139,11 +173,25 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
         e = cudaMemcpy(c->d_planes + L, c->vp, (size_t)L * sizeof(kv_cache_plane), cudaMemcpyHostToDevice);
     if (paged && e == cudaSuccess)
         e = cudaMemcpy(c->d_fmt, c->fmt, (size_t)L * sizeof(int), cudaMemcpyHostToDevice);
+    c->rotary_dim = cfg->rotary_dim;
+    if (e == cudaSuccess && spec->window > 0 && spec->pos_scheme == KV_POS_CACHE) {
+        float *cs = NULL;
+        size_t cs_bytes = 0;
+        if (rope_table(cfg, spec, &cs, &cs_bytes)) {
+            kvcu_cache_free(c);
+            return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_create: RoPE table of %d positions",
+                           spec->n_sinks + spec->window);
+        }
+        e = cudaMalloc(&c->d_rope_cs, cs_bytes);
+        if (e == cudaSuccess) e = cudaMemcpy(c->d_rope_cs, cs, cs_bytes, cudaMemcpyHostToDevice);
+        free(cs);
+    }
     if (e != cudaSuccess) {
         kvcu_cache_free(c);
-        return kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_create: %s", cudaGetErrorString(e));
+        return kv_fail(err, e == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE,
+                       "kvcu_cache_create: %s", cudaGetErrorString(e));
     }
-    if (all_f32 && !paged) { /* chapter 02's arrays exist only in the contiguous layout */
+    if (all_f32 && !paged && spec->window == 0) { /* chapter 02's arrays: contiguous, no ring */
         c->k = (float *)(void *)c->kp[0].codes;
         c->v = (float *)(void *)c->vp[0].codes;
     }
@@ -162,6 +210,7 @@ void kvcu_cache_free(kvcu_cache *c)
     cudaFree(c->d_planes);
     cudaFree(c->d_fmt);
     cudaFree(c->d_pairs);
+    cudaFree(c->d_rope_cs);
     free(c->tables);
     free(c->n_mapped);
     free(c->seg_mark);
@@ -211,11 +260,13 @@ int kvcu_cache_download(const kvcu_cache *c, void *host, size_t bytes, kv_err *e
 /* Block (t, h, r): row h of token t's keys (r = 0) or values (r = 1) into its plane. */
 /* Paged caches: tables [n_slots][max_blocks] (device) place the token, codes and metadata
  * are head h of the pool; contiguous: tables NULL, head (slot, h) of rows = capacity rows. */
+/* Retention (chapter 06): position pos goes to logical row kv_window_row(keep_w, keep_s,
+ * pos), the identity without a window (keep_w 0). */
 __global__ void cache_write_kernel(int fmt, kv_cache_plane kp, kv_cache_plane vp,
                                    const float *k, const float *v, const int *tok_slot,
                                    const int *tok_pos, const int *qlen, int n_kv_heads, int d,
                                    int rows, int window, const int *tables, int max_blocks,
-                                   int block_size)
+                                   int block_size, int keep_w, int keep_s)
 {
     const int t = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
     const int slot = tok_slot[t], pos = tok_pos[t];
@@ -223,7 +274,8 @@ __global__ void cache_write_kernel(int fmt, kv_cache_plane kp, kv_cache_plane vp
     const float *x = (r ? v : k) + ((size_t)t * n_kv_heads + h) * d; /* [d] */
     const int64_t head = (int64_t)slot * n_kv_heads + h;      /* scales and windows */
     const int64_t rhead = tables ? h : head;                  /* codes and metadata */
-    const int64_t prow = kvcu_slot_row(tables, max_blocks, block_size, slot, pos);
+    const int64_t lrow = kv_window_row(keep_w, keep_s, pos);  /* retention: the ring row */
+    const int64_t prow = kvcu_slot_row(tables, max_blocks, block_size, slot, lrow);
     if (kvq_is_kivi(fmt)) {
         if (pos < qlen[slot]) return; /* spilled before this launch, from the input rows */
         float *ring = p->ring + (head * window + pos % window) * d;
@@ -380,7 +432,8 @@ int kvcu_cache_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_seqs,
     dim3 grid(T, Hkv, 2);
     KV_LAUNCH(cache_write_kernel, grid, CACHE_THREADS, 0, 0, fmt, *kp, *vp, k, v, tok_slot,
               tok_pos, c->d_qlen + (size_t)layer * c->spec.n_slots, Hkv, d, c->rows,
-              R > 0 ? R : 1, c->d_tables, c->max_blocks, c->spec.block_size);
+              R > 0 ? R : 1, c->d_tables, c->max_blocks, c->spec.block_size, c->spec.window,
+              c->spec.n_sinks);
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
 }
@@ -393,8 +446,7 @@ int kvcu_cache_write_seq(kvcu_cache *c, int layer, int slot, int pos, int n, con
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_seq: slot %d, pos %d, n %d", slot, pos, n);
     kv_seq s = {slot, pos, n, NULL};
     if (c->tables) { /* a paged slot writes only into the blocks its table maps */
-        int rc = kv_paged_batch_check("kvcu_cache_write_seq", c->n_mapped, c->spec.block_size,
-                                      &s, 1, err);
+        int rc = kvcu_paged_rows_check("kvcu_cache_write_seq", c, &s, 1, err);
         if (rc) return rc;
     }
     int *h = (int *)malloc(2 * (size_t)n * sizeof(int)), *dv = NULL;

@@ -5,8 +5,19 @@
  * attn_decode.cu. What stays on the host is bookkeeping: the batch checks, the slot lengths,
  * the work counters (kv_counters_add_step from reference_cpu, one formula for both devices).
  *
- * Per step the host uploads one small array (token ids, slots, positions, last rows) and
- * downloads the logits; weights, cache and activations never leave the device.
+ * Per step the host uploads one small array (token ids, slots, positions, query positions,
+ * last rows, the wave list) and downloads the logits; weights, cache and activations never
+ * leave the device.
+ *
+ * Chapter 06 (a sliding-window cache, kv_window.h), exactly as kv_forward: the query is
+ * rotated at its q_pos (its position, or under KV_POS_CACHE its index in the cache), keys
+ * under KV_POS_CACHE are cached before RoPE, and a step is written and attended in waves:
+ * each wave writes, per sequence, only the rows kv_window_chunk() allows before any of them
+ * attends (the rows up to S+W at once, then one token per sequence per wave), so no ring row
+ * is overwritten before the queries that read it ran. Without a window, or when every
+ * sequence fits one wave (decode, a prefill inside S+W), a step is one wave: one write launch
+ * and one attention launch per layer, as before. The waves depend only on the batch, so the
+ * host lists them once per step, not per layer.
  *
  * Also here: the device queries, C wrappers of cudaMalloc/cudaMemcpy for C callers, and the
  * kv_backend that runs kvcu_forward(); on a paged spec it pages exactly as the CPU backend
@@ -54,8 +65,10 @@ struct kvcu_state {
     kvcu_buf logits; /* [n_seqs][vocab] */
     kvcu_buf scores; /* [rows][H][capacity] attention scores of a chunk of rows, then v3's
                       * partition results (kvcu_attention_scratch()) */
-    kvcu_buf ints;   /* [3T + n_seqs] tokens | slots | positions | last rows */
-    int *host_ints;  /* host staging of ints */
+    kvcu_buf ints;   /* [5T + n_seqs] tokens | slots | positions | query positions | last
+                      * rows | the rows of the step listed wave by wave */
+    int *host_ints;  /* host staging of ints, then host-only wave bookkeeping:
+                      * [11T + 2 n_seqs + 2] (kvcu_forward) */
     size_t host_ints_n;
 };
 
@@ -233,12 +246,12 @@ static int state_reserve(kvcu_state *s, const kv_config *c, int T, int n_seqs, i
                    kvcu_attention_scratch(rows, c->n_heads, kv_config_head_dim(c), capacity) * f,
                    err)))
         return rc;
-    const size_t n_ints = 3 * t + (size_t)n_seqs;
+    const size_t n_ints = 5 * t + (size_t)n_seqs, n_host = 11 * t + 2 * (size_t)n_seqs + 2;
     if ((rc = grow(&s->ints, n_ints * sizeof(int), err))) return rc;
-    if (n_ints > s->host_ints_n) {
+    if (n_host > s->host_ints_n) {
         free(s->host_ints);
-        s->host_ints = (int *)malloc(n_ints * sizeof(int));
-        s->host_ints_n = s->host_ints ? n_ints : 0;
+        s->host_ints = (int *)malloc(n_host * sizeof(int));
+        s->host_ints_n = s->host_ints ? n_host : 0;
         if (!s->host_ints) return kv_fail(err, KV_ERR_NOMEM, "kvcu_forward: host memory");
     }
     return KV_OK;
@@ -263,42 +276,71 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
     int T = 0;
     KVCU_TRY(kv_batch_check("kvcu_forward", p, &c->spec, c->n_layers, c->n_kv_heads, c->head_dim,
                             c->len, seqs, n_seqs, &T, err));
-    if (c->tables) /* paged: every position written must fall in the slot's mapped blocks */
-        KVCU_TRY(kv_paged_batch_check("kvcu_forward", c->n_mapped, c->spec.block_size, seqs,
-                                      n_seqs, err));
+    if (c->tables) /* paged: every row written must fall in the slot's mapped blocks */
+        KVCU_TRY(kvcu_paged_rows_check("kvcu_forward", c, seqs, n_seqs, err));
 
-    const int dim = p->dim, H = p->n_heads, d = kv_config_head_dim(p), cap = c->spec.capacity;
+    const int dim = p->dim, H = p->n_heads, d = kv_config_head_dim(p), span = c->span;
     const int qdim = H * d, kvdim = kv_config_kv_dim(p), hidden = p->hidden_dim;
     const float eps = p->norm_eps;
+    const int W = c->spec.window, S = c->spec.n_sinks;
+    const int keys_at_cache_pos = W > 0 && c->spec.pos_scheme == KV_POS_CACHE;
     /* attention rows per launch: all of them, unless their scores would pass KVCU_SCORES_MAX
      * (or the rows would pass the grid's 65535 limit in y) */
-    const size_t per_row = kvcu_attention_scratch(1, H, d, cap);
+    const size_t per_row = kvcu_attention_scratch(1, H, d, span);
     size_t rows_fit = KVCU_SCORES_MAX / per_row;
     if (rows_fit < 1) rows_fit = 1;
     if (rows_fit > KVCU_ATTN_MAX_ROWS) rows_fit = KVCU_ATTN_MAX_ROWS;
     const int rows = (size_t)T <= rows_fit ? T : (int)rows_fit;
-    KVCU_TRY(state_reserve(s, p, T, n_seqs, rows, cap, err));
+    KVCU_TRY(state_reserve(s, p, T, n_seqs, rows, span, err));
     float *x = (float *)s->x.p, *xb = (float *)s->xb.p, *xb2 = (float *)s->xb2.p;
     float *q = (float *)s->q.p, *k = (float *)s->k.p, *v = (float *)s->v.p;
     float *hb = (float *)s->hb.p, *hb2 = (float *)s->hb2.p, *xlast = (float *)s->xlast.p;
 
-    /* flatten on the host: row t is token j of sequence i, at position pos + j of its slot;
-     * last[i] is the row of sequence i's last token. One upload carries all four. */
-    int *tok = s->host_ints, *slot = tok + T, *pos = slot + T, *last = pos + T;
-    int max_len = 0; /* the longest row's span: picks the attention kernel (attn_decode.cu) */
+    /* flatten on the host: row t is token j of sequence i, at position pos + j of its slot,
+     * its query rotated at q_pos; last[i] is the row of sequence i's last token. */
+    int *tok = s->host_ints, *slot = tok + T, *pos = slot + T, *q_pos = pos + T;
+    int *last = q_pos + T, *wave_rows = last + n_seqs;      /* uploaded: [5T + n_seqs] */
+    int *wave_start = wave_rows + T, *chunk_start = wave_start + T + 1; /* [n_waves + 1] */
+    int *chunks = chunk_start + T + 1, *done = chunks + 4 * (size_t)T;
+    int max_len = 0; /* the most positions a row attends: picks the attention kernel */
     for (int i = 0, t = 0; i < n_seqs; i++) {
-        if (seqs[i].pos + seqs[i].n_tokens > max_len) max_len = seqs[i].pos + seqs[i].n_tokens;
+        const int span_i = (int)kv_window_count(W, S, seqs[i].pos + seqs[i].n_tokens - 1);
+        if (span_i > max_len) max_len = span_i;
         for (int j = 0; j < seqs[i].n_tokens; j++, t++) {
             tok[t] = seqs[i].tokens[j];
             slot[t] = seqs[i].slot;
             pos[t] = seqs[i].pos + j;
+            q_pos[t] = (int)kv_window_query_pos(W, S, c->spec.pos_scheme, seqs[i].pos + j);
         }
         last[i] = t - 1;
     }
-    KV_CUDA_TRY(cudaMemcpy(s->ints.p, tok, (3 * (size_t)T + n_seqs) * sizeof(int),
+    /* the waves (kv_forward.c): wave w lists its rows wave_rows[wave_start[w] ..] and its
+     * per-sequence chunks chunks[4 c ..] = {slot, first position, tokens, first row} for
+     * c in chunk_start[w] .. chunk_start[w+1]-1 */
+    int n_waves = 0, n_chunks = 0, n_listed = 0;
+    for (int i = 0; i < n_seqs; i++) done[i] = 0;
+    for (;;) {
+        wave_start[n_waves] = n_listed;
+        chunk_start[n_waves] = n_chunks;
+        for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
+            const int left = seqs[i].n_tokens - done[i], p0 = seqs[i].pos + done[i];
+            if (left == 0) continue;
+            const int n = kv_window_chunk(W, S, p0, left), t0 = t + done[i];
+            int *ch = chunks + 4 * (size_t)n_chunks++;
+            ch[0] = seqs[i].slot;
+            ch[1] = p0;
+            ch[2] = n;
+            ch[3] = t0;
+            for (int j = 0; j < n; j++) wave_rows[n_listed++] = t0 + j;
+            done[i] += n;
+        }
+        if (n_listed == wave_start[n_waves]) break;
+        n_waves++;
+    }
+    KV_CUDA_TRY(cudaMemcpy(s->ints.p, tok, (5 * (size_t)T + n_seqs) * sizeof(int),
                            cudaMemcpyHostToDevice), err);
     const int *d_tok = (const int *)s->ints.p, *d_slot = d_tok + T, *d_pos = d_slot + T;
-    const int *d_last = d_pos + T;
+    const int *d_qpos = d_pos + T, *d_last = d_qpos + T, *d_wave = d_last + n_seqs;
 
     KVCU_TRY(kvcu_embed(x, w->token_embedding, d_tok, T, dim, err));
     for (int l = 0; l < p->n_layers; l++) {
@@ -307,15 +349,34 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
         KVCU_TRY(kvcu_matmul(q, xb, w->wq + (size_t)l * qdim * dim, T, dim, qdim, err));
         KVCU_TRY(kvcu_matmul(k, xb, w->wk + (size_t)l * kvdim * dim, T, dim, kvdim, err));
         KVCU_TRY(kvcu_matmul(v, xb, w->wv + (size_t)l * kvdim * dim, T, dim, kvdim, err));
-        KVCU_TRY(kvcu_rope(q, d_pos, T, H, d, p->rotary_dim, p->rope_theta, err));
-        KVCU_TRY(kvcu_rope(k, d_pos, T, p->n_kv_heads, d, p->rotary_dim, p->rope_theta, err));
-        /* every row's K/V first, so a prefill row can attend to the rows before it */
-        KVCU_TRY(kvcu_cache_write(c, l, seqs, n_seqs, d_slot, d_pos, k, v, T, err));
-        for (int r0 = 0; r0 < T; r0 += rows) {
-            const int nr = T - r0 < rows ? T - r0 : rows;
-            KVCU_TRY(kvcu_attention(c, l, d_slot + r0, d_pos + r0, q + (size_t)r0 * qdim,
-                                    xb + (size_t)r0 * qdim, (float *)s->scores.p, nr, H,
-                                    max_len, err));
+        KVCU_TRY(kvcu_rope(q, d_qpos, T, H, d, p->rotary_dim, p->rope_theta, err));
+        if (!keys_at_cache_pos) /* KV_POS_CACHE: attention rotates keys by cache index */
+            KVCU_TRY(kvcu_rope(k, d_pos, T, p->n_kv_heads, d, p->rotary_dim, p->rope_theta, err));
+        /* every row's K/V of a wave first, so a prefill row can attend to the rows before it */
+        if (n_waves == 1) { /* the whole step: one write, rows in order */
+            KVCU_TRY(kvcu_cache_write(c, l, seqs, n_seqs, d_slot, d_pos, k, v, T, err));
+            for (int r0 = 0; r0 < T; r0 += rows) {
+                const int nr = T - r0 < rows ? T - r0 : rows;
+                KVCU_TRY(kvcu_attention(c, l, d_slot + r0, d_pos + r0, NULL,
+                                        q + (size_t)r0 * qdim, xb + (size_t)r0 * qdim,
+                                        (float *)s->scores.p, nr, H, max_len, err));
+            }
+        } else {
+            for (int wv = 0; wv < n_waves; wv++) {
+                for (int ci = chunk_start[wv]; ci < chunk_start[wv + 1]; ci++) {
+                    const int *ch = chunks + 4 * (size_t)ci, t0 = ch[3];
+                    const kv_seq one = {ch[0], ch[1], ch[2], NULL};
+                    KVCU_TRY(kvcu_cache_write(c, l, &one, 1, d_slot + t0, d_pos + t0,
+                                              k + (size_t)t0 * kvdim, v + (size_t)t0 * kvdim,
+                                              ch[2], err));
+                }
+                const int w0 = wave_start[wv], nw = wave_start[wv + 1] - w0;
+                for (int r0 = 0; r0 < nw; r0 += rows) {
+                    const int nr = nw - r0 < rows ? nw - r0 : rows;
+                    KVCU_TRY(kvcu_attention(c, l, d_slot, d_pos, d_wave + w0 + r0, q, xb,
+                                            (float *)s->scores.p, nr, H, max_len, err));
+                }
+            }
         }
         KVCU_TRY(kvcu_matmul(xb2, xb, w->wo + (size_t)l * dim * qdim, T, qdim, dim, err));
         KVCU_TRY(kvcu_add(x, xb2, (int64_t)T * dim, err));

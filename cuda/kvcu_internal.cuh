@@ -21,8 +21,9 @@ struct kvcu_cache {
     kv_cache_spec spec;
     int n_layers, n_kv_heads, head_dim;
     int window;          /* KIVI window R (0 when no layer is KIVI) */
-    float *k;            /* device, all-fp32 caches: [L][n_slots][H_kv][capacity][d], else NULL */
-    float *v;            /* device, all-fp32 caches: [L][n_slots][H_kv][capacity][d], else NULL */
+    float *k;            /* device, all-fp32 contiguous caches without a window:
+                          * [L][n_slots][H_kv][capacity][d], else NULL */
+    float *v;            /* device, same shape as k, else NULL */
     int *len;            /* host [n_slots] tokens currently stored per slot */
     int *fmt;            /* host [L] storage format of each layer */
     kv_cache_plane *kp;  /* host [L], device pointers: K planes */
@@ -36,8 +37,10 @@ struct kvcu_cache {
     /* chapter 05, paged layout (spec.layout KV_LAYOUT_PAGED); contiguous: rows = capacity,
      * the rest 0 / NULL. The tables live twice: the host copy answers the batch checks and
      * places KIVI spills, the device copy is what the write and attention kernels read. */
-    int rows;            /* rows per head of a plane: capacity, or N·B pool rows */
-    int max_blocks;      /* table entries per slot: ceil(capacity / B) */
+    int rows;            /* rows per head of a plane: span (contiguous), or N·B pool rows */
+    int span;            /* rows one slot ever holds, the most positions a query attends:
+                          * capacity, or min(capacity, S+W) with a window (chapter 06) */
+    int max_blocks;      /* table entries per slot: ceil(span / B) */
     int *tables;         /* host [n_slots][max_blocks] physical block of each logical block */
     int *n_mapped;       /* host [n_slots] entries set */
     int *d_tables;       /* device mirror of tables */
@@ -46,10 +49,15 @@ struct kvcu_cache {
     kv_block_copy *d_pairs;   /* device scratch of a copy list */
     int pairs_cap;
     int *seg_mark;       /* host [n_blocks] scratch of kvcu_cache_copy_blocks() */
+    /* chapter 06, KV_POS_CACHE: keys are stored before RoPE and rotated at attention time by
+     * their cache index, with the CPU cache's table (kv_cache.h rope_cs), bit for bit */
+    int rotary_dim;      /* the model's rotary dims */
+    float *d_rope_cs;    /* device [S+W][rotary_dim/2][2] cos, sin per cache index, else NULL */
 };
 
-/* Where position t of @p slot is stored: t itself in a contiguous cache (tables NULL), else
- * the physical row tables[slot][t / B]·B + t % B of the pool (kv_view_row()'s rule). */
+/* Where logical row t of @p slot is stored: t itself in a contiguous cache (tables NULL), else
+ * the physical row tables[slot][t / B]·B + t % B of the pool (kv_view_row()'s rule). A
+ * windowed cache first maps a position to its logical row (kv_window_row()). */
 __device__ inline int64_t kvcu_slot_row(const int *tables, int max_blocks, int block_size,
                                         int slot, int64_t t)
 {
@@ -58,11 +66,34 @@ __device__ inline int64_t kvcu_slot_row(const int *tables, int max_blocks, int b
            t % block_size;
 }
 
+/* A paged step writes only into the blocks each slot's table maps: kv_paged_batch_check()
+ * without a window; with one the slot's rows, min(pos + n, S+W), must be mapped (kv_forward.c's
+ * rule: the table stops growing once the ring is mapped). Host-side, before anything moves. */
+static inline int kvcu_paged_rows_check(const char *who, const kvcu_cache *c, const kv_seq *seqs,
+                                        int n_seqs, kv_err *err)
+{
+    if (c->spec.window == 0)
+        return kv_paged_batch_check(who, c->n_mapped, c->spec.block_size, seqs, n_seqs, err);
+    for (int i = 0; i < n_seqs; i++) {
+        const int64_t rows = kv_window_rows(c->spec.window, c->spec.n_sinks,
+                                            (int64_t)seqs[i].pos + seqs[i].n_tokens);
+        const int64_t mapped = (int64_t)c->n_mapped[seqs[i].slot] * c->spec.block_size;
+        if (rows > mapped)
+            return kv_fail(err, KV_ERR_CAPACITY, "%s: sequence %d: its window needs %lld rows "
+                           "but slot %d has %d blocks (%lld rows) mapped", who, i,
+                           (long long)rows, seqs[i].slot, c->n_mapped[seqs[i].slot],
+                           (long long)mapped);
+    }
+    return KV_OK;
+}
+
 /**
  * Store the K and V rows of T tokens of one layer: token t goes to position tok_pos[t] of
  * slot tok_slot[t] (twin of kv_cache_write_seq() once per sequence), quantizing into the
  * layer's format; @p seqs (host) are the step's sequences, whose rows are consecutive in
- * k / v, for the per-sequence work (fp8 calibration at position 0, KIVI spills).
+ * k / v, for the per-sequence work (fp8 calibration at position 0, KIVI spills). A windowed
+ * cache stores position p in its ring row kv_window_row(p); under KV_POS_CACHE k is the key
+ * before RoPE (the caller skips it), as on the CPU.
  * k, v [T][H_kv][d] device; tok_slot, tok_pos [T] device.
  */
 int kvcu_cache_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_seqs,
@@ -71,20 +102,24 @@ int kvcu_cache_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_seqs,
 
 /**
  * Attention of T query tokens over one layer of the cache (twin of calling kv_attention()
- * once per token): token t reads positions 0 .. tok_pos[t] of slot tok_slot[t], dequantizing
- * K and V inside the loops (kv_cache_elem()).
- * q, out [T][H][d] device; tok_slot, tok_pos [T] device;
- * scores: device scratch of kvcu_attention_scratch(T, ...) floats. max_len: the largest
- * tok_pos[t] + 1 (host), which picks the kernel: v2 when it fits one 512-position
- * partition, else v3 (cuda/attn_decode.cu says why).
+ * once per token): token row r = row_of[t] (or t when row_of is NULL) reads the positions
+ * its query at tok_pos[r] retains of slot tok_slot[r] (0 .. tok_pos[r] without a window;
+ * the sinks and the window in position order with one, kv_window_walk), dequantizing K and
+ * V inside the loops (kv_cache_elem()) and, under KV_POS_CACHE, rotating each key by its
+ * index in that list. q, out are indexed by r: a prefill wave (kv_forward.c) attends only
+ * the rows it lists.
+ * q, out [rows][H][d] device; tok_slot, tok_pos [rows] device; row_of [T] device or NULL;
+ * scores: device scratch of kvcu_attention_scratch(T, ...) floats. max_len: the most
+ * positions a row of the launch attends (host), which picks the kernel: v2 when it fits one
+ * 512-position partition, else v3 (cuda/attn_decode.cu says why).
  */
 int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const int *tok_pos,
-                   const float *q, float *out, float *scores, int T, int n_heads, int max_len,
-                   kv_err *err);
+                   const int *row_of, const float *q, float *out, float *scores, int T,
+                   int n_heads, int max_len, kv_err *err);
 
-/** Floats of the scores scratch kvcu_attention() needs for T rows over a cache of
- * @p capacity positions: the scores [T][H][capacity] and v3's partition results
- * [T][H][ceil(capacity / 512)][d + 2]. */
+/** Floats of the scores scratch kvcu_attention() needs for T rows over a cache whose queries
+ * attend at most @p capacity positions (the cache's span): the scores [T][H][capacity] and
+ * v3's partition results [T][H][ceil(capacity / 512)][d + 2]. */
 size_t kvcu_attention_scratch(int T, int n_heads, int head_dim, int capacity);
 
 /* ---- reductions ------------------------------------------------------------------------

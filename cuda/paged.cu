@@ -7,7 +7,9 @@
  * A slot's table lives on the host (the batch checks and KIVI's spill placement read it
  * there) and on the device (the kernels read it); kvcu_cache_set_blocks() writes both, so
  * they never disagree. fork and set_length touch only per-sequence state: lengths and KIVI
- * counts on the host, fp8 scales and KIVI windows copied device to device.
+ * counts on the host, fp8 scales and KIVI windows copied device to device. A sliding-window
+ * slot (chapter 06) maps only its S+W rows and rewrites them in place, so it can neither be
+ * forked nor adopt a prefix: both are refused with the CPU's words.
  *
  * copy_blocks_kernel: one block per (pair, layer and K/V, kv head) copies the B rows of codes
  *   and the block's metadata entries, 16 bytes per thread when the addresses allow. A step's
@@ -38,7 +40,8 @@ int kvcu_cache_set_blocks(kvcu_cache *c, int slot, const int *blocks, int n, kv_
     if (n < 0 || n > c->max_blocks || (n > 0 && !blocks))
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_set_blocks: %d blocks for slot %d (max %d)",
                        n, slot, c->max_blocks);
-    if ((int64_t)n * c->spec.block_size < c->len[slot])
+    if ((int64_t)n * c->spec.block_size <
+        kv_window_rows(c->spec.window, c->spec.n_sinks, c->len[slot]))
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_set_blocks: %d blocks cannot hold the %d "
                        "tokens slot %d caches", n, c->len[slot], slot);
     for (int i = 0; i < n; i++)
@@ -59,6 +62,9 @@ int kvcu_cache_fork_slot(kvcu_cache *c, int dst, int src, kv_err *err)
     int rc = paged_slot(c, "kvcu_cache_fork_slot", dst, err);
     if (!rc) rc = paged_slot(c, "kvcu_cache_fork_slot", src, err);
     if (rc || dst == src) return rc;
+    if (c->spec.window > 0) /* the ring would overwrite rows the other sequence still reads */
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_fork_slot: a sliding-window "
+                       "sequence cannot share its blocks (its ring rewrites them in place)");
     const size_t Hkv = (size_t)c->n_kv_heads, d = (size_t)c->head_dim, ns = (size_t)c->spec.n_slots;
     c->len[dst] = c->len[src];
     for (int l = 0; l < c->n_layers; l++) {
@@ -84,6 +90,9 @@ int kvcu_cache_set_length(kvcu_cache *c, int slot, int len, kv_err *err)
 {
     int rc = paged_slot(c, "kvcu_cache_set_length", slot, err);
     if (rc) return rc;
+    if (c->spec.window > 0)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_set_length: a sliding-window cache "
+                       "cannot adopt another sequence's blocks (its ring rewrites them)");
     for (int l = 0; l < c->n_layers; l++)
         if (kvq_is_fp8(c->fmt[l]) || kvq_is_kivi(c->fmt[l]))
             return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_set_length: layer %d stores %s, "
