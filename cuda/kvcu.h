@@ -87,7 +87,8 @@ typedef struct kvcu_state kvcu_state; /* device scratch buffers of the forward p
 int kvcu_model_upload(kvcu_model **out, const kv_model *m, kv_err *err);
 /** Free a device model (NULL is fine). */
 void kvcu_model_free(kvcu_model *m);
-/** kv_cache_create() on the device: same spec, same layout and byte offsets. */
+/** kv_cache_create() on the device: same spec, same layout and byte offsets; sliding windows
+ * and sinks (chapter 06, both position schemes) on both layouts, refused as the CPU refuses. */
 int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spec *spec,
                       kv_err *err);
 /** Free a device cache (NULL is fine). */
@@ -120,11 +121,15 @@ int kvcu_quant_encode(int fmt, int role, const float *x, int64_t n, int d, float
 /**
  * GPU twin of kv_cache_write_seq(): n tokens' k, v [n][H_kv][d] (device) at positions
  * pos .. pos+n-1 of @p slot in @p layer, quantized into the layer's format with the CPU's
- * bytes. The slot's length is the caller's, as on the CPU.
+ * bytes. The slot's length is the caller's, as on the CPU. A windowed cache puts position p
+ * in its ring row (kv_window_row()); the rows of one call are written at once, so a chunk
+ * past the first S+W positions must not exceed W tokens (kv_window_chunk() chunks do not).
  */
 int kvcu_cache_write_seq(kvcu_cache *c, int layer, int slot, int pos, int n, const float *k,
                          const float *v, kv_err *err);
-/** GPU twin of kv_attention(): q, out [H][d] device; positions 0..pos of @p slot. */
+/** GPU twin of kv_attention(): q, out [H][d] device; positions 0..pos of @p slot, or with a
+ * window the ones the query at pos retains (sinks, then the window; keys rotated by cache
+ * index under KV_POS_CACHE). */
 int kvcu_cache_attention(const kvcu_cache *c, int layer, int slot, int pos, const float *q,
                          float *out, int n_heads, kv_err *err);
 /**

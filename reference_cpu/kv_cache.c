@@ -7,7 +7,10 @@
  * Each (layer, slot, KV head) owns one [capacity][row_bytes] run of codes, so attention over
  * a sequence streams one contiguous run of memory per head whatever the format. The price,
  * which chapter 05 removes, is that every slot reserves capacity tokens whether it uses them
- * or not. All planes live in one allocation, laid out layer after layer, K then V. */
+ * or not. All planes live in one allocation, laid out layer after layer, K then V.
+ *
+ * The paged layout (chapter 05) is laid out and written here too; its block operations
+ * (block tables, fork, adopting blocks, copy-on-write) are in kv_cache_paged.c. */
 #include "kv_cache.h"
 #include "kv_quant.h"
 
@@ -467,118 +470,4 @@ int kv_cache_write_seq(kv_cache *c, int layer, int slot, int pos, int n, const f
 void kv_cache_write(kv_cache *c, int layer, int slot, int pos, const float *k, const float *v)
 {
     kv_cache_write_seq(c, layer, slot, pos, 1, k, v, NULL);
-}
-
-/* ---- chapter 05: the paged layout's operations ---------------------------------------- */
-
-static int paged_slot(const kv_cache *c, const char *who, int slot, kv_err *err)
-{
-    if (!c || !c->tables)
-        return kv_fail(err, KV_ERR_ARG, "%s: the cache is not paged", who);
-    if (slot < 0 || slot >= c->spec.n_slots)
-        return kv_fail(err, KV_ERR_ARG, "%s: slot %d is outside [0, %d)", who, slot,
-                       c->spec.n_slots);
-    return KV_OK;
-}
-
-int kv_cache_set_blocks(kv_cache *c, int slot, const int *blocks, int n, kv_err *err)
-{
-    int rc = paged_slot(c, "kv_cache_set_blocks", slot, err);
-    if (rc) return rc;
-    if (n < 0 || n > c->max_blocks || (n > 0 && !blocks))
-        return kv_fail(err, KV_ERR_ARG, "kv_cache_set_blocks: %d blocks for slot %d (max %d)",
-                       n, slot, c->max_blocks);
-    if ((int64_t)n * c->spec.block_size <
-        kv_window_rows(c->spec.window, c->spec.n_sinks, c->len[slot]))
-        return kv_fail(err, KV_ERR_ARG, "kv_cache_set_blocks: %d blocks cannot hold the %d "
-                       "tokens slot %d caches", n, c->len[slot], slot);
-    for (int i = 0; i < n; i++)
-        if (blocks[i] < 0 || blocks[i] >= c->spec.n_blocks)
-            return kv_fail(err, KV_ERR_ARG, "kv_cache_set_blocks: slot %d entry %d is block "
-                           "%d, outside the pool [0, %d)", slot, i, blocks[i], c->spec.n_blocks);
-    memcpy(c->tables + (size_t)slot * c->max_blocks, blocks, (size_t)n * sizeof(int));
-    c->n_mapped[slot] = n;
-    return KV_OK;
-}
-
-int kv_cache_fork_slot(kv_cache *c, int dst, int src, kv_err *err)
-{
-    int rc = paged_slot(c, "kv_cache_fork_slot", dst, err);
-    if (!rc) rc = paged_slot(c, "kv_cache_fork_slot", src, err);
-    if (rc || dst == src) return rc;
-    if (c->spec.window > 0) /* the ring would overwrite rows the other sequence still reads */
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_fork_slot: a sliding-window "
-                       "sequence cannot share its blocks (its ring rewrites them in place)");
-    const int64_t Hkv = c->n_kv_heads, d = c->head_dim;
-    c->len[dst] = c->len[src];
-    for (int l = 0; l < c->n_layers; l++) {
-        const size_t ns = (size_t)c->spec.n_slots;
-        c->qlen[l * ns + dst] = c->qlen[l * ns + src];
-        for (int role = 0; role < 2; role++) {
-            kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
-            if (p->scale) memcpy(p->scale + dst * Hkv, p->scale + src * Hkv, Hkv * sizeof(float));
-            if (p->ring)
-                memcpy(p->ring + dst * Hkv * c->window * d, p->ring + src * Hkv * c->window * d,
-                       (size_t)(Hkv * c->window * d) * sizeof(float));
-        }
-    }
-    return KV_OK;
-}
-
-int kv_cache_set_length(kv_cache *c, int slot, int len, kv_err *err)
-{
-    int rc = paged_slot(c, "kv_cache_set_length", slot, err);
-    if (rc) return rc;
-    if (c->spec.window > 0)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_set_length: a sliding-window cache "
-                       "cannot adopt another sequence's blocks (its ring rewrites them)");
-    for (int l = 0; l < c->n_layers; l++)
-        if (kvq_is_fp8(c->fmt[l]) || kvq_is_kivi(c->fmt[l]))
-            return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_set_length: layer %d stores %s, "
-                           "whose scales or window belong to the sequence that wrote the rows: "
-                           "its blocks cannot be adopted by another sequence", l,
-                           kv_quant_name(c->fmt[l]));
-    if (c->len[slot] != 0)
-        return kv_fail(err, KV_ERR_ARG, "kv_cache_set_length: slot %d already holds %d tokens",
-                       slot, c->len[slot]);
-    if (len < 0 || (int64_t)len > (int64_t)c->n_mapped[slot] * c->spec.block_size)
-        return kv_fail(err, KV_ERR_ARG, "kv_cache_set_length: %d tokens but slot %d maps %d "
-                       "blocks of %d", len, slot, c->n_mapped[slot], c->spec.block_size);
-    c->len[slot] = len;
-    return KV_OK;
-}
-
-int kv_cache_copy_blocks(kv_cache *c, const kv_block_copy *pairs, int n, kv_err *err)
-{
-    if (!c || !c->tables)
-        return kv_fail(err, KV_ERR_ARG, "kv_cache_copy_blocks: the cache is not paged");
-    const int B = c->spec.block_size, d = c->head_dim;
-    for (int i = 0; i < n; i++)
-        if (pairs[i].src < 0 || pairs[i].src >= c->spec.n_blocks || pairs[i].dst < 0 ||
-            pairs[i].dst >= c->spec.n_blocks)
-            return kv_fail(err, KV_ERR_ARG, "kv_cache_copy_blocks: pair %d (%d -> %d) is "
-                           "outside the pool [0, %d)", i, pairs[i].src, pairs[i].dst,
-                           c->spec.n_blocks);
-    for (int i = 0; i < n; i++) {
-        const int64_t s0 = (int64_t)pairs[i].src * B, d0 = (int64_t)pairs[i].dst * B;
-        for (int l = 0; l < c->n_layers; l++)
-            for (int role = 0; role < 2; role++) {
-                kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
-                const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY, f = c->fmt[l];
-                /* a block's metadata entries are contiguous too: meta index is linear in the
-                 * row (per token) or in the 32-row group (KIVI keys), and 32 | B there */
-                const int64_t m0 = kvq_meta_index(f, r, s0, 0, d), m1 = kvq_meta_index(f, r, d0, 0, d);
-                const int64_t mn = kvq_meta_index(f, r, s0 + B, 0, d) - m0;
-                for (int h = 0; h < c->n_kv_heads; h++) {
-                    uint8_t *codes = p->codes + (int64_t)h * c->rows * p->row_bytes;
-                    memcpy(codes + d0 * p->row_bytes, codes + s0 * p->row_bytes,
-                           (size_t)(B * p->row_bytes));
-                    if (p->meta && mn > 0) {
-                        uint8_t *meta = (uint8_t *)p->meta + (int64_t)h * p->meta_entries * 4;
-                        memcpy(meta + m1 * 4, meta + m0 * 4, (size_t)mn * 4);
-                    }
-                }
-            }
-    }
-    return KV_OK;
 }
