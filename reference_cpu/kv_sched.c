@@ -4,9 +4,10 @@
  * metrics.
  *
  * Read kv_request.h and kv_request.c first: a runner is one request's state machine, and
- * this file only decides when it runs. Then this file in the order of a step: the run's
- * bookkeeping (finish, fail, preempt), plan, admission, execute, measure; run_list ties them
- * into the loop, and the public entry points close the file. */
+ * this file only decides when it runs. Then this file: after the policies' names and the
+ * defaults, the parts of a step in the order they run (a runner leaving: finish, fail,
+ * preempt; plan; admission; execute; measure); run_list ties them into the loop, and the
+ * public entry points close the file. */
 #include "kv_request.h"
 
 #include <stdio.h>
