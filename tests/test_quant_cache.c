@@ -4,6 +4,8 @@
  *  - every format: rows written through kv_cache_write_seq() read back (kv_cache_elem())
  *    within the format's element bound δ, derived from its step (below), and the cache's
  *    planes hold exactly the bytes kv_quant_encode() gives the same rows;
+ *  - the attention's row decoder (kv_attn_row(), table lookups) equals kv_cache_elem() bit for
+ *    bit, over every fp16 / bf16 / fp8 code and every binary16 KIVI scale and zero;
  *  - attention over the quantized cache within a bound derived from δ of the attention over
  *    the fp32 cache (derivation at attn_bound());
  *  - KIVI: the window holds the newest tokens exactly, spills whole 32-token blocks, and a
