@@ -257,6 +257,47 @@ int kvcu_cache_download(const kvcu_cache *c, void *host, size_t bytes, kv_err *e
 
 /* ---- writing ------------------------------------------------------------------------------ */
 
+/* The whole block writes row x [d] into pool or slot row prow of head rhead of plane p, in
+ * format fmt (not KIVI): int8 groups one warp each, the other formats one element a thread.
+ * Shared by the position writes below and the slot-mapping writes. */
+__device__ void write_row(int fmt, const kv_cache_plane *p, int64_t rhead, int rows,
+                          int64_t prow, const float *x, float scale, int d)
+{
+    uint8_t *row = p->codes + (rhead * rows + prow) * p->row_bytes;
+    if (kvq_is_int8(fmt)) {
+        const int g = kvq_row_group(fmt, KV_QROLE_VALUE, d), ng = d / g;
+        const int lane = threadIdx.x % KV_WARP, warp = threadIdx.x / KV_WARP;
+        float *meta = (float *)p->meta + rhead * p->meta_entries + prow * ng;
+        for (int gi = warp; gi < ng; gi += blockDim.x / KV_WARP) {
+            const float *xg = x + gi * g;
+            float amax = 0.0f, bad = 0.0f;
+            for (int i = lane; i < g; i += KV_WARP) {
+                bad = fmaxf(bad, kvq_nonfinite(xg[i]) ? 1.0f : 0.0f);
+                amax = fmaxf(amax, fabsf(xg[i]));
+            }
+            bad = kv_warp_max(bad);
+            amax = kv_warp_max(amax);
+            const float s = bad > 0.0f ? kvq_bits_f32(KVQ_F32_NAN) : kvq_int8_scale(amax);
+            if (lane == 0) meta[gi] = s;
+            for (int i = lane; i < g; i += KV_WARP)
+                row[gi * g + i] = bad > 0.0f ? 0 : (uint8_t)kvq_int8_encode(xg[i], s);
+        }
+        return;
+    }
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        const float xv = x[j];
+        switch (fmt) {
+        case KV_QF_F32: ((float *)row)[j] = xv; break;
+        case KV_QF_F16: ((unsigned short *)row)[j] = __half_as_ushort(__float2half_rn(xv)); break;
+        case KV_QF_BF16:
+            ((unsigned short *)row)[j] = __bfloat16_as_ushort(__float2bfloat16_rn(xv));
+            break;
+        case KV_QF_FP8_E4M3: row[j] = __nv_fp8_e4m3(__fdiv_rn(xv, scale)).__x; break;
+        case KV_QF_FP8_E5M2: row[j] = __nv_fp8_e5m2(__fdiv_rn(xv, scale)).__x; break;
+        }
+    }
+}
+
 /* Block (t, h, r): row h of token t's keys (r = 0) or values (r = 1) into its plane. */
 /* Paged caches: tables [n_slots][max_blocks] (device) place the token, codes and metadata
  * are head h of the pool; contiguous: tables NULL, head (slot, h) of rows = capacity rows. */
@@ -282,40 +323,20 @@ __global__ void cache_write_kernel(int fmt, kv_cache_plane kp, kv_cache_plane vp
         for (int j = threadIdx.x; j < d; j += blockDim.x) ring[j] = x[j];
         return;
     }
-    uint8_t *row = p->codes + (rhead * rows + prow) * p->row_bytes;
-    if (kvq_is_int8(fmt)) {
-        const int g = kvq_row_group(fmt, KV_QROLE_VALUE, d), ng = d / g;
-        const int lane = threadIdx.x % KV_WARP, warp = threadIdx.x / KV_WARP;
-        float *meta = (float *)p->meta + rhead * p->meta_entries + prow * ng;
-        for (int gi = warp; gi < ng; gi += blockDim.x / KV_WARP) {
-            const float *xg = x + gi * g;
-            float amax = 0.0f, bad = 0.0f;
-            for (int i = lane; i < g; i += KV_WARP) {
-                bad = fmaxf(bad, kvq_nonfinite(xg[i]) ? 1.0f : 0.0f);
-                amax = fmaxf(amax, fabsf(xg[i]));
-            }
-            bad = kv_warp_max(bad);
-            amax = kv_warp_max(amax);
-            const float s = bad > 0.0f ? kvq_bits_f32(KVQ_F32_NAN) : kvq_int8_scale(amax);
-            if (lane == 0) meta[gi] = s;
-            for (int i = lane; i < g; i += KV_WARP)
-                row[gi * g + i] = bad > 0.0f ? 0 : (uint8_t)kvq_int8_encode(xg[i], s);
-        }
-        return;
-    }
-    const float scale = p->scale ? p->scale[head] : 1.0f;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        const float xv = x[j];
-        switch (fmt) {
-        case KV_QF_F32: ((float *)row)[j] = xv; break;
-        case KV_QF_F16: ((unsigned short *)row)[j] = __half_as_ushort(__float2half_rn(xv)); break;
-        case KV_QF_BF16:
-            ((unsigned short *)row)[j] = __bfloat16_as_ushort(__float2bfloat16_rn(xv));
-            break;
-        case KV_QF_FP8_E4M3: row[j] = __nv_fp8_e4m3(__fdiv_rn(xv, scale)).__x; break;
-        case KV_QF_FP8_E5M2: row[j] = __nv_fp8_e5m2(__fdiv_rn(xv, scale)).__x; break;
-        }
-    }
+    write_row(fmt, p, rhead, rows, prow, x, p->scale ? p->scale[head] : 1.0f, d);
+}
+
+/* Block (t, h, r) of a slot-mapping write: token t's row of head h into pool row slots[t]
+ * (negative: padding, nothing written). Per-token formats without per-sequence scales. */
+__global__ void cache_write_slots_kernel(int fmt, kv_cache_plane kp, kv_cache_plane vp,
+                                         const float *k, const float *v, const int64_t *slots,
+                                         int n_kv_heads, int d, int rows)
+{
+    const int t = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
+    if (slots[t] < 0) return;
+    const kv_cache_plane *p = r ? &vp : &kp;
+    const float *x = (r ? v : k) + ((size_t)t * n_kv_heads + h) * d; /* [d] */
+    write_row(fmt, p, h, rows, slots[t], x, 1.0f, d);
 }
 
 /* One block: the fp8 scales of one slot from its prefill chunk x [n][H_kv][d]. */
@@ -467,4 +488,40 @@ int kvcu_cache_write_seq(kvcu_cache *c, int layer, int slot, int pos, int n, con
     if (!rc && e != cudaSuccess)
         rc = kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_write_seq: %s", cudaGetErrorString(e));
     return rc;
+}
+
+int kvcu_cache_write_slots(kvcu_cache *c, int layer, const int64_t *slots, int n, const float *k,
+                           const float *v, kv_err *err)
+{
+    if (!c || !c->tables)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_slots: the cache is not paged");
+    if (layer < 0 || layer >= c->n_layers || n < 0 || (n > 0 && (!slots || !k || !v)))
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_slots: layer %d, %d tokens", layer, n);
+    const int fmt = c->fmt[layer];
+    if (kvq_is_fp8(fmt) || kvq_is_kivi(fmt)) /* the CPU's refusal, in its words */
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_write_slots: layer %d stores %s, "
+                       "whose scales or window belong to a sequence, not to a slot",
+                       layer, kv_quant_name(fmt));
+    for (int i = 0; i < n; i++)
+        if (slots[i] >= c->rows)
+            return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_slots: token %d goes to slot %lld, "
+                           "outside the pool's %d rows", i, (long long)slots[i], c->rows);
+    if (n == 0) return KV_OK;
+    int64_t *ds = NULL; /* [n] the mapping, on the device */
+    cudaError_t e = cudaMalloc(&ds, (size_t)n * sizeof(int64_t));
+    if (e == cudaSuccess) e = cudaMemcpy(ds, slots, (size_t)n * sizeof(int64_t), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        cudaFree(ds);
+        return kv_fail(err, e == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE,
+                       "kvcu_cache_write_slots: %s", cudaGetErrorString(e));
+    }
+    dim3 grid(n, c->n_kv_heads, 2);
+    KV_LAUNCH(cache_write_slots_kernel, grid, CACHE_THREADS, 0, 0, fmt, c->kp[layer],
+              c->vp[layer], k, v, ds, c->n_kv_heads, c->head_dim, c->rows);
+    e = cudaGetLastError();
+    const cudaError_t f = cudaFree(ds); /* waits for the kernel */
+    if (e == cudaSuccess) e = f;
+    return e == cudaSuccess ? KV_OK
+                            : kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_write_slots: %s",
+                                      cudaGetErrorString(e));
 }

@@ -142,6 +142,11 @@ int kvcu_cache_attention(const kvcu_cache *c, int layer, int slot, int pos, cons
 int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, int slot, int pos,
                                  const float *q, float *out, float *scratch, int n_heads,
                                  kv_err *err);
+/** GPU twin of kv_cache_write_slots(): k, v [n][H_kv][d] device rows into pool rows
+ * @p slots [n] (host memory; negative = padding, skipped), the CPU's bytes; fp8 and KIVI
+ * refused with the CPU's words. */
+int kvcu_cache_write_slots(kvcu_cache *c, int layer, const int64_t *slots, int n, const float *k,
+                           const float *v, kv_err *err);
 /** Bytes of the device cache's one buffer (the CPU kv_cache's mem_bytes for the same spec). */
 size_t kvcu_cache_mem_bytes(const kvcu_cache *c);
 /** Copy the first @p bytes of the device cache's buffer to @p host (same layout as kv_cache.mem). */

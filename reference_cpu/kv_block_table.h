@@ -5,8 +5,9 @@
  *
  *     slot = blocks[pos / B] * B + pos % B          (B = tokens per block)
  *
- * A batch's writes go through a flat slot mapping, one slot per new token; a negative slot
- * is padding and the cache write skips it. Blocks are allocated on demand as a sequence
+ * A batch's writes can go through a flat slot mapping, one slot per new token, as vLLM's do;
+ * a negative slot is padding and kv_cache_write_slots() skips it (kv_forward() computes the
+ * same slots from each sequence's table in kv_cache_write_seq()). Blocks are allocated on demand as a sequence
  * grows, so at most B - 1 slots of a sequence are ever unused (its last block).
  *
  * Sharing: a fork copies the table and adds one reference per block (no K/V bytes move).

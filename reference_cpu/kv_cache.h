@@ -319,6 +319,19 @@ int kv_cache_set_length(kv_cache *c, int slot, int len, kv_err *err);
  */
 int kv_cache_copy_blocks(kv_cache *c, const kv_block_copy *pairs, int n, kv_err *err);
 
+/**
+ * vLLM-style write through a flat slot mapping (chapter 05): token i's keys and values
+ * k, v [n][H_kv][d] go to pool row slots[i] = block·B + offset of @p layer, every KV head; a
+ * negative slot is padding and is skipped. Nothing else changes (lengths are the caller's).
+ * The rows are self-contained in the per-token formats (fp32, fp16, bf16, int8, int8-gG);
+ * fp8 and KIVI keep per-sequence scales and windows that a flat slot list does not name, so
+ * they are refused (KV_ERR_UNSUPPORTED) — use kv_cache_write_seq() for them. KV_ERR_ARG for
+ * a contiguous cache or a slot outside the pool. The forward pass writes with
+ * kv_cache_write_seq(), which computes the same rows from each slot's table.
+ */
+int kv_cache_write_slots(kv_cache *c, int layer, const int64_t *slots, int n, const float *k,
+                         const float *v, kv_err *err);
+
 /** One token: kv_cache_write_seq() with n = 1 (a KIVI spill's scratch failing is ignored
  * here; use kv_cache_write_seq() to see it). k, v [H_kv][d]. */
 void kv_cache_write(kv_cache *c, int layer, int slot, int pos, const float *k, const float *v);

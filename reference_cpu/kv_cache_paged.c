@@ -5,6 +5,7 @@
  *   kv_cache_fork_slot    a second slot that reads the same blocks (parallel samples, beams)
  *   kv_cache_set_length   adopt blocks another sequence wrote (prefix cache hits)
  *   kv_cache_copy_blocks  copy-on-write: duplicate blocks before a shared one is written
+ *   kv_cache_write_slots  write new tokens through a flat slot mapping (-1 = padding)
  *
  * A block is B rows of every (layer, K/V, head) plane, so each operation is per-slot metadata
  * or, for the copy, B rows of codes and their metadata per plane. Read kv_cache.c first. */
@@ -123,6 +124,41 @@ int kv_cache_copy_blocks(kv_cache *c, const kv_block_copy *pairs, int n, kv_err 
                     }
                 }
             }
+    }
+    return KV_OK;
+}
+
+int kv_cache_write_slots(kv_cache *c, int layer, const int64_t *slots, int n, const float *k,
+                         const float *v, kv_err *err)
+{
+    if (!c || !c->tables)
+        return kv_fail(err, KV_ERR_ARG, "kv_cache_write_slots: the cache is not paged");
+    if (layer < 0 || layer >= c->n_layers || n < 0 || (n > 0 && (!slots || !k || !v)))
+        return kv_fail(err, KV_ERR_ARG, "kv_cache_write_slots: layer %d, %d tokens", layer, n);
+    const int fmt = c->fmt[layer], d = c->head_dim, Hkv = c->n_kv_heads;
+    if (kvq_is_fp8(fmt) || kvq_is_kivi(fmt))
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_write_slots: layer %d stores %s, "
+                       "whose scales or window belong to a sequence, not to a slot",
+                       layer, kv_quant_name(fmt));
+    for (int i = 0; i < n; i++)
+        if (slots[i] >= c->rows)
+            return kv_fail(err, KV_ERR_ARG, "kv_cache_write_slots: token %d goes to slot %lld, "
+                           "outside the pool's %d rows", i, (long long)slots[i], c->rows);
+    for (int i = 0; i < n; i++) {
+        if (slots[i] < 0) continue; /* padding */
+        for (int r = 0; r < 2; r++) {
+            kv_cache_plane *p = r ? &c->vp[layer] : &c->kp[layer];
+            const int role = r ? KV_QROLE_VALUE : KV_QROLE_KEY;
+            for (int h = 0; h < Hkv; h++) {
+                const float *x = (r ? v : k) + ((size_t)i * Hkv + h) * d;          /* [d] */
+                uint8_t *codes = p->codes + ((int64_t)h * c->rows + slots[i]) * p->row_bytes;
+                uint8_t *meta = p->meta ? (uint8_t *)p->meta + ((int64_t)h * p->meta_entries +
+                                          kvq_meta_index(fmt, role, slots[i], 0, d)) * 4
+                                        : NULL;
+                int rc = kv_quant_encode(fmt, role, x, 1, d, 1.0f, codes, meta, err);
+                if (rc) return rc;
+            }
+        }
     }
     return KV_OK;
 }

@@ -469,6 +469,68 @@ static void check_copy_lists(int fmt)
     kvcu_cache_free(g);
 }
 
+/* vLLM's flat slot mapping: tokens with their pool rows, -1 entries padding. The GPU writes
+ * the CPU's bytes, and both equal writing the same tokens by position through the table. */
+static void check_write_slots(int fmt)
+{
+    const int d = head_dim_for(fmt), B = 8, N = 6, n = 2 * (N * B) / 3; /* 32 tokens */
+    const kv_config cfg = shape(d, N_LAYERS);
+    kv_cache_spec s = kv_cache_spec_default(1, N * B);
+    s.layout = KV_LAYOUT_PAGED;
+    s.dtype = fmt;
+    s.block_size = B;
+    s.n_blocks = N;
+    kv_cache c, ref;
+    kvcu_cache *g = NULL;
+    kv_err e;
+    if (kv_cache_create(&c, &cfg, &s, &e) || kv_cache_create(&ref, &cfg, &s, &e) ||
+        kvcu_cache_create(&g, &cfg, &s, &e)) {
+        KV_CHECK(0, "write slots %s: create: %s", kv_quant_name(fmt), e.msg);
+        return;
+    }
+    const size_t kvdim = (size_t)HKV * d, m = (size_t)n + n / 4; /* with padding */
+    float *k = malloc(sizeof(float) * m * kvdim), *v = malloc(sizeof(float) * m * kvdim);
+    float *kp = malloc(sizeof(float) * n * kvdim), *vp = malloc(sizeof(float) * n * kvdim);
+    int64_t *slots = malloc(sizeof(int64_t) * m);
+    fill(k, m * kvdim, 1.0f);
+    fill(v, m * kvdim, 1.0f);
+    const int table[6] = {4, 1, 5, 0, 3, 2};
+    /* every 5th entry is padding (its row of k, v is garbage that must not land anywhere) */
+    for (size_t i = 0, t = 0; i < m; i++) {
+        if (i % 5 == 4 || t == (size_t)n) {
+            slots[i] = -1;
+            continue;
+        }
+        slots[i] = (int64_t)table[t / B] * B + (int64_t)(t % B);
+        memcpy(kp + t * kvdim, k + i * kvdim, sizeof(float) * kvdim);
+        memcpy(vp + t * kvdim, v + i * kvdim, sizeof(float) * kvdim);
+        t++;
+    }
+    float *dk = dev_copy(k, sizeof(float) * m * kvdim), *dv = dev_copy(v, sizeof(float) * m * kvdim);
+    int ok = kv_cache_set_blocks(&ref, 0, table, N, &e) == KV_OK;
+    for (int l = 0; l < N_LAYERS && ok; l++) {
+        const int a = kv_cache_write_slots(&c, l, slots, (int)m, k, v, &e);
+        const int b = a ? a : kvcu_cache_write_slots(g, l, slots, (int)m, dk, dv, &e);
+        const int r = b ? b : kv_cache_write_seq(&ref, l, 0, 0, n, kp, vp, &e);
+        ok = r == KV_OK;
+    }
+    KV_CHECK(ok, "write slots %s: %s", kv_quant_name(fmt), e.msg);
+    uint8_t *gm = malloc(c.mem_bytes);
+    if (ok && kvcu_cache_download(g, gm, c.mem_bytes, &e) == KV_OK) {
+        long at = first_diff(gm, c.mem, c.mem_bytes);
+        KV_CHECK(at < 0, "write slots %s: GPU bytes == CPU bytes (first difference at %ld)",
+                 kv_quant_name(fmt), at);
+        at = first_diff(c.mem, ref.mem, c.mem_bytes);
+        KV_CHECK(at < 0, "write slots %s: == writing by position through the table (first "
+                 "difference at %ld)", kv_quant_name(fmt), at);
+    }
+    free(gm); free(k); free(v); free(kp); free(vp); free(slots);
+    kvcu_free(dk); kvcu_free(dv);
+    kv_cache_free(&c);
+    kv_cache_free(&ref);
+    kvcu_cache_free(g);
+}
+
 /* The CUDA backend on a paged spec against the CPU's paged backend and the CUDA contiguous
  * backend: two sequences, a prompt, a fork (shared blocks, copy-on-write on the next step),
  * greedy decoding of both in one batch. */
@@ -694,6 +756,8 @@ int main(void)
     check_copy_lists(KV_QF_F32);
     check_copy_lists(KV_QF_INT8_G32);
     check_copy_lists(KV_QF_INT4_KIVI);
+    const int slot_formats[] = {KV_QF_F32, KV_QF_F16, KV_QF_BF16, KV_QF_INT8, KV_QF_INT8_G32};
+    for (int i = 0; i < 5; i++) check_write_slots(slot_formats[i]);
     check_backend(KV_QF_F32, 8);
     check_backend(KV_QF_INT8, 16);
     check_prefix();

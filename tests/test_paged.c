@@ -562,6 +562,79 @@ static void check_shared_step(const kv_model *m)
     free(ref);
 }
 
+/* ---- flat slot mapping ---------------------------------------------------------------------- */
+
+/* kv_cache_write_slots() (negative slots = padding) writes exactly the bytes kv_cache_write_seq()
+ * writes for the same tokens by position through the table; fp8, KIVI and contiguous caches
+ * are refused. */
+static void check_write_slots(const kv_config *cfg, const char *variant)
+{
+    kv_err e;
+    kv_cache_spec s = kv_cache_spec_default(1, 48);
+    if (kv_needle_cache_spec(variant, 1, 48, &s, &e)) {
+        KV_CHECK(0, "write slots %s: %s", variant, e.msg);
+        return;
+    }
+    s = paged(s, 8, 0);
+    kv_cache c, ref;
+    if (kv_cache_create(&c, cfg, &s, &e) || kv_cache_create(&ref, cfg, &s, &e)) {
+        KV_CHECK(0, "write slots %s: %s", variant, e.msg);
+        return;
+    }
+    const int n = 29, m = 36, kvdim = cfg->n_kv_heads * kv_config_head_dim(cfg);
+    const int table[6] = {3, 5, 0, 4, 1, 2};
+    float *k = malloc(sizeof(float) * m * kvdim), *v = malloc(sizeof(float) * m * kvdim);
+    float *kp = malloc(sizeof(float) * n * kvdim), *vp = malloc(sizeof(float) * n * kvdim);
+    int64_t slots[36];
+    kv_rng r;
+    kv_rng_seed(&r, 77);
+    for (int i = 0; i < m * kvdim; i++) {
+        k[i] = kv_rng_uniform(&r, -2.0f, 2.0f);
+        v[i] = kv_rng_uniform(&r, -2.0f, 2.0f);
+    }
+    for (int i = 0, t = 0; i < m; i++) {
+        if (i % 5 == 2 || t == n) { /* padding: its row of k, v must land nowhere */
+            slots[i] = -1;
+            continue;
+        }
+        slots[i] = (int64_t)table[t / 8] * 8 + t % 8;
+        memcpy(kp + (size_t)t * kvdim, k + (size_t)i * kvdim, sizeof(float) * kvdim);
+        memcpy(vp + (size_t)t * kvdim, v + (size_t)i * kvdim, sizeof(float) * kvdim);
+        t++;
+    }
+    const int fmt = s.dtype;
+    const int refuse = kvq_is_fp8(fmt) || kvq_is_kivi(fmt);
+    int rc = kv_cache_set_blocks(&ref, 0, table, 6, &e);
+    for (int l = 0; l < cfg->n_layers && !rc; l++) {
+        rc = kv_cache_write_slots(&c, l, slots, m, k, v, &e);
+        if (refuse) {
+            KV_CHECK(rc == KV_ERR_UNSUPPORTED && strstr(e.msg, "belong to a sequence"),
+                     "write slots %s: refused (rc %d)", variant, rc);
+            rc = -1;
+            break;
+        }
+        if (!rc) rc = kv_cache_write_seq(&ref, l, 0, 0, n, kp, vp, &e);
+    }
+    if (!refuse) {
+        KV_CHECK(rc == KV_OK, "write slots %s: %s", variant, rc ? e.msg : "");
+        KV_CHECK(!rc && !memcmp(c.mem, ref.mem, c.mem_bytes),
+                 "write slots %s: bytes == writing by position through the table", variant);
+    }
+    const int64_t out[1] = {(int64_t)s.n_blocks * 8};
+    KV_CHECK(kv_cache_write_slots(&c, 0, out, 1, k, v, &e) != KV_OK,
+             "write slots %s: a slot outside the pool is refused", variant);
+    kv_cache_free(&c);
+    kv_cache_free(&ref);
+    kv_cache cc;
+    kv_cache_spec cs = kv_cache_spec_default(1, 16);
+    if (kv_cache_create(&cc, cfg, &cs, &e) == KV_OK) {
+        KV_CHECK(kv_cache_write_slots(&cc, 0, slots, 1, k, v, &e) == KV_ERR_ARG,
+                 "write slots on a contiguous cache is refused");
+        kv_cache_free(&cc);
+    }
+    free(k); free(v); free(kp); free(vp);
+}
+
 /* ---- bad input ------------------------------------------------------------------------------ */
 
 static void check_bad_input(const kv_model *m)
@@ -705,6 +778,8 @@ int main(void)
     check_prefix(&models[1][1], "int4/w32", 32);
     check_exhaustion(&models[0][0]);
     check_shared_step(&models[0][0]);
+    for (int i = 0; i < n_narrow; i++) check_write_slots(&models[1][0].config, narrow[i]);
+    check_write_slots(&models[1][1].config, "int8-g32");
     check_bad_input(&models[0][0]);
     for (int n = 0; n < 2; n++)
         for (int w = 0; w < 2; w++) kv_model_free(&models[n][w]);
