@@ -106,6 +106,11 @@ int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec 
     return KV_OK;
 }
 
+kv_cache *kv_backend_cpu_cache(kv_backend *b)
+{
+    return b && b->forward == cpu_forward ? &((cpu_impl *)b->impl)->cache : NULL;
+}
+
 int kv_backend_enable_prefix_cache(kv_backend *b, kv_err *err)
 {
     if (!b || !b->paged)

@@ -52,6 +52,9 @@ struct kv_backend {
  */
 int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
                    kv_err *err);
+/** The kv_cache of a backend made by kv_backend_cpu() (NULL for any other backend): for
+ * host-side tools that need the cache's bytes (chapter 07's swap tier). */
+kv_cache *kv_backend_cpu_cache(kv_backend *b);
 /** Turn the prefix cache of a paged backend on (KV_ERR_ARG on a contiguous one). */
 int kv_backend_enable_prefix_cache(kv_backend *b, kv_err *err);
 /** Call b->destroy (NULL is fine). */

@@ -48,7 +48,8 @@ static int64_t block_meta_entries(const kv_cache *c, const kv_cache_plane *p, in
 {
     if (!p->meta) return 0;
     const int64_t B = c->spec.block_size;
-    return kvq_meta_index(fmt, role, B, 0, c->head_dim) - kvq_meta_index(fmt, role, 0, 0, c->head_dim);
+    return kvq_meta_index(fmt, role, B, 0, c->head_dim) -
+           kvq_meta_index(fmt, role, 0, 0, c->head_dim);
 }
 
 size_t kv_swap_block_bytes(const kv_cache *c)
@@ -58,16 +59,17 @@ size_t kv_swap_block_bytes(const kv_cache *c)
         for (int role = 0; role < 2; role++) {
             const kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
             const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY;
-            n += (size_t)c->n_kv_heads *
-                 (size_t)(c->spec.block_size * p->row_bytes + block_meta_entries(c, p, c->fmt[l], r) * 4);
+            const int64_t meta = block_meta_entries(c, p, c->fmt[l], r) * 4;
+            n += (size_t)c->n_kv_heads * (size_t)(c->spec.block_size * p->row_bytes + meta);
         }
     return n;
 }
 
-/* Copy one block between the pool of cache c and a host block buffer, in the host block's
- * order [L][K, V][H_kv](codes, meta). out = 1: cache -> host. */
-static void block_move(kv_cache *c, int dev, uint8_t *host, int out)
+/* Copy one block between the pool of cache c and a host block, in the host block's order
+ * [L][K, V][H_kv](codes, meta): into @p out when it is not NULL, else from @p in. */
+static void block_move(kv_cache *c, int dev, uint8_t *out, const uint8_t *in)
 {
+    size_t at = 0; /* bytes of the host block done */
     const int64_t B = c->spec.block_size, r0 = (int64_t)dev * B;
     for (int l = 0; l < c->n_layers; l++)
         for (int role = 0; role < 2; role++) {
@@ -78,14 +80,14 @@ static void block_move(kv_cache *c, int dev, uint8_t *host, int out)
             const size_t code_bytes = (size_t)(B * p->row_bytes);
             for (int h = 0; h < c->n_kv_heads; h++) {
                 uint8_t *codes = p->codes + ((int64_t)h * c->rows + r0) * p->row_bytes;
-                if (out) memcpy(host, codes, code_bytes);
-                else memcpy(codes, host, code_bytes);
-                host += code_bytes;
+                if (out) memcpy(out + at, codes, code_bytes);
+                else memcpy(codes, in + at, code_bytes);
+                at += code_bytes;
                 if (mn > 0) {
                     uint8_t *meta = (uint8_t *)p->meta + ((int64_t)h * p->meta_entries + m0) * 4;
-                    if (out) memcpy(host, meta, (size_t)mn * 4);
-                    else memcpy(meta, host, (size_t)mn * 4);
-                    host += (size_t)mn * 4;
+                    if (out) memcpy(out + at, meta, (size_t)mn * 4);
+                    else memcpy(meta, in + at, (size_t)mn * 4);
+                    at += (size_t)mn * 4;
                 }
             }
         }
@@ -111,7 +113,8 @@ static int cache_copy_out(void *ctx, const kv_block_copy *pairs, int n, uint8_t 
     kv_cache *c = ctx;
     const size_t bb = kv_swap_block_bytes(c);
     int rc = check_pairs(c, pairs, n, 1, "swap copy out", err);
-    for (int i = 0; i < n && !rc; i++) block_move(c, pairs[i].src, host + (size_t)pairs[i].dst * bb, 1);
+    for (int i = 0; i < n && !rc; i++)
+        block_move(c, pairs[i].src, host + (size_t)pairs[i].dst * bb, NULL);
     return rc;
 }
 
@@ -121,9 +124,8 @@ static int cache_copy_in(void *ctx, const kv_block_copy *pairs, int n, const uin
     kv_cache *c = ctx;
     const size_t bb = kv_swap_block_bytes(c);
     int rc = check_pairs(c, pairs, n, 0, "swap copy in", err);
-    /* block_move only reads the host side when copying in */
     for (int i = 0; i < n && !rc; i++)
-        block_move(c, pairs[i].dst, (uint8_t *)(uintptr_t)(host + (size_t)pairs[i].src * bb), 0);
+        block_move(c, pairs[i].dst, NULL, host + (size_t)pairs[i].src * bb);
     return rc;
 }
 
@@ -140,68 +142,8 @@ int kv_swap_io_cache(kv_swap_io *io, kv_cache *c, kv_err *err)
 }
 
 /* ---- a CPU backend whose cache the swap can reach ----------------------------------------------
- * The same backend as kv_backend_cpu() (kv_backend.c keeps its cache private); it goes away
- * when kv_backend.h gains read_blocks / write_blocks. */
-
-typedef struct {
-    const kv_model *model; /* borrowed */
-    kv_cache cache;
-    kv_state state;
-} swap_cpu;
-
-static int sc_forward(kv_backend *b, const kv_seq *seqs, int n_seqs, float *logits,
-                      kv_counters *cnt, kv_err *err)
-{
-    swap_cpu *p = b->impl;
-    int rc = kv_paged_prepare(b, seqs, n_seqs, err);
-    if (!rc) rc = kv_forward(p->model, &p->cache, &p->state, seqs, n_seqs, logits, cnt, err);
-    if (!rc) rc = kv_paged_commit(b, seqs, n_seqs, err);
-    return rc;
-}
-
-static void sc_reset(kv_backend *b, int slot)
-{
-    kv_paged_release(b, slot, NULL);
-    kv_cache_reset(&((swap_cpu *)b->impl)->cache, slot);
-}
-
-static int sc_length(kv_backend *b, int slot)
-{
-    const kv_cache *c = &((swap_cpu *)b->impl)->cache;
-    return (slot >= 0 && slot < c->spec.n_slots) ? c->len[slot] : -1;
-}
-
-static int sc_set_blocks(kv_backend *b, int slot, const int *blocks, int n, kv_err *err)
-{
-    return kv_cache_set_blocks(&((swap_cpu *)b->impl)->cache, slot, blocks, n, err);
-}
-
-static int sc_copy_blocks(kv_backend *b, const kv_block_copy *pairs, int n, kv_err *err)
-{
-    return kv_cache_copy_blocks(&((swap_cpu *)b->impl)->cache, pairs, n, err);
-}
-
-static int sc_fork_slot(kv_backend *b, int dst, int src, kv_err *err)
-{
-    return kv_cache_fork_slot(&((swap_cpu *)b->impl)->cache, dst, src, err);
-}
-
-static int sc_set_length(kv_backend *b, int slot, int len, kv_err *err)
-{
-    return kv_cache_set_length(&((swap_cpu *)b->impl)->cache, slot, len, err);
-}
-
-static void sc_destroy(kv_backend *b)
-{
-    swap_cpu *p = b->impl;
-    kv_paged_destroy(b->paged);
-    if (p) {
-        kv_cache_free(&p->cache);
-        kv_state_free(&p->state);
-        kv_free(p);
-    }
-    kv_free(b);
-}
+ * kv_backend_cpu() itself; kv_backend_cpu_cache() hands over its cache. This goes away when
+ * kv_backend.h gains read_blocks / write_blocks for every device. */
 
 int kv_swap_backend_cpu(kv_backend **out, kv_swap_io *io, const kv_model *model,
                         const kv_cache_spec *spec, kv_err *err)
@@ -211,37 +153,11 @@ int kv_swap_backend_cpu(kv_backend **out, kv_swap_io *io, const kv_model *model,
     *out = NULL;
     if (spec->layout != KV_LAYOUT_PAGED)
         return kv_fail(err, KV_ERR_ARG, "kv_swap_backend_cpu: swapping needs a paged cache");
-    kv_backend *b = kv_calloc(sizeof *b);
-    swap_cpu *p = kv_calloc(sizeof *p);
-    if (!b || !p) {
-        kv_free(b);
-        kv_free(p);
-        return kv_fail(err, KV_ERR_NOMEM, "kv_swap_backend_cpu: out of memory");
-    }
-    int rc = kv_cache_create(&p->cache, &model->config, spec, err);
+    kv_backend *b = NULL;
+    int rc = kv_backend_cpu(&b, model, spec, err);
+    if (!rc) rc = kv_swap_io_cache(io, kv_backend_cpu_cache(b), err);
     if (rc) {
-        kv_free(b);
-        kv_free(p);
-        return rc;
-    }
-    kv_state_init(&p->state);
-    p->model = model;
-    b->name = "cpu";
-    b->config = &model->config;
-    b->spec = *spec;
-    b->impl = p;
-    b->forward = sc_forward;
-    b->reset = sc_reset;
-    b->length = sc_length;
-    b->destroy = sc_destroy;
-    b->set_blocks = sc_set_blocks;
-    b->copy_blocks = sc_copy_blocks;
-    b->fork_slot = sc_fork_slot;
-    b->set_length = sc_set_length;
-    rc = kv_paged_create(&b->paged, spec, 0, err);
-    if (!rc) rc = kv_swap_io_cache(io, &p->cache, err);
-    if (rc) {
-        sc_destroy(b);
+        kv_backend_destroy(b);
         return rc;
     }
     *out = b;
@@ -282,7 +198,8 @@ void kv_swap_free(kv_swap *sw)
 void kv_swapped_drop(kv_swap *sw, kv_swapped *s)
 {
     if (!s) return;
-    for (int i = 0; s->resident && i < s->n_blocks; i++) kv_pool_unref(&sw->pool, s->host_blocks[i], NULL);
+    for (int i = 0; s->resident && i < s->n_blocks; i++)
+        kv_pool_unref(&sw->pool, s->host_blocks[i], NULL);
     kv_free(s->host_blocks);
     kv_free(s->tokens);
     memset(s, 0, sizeof *s);
@@ -295,7 +212,8 @@ static int check_swappable(const kv_swap *sw, kv_backend *b, const kv_swap_io *i
     if (!b || !b->paged || !io || !io->copy_out)
         return kv_fail(err, KV_ERR_ARG, "%s: needs a paged backend and its swap io", who);
     if (slot < 0 || slot >= b->paged->n_slots)
-        return kv_fail(err, KV_ERR_ARG, "%s: slot %d outside [0, %d)", who, slot, b->paged->n_slots);
+        return kv_fail(err, KV_ERR_ARG, "%s: slot %d outside [0, %d)", who, slot,
+                       b->paged->n_slots);
     if (io->block_bytes != sw->pool.block_bytes || b->paged->pool.block_size != sw->pool.block_size)
         return kv_fail(err, KV_ERR_ARG, "%s: device blocks of %d tokens, %zu bytes but host "
                        "blocks of %d tokens, %zu bytes", who, b->paged->pool.block_size,

@@ -30,9 +30,10 @@
  * sequence (refcount > 1) are copied for this sequence alone, and come back as its own
  * blocks: sharing is not preserved across a swap.
  *
- * The backend's vtable has no way yet to read or write a block's bytes, and the CPU backend
- * keeps its kv_cache private, so kv_swap_backend_cpu() builds a CPU backend together with
- * the ::kv_swap_io of its cache. The next step moves the two copies into kv_backend.h as
+ * The backend's vtable has no way yet to read or write a block's bytes, so
+ * kv_swap_backend_cpu() builds a CPU backend (kv_backend_cpu()) together with the
+ * ::kv_swap_io of its cache (kv_backend_cpu_cache()). The next step moves the two copies
+ * into kv_backend.h as
  * b->read_blocks / b->write_blocks (on CUDA: cudaMemcpyAsync from and to pinned host
  * memory, one batch per swap).
  */

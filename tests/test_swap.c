@@ -195,7 +195,8 @@ static void check_variant(const kv_model *m, const char *variant)
     KV_CHECK(n_got == n_ref, "%s: %d steps with swaps, %d without", variant, n_got, n_ref);
     int bad = 0, first = -1;
     for (int st = 0; st < n_ref && n_got == n_ref; st++)
-        if (memcmp(got + (size_t)st * 2 * V, ref + (size_t)st * 2 * V, 2 * (size_t)V * sizeof(float))) {
+        if (memcmp(got + (size_t)st * 2 * V, ref + (size_t)st * 2 * V,
+                   2 * (size_t)V * sizeof(float))) {
             bad++;
             if (first < 0) first = st;
         }
