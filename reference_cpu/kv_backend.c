@@ -14,8 +14,10 @@ static int cpu_forward(kv_backend *b, const kv_seq *seqs, int n_seqs, float *log
 {
     cpu_impl *p = b->impl;
     int rc = b->paged ? kv_paged_prepare(b, seqs, n_seqs, err) : KV_OK;
-    if (!rc) rc = kv_forward(p->model, &p->cache, &p->state, seqs, n_seqs, logits, cnt, err);
-    if (!rc && b->paged) rc = kv_paged_commit(b, seqs, n_seqs, err);
+    if (rc) return rc;
+    rc = kv_forward(p->model, &p->cache, &p->state, seqs, n_seqs, logits, cnt, err);
+    if (rc && b->paged) kv_paged_rollback(b, seqs, n_seqs, NULL); /* retryable, smaller */
+    else if (b->paged) rc = kv_paged_commit(b, seqs, n_seqs, err);
     return rc;
 }
 

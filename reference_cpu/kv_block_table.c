@@ -65,6 +65,24 @@ int kv_block_table_release(kv_block_table *t, kv_pool *p, kv_err *err)
     return st;
 }
 
+int kv_block_table_truncate(kv_block_table *t, kv_pool *p, int64_t n_tokens, kv_err *err)
+{
+    if (n_tokens < 0 || n_tokens > t->n_tokens)
+        return kv_fail(err, KV_ERR_ARG, "truncate: %lld tokens, the table holds %lld",
+                       (long long)n_tokens, (long long)t->n_tokens);
+    const int keep = (int)((n_tokens + t->block_size - 1) / t->block_size);
+    int st = KV_OK;
+    for (int i = t->n_blocks - 1; i >= keep; i--) { /* last first, as a release */
+        kv_err e;
+        if (kv_pool_unref(p, t->blocks[i], &e) && st == KV_OK)
+            st = kv_fail(err, KV_ERR_ARG, "block table entry %d: %s", i, e.msg);
+    }
+    t->n_blocks = keep;
+    t->n_tokens = n_tokens;
+    if (t->n_hashed > keep) t->n_hashed = keep; /* never: only blocks full before a step are */
+    return st;
+}
+
 int kv_block_table_fork(kv_block_table *dst, const kv_block_table *src, kv_pool *p,
                         kv_err *err)
 {

@@ -80,6 +80,14 @@ void kv_block_table_init(kv_block_table *t, int block_size);
 int kv_block_table_release(kv_block_table *t, kv_pool *p, kv_err *err);
 
 /**
+ * Undo an append: keep the first @p n_tokens tokens (<= n_tokens held), dropping the table's
+ * reference to every block past ceil(n_tokens / B). A step whose device work failed after its
+ * slots were reserved rolls back with this (kv_paged_rollback()). A block copied on write
+ * stays the table's own copy: its rows equal the shared original's.
+ */
+int kv_block_table_truncate(kv_block_table *t, kv_pool *p, int64_t n_tokens, kv_err *err);
+
+/**
  * Fork: @p dst (empty, initialized) becomes a copy of @p src sharing every block
  * (refcount + 1 each). Allocates no block, so it cannot run out of pool space.
  */

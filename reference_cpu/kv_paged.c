@@ -139,13 +139,19 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
             int rc = add > 0 ? kv_block_table_append(&pg->tables[s], &pg->pool, add, NULL,
                                                      &pg->copies, err)
                              : KV_OK;
-            if (rc) return rc;
+            if (rc) {
+                kv_paged_rollback(b, seqs, i, NULL);
+                return rc;
+            }
             continue;
         }
         int rc = reserve_tokens(pg, s, (int64_t)seqs[i].pos + seqs[i].n_tokens, err);
         if (!rc) rc = kv_block_table_append(&pg->tables[s], &pg->pool, seqs[i].n_tokens, NULL,
                                             &pg->copies, err);
-        if (rc) return rc;
+        if (rc) {
+            kv_paged_rollback(b, seqs, i, NULL);
+            return rc;
+        }
         memcpy(pg->tokens[s] + seqs[i].pos, seqs[i].tokens, (size_t)seqs[i].n_tokens * sizeof(int));
     }
     pg->n_cow += pg->copies.n;
@@ -153,7 +159,26 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
     /* the copies first (every sharer still reads the old block), then the new tables */
     int rc = pg->copies.n ? b->copy_blocks(b, pg->copies.pairs, pg->copies.n, err) : KV_OK;
     for (int i = 0; i < n_seqs && !rc; i++) rc = push_table(b, seqs[i].slot, err);
+    if (rc) kv_paged_rollback(b, seqs, n_seqs, NULL);
     return rc;
+}
+
+int kv_paged_rollback(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
+{
+    kv_paged *pg = b->paged;
+    int st = KV_OK;
+    for (int i = 0; i < n_seqs; i++) {
+        const int s = seqs[i].slot;
+        /* the rows the slot held before the step: its positions, or its ring's rows */
+        const int64_t before = b->spec.window > 0
+                                   ? kv_window_rows(b->spec.window, b->spec.n_sinks, seqs[i].pos)
+                                   : seqs[i].pos;
+        if (before >= pg->tables[s].n_tokens) continue; /* not appended (yet) */
+        int rc = kv_block_table_truncate(&pg->tables[s], &pg->pool, before, err);
+        if (!rc) rc = push_table(b, s, err);
+        if (rc && st == KV_OK) st = rc;
+    }
+    return st;
 }
 
 int kv_paged_commit(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)

@@ -60,6 +60,13 @@ void kv_paged_destroy(kv_paged *pg);
  */
 int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err);
 
+/**
+ * After a failed step (the device ran out of memory, or a copy failed): give back what
+ * kv_paged_prepare() reserved for @p seqs, so every table again holds exactly what its slot
+ * caches and the step can be retried, smaller. Safe on a partly prepared batch.
+ */
+int kv_paged_rollback(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err);
+
 /** After a successful step: register the blocks that became full in the prefix cache. */
 int kv_paged_commit(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err);
 

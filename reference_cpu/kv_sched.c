@@ -25,6 +25,7 @@ typedef struct {
     int reserved;            /* baselines: blocks reserved by running requests */
     double now;              /* the step clock */
     int64_t step;
+    int budget;              /* tokens per step: the option, halved each time memory ran out */
     /* the step's batch */
     kv_seq *batch;           /* [n_slots] */
     int *b_runner, *b_seq;   /* [n_slots] which runner and sequence each entry feeds */
@@ -144,7 +145,7 @@ static void plan(sched *S, int64_t *need, int *budget)
     S->n_batch = 0;
     S->batch_tokens = 0;
     *need = 0;
-    *budget = S->env.o->token_budget;
+    *budget = S->budget;
     for (int j = 0; j < S->n_running && *budget > 0; j++) {
         const int ri = S->running[j];
         runner *r = &S->r[ri];
@@ -349,6 +350,7 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
             return kv_fail(err, KV_ERR_ARG, "scheduler: slot %d is not empty", s);
     sched S;
     memset(&S, 0, sizeof S);
+    S.budget = o->token_budget;
     runner_env *e = &S.env;
     e->b = b;
     e->o = o;
@@ -442,7 +444,24 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
                          (long long)S.step);
             goto done;
         }
-        if ((rc = execute(&S, err))) goto done;
+        rc = execute(&S, err);
+        if (rc == KV_ERR_NOMEM && S.n_running > 0) {
+            /* Device or host memory ran out inside the step (its scratch grows with the
+             * tokens of a step). The backend rolled the step back; retry it smaller: halve
+             * the tokens per step, then preempt the youngest request; a request alone in a
+             * one-token step that still cannot run fails with the reason. */
+            runner *victim = &S.r[S.running[S.n_running - 1]];
+            if (S.budget > 1)
+                S.budget /= 2;
+            else if (S.n_running > 1)
+                preempt(&S, victim);
+            else
+                fail_running(&S, victim, KV_ERR_NOMEM, err ? err->msg : "out of memory");
+            e->m->nomem_retries++;
+            rc = KV_OK;
+            continue;
+        }
+        if (rc) goto done;
         S.now += o->step_s;
         S.step++;
         measure(&S);

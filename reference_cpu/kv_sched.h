@@ -41,6 +41,11 @@
  *     had grown to) after the plan's blocks, minus prefix-cache hits on blocks in use, with
  *     1 % of the pool kept free as a watermark; for the baselines, room for the reservation.
  *  3. one b->forward() over the batch; logits pick tokens; finished sequences free blocks.
+ *     If the device (or host) memory runs out inside the step (KV_ERR_NOMEM: its scratch grows
+ *     with the tokens of a step), the backend rolls the step back (kv_paged_rollback()) and
+ *     the step is retried smaller: the token budget is halved for the rest of the run, and at
+ *     one token the youngest request is preempted; a request alone that still cannot run
+ *     fails with the device's message. Counted in nomem_retries.
  *
  * Step clock. Arrivals (arrival_s) are compared with a simulated clock, not the CPU's: it
  * starts at 0, each step adds opts.step_s (a modelled accelerator step, the same for every
@@ -145,6 +150,7 @@ typedef struct {
     int64_t shared_blocks, unshared_blocks;
     double sharing_saving;  /**< 1 - shared / unshared (0 without such requests) */
     int64_t cow_copies;
+    int64_t nomem_retries;  /**< steps retried smaller after device or host memory ran out */
     int n_done, n_failed;
 } kv_sched_metrics;
 

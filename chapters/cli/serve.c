@@ -175,6 +175,9 @@ int cmd_serve(int argc, char **argv)
     printf("  %-34s %8d   (requests %d)\n", "peak running sequences", x->peak_seqs, x->peak_reqs);
     printf("  %-34s %8d   of %d\n", "peak blocks used", x->peak_used_blocks, n_blocks);
     printf("  %-34s %8lld\n", "preemptions (recompute)", (long long)x->preemptions);
+    if (x->nomem_retries)
+        printf("  %-34s %8lld\n", "steps retried smaller (out of memory)",
+               (long long)x->nomem_retries);
     if (prefix)
         printf("  %-34s %8.2f %%  (%lld of %lld prompt tokens)\n", "prefix-cache hit rate",
                100.0 * x->prefix_hit_rate, (long long)x->prefix_hit_tokens,

@@ -1,0 +1,120 @@
+/*
+ * Device memory running out under a trace (issue: reliability, chapter 05's scheduler).
+ *
+ * The emulation build can cap what cudaMalloc hands out (kvemu_set_mem_limit), so this test
+ * runs only there. A CUDA paged backend serves a small trace of long prompts with the cap set
+ * just above what the weights and the cache took: the forward pass's scratch, which grows with
+ * the tokens of a step, no longer fits a 256-token step. Expected:
+ *  - with room for small steps: every request completes with exactly the tokens of an
+ *    unconstrained CPU run of the same trace, steps were retried smaller (nomem_retries > 0),
+ *    and the pool ends empty and consistent;
+ *  - with no room for any step: every request fails with the device's out-of-memory message;
+ *    none is lost, the run returns, nothing crashes.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_test.h"
+#include "kv_sched.h"
+#include "kvcu.h"
+#include "kvemu.h"
+
+#define N_REQ 5
+
+static const kv_request REQS[N_REQ] = {
+    {0.00, 180, 6, 1, 1, -1}, {0.00, 150, 5, 2, 1, -1}, {0.01, 200, 4, 1, 2, -1},
+    {0.02, 120, 6, 1, 1, -1}, {0.02, 90, 5, 1, 1, -1},
+};
+
+static kv_cache_spec paged_spec(void)
+{
+    kv_cache_spec s = kv_cache_spec_default(8, 256);
+    s.layout = KV_LAYOUT_PAGED;
+    s.block_size = 16;
+    s.n_blocks = 96;
+    return s;
+}
+
+/* Same tokens, request by request. */
+static int same_tokens(const kv_sched_out *a, const kv_sched_out *b, int i)
+{
+    const kv_sched_result *x = &a->results[i], *y = &b->results[i];
+    return x->status == KV_OK && y->status == KV_OK && x->n_out == y->n_out &&
+           x->output_len == y->output_len &&
+           !memcmp(x->tokens, y->tokens, (size_t)x->n_out * x->output_len * sizeof(int));
+}
+
+int main(void)
+{
+    kv_err e;
+    if (kvcu_device_available(&e) != KV_OK || !kvcu_is_emulation()) {
+        printf("skipped: needs the emulation build's memory cap\n");
+        return KV_TEST_SKIP;
+    }
+    kv_model m;
+    if (kv_model_default(&m, KV_DEFAULT_TINY, &e)) {
+        printf("model: %s\n", e.msg);
+        return 1;
+    }
+    kv_trace t;
+    memset(&t, 0, sizeof t);
+    t.req = (kv_request *)malloc(sizeof REQS);
+    memcpy(t.req, REQS, sizeof REQS);
+    t.n = N_REQ;
+    const kv_cache_spec spec = paged_spec();
+    const kv_sched_opts o = kv_sched_opts_default(); /* 256 tokens per step */
+
+    /* the reference: the CPU, no cap */
+    kv_backend *cpu = NULL;
+    kv_sched_out ref = {0};
+    int rc = kv_backend_cpu(&cpu, &m, &spec, &e);
+    if (!rc) rc = kv_sched_run(cpu, &t, N_REQ, &o, &ref, &e);
+    KV_CHECK(rc == KV_OK && ref.m.n_done == N_REQ, "reference run: %s", rc ? e.msg : "failures");
+    kv_backend_destroy(cpu);
+
+    /* room for small steps only */
+    for (int pass = 0; pass < 2; pass++) {
+        kv_backend *g = NULL;
+        rc = kvcu_backend_create(&g, &m, &spec, &e);
+        KV_CHECK(rc == KV_OK, "cuda backend: %s", rc ? e.msg : "");
+        if (rc) break;
+        /* pass 0: 512 KiB over what the weights and cache took: the scratch of a step of a
+         * few dozen tokens fits, a 256-token step's does not (measured: with 2 MiB no step is
+         * retried, so if the scratch layout shrinks, this cap must shrink with it);
+         * pass 1: nothing over it (no step at all fits) */
+        kvemu_set_mem_limit(kvemu_mem_in_use() + (pass == 0 ? (size_t)512 << 10 : 0));
+        kv_sched_out out = {0};
+        rc = kv_sched_run(g, &t, N_REQ, &o, &out, &e);
+        kvemu_set_mem_limit(0);
+        KV_CHECK(rc == KV_OK, "pass %d: the run returns normally (%s)", pass, rc ? e.msg : "");
+        if (!rc) {
+            KV_CHECK(out.m.n_done + out.m.n_failed == N_REQ, "pass %d: no request lost (%d done, "
+                     "%d failed)", pass, out.m.n_done, out.m.n_failed);
+            KV_CHECK(out.m.nomem_retries > 0, "pass %d: steps were retried smaller", pass);
+            if (pass == 0) {
+                KV_CHECK(out.m.n_done == N_REQ, "pass 0: every request completes (%d failed: %s)",
+                         out.m.n_failed, out.m.n_failed ? out.results[0].error : "");
+                for (int i = 0; i < N_REQ; i++)
+                    KV_CHECK(same_tokens(&out, &ref, i), "pass 0: request %d's tokens equal the "
+                             "unconstrained run's", i);
+            } else {
+                KV_CHECK(out.m.n_failed == N_REQ, "pass 1: every request fails (%d done)",
+                         out.m.n_done);
+                for (int i = 0; i < N_REQ; i++)
+                    KV_CHECK(out.results[i].status == KV_ERR_NOMEM &&
+                                 strstr(out.results[i].error, "request"),
+                             "pass 1: request %d fails with a memory message: '%s'", i,
+                             out.results[i].error);
+            }
+            KV_CHECK(kv_pool_check_leaks(&g->paged->pool, NULL, 0) == 0 &&
+                         kv_pool_validate(&g->paged->pool, &e) == KV_OK,
+                     "pass %d: the pool ends empty and consistent", pass);
+        }
+        kv_sched_out_free(&out);
+        kv_backend_destroy(g);
+    }
+    kv_sched_out_free(&ref);
+    kv_trace_free(&t);
+    kv_model_free(&m);
+    return kv_test_finish();
+}
