@@ -22,7 +22,8 @@
  * Also here: the device queries, C wrappers of cudaMalloc/cudaMemcpy for C callers, and the
  * kv_backend that runs kvcu_forward(); on a paged spec it pages exactly as the CPU backend
  * does (kv_paged.h on the host: prepare before the step, commit after, release on reset),
- * with the device cache's set_blocks / copy_blocks / fork_slot / set_length underneath.
+ * with the device cache's set_blocks / copy_blocks / fork_slot / set_length underneath, and
+ * (chapter 07) block I/O to a host tier in pinned memory (kv_swap.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,6 +126,19 @@ int kvcu_malloc(void **dptr, size_t bytes, kv_err *err)
 }
 
 void kvcu_free(void *dptr) { cudaFree(dptr); }
+
+int kvcu_host_alloc(void **p, size_t bytes, kv_err *err)
+{
+    *p = NULL;
+    KV_CUDA_TRY(cudaHostAlloc(p, bytes, cudaHostAllocDefault), err);
+    memset(*p, 0, bytes);
+    return KV_OK;
+}
+
+void kvcu_host_free(void *p)
+{
+    if (p) cudaFreeHost(p);
+}
 
 int kvcu_upload(void *dst, const void *src, size_t bytes, kv_err *err)
 {
@@ -459,6 +473,40 @@ static int cuda_set_length(kv_backend *b, int slot, int len, kv_err *err)
     return kvcu_cache_set_length(((cuda_impl *)b->impl)->cache, slot, len, err);
 }
 
+static size_t cuda_block_bytes(kv_backend *b)
+{
+    return kvcu_cache_block_bytes(((cuda_impl *)b->impl)->cache);
+}
+
+static int cuda_read_blocks(kv_backend *b, const kv_block_copy *pairs, int n, uint8_t *host,
+                            size_t block_bytes, kv_err *err)
+{
+    return kvcu_cache_read_blocks(((cuda_impl *)b->impl)->cache, pairs, n, host, block_bytes,
+                                  err);
+}
+
+static int cuda_write_blocks(kv_backend *b, const kv_block_copy *pairs, int n,
+                             const uint8_t *host, size_t block_bytes, kv_err *err)
+{
+    return kvcu_cache_write_blocks(((cuda_impl *)b->impl)->cache, pairs, n, host, block_bytes,
+                                   err);
+}
+
+/* The host tier in pinned memory: the DMA engine reads it without a bounce buffer. */
+static void *cuda_host_alloc(kv_backend *b, size_t bytes)
+{
+    (void)b;
+    void *p = NULL;
+    kv_err e;
+    return kvcu_host_alloc(&p, bytes, &e) == KV_OK ? p : NULL;
+}
+
+static void cuda_host_free(kv_backend *b, void *p)
+{
+    (void)b;
+    kvcu_host_free(p);
+}
+
 static int cuda_length(kv_backend *b, int slot)
 {
     return kvcu_cache_length(((cuda_impl *)b->impl)->cache, slot);
@@ -512,6 +560,11 @@ int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_
         b->copy_blocks = cuda_copy_blocks;
         b->fork_slot = cuda_fork_slot;
         b->set_length = cuda_set_length;
+        b->block_bytes = cuda_block_bytes;
+        b->read_blocks = cuda_read_blocks;
+        b->write_blocks = cuda_write_blocks;
+        b->host_alloc = cuda_host_alloc;
+        b->host_free = cuda_host_free;
         rc = kv_paged_create(&b->paged, spec, 0, err);
         if (rc) {
             cuda_destroy(b);

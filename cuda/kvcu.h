@@ -35,6 +35,11 @@ int kvcu_upload(void *dst, const void *src, size_t bytes, kv_err *err);
 int kvcu_download(void *dst, const void *src, size_t bytes, kv_err *err);
 /** Wait for every launched kernel; reports the first error one of them hit. */
 int kvcu_synchronize(kv_err *err);
+/** Allocate @p bytes of pinned (page-locked) host memory in *p, zeroed: DMA reads and
+ * writes it directly, so host-tier copies run at the link's speed (chapter 07). */
+int kvcu_host_alloc(void **p, size_t bytes, kv_err *err);
+/** Free memory from kvcu_host_alloc (NULL is fine). */
+void kvcu_host_free(void *p);
 
 /* ---- building blocks, twins of kv_ops.h / kv_attention.h (device pointers) ---------- */
 /** kv_rmsnorm() on the GPU: one block per row. */
@@ -170,6 +175,22 @@ int kvcu_cache_set_length(kvcu_cache *c, int slot, int len, kv_err *err);
  * so the result is the in-order one); the bytes equal the CPU's.
  */
 int kvcu_cache_copy_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, kv_err *err);
+
+/* ---- chapter 07: block I/O for a host tier, twins of kv_cache.h's ------------------------ */
+/** kv_cache_block_bytes(): one block's bytes in the host tier's order (0 if not paged). */
+size_t kvcu_cache_block_bytes(const kvcu_cache *c);
+/**
+ * kv_cache_read_blocks(): pool block pairs[i].src -> host block pairs[i].dst (at host +
+ * dst * block_bytes), the CPU's bytes in the CPU's order. One gather kernel packs the blocks
+ * into a device staging buffer, then one cudaMemcpyAsync per run of consecutive host blocks
+ * (one for a swap's list) brings them over; returns when the bytes are on the host.
+ */
+int kvcu_cache_read_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, uint8_t *host,
+                           size_t block_bytes, kv_err *err);
+/** kv_cache_write_blocks(): host block pairs[i].src -> pool block pairs[i].dst, copied to the
+ * staging buffer, then one scatter kernel. A pool block named twice: KV_ERR_ARG. */
+int kvcu_cache_write_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n,
+                            const uint8_t *host, size_t block_bytes, kv_err *err);
 
 #ifdef __cplusplus
 }

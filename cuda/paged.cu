@@ -190,3 +190,162 @@ int kvcu_cache_copy_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, kv_
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
 }
+
+/* ---- chapter 07: block I/O for the host tier ---------------------------------------------------
+ * A host block holds one pool block, every layer, K and V, every KV head, codes then metadata:
+ *   [L][K, V][H_kv] ( codes [B][row_bytes], meta [entries of B rows] )
+ * exactly kv_cache_block_bytes()'s order, so a host tier is readable by either device. A
+ * read gathers the listed blocks with one kernel into a device staging buffer [n][block bytes]
+ * (pair order), then copies it to the host; a write copies the host blocks into the staging
+ * buffer, then scatters them with one kernel. The host side of each copy is one
+ * cudaMemcpyAsync per run of consecutive host blocks (a tier hands out consecutive blocks,
+ * so a swap is normally one copy), and the call waits once, at its end. */
+
+/* Bytes of one head's B rows of a plane in a host block: codes then metadata. */
+static __host__ __device__ inline int64_t head_block_bytes(const kv_cache_plane *p, int fmt,
+                                                           int role, int block_size, int d)
+{
+    const int64_t meta = p->meta ? kvq_meta_index(fmt, role, block_size, 0, d) -
+                                       kvq_meta_index(fmt, role, 0, 0, d)
+                                 : 0;
+    return (int64_t)block_size * p->row_bytes + meta * 4;
+}
+
+size_t kvcu_cache_block_bytes(const kvcu_cache *c)
+{
+    if (!c || !c->tables) return 0;
+    size_t n = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int role = 0; role < 2; role++)
+            n += (size_t)c->n_kv_heads *
+                 (size_t)head_block_bytes(role ? &c->vp[l] : &c->kp[l], c->fmt[l],
+                                          role ? KV_QROLE_VALUE : KV_QROLE_KEY,
+                                          c->spec.block_size, c->head_dim);
+    return n;
+}
+
+/* Block (i, part, h): pair i, part = 2·layer + (0 K, 1 V) in the host block's order, kv head
+ * h. to_stage: pool block pairs[i].src -> staged block i; else staged block i -> pool block
+ * pairs[i].dst. stage [n][block_bytes]. */
+__global__ void block_io_kernel(const kv_block_copy *pairs, const kv_cache_plane *planes,
+                                const int *fmt, int n_layers, int n_kv_heads, int rows,
+                                int block_size, int d, uint8_t *stage, int64_t block_bytes,
+                                int to_stage)
+{
+    const int i = blockIdx.x, part = blockIdx.y, h = blockIdx.z;
+    int64_t at = 0; /* where (part, h) starts inside a host block */
+    for (int q = 0; q < part; q++)
+        at += n_kv_heads * head_block_bytes(&planes[(q % 2) * n_layers + q / 2], fmt[q / 2],
+                                            q % 2 ? KV_QROLE_VALUE : KV_QROLE_KEY, block_size, d);
+    const int l = part / 2, f = fmt[l], role = part % 2 ? KV_QROLE_VALUE : KV_QROLE_KEY;
+    const kv_cache_plane p = planes[(part % 2) * n_layers + l];
+    const int64_t code_bytes = (int64_t)block_size * p.row_bytes;
+    at += h * head_block_bytes(&p, f, role, block_size, d);
+    uint8_t *s = stage + i * block_bytes + at;
+    const int64_t r0 = (int64_t)(to_stage ? pairs[i].src : pairs[i].dst) * block_size;
+    uint8_t *codes = p.codes + ((int64_t)h * rows + r0) * p.row_bytes; /* [B][row_bytes] */
+    if (to_stage) block_copy_bytes(s, codes, code_bytes);
+    else block_copy_bytes(codes, s, code_bytes);
+    if (!p.meta) return;
+    const int64_t m0 = kvq_meta_index(f, role, r0, 0, d);
+    const int64_t mn = kvq_meta_index(f, role, r0 + block_size, 0, d) - m0;
+    uint8_t *meta = (uint8_t *)p.meta + ((int64_t)h * p.meta_entries + m0) * 4;
+    if (to_stage) block_copy_bytes(s + code_bytes, meta, mn * 4);
+    else block_copy_bytes(meta, s + code_bytes, mn * 4);
+}
+
+/* The checks of both directions, then the pairs on the device (c->d_pairs). dev_is_src: the
+ * pool block is pairs[i].src. A write list naming a pool block twice is refused: its blocks
+ * are scattered at the same time, so the last pair would not surely win. */
+static int block_io_prepare(kvcu_cache *c, const kv_block_copy *pairs, int n, const void *host,
+                            size_t block_bytes, int dev_is_src, const char *who, kv_err *err)
+{
+    if (!c || !c->tables) return kv_fail(err, KV_ERR_ARG, "%s: the cache is not paged", who);
+    if (n < 0 || (n > 0 && (!pairs || !host)))
+        return kv_fail(err, KV_ERR_ARG, "%s: %d pairs", who, n);
+    if (block_bytes != kvcu_cache_block_bytes(c))
+        return kv_fail(err, KV_ERR_ARG, "%s: host blocks of %zu bytes but the cache's blocks "
+                       "are %zu bytes", who, block_bytes, kvcu_cache_block_bytes(c));
+    const int N = c->spec.n_blocks;
+    int rc = KV_OK;
+    for (int i = 0; i < n && !rc; i++) {
+        const int dev = dev_is_src ? pairs[i].src : pairs[i].dst;
+        const int host_blk = dev_is_src ? pairs[i].dst : pairs[i].src;
+        if (dev < 0 || dev >= N || host_blk < 0)
+            rc = kv_fail(err, KV_ERR_ARG, "%s: pair %d (%d -> %d): pool block outside [0, %d) "
+                         "or negative host block", who, i, pairs[i].src, pairs[i].dst, N);
+        else if (!dev_is_src && c->seg_mark[dev]++)
+            rc = kv_fail(err, KV_ERR_ARG, "%s: pool block %d is written twice", who, dev);
+    }
+    for (int i = 0; i < n && !dev_is_src; i++) /* seg_mark is all 0 between calls */
+        if (pairs[i].dst >= 0 && pairs[i].dst < N) c->seg_mark[pairs[i].dst] = 0;
+    if (rc || n == 0) return rc;
+    if (n > c->pairs_cap) {
+        cudaFree(c->d_pairs);
+        c->d_pairs = NULL;
+        c->pairs_cap = 0;
+        KV_CUDA_TRY(cudaMalloc(&c->d_pairs, (size_t)n * sizeof(kv_block_copy)), err);
+        c->pairs_cap = n;
+    }
+    KV_CUDA_TRY(cudaMemcpy(c->d_pairs, pairs, (size_t)n * sizeof(kv_block_copy),
+                           cudaMemcpyHostToDevice), err);
+    return KV_OK;
+}
+
+/* One cudaMemcpyAsync per run of pairs whose host blocks are consecutive: staged blocks
+ * i .. j-1 and host blocks hb(i) .. hb(i)+j-i-1 (hb: the pair's host side). */
+static cudaError_t copy_runs(uint8_t *stage, uint8_t *host, const kv_block_copy *pairs, int n,
+                             size_t bb, int host_is_dst)
+{
+    for (int i = 0, j; i < n; i = j) {
+        const int h0 = host_is_dst ? pairs[i].dst : pairs[i].src;
+        for (j = i + 1; j < n && (host_is_dst ? pairs[j].dst : pairs[j].src) == h0 + (j - i); j++)
+            ;
+        uint8_t *hp = host + (size_t)h0 * bb, *sp = stage + (size_t)i * bb;
+        const size_t bytes = (size_t)(j - i) * bb;
+        cudaError_t e = host_is_dst ? cudaMemcpyAsync(hp, sp, bytes, cudaMemcpyDeviceToHost, 0)
+                                    : cudaMemcpyAsync(sp, hp, bytes, cudaMemcpyHostToDevice, 0);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+int kvcu_cache_read_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, uint8_t *host,
+                           size_t block_bytes, kv_err *err)
+{
+    int rc = block_io_prepare(c, pairs, n, host, block_bytes, 1, "kvcu_cache_read_blocks", err);
+    if (rc || n == 0) return rc;
+    uint8_t *stage = NULL; /* [n][block_bytes] */
+    KV_CUDA_TRY(cudaMalloc(&stage, (size_t)n * block_bytes), err);
+    dim3 grid(n, 2 * c->n_layers, c->n_kv_heads);
+    KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, 0, c->d_pairs, c->d_planes, c->d_fmt,
+              c->n_layers, c->n_kv_heads, c->rows, c->spec.block_size, c->head_dim, stage,
+              (int64_t)block_bytes, 1);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = copy_runs(stage, host, pairs, n, block_bytes, 1);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    cudaFree(stage);
+    KV_CUDA_TRY(e, err);
+    return KV_OK;
+}
+
+int kvcu_cache_write_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n,
+                            const uint8_t *host, size_t block_bytes, kv_err *err)
+{
+    int rc = block_io_prepare(c, pairs, n, host, block_bytes, 0, "kvcu_cache_write_blocks", err);
+    if (rc || n == 0) return rc;
+    uint8_t *stage = NULL; /* [n][block_bytes] */
+    KV_CUDA_TRY(cudaMalloc(&stage, (size_t)n * block_bytes), err);
+    cudaError_t e = copy_runs(stage, (uint8_t *)host, pairs, n, block_bytes, 0);
+    if (e == cudaSuccess) {
+        dim3 grid(n, 2 * c->n_layers, c->n_kv_heads);
+        KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, 0, c->d_pairs, c->d_planes, c->d_fmt,
+                  c->n_layers, c->n_kv_heads, c->rows, c->spec.block_size, c->head_dim, stage,
+                  (int64_t)block_bytes, 0);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    cudaFree(stage);
+    KV_CUDA_TRY(e, err);
+    return KV_OK;
+}

@@ -47,6 +47,24 @@ static int cpu_set_length(kv_backend *b, int slot, int len, kv_err *err)
     return kv_cache_set_length(&((cpu_impl *)b->impl)->cache, slot, len, err);
 }
 
+static size_t cpu_block_bytes(kv_backend *b)
+{
+    return kv_cache_block_bytes(&((cpu_impl *)b->impl)->cache);
+}
+
+static int cpu_read_blocks(kv_backend *b, const kv_block_copy *pairs, int n, uint8_t *host,
+                           size_t block_bytes, kv_err *err)
+{
+    return kv_cache_read_blocks(&((cpu_impl *)b->impl)->cache, pairs, n, host, block_bytes, err);
+}
+
+static int cpu_write_blocks(kv_backend *b, const kv_block_copy *pairs, int n,
+                            const uint8_t *host, size_t block_bytes, kv_err *err)
+{
+    return kv_cache_write_blocks(&((cpu_impl *)b->impl)->cache, pairs, n, host, block_bytes,
+                                 err);
+}
+
 static int cpu_length(kv_backend *b, int slot)
 {
     const kv_cache *c = &((cpu_impl *)b->impl)->cache;
@@ -98,6 +116,9 @@ int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec 
         b->copy_blocks = cpu_copy_blocks;
         b->fork_slot = cpu_fork_slot;
         b->set_length = cpu_set_length;
+        b->block_bytes = cpu_block_bytes;
+        b->read_blocks = cpu_read_blocks;
+        b->write_blocks = cpu_write_blocks; /* host tier memory: kv_calloc (hooks NULL) */
         rc = kv_paged_create(&b->paged, spec, 0, err);
         if (rc) {
             cpu_destroy(b);

@@ -43,6 +43,22 @@ struct kv_backend {
     int (*fork_slot)(kv_backend *b, int dst, int src, kv_err *err);
     /** kv_cache_set_length(). */
     int (*set_length)(kv_backend *b, int slot, int len, kv_err *err);
+
+    /* ---- chapter 07: block I/O for a host tier (kv_swap.h); paged backends, else NULL ----
+     * One batched copy per call; host blocks in kv_cache_block_bytes()'s order on every
+     * device, so a host tier written through one backend is readable through another. */
+    /** Bytes of one block, every layer, K and V, codes and metadata. */
+    size_t (*block_bytes)(kv_backend *b);
+    /** Device block pairs[i].src -> host block pairs[i].dst at host + dst * block_bytes. */
+    int (*read_blocks)(kv_backend *b, const kv_block_copy *pairs, int n, uint8_t *host,
+                       size_t block_bytes, kv_err *err);
+    /** Host block pairs[i].src (at host + src * block_bytes) -> device block pairs[i].dst. */
+    int (*write_blocks)(kv_backend *b, const kv_block_copy *pairs, int n, const uint8_t *host,
+                        size_t block_bytes, kv_err *err);
+    /** Host memory for a tier, zeroed (pinned on CUDA, so copies run at full link speed);
+     * NULL hooks: kv_calloc / kv_free. host_free must accept NULL. */
+    void *(*host_alloc)(kv_backend *b, size_t bytes);
+    void (*host_free)(kv_backend *b, void *p);
 };
 
 /**
@@ -53,7 +69,7 @@ struct kv_backend {
 int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
                    kv_err *err);
 /** The kv_cache of a backend made by kv_backend_cpu() (NULL for any other backend): for
- * host-side tools that need the cache's bytes (chapter 07's swap tier). */
+ * host-side tools and tests that need the cache itself. */
 kv_cache *kv_backend_cpu_cache(kv_backend *b);
 /** Turn the prefix cache of a paged backend on (KV_ERR_ARG on a contiguous one). */
 int kv_backend_enable_prefix_cache(kv_backend *b, kv_err *err);

@@ -320,6 +320,29 @@ int kv_cache_set_length(kv_cache *c, int slot, int len, kv_err *err);
 int kv_cache_copy_blocks(kv_cache *c, const kv_block_copy *pairs, int n, kv_err *err);
 
 /**
+ * Chapter 07: bytes of one block of a paged cache as the host tier stores it: every layer,
+ * K and V, every KV head, the block's B rows of codes then their metadata, in the order
+ *   [L][K, V][H_kv] ( codes [B][row_bytes], meta [entries of B rows] ).
+ * Every device uses this order, so a host tier written by one is readable by another.
+ * 0 for a contiguous cache.
+ */
+size_t kv_cache_block_bytes(const kv_cache *c);
+
+/**
+ * One batched copy device -> host: pool block pairs[i].src of @p c into host block
+ * pairs[i].dst, at @p host + dst * @p block_bytes, in kv_cache_block_bytes()'s order.
+ * KV_ERR_ARG on a contiguous cache, a pool block outside [0, N), a negative host block, or
+ * @p block_bytes other than kv_cache_block_bytes().
+ */
+int kv_cache_read_blocks(const kv_cache *c, const kv_block_copy *pairs, int n, uint8_t *host,
+                         size_t block_bytes, kv_err *err);
+
+/** The reverse of kv_cache_read_blocks(): host block pairs[i].src into pool block
+ * pairs[i].dst, the same checks. */
+int kv_cache_write_blocks(kv_cache *c, const kv_block_copy *pairs, int n, const uint8_t *host,
+                          size_t block_bytes, kv_err *err);
+
+/**
  * vLLM-style write through a flat slot mapping (chapter 05): token i's keys and values
  * k, v [n][H_kv][d] go to pool row slots[i] = block·B + offset of @p layer, every KV head; a
  * negative slot is padding and is skipped. Nothing else changes (lengths are the caller's).

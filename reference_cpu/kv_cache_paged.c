@@ -6,6 +6,8 @@
  *   kv_cache_set_length   adopt blocks another sequence wrote (prefix cache hits)
  *   kv_cache_copy_blocks  copy-on-write: duplicate blocks before a shared one is written
  *   kv_cache_write_slots  write new tokens through a flat slot mapping (-1 = padding)
+ *   kv_cache_read_blocks  chapter 07: blocks' bytes out to a host tier, and back in
+ *   kv_cache_write_blocks
  *
  * A block is B rows of every (layer, K/V, head) plane, so each operation is per-slot metadata
  * or, for the copy, B rows of codes and their metadata per plane. Read kv_cache.c first. */
@@ -126,6 +128,99 @@ int kv_cache_copy_blocks(kv_cache *c, const kv_block_copy *pairs, int n, kv_err 
             }
     }
     return KV_OK;
+}
+
+/* ---- chapter 07: a block's bytes in the host tier's order ------------------------------------ */
+
+/* Metadata entries of one block's B rows in a plane of format fmt: contiguous, as in
+ * kv_cache_copy_blocks(); 0 for a plane without metadata. */
+static int64_t block_meta_entries(const kv_cache *c, const kv_cache_plane *p, int fmt, int role)
+{
+    if (!p->meta) return 0;
+    return kvq_meta_index(fmt, role, c->spec.block_size, 0, c->head_dim) -
+           kvq_meta_index(fmt, role, 0, 0, c->head_dim);
+}
+
+size_t kv_cache_block_bytes(const kv_cache *c)
+{
+    if (!c || !c->tables) return 0;
+    size_t n = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int role = 0; role < 2; role++) {
+            const kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
+            const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY;
+            const int64_t meta = block_meta_entries(c, p, c->fmt[l], r) * 4;
+            n += (size_t)c->n_kv_heads * (size_t)(c->spec.block_size * p->row_bytes + meta);
+        }
+    return n;
+}
+
+/* Copy pool block dev of c and one host block, in the host order [L][K, V][H_kv](codes, meta):
+ * into @p out when it is not NULL, else from @p in. */
+static void block_move(const kv_cache *c, int dev, uint8_t *out, const uint8_t *in)
+{
+    size_t at = 0; /* bytes of the host block done */
+    const int64_t B = c->spec.block_size, r0 = (int64_t)dev * B;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int role = 0; role < 2; role++) {
+            const kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
+            const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY, f = c->fmt[l];
+            const int64_t mn = block_meta_entries(c, p, f, r);
+            const int64_t m0 = kvq_meta_index(f, r, r0, 0, c->head_dim);
+            const size_t code_bytes = (size_t)(B * p->row_bytes);
+            for (int h = 0; h < c->n_kv_heads; h++) {
+                uint8_t *codes = p->codes + ((int64_t)h * c->rows + r0) * p->row_bytes;
+                if (out) memcpy(out + at, codes, code_bytes);
+                else memcpy(codes, in + at, code_bytes);
+                at += code_bytes;
+                if (mn > 0) {
+                    uint8_t *meta = (uint8_t *)p->meta + ((int64_t)h * p->meta_entries + m0) * 4;
+                    if (out) memcpy(out + at, meta, (size_t)mn * 4);
+                    else memcpy(meta, in + at, (size_t)mn * 4);
+                    at += (size_t)mn * 4;
+                }
+            }
+        }
+}
+
+/* The checks both directions share; dev_is_src: the pool block is pairs[i].src. */
+static int check_block_pairs(const kv_cache *c, const kv_block_copy *pairs, int n,
+                             const void *host, size_t block_bytes, int dev_is_src,
+                             const char *who, kv_err *err)
+{
+    if (!c || !c->tables) return kv_fail(err, KV_ERR_ARG, "%s: the cache is not paged", who);
+    if (n < 0 || (n > 0 && (!pairs || !host)))
+        return kv_fail(err, KV_ERR_ARG, "%s: %d pairs", who, n);
+    if (block_bytes != kv_cache_block_bytes(c))
+        return kv_fail(err, KV_ERR_ARG, "%s: host blocks of %zu bytes but the cache's blocks "
+                       "are %zu bytes", who, block_bytes, kv_cache_block_bytes(c));
+    for (int i = 0; i < n; i++) {
+        const int dev = dev_is_src ? pairs[i].src : pairs[i].dst;
+        const int host_blk = dev_is_src ? pairs[i].dst : pairs[i].src;
+        if (dev < 0 || dev >= c->spec.n_blocks || host_blk < 0)
+            return kv_fail(err, KV_ERR_ARG, "%s: pair %d (%d -> %d): pool block outside "
+                           "[0, %d) or negative host block", who, i, pairs[i].src,
+                           pairs[i].dst, c->spec.n_blocks);
+    }
+    return KV_OK;
+}
+
+int kv_cache_read_blocks(const kv_cache *c, const kv_block_copy *pairs, int n, uint8_t *host,
+                         size_t block_bytes, kv_err *err)
+{
+    int rc = check_block_pairs(c, pairs, n, host, block_bytes, 1, "kv_cache_read_blocks", err);
+    for (int i = 0; i < n && !rc; i++)
+        block_move(c, pairs[i].src, host + (size_t)pairs[i].dst * block_bytes, NULL);
+    return rc;
+}
+
+int kv_cache_write_blocks(kv_cache *c, const kv_block_copy *pairs, int n, const uint8_t *host,
+                          size_t block_bytes, kv_err *err)
+{
+    int rc = check_block_pairs(c, pairs, n, host, block_bytes, 0, "kv_cache_write_blocks", err);
+    for (int i = 0; i < n && !rc; i++)
+        block_move(c, pairs[i].dst, NULL, host + (size_t)pairs[i].src * block_bytes);
+    return rc;
 }
 
 int kv_cache_write_slots(kv_cache *c, int layer, const int64_t *slots, int n, const float *k,

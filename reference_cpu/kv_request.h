@@ -13,7 +13,9 @@
  * The split of work: kv_request.c touches only its runner and the backend's slots the runner
  * owns; kv_sched.c owns the queue, the running list, the free slots, reservations and every
  * count except tokens_generated. A runner that has chosen its last token says so by entering
- * R_DONE; the scheduler then gives its slots back (kv_sched.c, finish()).
+ * R_DONE; the scheduler then gives its slots back (kv_sched.c, finish()). Swapping a
+ * preempted runner's sequences out and in is the scheduler's too (it owns the host tier):
+ * a runner only carries, per sequence, where its rows wait (seq_t.host).
  */
 #ifndef KV_REQUEST_H
 #define KV_REQUEST_H
@@ -21,6 +23,7 @@
 #include "kv_beam.h"
 #include "kv_sampler.h"
 #include "kv_sched.h"
+#include "kv_swap.h"
 
 enum { R_WAITING = 0, R_PROMPT = 1, R_DECODE = 2, R_DONE = 3, R_FAILED = 4 };
 enum { K_PLAIN = 0, K_SAMPLES = 1, K_BEAM = 2 };
@@ -38,6 +41,7 @@ typedef struct {
     float *logits;     /* beams: [vocab] logits after the full context, held for selection */
     kv_sampler sampler;
     int has_sampler;
+    kv_swapped host;   /* swap mode: its rows in the host tier while preempted (host.resident) */
 } seq_t;
 
 typedef struct {
@@ -55,6 +59,8 @@ typedef struct {
     int res_blocks;    /* baselines: blocks reserved while admitted */
     int min_blocks;    /* fewest blocks it can run in (alone, all sharing used) */
     double arrival;
+    int swapped;       /* preempted by swap: its live sequences are in the host tier */
+    int swap_state;    /* the state it left (R_PROMPT or R_DECODE), resumed on swap in */
     kv_sched_result *res;
 } runner;
 

@@ -1,13 +1,13 @@
 /* The scheduler of kv_sched.h: which requests run each step, on what memory, and what that
  * costs the pool (chapter 05). Continuous batching with chunked prefill, admission with a
- * watermark, preemption by recompute, the contiguous baselines' reservations, and the
- * metrics.
+ * watermark, preemption by recompute or by swap to a host tier (chapter 07), the contiguous
+ * baselines' reservations, and the metrics.
  *
  * Read kv_request.h and kv_request.c first: a runner is one request's state machine, and
  * this file only decides when it runs. Then this file: after the policies' names and the
- * defaults, the parts of a step in the order they run (a runner leaving: finish, fail,
- * preempt; plan; admission; execute; measure); run_list ties them into the loop, and the
- * public entry points close the file. */
+ * defaults, the host tier, the parts of a step in the order they run (a runner leaving:
+ * finish, fail, preempt by recompute or swap; plan; admission, swap in; execute; measure);
+ * run_list ties them into the loop, and the public entry points close the file. */
 #include "kv_request.h"
 
 #include <stdio.h>
@@ -38,6 +38,9 @@ typedef struct {
     int *touched;            /* [N] */
     double sum_util, sum_internal, sum_reserved, sum_held;
     int n_finished;
+    /* swap mode: the host tier (kv_swap.h) */
+    kv_swap sw;
+    int tier;                /* 1: swapping is possible; 0: every preemption recomputes */
 } sched;
 
 const char *kv_policy_name(int policy)
@@ -53,6 +56,19 @@ int kv_policy_by_name(const char *name)
     return -1;
 }
 
+const char *kv_preempt_name(int preempt)
+{
+    static const char *const names[] = {"recompute", "swap"};
+    return preempt >= 0 && preempt < 2 ? names[preempt] : NULL;
+}
+
+int kv_preempt_by_name(const char *name)
+{
+    for (int p = 0; p < 2; p++)
+        if (name && strcmp(name, kv_preempt_name(p)) == 0) return p;
+    return -1;
+}
+
 kv_sched_opts kv_sched_opts_default(void)
 {
     kv_sched_opts o;
@@ -65,7 +81,51 @@ kv_sched_opts kv_sched_opts_default(void)
     o.sample_temperature = 1.0f;
     o.top_p = 1.0f;
     o.seed = 42;
+    o.preempt = KV_PREEMPT_RECOMPUTE;
     return o;
+}
+
+/* ---- the host tier (swap mode) ---------------------------------------------------------------
+ * Every call into kv_swap goes through tier_call(), so a change of kv_swap's API touches only
+ * these lines. TIER_INIT builds a tier of @p n host blocks; TIER_OUT / TIER_IN move sequence
+ * @p s out of / into cache slot @p n. */
+enum { TIER_INIT = 0, TIER_OUT = 1, TIER_IN = 2 };
+
+static int tier_call(sched *S, int op, int n, kv_swapped *s, kv_err *err)
+{
+    kv_backend *b = S->env.b;
+    if (op == TIER_OUT) return kv_swap_out(&S->sw, b, n, s, err);
+    if (op == TIER_IN) return kv_swap_in(&S->sw, b, n, s, err);
+    if (!b->read_blocks || !b->write_blocks || !b->block_bytes)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "swap: the backend has no block I/O");
+    return kv_swap_init(&S->sw, b, n, NULL, err);
+}
+
+/* Swap mode: a host tier of opts.host_blocks blocks (0: as many as the device pool). A cache
+ * kv_swap refuses leaves the tier off, and the reason in the metrics: every preemption then
+ * recomputes, counted as a fallback. */
+static int tier_open(sched *S, kv_err *err)
+{
+    const kv_sched_opts *o = S->env.o;
+    if (o->preempt != KV_PREEMPT_SWAP) return KV_OK;
+    const int n = o->host_blocks > 0 ? o->host_blocks : S->env.N;
+    kv_err e;
+    int rc = tier_call(S, TIER_INIT, n, NULL, &e);
+    if (rc == KV_ERR_UNSUPPORTED) {
+        snprintf(S->env.m->swap_refused, sizeof S->env.m->swap_refused, "%.150s", e.msg);
+        return KV_OK;
+    }
+    if (rc) return kv_fail(err, rc, "%s", e.msg);
+    S->tier = 1;
+    S->env.m->host_blocks = n;
+    return KV_OK;
+}
+
+/* Release a runner's sequences waiting in the host tier (a runner that will not come back). */
+static void tier_forget(sched *S, runner *r)
+{
+    for (int i = 0; i < r->n_seq; i++) kv_swapped_drop(&S->sw, &r->seq[i].host);
+    r->swapped = 0;
 }
 
 /* ---- queue and running list ----------------------------------------------------------------- */
@@ -109,9 +169,72 @@ static void fail_running(sched *S, runner *r, int status, const char *why)
     S->n_finished++;
 }
 
-/* Preemption by recompute: drop every slot; keep the tokens chosen so far; requeue first. */
-static void preempt(sched *S, runner *r)
+/* Rows of KV the runner's slots hold: what a recompute preemption drops and readmission
+ * feeds again (the prompt once: forks share it). */
+static int64_t rows_held(const runner *r)
 {
+    if (r->state == R_PROMPT) return r->seq[r->root].len;
+    int64_t n = r->rq.prompt_len;
+    for (int i = 0; i < r->n_seq; i++)
+        if (r->seq[i].slot >= 0) n += r->seq[i].len - r->rq.prompt_len;
+    return n;
+}
+
+/* Preemption by swap: every sequence holding a slot goes to the host tier, with its length.
+ * When it cannot, r->swapped stays 0 and the caller recomputes (a counted fallback): no tier
+ * (kv_swap refused the cache), too few host blocks, or sequences that, unshared at their final
+ * length, would not fit the device pool (copied per sequence, they could never come back).
+ * Returns only errors of the run. */
+static int swap_out(sched *S, runner *r, kv_err *err)
+{
+    kv_sched_metrics *m = S->env.m;
+    const kv_paged *pg = S->env.b->paged;
+    int64_t host = 0; /* host blocks: every sequence's table, shared blocks once per sequence */
+    for (int i = 0; i < r->n_seq; i++)
+        if (r->seq[i].slot >= 0) host += pg->tables[r->seq[i].slot].n_blocks;
+    const int64_t unshared = (int64_t)r->n_seq * cdiv(r->rq.prompt_len + r->rq.output_len - 1,
+                                                      S->env.B);
+    if (!S->tier || unshared > S->env.N || host > kv_pool_available(&S->sw.pool)) {
+        m->recompute_fallbacks++;
+        return KV_OK;
+    }
+    kv_err e;
+    int rc = KV_OK, n = 0;
+    for (int i = 0; i < r->n_seq && !rc; i++) {
+        seq_t *s = &r->seq[i];
+        if (s->slot < 0) continue;
+        rc = tier_call(S, TIER_OUT, s->slot, &s->host, &e);
+        if (!rc) { /* kv_swap_out emptied the slot */
+            s->slot = -1;
+            n++;
+        }
+    }
+    if (rc) { /* what went out is dropped: the runner recomputes everything */
+        tier_forget(S, r);
+        if (rc == KV_ERR_UNSUPPORTED) {
+            S->tier = 0;
+            snprintf(m->swap_refused, sizeof m->swap_refused, "%.150s", e.msg);
+        }
+        if (rc != KV_ERR_UNSUPPORTED && rc != KV_ERR_CAPACITY && rc != KV_ERR_NOMEM)
+            return kv_fail(err, rc, "%s", e.msg);
+        m->recompute_fallbacks++;
+        return KV_OK;
+    }
+    r->swapped = 1;
+    r->swap_state = r->state;
+    m->swap_preemptions++;
+    m->seqs_swapped_out += n;
+    return KV_OK;
+}
+
+/* Preemption: swap the runner out (swap mode, when it can) or drop its rows for recompute;
+ * give its slots back, keep the tokens chosen so far, requeue it first. */
+static int preempt(sched *S, runner *r, kv_err *err)
+{
+    const int64_t held = rows_held(r);
+    int rc = S->env.o->preempt == KV_PREEMPT_SWAP ? swap_out(S, r, err) : KV_OK;
+    if (rc) return rc;
+    if (!r->swapped) S->env.m->tokens_recomputed += held;
     runner_release(S, r);
     r->state = R_WAITING;
     r->res->preemptions++;
@@ -119,6 +242,7 @@ static void preempt(sched *S, runner *r)
     memmove(S->queue + 1, S->queue, (size_t)S->n_queue * sizeof(int));
     S->queue[0] = (int)(r - S->r);
     S->n_queue++;
+    return KV_OK;
 }
 
 /* ---- one step: plan ------------------------------------------------------------------------- */
@@ -139,6 +263,21 @@ static void batch_add(sched *S, int ri, int si, int n_tok, int64_t *need)
     *need += kv_paged_blocks_needed(S->env.b, s->slot, n_tok);
 }
 
+/* Feed what runner @p ri's sequences have pending, within the budget. */
+static void plan_runner(sched *S, int ri, int64_t *need, int *budget)
+{
+    runner *r = &S->r[ri];
+    for (int i = 0; i < r->n_seq && *budget > 0; i++) {
+        seq_t *s = &r->seq[i];
+        if (s->slot < 0) continue;
+        const int64_t pending = seq_pending(r, s);
+        if (pending <= 0) continue;
+        const int n_tok = (int)(pending < *budget ? pending : *budget);
+        batch_add(S, ri, i, n_tok, need);
+        *budget -= n_tok;
+    }
+}
+
 /* Feed what running sequences have pending, oldest request first, within the budget. */
 static void plan(sched *S, int64_t *need, int *budget)
 {
@@ -146,19 +285,8 @@ static void plan(sched *S, int64_t *need, int *budget)
     S->batch_tokens = 0;
     *need = 0;
     *budget = S->budget;
-    for (int j = 0; j < S->n_running && *budget > 0; j++) {
-        const int ri = S->running[j];
-        runner *r = &S->r[ri];
-        for (int i = 0; i < r->n_seq && *budget > 0; i++) {
-            seq_t *s = &r->seq[i];
-            if (s->slot < 0) continue;
-            const int64_t pending = seq_pending(r, s);
-            if (pending <= 0) continue;
-            const int n_tok = (int)(pending < *budget ? pending : *budget);
-            batch_add(S, ri, i, n_tok, need);
-            *budget -= n_tok;
-        }
-    }
+    for (int j = 0; j < S->n_running && *budget > 0; j++)
+        plan_runner(S, S->running[j], need, budget);
 }
 
 /* ---- one step: admission -------------------------------------------------------------------- */
@@ -168,6 +296,15 @@ static void plan(sched *S, int64_t *need, int *budget)
  * tokens at once; admitting it into less would only preempt it again). */
 static int prompt_blocks(sched *S, const runner *r)
 {
+    if (r->swapped) { /* swapped out: the blocks it comes back into, unshared, and what its
+                       * sequences then feed (the rest of the prompt, or their pending token) */
+        int64_t n = 0;
+        for (int i = 0; i < r->n_seq; i++)
+            if (r->seq[i].host.resident)
+                n += cdiv(r->swap_state == R_PROMPT ? r->rq.prompt_len : ctx_len(r, &r->seq[i]),
+                          S->env.B);
+        return (int)n;
+    }
     const int P = r->rq.prompt_len, B = S->env.B;
     int64_t need = cdiv(P, B);
     int used_hits = 0;
@@ -181,12 +318,40 @@ static int prompt_blocks(sched *S, const runner *r)
     return (int)(need - used_hits);
 }
 
+/* A runner preempted by swap comes back: each sequence's rows are copied into one of its
+ * slots with their length, it resumes the state it left, and what its sequences had pending
+ * joins this step's batch. Admission checked the device blocks, so a refusal here is an error
+ * of the run. */
+static int swap_in(sched *S, int ri, int *budget, int64_t *need, kv_err *err)
+{
+    runner *r = &S->r[ri];
+    kv_sched_metrics *m = S->env.m;
+    S->reserved += r->res_blocks;
+    S->running[S->n_running++] = ri;
+    kv_err e;
+    for (int i = 0, j = 0; i < r->n_seq; i++) {
+        seq_t *s = &r->seq[i];
+        if (!s->host.resident) continue;
+        const int64_t len = s->host.n_tokens;
+        int rc = tier_call(S, TIER_IN, r->slots[j], &s->host, &e);
+        if (rc) return kv_fail(err, rc, "request %d: swap in: %s", r->idx, e.msg);
+        s->slot = r->slots[j++];
+        s->len = len;
+        m->seqs_swapped_in++;
+    }
+    r->swapped = 0;
+    r->state = r->swap_state;
+    plan_runner(S, ri, need, budget);
+    return KV_OK;
+}
+
 /* Hand the runner its slots, start it (root slot, prefix hit), and put its first prompt chunk
- * into this step's batch. */
+ * into this step's batch; a runner swapped out is swapped back in instead. */
 static int admit(sched *S, int ri, int *budget, int64_t *need, kv_err *err)
 {
     runner *r = &S->r[ri];
     for (int i = 0; i < r->n_seq; i++) r->slots[i] = S->free_slots[--S->n_free];
+    if (r->swapped) return swap_in(S, ri, budget, need, err);
     int hit;
     int rc = runner_start(&S->env, r, &hit, err);
     if (rc) return rc;
@@ -311,6 +476,7 @@ static void measure(sched *S)
     if (seqs > m->peak_seqs) m->peak_seqs = seqs;
     if (S->n_running > m->peak_reqs) m->peak_reqs = S->n_running;
     if (S->pool->n_used > m->peak_used_blocks) m->peak_used_blocks = S->pool->n_used;
+    if (S->sw.pool.n_used > m->peak_host_blocks) m->peak_host_blocks = S->sw.pool.n_used;
     if (S->env.o->on_step) {
         kv_sched_step_info info = {0};
         info.step = S->step;
@@ -341,10 +507,11 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
                        "request");
     if (o->policy < 0 || o->policy > KV_POLICY_ORACLE || o->token_budget < 1 || o->max_len < 1 ||
         !(o->step_s >= 0) || !(o->sample_temperature > 0) || !(o->temperature >= 0) ||
-        !(o->top_p > 0 && o->top_p <= 1))
+        !(o->top_p > 0 && o->top_p <= 1) || !kv_preempt_name(o->preempt) || o->host_blocks < 0)
         return kv_fail(err, KV_ERR_ARG, "scheduler: bad options (policy %d, budget %d, "
-                       "max_len %d, sample temperature %g)", o->policy, o->token_budget,
-                       o->max_len, (double)o->sample_temperature);
+                       "max_len %d, sample temperature %g, preempt %d, host blocks %d)",
+                       o->policy, o->token_budget, o->max_len, (double)o->sample_temperature,
+                       o->preempt, o->host_blocks);
     for (int s = 0; s < b->spec.n_slots; s++)
         if (b->paged->tables[s].n_blocks)
             return kv_fail(err, KV_ERR_ARG, "scheduler: slot %d is not empty", s);
@@ -397,7 +564,7 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
         rc = runner_init(&S.env, &S.r[i], t, list[i], &out->results[i], err);
         S.queue[S.n_queue++] = i;
     }
-    if (rc) goto done;
+    if (rc || (rc = tier_open(&S, err))) goto done;
     const int64_t cow0 = b->paged->n_cow;
     const double t0 = kv_now();
     while (S.n_finished < n) {
@@ -415,7 +582,7 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
                          kv_paged_available(b), e->N);
                 fail_running(&S, victim, KV_ERR_CAPACITY, why);
             } else {
-                preempt(&S, victim);
+                if ((rc = preempt(&S, victim, err))) goto done;
                 preempted = 1;
             }
             plan(&S, &need, &budget);
@@ -432,6 +599,7 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
                 /* an empty backend refused it: it cannot run (never expected) */
                 runner *r = &S.r[S.queue[0]];
                 list_remove(S.queue, &S.n_queue, S.queue[0]);
+                tier_forget(&S, r);
                 runner_set_error(r, KV_ERR_CAPACITY, "request %d: cannot be admitted into an "
                                  "empty backend", r->idx);
                 r->state = R_FAILED;
@@ -453,9 +621,9 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
             runner *victim = &S.r[S.running[S.n_running - 1]];
             if (S.budget > 1)
                 S.budget /= 2;
-            else if (S.n_running > 1)
-                preempt(&S, victim);
-            else
+            else if (S.n_running > 1) {
+                if ((rc = preempt(&S, victim, err))) goto done;
+            } else
                 fail_running(&S, victim, KV_ERR_NOMEM, err ? err->msg : "out of memory");
             e->m->nomem_retries++;
             rc = KV_OK;
@@ -480,9 +648,21 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
                             ? 1.0 - (double)m->shared_blocks / (double)m->unshared_blocks
                             : 0;
     m->cow_copies = b->paged->n_cow - cow0;
+    m->swap_blocks_out = S.sw.stats.blocks[KV_LINK_OUT];
+    m->swap_blocks_in = S.sw.stats.blocks[KV_LINK_IN];
+    m->swap_bytes_out = S.sw.stats.bytes[KV_LINK_OUT];
+    m->swap_bytes_in = S.sw.stats.bytes[KV_LINK_IN];
+    m->swap_seconds_out = S.sw.stats.seconds[KV_LINK_OUT];
+    m->swap_seconds_in = S.sw.stats.seconds[KV_LINK_IN];
+    if (S.sw.pool.n_blocks) { /* all finished: the host tier must be empty and consistent */
+        m->host_leaked = kv_pool_check_leaks(&S.sw.pool, NULL, 0);
+        if (!m->host_leaked && kv_pool_validate(&S.sw.pool, NULL) != KV_OK) m->host_leaked = -1;
+    }
 done:
     if (rc) /* leave the backend empty even after an error */
         for (int j = S.n_running - 1; j >= 0; j--) runner_release(&S, &S.r[S.running[j]]);
+    for (int i = 0; S.r && i < n; i++) tier_forget(&S, &S.r[i]);
+    kv_swap_free(&S.sw);
     for (int i = 0; S.r && i < n; i++) runner_free(&S.r[i]);
     free(S.r);
     free(S.queue);

@@ -2,8 +2,9 @@
  * @file kv_sched.h
  * Serving many requests on one paged backend (chapter 05): continuous batching, chunked
  * prefill, parallel sampling and beam search by forking block tables, preemption by
- * recompute, and the contiguous-allocation baselines of the PagedAttention paper (Kwon et
- * al., SOSP 2023, arXiv:2309.06180) measured on the same pool.
+ * recompute or by swap to a host tier (chapter 07, kv_swap.h), and the contiguous-allocation
+ * baselines of the PagedAttention paper (Kwon et al., SOSP 2023, arXiv:2309.06180) measured
+ * on the same pool.
  *
  * Runners. Each request of a ::kv_trace is a small state machine over cache slots:
  *
@@ -29,12 +30,13 @@
  *  1. plan: every running sequence with tokens to feed gets them, oldest request first, up
  *     to the token budget (a decode is one token; a prefill takes what is left of the
  *     budget: chunked prefill). If the blocks this plan needs exceed what the pool can hand
- *     out, the most recently admitted request is preempted by recompute: its slots are
- *     released and it goes back to the front of the queue; readmitted, it prefills its
- *     prompt again, forks, and each sequence re-feeds the tokens it had generated, so it
- *     continues exactly where it stopped. The oldest running request is never preempted by
- *     a younger one, so each step makes progress. A request that cannot run even alone
- *     fails with a message; nothing loops forever and no request is lost.
+ *     out, the most recently admitted request is preempted (by default by recompute): its
+ *     slots are released and it goes back to the front of the queue; readmitted, it prefills
+ *     its prompt again, forks, and each sequence re-feeds the tokens it had generated, so it
+ *     continues exactly where it stopped (by swap: see below). The oldest running request
+ *     is never preempted by a younger one, so each step makes progress. A request that
+ *     cannot run even alone fails with a message; nothing loops forever and no request is
+ *     lost.
  *  2. admit (not in a step that had to preempt): waiting requests in queue order (preempted
  *     first, then by arrival) that have arrived by the step clock, while there are free
  *     slots, budget, and blocks for the whole prompt (a preempted request: for everything it
@@ -46,6 +48,21 @@
  *     the step is retried smaller: the token budget is halved for the rest of the run, and at
  *     one token the youngest request is preempted; a request alone that still cannot run
  *     fails with the device's message. Counted in nomem_retries.
+ *
+ * Preemption by swap (opts.preempt = KV_PREEMPT_SWAP, chapter 07). The victim's live
+ * sequences are copied to a host tier of opts.host_blocks blocks (kv_swap.h) instead of
+ * dropped; readmitted (it needs blocks for all it had swapped out), they are copied back into
+ * its slots with their lengths and the request continues as if never stopped: no prompt
+ * is prefilled again, no token re-fed. Blocks shared by forks are copied once per sequence
+ * (kv_swap's rule), so a request comes back unshared and may need more blocks than it held;
+ * it is swapped only when its sequences, unshared at their final length, fit the pool (else
+ * it could never be readmitted). A preemption that cannot swap falls back to recompute and
+ * is counted: the host tier is full, the request would not fit unshared, or kv_swap refuses
+ * the cache (fp8 and KIVI keep per-sequence state it does not save, sliding windows, the
+ * prefix cache). The two policies move different things: swap moves bytes over the link
+ * (metrics: bytes and modelled link seconds each way, kv_link), recompute feeds tokens again
+ * (tokens_recomputed). Neither cost advances the step clock; the metrics report both so the
+ * chapter can compare them.
  *
  * Step clock. Arrivals (arrival_s) are compared with a simulated clock, not the CPU's: it
  * starts at 0, each step adds opts.step_s (a modelled accelerator step, the same for every
@@ -82,6 +99,17 @@ const char *kv_policy_name(int policy);
 /** Policy by name; -1 when unknown. */
 int kv_policy_by_name(const char *name);
 
+/** How a preempted request gives its memory back. */
+typedef enum {
+    KV_PREEMPT_RECOMPUTE = 0, /**< drop its blocks; prefill and re-feed on readmission */
+    KV_PREEMPT_SWAP = 1       /**< copy its sequences to the host tier and back (kv_swap.h) */
+} kv_preempt;
+
+/** Name of a preemption mode ("recompute", "swap"), NULL out of range. */
+const char *kv_preempt_name(int preempt);
+/** Preemption mode by name; -1 when unknown. */
+int kv_preempt_by_name(const char *name);
+
 /** What one step looked like, for a timeline (pool over time) and progress. */
 typedef struct {
     int64_t step;
@@ -110,11 +138,14 @@ typedef struct {
     float sample_temperature; /**< parallel samples (n > 1); must be > 0 */
     float top_p;         /**< sampling nucleus, (0, 1] */
     uint64_t seed;
+    int preempt;         /**< ::kv_preempt (default KV_PREEMPT_RECOMPUTE) */
+    int host_blocks;     /**< swap: blocks of the host tier; 0 = as many as the device pool */
     kv_sched_step_fn on_step;
     void *user;
 } kv_sched_opts;
 
-/** Defaults: paged, budget 256, max_len 2048, step 0.02 s, greedy plain, samples at T = 1. */
+/** Defaults: paged, budget 256, max_len 2048, step 0.02 s, greedy plain, samples at T = 1,
+ * preemption by recompute. */
 kv_sched_opts kv_sched_opts_default(void);
 
 /** Outcome of one request. */
@@ -151,6 +182,19 @@ typedef struct {
     double sharing_saving;  /**< 1 - shared / unshared (0 without such requests) */
     int64_t cow_copies;
     int64_t nomem_retries;  /**< steps retried smaller after device or host memory ran out */
+    /* preemption cost (chapter 07): what swap moved over the link, what recompute fed again */
+    int64_t swap_preemptions;   /**< preemptions served by swapping the request out */
+    int64_t recompute_fallbacks; /**< swap mode: preemptions that recomputed instead */
+    int64_t tokens_recomputed;  /**< rows dropped by recompute preemptions (each fed again on
+                                     readmission; prefix-cache hits may spare some) */
+    int64_t seqs_swapped_out, seqs_swapped_in; /**< sequences moved each way */
+    int64_t swap_blocks_out, swap_blocks_in;
+    int64_t swap_bytes_out, swap_bytes_in;
+    double swap_seconds_out, swap_seconds_in; /**< modelled link time each way (kv_link) */
+    int host_blocks;            /**< swap mode: blocks of the host tier (0: no tier) */
+    int peak_host_blocks;       /**< most host blocks held at once */
+    int host_leaked;            /**< host blocks still held after the run (0 unless a bug) */
+    char swap_refused[160];     /**< why kv_swap refused the cache, "" when it did not */
     int n_done, n_failed;
 } kv_sched_metrics;
 

@@ -19,9 +19,13 @@
  * The host tier is a second kv_pool of host blocks whose bytes are one device block each:
  * every layer, K and V, codes and metadata of the block's B rows, in the order
  *   [L][K, V][H_kv] ( codes [B][row_bytes], meta [entries of B rows] )
- * (kv_swap_block_bytes()). The bytes move through a ::kv_swap_io: two batched copies, device
- * to host and host to device, over lists of (src, dst) block pairs. On the CPU build they are
- * memcpy from and to a kv_cache (kv_swap_io_cache()), throttled and timed by the link model.
+ * (kv_cache_block_bytes()). The bytes move through the backend's block I/O (kv_backend.h):
+ * b->read_blocks and b->write_blocks, one batched copy each over a list of (src, dst) block
+ * pairs: memcpy on the CPU; on CUDA a gather or scatter kernel plus one cudaMemcpyAsync per
+ * run of consecutive host blocks (one, for a swap's list). The tier's memory comes from
+ * b->host_alloc (pinned host memory on CUDA), else kv_calloc. Every
+ * device lays a host block out the same way, so a tier filled through one backend can be
+ * swapped into another built with the same spec.
  *
  * A swapped-out sequence keeps, besides its blocks' bytes, the state that is not in the
  * blocks: its length and the tokens it has written (the paging layer's record). fp8 scales
@@ -29,13 +33,6 @@
  * sliding windows and prefix caching, with KV_ERR_UNSUPPORTED. Blocks shared with another
  * sequence (refcount > 1) are copied for this sequence alone, and come back as its own
  * blocks: sharing is not preserved across a swap.
- *
- * The backend's vtable has no way yet to read or write a block's bytes, so
- * kv_swap_backend_cpu() builds a CPU backend (kv_backend_cpu()) together with the
- * ::kv_swap_io of its cache (kv_backend_cpu_cache()). The next step moves the two copies
- * into kv_backend.h as
- * b->read_blocks / b->write_blocks (on CUDA: cudaMemcpyAsync from and to pinned host
- * memory, one batch per swap).
  */
 #ifndef KV_SWAP_H
 #define KV_SWAP_H
@@ -72,38 +69,13 @@ kv_link kv_link_default(void);
 /** Modelled seconds of one batched copy of @p bytes (0 bytes: no copy, 0 s). */
 double kv_link_seconds(const kv_link *l, int64_t bytes);
 
-/**
- * Moving block bytes between a device cache and host memory. Each call is one batched copy
- * over @p n pairs; block ids of the host side index @p host (block i at host + i·block_bytes).
- */
-typedef struct {
-    void *ctx;
-    size_t block_bytes; /**< bytes of one block, every layer, K and V */
-    /** Device block pairs[i].src -> host block pairs[i].dst. */
-    int (*copy_out)(void *ctx, const kv_block_copy *pairs, int n, uint8_t *host, kv_err *err);
-    /** Host block pairs[i].src -> device block pairs[i].dst. */
-    int (*copy_in)(void *ctx, const kv_block_copy *pairs, int n, const uint8_t *host,
-                   kv_err *err);
-} kv_swap_io;
-
-/** Bytes of one block of paged cache @p c: every layer, K and V, codes and metadata. */
-size_t kv_swap_block_bytes(const kv_cache *c);
-/** The ::kv_swap_io of a paged CPU cache (@p c borrowed). KV_ERR_ARG when it is not paged. */
-int kv_swap_io_cache(kv_swap_io *io, kv_cache *c, kv_err *err);
-
-/**
- * A CPU backend over @p model and a paged @p spec, as kv_backend_cpu() builds, together with
- * the ::kv_swap_io of its cache in @p io (valid until the backend is destroyed).
- */
-int kv_swap_backend_cpu(kv_backend **out, kv_swap_io *io, const kv_model *model,
-                        const kv_cache_spec *spec, kv_err *err);
-
 /** The host tier: a pool of host blocks, their memory, the link and what crossed it. */
 typedef struct {
-    kv_pool pool;       /* host block bookkeeping; pool.block_bytes = io block bytes */
+    kv_pool pool;       /* host block bookkeeping; pool.block_bytes = the backend's */
     uint8_t *mem;       /* [n_blocks][block_bytes] */
     kv_link link;
     kv_link_stats stats;
+    kv_backend *owner;  /* the backend whose host_alloc made mem (its host_free frees it) */
 } kv_swap;
 
 /** A sequence living in the host tier (filled by kv_swap_out()). */
@@ -116,12 +88,14 @@ typedef struct {
 } kv_swapped;
 
 /**
- * A host tier of @p n_blocks blocks of @p block_size tokens and @p block_bytes bytes each
- * (memory from kv_calloc), over link @p link (NULL: kv_link_default()). KV_ERR_ARG, NOMEM.
+ * A host tier of @p n_host_blocks blocks shaped as the blocks of paged backend @p b (its
+ * block size, b->block_bytes() bytes each), memory from b->host_alloc (else kv_calloc), over
+ * link @p link (NULL: kv_link_default()). KV_ERR_ARG for a backend without block I/O or a bad
+ * link, KV_ERR_NOMEM.
  */
-int kv_swap_init(kv_swap *sw, int n_blocks, int block_size, size_t block_bytes,
-                 const kv_link *link, kv_err *err);
-/** Free the host tier (a zeroed struct is fine). */
+int kv_swap_init(kv_swap *sw, kv_backend *b, int n_host_blocks, const kv_link *link,
+                 kv_err *err);
+/** Free the host tier (a zeroed struct is fine); before the backend that made it goes. */
 void kv_swap_free(kv_swap *sw);
 
 /**
@@ -130,17 +104,16 @@ void kv_swap_free(kv_swap *sw);
  * then release the slot (b->reset). KV_ERR_CAPACITY when the host tier lacks blocks: the
  * slot is untouched. KV_ERR_UNSUPPORTED for fp8, KIVI, windows, prefix caching.
  */
-int kv_swap_out(kv_swap *sw, kv_backend *b, const kv_swap_io *io, int slot, kv_swapped *out,
-                kv_err *err);
+int kv_swap_out(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err *err);
 
 /**
  * Swap @p s back into the empty @p slot of @p b: take device blocks (all or nothing), copy the
  * bytes back in one batched copy, rebuild the slot's table, token record and length, and
  * release the host blocks. KV_ERR_CAPACITY when the device pool lacks blocks: @p s stays in
- * the host tier, unchanged.
+ * the host tier, unchanged. @p b may be another backend than the one @p s left, built with
+ * the same spec (a tier filled on the CPU swaps into CUDA).
  */
-int kv_swap_in(kv_swap *sw, kv_backend *b, const kv_swap_io *io, int slot, kv_swapped *s,
-               kv_err *err);
+int kv_swap_in(kv_swap *sw, kv_backend *b, int slot, kv_swapped *s, kv_err *err);
 
 /** Forget a swapped-out sequence: release its host blocks (a zeroed one is fine). */
 void kv_swapped_drop(kv_swap *sw, kv_swapped *s);

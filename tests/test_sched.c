@@ -4,6 +4,10 @@
  * prefixes with the prefix cache), also when a small pool forces preemptions and when the
  * token budget chunks every prompt; a request larger than the pool fails alone; every policy
  * completes; the pool ends with no leaks; beam width 1 is greedy; beams beat greedy.
+ * Chapter 07, preemption by swap: the same tokens again, with nothing re-fed (tokens processed
+ * = the solo runs' sum), bytes = blocks x block bytes each way, both tiers empty after the
+ * run; a tiny host tier, the prefix cache and fp8 fall back to recompute, counted, and still
+ * change no token; under recompute, tokens processed - tokens recomputed = the solo runs' sum.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
@@ -15,6 +19,7 @@
 #include "kv_beam.h"
 #include "kv_generate.h"
 #include "kv_sched.h"
+#include "kv_swap.h"
 #include "kv_test.h"
 
 /* A small trace in memory: {arrival, prompt, output, n, beam, prefix}. */
@@ -37,9 +42,11 @@ static void make_trace(kv_trace *t, const kv_request *reqs, int n)
     t->prefix_len[1] = 10;
 }
 
-static kv_backend *paged_backend(const kv_model *m, int n_blocks, int block_size, int prefix)
+static kv_backend *paged_backend_dtype(const kv_model *m, int n_blocks, int block_size,
+                                      int prefix, int dtype)
 {
     kv_cache_spec spec = kv_cache_spec_default(16, 128);
+    spec.dtype = dtype;
     spec.layout = KV_LAYOUT_PAGED;
     spec.block_size = block_size;
     spec.n_blocks = n_blocks;
@@ -52,6 +59,11 @@ static kv_backend *paged_backend(const kv_model *m, int n_blocks, int block_size
         exit(1);
     }
     return b;
+}
+
+static kv_backend *paged_backend(const kv_model *m, int n_blocks, int block_size, int prefix)
+{
+    return paged_backend_dtype(m, n_blocks, block_size, prefix, KV_DTYPE_F32);
 }
 
 /* The pool holds nothing and is consistent. */
@@ -131,6 +143,15 @@ static void check_cli(const char *kvlab, const kv_trace *t)
     KV_CHECK(kvlab_rc(kvlab, args) == 2, "unknown policy exits 2");
     snprintf(args, sizeof args, "--trace '%s' --blocks -3", trace);
     KV_CHECK(kvlab_rc(kvlab, args) == 2, "negative --blocks exits 2");
+    snprintf(args, sizeof args, "--trace '%s' --preempt later", trace);
+    KV_CHECK(kvlab_rc(kvlab, args) == 2, "unknown --preempt exits 2");
+    snprintf(args, sizeof args, "--trace '%s' --preempt swap --host-blocks -1", trace);
+    KV_CHECK(kvlab_rc(kvlab, args) == 2, "negative --host-blocks exits 2");
+    for (int h = 0; h <= 3; h += 3) {
+        snprintf(args, sizeof args, "--trace '%s' --blocks 20 --block-size 4 --burst --preempt "
+                 "swap --host-blocks %d", trace, h);
+        KV_CHECK(kvlab_rc(kvlab, args) == 0, "serve --preempt swap --host-blocks %d exits 0", h);
+    }
     const char *pol[] = {"paged --prefix-cache", "max", "pow2", "oracle"};
     for (int p = 0; p < 4; p++) {
         snprintf(args, sizeof args, "--trace '%s' --blocks 64 --block-size 4 --max-len 64 --policy %s "
@@ -146,6 +167,135 @@ static void check_cli(const char *kvlab, const kv_trace *t)
     }
     remove(trace);
     rmdir(dir);
+}
+
+/* Two runs of the same trace give the same tokens (for formats without a solo reference). */
+static int same_runs(const kv_sched_out *a, const kv_sched_out *b)
+{
+    int same = a->n == b->n;
+    for (int i = 0; same && i < a->n; i++) same = same_result(&a->results[i], &b->results[i]);
+    return same;
+}
+
+/* Chapter 07: preemption by swap, beside recompute, on the trace of @p solo. */
+static void check_swap(const kv_model *m, const kv_trace *t, const kv_sched_out *solo,
+                       const kv_sched_opts *burst)
+{
+    int64_t base = 0; /* tokens the requests feed when nothing is fed twice */
+    for (int i = 0; i < t->n; i++) base += solo[i].m.tokens_processed;
+    kv_sched_opts so = *burst;
+    so.preempt = KV_PREEMPT_SWAP;
+    KV_CHECK(kv_preempt_by_name("swap") == KV_PREEMPT_SWAP && kv_preempt_by_name("x") == -1 &&
+                 strcmp(kv_preempt_name(KV_PREEMPT_RECOMPUTE), "recompute") == 0,
+             "preemption mode names");
+
+    /* recompute: the rows it drops are exactly the extra tokens it feeds */
+    kv_backend *b = paged_backend(m, 20, 4, 0);
+    kv_sched_metrics mr = run_and_compare("recompute, 20 blocks", b, t, burst, solo);
+    KV_CHECK(mr.preemptions > 0 && mr.tokens_recomputed > 0 &&
+                 mr.tokens_processed - mr.tokens_recomputed == base,
+             "recompute: %lld processed - %lld recomputed = %lld solo",
+             (long long)mr.tokens_processed, (long long)mr.tokens_recomputed, (long long)base);
+    KV_CHECK(mr.swap_preemptions == 0 && mr.recompute_fallbacks == 0 && mr.swap_bytes_out == 0 &&
+                 mr.host_blocks == 0,
+             "recompute mode swaps nothing");
+    kv_backend_destroy(b);
+
+    /* swap, host tier as large as the pool: every request fits the 24 blocks unshared */
+    b = paged_backend(m, 24, 4, 0);
+    const int64_t bb = (int64_t)b->block_bytes(b);
+    kv_sched_metrics ms = run_and_compare("swap, 24 blocks", b, t, &so, solo);
+    KV_CHECK(ms.preemptions > 0 && ms.swap_preemptions == ms.preemptions &&
+                 ms.recompute_fallbacks == 0 && preempted_multi > 0,
+             "swap: %lld preemptions, %lld by swap, %lld fallbacks, %d of samples or beams",
+             (long long)ms.preemptions, (long long)ms.swap_preemptions,
+             (long long)ms.recompute_fallbacks, preempted_multi);
+    KV_CHECK(ms.tokens_recomputed == 0 && ms.tokens_processed == base,
+             "swap re-feeds nothing: %lld processed, %lld solo", (long long)ms.tokens_processed,
+             (long long)base);
+    KV_CHECK(ms.seqs_swapped_out > 0 && ms.seqs_swapped_out == ms.seqs_swapped_in &&
+                 ms.swap_blocks_out > 0 && ms.swap_blocks_out == ms.swap_blocks_in &&
+                 ms.swap_bytes_out == ms.swap_blocks_out * bb &&
+                 ms.swap_bytes_in == ms.swap_blocks_in * bb,
+             "swap: %lld sequences, %lld blocks of %lld bytes, %lld bytes each way",
+             (long long)ms.seqs_swapped_out, (long long)ms.swap_blocks_out, (long long)bb,
+             (long long)ms.swap_bytes_out);
+    /* one batched copy per sequence: latency + bytes / bandwidth each */
+    const double wire = (double)ms.swap_bytes_out / KV_LINK_DEFAULT_BANDWIDTH;
+    const double lat = ms.seqs_swapped_out * KV_LINK_DEFAULT_LATENCY;
+    KV_CHECK(ms.swap_seconds_out >= wire && ms.swap_seconds_out <= (wire + lat) * 1.000001 &&
+                 ms.swap_seconds_in == ms.swap_seconds_out,
+             "link time %.3g s out, %.3g s in, for %.3g s on the wire", ms.swap_seconds_out,
+             ms.swap_seconds_in, wire);
+    KV_CHECK(ms.host_blocks == 24 && ms.peak_host_blocks > 0 && ms.host_leaked == 0,
+             "host tier of %d blocks, peak %d, %d left held", ms.host_blocks, ms.peak_host_blocks,
+             ms.host_leaked);
+    kv_backend_destroy(b);
+
+    /* 20 blocks: the 3-beam request would not fit unshared, so it recomputes */
+    b = paged_backend(m, 20, 4, 0);
+    ms = run_and_compare("swap, 20 blocks", b, t, &so, solo);
+    KV_CHECK(ms.swap_preemptions > 0 && ms.host_leaked == 0 &&
+                 ms.swap_preemptions + ms.recompute_fallbacks == ms.preemptions &&
+                 ms.tokens_processed - ms.tokens_recomputed == base,
+             "swap, 20 blocks: %lld by swap, %lld fallbacks of %lld",
+             (long long)ms.swap_preemptions, (long long)ms.recompute_fallbacks,
+             (long long)ms.preemptions);
+    kv_backend_destroy(b);
+
+    /* a host tier of 3 blocks: most preemptions find it full and recompute */
+    kv_sched_opts tiny = so;
+    tiny.host_blocks = 3;
+    b = paged_backend(m, 20, 4, 0);
+    ms = run_and_compare("swap, 3 host blocks", b, t, &tiny, solo);
+    KV_CHECK(ms.recompute_fallbacks > 0 && ms.tokens_recomputed > 0 &&
+                 ms.swap_preemptions + ms.recompute_fallbacks == ms.preemptions &&
+                 ms.tokens_processed - ms.tokens_recomputed == base,
+             "tiny host tier: %lld fallbacks, %lld by swap, %lld tokens recomputed",
+             (long long)ms.recompute_fallbacks, (long long)ms.swap_preemptions,
+             (long long)ms.tokens_recomputed);
+    KV_CHECK(ms.host_blocks == 3 && ms.peak_host_blocks <= 3 && ms.host_leaked == 0,
+             "tiny host tier: peak %d of 3, %d left held", ms.peak_host_blocks, ms.host_leaked);
+    kv_backend_destroy(b);
+
+    /* the prefix cache: kv_swap refuses, every preemption recomputes */
+    b = paged_backend(m, 24, 4, 1);
+    ms = run_and_compare("swap + prefix cache", b, t, &so, solo);
+    KV_CHECK(ms.preemptions > 0 && ms.recompute_fallbacks == ms.preemptions &&
+                 ms.swap_preemptions == 0 && ms.swap_bytes_out == 0 &&
+                 strstr(ms.swap_refused, "prefix"),
+             "prefix cache: %lld of %lld preemptions recompute ('%s')",
+             (long long)ms.recompute_fallbacks, (long long)ms.preemptions, ms.swap_refused);
+    kv_backend_destroy(b);
+
+    /* fp8 (per-sequence scales) falls back; int8 swaps; each gives the tokens of recompute */
+    const int fmts[] = {KV_QF_FP8_E4M3, KV_QF_INT8};
+    for (int f = 0; f < 2; f++) {
+        const char *name = kv_dtype_name(fmts[f]);
+        kv_sched_out ro, sw;
+        kv_err err;
+        b = paged_backend_dtype(m, 20, 4, 0, fmts[f]);
+        int r1 = kv_sched_run(b, t, t->n, burst, &ro, &err);
+        int r2 = r1 ? r1 : kv_sched_run(b, t, t->n, &so, &sw, &err);
+        KV_CHECK(!r1 && !r2, "%s runs: %s", name, err.msg);
+        if (!r1 && !r2) {
+            KV_CHECK(same_runs(&ro, &sw), "%s: swap mode gives the tokens of recompute", name);
+            const kv_sched_metrics *x = &sw.m;
+            if (fmts[f] == KV_QF_INT8)
+                KV_CHECK(x->swap_preemptions > 0 && x->host_leaked == 0, "int8 swaps (%lld)",
+                         (long long)x->swap_preemptions);
+            else
+                KV_CHECK(x->preemptions > 0 && x->recompute_fallbacks == x->preemptions &&
+                             x->swap_preemptions == 0 && strstr(x->swap_refused, name),
+                         "%s: %lld of %lld preemptions recompute ('%s')", name,
+                         (long long)x->recompute_fallbacks, (long long)x->preemptions,
+                         x->swap_refused);
+            check_pool(b, name);
+        }
+        if (!r1) kv_sched_out_free(&ro);
+        if (!r1 && !r2) kv_sched_out_free(&sw);
+        kv_backend_destroy(b);
+    }
 }
 
 int main(int argc, char **argv)
@@ -362,6 +512,8 @@ int main(int argc, char **argv)
         kv_trace_free(&tbw);
         kv_trace_free(&tgr);
     }
+
+    check_swap(&m, &t, solo, &burst);
 
     if (argc > 1) check_cli(argv[1], &t);
 

@@ -55,20 +55,21 @@ static kv_cache_spec paged_spec(const char *variant, int extra, kv_err *e, int *
  * put them back on the free stack in a shuffled order: a swap in lands on other blocks than
  * the swap out left, and a byte it failed to bring back shows. */
 static int relocated;
-static void poison_free_blocks(kv_backend *b, const kv_swap_io *io, uint64_t seed)
+static void poison_free_blocks(kv_backend *b, uint64_t seed)
 {
     kv_pool *p = &b->paged->pool;
     int *ids = malloc((size_t)p->n_blocks * sizeof(int));              /* [N] */
     kv_block_copy *pairs = malloc((size_t)p->n_blocks * sizeof *pairs); /* [N] */
-    uint8_t *junk = malloc(io->block_bytes);                            /* [block_bytes] */
-    memset(junk, 0xFF, io->block_bytes);
+    const size_t bb = b->block_bytes(b);
+    uint8_t *junk = malloc(bb);                                         /* [block_bytes] */
+    memset(junk, 0xFF, bb);
     kv_err e;
     int n = 0;
     while (n < p->n_blocks && kv_pool_alloc(p, &ids[n], &e) == KV_OK) {
         pairs[n] = (kv_block_copy){0, ids[n]};
         n++;
     }
-    KV_CHECK(io->copy_in(io->ctx, pairs, n, junk, &e) == KV_OK, "poison: %s", e.msg);
+    KV_CHECK(b->write_blocks(b, pairs, n, junk, bb, &e) == KV_OK, "poison: %s", e.msg);
     kv_rng r;
     kv_rng_seed(&r, seed);
     for (int i = n - 1; i > 0; i--) {
@@ -86,7 +87,7 @@ static void poison_free_blocks(kv_backend *b, const kv_swap_io *io, uint64_t see
  * or, after each swap point, Bq alone. With sw != NULL, A is swapped out at each swap point
  * and swapped back in (into the other free slot) after Bq's lone step.
  * logits [MAX_STEPS][2][V] (absent rows 0). Returns the steps run, or -1. */
-static int run(kv_backend *b, const kv_swap_io *io, kv_swap *sw, float *logits, kv_err *e)
+static int run(kv_backend *b, kv_swap *sw, float *logits, kv_err *e)
 {
     const int V = b->config->vocab_size;
     int ta[CAP], tb[CAP], la = PROMPT, lb = PROMPT - 4, sa = 0, st = 0;
@@ -112,12 +113,12 @@ static int run(kv_backend *b, const kv_swap_io *io, kv_swap *sw, float *logits, 
         if (sw) {
             n_old = b->paged->tables[sa].n_blocks;
             memcpy(old, b->paged->tables[sa].blocks, (size_t)n_old * sizeof(int));
-            int rc = kv_swap_out(sw, b, io, sa, &h, e);
+            int rc = kv_swap_out(sw, b, sa, &h, e);
             KV_CHECK(rc == KV_OK, "swap out at length %d: %s", pa, e->msg);
             if (rc) return -1;
             KV_CHECK(b->length(b, sa) == 0 && b->paged->tables[sa].n_blocks == 0,
                      "slot %d still holds %d tokens after the swap out", sa, b->length(b, sa));
-            poison_free_blocks(b, io, 900 + (uint64_t)pa);
+            poison_free_blocks(b, 900 + (uint64_t)pa);
         }
         lg = logits + (size_t)st * 2 * V; /* Bq alone: takes blocks A just freed */
         kv_seq qb = {1, pb, lb - pb, tb + pb};
@@ -127,7 +128,7 @@ static int run(kv_backend *b, const kv_swap_io *io, kv_swap *sw, float *logits, 
         st++;
         if (sw) {
             sa = sa == 0 ? 2 : 0;
-            int rc = kv_swap_in(sw, b, io, sa, &h, e);
+            int rc = kv_swap_in(sw, b, sa, &h, e);
             KV_CHECK(rc == KV_OK, "swap in at length %d: %s", pa, e->msg);
             if (rc) return -1;
             KV_CHECK(b->length(b, sa) == pa && !h.resident, "swap in: slot %d holds %d of %d",
@@ -171,25 +172,26 @@ static void check_variant(const kv_model *m, const char *variant)
     float *ref = calloc(n_logits, sizeof(float)), *got = calloc(n_logits, sizeof(float));
     kv_backend *b = NULL;
     rc = kv_backend_cpu(&b, m, &ps, &e);
-    int n_ref = rc ? -1 : run(b, NULL, NULL, ref, &e);
+    int n_ref = rc ? -1 : run(b, NULL, ref, &e);
     KV_CHECK(n_ref > 0, "%s: reference run: %s", variant, e.msg);
     kv_backend_destroy(b);
     b = NULL;
 
-    kv_swap_io io;
     kv_swap sw;
     memset(&sw, 0, sizeof sw);
-    rc = kv_swap_backend_cpu(&b, &io, m, &ps, &e);
+    rc = kv_backend_cpu(&b, m, &ps, &e);
     KV_CHECK(rc == KV_OK, "%s: swap backend: %s", variant, e.msg);
-    if (!rc) rc = kv_swap_init(&sw, 8, B, io.block_bytes, NULL, &e);
+    if (!rc) rc = kv_swap_init(&sw, b, 8, NULL, &e);
     KV_CHECK(rc == KV_OK, "%s: host tier: %s", variant, e.msg);
     if (rc || n_ref <= 0) goto done;
-    KV_CHECK(io.block_bytes == expected_block_bytes(&m->config, variant),
-             "%s: block bytes %zu, the formula says %zu", variant, io.block_bytes,
-             expected_block_bytes(&m->config, variant));
+    const size_t bb = b->block_bytes(b);
+    KV_CHECK(bb == expected_block_bytes(&m->config, variant) && sw.pool.block_bytes == bb &&
+                 sw.pool.block_size == B,
+             "%s: block bytes %zu (host tier %zu), the formula says %zu", variant, bb,
+             sw.pool.block_bytes, expected_block_bytes(&m->config, variant));
 
     relocated = 0;
-    int n_got = run(b, &io, &sw, got, &e);
+    int n_got = run(b, &sw, got, &e);
     KV_CHECK(relocated == N_SWAP, "%s: only %d of %d swaps came back to other blocks", variant,
              relocated, N_SWAP);
     KV_CHECK(n_got == n_ref, "%s: %d steps with swaps, %d without", variant, n_got, n_ref);
@@ -210,15 +212,15 @@ static void check_variant(const kv_model *m, const char *variant)
     for (int i = 0; i < N_SWAP; i++) {
         const int nb = (SWAP_AT[i] + B - 1) / B;
         blocks += nb;
-        secs += L.latency + (double)nb * (double)io.block_bytes / L.bandwidth;
+        secs += L.latency + (double)nb * (double)bb / L.bandwidth;
     }
     for (int dir = 0; dir < 2; dir++) {
         KV_CHECK(sw.stats.copies[dir] == N_SWAP && sw.stats.blocks[dir] == blocks &&
-                     sw.stats.bytes[dir] == blocks * (int64_t)io.block_bytes,
+                     sw.stats.bytes[dir] == blocks * (int64_t)bb,
                  "%s: link %s: %lld copies, %lld blocks, %lld bytes; expected %d, %lld, %lld",
                  variant, dir ? "in" : "out", (long long)sw.stats.copies[dir],
                  (long long)sw.stats.blocks[dir], (long long)sw.stats.bytes[dir], N_SWAP,
-                 (long long)blocks, (long long)(blocks * (int64_t)io.block_bytes));
+                 (long long)blocks, (long long)(blocks * (int64_t)bb));
         KV_CHECK(fabs(sw.stats.seconds[dir] - secs) <= 1e-12 * secs, "%s: link %s: %.9g s "
                  "modelled, expected %.9g", variant, dir ? "in" : "out", sw.stats.seconds[dir],
                  secs);
@@ -239,12 +241,11 @@ static void check_exhaustion(const kv_model *m)
     int rc;
     kv_cache_spec ps = paged_spec("int8", 0, &e, &rc);
     kv_backend *b = NULL, *r = NULL;
-    kv_swap_io io;
     kv_swap sw;
     memset(&sw, 0, sizeof sw);
-    if (!rc) rc = kv_swap_backend_cpu(&b, &io, m, &ps, &e);
+    if (!rc) rc = kv_backend_cpu(&b, m, &ps, &e);
     if (!rc) rc = kv_backend_cpu(&r, m, &ps, &e);
-    if (!rc) rc = kv_swap_init(&sw, 2, B, io.block_bytes, NULL, &e);
+    if (!rc) rc = kv_swap_init(&sw, b, 2, NULL, &e);
     KV_CHECK(rc == KV_OK, "exhaustion setup: %s", e.msg);
     if (rc) goto done;
     const int V = m->config.vocab_size;
@@ -258,7 +259,7 @@ static void check_exhaustion(const kv_model *m)
     int before[3];
     memcpy(before, b->paged->tables[0].blocks, sizeof before);
     kv_swapped h;
-    rc = kv_swap_out(&sw, b, &io, 0, &h, &e);
+    rc = kv_swap_out(&sw, b, 0, &h, &e);
     KV_CHECK(rc == KV_ERR_CAPACITY && strstr(e.msg, "3 blocks") && strstr(e.msg, "2 free of 2"),
              "host tier of 2 blocks, sequence of 3: rc %d, '%s'", rc, rc ? e.msg : "");
     KV_CHECK(b->length(b, 0) == 21 && b->paged->tables[0].n_blocks == 3 &&
@@ -277,7 +278,7 @@ static void check_exhaustion(const kv_model *m)
     kv_seq q1 = {1, 0, 9, tok};
     rc = b->forward(b, &q1, 1, lb, NULL, &e);
     KV_CHECK(rc == KV_OK, "second sequence: %s", e.msg);
-    rc = kv_swap_out(&sw, b, &io, 1, &h, &e);
+    rc = kv_swap_out(&sw, b, 1, &h, &e);
     KV_CHECK(rc == KV_OK && h.n_blocks == 2, "swap out of 2 blocks: %s", rc ? e.msg : "");
     if (rc) {
         free(lb);
@@ -285,14 +286,14 @@ static void check_exhaustion(const kv_model *m)
     }
     int hog[64], n_hog = 0;
     while (n_hog < 64 && kv_pool_alloc(&b->paged->pool, &hog[n_hog], &e) == KV_OK) n_hog++;
-    rc = kv_swap_in(&sw, b, &io, 1, &h, &e);
+    rc = kv_swap_in(&sw, b, 1, &h, &e);
     KV_CHECK(rc == KV_ERR_CAPACITY && strstr(e.msg, "2 blocks") && strstr(e.msg, "0 free"),
              "full device pool: swap in rc %d, '%s'", rc, rc ? e.msg : "");
     KV_CHECK(h.resident && h.n_blocks == 2 && sw.pool.n_used == 2 && b->length(b, 1) == 0 &&
                  b->paged->tables[1].n_blocks == 0,
              "the refused swap in lost the sequence or left blocks behind");
     for (int i = 0; i < n_hog; i++) kv_pool_unref(&b->paged->pool, hog[i], NULL);
-    rc = kv_swap_in(&sw, b, &io, 1, &h, &e);
+    rc = kv_swap_in(&sw, b, 1, &h, &e);
     KV_CHECK(rc == KV_OK && b->length(b, 1) == 9, "swap in after the pool drained: %s",
              rc ? e.msg : "wrong length");
     kv_seq q2 = {1, 9, 1, tok + 9}, q2r = {1, 0, 10, tok};
@@ -314,11 +315,10 @@ static void check_refusals_and_link(const kv_model *m)
     int rc;
     kv_cache_spec ps = paged_spec("fp8", 0, &e, &rc);
     kv_backend *b = NULL;
-    kv_swap_io io;
     kv_swap sw;
     memset(&sw, 0, sizeof sw);
-    if (!rc) rc = kv_swap_backend_cpu(&b, &io, m, &ps, &e);
-    if (!rc) rc = kv_swap_init(&sw, 4, B, io.block_bytes, NULL, &e);
+    if (!rc) rc = kv_backend_cpu(&b, m, &ps, &e);
+    if (!rc) rc = kv_swap_init(&sw, b, 4, NULL, &e);
     KV_CHECK(rc == KV_OK, "fp8 setup: %s", e.msg);
     if (!rc) {
         int tok[4] = {5, 6, 7, 8};
@@ -327,11 +327,24 @@ static void check_refusals_and_link(const kv_model *m)
         rc = b->forward(b, &q, 1, lg, NULL, &e);
         free(lg);
         kv_swapped h;
-        rc = rc ? rc : kv_swap_out(&sw, b, &io, 0, &h, &e);
+        rc = rc ? rc : kv_swap_out(&sw, b, 0, &h, &e);
         KV_CHECK(rc == KV_ERR_UNSUPPORTED && strstr(e.msg, "fp8") && b->length(b, 0) == 4,
                  "fp8 swap: rc %d, '%s'", rc, rc ? e.msg : "");
         check_tiers(b, &sw, "fp8");
     }
+    kv_swap_free(&sw);
+    kv_link bad = {0, 1e-6, 0};
+    KV_CHECK(b && kv_swap_init(&sw, b, 4, &bad, &e) == KV_ERR_ARG, "a link of 0 B/s accepted");
+    kv_swap_free(&sw);
+    kv_backend_destroy(b);
+
+    /* a contiguous backend has no blocks to swap */
+    kv_cache_spec cs = ps;
+    cs.layout = KV_LAYOUT_CONTIGUOUS;
+    b = NULL;
+    rc = kv_backend_cpu(&b, m, &cs, &e);
+    KV_CHECK(rc == KV_OK && !b->read_blocks && kv_swap_init(&sw, b, 4, NULL, &e) == KV_ERR_ARG,
+             "a host tier over a contiguous backend accepted");
     kv_swap_free(&sw);
     kv_backend_destroy(b);
 
@@ -342,9 +355,6 @@ static void check_refusals_and_link(const kv_model *m)
     KV_CHECK(fabs(kv_link_seconds(&L, 25000000000LL) - 1.00001) < 1e-12 &&
                  kv_link_seconds(&L, 0) == 0.0,
              "25 GB over the default link: %.9g s", kv_link_seconds(&L, 25000000000LL));
-    kv_link bad = {0, 1e-6, 0};
-    KV_CHECK(kv_swap_init(&sw, 4, B, 64, &bad, &e) == KV_ERR_ARG, "a link of 0 B/s accepted");
-    kv_swap_free(&sw);
 }
 
 int main(void)

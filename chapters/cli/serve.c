@@ -3,7 +3,9 @@
  * (reference_cpu/kv_sched.h) on a paged CPU cache, under one allocation policy, and print
  * what chapter 05 measures: KV utilization, waste (internal and reserved), peak concurrency,
  * preemptions, prefix-cache hits, sharing by forks, tokens/s. --timeline writes the pool
- * occupancy of every step for the chapter's pool-over-time figure.
+ * occupancy of every step for the chapter's pool-over-time figure. --preempt swap preempts
+ * by swapping to a host tier (chapter 07) and prints what crossed the link beside what
+ * recompute fed again.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +17,7 @@
 #include "kv_trace.h"
 
 static const char *const policies[] = {"paged", "max", "pow2", "oracle", NULL};
+static const char *const preempts[] = {"recompute", "swap", NULL};
 
 typedef struct {
     FILE *timeline; /* NULL: no timeline */
@@ -37,7 +40,8 @@ int cmd_serve(int argc, char **argv)
 {
     const char *cmd = "kvlab serve";
     const char *trace_path = NULL, *policy = "paged", *model_arg = "tiny", *timeline = NULL;
-    const char *device = "cpu";
+    const char *device = "cpu", *preempt = "recompute";
+    int host_blocks = 0;
     int n_blocks = 1024, block_size = 16, prefix = 0, max_requests = 100, budget = 256;
     int max_seqs = 256, max_len = 0, burst = 0;
     double step_ms = 20.0, temperature = 0.0;
@@ -58,13 +62,16 @@ int cmd_serve(int argc, char **argv)
         {"--burst", KV_OPT_FLAG, &burst, 0, 0, NULL, NULL, "every request arrives at time 0 (offline batch)", 0},
         {"--temperature", KV_OPT_FLOAT, &temperature, 0, 100, NULL, "T", "plain requests: 0 = greedy (default 0); parallel samples use 1", 0},
         {"--seed", KV_OPT_I64, &seed, 0, 9.0e15, NULL, "S", "sampling seed (default 42)", 0},
+        {"--preempt", KV_OPT_CHOICE, &preempt, 0, 0, preempts, "M", "how a preempted request gives memory back: recompute (drop, prefill again) or swap (copy to a host tier and back; default recompute)", 0},
+        {"--host-blocks", KV_OPT_INT, &host_blocks, 0, 1 << 22, NULL, "N", "swap: blocks of the host tier (default 0: as many as --blocks)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model and its paged cache run (default cpu)", 0},
     };
     int r = kv_args_parse(cmd,
                           "Serve a request trace with continuous batching on a paged KV cache\n"
                           "(chunked prefill, parallel sampling and beam search by fork, preemption\n"
-                          "by recompute) and print the allocator's metrics. Arrivals follow a\n"
-                          "simulated clock that advances --step-ms per step, so runs are repeatable.\n"
+                          "by recompute or by swap to a host tier) and print the allocator's\n"
+                          "metrics. Arrivals follow a simulated clock that advances --step-ms per\n"
+                          "step, so runs are repeatable.\n"
                           "The baselines max/pow2/oracle reserve contiguous space per sequence at\n"
                           "admission, counted in blocks of the same pool.",
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
@@ -139,6 +146,8 @@ int cmd_serve(int argc, char **argv)
     o.burst = burst;
     o.temperature = (float)temperature;
     o.seed = (uint64_t)seed;
+    o.preempt = kv_preempt_by_name(preempt);
+    o.host_blocks = host_blocks;
     o.on_step = on_step;
     o.user = &ctx;
     kv_progress_start(&ctx.progress, "serve: requests");
@@ -174,7 +183,22 @@ int cmd_serve(int argc, char **argv)
     pct_row("  reserved (held, not yet used)", x->waste_reserved);
     printf("  %-34s %8d   (requests %d)\n", "peak running sequences", x->peak_seqs, x->peak_reqs);
     printf("  %-34s %8d   of %d\n", "peak blocks used", x->peak_used_blocks, n_blocks);
-    printf("  %-34s %8lld\n", "preemptions (recompute)", (long long)x->preemptions);
+    printf("  %-34s %8lld   (%s)\n", "preemptions", (long long)x->preemptions, preempt);
+    if (o.preempt == KV_PREEMPT_SWAP) {
+        printf("  %-34s %8lld   (%lld sequences out, %lld in)\n", "  by swap",
+               (long long)x->swap_preemptions, (long long)x->seqs_swapped_out,
+               (long long)x->seqs_swapped_in);
+        printf("  %-34s %8lld\n", "  fell back to recompute", (long long)x->recompute_fallbacks);
+        if (x->swap_refused[0]) printf("  %-34s %s\n", "  (swap refused)", x->swap_refused);
+        printf("  %-34s %8d   (peak %d held)\n", "host tier blocks", x->host_blocks,
+               x->peak_host_blocks);
+        printf("  %-34s %8.2f MiB / %.2f MiB  (%lld / %lld blocks)\n", "bytes swapped out / in",
+               x->swap_bytes_out / 1048576.0, x->swap_bytes_in / 1048576.0,
+               (long long)x->swap_blocks_out, (long long)x->swap_blocks_in);
+        printf("  %-34s %8.3f ms / %.3f ms  (kv_link model)\n", "link time out / in",
+               1e3 * x->swap_seconds_out, 1e3 * x->swap_seconds_in);
+    }
+    printf("  %-34s %8lld\n", "tokens recomputed (re-fed)", (long long)x->tokens_recomputed);
     if (x->nomem_retries)
         printf("  %-34s %8lld\n", "steps retried smaller (out of memory)",
                (long long)x->nomem_retries);
@@ -192,6 +216,10 @@ int cmd_serve(int argc, char **argv)
     printf("  %-34s %8.0f   (%.2f s measured)\n", "tokens/s generated", x->tokens_per_s, x->wall_s);
     int leaked = kv_pool_check_leaks(&b->paged->pool, NULL, 0);
     if (leaked) kv_fail(&err, KV_ERR_CAPACITY, "%d blocks still in use", leaked);
+    if (!leaked && x->host_leaked) {
+        leaked = 1;
+        kv_fail(&err, KV_ERR_CAPACITY, "the host tier still holds blocks (%d)", x->host_leaked);
+    }
     if (leaked || kv_pool_validate(&b->paged->pool, &err) != KV_OK) {
         rc = kv_cli_fail(cmd, "pool check after the run", KV_ERR_CAPACITY, &err);
         goto done;

@@ -1,0 +1,374 @@
+/* Chapter 07 on the GPU: the host tier through the CUDA backend's block I/O.
+ *
+ * Predicted before measured: both devices lay a host block out in one order
+ * ([L][K, V][H_kv](codes, meta), kv_cache_block_bytes()) and move bytes without touching them,
+ * so
+ *  - the same rows written into a CPU and a GPU paged cache (kv_cache_write_slots and its twin,
+ *    which store the same bytes) read back into host blocks byte for byte equal, fp32, int8
+ *    and fp16, B 8 and 16, through a shuffled, partly consecutive list of host blocks; host
+ *    blocks written into other pool blocks of each device read back unchanged, and the same
+ *    on both devices;
+ *  - a sequence swapped out of the CUDA backend and back in (into other blocks and another
+ *    slot, the freed blocks poisoned with 0xFF in between) generates logits bit for bit those
+ *    of a CUDA run that never swapped;
+ *  - a host tier filled through the CPU backend swapped into the CUDA backend gives the next
+ *    logits of a CPU run that never swapped, and one filled by CUDA swapped into the CPU those
+ *    of a CUDA run that never swapped, within kv_test.h's fp32 tolerance: the stored values
+ *    are those the writer stored, only the reader's summation order differs (the bound every
+ *    GPU-vs-CPU fp32 test uses, not loosened);
+ *  - no block leaks in either tier (kv_pool_check_leaks + kv_pool_validate).
+ * Exits 77 (skipped) without a usable device. */
+#include "kv_test.h"
+
+#include "kv_needle.h"
+#include "kv_rng.h"
+#include "kv_sampler.h"
+#include "kv_swap.h"
+#include "kvcu.h"
+
+#include <string.h>
+
+#define CAP 48
+#define PROMPT 13
+#define END 34 /* sequence A's final length */
+#define N_SLOTS 3
+#define MAX_STEPS 48
+
+static const char *const variants[3] = {"fp32", "int8", "fp16"};
+
+/* A's lengths at which it is swapped out (then Bq steps alone, then A comes back) */
+static const int SWAP_AT[] = {13, 16, 17, 24, 30};
+#define N_SWAP ((int)(sizeof SWAP_AT / sizeof SWAP_AT[0]))
+
+static kv_cache_spec paged_spec(const char *variant, int B, kv_err *e, int *rc)
+{
+    kv_cache_spec s;
+    *rc = kv_needle_cache_spec(variant, N_SLOTS, CAP, &s, e);
+    s.layout = KV_LAYOUT_PAGED;
+    s.block_size = B;
+    s.n_blocks = 2 * ((CAP + B - 1) / B);
+    return s;
+}
+
+/* ---- 1. host bytes: CPU == GPU ----------------------------------------------------------- */
+
+static void check_bytes(const kv_config *cfg, const char *variant, int B)
+{
+    kv_err e;
+    int rc;
+    kv_cache_spec ps = paged_spec(variant, B, &e, &rc);
+    kv_cache cc;
+    kvcu_cache *gc = NULL;
+    memset(&cc, 0, sizeof cc);
+    if (!rc) rc = kv_cache_create(&cc, cfg, &ps, &e);
+    if (!rc) rc = kvcu_cache_create(&gc, cfg, &ps, &e);
+    KV_CHECK(rc == KV_OK, "%s B%d: caches: %s", variant, B, e.msg);
+    if (rc) {
+        kv_cache_free(&cc);
+        kvcu_cache_free(gc);
+        return;
+    }
+    const int N = ps.n_blocks, Hkv = cfg->n_kv_heads, d = cfg->dim / cfg->n_heads;
+    const size_t bb = kv_cache_block_bytes(&cc);
+    KV_CHECK(bb > 0 && kvcu_cache_block_bytes(gc) == bb, "%s B%d: block bytes CPU %zu, GPU %zu",
+             variant, B, bb, kvcu_cache_block_bytes(gc));
+    /* every row of every pool block, every layer: random keys and values */
+    const int n = N * B;
+    int64_t *slots = malloc((size_t)n * sizeof *slots);            /* [n] */
+    float *kv = malloc((size_t)2 * n * Hkv * d * sizeof(float));   /* [2][n][H_kv][d] */
+    float *dkv = NULL;
+    kv_rng r;
+    kv_rng_seed(&r, 77 + (uint64_t)B);
+    for (int i = 0; i < n; i++) slots[i] = i;
+    rc = kvcu_malloc((void **)&dkv, (size_t)2 * n * Hkv * d * sizeof(float), &e);
+    for (int l = 0; l < cfg->n_layers && !rc; l++) {
+        for (size_t i = 0; i < (size_t)2 * n * Hkv * d; i++) kv[i] = kv_rng_normal(&r);
+        const float *k = kv, *v = kv + (size_t)n * Hkv * d;
+        rc = kv_cache_write_slots(&cc, l, slots, n, k, v, &e);
+        if (!rc) rc = kvcu_upload(dkv, kv, (size_t)2 * n * Hkv * d * sizeof(float), &e);
+        if (!rc)
+            rc = kvcu_cache_write_slots(gc, l, slots, n, dkv, dkv + (size_t)n * Hkv * d, &e);
+    }
+    KV_CHECK(rc == KV_OK, "%s B%d: writes: %s", variant, B, e.msg);
+    /* pool blocks in a shuffled order to host blocks 0..N-1 in order, except two swapped:
+     * runs of consecutive host blocks and a break between them */
+    kv_block_copy *pairs = malloc((size_t)N * sizeof *pairs); /* [N] */
+    for (int i = 0; i < N; i++) pairs[i] = (kv_block_copy){i, i};
+    for (int i = N - 1; i > 0; i--) {
+        int j = (int)(kv_rng_u32(&r) % (uint32_t)(i + 1)), t = pairs[i].src;
+        pairs[i].src = pairs[j].src;
+        pairs[j].src = t;
+    }
+    pairs[1].dst = 2;
+    pairs[2].dst = 1;
+    uint8_t *hc = malloc((size_t)N * bb), *hg = malloc((size_t)N * bb); /* [N][bb] each */
+    memset(hc, 0xAA, (size_t)N * bb);
+    memset(hg, 0x55, (size_t)N * bb);
+    if (!rc) rc = kv_cache_read_blocks(&cc, pairs, N, hc, bb, &e);
+    if (!rc) rc = kvcu_cache_read_blocks(gc, pairs, N, hg, bb, &e);
+    KV_CHECK(rc == KV_OK, "%s B%d: read blocks: %s", variant, B, e.msg);
+    int bad = 0;
+    for (int i = 0; i < N && !rc; i++) bad += memcmp(hc + (size_t)i * bb, hg + (size_t)i * bb, bb) != 0;
+    KV_CHECK(!rc && bad == 0, "%s B%d: %d of %d host blocks read from the GPU differ from the "
+             "CPU's", variant, B, bad, N);
+
+    /* write the host blocks back into the pool reversed, on both, and read them again */
+    kv_block_copy *back = malloc((size_t)N * sizeof *back); /* [N] */
+    for (int i = 0; i < N; i++) back[i] = (kv_block_copy){i, N - 1 - i};
+    if (!rc) rc = kv_cache_write_blocks(&cc, back, N, hc, bb, &e);
+    if (!rc) rc = kvcu_cache_write_blocks(gc, back, N, hc, bb, &e);
+    KV_CHECK(rc == KV_OK, "%s B%d: write blocks: %s", variant, B, e.msg);
+    for (int i = 0; i < N; i++) back[i] = (kv_block_copy){N - 1 - i, i};
+    uint8_t *h2 = malloc((size_t)N * bb);
+    memset(hg, 0x55, (size_t)N * bb);
+    if (!rc) rc = kv_cache_read_blocks(&cc, back, N, h2, bb, &e);
+    if (!rc) rc = kvcu_cache_read_blocks(gc, back, N, hg, bb, &e);
+    KV_CHECK(rc == KV_OK && !memcmp(h2, hc, (size_t)N * bb) && !memcmp(hg, hc, (size_t)N * bb),
+             "%s B%d: blocks written then read back changed (CPU %d, GPU %d)", variant, B,
+             memcmp(h2, hc, (size_t)N * bb) != 0, memcmp(hg, hc, (size_t)N * bb) != 0);
+
+    /* refusals: the CPU's words */
+    back[0] = (kv_block_copy){0, N};
+    KV_CHECK(kvcu_cache_write_blocks(gc, back, 1, hc, bb, &e) == KV_ERR_ARG &&
+                 kv_cache_write_blocks(&cc, back, 1, hc, bb, &e) == KV_ERR_ARG,
+             "%s B%d: pool block %d (outside the pool) accepted", variant, B, N);
+    KV_CHECK(kvcu_cache_read_blocks(gc, pairs, 1, hg, bb + 4, &e) == KV_ERR_ARG &&
+                 strstr(e.msg, "bytes"), "%s B%d: wrong block bytes accepted", variant, B);
+    back[0] = (kv_block_copy){0, 3};
+    back[1] = (kv_block_copy){1, 3};
+    KV_CHECK(kvcu_cache_write_blocks(gc, back, 2, hc, bb, &e) == KV_ERR_ARG,
+             "%s B%d: a pool block written twice in one list accepted", variant, B);
+    back[0] = (kv_block_copy){0, 3}; /* the refused list left no mark behind */
+    KV_CHECK(kvcu_cache_write_blocks(gc, back, 1, hc, bb, &e) == KV_OK, "%s B%d: a list after "
+             "a refused one: %s", variant, B, e.msg);
+    free(h2);
+    free(back);
+    free(hc);
+    free(hg);
+    free(pairs);
+    free(slots);
+    free(kv);
+    kvcu_free(dkv);
+    kvcu_cache_free(gc);
+    kv_cache_free(&cc);
+}
+
+/* ---- 2. swapping on the CUDA backend changes nothing ------------------------------------- */
+
+static int is_swap_point(int len)
+{
+    for (int i = 0; i < N_SWAP; i++)
+        if (SWAP_AT[i] == len) return 1;
+    return 0;
+}
+
+/* Fill every free device block with 0xFF and shuffle the free stack (test_swap.c's trick): a
+ * swap in lands elsewhere and a byte it failed to bring back shows as NaN. */
+static void poison_free_blocks(kv_backend *b, uint64_t seed)
+{
+    kv_pool *p = &b->paged->pool;
+    const size_t bb = b->block_bytes(b);
+    int *ids = malloc((size_t)p->n_blocks * sizeof(int));              /* [N] */
+    kv_block_copy *pairs = malloc((size_t)p->n_blocks * sizeof *pairs); /* [N] */
+    uint8_t *junk = malloc(bb);                                         /* [block_bytes] */
+    memset(junk, 0xFF, bb);
+    kv_err e;
+    int n = 0;
+    while (n < p->n_blocks && kv_pool_alloc(p, &ids[n], &e) == KV_OK) {
+        pairs[n] = (kv_block_copy){0, ids[n]};
+        n++;
+    }
+    KV_CHECK(b->write_blocks(b, pairs, n, junk, bb, &e) == KV_OK, "poison: %s", e.msg);
+    kv_rng r;
+    kv_rng_seed(&r, seed);
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(kv_rng_u32(&r) % (uint32_t)(i + 1)), t = ids[i];
+        ids[i] = ids[j];
+        ids[j] = t;
+    }
+    for (int i = 0; i < n; i++) kv_pool_unref(p, ids[i], &e);
+    free(ids);
+    free(pairs);
+    free(junk);
+}
+
+/* Sequences A and Bq generate greedily; after each swap point Bq steps alone. With sw, A is
+ * swapped out at each swap point and back in (into the other free slot) after Bq's step.
+ * logits [MAX_STEPS][2][V]. Returns the steps run, or -1. */
+static int run(kv_backend *b, kv_swap *sw, float *logits, kv_err *e)
+{
+    const int V = b->config->vocab_size;
+    int ta[CAP], tb[CAP], la = PROMPT, lb = PROMPT - 4, sa = 0, st = 0, pa = 0, pb = 0;
+    kv_rng r;
+    kv_rng_seed(&r, 707);
+    for (int t = 0; t < CAP; t++) {
+        ta[t] = 1 + (int)(kv_rng_u32(&r) % 300);
+        tb[t] = 1 + (int)(kv_rng_u32(&r) % 300);
+    }
+    while (la < END && st < MAX_STEPS) {
+        float *lg = logits + (size_t)st * 2 * V;
+        kv_seq q[2] = {{sa, pa, la - pa, ta + pa}, {1, pb, lb - pb, tb + pb}};
+        if (b->forward(b, q, 2, lg, NULL, e)) return -1;
+        pa = la;
+        pb = lb;
+        ta[la++] = kv_argmax(lg, V);
+        tb[lb++] = kv_argmax(lg + V, V);
+        st++;
+        if (!is_swap_point(pa)) continue;
+        kv_swapped h;
+        if (sw) {
+            int rc = kv_swap_out(sw, b, sa, &h, e);
+            KV_CHECK(rc == KV_OK, "swap out at length %d: %s", pa, e->msg);
+            if (rc) return -1;
+            poison_free_blocks(b, 900 + (uint64_t)pa);
+        }
+        lg = logits + (size_t)st * 2 * V;
+        kv_seq qb = {1, pb, lb - pb, tb + pb};
+        if (b->forward(b, &qb, 1, lg + V, NULL, e)) return -1;
+        pb = lb;
+        tb[lb++] = kv_argmax(lg + V, V);
+        st++;
+        if (sw) {
+            sa = sa == 0 ? 2 : 0;
+            int rc = kv_swap_in(sw, b, sa, &h, e);
+            KV_CHECK(rc == KV_OK && b->length(b, sa) == pa, "swap in at length %d: %s", pa,
+                     rc ? e->msg : "wrong length");
+            if (rc) return -1;
+        }
+    }
+    return st;
+}
+
+static void check_tiers(kv_backend *b, kv_swap *sw, const char *what)
+{
+    for (int s = 0; s < N_SLOTS; s++) b->reset(b, s);
+    kv_err e;
+    int n = kv_pool_check_leaks(&b->paged->pool, NULL, 0);
+    KV_CHECK(n == 0, "%s: %d device blocks leaked", what, n);
+    KV_CHECK(kv_pool_validate(&b->paged->pool, &e) == KV_OK, "%s: device pool: %s", what, e.msg);
+    n = kv_pool_check_leaks(&sw->pool, NULL, 0);
+    KV_CHECK(n == 0, "%s: %d host blocks leaked", what, n);
+    KV_CHECK(kv_pool_validate(&sw->pool, &e) == KV_OK, "%s: host pool: %s", what, e.msg);
+}
+
+static void check_roundtrip(const kv_model *m, const char *variant)
+{
+    kv_err e;
+    int rc;
+    kv_cache_spec ps = paged_spec(variant, 8, &e, &rc);
+    const int V = m->config.vocab_size;
+    const size_t n_logits = (size_t)MAX_STEPS * 2 * V;
+    float *ref = calloc(n_logits, sizeof(float)), *got = calloc(n_logits, sizeof(float));
+    kv_backend *b = NULL;
+    kv_swap sw;
+    memset(&sw, 0, sizeof sw);
+    if (!rc) rc = kvcu_backend_create(&b, m, &ps, &e);
+    int n_ref = rc ? -1 : run(b, NULL, ref, &e);
+    KV_CHECK(n_ref > 0, "%s: CUDA reference run: %s", variant, e.msg);
+    kv_backend_destroy(b);
+    b = NULL;
+    rc = kvcu_backend_create(&b, m, &ps, &e);
+    if (!rc) rc = kv_swap_init(&sw, b, 8, NULL, &e);
+    KV_CHECK(rc == KV_OK, "%s: CUDA backend and host tier: %s", variant, e.msg);
+    if (!rc && n_ref > 0) {
+        int n_got = run(b, &sw, got, &e);
+        KV_CHECK(n_got == n_ref && !memcmp(got, ref, (size_t)n_ref * 2 * V * sizeof(float)),
+                 "%s: logits with swaps on CUDA differ from the resident CUDA run (%d vs %d "
+                 "steps)", variant, n_got, n_ref);
+        KV_CHECK(sw.stats.copies[KV_LINK_OUT] == N_SWAP && sw.stats.copies[KV_LINK_IN] == N_SWAP,
+                 "%s: %lld copies out, %lld in; expected %d each", variant,
+                 (long long)sw.stats.copies[KV_LINK_OUT], (long long)sw.stats.copies[KV_LINK_IN],
+                 N_SWAP);
+        check_tiers(b, &sw, variant);
+    }
+    kv_swap_free(&sw);
+    kv_backend_destroy(b);
+    free(ref);
+    free(got);
+}
+
+/* ---- 3. a tier filled on one device, swapped into the other ------------------------------ */
+
+static void check_cross(const kv_model *m, const char *variant, int gpu_to_cpu)
+{
+    kv_err e;
+    int rc;
+    kv_cache_spec ps = paged_spec(variant, 16, &e, &rc);
+    kv_backend *cpu = NULL, *gpu = NULL, *ref = NULL;
+    kv_swap sw;
+    memset(&sw, 0, sizeof sw);
+    if (!rc) rc = kv_backend_cpu(&cpu, m, &ps, &e);
+    if (!rc) rc = kvcu_backend_create(&gpu, m, &ps, &e);
+    /* the reference never swaps and runs on the device that wrote the rows: the stored values
+     * are then the same on both sides (a GPU's fp32 K and V may round to another fp16 than the
+     * CPU's), and only the reader's summation order differs */
+    if (!rc) rc = gpu_to_cpu ? kvcu_backend_create(&ref, m, &ps, &e)
+                             : kv_backend_cpu(&ref, m, &ps, &e);
+    kv_backend *from = gpu_to_cpu ? gpu : cpu, *to = gpu_to_cpu ? cpu : gpu;
+    if (!rc) rc = kv_swap_init(&sw, from, 4, NULL, &e);
+    KV_CHECK(rc == KV_OK, "%s cross: setup: %s", variant, e.msg);
+    const int V = m->config.vocab_size;
+    float *lg = calloc(2 * (size_t)V, sizeof(float)), *lr = lg + V;
+    int tok[CAP];
+    for (int t = 0; t < CAP; t++) tok[t] = 3 + 7 * t % 200;
+    kv_swapped h;
+    memset(&h, 0, sizeof h);
+    kv_seq q = {0, 0, 21, tok}; /* 21 tokens: 2 blocks of 16, the last one partial */
+    if (!rc) rc = from->forward(from, &q, 1, lg, NULL, &e);
+    if (!rc) rc = ref->forward(ref, &q, 1, lr, NULL, &e);
+    if (!rc) rc = kv_swap_out(&sw, from, 0, &h, &e);
+    if (!rc) rc = kv_swap_in(&sw, to, 1, &h, &e); /* another device, another slot */
+    KV_CHECK(rc == KV_OK && to->length(to, 1) == 21 && from->length(from, 0) == 0,
+             "%s cross (%s -> %s): %s", variant, from->name, to->name, rc ? e.msg : "lengths");
+    kv_seq q1 = {1, 21, 1, tok + 21}, q0 = {0, 21, 1, tok + 21};
+    if (!rc) rc = to->forward(to, &q1, 1, lg, NULL, &e);
+    if (!rc) rc = ref->forward(ref, &q0, 1, lr, NULL, &e);
+    KV_CHECK(rc == KV_OK, "%s cross: next step: %s", variant, e.msg);
+    if (!rc) {
+        char what[96];
+        snprintf(what, sizeof what, "%s %s -> %s next logits", variant, from->name, to->name);
+        KV_CHECK(kv_test_compare(what, lg, lr, V, KV_TOL_F32_ATOL, KV_TOL_F32_RTOL) == 0,
+                 "%s: differ from a %s run that never swapped", what, ref->name);
+    }
+    if (cpu && gpu) {
+        check_tiers(to, &sw, variant);
+        for (int s = 0; s < N_SLOTS; s++) from->reset(from, s);
+        KV_CHECK(kv_pool_check_leaks(&from->paged->pool, NULL, 0) == 0, "%s cross: blocks left "
+                 "in the source backend", variant);
+    }
+    kv_swapped_drop(&sw, &h);
+    free(lg);
+    kv_swap_free(&sw);
+    kv_backend_destroy(cpu);
+    kv_backend_destroy(gpu);
+    kv_backend_destroy(ref);
+}
+
+int main(void)
+{
+    kv_err e;
+    if (kvcu_device_available(&e) != KV_OK) {
+        printf("skipped: %s\n", e.msg);
+        return KV_TEST_SKIP;
+    }
+    kv_config c;
+    uint64_t seed;
+    kv_model m;
+    memset(&m, 0, sizeof m);
+    int rc = kv_config_default_by_name("tiny", &c, &seed, &e);
+    if (!rc) rc = kv_model_alloc(&m, &c, &e);
+    KV_CHECK(rc == KV_OK, "model: %s", e.msg);
+    if (rc) return kv_test_finish();
+    kv_model_randomize(&m, seed);
+    for (int i = 0; i < 3; i++) {
+        check_bytes(&c, variants[i], 8);
+        check_bytes(&c, variants[i], 16);
+    }
+    for (int i = 0; i < 3; i++) check_roundtrip(&m, variants[i]);
+    for (int i = 0; i < 3; i++) {
+        check_cross(&m, variants[i], 0);
+        check_cross(&m, variants[i], 1);
+    }
+    kv_model_free(&m);
+    return kv_test_finish();
+}
