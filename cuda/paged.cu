@@ -36,18 +36,10 @@ static int paged_slot(const kvcu_cache *c, const char *who, int slot, kv_err *er
 int kvcu_cache_set_blocks(kvcu_cache *c, int slot, const int *blocks, int n, kv_err *err)
 {
     int rc = paged_slot(c, "kvcu_cache_set_blocks", slot, err);
+    if (!rc) /* the CPU's and the GPU's checks, in one place */
+        rc = kv_cache_check_blocks("kvcu_cache_set_blocks", &c->spec, 1, c->max_blocks,
+                                   c->len[slot], slot, blocks, n, err);
     if (rc) return rc;
-    if (n < 0 || n > c->max_blocks || (n > 0 && !blocks))
-        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_set_blocks: %d blocks for slot %d (max %d)",
-                       n, slot, c->max_blocks);
-    if ((int64_t)n * c->spec.block_size <
-        kv_window_rows(c->spec.window, c->spec.n_sinks, c->len[slot]))
-        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_set_blocks: %d blocks cannot hold the %d "
-                       "tokens slot %d caches", n, c->len[slot], slot);
-    for (int i = 0; i < n; i++)
-        if (blocks[i] < 0 || blocks[i] >= c->spec.n_blocks)
-            return kv_fail(err, KV_ERR_ARG, "kvcu_cache_set_blocks: slot %d entry %d is block "
-                           "%d, outside the pool [0, %d)", slot, i, blocks[i], c->spec.n_blocks);
     int *row = c->tables + (size_t)slot * c->max_blocks; /* [max_blocks] */
     memcpy(row, blocks, (size_t)n * sizeof(int));
     c->n_mapped[slot] = n;

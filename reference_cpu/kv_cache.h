@@ -299,6 +299,15 @@ int kv_cache_write_seq(kv_cache *c, int layer, int slot, int pos, int n, const f
 int kv_cache_set_blocks(kv_cache *c, int slot, const int *blocks, int n, kv_err *err);
 
 /**
+ * The checks of kv_cache_set_blocks(), shared with the CUDA cache so both refuse the same
+ * tables with the same words (@p who prefixes): a paged cache (@p paged), a slot in range, at
+ * most @p max_blocks entries, enough to hold the slot's @p len cached tokens (its ring's rows
+ * under a window), every id inside the pool. KV_ERR_ARG naming the problem, else KV_OK.
+ */
+int kv_cache_check_blocks(const char *who, const kv_cache_spec *spec, int paged, int max_blocks,
+                          int len, int slot, const int *blocks, int n, kv_err *err);
+
+/**
  * A fork's per-sequence state: @p dst takes @p src's length, KIVI quantized count and fp32
  * window, and fp8 scales (the rows themselves are shared through the block table the caller
  * sets). Paged caches only.

@@ -27,21 +27,33 @@ static int paged_slot(const kv_cache *c, const char *who, int slot, kv_err *err)
     return KV_OK;
 }
 
+int kv_cache_check_blocks(const char *who, const kv_cache_spec *spec, int paged, int max_blocks,
+                          int len, int slot, const int *blocks, int n, kv_err *err)
+{
+    if (!paged) return kv_fail(err, KV_ERR_ARG, "%s: the cache is not paged", who);
+    if (slot < 0 || slot >= spec->n_slots)
+        return kv_fail(err, KV_ERR_ARG, "%s: slot %d is outside [0, %d)", who, slot,
+                       spec->n_slots);
+    if (n < 0 || n > max_blocks || (n > 0 && !blocks))
+        return kv_fail(err, KV_ERR_ARG, "%s: %d blocks for slot %d (max %d)", who, n, slot,
+                       max_blocks);
+    if ((int64_t)n * spec->block_size < kv_window_rows(spec->window, spec->n_sinks, len))
+        return kv_fail(err, KV_ERR_ARG, "%s: %d blocks cannot hold the %d tokens slot %d "
+                       "caches", who, n, len, slot);
+    for (int i = 0; i < n; i++)
+        if (blocks[i] < 0 || blocks[i] >= spec->n_blocks)
+            return kv_fail(err, KV_ERR_ARG, "%s: slot %d entry %d is block %d, outside the pool "
+                           "[0, %d)", who, slot, i, blocks[i], spec->n_blocks);
+    return KV_OK;
+}
+
 int kv_cache_set_blocks(kv_cache *c, int slot, const int *blocks, int n, kv_err *err)
 {
     int rc = paged_slot(c, "kv_cache_set_blocks", slot, err);
+    if (!rc) /* the CPU's and the GPU's checks, in one place */
+        rc = kv_cache_check_blocks("kv_cache_set_blocks", &c->spec, 1, c->max_blocks, c->len[slot], slot,
+                                   blocks, n, err);
     if (rc) return rc;
-    if (n < 0 || n > c->max_blocks || (n > 0 && !blocks))
-        return kv_fail(err, KV_ERR_ARG, "kv_cache_set_blocks: %d blocks for slot %d (max %d)",
-                       n, slot, c->max_blocks);
-    if ((int64_t)n * c->spec.block_size <
-        kv_window_rows(c->spec.window, c->spec.n_sinks, c->len[slot]))
-        return kv_fail(err, KV_ERR_ARG, "kv_cache_set_blocks: %d blocks cannot hold the %d "
-                       "tokens slot %d caches", n, c->len[slot], slot);
-    for (int i = 0; i < n; i++)
-        if (blocks[i] < 0 || blocks[i] >= c->spec.n_blocks)
-            return kv_fail(err, KV_ERR_ARG, "kv_cache_set_blocks: slot %d entry %d is block "
-                           "%d, outside the pool [0, %d)", slot, i, blocks[i], c->spec.n_blocks);
     memcpy(c->tables + (size_t)slot * c->max_blocks, blocks, (size_t)n * sizeof(int));
     c->n_mapped[slot] = n;
     return KV_OK;
