@@ -81,22 +81,10 @@ int kvcu_cache_fork_slot(kvcu_cache *c, int dst, int src, kv_err *err)
 int kvcu_cache_set_length(kvcu_cache *c, int slot, int len, kv_err *err)
 {
     int rc = paged_slot(c, "kvcu_cache_set_length", slot, err);
+    if (!rc)
+        rc = kv_cache_check_length("kvcu_cache_set_length", &c->spec, c->fmt, c->n_layers,
+                                   slot, c->len[slot], c->n_mapped[slot], len, err);
     if (rc) return rc;
-    if (c->spec.window > 0)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_set_length: a sliding-window cache "
-                       "cannot adopt another sequence's blocks (its ring rewrites them)");
-    for (int l = 0; l < c->n_layers; l++)
-        if (kvq_is_fp8(c->fmt[l]) || kvq_is_kivi(c->fmt[l]))
-            return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_set_length: layer %d stores %s, "
-                           "whose scales or window belong to the sequence that wrote the rows: "
-                           "its blocks cannot be adopted by another sequence", l,
-                           kv_quant_name(c->fmt[l]));
-    if (c->len[slot] != 0)
-        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_set_length: slot %d already holds %d tokens",
-                       slot, c->len[slot]);
-    if (len < 0 || (int64_t)len > (int64_t)c->n_mapped[slot] * c->spec.block_size)
-        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_set_length: %d tokens but slot %d maps %d "
-                       "blocks of %d", len, slot, c->n_mapped[slot], c->spec.block_size);
     c->len[slot] = len;
     return KV_OK;
 }

@@ -308,6 +308,16 @@ int kv_cache_check_blocks(const char *who, const kv_cache_spec *spec, int paged,
                           int len, int slot, const int *blocks, int n, kv_err *err);
 
 /**
+ * The checks of kv_cache_set_length(), shared with the CUDA cache (@p who prefixes): no
+ * window, no fp8 or KIVI layer among @p fmt [n_layers] (KV_ERR_UNSUPPORTED: their per-sequence
+ * state is not in the rows), the slot empty (@p cur_len 0) and @p len within its @p n_mapped
+ * blocks (KV_ERR_ARG). KV_OK when the slot may adopt the rows.
+ */
+int kv_cache_check_length(const char *who, const kv_cache_spec *spec, const int *fmt,
+                          int n_layers, int slot, int cur_len, int n_mapped, int len,
+                          kv_err *err);
+
+/**
  * A fork's per-sequence state: @p dst takes @p src's length, KIVI quantized count and fp32
  * window, and fp8 scales (the rows themselves are shared through the block table the caller
  * sets). Paged caches only.

@@ -83,25 +83,35 @@ int kv_cache_fork_slot(kv_cache *c, int dst, int src, kv_err *err)
     return KV_OK;
 }
 
+int kv_cache_check_length(const char *who, const kv_cache_spec *spec, const int *fmt,
+                          int n_layers, int slot, int cur_len, int n_mapped, int len,
+                          kv_err *err)
+{
+    if (spec->window > 0)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: a sliding-window cache cannot adopt "
+                       "another sequence's blocks (its ring rewrites them)", who);
+    for (int l = 0; l < n_layers; l++)
+        if (kvq_is_fp8(fmt[l]) || kvq_is_kivi(fmt[l]))
+            return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: layer %d stores %s, whose scales or "
+                           "window belong to the sequence that wrote the rows: its blocks "
+                           "cannot be adopted by another sequence", who, l,
+                           kv_quant_name(fmt[l]));
+    if (cur_len != 0)
+        return kv_fail(err, KV_ERR_ARG, "%s: slot %d already holds %d tokens", who, slot,
+                       cur_len);
+    if (len < 0 || (int64_t)len > (int64_t)n_mapped * spec->block_size)
+        return kv_fail(err, KV_ERR_ARG, "%s: %d tokens but slot %d maps %d blocks of %d", who,
+                       len, slot, n_mapped, spec->block_size);
+    return KV_OK;
+}
+
 int kv_cache_set_length(kv_cache *c, int slot, int len, kv_err *err)
 {
     int rc = paged_slot(c, "kv_cache_set_length", slot, err);
+    if (!rc)
+        rc = kv_cache_check_length("kv_cache_set_length", &c->spec, c->fmt, c->n_layers, slot,
+                                   c->len[slot], c->n_mapped[slot], len, err);
     if (rc) return rc;
-    if (c->spec.window > 0)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_set_length: a sliding-window cache "
-                       "cannot adopt another sequence's blocks (its ring rewrites them)");
-    for (int l = 0; l < c->n_layers; l++)
-        if (kvq_is_fp8(c->fmt[l]) || kvq_is_kivi(c->fmt[l]))
-            return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_set_length: layer %d stores %s, "
-                           "whose scales or window belong to the sequence that wrote the rows: "
-                           "its blocks cannot be adopted by another sequence", l,
-                           kv_quant_name(c->fmt[l]));
-    if (c->len[slot] != 0)
-        return kv_fail(err, KV_ERR_ARG, "kv_cache_set_length: slot %d already holds %d tokens",
-                       slot, c->len[slot]);
-    if (len < 0 || (int64_t)len > (int64_t)c->n_mapped[slot] * c->spec.block_size)
-        return kv_fail(err, KV_ERR_ARG, "kv_cache_set_length: %d tokens but slot %d maps %d "
-                       "blocks of %d", len, slot, c->n_mapped[slot], c->spec.block_size);
     c->len[slot] = len;
     return KV_OK;
 }
