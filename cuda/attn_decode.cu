@@ -74,47 +74,14 @@
 #define ATTN_SMEM_MAX (48 * 1024)      /* default dynamic shared memory per block */
 #define ATTN_PARTITION 512             /* v3: positions per partition */
 
-/* What the kernels read of one layer of a cache (or of plain fp32 arrays): passed by value. */
-typedef struct {
-    kv_cache_plane kp, vp; /* K and V planes, device pointers */
-    int fmt;               /* the layer's format */
-    const int *qlen;       /* device [n_slots] KIVI quantized counts, NULL when not KIVI */
-    int window;            /* KIVI window (>= 1) */
-    int rows;              /* rows per head of a plane: capacity, or N·B pool rows */
-    const int *tables;     /* paged: device [n_slots][max_blocks]; NULL: contiguous */
-    int max_blocks, block_size;
-    int keep_w, keep_s;    /* chapter 06: retention W and S; 0, 0 keeps every position */
-    const float *rope_cs;  /* KV_POS_CACHE: device [S+W][rotary_dim/2][2] cos, sin, else NULL */
-    int rotary_dim;
-} attn_src;
+/* attn_src, attn_view(), kv_ld() and cache_src(), the cache readers, are in
+ * kvcu_internal.cuh: chapter 08's kernels (cuda/flash.cu) read through them too. */
 
 /* v2's and v3's shared memory: the packed queries [G][d], the reduction scratch [32], each
  * head's max and exp-sum [G] + [G] */
 static size_t group_smem(int group, int head_dim)
 {
     return ((size_t)group * (head_dim + 2) + KV_WARP) * sizeof(float);
-}
-
-/* The view of (slot, kvh) of the K (role KV_QROLE_KEY) or V plane. */
-__device__ inline kv_head_view attn_view(const attn_src &s, int role, int n_kv_heads, int d,
-                                         int slot, int kvh)
-{
-    const kv_cache_plane *p = role == KV_QROLE_KEY ? &s.kp : &s.vp;
-    const int64_t q = s.qlen ? s.qlen[slot] : 0;
-    if (s.tables)
-        return kv_cache_plane_view_paged(p, s.fmt, role, n_kv_heads, s.rows, d, s.window, slot,
-                                         kvh, q, s.tables + (size_t)slot * s.max_blocks,
-                                         s.block_size);
-    return kv_cache_plane_view(p, s.fmt, role, n_kv_heads, s.rows, d, s.window, slot, kvh, q);
-}
-
-/* Element i of logical row p, stored at row r = kv_view_row(p): kv_cache_elem() with the
- * block-table lookup hoisted out of the loop over i. f32: the plain floats of an fp32 layer. */
-__device__ inline float kv_ld(const kv_head_view &hv, const float *f32, int64_t p, int64_t r, int i)
-{
-    if (f32) return f32[r * hv.d + i];
-    if (p >= hv.q) return hv.ring[(p % hv.window) * hv.d + i];
-    return kvq_decode_element(hv.fmt, hv.role, hv.codes, hv.meta, r, i, hv.d, hv.scale);
 }
 
 /* Chapter 06. The logical row of the i-th position a query at t retains (kv_window_pos(),
@@ -468,27 +435,6 @@ static attn_src f32_src(const float *k, const float *v, int head_dim, int max_se
     s.fmt = KV_QF_F32;
     s.window = 1;
     s.rows = max_seq;
-    return s;
-}
-
-/* Layer @p layer of a device cache. */
-static attn_src cache_src(const kvcu_cache *c, int layer)
-{
-    attn_src s;
-    memset(&s, 0, sizeof s);
-    s.kp = c->kp[layer];
-    s.vp = c->vp[layer];
-    s.fmt = c->fmt[layer];
-    s.qlen = kvq_is_kivi(s.fmt) ? c->d_qlen + (size_t)layer * c->spec.n_slots : NULL;
-    s.window = c->window > 0 ? c->window : 1;
-    s.rows = c->rows;
-    s.tables = c->d_tables;
-    s.max_blocks = c->max_blocks;
-    s.block_size = c->spec.block_size;
-    s.keep_w = c->spec.window;
-    s.keep_s = c->spec.n_sinks;
-    s.rope_cs = c->d_rope_cs;
-    s.rotary_dim = c->rotary_dim;
     return s;
 }
 

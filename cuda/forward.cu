@@ -432,6 +432,7 @@ typedef struct {
     kvcu_model *model; /* owned: uploaded at creation */
     kvcu_cache *cache;
     kvcu_state *state;
+    kvcu_io *io;       /* paged: the copy stream of asynchronous block I/O */
 } cuda_impl;
 
 /* A paged backend pages on the host (kv_paged.h) around the device step, as the CPU's does. */
@@ -492,6 +493,31 @@ static int cuda_write_blocks(kv_backend *b, const kv_block_copy *pairs, int n,
                                    err);
 }
 
+/* Asynchronous block I/O on the copy stream (paged.cu says why the default stream never
+ * reads the blocks of a copy in flight: they are in no table until io_wait). */
+static int cuda_read_blocks_async(kv_backend *b, const kv_block_copy *pairs, int n,
+                                  uint8_t *host, size_t block_bytes, int64_t *ticket,
+                                  kv_err *err)
+{
+    cuda_impl *p = (cuda_impl *)b->impl;
+    return kvcu_cache_read_blocks_async(p->cache, p->io, pairs, n, host, block_bytes, ticket,
+                                        err);
+}
+
+static int cuda_write_blocks_async(kv_backend *b, const kv_block_copy *pairs, int n,
+                                   const uint8_t *host, size_t block_bytes, int64_t *ticket,
+                                   kv_err *err)
+{
+    cuda_impl *p = (cuda_impl *)b->impl;
+    return kvcu_cache_write_blocks_async(p->cache, p->io, pairs, n, host, block_bytes, ticket,
+                                         err);
+}
+
+static int cuda_io_wait(kv_backend *b, int64_t ticket, kv_err *err)
+{
+    return kvcu_io_wait(((cuda_impl *)b->impl)->io, ticket, err);
+}
+
 /* The host tier in pinned memory: the DMA engine reads it without a bounce buffer. */
 static void *cuda_host_alloc(kv_backend *b, size_t bytes)
 {
@@ -517,6 +543,7 @@ static void cuda_destroy(kv_backend *b)
     cuda_impl *p = (cuda_impl *)b->impl;
     kv_paged_destroy(b->paged);
     if (p) {
+        kvcu_io_free(p->io); /* waits for copies in flight into the cache */
         kvcu_state_free(p->state);
         kvcu_cache_free(p->cache);
         kvcu_model_free(p->model);
@@ -565,7 +592,11 @@ int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_
         b->write_blocks = cuda_write_blocks;
         b->host_alloc = cuda_host_alloc;
         b->host_free = cuda_host_free;
-        rc = kv_paged_create(&b->paged, spec, 0, err);
+        b->read_blocks_async = cuda_read_blocks_async;
+        b->write_blocks_async = cuda_write_blocks_async;
+        b->io_wait = cuda_io_wait;
+        rc = kvcu_io_create(&p->io, err);
+        if (!rc) rc = kv_paged_create(&b->paged, spec, 0, err);
         if (rc) {
             cuda_destroy(b);
             return rc;

@@ -11,6 +11,7 @@
 #define KVCU_H
 
 #include "kv_backend.h"
+#include "kv_flash.h"
 #include "kv_forward.h"
 
 #ifdef __cplusplus
@@ -191,6 +192,70 @@ int kvcu_cache_read_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, uin
  * staging buffer, then one scatter kernel. A pool block named twice: KV_ERR_ARG. */
 int kvcu_cache_write_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n,
                             const uint8_t *host, size_t block_bytes, kv_err *err);
+
+/* ---- chapter 08: fused FlashAttention-style kernels, twins of kv_flash.h ---------------- */
+/** One attention job on the device: kv_flash_job's fields over a ::kvcu_cache, T queries of
+ * one slot over its keys; query t sits at q_pos0 + t and sees keys k_begin <= k < n_keys (and
+ * k <= q_pos0 + t when causal); a query that sees no key outputs zeros. */
+typedef struct {
+    const kvcu_cache *c; /**< the device cache holding K and V */
+    int layer, slot;
+    int n_heads;         /**< H; the cache has H_kv, G = H / H_kv */
+    const float *q;      /* [T][H][d] device, RoPE applied */
+    int T;
+    int64_t q_pos0;      /**< position of query 0 */
+    int64_t k_begin;     /**< first key a query may see */
+    int64_t n_keys;      /**< keys 0 .. n_keys - 1 of the slot are valid */
+    int causal;          /**< 1: query at p sees keys <= p */
+    float *out;          /* [T][H][d] device */
+} kvcu_flash_job;
+
+/** Most score floats (H·T·(n_keys - k_begin)) kvcu_flash_attention() version 1
+ * materializes: 2^28 (1 GiB); larger jobs are refused (KV_ERR_UNSUPPORTED). */
+#define KVCU_FLASH_V1_MAX_SCORES ((int64_t)1 << 28)
+/** Keys per range of version 4 (split-KV): a range is one block per (query, KV head). */
+#define KVCU_FLASH_SPLIT_KEYS 512
+
+/**
+ * Attention of a job with kernel version @p version (cuda/flash.cu describes them):
+ * 1 naive (scores [H][T][n_vis] in global memory, a softmax kernel, a P·V kernel; at most
+ * KVCU_FLASH_V1_MAX_SCORES scores), 2 fused tiled prefill (one block per (query tile, head),
+ * online softmax, causal key tiles skipped), 3 decode (one block per (query, KV head): the G
+ * heads of a group share each K/V tile), 4 split-KV (v3 over ranges of KVCU_FLASH_SPLIT_KEYS
+ * keys, partial (m, l, acc) merged by log-sum-exp in a second kernel). Every version reads
+ * contiguous and paged caches of every format through the cache views (dequantization
+ * fused). A windowed cache: KV_ERR_UNSUPPORTED; bad shapes or ranges: KV_ERR_ARG.
+ * @p scratch: device scratch of kvcu_flash_scratch() floats, or NULL to allocate one here (the
+ * call then waits for the kernels); with a scratch (or none needed) it returns at once.
+ */
+int kvcu_flash_attention(int version, const kvcu_flash_job *j, float *scratch, kv_err *err);
+/**
+ * The memory traffic of version @p version on job @p j, by kv_flash.c's formulas (kv_flash.h's
+ * units: a stored row costs d·b bytes, codes and metadata) applied to the kernel's own work
+ * split: v1 as kv_flash_naive (K and V once per head, 5·4·H·T·n_vis score bytes), v2 as
+ * kv_flash_tiled with the kernel's tiles (K/V once per (query tile, head), up to the tile's
+ * last visible key), v3 once per (query, KV head) over each query's visible keys, v4 the same
+ * K/V plus its partials (2·n_splits·(d + 2) floats per (query, head)). Host arithmetic only;
+ * *st is overwritten (kv_flash_naive() and friends add into theirs). The checks of
+ * kvcu_flash_attention(): a job it refuses is refused here with the same status.
+ */
+int kvcu_flash_bytes(int version, const kvcu_flash_job *j, kv_flash_stats *st, kv_err *err);
+/** Floats of device scratch kvcu_flash_attention(@p version, @p j) needs: H·T·(n_vis + 1) for
+ * v1 (scores and row sums; n_vis = n_keys - k_begin), T·H·n_splits·(d + 2) for v4 (n_splits =
+ * ceil(n_vis / KVCU_FLASH_SPLIT_KEYS), at least 1), 0 for v2 and v3. */
+size_t kvcu_flash_scratch(int version, const kvcu_flash_job *j);
+/**
+ * Time version @p version on job @p j with CUDA events: one warm-up call, then @p repeats
+ * timed calls; *seconds gets their median. @p scratch as in kvcu_flash_attention().
+ */
+int kvcu_flash_time(int version, const kvcu_flash_job *j, float *scratch, int repeats,
+                    double *seconds, kv_err *err);
+/**
+ * The device's read bandwidth, the roofline of a decode step: a kernel sums a buffer of
+ * @p bytes (rounded to 16-byte vectors; 0 = 1 GiB), timed with CUDA events, median of
+ * @p repeats after a warm-up, in *bytes_per_s.
+ */
+int kvcu_read_bandwidth(size_t bytes, int repeats, double *bytes_per_s, kv_err *err);
 
 #ifdef __cplusplus
 }

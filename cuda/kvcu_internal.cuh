@@ -8,6 +8,7 @@
 #define KVCU_INTERNAL_CUH
 
 #include <math.h>
+#include <string.h>
 
 #include "kv_cuda.cuh"
 #include "kvcu.h"
@@ -122,6 +123,68 @@ int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const in
  * v3's partition results [T][H][ceil(capacity / 512)][d + 2]. */
 size_t kvcu_attention_scratch(int T, int n_heads, int head_dim, int capacity);
 
+/* ---- reading a layer of the cache in kernels (cuda/attn_decode.cu, cuda/flash.cu) ------
+ * The one attention family reads K and V through these: a layer's planes and tables passed
+ * by value, a kv_head_view per (slot, KV head), and an element loader with the fused
+ * dequantization of every format. */
+
+/* What the kernels read of one layer of a cache (or of plain fp32 arrays): passed by value. */
+typedef struct {
+    kv_cache_plane kp, vp; /* K and V planes, device pointers */
+    int fmt;               /* the layer's format */
+    const int *qlen;       /* device [n_slots] KIVI quantized counts, NULL when not KIVI */
+    int window;            /* KIVI window (>= 1) */
+    int rows;              /* rows per head of a plane: capacity, or N·B pool rows */
+    const int *tables;     /* paged: device [n_slots][max_blocks]; NULL: contiguous */
+    int max_blocks, block_size;
+    int keep_w, keep_s;    /* chapter 06: retention W and S; 0, 0 keeps every position */
+    const float *rope_cs;  /* KV_POS_CACHE: device [S+W][rotary_dim/2][2] cos, sin, else NULL */
+    int rotary_dim;
+} attn_src;
+
+/* The view of (slot, kvh) of the K (role KV_QROLE_KEY) or V plane. */
+__device__ inline kv_head_view attn_view(const attn_src &s, int role, int n_kv_heads, int d,
+                                         int slot, int kvh)
+{
+    const kv_cache_plane *p = role == KV_QROLE_KEY ? &s.kp : &s.vp;
+    const int64_t q = s.qlen ? s.qlen[slot] : 0;
+    if (s.tables)
+        return kv_cache_plane_view_paged(p, s.fmt, role, n_kv_heads, s.rows, d, s.window, slot,
+                                         kvh, q, s.tables + (size_t)slot * s.max_blocks,
+                                         s.block_size);
+    return kv_cache_plane_view(p, s.fmt, role, n_kv_heads, s.rows, d, s.window, slot, kvh, q);
+}
+
+/* Element i of logical row p, stored at row r = kv_view_row(p): kv_cache_elem() with the
+ * block-table lookup hoisted out of the loop over i. f32: the plain floats of an fp32 layer. */
+__device__ inline float kv_ld(const kv_head_view &hv, const float *f32, int64_t p, int64_t r, int i)
+{
+    if (f32) return f32[r * hv.d + i];
+    if (p >= hv.q) return hv.ring[(p % hv.window) * hv.d + i];
+    return kvq_decode_element(hv.fmt, hv.role, hv.codes, hv.meta, r, i, hv.d, hv.scale);
+}
+
+/* Layer @p layer of a device cache. */
+static inline attn_src cache_src(const kvcu_cache *c, int layer)
+{
+    attn_src s;
+    memset(&s, 0, sizeof s);
+    s.kp = c->kp[layer];
+    s.vp = c->vp[layer];
+    s.fmt = c->fmt[layer];
+    s.qlen = kvq_is_kivi(s.fmt) ? c->d_qlen + (size_t)layer * c->spec.n_slots : NULL;
+    s.window = c->window > 0 ? c->window : 1;
+    s.rows = c->rows;
+    s.tables = c->d_tables;
+    s.max_blocks = c->max_blocks;
+    s.block_size = c->spec.block_size;
+    s.keep_w = c->spec.window;
+    s.keep_s = c->spec.n_sinks;
+    s.rope_cs = c->d_rope_cs;
+    s.rotary_dim = c->rotary_dim;
+    return s;
+}
+
 /* ---- reductions ------------------------------------------------------------------------
  * Warp sums use the xor butterfly: after 5 steps every lane holds the total. The order of the
  * additions is fixed by the lane pattern, so a result never depends on scheduling. */
@@ -174,5 +237,23 @@ __device__ inline float kv_block_max(float v, float *red)
     __syncthreads();
     return kv_warp_max(lane < n_warps ? red[lane] : -INFINITY);
 }
+
+/* ---- chapter 07: asynchronous block I/O (paged.cu) -------------------------------------------
+ * A copy stream with up to KVCU_IO_JOBS jobs in flight, each ended by an event; the backend
+ * (forward.cu) exposes them as read_blocks_async / write_blocks_async / io_wait. Tickets
+ * increase from 1; an empty list gets ticket 0 (nothing to wait for). */
+#define KVCU_IO_JOBS 8
+typedef struct kvcu_io kvcu_io;
+int kvcu_io_create(kvcu_io **out, kv_err *err);
+/** Waits for every job in flight, then frees (NULL is fine). */
+void kvcu_io_free(kvcu_io *io);
+int kvcu_cache_read_blocks_async(kvcu_cache *c, kvcu_io *io, const kv_block_copy *pairs, int n,
+                                 uint8_t *host, size_t block_bytes, int64_t *ticket,
+                                 kv_err *err);
+int kvcu_cache_write_blocks_async(kvcu_cache *c, kvcu_io *io, const kv_block_copy *pairs,
+                                  int n, const uint8_t *host, size_t block_bytes,
+                                  int64_t *ticket, kv_err *err);
+/** Returns when job @p ticket and every earlier one are done. */
+int kvcu_io_wait(kvcu_io *io, int64_t ticket, kv_err *err);
 
 #endif

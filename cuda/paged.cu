@@ -16,6 +16,7 @@
  *   whole copy-on-write list is one launch, every layer, K and V.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kv_quant.h"
@@ -234,11 +235,11 @@ __global__ void block_io_kernel(const kv_block_copy *pairs, const kv_cache_plane
     else block_copy_bytes(meta, s + code_bytes, mn * 4);
 }
 
-/* The checks of both directions, then the pairs on the device (c->d_pairs). dev_is_src: the
- * pool block is pairs[i].src. A write list naming a pool block twice is refused: its blocks
- * are scattered at the same time, so the last pair would not surely win. */
-static int block_io_prepare(kvcu_cache *c, const kv_block_copy *pairs, int n, const void *host,
-                            size_t block_bytes, int dev_is_src, const char *who, kv_err *err)
+/* The checks of both directions. dev_is_src: the pool block is pairs[i].src. A write list
+ * naming a pool block twice is refused: its blocks are scattered at the same time, so the
+ * last pair would not surely win. */
+static int block_io_check(kvcu_cache *c, const kv_block_copy *pairs, int n, const void *host,
+                          size_t block_bytes, int dev_is_src, const char *who, kv_err *err)
 {
     if (!c || !c->tables) return kv_fail(err, KV_ERR_ARG, "%s: the cache is not paged", who);
     if (n < 0 || (n > 0 && (!pairs || !host)))
@@ -259,6 +260,14 @@ static int block_io_prepare(kvcu_cache *c, const kv_block_copy *pairs, int n, co
     }
     for (int i = 0; i < n && !dev_is_src; i++) /* seg_mark is all 0 between calls */
         if (pairs[i].dst >= 0 && pairs[i].dst < N) c->seg_mark[pairs[i].dst] = 0;
+    return rc;
+}
+
+/* block_io_check(), then the pairs on the device (c->d_pairs). */
+static int block_io_prepare(kvcu_cache *c, const kv_block_copy *pairs, int n, const void *host,
+                            size_t block_bytes, int dev_is_src, const char *who, kv_err *err)
+{
+    int rc = block_io_check(c, pairs, n, host, block_bytes, dev_is_src, who, err);
     if (rc || n == 0) return rc;
     if (n > c->pairs_cap) {
         cudaFree(c->d_pairs);
@@ -275,7 +284,7 @@ static int block_io_prepare(kvcu_cache *c, const kv_block_copy *pairs, int n, co
 /* One cudaMemcpyAsync per run of pairs whose host blocks are consecutive: staged blocks
  * i .. j-1 and host blocks hb(i) .. hb(i)+j-i-1 (hb: the pair's host side). */
 static cudaError_t copy_runs(uint8_t *stage, uint8_t *host, const kv_block_copy *pairs, int n,
-                             size_t bb, int host_is_dst)
+                             size_t bb, int host_is_dst, cudaStream_t stream)
 {
     for (int i = 0, j; i < n; i = j) {
         const int h0 = host_is_dst ? pairs[i].dst : pairs[i].src;
@@ -283,8 +292,9 @@ static cudaError_t copy_runs(uint8_t *stage, uint8_t *host, const kv_block_copy 
             ;
         uint8_t *hp = host + (size_t)h0 * bb, *sp = stage + (size_t)i * bb;
         const size_t bytes = (size_t)(j - i) * bb;
-        cudaError_t e = host_is_dst ? cudaMemcpyAsync(hp, sp, bytes, cudaMemcpyDeviceToHost, 0)
-                                    : cudaMemcpyAsync(sp, hp, bytes, cudaMemcpyHostToDevice, 0);
+        cudaError_t e = host_is_dst
+                            ? cudaMemcpyAsync(hp, sp, bytes, cudaMemcpyDeviceToHost, stream)
+                            : cudaMemcpyAsync(sp, hp, bytes, cudaMemcpyHostToDevice, stream);
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -302,7 +312,7 @@ int kvcu_cache_read_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, uin
               c->n_layers, c->n_kv_heads, c->rows, c->spec.block_size, c->head_dim, stage,
               (int64_t)block_bytes, 1);
     cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) e = copy_runs(stage, host, pairs, n, block_bytes, 1);
+    if (e == cudaSuccess) e = copy_runs(stage, host, pairs, n, block_bytes, 1, 0);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     cudaFree(stage);
     KV_CUDA_TRY(e, err);
@@ -316,7 +326,7 @@ int kvcu_cache_write_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n,
     if (rc || n == 0) return rc;
     uint8_t *stage = NULL; /* [n][block_bytes] */
     KV_CUDA_TRY(cudaMalloc(&stage, (size_t)n * block_bytes), err);
-    cudaError_t e = copy_runs(stage, (uint8_t *)host, pairs, n, block_bytes, 0);
+    cudaError_t e = copy_runs(stage, (uint8_t *)host, pairs, n, block_bytes, 0, 0);
     if (e == cudaSuccess) {
         dim3 grid(n, 2 * c->n_layers, c->n_kv_heads);
         KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, 0, c->d_pairs, c->d_planes, c->d_fmt,
@@ -328,4 +338,168 @@ int kvcu_cache_write_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n,
     cudaFree(stage);
     KV_CUDA_TRY(e, err);
     return KV_OK;
+}
+
+/* ---- chapter 07: asynchronous block I/O on a copy stream -------------------------------------
+ * The same gather / scatter and host copies, issued on a stream of their own and finished by
+ * an event, so a prefetch overlaps the steps the default stream runs. The stream is created
+ * non-blocking: the legacy default stream would otherwise wait for it (and it for the
+ * default stream) at every launch, and nothing would overlap. Ordering is then explicit:
+ *  - a job waits (cudaStreamWaitEvent) for everything the default stream was given before
+ *    it, so a gather sees the rows the last step wrote and a scatter cannot overtake a kernel
+ *    still reading the block's previous owner;
+ *  - the default stream never waits for a job: it must not read the job's blocks before
+ *    io_wait(ticket). kv_swap_prefetch() writes only blocks in no table, and kv_swap_in()
+ *    calls io_wait before the slot's table (device copy included) points at them, so no
+ *    kernel of a step can reach them earlier. Reads (evictions) are of a paused sequence's
+ *    blocks, in no table either.
+ * Each job has its own staging buffer, device pair list and pinned host pair list, reused
+ * only after its event has completed, so up to KVCU_IO_JOBS copies are in flight at once. */
+
+typedef struct {
+    int64_t ticket;          /* the ticket this job last carried (0: never used) */
+    cudaEvent_t ready;       /* on the default stream: the work before the job */
+    cudaEvent_t done;        /* on the copy stream: the job itself */
+    uint8_t *stage;          /* device [n][block_bytes] */
+    size_t stage_cap;
+    kv_block_copy *d_pairs;  /* device [n] */
+    kv_block_copy *h_pairs;  /* pinned host [n]: the source of an asynchronous upload */
+    int pairs_cap;
+} kvcu_io_job;
+
+struct kvcu_io {
+    cudaStream_t stream;     /* the copy stream, non-blocking */
+    kvcu_io_job job[KVCU_IO_JOBS];
+    int64_t issued;          /* last ticket handed out */
+    int64_t finished;        /* every ticket <= finished is done */
+};
+
+int kvcu_io_create(kvcu_io **out, kv_err *err)
+{
+    *out = NULL;
+    kvcu_io *io = (kvcu_io *)calloc(1, sizeof *io);
+    if (!io) return kv_fail(err, KV_ERR_NOMEM, "kvcu_io_create: out of memory");
+    cudaError_t e = cudaStreamCreateWithFlags(&io->stream, cudaStreamNonBlocking);
+    for (int j = 0; j < KVCU_IO_JOBS && e == cudaSuccess; j++) {
+        kvcu_io_job *b = &io->job[j];
+        e = cudaEventCreateWithFlags(&b->ready, cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming);
+    }
+    if (e != cudaSuccess) {
+        kvcu_io_free(io);
+        KV_CUDA_TRY(e, err);
+    }
+    *out = io;
+    return KV_OK;
+}
+
+void kvcu_io_free(kvcu_io *io)
+{
+    if (!io) return;
+    if (io->stream) cudaStreamSynchronize(io->stream); /* no copy may outlive its buffers */
+    for (int j = 0; j < KVCU_IO_JOBS; j++) {
+        kvcu_io_job *b = &io->job[j];
+        if (b->ready) cudaEventDestroy(b->ready);
+        if (b->done) cudaEventDestroy(b->done);
+        cudaFree(b->stage);
+        cudaFree(b->d_pairs);
+        if (b->h_pairs) cudaFreeHost(b->h_pairs);
+    }
+    if (io->stream) cudaStreamDestroy(io->stream);
+    free(io);
+}
+
+int kvcu_io_wait(kvcu_io *io, int64_t ticket, kv_err *err)
+{
+    if (!io || ticket > io->issued)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_io_wait: ticket %lld was never issued",
+                       (long long)ticket);
+    if (ticket <= io->finished) return KV_OK;
+    /* a job's slot is reused only after its ticket finished, so the slot still holds it; the
+     * stream runs jobs in order, so every earlier ticket is done too */
+    KV_CUDA_TRY(cudaEventSynchronize(io->job[ticket % KVCU_IO_JOBS].done), err);
+    io->finished = ticket;
+    return KV_OK;
+}
+
+/* The job slot of the next ticket, free (its last copy done) and big enough for n blocks. */
+static int io_job_take(kvcu_io *io, int n, size_t block_bytes, kvcu_io_job **out, kv_err *err)
+{
+    kvcu_io_job *j = &io->job[(io->issued + 1) % KVCU_IO_JOBS];
+    if (j->ticket > io->finished) {
+        int rc = kvcu_io_wait(io, j->ticket, err);
+        if (rc) return rc;
+    }
+    const size_t bytes = (size_t)n * block_bytes;
+    if (bytes > j->stage_cap) {
+        cudaFree(j->stage);
+        j->stage = NULL;
+        j->stage_cap = 0;
+        KV_CUDA_TRY(cudaMalloc(&j->stage, bytes), err);
+        j->stage_cap = bytes;
+    }
+    if (n > j->pairs_cap) {
+        cudaFree(j->d_pairs);
+        if (j->h_pairs) cudaFreeHost(j->h_pairs);
+        j->d_pairs = NULL;
+        j->h_pairs = NULL;
+        j->pairs_cap = 0;
+        KV_CUDA_TRY(cudaMalloc(&j->d_pairs, (size_t)n * sizeof(kv_block_copy)), err);
+        KV_CUDA_TRY(cudaHostAlloc(&j->h_pairs, (size_t)n * sizeof(kv_block_copy),
+                                  cudaHostAllocDefault), err);
+        j->pairs_cap = n;
+    }
+    *out = j;
+    return KV_OK;
+}
+
+/* Issue one job: to_host gathers pool blocks to the host, else scatters host blocks into the
+ * pool; *ticket = its ticket (0 for an empty list: nothing to wait for). */
+static int io_issue(kvcu_cache *c, kvcu_io *io, const kv_block_copy *pairs, int n,
+                    uint8_t *host, size_t block_bytes, int to_host, int64_t *ticket,
+                    const char *who, kv_err *err)
+{
+    *ticket = 0;
+    if (!io) return kv_fail(err, KV_ERR_ARG, "%s: no copy stream", who);
+    int rc = block_io_check(c, pairs, n, host, block_bytes, to_host, who, err);
+    if (rc || n == 0) return rc;
+    kvcu_io_job *j = NULL;
+    rc = io_job_take(io, n, block_bytes, &j, err);
+    if (rc) return rc;
+    memcpy(j->h_pairs, pairs, (size_t)n * sizeof *pairs);
+    cudaStream_t s = io->stream;
+    KV_CUDA_TRY(cudaEventRecord(j->ready, 0), err); /* the default stream's work so far */
+    KV_CUDA_TRY(cudaStreamWaitEvent(s, j->ready, 0), err);
+    KV_CUDA_TRY(cudaMemcpyAsync(j->d_pairs, j->h_pairs, (size_t)n * sizeof(kv_block_copy),
+                                cudaMemcpyHostToDevice, s), err);
+    dim3 grid(n, 2 * c->n_layers, c->n_kv_heads);
+    cudaError_t e = cudaSuccess;
+    if (!to_host) e = copy_runs(j->stage, host, pairs, n, block_bytes, 0, s);
+    if (e == cudaSuccess) {
+        KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, s, j->d_pairs, c->d_planes, c->d_fmt,
+                  c->n_layers, c->n_kv_heads, c->rows, c->spec.block_size, c->head_dim,
+                  j->stage, (int64_t)block_bytes, to_host);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess && to_host) e = copy_runs(j->stage, host, pairs, n, block_bytes, 1, s);
+    if (e == cudaSuccess) e = cudaEventRecord(j->done, s);
+    KV_CUDA_TRY(e, err);
+    j->ticket = *ticket = ++io->issued;
+    return KV_OK;
+}
+
+int kvcu_cache_read_blocks_async(kvcu_cache *c, kvcu_io *io, const kv_block_copy *pairs, int n,
+                                 uint8_t *host, size_t block_bytes, int64_t *ticket,
+                                 kv_err *err)
+{
+    return io_issue(c, io, pairs, n, host, block_bytes, 1, ticket,
+                    "kvcu_cache_read_blocks_async", err);
+}
+
+int kvcu_cache_write_blocks_async(kvcu_cache *c, kvcu_io *io, const kv_block_copy *pairs,
+                                  int n, const uint8_t *host, size_t block_bytes,
+                                  int64_t *ticket, kv_err *err)
+{
+    return io_issue(c, io, pairs, n, (uint8_t *)host, block_bytes, 0, ticket,
+                    "kvcu_cache_write_blocks_async", err);
 }

@@ -59,6 +59,18 @@ struct kv_backend {
      * NULL hooks: kv_calloc / kv_free. host_free must accept NULL. */
     void *(*host_alloc)(kv_backend *b, size_t bytes);
     void (*host_free)(kv_backend *b, void *p);
+    /** Asynchronous block I/O (chapter 07, prefetch): start the copy read_blocks /
+     * write_blocks would make and return at once with a ticket (> 0) in *ticket; io_wait()
+     * returns when that copy and every one started before it are done. Until then the caller
+     * must not touch the listed device blocks or host bytes; forward() may run on other
+     * blocks meanwhile (CUDA: a copy stream and an event; CPU: a background thread). NULL:
+     * no asynchronous copies; callers use the synchronous hooks. */
+    int (*read_blocks_async)(kv_backend *b, const kv_block_copy *pairs, int n, uint8_t *host,
+                             size_t block_bytes, int64_t *ticket, kv_err *err);
+    int (*write_blocks_async)(kv_backend *b, const kv_block_copy *pairs, int n,
+                              const uint8_t *host, size_t block_bytes, int64_t *ticket,
+                              kv_err *err);
+    int (*io_wait)(kv_backend *b, int64_t ticket, kv_err *err);
 };
 
 /**

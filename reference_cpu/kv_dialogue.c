@@ -347,6 +347,13 @@ int kv_session_recompute(kv_backend *b, int slot, const int *history, int n, flo
 int kv_dialogue_run(kv_backend *b, const kv_dialogue *d, int kind, int recompute,
                     kv_dlg_result *res, kv_err *err)
 {
+    return kv_dialogue_run_hooked(b, d, kind, recompute, NULL, NULL, res, err);
+}
+
+int kv_dialogue_run_hooked(kv_backend *b, const kv_dialogue *d, int kind, int recompute,
+                           kv_dlg_turn_fn on_turn, void *user, kv_dlg_result *res,
+                           kv_err *err)
+{
     if (recompute && b->spec.n_slots < 2)
         return kv_fail(err, KV_ERR_ARG, "dialogue: the recompute check needs a backend with 2 "
                        "slots");
@@ -393,6 +400,7 @@ int kv_dialogue_run(kv_backend *b, const kv_dialogue *d, int kind, int recompute
             }
             r->recompute_diff = diff;
         }
+        if (on_turn) rc = on_turn(user, &s, t, err);
     }
     if (recompute) b->reset(b, 1);
     kv_session_close(&s);

@@ -117,6 +117,20 @@ typedef struct {
 int kv_dialogue_run(kv_backend *b, const kv_dialogue *d, int kind, int recompute,
                     kv_dlg_result *res, kv_err *err);
 
+/**
+ * Called by kv_dialogue_run_hooked() after each turn @p t (its result and any from-scratch
+ * check done), before the next turn is prefilled. s->logits chose the turn's reply and the
+ * session's slot holds the whole history. The hook may move that slot's cache (chapter 07
+ * swaps it out to a host tier and back) if the slot holds the same history when it returns.
+ * A non-zero return stops the run with that status.
+ */
+typedef int (*kv_dlg_turn_fn)(void *user, kv_session *s, int t, kv_err *err);
+
+/** kv_dialogue_run() with @p on_turn (may be NULL) called after every turn. */
+int kv_dialogue_run_hooked(kv_backend *b, const kv_dialogue *d, int kind, int recompute,
+                           kv_dlg_turn_fn on_turn, void *user, kv_dlg_result *res,
+                           kv_err *err);
+
 /** Tokens a dialogue needs in the cache for @p kind (all turns and replies). */
 int kv_dialogue_length(const kv_dialogue *d, int kind);
 

@@ -1,5 +1,6 @@
 /*
- * kv_request.h — internal to the scheduler (kv_request.c, kv_sched.c); not part of the API.
+ * kv_request.h — internal to the scheduler (kv_request.c, kv_sched.c, kv_sched_tier.c); not
+ * part of the API.
  *
  * A runner is one request of a trace (a ::kv_request row, kv_trace.h) being served: the
  * state machine of kv_sched.h's opening comment,
@@ -14,8 +15,9 @@
  * owns; kv_sched.c owns the queue, the running list, the free slots, reservations and every
  * count except tokens_generated. A runner that has chosen its last token says so by entering
  * R_DONE; the scheduler then gives its slots back (kv_sched.c, finish()). Swapping a
- * preempted runner's sequences out and in is the scheduler's too (it owns the host tier):
- * a runner only carries, per sequence, where its rows wait (seq_t.host).
+ * preempted runner's sequences out and in is the scheduler's too (it owns the host tier,
+ * kv_sched_tier.c): a runner only carries, per sequence, where its rows wait (seq_t.host).
+ * The scheduler's own state (struct sched) closes this header, for its two files.
  */
 #ifndef KV_REQUEST_H
 #define KV_REQUEST_H
@@ -41,7 +43,7 @@ typedef struct {
     float *logits;     /* beams: [vocab] logits after the full context, held for selection */
     kv_sampler sampler;
     int has_sampler;
-    kv_swapped host;   /* swap mode: its rows in the host tier while preempted (host.resident) */
+    kv_swapped host;   /* swap, lru: where its rows wait while preempted (host.resident) */
 } seq_t;
 
 typedef struct {
@@ -59,8 +61,12 @@ typedef struct {
     int res_blocks;    /* baselines: blocks reserved while admitted */
     int min_blocks;    /* fewest blocks it can run in (alone, all sharing used) */
     double arrival;
-    int swapped;       /* preempted by swap: its live sequences are in the host tier */
+    int prio;          /* 0 normal, 1 high (the trace's priority) */
+    int swapped;       /* preempted by swap or lru: its live sequences wait in seq[].host */
     int swap_state;    /* the state it left (R_PROMPT or R_DECODE), resumed on swap in */
+    int64_t paused_at; /* lru: the pause counter when it was preempted (least recent first) */
+    int prefetching;   /* a prefetch brought (or is bringing) its host blocks back */
+    double prefetch_end; /* the clock when that transfer ends on the link model */
     kv_sched_result *res;
 } runner;
 
@@ -104,6 +110,14 @@ static inline const int *seq_next_tokens(const runner *r, const seq_t *s)
     return s->len < P ? r->prompt + s->len : s->gen + (s->len - P);
 }
 
+/* Tokens the runner has chosen (any sequence): its first token is out. */
+static inline int has_token(const runner *r)
+{
+    for (int i = 0; i < r->n_seq; i++)
+        if (r->seq[i].n_gen > 0) return 1;
+    return 0;
+}
+
 /* kv_request.c, in the order a request meets them */
 void runner_set_error(runner *r, int status, const char *fmt, ...);
 int runner_init(const runner_env *e, runner *r, const kv_trace *t, int idx,
@@ -114,5 +128,59 @@ int runner_take_logits(const runner_env *e, runner *r, seq_t *s, const float *lo
 int runner_advance(const runner_env *e, runner *r, kv_err *err);
 void runner_drop_slots(const runner_env *e, runner *r);
 void runner_free(runner *r);
+
+/* ---- the scheduler's state (kv_sched.c; the host tier's part in kv_sched_tier.c) ---------- */
+
+typedef struct {
+    runner_env env;          /* backend, options, pool shape, choosing scratch, metrics */
+    kv_pool *pool;
+    runner *r;
+    int n;
+    int *queue, n_queue;     /* [n] waiting runners: priority, then preempted, then arrival */
+    int *running, n_running; /* [n] admitted runners: priority, then oldest admission first */
+    int *free_slots, n_free; /* [n_slots] */
+    int reserved;            /* baselines: blocks reserved by running requests */
+    double now;              /* the step clock at the start of the step */
+    double t;                /* the step's clock so far: now + stalls (synchronous transfers) */
+    double busy[2];          /* the link model: when each direction's FIFO is free again */
+    int64_t step;
+    int budget;              /* tokens per step: the option, halved each time memory ran out */
+    /* the step's batch */
+    kv_seq *batch;           /* [n_slots] */
+    int *b_runner, *b_seq;   /* [n_slots] which runner and sequence each entry feeds */
+    int n_batch, batch_tokens;
+    int prefill_tokens;      /* tokens of the batch that are not one-token decodes */
+    float *logits;           /* [n_slots][vocab] */
+    /* metrics: per-block fill of the step and a stamp to count each block once */
+    int *fill;               /* [N] */
+    int64_t *stamp;          /* [N] */
+    int64_t stamp_key;
+    int *touched;            /* [N] */
+    double sum_util, sum_internal, sum_reserved, sum_held;
+    int n_finished;
+    /* swap and lru modes: the host tier (kv_swap.h) */
+    kv_swap sw;
+    int tier;                /* 1: swapping is possible; 0: every preemption recomputes */
+    int64_t pause_clock;     /* lru: counts pauses, for least-recently-paused order */
+} sched;
+
+/* kv_sched.c */
+void queue_push(sched *S, int ri, int preempted);
+int head_waiting(const sched *S);
+int watermark_blocks(const sched *S);
+
+/* kv_sched_tier.c: the host tier, the link model, and what swap and lru do with them */
+int tier_open(sched *S, kv_err *err);
+void tier_forget(sched *S, runner *r);
+int64_t tier_rows(const runner *r);
+void tier_recompute(sched *S, runner *r);
+int tier_pause(sched *S, runner *r, kv_err *err);
+int tier_blocks_back(const sched *S, const runner *r);
+int tier_evictable(const sched *S, int exclude);
+int tier_make_room(sched *S, int want, int exclude, int sync, int *freed, kv_err *err);
+int tier_drop_lru(sched *S, int exclude);
+int tier_resume(sched *S, runner *r, kv_err *err);
+int tier_prefetch(sched *S, int64_t need, kv_err *err);
+int tier_watermark(sched *S, int64_t need, kv_err *err);
 
 #endif

@@ -1,47 +1,20 @@
 /* The scheduler of kv_sched.h: which requests run each step, on what memory, and what that
- * costs the pool (chapter 05). Continuous batching with chunked prefill, admission with a
- * watermark, preemption by recompute or by swap to a host tier (chapter 07), the contiguous
- * baselines' reservations, and the metrics.
+ * costs the pool (chapter 05). Continuous batching with chunked prefill, priorities, admission
+ * with a watermark, preemption by recompute or (chapter 07) by whole or lru swap to a host
+ * tier, the contiguous baselines' reservations, the clock, and the metrics.
  *
  * Read kv_request.h and kv_request.c first: a runner is one request's state machine, and
  * this file only decides when it runs. Then this file: after the policies' names and the
- * defaults, the host tier, the parts of a step in the order they run (a runner leaving:
- * finish, fail, preempt by recompute or swap; plan; admission, swap in; execute; measure);
- * run_list ties them into the loop, and the public entry points close the file. */
+ * defaults, the queue and running order, the parts of a step in the order they run (a runner
+ * leaving: finish, fail, preempt; plan; admission, priority preemption, resume; execute;
+ * measure); run_list ties them into the loop with the clock, and the public entry points
+ * close the file. What swap and lru do with a preempted runner's blocks, and the link model,
+ * are in kv_sched_tier.c. */
 #include "kv_request.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct {
-    runner_env env;          /* backend, options, pool shape, choosing scratch, metrics */
-    kv_pool *pool;
-    runner *r;
-    int n;
-    int *queue, n_queue;     /* [n] waiting runners: preempted first, then by arrival */
-    int *running, n_running; /* [n] admitted runners, oldest admission first */
-    int *free_slots, n_free; /* [n_slots] */
-    int reserved;            /* baselines: blocks reserved by running requests */
-    double now;              /* the step clock */
-    int64_t step;
-    int budget;              /* tokens per step: the option, halved each time memory ran out */
-    /* the step's batch */
-    kv_seq *batch;           /* [n_slots] */
-    int *b_runner, *b_seq;   /* [n_slots] which runner and sequence each entry feeds */
-    int n_batch, batch_tokens;
-    float *logits;           /* [n_slots][vocab] */
-    /* metrics: per-block fill of the step and a stamp to count each block once */
-    int *fill;               /* [N] */
-    int64_t *stamp;          /* [N] */
-    int64_t stamp_key;
-    int *touched;            /* [N] */
-    double sum_util, sum_internal, sum_reserved, sum_held;
-    int n_finished;
-    /* swap mode: the host tier (kv_swap.h) */
-    kv_swap sw;
-    int tier;                /* 1: swapping is possible; 0: every preemption recomputes */
-} sched;
 
 const char *kv_policy_name(int policy)
 {
@@ -58,13 +31,13 @@ int kv_policy_by_name(const char *name)
 
 const char *kv_preempt_name(int preempt)
 {
-    static const char *const names[] = {"recompute", "swap"};
-    return preempt >= 0 && preempt < 2 ? names[preempt] : NULL;
+    static const char *const names[] = {"recompute", "swap", "lru"};
+    return preempt >= 0 && preempt < 3 ? names[preempt] : NULL;
 }
 
 int kv_preempt_by_name(const char *name)
 {
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < 3; p++)
         if (name && strcmp(name, kv_preempt_name(p)) == 0) return p;
     return -1;
 }
@@ -82,50 +55,9 @@ kv_sched_opts kv_sched_opts_default(void)
     o.top_p = 1.0f;
     o.seed = 42;
     o.preempt = KV_PREEMPT_RECOMPUTE;
+    o.watermark = 0.01;
+    o.link = kv_link_default();
     return o;
-}
-
-/* ---- the host tier (swap mode) ---------------------------------------------------------------
- * Every call into kv_swap goes through tier_call(), so a change of kv_swap's API touches only
- * these lines. TIER_INIT builds a tier of @p n host blocks; TIER_OUT / TIER_IN move sequence
- * @p s out of / into cache slot @p n. */
-enum { TIER_INIT = 0, TIER_OUT = 1, TIER_IN = 2 };
-
-static int tier_call(sched *S, int op, int n, kv_swapped *s, kv_err *err)
-{
-    kv_backend *b = S->env.b;
-    if (op == TIER_OUT) return kv_swap_out(&S->sw, b, n, s, err);
-    if (op == TIER_IN) return kv_swap_in(&S->sw, b, n, s, err);
-    if (!b->read_blocks || !b->write_blocks || !b->block_bytes)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "swap: the backend has no block I/O");
-    return kv_swap_init(&S->sw, b, n, NULL, err);
-}
-
-/* Swap mode: a host tier of opts.host_blocks blocks (0: as many as the device pool). A cache
- * kv_swap refuses leaves the tier off, and the reason in the metrics: every preemption then
- * recomputes, counted as a fallback. */
-static int tier_open(sched *S, kv_err *err)
-{
-    const kv_sched_opts *o = S->env.o;
-    if (o->preempt != KV_PREEMPT_SWAP) return KV_OK;
-    const int n = o->host_blocks > 0 ? o->host_blocks : S->env.N;
-    kv_err e;
-    int rc = tier_call(S, TIER_INIT, n, NULL, &e);
-    if (rc == KV_ERR_UNSUPPORTED) {
-        snprintf(S->env.m->swap_refused, sizeof S->env.m->swap_refused, "%.150s", e.msg);
-        return KV_OK;
-    }
-    if (rc) return kv_fail(err, rc, "%s", e.msg);
-    S->tier = 1;
-    S->env.m->host_blocks = n;
-    return KV_OK;
-}
-
-/* Release a runner's sequences waiting in the host tier (a runner that will not come back). */
-static void tier_forget(sched *S, runner *r)
-{
-    for (int i = 0; i < r->n_seq; i++) kv_swapped_drop(&S->sw, &r->seq[i].host);
-    r->swapped = 0;
 }
 
 /* ---- queue and running list ----------------------------------------------------------------- */
@@ -138,6 +70,50 @@ static void list_remove(int *list, int *n, int v)
             (*n)--;
             return;
         }
+}
+
+/* Queue order: priority first; within a priority, preempted runners first (the latest
+ * preempted at the front, as chapter 05 has always done), then by arrival. */
+void queue_push(sched *S, int ri, int preempted)
+{
+    const runner *r = &S->r[ri];
+    int at = 0;
+    while (at < S->n_queue) {
+        const runner *q = &S->r[S->queue[at]];
+        if (q->prio < r->prio) break;
+        if (q->prio == r->prio && (preempted || (q->res->preemptions == 0 &&
+                                                 q->arrival > r->arrival)))
+            break;
+        at++;
+    }
+    memmove(S->queue + at + 1, S->queue + at, (size_t)(S->n_queue - at) * sizeof(int));
+    S->queue[at] = ri;
+    S->n_queue++;
+}
+
+/* The first runner in queue order that has arrived by the step's clock, -1 none. */
+int head_waiting(const sched *S)
+{
+    for (int i = 0; i < S->n_queue; i++)
+        if (S->r[S->queue[i]].arrival <= S->now) return S->queue[i];
+    return -1;
+}
+
+/* Admitted runners run in priority order, oldest admission first within one: the planner
+ * feeds them in this order and memory preempts from the end. */
+static void running_add(sched *S, int ri)
+{
+    int at = S->n_running;
+    while (at > 0 && S->r[S->running[at - 1]].prio < S->r[ri].prio) at--;
+    memmove(S->running + at + 1, S->running + at, (size_t)(S->n_running - at) * sizeof(int));
+    S->running[at] = ri;
+    S->n_running++;
+}
+
+/* Blocks kept free at admission (and, in lru mode, by background eviction). */
+int watermark_blocks(const sched *S)
+{
+    return (int)((double)S->env.N * S->env.o->watermark + 0.999999);
 }
 
 /* Give back a runner's slots (emptied) and its reservation. */
@@ -155,6 +131,7 @@ static void finish(sched *S, runner *r)
     runner_release(S, r);
     r->res->status = KV_OK;
     r->res->finish_step = S->step;
+    r->res->finish_s = S->t; /* execute() set t to the end of the step */
     S->env.m->n_done++;
     S->n_finished++;
 }
@@ -165,6 +142,7 @@ static void fail_running(sched *S, runner *r, int status, const char *why)
     runner_set_error(r, status, "request %d: %s", r->idx, why);
     r->state = R_FAILED;
     r->res->finish_step = S->step;
+    r->res->finish_s = S->t;
     S->env.m->n_failed++;
     S->n_finished++;
 }
@@ -180,68 +158,20 @@ static int64_t rows_held(const runner *r)
     return n;
 }
 
-/* Preemption by swap: every sequence holding a slot goes to the host tier, with its length.
- * When it cannot, r->swapped stays 0 and the caller recomputes (a counted fallback): no tier
- * (kv_swap refused the cache), too few host blocks, or sequences that, unshared at their final
- * length, would not fit the device pool (copied per sequence, they could never come back).
- * Returns only errors of the run. */
-static int swap_out(sched *S, runner *r, kv_err *err)
-{
-    kv_sched_metrics *m = S->env.m;
-    const kv_paged *pg = S->env.b->paged;
-    int64_t host = 0; /* host blocks: every sequence's table, shared blocks once per sequence */
-    for (int i = 0; i < r->n_seq; i++)
-        if (r->seq[i].slot >= 0) host += pg->tables[r->seq[i].slot].n_blocks;
-    const int64_t unshared = (int64_t)r->n_seq * cdiv(r->rq.prompt_len + r->rq.output_len - 1,
-                                                      S->env.B);
-    if (!S->tier || unshared > S->env.N || host > kv_pool_available(&S->sw.pool)) {
-        m->recompute_fallbacks++;
-        return KV_OK;
-    }
-    kv_err e;
-    int rc = KV_OK, n = 0;
-    for (int i = 0; i < r->n_seq && !rc; i++) {
-        seq_t *s = &r->seq[i];
-        if (s->slot < 0) continue;
-        rc = tier_call(S, TIER_OUT, s->slot, &s->host, &e);
-        if (!rc) { /* kv_swap_out emptied the slot */
-            s->slot = -1;
-            n++;
-        }
-    }
-    if (rc) { /* what went out is dropped: the runner recomputes everything */
-        tier_forget(S, r);
-        if (rc == KV_ERR_UNSUPPORTED) {
-            S->tier = 0;
-            snprintf(m->swap_refused, sizeof m->swap_refused, "%.150s", e.msg);
-        }
-        if (rc != KV_ERR_UNSUPPORTED && rc != KV_ERR_CAPACITY && rc != KV_ERR_NOMEM)
-            return kv_fail(err, rc, "%s", e.msg);
-        m->recompute_fallbacks++;
-        return KV_OK;
-    }
-    r->swapped = 1;
-    r->swap_state = r->state;
-    m->swap_preemptions++;
-    m->seqs_swapped_out += n;
-    return KV_OK;
-}
-
-/* Preemption: swap the runner out (swap mode, when it can) or drop its rows for recompute;
- * give its slots back, keep the tokens chosen so far, requeue it first. */
+/* Preemption: swap the runner out or pause it (swap, lru: kv_sched_tier.c, when it can) or
+ * drop its rows for recompute; give its slots back, keep the tokens chosen so far, requeue it
+ * first among its priority. */
 static int preempt(sched *S, runner *r, kv_err *err)
 {
     const int64_t held = rows_held(r);
-    int rc = S->env.o->preempt == KV_PREEMPT_SWAP ? swap_out(S, r, err) : KV_OK;
+    int rc = S->env.o->preempt != KV_PREEMPT_RECOMPUTE ? tier_pause(S, r, err) : KV_OK;
     if (rc) return rc;
     if (!r->swapped) S->env.m->tokens_recomputed += held;
     runner_release(S, r);
     r->state = R_WAITING;
     r->res->preemptions++;
     S->env.m->preemptions++;
-    memmove(S->queue + 1, S->queue, (size_t)S->n_queue * sizeof(int));
-    S->queue[0] = (int)(r - S->r);
-    S->n_queue++;
+    queue_push(S, (int)(r - S->r), 1);
     return KV_OK;
 }
 
@@ -260,6 +190,7 @@ static void batch_add(sched *S, int ri, int si, int n_tok, int64_t *need)
     S->b_seq[S->n_batch] = si;
     S->n_batch++;
     S->batch_tokens += n_tok;
+    if (r->state == R_PROMPT || n_tok > 1) S->prefill_tokens += n_tok; /* else a decode */
     *need += kv_paged_blocks_needed(S->env.b, s->slot, n_tok);
 }
 
@@ -283,6 +214,7 @@ static void plan(sched *S, int64_t *need, int *budget)
 {
     S->n_batch = 0;
     S->batch_tokens = 0;
+    S->prefill_tokens = 0;
     *need = 0;
     *budget = S->budget;
     for (int j = 0; j < S->n_running && *budget > 0; j++)
@@ -296,15 +228,7 @@ static void plan(sched *S, int64_t *need, int *budget)
  * tokens at once; admitting it into less would only preempt it again). */
 static int prompt_blocks(sched *S, const runner *r)
 {
-    if (r->swapped) { /* swapped out: the blocks it comes back into, unshared, and what its
-                       * sequences then feed (the rest of the prompt, or their pending token) */
-        int64_t n = 0;
-        for (int i = 0; i < r->n_seq; i++)
-            if (r->seq[i].host.resident)
-                n += cdiv(r->swap_state == R_PROMPT ? r->rq.prompt_len : ctx_len(r, &r->seq[i]),
-                          S->env.B);
-        return (int)n;
-    }
+    if (r->swapped) return tier_blocks_back(S, r); /* swap, lru: kv_sched_tier.c */
     const int P = r->rq.prompt_len, B = S->env.B;
     int64_t need = cdiv(P, B);
     int used_hits = 0;
@@ -318,29 +242,16 @@ static int prompt_blocks(sched *S, const runner *r)
     return (int)(need - used_hits);
 }
 
-/* A runner preempted by swap comes back: each sequence's rows are copied into one of its
- * slots with their length, it resumes the state it left, and what its sequences had pending
- * joins this step's batch. Admission checked the device blocks, so a refusal here is an error
- * of the run. */
-static int swap_in(sched *S, int ri, int *budget, int64_t *need, kv_err *err)
+/* A runner preempted by swap or lru comes back (kv_sched_tier.c copies its sequences into
+ * its slots with their lengths); it resumes the state it left, and what its sequences had
+ * pending joins this step's batch. */
+static int resume(sched *S, int ri, int *budget, int64_t *need, kv_err *err)
 {
     runner *r = &S->r[ri];
-    kv_sched_metrics *m = S->env.m;
     S->reserved += r->res_blocks;
-    S->running[S->n_running++] = ri;
-    kv_err e;
-    for (int i = 0, j = 0; i < r->n_seq; i++) {
-        seq_t *s = &r->seq[i];
-        if (!s->host.resident) continue;
-        const int64_t len = s->host.n_tokens;
-        int rc = tier_call(S, TIER_IN, r->slots[j], &s->host, &e);
-        if (rc) return kv_fail(err, rc, "request %d: swap in: %s", r->idx, e.msg);
-        s->slot = r->slots[j++];
-        s->len = len;
-        m->seqs_swapped_in++;
-    }
-    r->swapped = 0;
-    r->state = r->swap_state;
+    running_add(S, ri);
+    int rc = tier_resume(S, r, err);
+    if (rc) return rc;
     plan_runner(S, ri, need, budget);
     return KV_OK;
 }
@@ -351,7 +262,7 @@ static int admit(sched *S, int ri, int *budget, int64_t *need, kv_err *err)
 {
     runner *r = &S->r[ri];
     for (int i = 0; i < r->n_seq; i++) r->slots[i] = S->free_slots[--S->n_free];
-    if (r->swapped) return swap_in(S, ri, budget, need, err);
+    if (r->swapped) return resume(S, ri, budget, need, err);
     int hit;
     int rc = runner_start(&S->env, r, &hit, err);
     if (rc) return rc;
@@ -359,7 +270,7 @@ static int admit(sched *S, int ri, int *budget, int64_t *need, kv_err *err)
     S->env.m->prefix_hit_tokens += hit;
     S->reserved += r->res_blocks;
     if (r->res->admit_step < 0) r->res->admit_step = S->step;
-    S->running[S->n_running++] = ri;
+    running_add(S, ri);
     const int64_t pending = seq_pending(r, &r->seq[r->root]);
     const int n_tok = (int)(pending < *budget ? pending : *budget);
     batch_add(S, ri, r->root, n_tok, need);
@@ -367,35 +278,77 @@ static int admit(sched *S, int ri, int *budget, int64_t *need, kv_err *err)
     return KV_OK;
 }
 
-/* Admit from the queue front while the front fits (first come, first served). */
+/* Blocks runner @p r lacks to be admitted now, after the plan's @p need, with the watermark
+ * (<= 0: they are there). Slots and the baselines' reservations are checked apart. */
+static int64_t admit_short(sched *S, const runner *r, int64_t need)
+{
+    const int wm = S->env.o->policy == KV_POLICY_PAGED && S->n_running ? watermark_blocks(S) : 0;
+    /* a prompt admitted into the last free blocks would be preempted by the next step's
+     * growth of the others: keep a watermark free */
+    return (int64_t)prompt_blocks(S, r) + wm - ((int64_t)kv_paged_available(S->env.b) - need);
+}
+
+static int lru_on(const sched *S) { return S->env.o->preempt == KV_PREEMPT_LRU && S->tier; }
+
+/* Admit in queue order (priority, preempted, arrival; arrived ones only) while the first
+ * fits: first come, first served within a priority. In lru mode the blocks of other paused
+ * requests may go to the host to make the room (a synchronous eviction: the step waits). */
 static int admit_waiting(sched *S, int *budget, int64_t *need, kv_err *err)
 {
     const kv_sched_opts *o = S->env.o;
     const int N = S->env.N;
-    while (S->n_queue > 0 && *budget > 0) {
-        const int ri = S->queue[0];
+    while (*budget > 0) {
+        const int ri = head_waiting(S);
+        if (ri < 0) break;
         runner *r = &S->r[ri];
         if (r->res->status != KV_OK) { /* can never run: reported, not retried */
             r->state = R_FAILED;
             r->res->finish_step = S->step;
+            r->res->finish_s = S->t;
             S->env.m->n_failed++;
             S->n_finished++;
             list_remove(S->queue, &S->n_queue, ri);
             continue;
         }
-        if (r->arrival > S->now) break;
         if (S->n_free < r->n_seq) break;
         if (o->policy != KV_POLICY_PAGED && S->reserved + r->res_blocks > N) break;
-        /* keep a watermark of 1 % of the pool free: a prompt admitted into the last free
-         * blocks would be preempted by the next step's growth of the others */
-        const int watermark = o->policy == KV_POLICY_PAGED && S->n_running ? (N + 99) / 100 : 0;
-        if ((int64_t)kv_paged_available(S->env.b) - *need < prompt_blocks(S, r) + watermark)
-            break;
+        int64_t lack = admit_short(S, r, *need);
+        if (lack > 0 && lru_on(S) && tier_evictable(S, ri) >= lack) {
+            int freed;
+            int rc = tier_make_room(S, (int)lack, ri, 1, &freed, err);
+            if (rc) return rc;
+            lack = admit_short(S, r, *need);
+        }
+        if (lack > 0) break;
         list_remove(S->queue, &S->n_queue, ri);
         int rc = admit(S, ri, budget, need, err);
         if (rc) return rc;
     }
     return KV_OK;
+}
+
+/* A waiting high-priority request that has arrived preempts running lower-priority ones,
+ * youngest first, until it would fit (slots, blocks; in lru mode counting the blocks paused
+ * requests could give up); never one of its own priority or higher. *did = 1 when it did. */
+static int preempt_for_priority(sched *S, int64_t *need, int *budget, int *did, kv_err *err)
+{
+    const kv_sched_opts *o = S->env.o;
+    for (;;) {
+        const int ri = head_waiting(S);
+        if (ri < 0 || S->n_running == 0) return KV_OK;
+        runner *r = &S->r[ri];
+        runner *v = &S->r[S->running[S->n_running - 1]]; /* lowest priority, youngest */
+        if (r->res->status != KV_OK || v->prio >= r->prio) return KV_OK;
+        int64_t lack = admit_short(S, r, *need);
+        if (lru_on(S)) lack -= tier_evictable(S, ri);
+        const int fits = lack <= 0 && S->n_free >= r->n_seq &&
+                         (o->policy == KV_POLICY_PAGED || S->reserved + r->res_blocks <= S->env.N);
+        if (fits) return KV_OK;
+        int rc = preempt(S, v, err);
+        if (rc) return rc;
+        *did = 1;
+        plan(S, need, budget);
+    }
 }
 
 /* ---- one step: execute and measure ---------------------------------------------------------- */
@@ -415,12 +368,14 @@ static int execute(sched *S, kv_err *err)
         s->len += S->batch[j].n_tokens;
         const float *row = S->logits + (size_t)j * e->vocab;
         if ((rc = runner_take_logits(e, r, s, row, err))) return rc;
+        if (r->res->first_token_s < 0 && has_token(r)) r->res->first_token_s = S->t;
         if (r->state == R_DONE) finish(S, r); /* a fresh beam request of one token */
     }
     for (int j = 0; j < S->n_running; j++) {
         runner *r = &S->r[S->running[j]];
         if (r->state != R_DECODE) continue;
         if ((rc = runner_advance(e, r, err))) return rc;
+        if (r->res->first_token_s < 0 && has_token(r)) r->res->first_token_s = S->t;
         if (r->state == R_DONE) {
             finish(S, r);
             j--; /* finish() removed it from the list */
@@ -496,6 +451,45 @@ static void measure(sched *S)
 
 /* ---- the run -------------------------------------------------------------------------------- */
 
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Nearest rank: the smallest value with at least p % of the values at or below it. */
+static double percentile(const double *sorted, int n, double p)
+{
+    int k = (int)(p / 100.0 * n + 0.999999);
+    return n ? sorted[(k < 1 ? 1 : k > n ? n : k) - 1] : 0.0;
+}
+
+/* p50 and p99 of first-token and end-to-end latency, per priority, over finished requests. */
+static void latency_percentiles(kv_sched_out *out)
+{
+    kv_sched_metrics *m = &out->m;
+    double *v = malloc((size_t)out->n * 2 * sizeof(double));
+    if (!v) return;
+    for (int c = 0; c < 2; c++) {
+        double *ttft = v, *e2e = v + out->n;
+        int k = 0;
+        for (int i = 0; i < out->n; i++) {
+            const kv_sched_result *r = &out->results[i];
+            if (r->status != KV_OK || r->priority != c || r->first_token_s < 0) continue;
+            ttft[k] = r->first_token_s - r->arrival_s;
+            e2e[k++] = r->finish_s - r->arrival_s;
+        }
+        qsort(ttft, (size_t)k, sizeof(double), cmp_double);
+        qsort(e2e, (size_t)k, sizeof(double), cmp_double);
+        m->n_class[c] = k;
+        m->ttft_p50[c] = percentile(ttft, k, 50);
+        m->ttft_p99[c] = percentile(ttft, k, 99);
+        m->e2e_p50[c] = percentile(e2e, k, 50);
+        m->e2e_p99[c] = percentile(e2e, k, 99);
+    }
+    free(v);
+}
+
 /* Serve the requests @p list [n] of the trace: kv_sched.h's step (plan, preempt, admit,
  * execute, measure) until every one is done or failed, then the run's averages. */
 static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
@@ -507,11 +501,14 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
                        "request");
     if (o->policy < 0 || o->policy > KV_POLICY_ORACLE || o->token_budget < 1 || o->max_len < 1 ||
         !(o->step_s >= 0) || !(o->sample_temperature > 0) || !(o->temperature >= 0) ||
-        !(o->top_p > 0 && o->top_p <= 1) || !kv_preempt_name(o->preempt) || o->host_blocks < 0)
+        !(o->top_p > 0 && o->top_p <= 1) || !kv_preempt_name(o->preempt) || o->host_blocks < 0 ||
+        !(o->watermark >= 0 && o->watermark < 1) || !(o->token_s >= 0) ||
+        (o->prefetch != 0 && o->prefetch != 1))
         return kv_fail(err, KV_ERR_ARG, "scheduler: bad options (policy %d, budget %d, "
-                       "max_len %d, sample temperature %g, preempt %d, host blocks %d)",
+                       "max_len %d, sample temperature %g, preempt %d, host blocks %d, "
+                       "watermark %g, token_s %g, prefetch %d)",
                        o->policy, o->token_budget, o->max_len, (double)o->sample_temperature,
-                       o->preempt, o->host_blocks);
+                       o->preempt, o->host_blocks, o->watermark, o->token_s, o->prefetch);
     for (int s = 0; s < b->spec.n_slots; s++)
         if (b->paged->tables[s].n_blocks)
             return kv_fail(err, KV_ERR_ARG, "scheduler: slot %d is not empty", s);
@@ -562,7 +559,11 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
     for (int i = 0; i < n && !rc; i++) {
         out->index[i] = list[i];
         rc = runner_init(&S.env, &S.r[i], t, list[i], &out->results[i], err);
-        S.queue[S.n_queue++] = i;
+        S.r[i].prio = t->req[list[i]].priority > 0;
+        out->results[i].priority = S.r[i].prio;
+        out->results[i].arrival_s = S.r[i].arrival;
+        out->results[i].first_token_s = out->results[i].finish_s = -1;
+        if (!rc) queue_push(&S, i, 0);
     }
     if (rc || (rc = tier_open(&S, err))) goto done;
     const int64_t cow0 = b->paged->n_cow;
@@ -570,11 +571,22 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
     while (S.n_finished < n) {
         int64_t need;
         int budget;
+        S.t = S.now; /* synchronous transfers below push t; the step's compute starts there */
         plan(&S, &need, &budget);
-        /* not enough blocks: preempt the youngest; alone and still short: it cannot run */
+        /* not enough blocks: lru first moves paused requests' blocks to the host (least
+         * recently paused first, as many as needed); then preempt the youngest of the lowest
+         * priority; alone and still short, a paused request holding device blocks (shared by
+         * its forks, or prefetched) recomputes; else the one running cannot run */
         int preempted = 0;
         while (need > kv_paged_available(b)) {
+            if (lru_on(&S)) {
+                int freed = 0;
+                rc = tier_make_room(&S, (int)(need - kv_paged_available(b)), -1, 1, &freed, err);
+                if (rc) goto done;
+                if (freed > 0) continue;
+            }
             runner *victim = &S.r[S.running[S.n_running - 1]];
+            if (S.n_running == 1 && tier_drop_lru(&S, -1)) continue;
             if (S.n_running == 1) {
                 char why[160];
                 snprintf(why, sizeof why, "needs %lld blocks in one step but the pool has only "
@@ -587,31 +599,60 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
             }
             plan(&S, &need, &budget);
         }
-        /* a step that had to preempt admits nobody: memory is short right now */
-        if (!preempted && (rc = admit_waiting(&S, &budget, &need, err))) goto done;
+        /* a step that had to preempt admits nobody: memory is short right now. Otherwise a
+         * high-priority arrival may preempt lower ones, then the queue is admitted */
+        if (!preempted) {
+            int by_priority = 0;
+            if ((rc = preempt_for_priority(&S, &need, &budget, &by_priority, err)) ||
+                (rc = admit_waiting(&S, &budget, &need, err)))
+                goto done;
+        }
+        /* background transfers, overlapping the step: prefetch the queue head, keep the
+         * watermark free (lru) */
+        if (S.tier && ((rc = tier_prefetch(&S, need, err)) || (rc = tier_watermark(&S, need, err))))
+            goto done;
         if (S.n_batch == 0) {
             if (S.n_finished == n) break;
-            if (S.n_running == 0 && S.n_queue > 0 && S.r[S.queue[0]].arrival > S.now) {
-                S.now = S.r[S.queue[0]].arrival; /* idle until the next arrival */
-                continue;
+            if (S.n_running == 0) {
+                const int h = head_waiting(&S);
+                if (h < 0) { /* idle until the next arrival */
+                    double next = -1;
+                    for (int i = 0; i < S.n_queue; i++)
+                        if (next < 0 || S.r[S.queue[i]].arrival < next)
+                            next = S.r[S.queue[i]].arrival;
+                    if (next > S.now) {
+                        S.now = next;
+                        continue;
+                    }
+                } else if (preempted) {
+                    continue; /* the last one running just failed: admission comes next step */
+                } else if (S.r[h].res->status == KV_OK) {
+                    /* paused requests hold the blocks it needs: one of them recomputes */
+                    if (tier_drop_lru(&S, h)) continue;
+                    /* an empty backend refused it: it cannot run (never expected) */
+                    runner *r = &S.r[h];
+                    list_remove(S.queue, &S.n_queue, h);
+                    tier_forget(&S, r);
+                    runner_set_error(r, KV_ERR_CAPACITY, "request %d: cannot be admitted into "
+                                     "an empty backend", r->idx);
+                    r->state = R_FAILED;
+                    r->res->finish_s = S.t;
+                    e->m->n_failed++;
+                    S.n_finished++;
+                    continue;
+                } else {
+                    continue; /* failures were just collected */
+                }
             }
-            if (S.n_running == 0 && S.n_queue > 0 && S.r[S.queue[0]].res->status == KV_OK) {
-                /* an empty backend refused it: it cannot run (never expected) */
-                runner *r = &S.r[S.queue[0]];
-                list_remove(S.queue, &S.n_queue, S.queue[0]);
-                tier_forget(&S, r);
-                runner_set_error(r, KV_ERR_CAPACITY, "request %d: cannot be admitted into an "
-                                 "empty backend", r->idx);
-                r->state = R_FAILED;
-                e->m->n_failed++;
-                S.n_finished++;
-                continue;
-            }
-            if (S.n_running == 0) continue; /* failures were just collected */
             rc = kv_fail(err, KV_ERR_ARG, "scheduler: no progress at step %lld",
                          (long long)S.step);
             goto done;
         }
+        /* the clock model: the step's compute starts once its synchronous transfers are done
+         * and lasts step_s plus token_s per prefill token; execute() stamps first tokens and
+         * finishes with its end */
+        const double start = S.t;
+        S.t = start + o->step_s + o->token_s * S.prefill_tokens;
         rc = execute(&S, err);
         if (rc == KV_ERR_NOMEM && S.n_running > 0) {
             /* Device or host memory ran out inside the step (its scratch grows with the
@@ -619,6 +660,8 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
              * the tokens per step, then preempt the youngest request; a request alone in a
              * one-token step that still cannot run fails with the reason. */
             runner *victim = &S.r[S.running[S.n_running - 1]];
+            e->m->stall_s += start - S.now;
+            S.now = S.t = start;
             if (S.budget > 1)
                 S.budget /= 2;
             else if (S.n_running > 1) {
@@ -630,7 +673,9 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
             continue;
         }
         if (rc) goto done;
-        S.now += o->step_s;
+        e->m->stall_s += start - S.now;
+        e->m->prefill_s += o->token_s * S.prefill_tokens;
+        S.now = S.t;
         S.step++;
         measure(&S);
     }
@@ -654,6 +699,7 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
     m->swap_bytes_in = S.sw.stats.bytes[KV_LINK_IN];
     m->swap_seconds_out = S.sw.stats.seconds[KV_LINK_OUT];
     m->swap_seconds_in = S.sw.stats.seconds[KV_LINK_IN];
+    latency_percentiles(out);
     if (S.sw.pool.n_blocks) { /* all finished: the host tier must be empty and consistent */
         m->host_leaked = kv_pool_check_leaks(&S.sw.pool, NULL, 0);
         if (!m->host_leaked && kv_pool_validate(&S.sw.pool, NULL) != KV_OK) m->host_leaked = -1;

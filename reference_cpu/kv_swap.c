@@ -1,10 +1,12 @@
-/* Swap (kv_swap.h): a host tier of blocks, the link model, and a whole sequence swapped out of
- * a paged backend and back. The paging state (pool, tables, token record) is the backend's
- * kv_paged; the bytes move through the backend's read_blocks / write_blocks. */
+/* Swap (kv_swap.h), first half: the link model, the host tier, and a sequence leaving its slot
+ * (kv_swap_out copies it all to the host, kv_swap_detach keeps it all on the device). The
+ * second half, kv_swap_partial.c, moves blocks of a paused sequence between the tiers and puts
+ * it back. The paging state (pool, tables, token record) is the backend's kv_paged; the bytes
+ * move through the backend's block I/O hooks. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* nanosleep, for the optional throttle */
 #endif
-#include "kv_swap.h"
+#include "kv_swap_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,8 +26,7 @@ double kv_link_seconds(const kv_link *l, int64_t bytes)
     return l->latency + (double)bytes / l->bandwidth;
 }
 
-/* Account one batched copy of n blocks in direction dir (and sleep for it if asked). */
-static void link_account(kv_swap *sw, int dir, int n, size_t block_bytes)
+void kv_swap_link_account(kv_swap *sw, int dir, int n, size_t block_bytes)
 {
     if (n <= 0) return;
     const int64_t bytes = (int64_t)n * (int64_t)block_bytes;
@@ -78,19 +79,45 @@ void kv_swap_free(kv_swap *sw)
     memset(sw, 0, sizeof *sw);
 }
 
-void kv_swapped_drop(kv_swap *sw, kv_swapped *s)
+/* Room for a paused sequence of n blocks and n_tokens tokens, every block nowhere yet (-1). */
+static int swapped_alloc(kv_swapped *s, int n, int64_t n_tokens)
+{
+    memset(s, 0, sizeof *s);
+    const size_t nb = (size_t)(n > 0 ? n : 1);
+    s->host_blocks = kv_calloc(nb * sizeof(int));
+    s->dev_blocks = kv_calloc(nb * sizeof(int));
+    s->pre_blocks = kv_calloc(nb * sizeof(int));
+    s->tokens = kv_calloc((size_t)(n_tokens > 0 ? n_tokens : 1) * sizeof(int));
+    if (!s->host_blocks || !s->dev_blocks || !s->pre_blocks || !s->tokens) return KV_ERR_NOMEM;
+    for (int i = 0; i < n; i++) s->host_blocks[i] = s->dev_blocks[i] = s->pre_blocks[i] = -1;
+    s->n_blocks = n;
+    s->n_tokens = n_tokens;
+    s->resident = 1;
+    return KV_OK;
+}
+
+void kv_swapped_drop(kv_swap *sw, kv_backend *b, kv_swapped *s)
 {
     if (!s) return;
-    for (int i = 0; s->resident && i < s->n_blocks; i++)
-        kv_pool_unref(&sw->pool, s->host_blocks[i], NULL);
+    /* a prefetch still writing into pre_blocks must end before they can be handed out again */
+    if (s->ticket && b && b->io_wait) b->io_wait(b, s->ticket, NULL);
+    kv_pool *dev = b && b->paged ? &b->paged->pool : NULL;
+    for (int i = 0; s->resident && i < s->n_blocks; i++) {
+        if (s->host_blocks && s->host_blocks[i] >= 0 && sw)
+            kv_pool_unref(&sw->pool, s->host_blocks[i], NULL);
+        if (s->dev_blocks && s->dev_blocks[i] >= 0 && dev)
+            kv_pool_unref(dev, s->dev_blocks[i], NULL);
+        if (s->pre_blocks && s->pre_blocks[i] >= 0 && dev)
+            kv_pool_unref(dev, s->pre_blocks[i], NULL);
+    }
     kv_free(s->host_blocks);
+    kv_free(s->dev_blocks);
+    kv_free(s->pre_blocks);
     kv_free(s->tokens);
     memset(s, 0, sizeof *s);
 }
 
-/* What this first version can swap: per-token formats, no window, no prefix cache. */
-static int check_swappable(const kv_swap *sw, kv_backend *b, int slot, const char *who,
-                           kv_err *err)
+int kv_swap_check(const kv_swap *sw, kv_backend *b, int slot, const char *who, kv_err *err)
 {
     if (!sw || !sw->mem || !b || !b->paged || !b->block_bytes || !b->read_blocks ||
         !b->write_blocks)
@@ -120,11 +147,18 @@ static int check_swappable(const kv_swap *sw, kv_backend *b, int slot, const cha
     return KV_OK;
 }
 
+/* The slot's length and token record, copied into a paused sequence. */
+static void record_tokens(const kv_paged *pg, int slot, kv_swapped *s)
+{
+    if (s->n_tokens && pg->tokens[slot])
+        memcpy(s->tokens, pg->tokens[slot], (size_t)s->n_tokens * sizeof(int));
+}
+
 int kv_swap_out(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err *err)
 {
     if (!out) return kv_fail(err, KV_ERR_ARG, "kv_swap_out: NULL argument");
     memset(out, 0, sizeof *out);
-    int rc = check_swappable(sw, b, slot, "kv_swap_out", err);
+    int rc = kv_swap_check(sw, b, slot, "kv_swap_out", err);
     if (rc) return rc;
     kv_paged *pg = b->paged;
     const kv_block_table *t = &pg->tables[slot];
@@ -134,84 +168,53 @@ int kv_swap_out(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err *e
                        "tokens, %zu bytes a block) but the host tier has %d free of %d",
                        slot, n, (long long)t->n_tokens, sw->pool.block_bytes,
                        kv_pool_available(&sw->pool), sw->pool.n_blocks);
-    out->host_blocks = kv_calloc((size_t)(n > 0 ? n : 1) * sizeof(int));
-    out->tokens = kv_calloc((size_t)(t->n_tokens > 0 ? t->n_tokens : 1) * sizeof(int));
     kv_block_copy *pairs = kv_calloc((size_t)(n > 0 ? n : 1) * sizeof *pairs); /* [n] */
-    if (!out->host_blocks || !out->tokens || !pairs) {
+    if (!pairs || swapped_alloc(out, n, t->n_tokens)) {
         kv_free(pairs);
-        kv_swapped_drop(sw, out);
+        kv_swapped_drop(sw, NULL, out);
         return kv_fail(err, KV_ERR_NOMEM, "kv_swap_out: out of memory");
     }
-    out->resident = 1;
     for (int i = 0; i < n && !rc; i++) {
         rc = kv_pool_alloc(&sw->pool, &out->host_blocks[i], err); /* cannot fail: checked */
-        if (!rc) out->n_blocks = i + 1;
         pairs[i] = (kv_block_copy){t->blocks[i], out->host_blocks[i]};
     }
     /* one pass over the block list: a single batched copy, a single link latency */
     if (!rc && n) rc = b->read_blocks(b, pairs, n, sw->mem, sw->pool.block_bytes, err);
     kv_free(pairs);
     if (rc) {
-        kv_swapped_drop(sw, out);
+        kv_swapped_drop(sw, NULL, out);
         return rc;
     }
-    link_account(sw, KV_LINK_OUT, n, sw->pool.block_bytes);
-    out->n_tokens = t->n_tokens;
-    if (t->n_tokens && pg->tokens[slot])
-        memcpy(out->tokens, pg->tokens[slot], (size_t)t->n_tokens * sizeof(int));
+    kv_swap_link_account(sw, KV_LINK_OUT, n, sw->pool.block_bytes);
+    out->n_on_host = n;
+    record_tokens(pg, slot, out);
     b->reset(b, slot);
     return KV_OK;
 }
 
-int kv_swap_in(kv_swap *sw, kv_backend *b, int slot, kv_swapped *s, kv_err *err)
+int kv_swap_detach(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err *err)
 {
-    int rc = check_swappable(sw, b, slot, "kv_swap_in", err);
+    if (!out) return kv_fail(err, KV_ERR_ARG, "kv_swap_detach: NULL argument");
+    memset(out, 0, sizeof *out);
+    int rc = kv_swap_check(sw, b, slot, "kv_swap_detach", err);
     if (rc) return rc;
     kv_paged *pg = b->paged;
-    kv_block_table *t = &pg->tables[slot];
-    if (!s || !s->resident)
-        return kv_fail(err, KV_ERR_ARG, "kv_swap_in: the sequence is not in the host tier");
-    if (t->n_blocks || b->length(b, slot))
-        return kv_fail(err, KV_ERR_ARG, "kv_swap_in: slot %d is in use", slot);
-    if ((int64_t)s->n_tokens > b->spec.capacity)
-        return kv_fail(err, KV_ERR_CAPACITY, "kv_swap_in: %lld tokens exceed the capacity %d",
-                       (long long)s->n_tokens, b->spec.capacity);
-    const int n = s->n_blocks;
-    if (n > kv_pool_available(&pg->pool))
-        return kv_fail(err, KV_ERR_CAPACITY, "kv_swap_in: the sequence needs %d blocks but "
-                       "the device pool has %d free of %d (blocks of %d tokens)", n,
-                       kv_pool_available(&pg->pool), pg->pool.n_blocks, pg->pool.block_size);
-    /* the token record the prefix cache and fork read */
-    if (pg->tok_cap[slot] < s->n_tokens) {
-        int *tok = kv_calloc((size_t)s->n_tokens * sizeof(int));
-        if (!tok) return kv_fail(err, KV_ERR_NOMEM, "kv_swap_in: out of memory");
-        kv_free(pg->tokens[slot]);
-        pg->tokens[slot] = tok;
-        pg->tok_cap[slot] = s->n_tokens;
+    const kv_block_table *t = &pg->tables[slot];
+    if (swapped_alloc(out, t->n_blocks, t->n_tokens)) {
+        kv_swapped_drop(sw, NULL, out);
+        return kv_fail(err, KV_ERR_NOMEM, "kv_swap_detach: out of memory");
     }
-    kv_block_copy *pairs = kv_calloc((size_t)(n > 0 ? n : 1) * sizeof *pairs); /* [n] */
-    if (!pairs) return kv_fail(err, KV_ERR_NOMEM, "kv_swap_in: out of memory");
-    const int B = pg->pool.block_size;
-    for (int i = 0; i < n && !rc; i++) {
-        int blk = -1;
-        rc = kv_pool_alloc(&pg->pool, &blk, err);
-        if (rc) break;
-        const int64_t rows = s->n_tokens - (int64_t)i * B;
-        rc = kv_block_table_push(t, blk, (int)(rows < B ? rows : B), err);
-        if (rc) kv_pool_unref(&pg->pool, blk, NULL);
-        pairs[i] = (kv_block_copy){s->host_blocks[i], blk};
+    /* one more reference on each block: when reset() drops the table's, the blocks stay
+     * USED, so the pool never hands them out and their bytes stay where they are */
+    for (int i = 0; i < t->n_blocks && !rc; i++) {
+        rc = kv_pool_ref(&pg->pool, t->blocks[i], err);
+        if (!rc) out->dev_blocks[i] = t->blocks[i];
     }
-    if (!rc && n) rc = b->write_blocks(b, pairs, n, sw->mem, sw->pool.block_bytes, err);
-    kv_free(pairs);
-    if (!rc) rc = b->set_blocks(b, slot, t->blocks, t->n_blocks, err);
-    if (!rc && s->n_tokens) rc = b->set_length(b, slot, (int)s->n_tokens, err);
-    if (rc) { /* give the device blocks back; the sequence stays in the host tier */
-        b->reset(b, slot);
+    if (rc) {
+        kv_swapped_drop(sw, b, out);
         return rc;
     }
-    link_account(sw, KV_LINK_IN, n, sw->pool.block_bytes);
-    if (s->n_tokens) memcpy(pg->tokens[slot], s->tokens, (size_t)s->n_tokens * sizeof(int));
-    if (pg->pool.n_used > pg->peak_used) pg->peak_used = pg->pool.n_used;
-    kv_swapped_drop(sw, s);
+    record_tokens(pg, slot, out);
+    b->reset(b, slot);
     return KV_OK;
 }

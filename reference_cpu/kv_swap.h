@@ -78,13 +78,24 @@ typedef struct {
     kv_backend *owner;  /* the backend whose host_alloc made mem (its host_free frees it) */
 } kv_swap;
 
-/** A sequence living in the host tier (filled by kv_swap_out()). */
+/**
+ * A sequence taken out of its slot (a paused, preempted sequence). Each logical block i is
+ * in exactly one place: still on the device (dev_blocks[i] >= 0: the sequence keeps a
+ * reference, so the block and its bytes stay put) or on the host (host_blocks[i] >= 0).
+ * kv_swap_out() leaves every block on the host (whole-sequence swap); kv_swap_detach() leaves
+ * every block on the device and kv_swap_evict() moves some of them to the host (LRU partial
+ * swap). kv_swap_prefetch() starts copying the host blocks back ahead of kv_swap_in().
+ */
 typedef struct {
-    int n_blocks;      /**< host blocks holding its rows, in logical order */
-    int *host_blocks;  /* [n_blocks] */
+    int n_blocks;      /**< logical blocks, in order */
+    int *host_blocks;  /* [n_blocks] host block holding logical block i, or -1 */
+    int *dev_blocks;   /* [n_blocks] device block still held for logical block i, or -1 */
+    int n_on_host;     /**< logical blocks whose bytes are in the host tier */
     int64_t n_tokens;  /**< tokens its table held (= its length) */
     int *tokens;       /* [n_tokens] the tokens it had written */
-    int resident;      /**< 1 while it holds host blocks */
+    int resident;      /**< 1 while it holds blocks in either tier */
+    int *pre_blocks;   /* [n_blocks] device block a prefetch is filling for block i, or -1 */
+    int64_t ticket;    /**< the prefetch's asynchronous copy (0: none in flight) */
 } kv_swapped;
 
 /**
@@ -95,28 +106,59 @@ typedef struct {
  */
 int kv_swap_init(kv_swap *sw, kv_backend *b, int n_host_blocks, const kv_link *link,
                  kv_err *err);
-/** Free the host tier (a zeroed struct is fine); before the backend that made it goes. */
+/** Free the host tier (a zeroed struct is fine); before the backend that made it goes, after
+ * its paused sequences are dropped or swapped in (a prefetch in flight reads its memory). */
 void kv_swap_free(kv_swap *sw);
 
 /**
- * Swap @p slot of paged backend @p b out: take host blocks for all its blocks (all or
+ * Swap @p slot of paged backend @p b out, whole: take host blocks for all its blocks (all or
  * nothing), copy their bytes in one batched copy, record its length and tokens in @p out,
- * then release the slot (b->reset). KV_ERR_CAPACITY when the host tier lacks blocks: the
- * slot is untouched. KV_ERR_UNSUPPORTED for fp8, KIVI, windows, prefix caching.
+ * then release the slot (b->reset). Shared blocks are copied too: the sequence comes back
+ * unshared. KV_ERR_CAPACITY when the host tier lacks blocks: the slot is untouched.
+ * KV_ERR_UNSUPPORTED for fp8, KIVI, windows, prefix caching.
  */
 int kv_swap_out(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err *err);
 
 /**
- * Swap @p s back into the empty @p slot of @p b: take device blocks (all or nothing), copy the
- * bytes back in one batched copy, rebuild the slot's table, token record and length, and
- * release the host blocks. KV_ERR_CAPACITY when the device pool lacks blocks: @p s stays in
- * the host tier, unchanged. @p b may be another backend than the one @p s left, built with
- * the same spec (a tier filled on the CPU swaps into CUDA).
+ * Pause @p slot without moving a byte: record its blocks (a reference kept on each, so they
+ * stay on the device with their bytes, shared ones still shared), length and tokens in
+ * @p out, then release the slot. Same refusals as kv_swap_out().
+ */
+int kv_swap_detach(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err *err);
+
+/**
+ * Move up to @p max_blocks of @p s's device blocks to the host tier in one batched copy
+ * (partial swap), last logical block first, skipping blocks shared with another holder
+ * (moving those frees no device memory). Device blocks whose last reference this drops
+ * return to the pool. *moved = blocks moved (0 when none can be: not an error; always 0 for
+ * a sequence with a prefetch started, which is on its way back). At most as many as the host
+ * tier has free; KV_ERR_CAPACITY only when it has no free block at all.
+ */
+int kv_swap_evict(kv_swap *sw, kv_backend *b, kv_swapped *s, int max_blocks, int *moved,
+                  kv_err *err);
+
+/**
+ * Start bringing @p s's host blocks back: take device blocks for them (all or nothing) and
+ * start one batched copy, asynchronous when the backend has write_blocks_async (else done
+ * now). kv_swap_in() finishes it. KV_ERR_CAPACITY when the device pool lacks blocks: nothing
+ * changes. A sequence with no host blocks, or one already prefetching: KV_OK, nothing to do.
+ */
+int kv_swap_prefetch(kv_swap *sw, kv_backend *b, kv_swapped *s, kv_err *err);
+
+/**
+ * Put @p s back into the empty @p slot of @p b: wait for its prefetch (if any), copy what is
+ * still on the host in one batched copy (taking device blocks for it, all or nothing),
+ * rebuild the slot's table from its blocks in logical order, token record and length, and
+ * release its host blocks. KV_ERR_CAPACITY when the device pool lacks blocks: @p s is
+ * unchanged. @p b may be another backend than the one @p s left, built with the same spec
+ * (a tier filled on the CPU swaps into CUDA), for a sequence with every block on the host.
  */
 int kv_swap_in(kv_swap *sw, kv_backend *b, int slot, kv_swapped *s, kv_err *err);
 
-/** Forget a swapped-out sequence: release its host blocks (a zeroed one is fine). */
-void kv_swapped_drop(kv_swap *sw, kv_swapped *s);
+/** Forget a paused sequence: wait for a prefetch in flight, release its blocks in both
+ * tiers (a zeroed one is fine). @p b: the backend whose device blocks it holds (may be NULL
+ * when every block is on the host). */
+void kv_swapped_drop(kv_swap *sw, kv_backend *b, kv_swapped *s);
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,7 @@
 #include "kv_rng.h"
 
 static const char *HEADER = "arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id";
+static const char *PRIO_COL = ",priority"; /* the optional seventh column (chapter 07) */
 
 int kv_trace_length_model(int dist, int output, kv_len_model *m, kv_err *err)
 {
@@ -65,18 +66,38 @@ void kv_trace_free(kv_trace *t)
     memset(t, 0, sizeof(*t));
 }
 
+/* Stable order by arrival (insertion sort: the streams are each sorted, merging is cheap). */
+static void sort_by_arrival(kv_request *q, int n)
+{
+    for (int i = 1; i < n; i++) {
+        kv_request x = q[i];
+        int j = i - 1;
+        while (j >= 0 && q[j].arrival_s > x.arrival_s) {
+            q[j + 1] = q[j];
+            j--;
+        }
+        q[j + 1] = x;
+    }
+}
+
 int kv_trace_generate(const kv_trace_spec *s, kv_trace *t, kv_err *err)
 {
     memset(t, 0, sizeof(*t));
-    kv_len_model pm, om;
+    kv_len_model pm, om, hpm, hom;
     if (kv_trace_length_model(s->dist, 0, &pm, err) || kv_trace_length_model(s->dist, 1, &om, err))
+        return KV_ERR_ARG;
+    const int mixed = s->high_share > 0 || s->burst_size > 1; /* chapter 07's generator */
+    if (mixed && (kv_trace_length_model(s->high_dist, 0, &hpm, err) ||
+                  kv_trace_length_model(s->high_dist, 1, &hom, err)))
         return KV_ERR_ARG;
     if (s->n_requests < 1 || !(s->rate > 0) || s->n_samples < 1 || s->beam_width < 1 ||
         s->n_samples > KV_TRACE_MAX_FANOUT || s->beam_width > KV_TRACE_MAX_FANOUT ||
-        (s->n_samples > 1 && s->beam_width > 1) || s->n_prefixes < 0 || s->n_prefixes > 4)
+        (s->n_samples > 1 && s->beam_width > 1) || s->n_prefixes < 0 || s->n_prefixes > 4 ||
+        !(s->high_share >= 0 && s->high_share < 1) || s->burst_size < 0 ||
+        s->burst_size > s->n_requests)
         return kv_fail(err, KV_ERR_ARG, "trace: bad spec (n %d, rate %g, n_samples %d, beam %d, "
-                       "prefixes %d)", s->n_requests, s->rate, s->n_samples, s->beam_width,
-                       s->n_prefixes);
+                       "prefixes %d, high share %g, burst %d)", s->n_requests, s->rate,
+                       s->n_samples, s->beam_width, s->n_prefixes, s->high_share, s->burst_size);
     for (int p = 0; p < s->n_prefixes; p++)
         if (s->prefix_len[p] < 1 || s->prefix_len[p] > KV_TRACE_MAX_LEN / 2)
             return kv_fail(err, KV_ERR_ARG, "trace: prefix %d length %d", p, s->prefix_len[p]);
@@ -89,6 +110,38 @@ int kv_trace_generate(const kv_trace_spec *s, kv_trace *t, kv_err *err)
     const double pmu = kv_trace_lognormal_mu(&pm), omu = kv_trace_lognormal_mu(&om);
     kv_rng r;
     kv_rng_seed(&r, s->seed);
+    if (mixed) {
+        /* two streams: high-priority requests, Poisson at rate * share; normal ones in bursts
+         * of burst_size, the bursts Poisson at rate * (1 - share) / burst_size; then merged */
+        const double hpmu = kv_trace_lognormal_mu(&hpm), homu = kv_trace_lognormal_mu(&hom);
+        const int burst = s->burst_size > 1 ? s->burst_size : 1;
+        const double normal_rate = s->rate * (1.0 - s->high_share) / burst;
+        double clock_n = 0.0, clock_h = 0.0;
+        int left = 0; /* normal requests still to come in the current burst */
+        for (int i = 0; i < t->n; i++) {
+            kv_request *q = &t->req[i];
+            q->priority = (double)kv_rng_float(&r) < s->high_share;
+            if (q->priority) {
+                clock_h += -log(1.0 - (double)kv_rng_float(&r)) / (s->rate * s->high_share);
+                q->arrival_s = clock_h;
+            } else {
+                if (left == 0) {
+                    clock_n += -log(1.0 - (double)kv_rng_float(&r)) / normal_rate;
+                    left = burst;
+                }
+                q->arrival_s = clock_n;
+                left--;
+            }
+            q->prefix_id = s->n_prefixes ? (int)(kv_rng_u32(&r) % (uint32_t)s->n_prefixes) : -1;
+            q->prompt_len = draw_len(&r, q->priority ? &hpm : &pm, q->priority ? hpmu : pmu) +
+                            (q->prefix_id >= 0 ? t->prefix_len[q->prefix_id] : 0);
+            q->output_len = draw_len(&r, q->priority ? &hom : &om, q->priority ? homu : omu);
+            q->n_samples = s->n_samples;
+            q->beam_width = s->beam_width;
+        }
+        sort_by_arrival(t->req, t->n);
+        return KV_OK;
+    }
     double clock = 0.0;
     for (int i = 0; i < t->n; i++) {
         kv_request *q = &t->req[i];
@@ -119,12 +172,16 @@ int kv_trace_format(const kv_trace *t, const char *comment, char **text, kv_err 
     for (int p = 0; p < t->n_prefixes; p++) /* ids may skip: write only the declared ones */
         if (t->prefix_len[p] > 0)
             n += (size_t)snprintf(buf + n, cap - n, "#prefix,%d,%d\n", p, t->prefix_len[p]);
-    n += (size_t)snprintf(buf + n, cap - n, "%s\n", HEADER);
+    int prio = 0; /* the priority column only when some request is high */
+    for (int i = 0; i < t->n; i++) prio |= t->req[i].priority != 0;
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s\n", HEADER, prio ? PRIO_COL : "");
     for (int i = 0; i < t->n; i++) {
         const kv_request *q = &t->req[i];
-        n += (size_t)snprintf(buf + n, cap - n, "%.3f,%d,%d,%d,%d,%d\n", q->arrival_s,
+        n += (size_t)snprintf(buf + n, cap - n, "%.3f,%d,%d,%d,%d,%d", q->arrival_s,
                               q->prompt_len, q->output_len, q->n_samples, q->beam_width,
                               q->prefix_id);
+        if (prio) n += (size_t)snprintf(buf + n, cap - n, ",%d", q->priority);
+        n += (size_t)snprintf(buf + n, cap - n, "\n");
     }
     *text = buf;
     return KV_OK;
@@ -156,9 +213,10 @@ static int split(char *line, char **f, int max)
     return n;
 }
 
-static int parse_line(char *line, int lineno, kv_trace *t, int *cap, kv_err *err)
+/* *cols: -1 before the header, then the columns it named (6, or 7 with priority) */
+static int parse_line(char *line, int lineno, kv_trace *t, int *cap, int *cols, kv_err *err)
 {
-    char *f[6];
+    char *f[7];
     if (strncmp(line, "#prefix,", 8) == 0) {
         int id, len;
         if (split(line + 8, f, 2) != 2 || field_int(f[0], 0, KV_TRACE_MAX_PREFIXES - 1, &id) ||
@@ -174,18 +232,23 @@ static int parse_line(char *line, int lineno, kv_trace *t, int *cap, kv_err *err
         return KV_OK;
     }
     if (line[0] == '#' || line[0] == 0) return KV_OK;
-    if (*cap < 0) { /* the header comes first */
-        if (strcmp(line, HEADER))
-            return kv_fail(err, KV_ERR_FORMAT, "trace line %d: expected the header \"%s\"",
-                           lineno, HEADER);
-        *cap = 0;
+    const size_t hl = strlen(HEADER);
+    if (*cols < 0) { /* the header comes first, with or without the priority column */
+        if (strncmp(line, HEADER, hl) || (line[hl] && strcmp(line + hl, PRIO_COL)))
+            return kv_fail(err, KV_ERR_FORMAT, "trace line %d: expected the header \"%s\" "
+                           "(optionally followed by \"%s\")", lineno, HEADER, PRIO_COL);
+        *cols = line[hl] ? 7 : 6;
         return KV_OK;
     }
-    int nf = split(line, f, 6);
-    if (nf != 6)
-        return kv_fail(err, KV_ERR_FORMAT, "trace line %d: %d fields, expected 6 (%s)", lineno,
-                       nf, HEADER);
+    int nf = split(line, f, 7);
+    if (nf != *cols)
+        return kv_fail(err, KV_ERR_FORMAT, "trace line %d: %d fields, expected %d (%s%s)", lineno,
+                       nf, *cols, HEADER, *cols == 7 ? PRIO_COL : "");
     kv_request q;
+    q.priority = 0;
+    if (nf == 7 && field_int(f[6], 0, KV_TRACE_MAX_PRIORITY, &q.priority))
+        return kv_fail(err, KV_ERR_FORMAT, "trace line %d: priority \"%s\" is not 0 (normal) "
+                       "or 1 (high)", lineno, f[6]);
     char *end;
     errno = 0;
     q.arrival_s = strtod(f[0], &end);
@@ -232,7 +295,7 @@ static int parse_line(char *line, int lineno, kv_trace *t, int *cap, kv_err *err
 int kv_trace_parse(const char *text, kv_trace *t, kv_err *err)
 {
     memset(t, 0, sizeof(*t));
-    int cap = -1, lineno = 0, st = KV_OK;
+    int cap = 0, cols = -1, lineno = 0, st = KV_OK;
     char line[512];
     for (const char *p = text; *p && !st;) {
         const char *e = strchr(p, '\n');
@@ -246,10 +309,10 @@ int kv_trace_parse(const char *text, kv_trace *t, kv_err *err)
         memcpy(line, p, len);
         line[len] = 0;
         if (len && line[len - 1] == '\r') line[len - 1] = 0; /* files edited on Windows */
-        st = parse_line(line, lineno, t, &cap, err);
+        st = parse_line(line, lineno, t, &cap, &cols, err);
         p += len + (e ? 1 : 0);
     }
-    if (!st && cap < 0)
+    if (!st && cols < 0)
         st = kv_fail(err, KV_ERR_FORMAT, "trace: no header line \"%s\"", HEADER);
     if (!st && t->n == 0) st = kv_fail(err, KV_ERR_FORMAT, "trace: no requests");
     if (st) kv_trace_free(t);
@@ -319,15 +382,17 @@ static const struct {
     kv_trace_spec spec;
 } BUILTIN[] = {
     {"sharegpt", "ShareGPT-like lengths, Poisson 1 req/s",
-     {KV_TRACE_SHAREGPT, 300, 1.0, 1, 1, 0, {0}, 501}},
+     {KV_TRACE_SHAREGPT, 300, 1.0, 1, 1, 0, {0}, 501, 0, 0, 0}},
     {"alpaca", "Alpaca-like lengths, Poisson 4 req/s",
-     {KV_TRACE_ALPACA, 300, 4.0, 1, 1, 0, {0}, 502}},
+     {KV_TRACE_ALPACA, 300, 4.0, 1, 1, 0, {0}, 502, 0, 0, 0}},
     {"alpaca_n4", "Alpaca-like, parallel sampling n = 4",
-     {KV_TRACE_ALPACA, 300, 4.0, 4, 1, 0, {0}, 503}},
+     {KV_TRACE_ALPACA, 300, 4.0, 4, 1, 0, {0}, 503, 0, 0, 0}},
     {"alpaca_beam4", "Alpaca-like, beam search width 4",
-     {KV_TRACE_ALPACA, 300, 4.0, 1, 4, 0, {0}, 504}},
+     {KV_TRACE_ALPACA, 300, 4.0, 1, 4, 0, {0}, 504, 0, 0, 0}},
     {"sysprompt", "Alpaca-like user turns after one of two shared system prompts (80, 341 tokens)",
-     {KV_TRACE_ALPACA, 300, 4.0, 1, 1, 2, {80, 341}, 505}},
+     {KV_TRACE_ALPACA, 300, 4.0, 1, 1, 2, {80, 341}, 505, 0, 0, 0}},
+    {"bursty", "bursts of 24 ShareGPT-like normal requests, Alpaca-like high-priority ones (25 %)",
+     {KV_TRACE_SHAREGPT, 200, 2.0, 1, 1, 0, {0}, 506, 0.25, KV_TRACE_ALPACA, 24}},
 };
 
 int kv_trace_builtin_count(void) { return (int)(sizeof(BUILTIN) / sizeof(BUILTIN[0])); }

@@ -1,7 +1,7 @@
 /**
  * @file kv_trace.h
- * Request traces for the serving chapters (chapter 05): a seeded generator, the CSV format
- * in datasets/traces/, and its parser.
+ * Request traces for the serving chapters (chapters 05 and 07): a seeded generator, the CSV
+ * format in datasets/traces/, and its parser.
  *
  * Format (text, one request per line, sorted by arrival):
  *
@@ -13,6 +13,11 @@
  * prompt_len counts every prompt token, the shared prefix included; prefix_id -1 = none.
  * n_samples > 1 is parallel sampling, beam_width > 1 beam search (not both on one request).
  *
+ * Priorities (chapter 07): the header may end with a seventh column, priority, 0 (normal)
+ * or 1 (high); then every row has seven fields. Without it (every chapter-05 file) every
+ * request is normal. kv_trace_format() writes the column only when some request is high,
+ * so traces without priorities keep their six-column text.
+ *
  * Lengths. The PagedAttention paper (Kwon et al., SOSP 2023, arXiv:2309.06180, §6.1 and
  * Fig. 11) reports mean lengths of its ShareGPT workload as 161.31 input / 337.99 output
  * tokens and of Alpaca as 19.31 / 58.45: ShareGPT prompts 8.4x and outputs 5.8x longer, with
@@ -20,6 +25,13 @@
  * law whose mean, after clamping to [1, max], equals the published mean. The spreads (sigma)
  * and caps are kvlab's modelling choice, listed in kv_trace_length_model(). Arrivals are a
  * Poisson process (exponential gaps), as in the paper's evaluation.
+ *
+ * Bursts and priorities (chapter 07). With spec.high_share > 0 a request is high priority
+ * with that probability and draws its lengths from spec.high_dist; the high requests form
+ * their own Poisson stream (rate * high_share). With spec.burst_size > 1 the normal requests
+ * arrive in bursts: burst_size of them at one instant, the bursts a Poisson process of rate
+ * rate * (1 - high_share) / burst_size (a batch job dumping its queue). Both at their
+ * defaults (0) the generator draws exactly what it drew before they existed.
  */
 #ifndef KV_TRACE_H
 #define KV_TRACE_H
@@ -34,6 +46,7 @@ extern "C" {
 #define KV_TRACE_MAX_LEN (1 << 20) /* longest prompt or output a trace may ask for */
 #define KV_TRACE_MAX_FANOUT 64     /* largest n_samples or beam_width */
 #define KV_TRACE_MAX_ARRIVAL 1e9   /* latest arrival_s a trace may hold (about 31 years) */
+#define KV_TRACE_MAX_PRIORITY 1    /* priorities are 0 (normal) and 1 (high) */
 
 /** One request. */
 typedef struct {
@@ -43,6 +56,7 @@ typedef struct {
     int n_samples;    /**< parallel samples (1 = plain) */
     int beam_width;   /**< beam width (1 = no beam search) */
     int prefix_id;    /**< shared prefix the prompt starts with, -1 = none */
+    int priority;     /**< 0 normal, 1 high (chapter 07; the optional seventh column) */
 } kv_request;
 
 typedef struct {
@@ -71,6 +85,10 @@ typedef struct {
     int n_prefixes;   /**< 0, or each prompt starts with one of these shared prefixes */
     int prefix_len[4];
     uint64_t seed;
+    /* chapter 07; all 0: plain Poisson arrivals, every request normal */
+    double high_share; /**< probability that a request is high priority, in [0, 1) */
+    int high_dist;     /**< ::kv_trace_dist of the high-priority requests' lengths */
+    int burst_size;    /**< > 1: normal requests arrive this many at one instant */
 } kv_trace_spec;
 
 /**
@@ -100,7 +118,7 @@ int kv_trace_format(const kv_trace *t, const char *comment, char **text, kv_err 
  * wrong field count, a field that is not a number, negative, decreasing or absurd (past
  * KV_TRACE_MAX_ARRIVAL) arrivals, lengths < 1 or > KV_TRACE_MAX_LEN, n_samples / beam_width
  * outside 1..KV_TRACE_MAX_FANOUT or both > 1, an undeclared prefix id or a prompt not longer
- * than its prefix, no requests at all.
+ * than its prefix, a priority other than 0 or 1, no requests at all.
  */
 int kv_trace_parse(const char *text, kv_trace *t, kv_err *err);
 

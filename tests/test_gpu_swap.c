@@ -16,6 +16,10 @@
  *    of a CUDA run that never swapped, within kv_test.h's fp32 tolerance: the stored values
  *    are those the writer stored, only the reader's summation order differs (the bound every
  *    GPU-vs-CPU fp32 test uses, not loosened);
+ *  - the partial swap on the CUDA backend too: A detached (no copy), or with 1, 2 or all of
+ *    its last blocks evicted and copied back by kv_swap_in, or prefetched on the copy stream
+ *    while Bq's step runs on the default stream, generates logits bit for bit those of the
+ *    CUDA run that never swapped; the asynchronous hooks move the synchronous ones' bytes;
  *  - no block leaks in either tier (kv_pool_check_leaks + kv_pool_validate).
  * Exits 77 (skipped) without a usable device. */
 #include "kv_test.h"
@@ -192,13 +196,39 @@ static void poison_free_blocks(kv_backend *b, uint64_t seed)
     free(junk);
 }
 
-/* Sequences A and Bq generate greedily; after each swap point Bq steps alone. With sw, A is
- * swapped out at each swap point and back in (into the other free slot) after Bq's step.
- * logits [MAX_STEPS][2][V]. Returns the steps run, or -1. */
-static int run(kv_backend *b, kv_swap *sw, float *logits, kv_err *e)
+/* How A leaves its slot at a swap point (test_swap.c's modes): WHOLE kv_swap_out; DETACH
+ * kv_swap_detach (no byte moves); EVICT detach + kv_swap_evict of 1, 2 or all blocks, copied
+ * back by kv_swap_in; PREFETCH the same, brought back by kv_swap_prefetch on the copy stream
+ * while Bq's lone step runs on the default stream. */
+enum { WHOLE = 0, DETACH, EVICT, PREFETCH, N_MODES };
+static const char *MODE_NAME[N_MODES] = {"whole", "detach", "evict", "prefetch"};
+
+static int evict_k(int i) { return i % 3 == 2 ? 1000 : i % 3 + 1; }
+
+static int evicted, in_flight; /* what run() saw */
+
+static int take_out(kv_swap *sw, kv_backend *b, int mode, int sa, int i, kv_swapped *h,
+                    kv_err *e)
+{
+    if (mode == WHOLE) return kv_swap_out(sw, b, sa, h, e);
+    const int n = b->paged->tables[sa].n_blocks;
+    int rc = kv_swap_detach(sw, b, sa, h, e), moved = 0;
+    if (rc || mode == DETACH) return rc;
+    rc = kv_swap_evict(sw, b, h, evict_k(i), &moved, e);
+    const int want = evict_k(i) < n ? evict_k(i) : n;
+    KV_CHECK(rc == KV_OK && moved == want, "evict %d of %d blocks: moved %d (%s)", evict_k(i),
+             n, moved, rc ? e->msg : "");
+    evicted += moved;
+    return rc;
+}
+
+/* Sequences A and Bq generate greedily; after each swap point Bq steps alone. With sw, A leaves
+ * at each swap point as @p mode says and comes back (into the other free slot) after Bq's
+ * step. logits [MAX_STEPS][2][V]. Returns the steps run, or -1. */
+static int run(kv_backend *b, kv_swap *sw, int mode, float *logits, kv_err *e)
 {
     const int V = b->config->vocab_size;
-    int ta[CAP], tb[CAP], la = PROMPT, lb = PROMPT - 4, sa = 0, st = 0, pa = 0, pb = 0;
+    int ta[CAP], tb[CAP], la = PROMPT, lb = PROMPT - 4, sa = 0, st = 0, pa = 0, pb = 0, i = 0;
     kv_rng r;
     kv_rng_seed(&r, 707);
     for (int t = 0; t < CAP; t++) {
@@ -217,10 +247,16 @@ static int run(kv_backend *b, kv_swap *sw, float *logits, kv_err *e)
         if (!is_swap_point(pa)) continue;
         kv_swapped h;
         if (sw) {
-            int rc = kv_swap_out(sw, b, sa, &h, e);
-            KV_CHECK(rc == KV_OK, "swap out at length %d: %s", pa, e->msg);
+            /* poisoned before a prefetch takes its blocks: the prefetch must fill them */
+            int rc = take_out(sw, b, mode == PREFETCH ? EVICT : mode, sa, i, &h, e);
+            if (!rc) poison_free_blocks(b, 900 + (uint64_t)pa);
+            if (!rc && mode == PREFETCH) {
+                rc = kv_swap_prefetch(sw, b, &h, e);
+                in_flight += h.ticket > 0;
+            }
+            i++;
+            KV_CHECK(rc == KV_OK, "%s: out at length %d: %s", MODE_NAME[mode], pa, e->msg);
             if (rc) return -1;
-            poison_free_blocks(b, 900 + (uint64_t)pa);
         }
         lg = logits + (size_t)st * 2 * V;
         kv_seq qb = {1, pb, lb - pb, tb + pb};
@@ -231,8 +267,8 @@ static int run(kv_backend *b, kv_swap *sw, float *logits, kv_err *e)
         if (sw) {
             sa = sa == 0 ? 2 : 0;
             int rc = kv_swap_in(sw, b, sa, &h, e);
-            KV_CHECK(rc == KV_OK && b->length(b, sa) == pa, "swap in at length %d: %s", pa,
-                     rc ? e->msg : "wrong length");
+            KV_CHECK(rc == KV_OK && b->length(b, sa) == pa, "%s: in at length %d: %s",
+                     MODE_NAME[mode], pa, rc ? e->msg : "wrong length");
             if (rc) return -1;
         }
     }
@@ -263,28 +299,106 @@ static void check_roundtrip(const kv_model *m, const char *variant)
     kv_swap sw;
     memset(&sw, 0, sizeof sw);
     if (!rc) rc = kvcu_backend_create(&b, m, &ps, &e);
-    int n_ref = rc ? -1 : run(b, NULL, ref, &e);
+    int n_ref = rc ? -1 : run(b, NULL, WHOLE, ref, &e);
     KV_CHECK(n_ref > 0, "%s: CUDA reference run: %s", variant, e.msg);
     kv_backend_destroy(b);
     b = NULL;
     rc = kvcu_backend_create(&b, m, &ps, &e);
     if (!rc) rc = kv_swap_init(&sw, b, 8, NULL, &e);
     KV_CHECK(rc == KV_OK, "%s: CUDA backend and host tier: %s", variant, e.msg);
-    if (!rc && n_ref > 0) {
-        int n_got = run(b, &sw, got, &e);
+    for (int mode = 0; mode < N_MODES && !rc && n_ref > 0; mode++) {
+        /* the host-side bookkeeping of detach and evict is test_swap's; here fp32 runs every
+         * mode, the other formats the whole swap and the copy stream (emulation time) */
+        if (strcmp(variant, "fp32") && mode != WHOLE && mode != PREFETCH) continue;
+        const char *mn = MODE_NAME[mode];
+        evicted = in_flight = 0;
+        memset(&sw.stats, 0, sizeof sw.stats);
+        memset(got, 0, n_logits * sizeof(float));
+        int n_got = run(b, &sw, mode, got, &e);
         KV_CHECK(n_got == n_ref && !memcmp(got, ref, (size_t)n_ref * 2 * V * sizeof(float)),
-                 "%s: logits with swaps on CUDA differ from the resident CUDA run (%d vs %d "
-                 "steps)", variant, n_got, n_ref);
-        KV_CHECK(sw.stats.copies[KV_LINK_OUT] == N_SWAP && sw.stats.copies[KV_LINK_IN] == N_SWAP,
-                 "%s: %lld copies out, %lld in; expected %d each", variant,
-                 (long long)sw.stats.copies[KV_LINK_OUT], (long long)sw.stats.copies[KV_LINK_IN],
-                 N_SWAP);
+                 "%s %s: logits with swaps on CUDA differ from the resident CUDA run (%d vs %d "
+                 "steps)", variant, mn, n_got, n_ref);
+        int64_t blocks = 0; /* what the link carried each way */
+        for (int i = 0; i < N_SWAP; i++) {
+            const int held = (SWAP_AT[i] + 7) / 8;
+            blocks += mode == WHOLE ? held : mode == DETACH ? 0
+                      : evict_k(i) < held ? evict_k(i) : held;
+        }
+        const int copies = mode == DETACH ? 0 : N_SWAP;
+        KV_CHECK(sw.stats.copies[KV_LINK_OUT] == copies && sw.stats.copies[KV_LINK_IN] == copies &&
+                     sw.stats.blocks[KV_LINK_OUT] == blocks &&
+                     sw.stats.blocks[KV_LINK_IN] == blocks,
+                 "%s %s: %lld copies out, %lld in, %lld / %lld blocks; expected %d, %lld blocks",
+                 variant, mn, (long long)sw.stats.copies[KV_LINK_OUT],
+                 (long long)sw.stats.copies[KV_LINK_IN], (long long)sw.stats.blocks[KV_LINK_OUT],
+                 (long long)sw.stats.blocks[KV_LINK_IN], copies, (long long)blocks);
+        KV_CHECK(mode != PREFETCH || in_flight == N_SWAP, "%s: %d of %d prefetches on the copy "
+                 "stream", variant, in_flight, N_SWAP);
+        KV_CHECK(mode < EVICT || evicted == blocks, "%s %s: %d blocks evicted, expected %lld",
+                 variant, mn, evicted, (long long)blocks);
         check_tiers(b, &sw, variant);
     }
     kv_swap_free(&sw);
     kv_backend_destroy(b);
     free(ref);
     free(got);
+}
+
+/* The asynchronous hooks move the bytes the synchronous ones do: a slot's 3 blocks read
+ * through read_blocks_async equal read_blocks' bytes; two write_blocks_async jobs into 6 free
+ * blocks, waited for by the later ticket alone (tickets increase, a wait covers every earlier
+ * job), read back as written; an unissued ticket is KV_ERR_ARG. */
+static void check_async_io(const kv_model *m, kv_backend *b, const char *what)
+{
+    kv_err e;
+    const size_t bb = b->block_bytes(b);
+    int tok[24];
+    for (int t = 0; t < 24; t++) tok[t] = 5 + 11 * t % 250;
+    float *lg = calloc((size_t)m->config.vocab_size, sizeof(float));
+    kv_seq q = {0, 0, 2 * b->paged->pool.block_size + 3, tok}; /* 3 blocks */
+    int rc = b->forward(b, &q, 1, lg, NULL, &e);
+    KV_CHECK(rc == KV_OK && b->read_blocks_async && b->write_blocks_async && b->io_wait,
+             "%s async: prefill or hooks missing: %s", what, rc ? e.msg : "");
+    uint8_t *h = calloc(12 * bb, 1); /* [12][bb]: sync 0-2, async 3-5, read back 6-11 */
+    kv_block_copy rd[6], wr[6];
+    int fresh[6], n_fresh = 0;
+    int64_t t1 = 0, t2 = 0, t3 = 0;
+    for (int i = 0; i < 3 && !rc; i++) {
+        rd[i] = (kv_block_copy){b->paged->tables[0].blocks[i], i};
+        rd[3 + i] = (kv_block_copy){b->paged->tables[0].blocks[i], 3 + i};
+    }
+    if (!rc) rc = b->read_blocks(b, rd, 3, h, bb, &e);
+    if (!rc) rc = b->read_blocks_async(b, rd + 3, 3, h, bb, &t1, &e);
+    if (!rc) rc = b->io_wait(b, t1, &e);
+    KV_CHECK(rc == KV_OK && t1 > 0 && !memcmp(h, h + 3 * bb, 3 * bb), "%s async read: ticket "
+             "%lld, bytes %s (%s)", what, (long long)t1, rc ? "-" : "differ", rc ? e.msg : "");
+    while (!rc && n_fresh < 6 && kv_pool_alloc(&b->paged->pool, &fresh[n_fresh], &e) == KV_OK)
+        n_fresh++;
+    KV_CHECK(n_fresh == 6, "%s async: 6 free blocks, got %d", what, n_fresh);
+    if (rc || n_fresh < 6) goto out;
+    for (int i = 0; i < 3; i++) {
+        wr[i] = (kv_block_copy){i, fresh[i]};
+        wr[3 + i] = (kv_block_copy){2 - i, fresh[3 + i]}; /* reversed */
+        rd[i] = (kv_block_copy){fresh[i], 6 + i};
+        rd[3 + i] = (kv_block_copy){fresh[3 + i], 9 + i};
+    }
+    rc = b->write_blocks_async(b, wr, 3, h, bb, &t2, &e);
+    if (!rc) rc = b->write_blocks_async(b, wr + 3, 3, h, bb, &t3, &e);
+    if (!rc) rc = b->io_wait(b, t3, &e); /* covers t2 too */
+    if (!rc) rc = b->read_blocks(b, rd, 6, h, bb, &e);
+    int same = !rc && !memcmp(h + 6 * bb, h, 3 * bb);
+    for (int i = 0; i < 3 && same; i++) same = !memcmp(h + (9 + i) * bb, h + (2 - i) * bb, bb);
+    KV_CHECK(rc == KV_OK && t3 > t2 && t2 > t1 && same, "%s async writes: tickets %lld %lld, "
+             "bytes %s (%s)", what, (long long)t2, (long long)t3, same ? "ok" : "differ",
+             rc ? e.msg : "");
+    KV_CHECK(b->io_wait(b, t3 + 1, &e) == KV_ERR_ARG, "%s: io_wait of an unissued ticket", what);
+    rc = b->io_wait(b, t2, &e); /* long done: returns at once */
+    KV_CHECK(rc == KV_OK, "%s: io_wait of a finished ticket: %s", what, e.msg);
+out:
+    for (int i = 0; i < n_fresh; i++) kv_pool_unref(&b->paged->pool, fresh[i], NULL);
+    b->reset(b, 0);
+    free(h);
+    free(lg);
 }
 
 /* ---- 3. a tier filled on one device, swapped into the other ------------------------------ */
@@ -336,7 +450,7 @@ static void check_cross(const kv_model *m, const char *variant, int gpu_to_cpu)
         KV_CHECK(kv_pool_check_leaks(&from->paged->pool, NULL, 0) == 0, "%s cross: blocks left "
                  "in the source backend", variant);
     }
-    kv_swapped_drop(&sw, &h);
+    kv_swapped_drop(&sw, to, &h);
     free(lg);
     kv_swap_free(&sw);
     kv_backend_destroy(cpu);
@@ -365,6 +479,14 @@ int main(void)
         check_bytes(&c, variants[i], 16);
     }
     for (int i = 0; i < 3; i++) check_roundtrip(&m, variants[i]);
+    for (int i = 0; i < 3; i++) {
+        kv_cache_spec ps = paged_spec(variants[i], 8, &e, &rc);
+        kv_backend *b = NULL;
+        if (!rc) rc = kvcu_backend_create(&b, &m, &ps, &e);
+        KV_CHECK(rc == KV_OK, "%s: async backend: %s", variants[i], e.msg);
+        if (!rc) check_async_io(&m, b, variants[i]);
+        kv_backend_destroy(b);
+    }
     for (int i = 0; i < 3; i++) {
         check_cross(&m, variants[i], 0);
         check_cross(&m, variants[i], 1);

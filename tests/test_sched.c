@@ -8,6 +8,8 @@
  * = the solo runs' sum), bytes = blocks x block bytes each way, both tiers empty after the
  * run; a tiny host tier, the prefix cache and fp8 fall back to recompute, counted, and still
  * change no token; under recompute, tokens processed - tokens recomputed = the solo runs' sum.
+ * (lru, prefetch, priorities and the clock model: test_sched_swap.c; here only their flags in
+ * `kvlab serve`.)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
@@ -22,12 +24,12 @@
 #include "kv_swap.h"
 #include "kv_test.h"
 
-/* A small trace in memory: {arrival, prompt, output, n, beam, prefix}. */
+/* A small trace in memory: {arrival, prompt, output, n, beam, prefix, priority}. */
 static const kv_request REQS[] = {
-    {0.00, 9, 12, 1, 1, -1},  {0.00, 23, 9, 1, 1, 0},  {0.01, 14, 10, 2, 1, -1},
-    {0.02, 6, 11, 1, 2, -1},  {0.02, 20, 8, 1, 1, 0},  {0.03, 11, 7, 3, 1, -1},
-    {0.04, 17, 9, 1, 3, 1},   {0.05, 26, 6, 1, 1, 1},  {0.05, 5, 13, 4, 1, -1},
-    {0.06, 8, 10, 1, 4, -1},  {0.08, 21, 5, 1, 1, 0},  {0.09, 13, 12, 1, 1, -1},
+    {0.00, 9, 12, 1, 1, -1, 0},  {0.00, 23, 9, 1, 1, 0, 0},  {0.01, 14, 10, 2, 1, -1, 0},
+    {0.02, 6, 11, 1, 2, -1, 0},  {0.02, 20, 8, 1, 1, 0, 0},  {0.03, 11, 7, 3, 1, -1, 0},
+    {0.04, 17, 9, 1, 3, 1, 0},   {0.05, 26, 6, 1, 1, 1, 0},  {0.05, 5, 13, 4, 1, -1, 0},
+    {0.06, 8, 10, 1, 4, -1, 0},  {0.08, 21, 5, 1, 1, 0, 0},  {0.09, 13, 12, 1, 1, -1, 0},
 };
 #define N_REQS ((int)(sizeof REQS / sizeof REQS[0]))
 
@@ -152,6 +154,27 @@ static void check_cli(const char *kvlab, const kv_trace *t)
                  "swap --host-blocks %d", trace, h);
         KV_CHECK(kvlab_rc(kvlab, args) == 0, "serve --preempt swap --host-blocks %d exits 0", h);
     }
+    /* chapter 07: lru with prefetch and the clock model, the latency CSV; bad values */
+    snprintf(tl, sizeof tl, "%s/latency.csv", dir);
+    snprintf(args, sizeof args, "--trace '%s' --blocks 20 --block-size 4 --preempt lru --prefetch "
+             "--watermark 0.05 --link-gbps 0.5 --link-us 5 --token-us 50 --csv '%s'", trace, tl);
+    KV_CHECK(kvlab_rc(kvlab, args) == 0, "serve --preempt lru --prefetch --csv exits 0");
+    {
+        FILE *g = fopen(tl, "r");
+        int lines = 0;
+        char line[512];
+        while (g && fgets(line, sizeof line, g)) lines += strstr(line, ",ok,") != NULL;
+        if (g) fclose(g);
+        KV_CHECK(lines == t->n, "latency CSV: %d of %d requests ok", lines, t->n);
+        remove(tl);
+    }
+    snprintf(args, sizeof args, "--trace '%s' --watermark 1.5", trace);
+    KV_CHECK(kvlab_rc(kvlab, args) == 2, "--watermark 1.5 exits 2");
+    snprintf(args, sizeof args, "--trace '%s' --link-gbps 0", trace);
+    KV_CHECK(kvlab_rc(kvlab, args) == 2, "--link-gbps 0 exits 2");
+    snprintf(args, sizeof args, "--trace '%s' --token-us -1", trace);
+    KV_CHECK(kvlab_rc(kvlab, args) == 2, "--token-us -1 exits 2");
+    snprintf(tl, sizeof tl, "%s/timeline.csv", dir);
     const char *pol[] = {"paged --prefix-cache", "max", "pow2", "oracle"};
     for (int p = 0; p < 4; p++) {
         snprintf(args, sizeof args, "--trace '%s' --blocks 64 --block-size 4 --max-len 64 --policy %s "

@@ -2,6 +2,9 @@
  * the parser refuses bad input with a message naming the line, and the files shipped in
  * datasets/traces are exactly what the generator writes, parse, and match their documented
  * means within the bounds stated below.
+ * Chapter 07: the optional priority column (round trip, six-column files unchanged, bad
+ * values refused) and the bursty generator (bursts of normal requests, a share of short
+ * high-priority ones), checked on datasets/traces/bursty.csv.
  *
  * usage: test_trace <datasets/traces>            check
  *        test_trace <datasets/traces> --write    regenerate the shipped files, then check
@@ -44,7 +47,7 @@ static void test_generator(void)
 {
     kv_err e;
     kv_trace a, b;
-    kv_trace_spec s = {KV_TRACE_SHAREGPT, 500, 2.0, 1, 1, 0, {0}, 42};
+    kv_trace_spec s = {KV_TRACE_SHAREGPT, 500, 2.0, 1, 1, 0, {0}, 42, 0, 0, 0};
     KV_CHECK(kv_trace_generate(&s, &a, &e) == KV_OK, "generate: %s", e.msg);
     KV_CHECK(kv_trace_generate(&s, &b, &e) == KV_OK, "generate again");
     KV_CHECK(a.n == b.n && memcmp(a.req, b.req, sizeof(kv_request) * (size_t)a.n) == 0,
@@ -69,18 +72,60 @@ static void test_generator(void)
     kv_trace_free(&a);
     kv_trace_free(&b);
 
+    /* bursts and priorities: normal requests share their arrival in groups of burst_size,
+     * high ones are Alpaca-short, every priority survives format + parse (seven columns) */
+    kv_trace_spec bs = {KV_TRACE_SHAREGPT, 400, 2.0, 1, 1, 0, {0}, 9, 0.3, KV_TRACE_ALPACA, 8};
+    KV_CHECK(kv_trace_generate(&bs, &a, &e) == KV_OK, "bursty: %s", e.msg);
+    int n_high = 0, sorted = 1, grouped = 1;
+    for (int i = 0; i < a.n; i++) {
+        n_high += a.req[i].priority;
+        sorted &= i == 0 || a.req[i].arrival_s >= a.req[i - 1].arrival_s;
+    }
+    for (int i = 0, run = 0; i < a.n; i++) { /* normal requests: runs of 8 equal arrivals */
+        if (a.req[i].priority) continue;
+        int j = i + 1;
+        while (j < a.n && a.req[j].priority) j++;
+        run++;
+        if (j == a.n || a.req[j].arrival_s != a.req[i].arrival_s) {
+            grouped &= run == 8 || j == a.n;
+            run = 0;
+        }
+    }
+    /* 400 draws at p = 0.3: 120 high expected, standard deviation 9.2; 40 is 4.3 of them */
+    KV_CHECK(sorted && grouped && abs(n_high - 120) < 40, "bursty: sorted %d, bursts of 8 %d, "
+             "%d high of 400", sorted, grouped, n_high);
+    KV_CHECK(kv_trace_format(&a, NULL, &text, &e) == KV_OK && strstr(text, ",priority\n"),
+             "a trace with priorities is written with the seventh column");
+    KV_CHECK(kv_trace_parse(text, &b, &e) == KV_OK, "parse bursty: %s", e.msg);
+    same = b.n == a.n;
+    for (int i = 0; same && i < a.n; i++)
+        same = a.req[i].priority == b.req[i].priority &&
+               a.req[i].prompt_len == b.req[i].prompt_len &&
+               fabs(a.req[i].arrival_s - b.req[i].arrival_s) <= 0.0005;
+    KV_CHECK(same, "round trip keeps every priority");
+    free(text);
+    kv_trace_free(&a);
+    kv_trace_free(&b);
+
     /* bad specs */
-    kv_trace_spec bad = {KV_TRACE_ALPACA, 10, 1.0, 2, 2, 0, {0}, 1};
+    kv_trace_spec bad = {KV_TRACE_ALPACA, 10, 1.0, 2, 2, 0, {0}, 1, 0, 0, 0};
     KV_CHECK(kv_trace_generate(&bad, &a, &e) == KV_ERR_ARG, "n_samples and beam both > 1");
     bad.beam_width = 1;
     bad.dist = 7;
     KV_CHECK(kv_trace_generate(&bad, &a, &e) == KV_ERR_ARG, "unknown dist");
+    bad.dist = KV_TRACE_ALPACA;
+    bad.n_samples = 1;
+    bad.high_share = 1.0;
+    KV_CHECK(kv_trace_generate(&bad, &a, &e) == KV_ERR_ARG, "high share 1 (no normal stream)");
+    bad.high_share = 0.5;
+    bad.high_dist = 9;
+    KV_CHECK(kv_trace_generate(&bad, &a, &e) == KV_ERR_ARG, "unknown high-priority dist");
 
     /* the laws themselves, on 100k draws each: means within 2 % of the published ones (the
      * standard error is below 0.5 % for sigma <= 1), and the paper's 8.4x / 5.8x ratios */
     double m[2][2];
     for (int d = 0; d < 2; d++) {
-        kv_trace_spec big = {d, 100000, 10.0, 1, 1, 0, {0}, 7};
+        kv_trace_spec big = {d, 100000, 10.0, 1, 1, 0, {0}, 7, 0, 0, 0};
         kv_trace_generate(&big, &a, &e);
         for (int o = 0; o < 2; o++) {
             kv_len_model lm;
@@ -117,6 +162,7 @@ static void bad(const char *text, const char *expect)
 }
 
 #define H "arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id\n"
+#define HP "arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id,priority\n"
 
 static void test_parser(void)
 {
@@ -141,7 +187,7 @@ static void test_parser(void)
     bad(H, "no requests");
     bad("arrival,prompt\n1,2\n", "line 1: expected the header");
     bad(H "0.1,10,3,1,1\n", "line 2: 5 fields");
-    bad(H "0.1,10,3,1,1,-1,9\n", "7 fields");
+    bad(H "0.1,10,3,1,1,-1,9,9\n", "8 fields");
     bad(H "abc,10,3,1,1,-1\n", "arrival_s \"abc\"");
     bad(H "-1,10,3,1,1,-1\n", "arrival_s");
     bad(H "nan,10,3,1,1,-1\n", "arrival_s");
@@ -156,10 +202,70 @@ static void test_parser(void)
     bad("#prefix,0,20\n" H "0.1,20,3,1,1,0\n", "not longer than its prefix");
     bad("#prefix,0,20\n#prefix,0,30\n" H, "declared twice");
     bad("#prefix,x,20\n" H, "expected #prefix");
+    /* the priority column: old six-column files parse with every request normal (above);
+     * with the column, each row has seven fields and the value is 0 or 1 */
+    const char *prio = "#prefix,0,5\n" HP "0.5,10,3,1,1,-1,1\n0.5,6,1,4,1,0,0\n";
+    KV_CHECK(kv_trace_parse(prio, &t, &e) == KV_OK && t.n == 2 && t.req[0].priority == 1 &&
+                 t.req[1].priority == 0 && t.req[1].n_samples == 4,
+             "seven-column trace: %s", e.msg);
+    kv_trace_free(&t);
+    KV_CHECK(kv_trace_parse(good, &t, &e) == KV_OK && t.req[0].priority == 0 &&
+                 t.req[2].priority == 0, "six-column trace: every request normal");
+    char *text = NULL;
+    KV_CHECK(kv_trace_format(&t, NULL, &text, &e) == KV_OK && !strstr(text, "priority") &&
+                 strstr(text, H "0.500,10,3,1,1,-1\n"),
+             "no high request: written in the six-column format");
+    free(text);
+    kv_trace_free(&t);
+    bad(HP "0.1,10,3,1,1,-1,2\n", "line 2: priority \"2\" is not 0 (normal) or 1 (high)");
+    bad(HP "0.1,10,3,1,1,-1,-1\n", "priority \"-1\"");
+    bad(HP "0.1,10,3,1,1,-1,high\n", "priority \"high\"");
+    bad(HP "0.1,10,3,1,1,-1\n", "line 2: 6 fields, expected 7");
+    bad(H "0.1,10,3,1,1,-1,1\n", "line 2: 7 fields, expected 6");
+    bad("arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id,prio\n0,1,1,1,1,-1,0\n",
+        "line 1: expected the header");
     bad(H "2.0,10,3,1,1,-1\n1.0,10,3,1,1,-1\n", "line 3: arrival 1.000 before");
     bad(H "0.1,10,3,1,1,-1\n" H, "line 3: arrival_s"); /* a second header is a bad row */
     kv_trace_load("/nonexistent/trace.csv", &t, &e);
     KV_CHECK(kv_trace_load("/nonexistent/trace.csv", &t, &e) == KV_ERR_IO, "missing file -> IO");
+}
+
+/* bursty.csv: bursts of exactly burst_size normal requests at one instant, a high-priority
+ * share near the recipe's, and high requests much shorter than normal ones (what the chapter
+ * needs: short urgent requests arriving while long ones fill the pool) */
+static void check_bursty(const char *name, const kv_trace_spec *s, const kv_trace *f)
+{
+    int n_high = 0, bursts = 0, whole = 0;
+    double len[2] = {0, 0}, cnt[2] = {0, 0};
+    for (int i = 0; i < f->n; i++) {
+        const kv_request *q = &f->req[i];
+        n_high += q->priority;
+        len[q->priority] += q->prompt_len + q->output_len;
+        cnt[q->priority]++;
+    }
+    for (int i = 0; i < f->n; i++) { /* each distinct arrival of normal requests: one burst */
+        if (f->req[i].priority) continue;
+        int k = 0, first = 1;
+        for (int j = 0; j < f->n; j++)
+            if (!f->req[j].priority && f->req[j].arrival_s == f->req[i].arrival_s) {
+                first &= j >= i;
+                k++;
+            }
+        if (!first) continue;
+        bursts++;
+        whole += k == s->burst_size;
+    }
+    /* n draws at p: standard deviation sqrt(n p (1 - p)); 4 of them */
+    const double sd = sqrt(f->n * s->high_share * (1 - s->high_share));
+    KV_CHECK(fabs(n_high - f->n * s->high_share) < 4 * sd, "%s: %d high of %d (share %.2f)",
+             name, n_high, f->n, s->high_share);
+    KV_CHECK(bursts >= 2 && whole >= bursts - 1, "%s: %d bursts, %d of exactly %d requests", name,
+             bursts, whole, s->burst_size);
+    const double mh = len[1] / cnt[1], mn = len[0] / cnt[0];
+    KV_CHECK(cnt[1] > 0 && mh * 4 < mn, "%s: high requests %.1f tokens, normal %.1f", name, mh, mn);
+    printf("  %-13s %d requests (%d high), %d bursts of %d, tokens high %.1f / normal %.1f, "
+           "span %.1f s\n", name, f->n, n_high, bursts, s->burst_size, mh, mn,
+           f->req[f->n - 1].arrival_s);
 }
 
 /* the shipped files: byte-identical to the generator's output, parse, documented means */
@@ -191,6 +297,12 @@ static void test_files(const char *dir, int write)
         KV_CHECK(kv_trace_load(path, &file, &e) == KV_OK, "%s parses: %s", path, e.msg);
         if (file.n != s.n_requests) {
             KV_CHECK(0, "%s: %d requests", path, file.n);
+            kv_trace_free(&gen);
+            kv_trace_free(&file);
+            continue;
+        }
+        if (s.high_share > 0) { /* chapter 07's bursty trace: its own checks */
+            check_bursty(name, &s, &file);
             kv_trace_free(&gen);
             kv_trace_free(&file);
             continue;

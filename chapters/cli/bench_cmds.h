@@ -9,12 +9,55 @@
 #include <stdio.h>
 
 #include "kv_bench.h"
+#include "kv_swap.h"
 #include "measure.h"
 
 int cmd_bench_bandwidth(int argc, char **argv);
 int cmd_bench_engine(int argc, char **argv);
 /** `bench paged` (bench_paged.c): decode attention over contiguous vs paged caches (chapter 05). */
 int cmd_bench_paged(int argc, char **argv);
+/** `bench attention` (bench_attention.c): naive vs tiled vs split-KV attention (chapter 08). */
+int cmd_bench_attention(int argc, char **argv);
+
+/** `bench swap` (bench_swap.c): swap vs recompute by sequence length (chapter 07). */
+int cmd_bench_swap(int argc, char **argv);
+
+#define KV_SWAP_DEFAULT_TFLOPS 300.0 /**< modelled accelerator's sustained prefill, TFLOP/s */
+
+/** The shape, cache format, link and accelerator of a swap-vs-recompute table. */
+typedef struct {
+    const char *name;     /**< embedded model ("tiny") or preset ("llama-2-7b") */
+    int embedded;         /**< 1: an embedded model, whose prefills are measured on the CPU */
+    kv_config cfg;
+    kv_cache_spec spec;   /**< paged, the format and B; for FLOPs and bytes per element */
+    int block_size;
+    size_t block_bytes;   /**< kv_cache_block_bytes() of this shape: what kv_swap moves a block */
+    kv_link link;
+    double gpu_flops;     /**< modelled accelerator, FLOP/s */
+} kv_swap_bench;
+
+/** One sequence length of the table. */
+typedef struct {
+    int n;
+    int64_t blocks, bytes; /**< moved each way */
+    int64_t moved;         /**< bytes kv_swap really moved out (measured rows) */
+    double swap_s;         /**< modelled link time, out + in */
+    double flops;          /**< prefill of n tokens */
+    double cpu_s;          /**< measured median prefill on the CPU; < 0: not measured */
+    double gpu_s;          /**< flops / gpu_flops */
+} kv_swap_row;
+
+/** Set up @p sb for @p model (embedded or preset), @p dtype (NULL: fp32 embedded, fp16 preset),
+ * blocks of @p block_size, a link of @p link_gbps GB/s and @p link_us us, an accelerator of
+ * @p gpu_tflops. KV_ERR_ARG for an unknown model or dtype, KV_ERR_UNSUPPORTED for fp8/KIVI. */
+int kv_swap_bench_init(kv_swap_bench *sb, const char *model, const char *dtype, int block_size,
+                       double link_gbps, double link_us, double gpu_tflops, kv_err *err);
+
+/** The table at lengths @p lens [n_lens] (ascending) and the crossovers, to @p f (CSV rows when
+ * @p csv). Embedded models: prefills up to @p measure_max tokens measured, median of
+ * @p repeats, each also swapped out and in through kv_swap (its bytes checked). */
+int kv_swap_bench_run(FILE *f, int csv, const kv_swap_bench *sb, const int *lens, int n_lens,
+                      int measure_max, int repeats, kv_err *err);
 
 /** One line: the bandwidth, its spread, threads, buffer and the LLC; @p when may be NULL. */
 int kv_bench_print_bandwidth(FILE *f, const kv_bandwidth *bw, const char *when);

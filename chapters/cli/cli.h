@@ -145,6 +145,8 @@ int kv_demo_ch03(const kv_demo_ctx *ctx, kv_err *err); /* 03-mqa-gqa/demo.c */
 int kv_demo_ch04(const kv_demo_ctx *ctx, kv_err *err); /* 04-quantization/demo.c */
 int kv_demo_ch05(const kv_demo_ctx *ctx, kv_err *err); /* 05-paged/demo.c */
 int kv_demo_ch06(const kv_demo_ctx *ctx, kv_err *err); /* 06-sliding-window/demo.c */
+int kv_demo_ch07(const kv_demo_ctx *ctx, kv_err *err); /* 07-swap/demo.c */
+int kv_demo_ch08(const kv_demo_ctx *ctx, kv_err *err); /* 08-flash/demo.c */
 
 /**
  * KV-cache formats side by side (chapter 04's demo, kvlab bench quant): per format bytes per

@@ -3,9 +3,12 @@
  * (reference_cpu/kv_sched.h) on a paged CPU cache, under one allocation policy, and print
  * what chapter 05 measures: KV utilization, waste (internal and reserved), peak concurrency,
  * preemptions, prefix-cache hits, sharing by forks, tokens/s. --timeline writes the pool
- * occupancy of every step for the chapter's pool-over-time figure. --preempt swap preempts
- * by swapping to a host tier (chapter 07) and prints what crossed the link beside what
- * recompute fed again.
+ * occupancy of every step for the chapter's pool-over-time figure. Chapter 07: --preempt swap
+ * (whole sequences to a host tier) or lru (pause on the device, evict blocks only when needed,
+ * --prefetch them back early), priorities from the trace, and a clock that charges prefill
+ * tokens (--token-us) and waits for synchronous transfers over a modelled link (--link-gbps,
+ * --link-us): it prints what crossed the link, the stalls, and p50/p99 latency per priority;
+ * --csv writes each request's latencies for a latency-CDF figure.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +20,7 @@
 #include "kv_trace.h"
 
 static const char *const policies[] = {"paged", "max", "pow2", "oracle", NULL};
-static const char *const preempts[] = {"recompute", "swap", NULL};
+static const char *const preempts[] = {"recompute", "swap", "lru", NULL};
 
 typedef struct {
     FILE *timeline; /* NULL: no timeline */
@@ -36,12 +39,34 @@ static void on_step(void *user, const kv_sched_step_info *s)
 
 static void pct_row(const char *what, double v) { printf("  %-34s %8.2f %%\n", what, 100.0 * v); }
 
+/* Per-request latencies on the simulated clock, one row per request of the run. */
+static int write_latency_csv(const char *path, const kv_sched_out *out, const kv_trace *t)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f, "request,priority,prompt_len,output_len,status,preemptions,arrival_s,"
+               "first_token_s,finish_s,ttft_s,e2e_s\n");
+    for (int i = 0; i < out->n; i++) {
+        const kv_sched_result *r = &out->results[i];
+        const kv_request *q = &t->req[out->index[i]];
+        const int ok = r->status == KV_OK && r->first_token_s >= 0;
+        fprintf(f, "%d,%d,%d,%d,%s,%d,%.6f,%.6f,%.6f,", out->index[i], r->priority,
+                q->prompt_len, q->output_len, r->status == KV_OK ? "ok" : "failed",
+                r->preemptions, r->arrival_s, r->first_token_s, r->finish_s);
+        if (ok) fprintf(f, "%.6f,%.6f\n", r->first_token_s - r->arrival_s, r->finish_s - r->arrival_s);
+        else fprintf(f, ",\n");
+    }
+    return fclose(f) ? -1 : 0;
+}
+
 int cmd_serve(int argc, char **argv)
 {
     const char *cmd = "kvlab serve";
     const char *trace_path = NULL, *policy = "paged", *model_arg = "tiny", *timeline = NULL;
-    const char *device = "cpu", *preempt = "recompute";
-    int host_blocks = 0;
+    const char *device = "cpu", *preempt = "recompute", *csv = NULL;
+    int host_blocks = 0, prefetch = 0;
+    double watermark = 0.01, link_gbps = KV_LINK_DEFAULT_BANDWIDTH / 1e9,
+           link_us = KV_LINK_DEFAULT_LATENCY * 1e6, token_us = 0.0;
     int n_blocks = 1024, block_size = 16, prefix = 0, max_requests = 100, budget = 256;
     int max_seqs = 256, max_len = 0, burst = 0;
     double step_ms = 20.0, temperature = 0.0;
@@ -62,16 +87,25 @@ int cmd_serve(int argc, char **argv)
         {"--burst", KV_OPT_FLAG, &burst, 0, 0, NULL, NULL, "every request arrives at time 0 (offline batch)", 0},
         {"--temperature", KV_OPT_FLOAT, &temperature, 0, 100, NULL, "T", "plain requests: 0 = greedy (default 0); parallel samples use 1", 0},
         {"--seed", KV_OPT_I64, &seed, 0, 9.0e15, NULL, "S", "sampling seed (default 42)", 0},
-        {"--preempt", KV_OPT_CHOICE, &preempt, 0, 0, preempts, "M", "how a preempted request gives memory back: recompute (drop, prefill again) or swap (copy to a host tier and back; default recompute)", 0},
-        {"--host-blocks", KV_OPT_INT, &host_blocks, 0, 1 << 22, NULL, "N", "swap: blocks of the host tier (default 0: as many as --blocks)", 0},
+        {"--preempt", KV_OPT_CHOICE, &preempt, 0, 0, preempts, "M", "how a preempted request gives memory back: recompute (drop, prefill again), swap (copy it whole to a host tier and back; the step waits) or lru (pause it on the device; move its blocks to the host only when the pool needs them, least recently paused first; default recompute)", 0},
+        {"--host-blocks", KV_OPT_INT, &host_blocks, 0, 1 << 22, NULL, "N", "swap, lru: blocks of the host tier (default 0: as many as --blocks)", 0},
+        {"--prefetch", KV_OPT_FLAG, &prefetch, 0, 0, NULL, NULL, "swap, lru: start copying the queue head's host blocks back, in the background, once it is predicted to fit the next step", 0},
+        {"--watermark", KV_OPT_FLOAT, &watermark, 0, 0.99, NULL, "F", "fraction of the pool kept free: admission leaves it; lru also evicts paused blocks in the background to keep it (default 0.01)", 0},
+        {"--link-gbps", KV_OPT_FLOAT, &link_gbps, 1e-6, 1e4, NULL, "X", "host link bandwidth in GB/s (10^9 bytes per second) each direction (default 25: PCIe 4.0 x16)", 0},
+        {"--link-us", KV_OPT_FLOAT, &link_us, 0, 1e7, NULL, "X", "host link latency per batched copy in microseconds (default 10)", 0},
+        {"--token-us", KV_OPT_FLOAT, &token_us, 0, 1e7, NULL, "X", "simulated microseconds per prefill token (prompts and recompute), added to --step-ms (default 0)", 0},
+        {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "CSV", "write each request's arrival, first-token and finish times and latencies to this file", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model and its paged cache run (default cpu)", 0},
     };
     int r = kv_args_parse(cmd,
                           "Serve a request trace with continuous batching on a paged KV cache\n"
                           "(chunked prefill, parallel sampling and beam search by fork, preemption\n"
-                          "by recompute or by swap to a host tier) and print the allocator's\n"
-                          "metrics. Arrivals follow a simulated clock that advances --step-ms per\n"
-                          "step, so runs are repeatable.\n"
+                          "by recompute, by whole swap or by lru partial swap to a host tier, with\n"
+                          "priorities from the trace) and print the allocator's metrics and the\n"
+                          "latency per priority. Arrivals follow a simulated clock: a step takes\n"
+                          "--step-ms, plus --token-us per prefill token, plus the time it waits\n"
+                          "for synchronous transfers over the modelled link; so runs are\n"
+                          "repeatable.\n"
                           "The baselines max/pow2/oracle reserve contiguous space per sequence at\n"
                           "admission, counted in blocks of the same pool.",
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
@@ -148,6 +182,11 @@ int cmd_serve(int argc, char **argv)
     o.seed = (uint64_t)seed;
     o.preempt = kv_preempt_by_name(preempt);
     o.host_blocks = host_blocks;
+    o.prefetch = prefetch;
+    o.watermark = watermark;
+    o.token_s = token_us * 1e-6;
+    o.link.bandwidth = link_gbps * 1e9;
+    o.link.latency = link_us * 1e-6;
     o.on_step = on_step;
     o.user = &ctx;
     kv_progress_start(&ctx.progress, "serve: requests");
@@ -173,8 +212,11 @@ int cmd_serve(int argc, char **argv)
     kv_config_describe(&m.config, desc, sizeof desc);
     printf("kvlab serve: %s, %d requests, policy %s, %d blocks x %d tokens, prefix cache %s\n",
            trace_path, n_req, policy, n_blocks, block_size, prefix ? "on" : "off");
-    printf("model %s (%s); budget %d tokens/step, %d slots, max_len %d; clock %.1f ms/step%s\n\n",
+    printf("model %s (%s); budget %d tokens/step, %d slots, max_len %d; clock %.1f ms/step%s\n",
            model_arg, desc, budget, max_seqs, max_len, step_ms, burst ? ", burst arrivals" : "");
+    printf("clock model: %.1f us per prefill token; link %.4g GB/s, %.1f us per copy; "
+           "block %zu bytes; watermark %.3g\n\n", token_us, link_gbps, link_us,
+           b->block_bytes ? b->block_bytes(b) : (size_t)0, watermark);
     printf("  %-34s %8d / %d\n", "requests done / failed", x->n_done, x->n_failed);
     printf("  %-34s %8lld   (%.1f s simulated)\n", "steps", (long long)x->steps, x->clock_s);
     pct_row("KV utilization (mean over steps)", x->utilization);
@@ -184,10 +226,19 @@ int cmd_serve(int argc, char **argv)
     printf("  %-34s %8d   (requests %d)\n", "peak running sequences", x->peak_seqs, x->peak_reqs);
     printf("  %-34s %8d   of %d\n", "peak blocks used", x->peak_used_blocks, n_blocks);
     printf("  %-34s %8lld   (%s)\n", "preemptions", (long long)x->preemptions, preempt);
-    if (o.preempt == KV_PREEMPT_SWAP) {
-        printf("  %-34s %8lld   (%lld sequences out, %lld in)\n", "  by swap",
-               (long long)x->swap_preemptions, (long long)x->seqs_swapped_out,
-               (long long)x->seqs_swapped_in);
+    if (o.preempt != KV_PREEMPT_RECOMPUTE) {
+        printf("  %-34s %8lld   (%lld sequences out, %lld in)\n",
+               o.preempt == KV_PREEMPT_LRU ? "  paused on the device (lru)" : "  by swap",
+               (long long)(o.preempt == KV_PREEMPT_LRU ? x->lru_pauses : x->swap_preemptions),
+               (long long)x->seqs_swapped_out, (long long)x->seqs_swapped_in);
+        if (o.preempt == KV_PREEMPT_LRU)
+            printf("  %-34s %8lld   (%lld blocks; %lld while a step waited)\n", "  evictions",
+                   (long long)x->evictions, (long long)x->evicted_blocks,
+                   (long long)x->evictions_sync);
+        if (prefetch)
+            printf("  %-34s %8lld   (%lld blocks; %lld done before their request ran)\n",
+                   "  prefetches", (long long)x->prefetches, (long long)x->prefetch_blocks,
+                   (long long)x->prefetch_hits);
         printf("  %-34s %8lld\n", "  fell back to recompute", (long long)x->recompute_fallbacks);
         if (x->swap_refused[0]) printf("  %-34s %s\n", "  (swap refused)", x->swap_refused);
         printf("  %-34s %8d   (peak %d held)\n", "host tier blocks", x->host_blocks,
@@ -214,6 +265,19 @@ int cmd_serve(int argc, char **argv)
     printf("  %-34s %8lld / %lld\n", "tokens generated / processed",
            (long long)x->tokens_generated, (long long)x->tokens_processed);
     printf("  %-34s %8.0f   (%.2f s measured)\n", "tokens/s generated", x->tokens_per_s, x->wall_s);
+    printf("  %-34s %8.3f s  (prefill %.3f s, steps and idle %.3f s)\n", "clock: stalls on the link",
+           x->stall_s, x->prefill_s, x->clock_s - x->stall_s - x->prefill_s);
+    printf("\n  latency (s, simulated)   requests   first token p50 / p99    end to end p50 / p99\n");
+    const char *cls[2] = {"normal", "high"};
+    for (int c = 1; c >= 0; c--)
+        if (x->n_class[c])
+            printf("  %-24s %8d   %10.3f / %-10.3f   %10.3f / %-10.3f\n", cls[c], x->n_class[c],
+                   x->ttft_p50[c], x->ttft_p99[c], x->e2e_p50[c], x->e2e_p99[c]);
+    if (csv && write_latency_csv(csv, &out, &t)) {
+        kv_fail(&err, KV_ERR_IO, "cannot write");
+        rc = kv_cli_fail(cmd, csv, KV_ERR_IO, &err);
+        goto done;
+    }
     int leaked = kv_pool_check_leaks(&b->paged->pool, NULL, 0);
     if (leaked) kv_fail(&err, KV_ERR_CAPACITY, "%d blocks still in use", leaked);
     if (!leaked && x->host_leaked) {

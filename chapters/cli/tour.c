@@ -20,6 +20,8 @@ static const kv_demo demos[] = {
     {4, "KV-cache quantization", kv_demo_ch04},
     {5, "paged KV cache", kv_demo_ch05},
     {6, "sliding window and attention sinks", kv_demo_ch06},
+    {7, "swap and recompute", kv_demo_ch07},
+    {8, "fused attention: naive, tiled, split-KV", kv_demo_ch08},
 };
 static const int n_demos = (int)(sizeof demos / sizeof demos[0]);
 

@@ -68,7 +68,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const kv_request *a = &t.req[i], *b = &t2.req[i];
         FUZZ_REQUIRE(a->prompt_len == b->prompt_len && a->output_len == b->output_len &&
                          a->n_samples == b->n_samples && a->beam_width == b->beam_width &&
-                         a->prefix_id == b->prefix_id,
+                         a->prefix_id == b->prefix_id && a->priority == b->priority,
                      "request %d changed in the round trip", i);
     }
     kv_trace_free(&t2);

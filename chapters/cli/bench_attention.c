@@ -1,0 +1,347 @@
+/*
+ * kvlab bench attention (chapter 08): the attention family's algorithms side by side.
+ *
+ * One layer, one sequence: H query heads over a cache of H_kv KV heads, format --dtype.
+ * Decode rows are one query token at the end of n cached tokens; prefill rows are n causal
+ * queries over their own n keys. Each row is one algorithm of the table `algos` below:
+ * the CPU reference's naive, tiled and split-KV (kv_flash.h), and, in a CUDA build with
+ * --device cuda, the kernel versions v1..v4 of cuda/flash.cu.
+ *
+ * Bytes are counted, not assumed: a CPU row's bytes are kv_flash_stats of one call, summed
+ *   bytes = K/V read as stored (rows read x row bytes, codes + metadata)
+ *         + Q read + output written (split: + its partials, written and read back)
+ *         + scores written and read back (naive: 5 passes over [T][n] floats per head).
+ * A GPU row's bytes are the same formulas applied to the version's own work split
+ * (kvcu_flash_bytes(): v3/v4 read K/V once per KV head, v1/v2 once per query head, v1
+ * adds its score passes), since the kernels keep no counters.
+ * GB/s = bytes / median time; "of BW" = that rate / the machine's read bandwidth,
+ * measured in the same run by kv_read_bandwidth() (`kvlab bench bandwidth`'s measurement).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "bench_cmds.h"
+#include "cli.h"
+#include "kv_flash.h"
+#include "kv_quant.h"
+#include "kv_rng.h"
+#ifdef KV_HAVE_CUDA
+#include "kvcu.h"
+#endif
+
+#define ATTN_MAX_LENGTHS 16
+
+/* One measured job: a cache of n tokens and T queries, on the host (and on the device for
+ * the GPU rows). */
+typedef struct {
+    kv_config cfg;
+    kv_cache c;
+    float *q, *out;          /* [T][H][d] host */
+    int H, Hkv, d, T, causal;
+    int64_t n;               /* keys */
+    int splits, tile_q, tile_k;
+#ifdef KV_HAVE_CUDA
+    kvcu_cache *g;           /* the same rows on the device */
+    float *dq, *dout;        /* [T][H][d] device */
+#endif
+} attn_case;
+
+/* An algorithm row: time @p repeats calls (after a warm-up) into *seconds (median) and say
+ * how many bytes one call moves. */
+typedef struct {
+    const char *name;
+    int gpu;     /* 1: needs --device cuda */
+    int decode_only, prefill_only;
+    int (*time)(attn_case *k, int version, int repeats, double *seconds, double *bytes,
+                kv_err *err);
+    int version; /* passed to time(): which CPU algorithm or kernel version */
+} attn_algo;
+
+static kv_flash_job job_of(attn_case *k)
+{
+    kv_flash_job j = {&k->c, 0, 0, k->H, k->q, k->T, k->n - k->T, 0, k->n, k->causal, k->out};
+    return j;
+}
+
+/* ---- CPU rows: kv_flash.h -------------------------------------------------------------- */
+
+static int cpu_call(attn_case *k, int alg, kv_flash_stats *st, kv_err *err)
+{
+    const kv_flash_job j = job_of(k);
+    if (alg == 0) return kv_flash_naive(&j, st, err);
+    if (alg == 1) return kv_flash_tiled(&j, k->tile_q, k->tile_k, st, err);
+    return kv_flash_split(&j, k->splits, k->tile_k, st, err);
+}
+
+static int cpu_time(attn_case *k, int alg, int repeats, double *seconds, double *bytes,
+                    kv_err *err)
+{
+    kv_flash_stats st = {0};
+    int e = cpu_call(k, alg, &st, err); /* warm-up, and the one call whose bytes we count */
+    if (e) return e;
+    *bytes = (double)(st.kv_bytes + st.q_bytes + st.out_bytes + st.score_bytes);
+    double *t = kv_calloc((size_t)repeats * sizeof(double));
+    if (!t) return kv_fail(err, KV_ERR_NOMEM, "bench attention: timings");
+    for (int r = 0; r < repeats && !e; r++) {
+        const double t0 = kv_now();
+        e = cpu_call(k, alg, NULL, err);
+        t[r] = kv_now() - t0;
+    }
+    *seconds = kv_median(t, repeats);
+    kv_free(t);
+    return e;
+}
+
+/* ---- GPU rows: cuda/flash.cu ------------------------------------------------------------
+ * (the CUDA twin's versions; their descriptions are at the top of cuda/flash.cu) */
+#ifdef KV_HAVE_CUDA
+static int gpu_time(attn_case *k, int version, int repeats, double *seconds, double *bytes,
+                    kv_err *err)
+{
+    const kvcu_flash_job j = {k->g, 0, 0, k->H, k->dq, k->T, k->n - k->T, 0, k->n, k->causal,
+                              k->dout};
+    /* the version's own traffic, by the CPU rows' formulas applied to its work split
+     * (kvcu_flash_bytes): the same accounting as the cpu rows, so the columns compare */
+    kv_flash_stats s;
+    memset(&s, 0, sizeof s);
+    int e = kvcu_flash_bytes(version, &j, &s, err);
+    if (e == KV_ERR_UNSUPPORTED) { /* e.g. too large for v1's score matrix: not run */
+        *seconds = -1.0;
+        return KV_OK;
+    }
+    if (e) return e;
+    *bytes = (double)(s.kv_bytes + s.q_bytes + s.out_bytes + s.score_bytes);
+    return kvcu_flash_time(version, &j, NULL, repeats, seconds, err);
+}
+#endif
+
+/*
+ * The rows, in order. A device adds its rows here: each is a name and a time() function
+ * over an attn_case (whose setup, case_open() below, uploads the cache where the device
+ * needs it).
+ */
+static const attn_algo algos[] = {
+    {"cpu naive", 0, 0, 0, cpu_time, 0},
+    {"cpu tiled", 0, 0, 0, cpu_time, 1},
+    {"cpu split", 0, 1, 0, cpu_time, 2},
+#ifdef KV_HAVE_CUDA
+    {"gpu v1 naive", 1, 0, 0, gpu_time, 1},
+    {"gpu v2 tiled", 1, 0, 0, gpu_time, 2},
+    {"gpu v3 decode", 1, 1, 0, gpu_time, 3},
+    {"gpu v4 split", 1, 1, 0, gpu_time, 4},
+#endif
+};
+static const int n_algos = (int)(sizeof algos / sizeof algos[0]);
+
+/* ---- cases ------------------------------------------------------------------------------ */
+
+static void case_close(attn_case *k)
+{
+    kv_cache_free(&k->c);
+    kv_free(k->q);
+    kv_free(k->out);
+#ifdef KV_HAVE_CUDA
+    kvcu_cache_free(k->g);
+    kvcu_free(k->dq);
+    kvcu_free(k->dout);
+#endif
+    memset(k, 0, sizeof *k);
+}
+
+/* n random tokens in a contiguous cache of @p dtype; T queries at the end, causal. */
+static int case_open(attn_case *k, int H, int Hkv, int d, int dtype, int64_t n, int T, int gpu,
+                     kv_err *err)
+{
+    memset(k, 0, sizeof *k);
+    kv_config *g = &k->cfg;
+    g->dim = H * d;
+    g->hidden_dim = g->dim;
+    g->n_layers = 1;
+    g->n_heads = H;
+    g->n_kv_heads = Hkv;
+    g->vocab_size = 2;
+    g->seq_len = (int)n;
+    kv_config_set_defaults(g);
+    kv_cache_spec s = kv_cache_spec_default(1, (int)n);
+    s.dtype = dtype;
+    int e = kv_cache_create(&k->c, g, &s, err);
+    if (e) return e;
+    k->H = H, k->Hkv = Hkv, k->d = d, k->T = T, k->n = n, k->causal = 1;
+    const size_t qn = (size_t)T * H * d, chunk = 4096, cn = chunk * Hkv * d;
+    k->q = kv_calloc(qn * 4);
+    k->out = kv_calloc(qn * 4);
+    float *kk = kv_calloc(cn * 4), *vv = kv_calloc(cn * 4);
+    if (!k->q || !k->out || !kk || !vv) e = kv_fail(err, KV_ERR_NOMEM, "bench attention: buffers");
+    kv_rng r;
+    kv_rng_seed(&r, 808 + (uint64_t)n);
+    for (size_t i = 0; !e && i < qn; i++) k->q[i] = kv_rng_uniform(&r, -1.0f, 1.0f);
+    /* written a chunk at a time: the staging stays small at 64k tokens */
+    for (int64_t p = 0; !e && p < n; p += chunk) {
+        const int m = (int)(n - p < (int64_t)chunk ? n - p : (int64_t)chunk);
+        for (size_t i = 0; i < (size_t)m * Hkv * d; i++) kk[i] = kv_rng_uniform(&r, -1.0f, 1.0f);
+        for (size_t i = 0; i < (size_t)m * Hkv * d; i++) vv[i] = kv_rng_uniform(&r, -1.0f, 1.0f);
+        e = kv_cache_write_seq(&k->c, 0, 0, (int)p, m, kk, vv, err);
+#ifdef KV_HAVE_CUDA
+        if (!e && gpu && !k->g) e = kvcu_cache_create(&k->g, g, &s, err);
+        if (!e && gpu) e = kvcu_cache_write_seq(k->g, 0, 0, (int)p, m, kk, vv, err);
+#endif
+    }
+    k->c.len[0] = (int)n;
+#ifdef KV_HAVE_CUDA
+    if (!e && gpu) e = kvcu_malloc((void **)&k->dq, qn * 4, err);
+    if (!e && gpu) e = kvcu_malloc((void **)&k->dout, qn * 4, err);
+    if (!e && gpu) e = kvcu_upload(k->dq, k->q, qn * 4, err);
+#else
+    (void)gpu;
+#endif
+    kv_free(kk);
+    kv_free(vv);
+    if (e) case_close(k);
+    return e;
+}
+
+static int parse_lengths(const char *s, int *out, int *n)
+{
+    *n = 0;
+    if (!*s) return 0; /* an empty list: no rows of that mode */
+    while (*s) {
+        char *end;
+        const long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > (1 << 24) || *n == ATTN_MAX_LENGTHS) return 1;
+        out[(*n)++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return 1;
+    }
+    return 0;
+}
+
+int cmd_bench_attention(int argc, char **argv)
+{
+    const char *cmd = "kvlab bench attention";
+    const char *device = "cpu", *dtype_s = "fp32";
+    const char *decode_s = "1024,4096,16384,65536", *prefill_s = "1024,4096";
+    int H = 32, Hkv = 8, d = 128, pH = 8, pHkv = 2, repeats = 5, prepeats = 3;
+    int splits = 16, tile_q = 64, tile_k = 64, csv = 0;
+    kv_opt opts[] = {
+        {"--heads", KV_OPT_INT, &H, 1, 256, NULL, "H", "decode: query heads (default 32)", 0},
+        {"--kv-heads", KV_OPT_INT, &Hkv, 1, 256, NULL, "H_kv", "decode: KV heads, dividing H (default 8: G = 4)", 0},
+        {"--prefill-heads", KV_OPT_INT, &pH, 1, 256, NULL, "H", "prefill: query heads (default 8: prefill is O(n^2))", 0},
+        {"--prefill-kv-heads", KV_OPT_INT, &pHkv, 1, 256, NULL, "H_kv", "prefill: KV heads (default 2)", 0},
+        {"--head-dim", KV_OPT_INT, &d, 1, 512, NULL, "d", "head dim (default 128)", 0},
+        {"--decode", KV_OPT_STRING, &decode_s, 0, 0, NULL, "N,N,...", "decode context lengths (default 1024,4096,16384,65536; \"\" for none)", 0},
+        {"--prefill", KV_OPT_STRING, &prefill_s, 0, 0, NULL, "N,N,...", "causal prefill lengths (default 1024,4096; \"\" for none)", 0},
+        {"--dtype", KV_OPT_STRING, &dtype_s, 0, 0, NULL, "FMT", "cache format: fp32 (default), fp16, bf16, int8, ...", 0},
+        {"--splits", KV_OPT_INT, &splits, 1, 4096, NULL, "S", "split-KV: key ranges (default 16)", 0},
+        {"--tile-q", KV_OPT_INT, &tile_q, 1, 4096, NULL, "Q", "tiled: queries per tile (default 64)", 0},
+        {"--tile-k", KV_OPT_INT, &tile_k, 1, 4096, NULL, "K", "tiled and split: keys per tile (default 64)", 0},
+        {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "decode: timed calls per row after a warm-up (default 5)", 0},
+        {"--prefill-repeats", KV_OPT_INT, &prepeats, 1, 64, NULL, "R", "prefill: timed calls per row (default 3)", 0},
+        {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cpu, or cuda: the CPU rows and kernel versions v1..v4 (default cpu)", 0},
+        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows", 0},
+    };
+    int r = kv_args_parse(cmd,
+                          "Attention of one sequence by each algorithm of chapter 08: naive (scores\n"
+                          "materialized), tiled (online softmax, causal tiles skipped) and split-KV\n"
+                          "(key ranges merged by log-sum-exp); decode (one token over N keys) and causal\n"
+                          "prefill (N tokens). Per row: median time, bytes moved, GB/s, and the ratio to\n"
+                          "the machine's read bandwidth measured in the same run.\n"
+                          "bytes (CPU, counted by kv_flash_stats) = K/V rows read x row bytes as stored\n"
+                          "  + Q read + output written (split: + partials) + scores (naive: 5 x 4 x H x T\n"
+                          "  x N: written, read for the max, rewritten as exp, read for P V).\n"
+                          "GPU rows: 2 x H_kv x N x row bytes + Q + output (v1: + 4 x 4 x H x T x N).",
+                          argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (r == KV_ARGS_HELP) return KV_EXIT_OK;
+    if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    int dec[ATTN_MAX_LENGTHS], pre[ATTN_MAX_LENGTHS], n_dec, n_pre;
+    if (parse_lengths(decode_s, dec, &n_dec))
+        return kv_args_bad(cmd, "--decode", "'%s': up to %d comma-separated lengths", decode_s,
+                           ATTN_MAX_LENGTHS);
+    if (parse_lengths(prefill_s, pre, &n_pre))
+        return kv_args_bad(cmd, "--prefill", "'%s': up to %d comma-separated lengths",
+                           prefill_s, ATTN_MAX_LENGTHS);
+    const int dtype = kv_quant_parse(dtype_s);
+    if (dtype < 0 || kvq_is_kivi(dtype))
+        return kv_args_bad(cmd, "--dtype", "'%s': a per-token format (fp32, fp16, bf16, int8, "
+                           "int8-gG, fp8)", dtype_s);
+    if (H % Hkv) return kv_args_bad(cmd, "--kv-heads", "%d does not divide H = %d", Hkv, H);
+    if (pH % pHkv)
+        return kv_args_bad(cmd, "--prefill-kv-heads", "%d does not divide %d", pHkv, pH);
+    int e = kv_cli_check_device(cmd, device);
+    if (e) return e;
+    const int gpu = strcmp(device, "cpu") != 0;
+
+    kv_err err = {{0}};
+    kv_bandwidth bw = {0};
+    if (kv_read_bandwidth(&bw, (size_t)256 << 20, 5, &err))
+        return kv_cli_fail(cmd, "bandwidth", KV_ERR_NOMEM, &err);
+    const double mbw = bw.bytes_per_s; /* the roofline the CPU rows are measured against */
+#ifdef KV_HAVE_CUDA
+    double gbw = 0.0;
+    if (gpu && kvcu_read_bandwidth(0, 5, &gbw, &err)) return kv_cli_fail(cmd, "bandwidth", 1, &err);
+#endif
+    if (csv)
+        printf("mode,device,algorithm,H,H_kv,d,dtype,T,n_keys,splits,seconds,bytes,GBps,"
+               "ratio_to_read_bw\n");
+    else {
+        printf("bench attention: d %d, %s cache, causal; decode H %d / H_kv %d, prefill H %d / "
+               "H_kv %d; tiles %dx%d, %d splits; %d OpenMP threads\n", d, kv_dtype_name(dtype),
+               H, Hkv, pH, pHkv, tile_q, tile_k, splits, omp_get_max_threads());
+        kv_bench_print_bandwidth(stdout, &bw, "(this machine, this run)");
+#ifdef KV_HAVE_CUDA
+        if (gpu) printf("device read bandwidth: %.2f GB/s (GPU rows are measured against it)\n",
+                        gbw * 1e-9);
+#endif
+        printf("bytes: counted by kv_flash_stats (CPU): K/V rows read x row bytes as stored + Q +\n"
+               "output (+ split partials) + scores (naive: 5 passes over [T][N] floats per head).\n"
+               "A decode reads each KV head's rows once per query head on the CPU (G times).\n\n");
+        printf("%-8s %7s %5s %-14s %11s %11s %9s %8s\n", "mode", "N", "T", "algorithm",
+               "time (s)", "bytes", "GB/s", "of BW");
+    }
+    int st = KV_OK;
+    for (int mode = 0; mode < 2 && !st; mode++) {
+        const int nl = mode ? n_pre : n_dec;
+        for (int li = 0; li < nl && !st; li++) {
+            const int n = mode ? pre[li] : dec[li], T = mode ? n : 1;
+            const int h = mode ? pH : H, hkv = mode ? pHkv : Hkv;
+            attn_case k;
+            st = case_open(&k, h, hkv, d, dtype, n, T, gpu, &err);
+            if (st) break;
+            k.splits = splits, k.tile_q = tile_q, k.tile_k = tile_k;
+            for (int a = 0; a < n_algos && !st; a++) {
+                const attn_algo *al = &algos[a];
+                if (al->gpu && !gpu) continue;
+                if ((al->decode_only && mode) || (al->prefill_only && !mode)) continue;
+                double sec = 0, bytes = 0;
+                st = al->time(&k, al->version, mode ? prepeats : repeats, &sec, &bytes, &err);
+                if (st || sec < 0) continue; /* sec < 0: the version refused the size */
+                const double rate = bytes / sec;
+                double roof = al->gpu ? 0.0 : mbw;
+#ifdef KV_HAVE_CUDA
+                if (al->gpu) roof = gbw;
+#endif
+                if (csv)
+                    printf("%s,%s,%s,%d,%d,%d,%s,%d,%d,%d,%.6e,%.0f,%.3f,%.4f\n",
+                           mode ? "prefill" : "decode", al->gpu ? "cuda" : "cpu", al->name, h,
+                           hkv, d, kv_dtype_name(dtype), T, n, splits, sec, bytes, rate * 1e-9,
+                           roof > 0 ? rate / roof : 0.0);
+                else {
+                    char b[32];
+                    printf("%-8s %7d %5d %-14s %11.4e %11s %9.2f %7.1f%%\n",
+                           mode ? "prefill" : "decode", n, T, al->name, sec,
+                           kv_fmt_bytes(bytes, b, sizeof b), rate * 1e-9,
+                           roof > 0 ? 100.0 * rate / roof : 0.0);
+                }
+            }
+            case_close(&k);
+        }
+    }
+    if (st) return kv_cli_fail(cmd, "run", st, &err);
+    if (!csv)
+        printf("\nGB/s above the read bandwidth means the bytes came from caches, not DRAM: a\n"
+               "small K/V, or the naive score matrix re-read while it still fits.\n");
+    return KV_EXIT_OK;
+}

@@ -1,0 +1,429 @@
+/* Chapter 08 on the GPU: every version of kvcu_flash_attention() (cuda/flash.cu) against the
+ * CPU reference kv_flash_naive() (reference_cpu/kv_flash.h) on the same cache contents.
+ *
+ * The grid: head dim d in {64, 128}, group G in {1, 4, 8} (H_kv 2, H = 2G); cache formats
+ * fp32, fp16, bf16 and int8 (int8 exercises the fused dequantization with per-row scales),
+ * contiguous and paged (block size 16, a scrambled block table, so a wrong row lookup shows);
+ * key counts 1, 17 and 4097, and a decode over 32768 keys; then fp8-e4m3 (both layouts) and
+ * int4-KIVI (its fp32 window of 32 newest rows beside quantized older rows) at 77 keys. Per
+ * cache, the masks of kv_flash.h: a causal prefill (T = n, q_pos0 0; n <= 64), a causal chunk
+ * at the end (q_pos0 = n - T), a decode step, a non-causal block, and a causal block with
+ * k_begin > 0 whose first rows see no key at all (they must be exact zeros, never NaN; rows
+ * with n_keys 0 as well). Outputs start as NaN, so an element never written fails. A
+ * 4097 x 4097 causal prefill runs once per d (fp32, contiguous), so v2's causal tile skipping
+ * and v4's ranges meet a long square. The tested cache is layer 1, slot 1 of a 2-layer,
+ * 2-slot cache, so a wrong layer or slot offset reads other rows.
+ *
+ * Tolerance: the CPU and the GPU read identical stored values (kvcu_cache_write_seq writes
+ * the CPU's bytes, chapter 04) and compute in fp32; only the order of the sums differs, and
+ * the online softmax rescales by exp(m_old - m_new) a few times per row. kv_test.h's fp32
+ * bound (atol 1e-5, rtol 1e-4) covers that at these lengths (q, k, v uniform in [-1, 1]:
+ * softmax weights sum to 1, each output a convex mix of values) and is not loosened for the
+ * narrow formats, whose rounding happened once, identically, when the cache was written.
+ * Measured (emulation, fp32 arithmetic as on the GPU): the worst |diff| is about 1% of the
+ * bound for a 32768-key decode (d 128, G 8) and for the 4097-token causal prefill.
+ *
+ * The emulation build runs kernels on CPU fibers, three times (one per schedule mode): there
+ * the grid shrinks to what runs in seconds (d 64 with G 1 and 4, G 8 in fp32, d 128 with
+ * G 4; lengths 1 and 17 and one 600-key case for v4's two ranges) and the test says so. Also
+ * checked: the refusals (windowed cache, bad version, keys past the slot, v1 past its score
+ * limit), the scratch sizes, the byte counts (v1's equal kv_flash_naive's; at decode v2 reads
+ * G times v3's K/V bytes), a caller's scratch, and (emulation) KV_ERR_NOMEM when the device
+ * is full.
+ * `test_gpu_flash slow` (label slow, real GPUs only): 32768-token causal prefills, held
+ * against kv_flash_tiled, since the naive reference's score matrix would not fit.
+ * Exits 77 (skipped) without a usable device. */
+#include "kv_flash.h"
+#include "kv_quant.h"
+#include "kv_rng.h"
+#include "kv_test.h"
+#include "kvcu.h"
+#ifdef KV_CUDA_EMULATION
+#include "kvemu.h"
+#endif
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { HKV = 2, N_LAYERS = 2, N_SLOTS = 2, LAYER = 1, SLOT = 1, BLOCK = 16 };
+
+static kv_rng rng;
+static int emu;
+static int tiled_ref; /* 1: the reference is kv_flash_tiled (the slow 32k prefill, whose naive
+                       * score matrix would take T·n·4 = 4 GiB per CPU thread) */
+
+/* A CPU cache and a device cache holding the same n rows in layer LAYER, slot SLOT. */
+typedef struct {
+    kv_config cfg;
+    kv_cache c;
+    kvcu_cache *g;
+    int fmt, paged, d, G, H, n;
+    char name[96];
+} twin;
+
+static kv_config shape(int d, int G, int capacity)
+{
+    kv_config c;
+    memset(&c, 0, sizeof c);
+    c.n_heads = HKV * G;
+    c.n_kv_heads = HKV;
+    c.dim = c.n_heads * d;
+    c.hidden_dim = 2 * c.dim;
+    c.n_layers = N_LAYERS;
+    c.vocab_size = 64;
+    c.seq_len = capacity;
+    c.rope_theta = 10000.0f;
+    c.rotary_dim = d;
+    c.norm_eps = 1e-5f;
+    return c;
+}
+
+static void fill(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] = kv_rng_uniform(&rng, -1.0f, 1.0f);
+}
+
+static void *dev_copy(const void *h, size_t bytes, kv_err *e)
+{
+    void *d = NULL;
+    if (kvcu_malloc(&d, bytes, e) || kvcu_upload(d, h, bytes, e)) {
+        kvcu_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static void twin_free(twin *w)
+{
+    kv_cache_free(&w->c);
+    kvcu_cache_free(w->g);
+    w->g = NULL;
+}
+
+/* Build both caches and write n random rows into each. 0 on success (else freed). */
+static int twin_make(twin *w, int fmt, int paged, int d, int G, int n)
+{
+    memset(w, 0, sizeof *w);
+    w->fmt = fmt;
+    w->paged = paged;
+    w->d = d;
+    w->G = G;
+    w->H = HKV * G;
+    w->n = n;
+    snprintf(w->name, sizeof w->name, "%s %s d %d G %d n %d", kv_quant_name(fmt),
+             paged ? "paged" : "contiguous", d, G, n);
+    const int nb = (n + BLOCK - 1) / BLOCK + 1; /* blocks of the slot, and one spare */
+    const int cap = paged ? nb * BLOCK : n + 3;
+    w->cfg = shape(d, G, cap);
+    kv_cache_spec s = kv_cache_spec_default(N_SLOTS, cap);
+    s.dtype = fmt;
+    s.kivi_window = 32; /* KIVI: rows past the newest 32 are quantized, older ones spill */
+    if (paged) {
+        s.layout = KV_LAYOUT_PAGED;
+        s.block_size = BLOCK;
+        s.n_blocks = nb;
+    }
+    kv_err e = {{0}};
+    if (kv_cache_create(&w->c, &w->cfg, &s, &e) || kvcu_cache_create(&w->g, &w->cfg, &s, &e)) {
+        KV_CHECK(0, "%s: create: %s", w->name, e.msg);
+        twin_free(w);
+        return -1;
+    }
+    int st = KV_OK;
+    if (paged) { /* a scrambled table: logical block i -> physical (i * 7 + 3) mod nb */
+        int *tab = (int *)malloc((size_t)nb * sizeof(int));
+        int m = 0;
+        for (int i = 0; i < nb; i++) {
+            int b = (int)(((long)i * 7 + 3) % nb);
+            if (nb % 7 == 0) b = nb - 1 - i; /* 7 | nb would repeat blocks */
+            tab[m++] = b;
+        }
+        st = kv_cache_set_blocks(&w->c, SLOT, tab, nb, &e);
+        if (!st) st = kvcu_cache_set_blocks(w->g, SLOT, tab, nb, &e);
+        free(tab);
+    }
+    const size_t nr = (size_t)n * HKV * d; /* k, v [n][H_kv][d] */
+    float *k = (float *)malloc(nr * 4), *v = (float *)malloc(nr * 4);
+    float *dk = NULL, *dv = NULL;
+    fill(k, nr);
+    fill(v, nr);
+    if (!st) st = (dk = (float *)dev_copy(k, nr * 4, &e)) ? KV_OK : KV_ERR_NOMEM;
+    if (!st) st = (dv = (float *)dev_copy(v, nr * 4, &e)) ? KV_OK : KV_ERR_NOMEM;
+    if (!st) st = kv_cache_write_seq(&w->c, LAYER, SLOT, 0, n, k, v, &e);
+    if (!st) st = kvcu_cache_write_seq(w->g, LAYER, SLOT, 0, n, dk, dv, &e);
+    if (!st) st = kvcu_synchronize(&e);
+    free(k);
+    free(v);
+    kvcu_free(dk);
+    kvcu_free(dv);
+    KV_CHECK(st == KV_OK, "%s: fill: %s", w->name, e.msg);
+    if (st) twin_free(w);
+    return st ? -1 : 0;
+}
+
+
+/* One mask on a twin: q random [T][H][d]; every version against kv_flash_naive(). */
+static void check_job(twin *w, const char *mask, int T, int64_t q_pos0, int64_t k_begin,
+                      int64_t n_keys, int causal)
+{
+    const size_t nq = (size_t)T * w->H * w->d;
+    float *q = (float *)malloc(nq * 4 + 4), *ref = (float *)malloc(nq * 4 + 4);
+    float *got = (float *)malloc(nq * 4 + 4);
+    float *dq = NULL, *dout = NULL;
+    kv_err e = {{0}};
+    fill(q, nq);
+    kv_flash_job cj = {&w->c, LAYER, SLOT, w->H, q, T, q_pos0, k_begin, n_keys, causal, ref};
+    int st = tiled_ref ? kv_flash_tiled(&cj, 64, 64, NULL, &e) : kv_flash_naive(&cj, NULL, &e);
+    KV_CHECK(st == KV_OK, "%s %s: CPU reference: %s", w->name, mask, e.msg);
+    if (!st) st = (dq = (float *)dev_copy(q, nq * 4, &e)) ? KV_OK : KV_ERR_NOMEM;
+    if (!st) st = kvcu_malloc((void **)&dout, nq * 4, &e);
+    KV_CHECK(st == KV_OK, "%s %s: device buffers: %s", w->name, mask, e.msg);
+    kvcu_flash_job gj = {w->g, LAYER, SLOT, w->H, dq, T, q_pos0, k_begin, n_keys, causal, dout};
+    for (int ver = 1; ver <= 4 && !st; ver++) {
+        char what[192];
+        snprintf(what, sizeof what, "%s %s (T %d, q_pos0 %lld, keys %lld..%lld, %s) v%d",
+                 w->name, mask, T, (long long)q_pos0, (long long)k_begin, (long long)n_keys,
+                 causal ? "causal" : "full", ver);
+        if (ver == 1 && (int64_t)w->H * T * n_keys > KVCU_FLASH_V1_MAX_SCORES) continue;
+        /* poison the output: every element must be written */
+        for (size_t i = 0; i < nq; i++) got[i] = NAN;
+        int rc = kvcu_upload(dout, got, nq * 4, &e);
+        if (!rc) rc = kvcu_flash_attention(ver, &gj, NULL, &e);
+        if (!rc) rc = kvcu_download(got, dout, nq * 4, &e);
+        KV_CHECK(rc == KV_OK, "%s: %s", what, e.msg);
+        if (rc) continue;
+        KV_CHECK(kv_test_compare(what, got, ref, (long)nq, KV_TOL_F32_ATOL, KV_TOL_F32_RTOL) == 0,
+                 "%s: GPU vs kv_flash_naive", what);
+        /* rows that see no key: exact zeros on both sides */
+        long masked = 0, nonzero = 0;
+        for (int t = 0; t < T; t++) {
+            int64_t end = causal && q_pos0 + t + 1 < n_keys ? q_pos0 + t + 1 : n_keys;
+            if (end > k_begin) continue;
+            masked++;
+            for (size_t i = (size_t)t * w->H * w->d; i < (size_t)(t + 1) * w->H * w->d; i++)
+                nonzero += got[i] != 0.0f || ref[i] != 0.0f;
+        }
+        KV_CHECK(nonzero == 0, "%s: %ld of the %ld fully masked rows' outputs are not 0", what,
+                 nonzero, masked);
+    }
+    kvcu_free(dq);
+    kvcu_free(dout);
+    free(q);
+    free(ref);
+    free(got);
+}
+
+/* The masks of one cache of n keys (the whole causal prefill only while it is short). */
+static void check_masks(twin *w)
+{
+    const int n = w->n;
+    const int T = n < 17 ? n : 17;
+    if (n <= 64) check_job(w, "causal prefill", n, 0, 0, n, 1);
+    check_job(w, "causal chunk at the end", T, n - T, 0, n, 1);
+    check_job(w, "decode", 1, n - 1, 0, n, 1);
+    check_job(w, "not causal", T, 3, 0, n, 0);
+    /* k_begin 5: queries at positions 0..4 see nothing (causal), the rest keys 5..p */
+    if (n > 5) check_job(w, "k_begin, masked rows", 9 < n ? 9 : n, 0, 5, n, 1);
+    check_job(w, "n_keys 0", 3, 0, 0, 0, 1);
+}
+
+/* Refusals, scratch sizes, a caller's scratch, and running out of device memory. */
+static void check_contract(void)
+{
+    twin w;
+    if (twin_make(&w, KV_QF_F32, 0, 64, 4, 40)) return;
+    kv_err e = {{0}};
+    float *dq = NULL, *dout = NULL, *sc = NULL;
+    const int T = 8;
+    const size_t nq = (size_t)T * w.H * w.d;
+    float *q = (float *)malloc(nq * 4), *a = (float *)malloc(nq * 4), *b = (float *)malloc(nq * 4);
+    fill(q, nq);
+    int st = (dq = (float *)dev_copy(q, nq * 4, &e)) ? KV_OK : KV_ERR_NOMEM;
+    if (!st) st = kvcu_malloc((void **)&dout, nq * 4, &e);
+    KV_CHECK(st == KV_OK, "contract: buffers: %s", e.msg);
+    kvcu_flash_job j = {w.g, LAYER, SLOT, w.H, dq, T, 32, 0, 40, 1, dout};
+
+    KV_CHECK(kvcu_flash_attention(0, &j, NULL, &e) == KV_ERR_ARG, "version 0 refused");
+    KV_CHECK(kvcu_flash_attention(5, &j, NULL, &e) == KV_ERR_ARG, "version 5 refused");
+    kvcu_flash_job bad = j;
+    bad.n_keys = w.c.spec.capacity + 1;
+    KV_CHECK(kvcu_flash_attention(2, &bad, NULL, &e) == KV_ERR_ARG, "keys past the slot refused");
+    bad = j;
+    bad.n_heads = w.H + 1;
+    KV_CHECK(kvcu_flash_attention(3, &bad, NULL, &e) == KV_ERR_ARG, "H not a multiple of H_kv");
+    bad = j;
+    bad.layer = N_LAYERS;
+    KV_CHECK(kvcu_flash_attention(4, &bad, NULL, &e) == KV_ERR_ARG, "layer out of range");
+    bad = j;
+    bad.T = 1 << 22; /* H 8 x T 2^22 x 40 keys > 2^28 scores: refused before any use of q */
+    KV_CHECK(kvcu_flash_attention(1, &bad, NULL, &e) == KV_ERR_UNSUPPORTED,
+             "v1 past its score limit refused");
+    KV_CHECK(kvcu_flash_scratch(1, &j) == (size_t)w.H * T * 41, "v1 scratch H*T*(n_keys+1)");
+    KV_CHECK(kvcu_flash_scratch(2, &j) == 0 && kvcu_flash_scratch(3, &j) == 0,
+             "v2, v3 need no scratch");
+    KV_CHECK(kvcu_flash_scratch(4, &j) == (size_t)T * w.H * 1 * (w.d + 2),
+             "v4 scratch T*H*n_splits*(d+2)");
+    bad = j;
+    bad.T = 0;
+    KV_CHECK(kvcu_flash_attention(2, &bad, NULL, &e) == KV_OK, "T 0 is a no-op");
+
+    /* bytes: v1 counts as kv_flash_naive; at decode v3 reads G times fewer K/V bytes than
+     * v2 (one read per KV head, not per query head), and v4 the same as v3 */
+    kv_flash_stats sg[5], sn;
+    kv_flash_job cj = {&w.c, LAYER, SLOT, w.H, q, T, 32, 0, 40, 1, a};
+    memset(&sn, 0, sizeof sn); /* the CPU adds its counts into *st */
+    int bst = kv_flash_naive(&cj, &sn, &e);
+    for (int ver = 1; ver <= 4 && !bst; ver++) bst = kvcu_flash_bytes(ver, &j, &sg[ver], &e);
+    KV_CHECK(bst == KV_OK, "bytes: %s", e.msg);
+    if (!bst) {
+        KV_CHECK(sg[1].kv_bytes == sn.kv_bytes && sg[1].score_bytes == sn.score_bytes &&
+                     sg[1].q_bytes == sn.q_bytes && sg[1].out_bytes == sn.out_bytes,
+                 "v1 bytes == kv_flash_naive's: kv %lld/%lld, scores %lld/%lld",
+                 (long long)sg[1].kv_bytes, (long long)sn.kv_bytes, (long long)sg[1].score_bytes,
+                 (long long)sn.score_bytes);
+        kvcu_flash_job dj = j;
+        dj.T = 1;
+        dj.q_pos0 = 39;
+        bst = kvcu_flash_bytes(2, &dj, &sg[2], &e) || kvcu_flash_bytes(3, &dj, &sg[3], &e) ||
+              kvcu_flash_bytes(4, &dj, &sg[4], &e);
+        KV_CHECK(!bst && sg[2].kv_bytes == (int64_t)w.G * sg[3].kv_bytes &&
+                     sg[2].kv_bytes == (int64_t)w.H * 2 * 40 * w.d * 4 &&
+                     sg[4].kv_bytes == sg[3].kv_bytes,
+                 "decode K/V bytes: v2 %lld = G x v3 %lld = v4 %lld", (long long)sg[2].kv_bytes,
+                 (long long)sg[3].kv_bytes, (long long)sg[4].kv_bytes);
+    }
+
+    /* the caller's scratch gives the bits of an allocated one */
+    for (int ver = 1; ver <= 4 && !st; ver += 3) {
+        st = kvcu_flash_attention(ver, &j, NULL, &e);
+        if (!st) st = kvcu_download(a, dout, nq * 4, &e);
+        if (!st) st = kvcu_malloc((void **)&sc, kvcu_flash_scratch(ver, &j) * 4, &e);
+        if (!st) st = kvcu_flash_attention(ver, &j, sc, &e);
+        if (!st) st = kvcu_download(b, dout, nq * 4, &e);
+        KV_CHECK(st == KV_OK && memcmp(a, b, nq * 4) == 0, "v%d: caller's scratch == own (%s)",
+                 ver, st ? e.msg : "ok");
+        kvcu_free(sc);
+        sc = NULL;
+    }
+#ifdef KV_CUDA_EMULATION
+    /* a full device: the scratch allocation fails with KV_ERR_NOMEM, nothing launched */
+    kvemu_set_mem_limit(kvemu_mem_in_use() + 64);
+    KV_CHECK(kvcu_flash_attention(1, &j, NULL, &e) == KV_ERR_NOMEM, "v1, device full: NOMEM");
+    KV_CHECK(kvcu_flash_attention(4, &j, NULL, &e) == KV_ERR_NOMEM, "v4, device full: NOMEM");
+    kvemu_set_mem_limit(0);
+    KV_CHECK(kvcu_flash_attention(4, &j, NULL, &e) == KV_OK, "v4 after the device is freed: %s",
+             e.msg);
+#endif
+    twin_free(&w);
+
+    /* a windowed cache is refused */
+    kv_config cfg = shape(64, 1, 64);
+    kv_cache_spec s = kv_cache_spec_default(1, 64);
+    s.window = 16;
+    kvcu_cache *g = NULL;
+    st = kvcu_cache_create(&g, &cfg, &s, &e);
+    KV_CHECK(st == KV_OK, "windowed cache: %s", e.msg);
+    if (!st) {
+        kvcu_flash_job wj = {g, 0, 0, HKV, dq, 1, 0, 0, 1, 1, dout};
+        KV_CHECK(kvcu_flash_attention(2, &wj, NULL, &e) == KV_ERR_UNSUPPORTED,
+                 "windowed cache refused");
+    }
+    kvcu_cache_free(g);
+    kvcu_free(dq);
+    kvcu_free(dout);
+    free(q);
+    free(a);
+    free(b);
+}
+
+/* `slow`: causal prefills of 32768 tokens against kv_flash_tiled (which test_flash holds
+ * against kv_flash_naive); v1 refuses them (H·T·n scores past its limit). */
+static int run_slow(void)
+{
+    if (emu) {
+        printf("the 32k-token prefill runs on a real GPU only (emulated fibers are too slow "
+               "for it): skipped\n");
+        return KV_TEST_SKIP;
+    }
+    tiled_ref = 1;
+    const int cases[][4] = {{128, 4, KV_QF_F32, 0}, {64, 8, KV_QF_BF16, 1}}; /* d, G, fmt, paged */
+    for (int i = 0; i < 2; i++) {
+        twin w;
+        if (twin_make(&w, cases[i][2], cases[i][3], cases[i][0], cases[i][1], 32768)) continue;
+        check_job(&w, "causal prefill", 32768, 0, 0, 32768, 1);
+        twin_free(&w);
+    }
+    return kv_test_finish();
+}
+
+int main(int argc, char **argv)
+{
+    kv_err e = {{0}};
+    if (kvcu_device_available(&e) != KV_OK) {
+        printf("no usable CUDA device (%s): skipped\n", e.msg);
+        return KV_TEST_SKIP;
+    }
+    kv_rng_seed(&rng, 8);
+    emu = kvcu_is_emulation();
+    if (argc > 1 && !strcmp(argv[1], "slow")) return run_slow();
+    const int formats[] = {KV_QF_F32, KV_QF_F16, KV_QF_BF16, KV_QF_INT8};
+    const int Gs[] = {1, 4, 8};
+    const int ds[] = {64, 128};
+    if (emu)
+        printf("emulation build: a reduced grid (d 64 with G 1 and 4, and 8 in fp32; d 128 with "
+               "G 4; lengths 1, 17 and 600; no 4097 or 32768 keys); a real GPU runs the full "
+               "one\n");
+
+    check_contract();
+    for (int di = 0; di < 2; di++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int fi = 0; fi < 4; fi++)
+                for (int paged = 0; paged <= 1; paged++) {
+                    const int d = ds[di], G = Gs[gi], fmt = formats[fi];
+                    if (emu && ((G == 8 && (fmt != KV_QF_F32 || d == 128)) ||
+                                (d == 128 && G != 4)))
+                        continue;
+                    const int lens[] = {1, 17, 4097};
+                    for (int li = 0; li < 3; li++) {
+                        if (emu && li == 2) continue;
+                        twin w;
+                        if (twin_make(&w, fmt, paged, d, G, lens[li])) continue;
+                        check_masks(&w);
+                        twin_free(&w);
+                    }
+                }
+    /* the other storage families through the same views: fp8 with its per-sequence scale
+     * (both layouts) and KIVI int4 (contiguous; paged KIVI needs 32 | B), whose newest rows
+     * sit in an fp32 window while the older ones are quantized */
+    const int more[][2] = {{KV_QF_FP8_E4M3, 0}, {KV_QF_FP8_E4M3, 1}, {KV_QF_INT4_KIVI, 0}};
+    for (int i = 0; i < 3; i++) {
+        twin w;
+        if (twin_make(&w, more[i][0], more[i][1], 64, 4, 77)) continue;
+        check_masks(&w);
+        twin_free(&w);
+    }
+    if (emu) { /* two ranges of v4, and tiles across a paged table, in emulation too */
+        twin w;
+        if (!twin_make(&w, KV_QF_F16, 1, 64, 4, 600)) {
+            check_job(&w, "decode", 1, 599, 0, 600, 1);
+            check_job(&w, "k_begin decode", 2, 598, 37, 600, 1);
+            twin_free(&w);
+        }
+    } else {
+        for (int di = 0; di < 2; di++) { /* the long square, and a long decode per d */
+            twin w;
+            if (!twin_make(&w, KV_QF_F32, 0, ds[di], 4, 4097)) {
+                check_job(&w, "causal prefill", 4097, 0, 0, 4097, 1);
+                twin_free(&w);
+            }
+            const int fmts[] = {KV_QF_F32, KV_QF_BF16};
+            for (int p = 0; p <= 1; p++)
+                if (!twin_make(&w, fmts[p], p, ds[di], 8, 32768)) {
+                    check_job(&w, "decode", 1, 32767, 0, 32768, 1);
+                    check_job(&w, "k_begin decode", 2, 32766, 1000, 32768, 1);
+                    twin_free(&w);
+                }
+        }
+    }
+    return kv_test_finish();
+}
