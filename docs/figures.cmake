@@ -153,6 +153,63 @@ plot p every ::1 using 1:3 with steps lw 2 title 'paged: blocks used', \\
      m every ::1 using 1:7 axes x1y2 with steps lw 1 title 'max: requests running'
 ")
 
+# ---- chapter 07: latency CDFs under recompute, whole swap and lru, the slow link ------------
+# The bursty trace through 512 blocks with the link scaled to the tiny model (chapter 07's
+# README: 2.5 GB/s / 512, a tenth of PCIe 4.0 for Llama-2-7B's 8 MiB blocks), 100 us per
+# prefill token; each mode writes one row per request (kvlab serve --csv). The clock is
+# simulated, so the curves are the same on any machine.
+message(STATUS "figures: kvlab serve, the bursty trace under 5 preemption modes (about 1 min)")
+set(ch07_modes recompute swap swap+prefetch lru lru+prefetch)
+foreach(mode ${ch07_modes})
+  string(REPLACE "+prefetch" "" base ${mode})
+  set(pf "")
+  if(NOT base STREQUAL mode)
+    set(pf --prefetch)
+  endif()
+  string(REPLACE "+" "-" tag ${mode})
+  kv_run(${KVLAB} serve --trace ${SRC}/datasets/traces/bursty.csv --max-requests 200
+    --blocks 512 --token-us 100 --link-gbps 0.0048828125 --link-us 10 --preempt ${base} ${pf}
+    --csv ${OUT}/ch07-latency-${tag}.csv)
+endforeach()
+# columns: request,priority,prompt_len,output_len,status,preemptions,arrival_s,first_token_s,
+# finish_s,ttft_s,e2e_s. The rows of each priority go to a file of their own (no header), whose
+# empirical CDF gnuplot draws with smooth cnormal (sorted by x, normalised to 1).
+set(ch07_high "")
+set(ch07_normal "")
+foreach(mode ${ch07_modes})
+  string(REPLACE "+" "-" tag ${mode})
+  file(STRINGS ${OUT}/ch07-latency-${tag}.csv rows_high REGEX "^[0-9]+,1,[^,]*,[^,]*,ok,")
+  file(STRINGS ${OUT}/ch07-latency-${tag}.csv rows_normal REGEX "^[0-9]+,0,[^,]*,[^,]*,ok,")
+  list(JOIN rows_high "\n" text)
+  file(WRITE ${OUT}/ch07-latency-${tag}-high.csv "${text}\n")
+  list(JOIN rows_normal "\n" text)
+  file(WRITE ${OUT}/ch07-latency-${tag}-normal.csv "${text}\n")
+  if(NOT ch07_high STREQUAL "")
+    string(APPEND ch07_high ", \\\n     ")
+    string(APPEND ch07_normal ", \\\n     ")
+  endif()
+  string(APPEND ch07_high "'${OUT}/ch07-latency-${tag}-high.csv' using 10:(1) smooth cnormal with steps lw 2 title '${mode}'")
+  string(APPEND ch07_normal "'${OUT}/ch07-latency-${tag}-normal.csv' using 11:(1) smooth cnormal with steps lw 2 title '${mode}'")
+endforeach()
+kv_plot(ch07-latency-cdf-high "
+set title 'Chapter 07: first-token latency of the 47 high-priority requests, link at a tenth of PCIe 4.0'
+set xlabel 'first-token latency, s (simulated clock, log)'
+set ylabel 'fraction of requests'
+set logscale x
+set xrange [0.01:0.5]
+set yrange [0:1.02]
+set key right bottom
+plot ${ch07_high}
+")
+kv_plot(ch07-latency-cdf-normal "
+set title 'Chapter 07: end-to-end latency of the 153 normal requests, link at a tenth of PCIe 4.0'
+set xlabel 'end-to-end latency, s (simulated clock)'
+set ylabel 'fraction of requests'
+set yrange [0:1.02]
+set key right bottom
+plot ${ch07_normal}
+")
+
 # ---- needle heatmap: kvlab writes the SVG itself ---------------------------------------------
 message(STATUS "figures: kvlab needle --spec datasets/needle/fast.needle (about 10 s)")
 kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/fast.needle

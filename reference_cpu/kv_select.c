@@ -69,6 +69,46 @@ int kv_select_bytes_kept(int fmt, int d, int64_t rows, kv_select_bytes *out, kv_
     return KV_OK;
 }
 
+int kv_select_plan_init(kv_select_plan *pl, int n_layers, int n_kv_heads, kv_err *err)
+{
+    memset(pl, 0, sizeof *pl);
+    if (n_layers < 1 || n_kv_heads < 1)
+        return kv_fail(err, KV_ERR_ARG, "kv_select_plan: %d layers, %d kv heads", n_layers,
+                       n_kv_heads);
+    pl->sets = calloc((size_t)n_layers * n_kv_heads, sizeof(kv_select_set));
+    if (!pl->sets) return kv_fail(err, KV_ERR_NOMEM, "kv_select_plan: no memory");
+    pl->n_layers = n_layers;
+    pl->n_kv_heads = n_kv_heads;
+    return KV_OK;
+}
+
+void kv_select_plan_free(kv_select_plan *pl)
+{
+    for (int i = 0; pl->sets && i < pl->n_layers * pl->n_kv_heads; i++)
+        kv_select_set_free(&pl->sets[i]);
+    free(pl->sets);
+    memset(pl, 0, sizeof *pl);
+}
+
+int kv_select_plan_bytes(const kv_select_plan *pl, const kv_cache_spec *spec, int d,
+                         kv_select_bytes *total, kv_err *err)
+{
+    memset(total, 0, sizeof *total);
+    for (int l = 0; l < pl->n_layers; l++)
+        for (int h = 0; h < pl->n_kv_heads; h++) {
+            kv_select_bytes b;
+            const int rc = kv_select_bytes_kept(kv_cache_spec_layer_dtype(spec, l), d,
+                                                kv_select_plan_set(pl, l, h)->n, &b, err);
+            if (rc) return rc;
+            total->rows += b.rows;
+            total->code_bytes += b.code_bytes;
+            total->meta_bytes += b.meta_bytes;
+            total->index_bytes += b.index_bytes;
+            total->total += b.total;
+        }
+    return KV_OK;
+}
+
 /* ---- the ranking -------------------------------------------------------------------------- */
 
 /* The order of one ranking: larger or smaller scores first, equal scores earlier or later
@@ -498,7 +538,7 @@ int kv_select_quest(const kv_select_pages *pg, const float *q, int G, int k_page
 
 /* ---- exact top-k keys and attention over a kept set -------------------------------------- */
 
-int kv_select_topk_keys(const kv_head_view *k, int n, const float *q, int kk, int *pos)
+int kv_select_topk_keys(const kv_head_view *k, int n, const float *q, int k_keys, int *pos)
 {
     const int d = k->d;
     double *score = malloc((size_t)(n ? n : 1) * sizeof(double)); /* [n] q·k in double */
@@ -519,7 +559,7 @@ int kv_select_topk_keys(const kv_head_view *k, int n, const float *q, int kk, in
         }
         if (row && row != stack) free(row);
     }
-    const int m = fail ? -1 : kv_select_topk(score, n, kk, 1, pos);
+    const int m = fail ? -1 : kv_select_topk(score, n, k_keys, 1, pos);
     free(score);
     return m;
 }
@@ -549,4 +589,5 @@ void kv_select_attend(const kv_head_view *kh, const kv_head_view *vh, const kv_s
     }
     const float inv = 1.0f / sum;
     for (int j = 0; j < d; j++) oh[j] *= inv;
+    for (int i = 0; i < n; i++) att[i] *= inv; /* the probabilities, for H2O's accounting */
 }

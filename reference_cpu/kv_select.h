@@ -97,14 +97,40 @@ int kv_select_set_has(const kv_select_set *s, int pos);
  */
 int kv_select_bytes_kept(int fmt, int d, int64_t rows, kv_select_bytes *out, kv_err *err);
 
+/** The kept sets of a whole model, one per (layer, KV head): what a cache with "selected set"
+ * retention holds, and what its bytes are counted over. */
+typedef struct {
+    int n_layers, n_kv_heads;
+    kv_select_set *sets; /* [L][H_kv] */
+} kv_select_plan;
+
+/** @p n_layers x @p n_kv_heads empty sets. KV_OK, KV_ERR_ARG, KV_ERR_NOMEM. */
+int kv_select_plan_init(kv_select_plan *pl, int n_layers, int n_kv_heads, kv_err *err);
+/** Free every set and the plan (safe on a zeroed plan). */
+void kv_select_plan_free(kv_select_plan *pl);
+/** The set of (layer, kvh). */
+static inline kv_select_set *kv_select_plan_set(const kv_select_plan *pl, int layer, int kvh)
+{
+    return pl->sets + (size_t)layer * pl->n_kv_heads + kvh;
+}
+/**
+ * kv_select_bytes_kept() summed over every (layer, KV head) of a plan, each layer in the
+ * format a cache built from @p spec stores it (kv_cache_spec_layer_dtype(): selective layers
+ * mix formats), head dim @p d, into @p total. For a plan keeping every position of every
+ * head, total - index_bytes is what a one-slot contiguous cache of that many tokens holds
+ * (kv_cache_bytes()). Errors as kv_select_bytes_kept().
+ */
+int kv_select_plan_bytes(const kv_select_plan *pl, const kv_cache_spec *spec, int d,
+                         kv_select_bytes *total, kv_err *err);
+
 /* ---- the ranking every selector shares ---------------------------------------------------- */
 
 /**
  * The @p k best of @p n scores, by the documented total order: larger score first, equal
  * scores earlier index first (@p largest = 1); or smaller score first, equal scores later
  * index first (@p largest = 0, the same order read from the other end). Writes the chosen
- * indices in ascending order to idx [min(k, n)] and returns how many. O(n log k), a heap.
- * Returns -1 when its scratch cannot be allocated.
+ * indices in ascending order to idx [min(k, n)] and returns how many (0 for k <= 0).
+ * O(n log k): a heap of the best k so far, held in idx itself.
  */
 int kv_select_topk(const double *score, int n, int k, int largest, int *idx);
 
@@ -237,17 +263,20 @@ int kv_select_quest(const kv_select_pages *pg, const float *q, int G, int k_page
 /* ---- exact top-k keys and attention over a kept set -------------------------------------- */
 
 /**
- * The @p k keys 0 .. n-1 of largest q·k (double, channel order; ties earlier first) of one
- * query q [d], ascending, into pos [min(k, n)]; returns the count, or -1 on NOMEM.
+ * The @p k_keys keys 0 .. n-1 of largest q·k (double, channel order; ties earlier first) of
+ * one query q [d], ascending, into pos [min(k_keys, n)]; returns the count, or -1 on NOMEM.
+ * Per query head: a KV head's reference set is the union over its group.
  */
-int kv_select_topk_keys(const kv_head_view *k, int n, const float *q, int kk, int *pos);
+int kv_select_topk_keys(const kv_head_view *k, int n, const float *q, int k_keys, int *pos);
 
 /**
  * Attention of one query head restricted to a kept set: softmax over the kept positions
  * only, out = sum_p softmax(q·k_p/sqrt(d)) v_p in kv_attention()'s passes and order
  * (positions ascending), so the full set 0 .. t gives kv_attention()'s bits. What measures a
- * selection's output error against full attention. qh [d], oh [d], att [set->n] scratch,
- * row [d] scratch. An empty set gives zeros.
+ * selection's output error against full attention. qh [d], oh [d], row [d] scratch;
+ * att [set->n] returns the probabilities, exp(s_i - max) · (1 / sum), in the set's order:
+ * what kv_select_h2o_observe() takes from each query head of the group. An empty set gives
+ * zeros.
  */
 void kv_select_attend(const kv_head_view *kh, const kv_head_view *vh, const kv_select_set *set,
                       const float *qh, float *oh, float *att, float *row);

@@ -39,7 +39,9 @@ typedef struct {
     int H, Hkv, d, n;
 } cache_case;
 
-/* ints = 1: keys of small integers in {-1, 0, 1}, so norms and dots tie often. */
+/* ints = 1: keys of small integers in {-1, 0, 1}, so norms and dots tie often; ints = 2:
+ * keys clustered by page of 16 (a random centre per page and head, noise 0.05), so Quest's
+ * bounds are tight and pages differ. */
 static int make_cache(cache_case *cc, int d, int H, int Hkv, int dtype, int B, int n, int ints,
                       uint64_t seed)
 {
@@ -81,8 +83,14 @@ static int make_cache(cache_case *cc, int d, int H, int Hkv, int dtype, int B, i
     kv_rng_seed(&r, seed);
     const size_t m = (size_t)n * Hkv * d;
     float *k = malloc(m * sizeof(float)), *v = malloc(m * sizeof(float)); /* [n][H_kv][d] */
+    const size_t pd = (size_t)Hkv * d; /* one token's keys */
+    float *centre = malloc(((size_t)n / 16 + 1) * pd * sizeof(float)); /* [pages][H_kv][d] */
+    for (size_t i = 0; i < ((size_t)n / 16 + 1) * pd; i++) centre[i] = kv_rng_uniform(&r, -1.0f, 1.0f);
     for (size_t i = 0; i < m; i++)
-        k[i] = ints ? (float)((int)(kv_rng_u32(&r) % 3) - 1) : kv_rng_uniform(&r, -1.0f, 1.0f);
+        k[i] = ints == 1   ? (float)((int)(kv_rng_u32(&r) % 3) - 1)
+               : ints == 2 ? centre[(i / pd / 16) * pd + i % pd] + kv_rng_uniform(&r, -0.05f, 0.05f)
+                           : kv_rng_uniform(&r, -1.0f, 1.0f);
+    free(centre);
     for (size_t i = 0; i < m; i++) v[i] = kv_rng_uniform(&r, -1.0f, 1.0f);
     const int rc = kv_cache_write_seq(&cc->c, 0, 0, 0, n, k, v, &e);
     free(k);
@@ -238,6 +246,62 @@ static void test_bytes(void)
     KV_CHECK(kv_select_budget_tokens(&bt, 100) == 100, "tokens clamp to n");
 }
 
+/* A plan keeping every position of every head costs, index aside, exactly what the cache
+ * holds (kv_cache_bytes(), whose layout is kv_cache_layout()): two layers, selective formats. */
+static void test_plan_bytes(void)
+{
+    const int fmts[] = {KV_QF_F32, KV_QF_F16, KV_QF_INT8, KV_QF_INT8_G32, KV_QF_FP8_E4M3};
+    for (int fi = 0; fi < 5; fi++)
+        for (int sel = 0; sel < 2; sel++) {
+            kv_config g = {0};
+            const int d = 64, Hkv = 2, n = 45, L = 2;
+            g.dim = 4 * d;
+            g.hidden_dim = 64;
+            g.n_layers = L;
+            g.n_heads = 4;
+            g.n_kv_heads = Hkv;
+            g.vocab_size = 16;
+            g.seq_len = n;
+            kv_config_set_defaults(&g);
+            kv_cache_spec s = kv_cache_spec_default(1, n);
+            s.dtype = fmts[fi];
+            s.dtype_layers = sel ? 2 : 0; /* selective: layer 1 in dtype, layer 0 fp16 */
+            kv_cache c;
+            kv_err e;
+            if (kv_cache_create(&c, &g, &s, &e)) {
+                KV_CHECK(0, "create: %s", e.msg);
+                continue;
+            }
+            kv_select_plan pl;
+            KV_CHECK(kv_select_plan_init(&pl, L, Hkv, &e) == KV_OK, "plan init");
+            for (int l = 0; l < L; l++)
+                for (int h = 0; h < Hkv; h++) {
+                    kv_select_set *set = kv_select_plan_set(&pl, l, h);
+                    kv_select_set_reserve(set, n, &e);
+                    for (int p = 0; p < n; p++) set->pos[p] = p;
+                    set->n = n;
+                }
+            kv_select_bytes b;
+            const int rc = kv_select_plan_bytes(&pl, &s, d, &b, &e);
+            KV_CHECK(rc == KV_OK && b.index_bytes == (int64_t)L * Hkv * n * 4 &&
+                         b.total - b.index_bytes == (int64_t)kv_cache_bytes(&c),
+                     "plan keeping all == kv_cache_bytes, %s selective %d: %lld vs %zu",
+                     kv_dtype_name(fmts[fi]), sel, (long long)(b.total - b.index_bytes),
+                     kv_cache_bytes(&c));
+            /* keep half of layer 0's head 1: its K and V rows leave the count */
+            kv_select_plan_set(&pl, 0, 1)->n = n / 2;
+            kv_select_bytes half;
+            kv_select_plan_bytes(&pl, &s, d, &half, &e);
+            const int f0 = kv_cache_spec_layer_dtype(&s, 0), g0 = kvq_row_group(f0, KV_QROLE_KEY, d);
+            const int64_t per_row = 2 * (kvq_row_bytes(f0, d) + (g0 ? d / g0 * 4 : 0)) + 4;
+            KV_CHECK(b.total - half.total == (n - n / 2) * per_row,
+                     "dropping %d rows drops %lld bytes each, %s", n - n / 2, (long long)per_row,
+                     kv_dtype_name(fmts[fi]));
+            kv_select_plan_free(&pl);
+            kv_cache_free(&c);
+        }
+}
+
 /* ---- L2 norm ------------------------------------------------------------------------------- */
 
 /* ||k_p||^2 read element by element (kv_cache_elem), double, channel order. */
@@ -327,8 +391,11 @@ static void test_l2(void)
 /* ---- heavy hitters (H2O) ------------------------------------------------------------------- */
 
 /* Step-by-step H2O against a recomputation from the whole history. Probabilities are eighths
- * (exact in float and double, many ties); a step's probs are [G][kept] over the kept set. */
-static void test_h2o_case(int G, int budget, int window, int prompt, int steps, uint64_t seed)
+ * 0 .. (levels-1)/8 (exact in float and double; few levels, many ties; levels 1: all zero, so
+ * the tie rule alone decides and H2O degenerates to a window keeping the newest); a step's
+ * probs are [G][kept] over the kept set. */
+static void test_h2o_case(int G, int budget, int window, int prompt, int steps, int levels,
+                          uint64_t seed)
 {
     const int N = prompt + steps; /* positions ever */
     const int n_obs = prompt + steps; /* observations: one per prompt query, one per step */
@@ -358,7 +425,7 @@ static void test_h2o_case(int G, int budget, int window, int prompt, int steps, 
             for (int g = 0; g < G; g++)
                 for (int i = 0; i < s.n; i++)
                     if (s.pos[i] <= t) {
-                        const float p = (float)(kv_rng_u32(&r) % 9) / 8.0f;
+                        const float p = (float)(kv_rng_u32(&r) % levels) / 8.0f;
                         probs[(size_t)g * s.n + i] = p;
                         hist[((size_t)obs * G + g) * N + s.pos[i]] = p;
                     }
@@ -392,7 +459,7 @@ static void test_h2o_case(int G, int budget, int window, int prompt, int steps, 
     }
     kv_select_set set = {0};
     KV_CHECK(kv_select_h2o_kept(&s, &set, &e) == KV_OK && set.n == s.n &&
-                 (s.n == 0 || set.pos[s.n - 1] == N - 1),
+                 (window == 0 || set.pos[s.n - 1] == N - 1),
              "h2o kept set ends at the newest token");
     kv_select_set_free(&set);
     kv_select_h2o_free(&s);
@@ -406,11 +473,13 @@ static void test_h2o_case(int G, int budget, int window, int prompt, int steps, 
 
 static void test_h2o(void)
 {
-    test_h2o_case(1, 8, 2, 12, 30, 1);
-    test_h2o_case(4, 16, 4, 40, 60, 2);
-    test_h2o_case(2, 10, 10, 5, 40, 3);   /* W = B: only the window survives */
-    test_h2o_case(8, 33, 0, 64, 50, 4);   /* no window */
-    test_h2o_case(1, 100, 8, 20, 30, 5);  /* never over budget: nothing evicted */
+    test_h2o_case(1, 8, 2, 12, 30, 9, 1);
+    test_h2o_case(4, 16, 4, 40, 60, 9, 2);
+    test_h2o_case(2, 10, 10, 5, 40, 9, 3);  /* W = B: only the window survives */
+    test_h2o_case(8, 33, 0, 64, 50, 9, 4);  /* no window */
+    test_h2o_case(1, 100, 8, 20, 30, 9, 5); /* never over budget: nothing evicted */
+    test_h2o_case(1, 12, 3, 30, 40, 2, 6);  /* masses tie often */
+    test_h2o_case(2, 12, 0, 30, 40, 1, 7);  /* all tie: the earliest go first */
     kv_select_h2o s;
     kv_err e;
     KV_CHECK(kv_select_h2o_init(&s, 4, 5, &e) == KV_ERR_ARG, "W > B refused");
@@ -520,6 +589,8 @@ static double bf_dot(const kv_head_view *h, int p, const float *q)
     return s;
 }
 
+static int quest_tight; /* cases where fewer pages than all bound above the top key */
+
 static void test_quest(void)
 {
     const int dtypes[] = {KV_QF_F32, KV_QF_F16, KV_QF_INT8};
@@ -529,7 +600,7 @@ static void test_quest(void)
             for (int paged = 0; paged < 2; paged++) {
                 cache_case cc;
                 const int n = lens[li], G = 4, P = KV_SELECT_PAGE;
-                if (!make_cache(&cc, 64, 8, 2, dtypes[di], paged ? 8 : 0, n, li == 3 && di == 0,
+                if (!make_cache(&cc, 64, 8, 2, dtypes[di], paged ? 8 : 0, n, li == 3 ? 1 + di % 2 : 0,
                                 500 + di * 8 + li * 2 + paged))
                     continue;
                 const int d = cc.d, npg = (n + P - 1) / P;
@@ -570,6 +641,7 @@ static void test_quest(void)
                         int found = 0;
                         for (int i = 0; i < m; i++) found |= top[i] == best / P;
                         KV_CHECK(found, "quest: top key %d's page in the top %d pages", best, c);
+                        quest_tight += c < npg; /* the property says something: c < pages */
                         /* exact top-k keys per query vs brute force */
                         const int kk = 5 + trial;
                         const int mk = kv_select_topk_keys(&h, n, qg, kk, top);
@@ -663,6 +735,15 @@ static void test_attend(void)
                     for (int j = 0; j < d; j++) acc[j] += w * kv_cache_elem(&vh, some.pos[i], j);
                 }
                 for (int j = 0; j < d; j++) ref[j] = (float)(acc[j] / sum);
+                /* att returns the kept positions' probabilities, in the set's order */
+                float *pw = malloc((size_t)some.n * sizeof(float));
+                for (int i = 0; i < some.n; i++)
+                    pw[i] = (float)(exp((bf_dot(&kh, some.pos[i], q + (size_t)hq * d) - mx) /
+                                        sqrt((double)d)) / sum);
+                KV_CHECK(!kv_test_compare("attend probabilities", att, pw, some.n,
+                                          KV_TOL_F32_ATOL, KV_TOL_F32_RTOL),
+                         "attend returns the probabilities, head %d", hq);
+                free(pw);
                 KV_CHECK(!kv_test_compare("attend kept set", got, ref, d, KV_TOL_F32_ATOL,
                                           KV_TOL_F32_RTOL),
                          "attend over a kept set, %s paged %d head %d", kv_dtype_name(dtypes[di]),
@@ -670,6 +751,28 @@ static void test_attend(void)
             }
             KV_CHECK(bits, "attend over every position == kv_attention, bit for bit (%s paged %d)",
                      kv_dtype_name(dtypes[di]), paged);
+            /* Quest with k_pages >= the page count reads every page: kv_attention's bits */
+            kv_select_pages pg;
+            kv_select_set qs = {0};
+            kv_select_pages_init(&pg, KV_SELECT_PAGE, d, &e);
+            int qbits = 1;
+            for (int kvh = 0; kvh < 2; kvh++) {
+                const kv_head_view kh = kv_cache_view(&cc.c, 0, 0, kvh, KV_QROLE_KEY);
+                const kv_head_view vh = kv_cache_view(&cc.c, 0, 0, kvh, KV_QROLE_VALUE);
+                kv_select_pages_free(&pg);
+                kv_select_pages_init(&pg, KV_SELECT_PAGE, d, &e);
+                kv_select_pages_update(&pg, &kh, n, &e);
+                kv_select_quest(&pg, q + (size_t)kvh * 4 * d, 4, pg.n_pages, &qs, &e);
+                qbits &= qs.n == n;
+                for (int g = 0; g < 4; g++) {
+                    const int hq = kvh * 4 + g;
+                    kv_select_attend(&kh, &vh, &qs, q + (size_t)hq * d, got, att, row);
+                    qbits &= !memcmp(got, full + (size_t)hq * d, (size_t)d * sizeof(float));
+                }
+            }
+            KV_CHECK(qbits, "quest reading every page == kv_attention, bit for bit");
+            kv_select_set_free(&qs);
+            kv_select_pages_free(&pg);
             kv_select_set empty = {0};
             const kv_head_view kh = kv_cache_view(&cc.c, 0, 0, 0, KV_QROLE_KEY);
             const kv_head_view vh = kv_cache_view(&cc.c, 0, 0, 0, KV_QROLE_VALUE);
@@ -693,10 +796,13 @@ int main(void)
 {
     test_topk();
     test_bytes();
+    test_plan_bytes();
     test_l2();
     test_h2o();
     test_snapkv();
     test_quest();
+    KV_CHECK(quest_tight >= 10, "quest property met with c < pages in %d cases", quest_tight);
+    printf("quest: %d query heads with c < pages (the property is not vacuous)\n", quest_tight);
     test_attend();
     return kv_test_finish();
 }

@@ -207,7 +207,7 @@ static int case_open(attn_case *k, int H, int Hkv, int d, int dtype, int64_t n, 
 static int parse_lengths(const char *s, int *out, int *n)
 {
     *n = 0;
-    if (!*s) return 0; /* an empty list: no rows of that mode */
+    if (strcmp(s, "none") == 0) return 0; /* no rows of that mode */
     while (*s) {
         char *end;
         const long v = strtol(s, &end, 10);
@@ -232,8 +232,8 @@ int cmd_bench_attention(int argc, char **argv)
         {"--prefill-heads", KV_OPT_INT, &pH, 1, 256, NULL, "H", "prefill: query heads (default 8: prefill is O(n^2))", 0},
         {"--prefill-kv-heads", KV_OPT_INT, &pHkv, 1, 256, NULL, "H_kv", "prefill: KV heads (default 2)", 0},
         {"--head-dim", KV_OPT_INT, &d, 1, 512, NULL, "d", "head dim (default 128)", 0},
-        {"--decode", KV_OPT_STRING, &decode_s, 0, 0, NULL, "N,N,...", "decode context lengths (default 1024,4096,16384,65536; \"\" for none)", 0},
-        {"--prefill", KV_OPT_STRING, &prefill_s, 0, 0, NULL, "N,N,...", "causal prefill lengths (default 1024,4096; \"\" for none)", 0},
+        {"--decode", KV_OPT_STRING, &decode_s, 0, 0, NULL, "N,N,...", "decode context lengths (default 1024,4096,16384,65536; none: no decode rows)", 0},
+        {"--prefill", KV_OPT_STRING, &prefill_s, 0, 0, NULL, "N,N,...", "causal prefill lengths (default 1024,4096; none: no prefill rows)", 0},
         {"--dtype", KV_OPT_STRING, &dtype_s, 0, 0, NULL, "FMT", "cache format: fp32 (default), fp16, bf16, int8, ...", 0},
         {"--splits", KV_OPT_INT, &splits, 1, 4096, NULL, "S", "split-KV: key ranges (default 16)", 0},
         {"--tile-q", KV_OPT_INT, &tile_q, 1, 4096, NULL, "Q", "tiled: queries per tile (default 64)", 0},
@@ -252,7 +252,9 @@ int cmd_bench_attention(int argc, char **argv)
                           "bytes (CPU, counted by kv_flash_stats) = K/V rows read x row bytes as stored\n"
                           "  + Q read + output written (split: + partials) + scores (naive: 5 x 4 x H x T\n"
                           "  x N: written, read for the max, rewritten as exp, read for P V).\n"
-                          "GPU rows: 2 x H_kv x N x row bytes + Q + output (v1: + 4 x 4 x H x T x N).",
+                          "GPU rows (--device cuda): the same formulas on each kernel version's work\n"
+                          "  split (kvcu_flash_bytes): v1/v2 read K/V once per query head, v3/v4 once\n"
+                          "  per KV head; v1 adds its score passes.",
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
