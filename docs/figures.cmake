@@ -210,6 +210,47 @@ set key right bottom
 plot ${ch07_normal}
 ")
 
+# ---- chapter 08: bytes each attention algorithm moves ------------------------------------
+# kvlab bench attention counts the bytes (kv_flash_stats), so this figure is the same on any
+# machine; its time columns are not plotted. One file per (mode, algorithm): n_keys, MiB.
+message(STATUS "figures: kvlab bench attention --csv (about 20 s)")
+execute_process(COMMAND ${KVLAB} bench attention --csv --decode 1024,4096,16384
+  --prefill 256,512,1024 --repeats 1 --prefill-repeats 1
+  OUTPUT_FILE ${OUT}/ch08-attention.csv RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "figures: kvlab bench attention failed (${rc}): ${err}")
+endif()
+set(ch08_plot "")
+foreach(mode decode prefill)
+  foreach(algo naive tiled split)
+    file(STRINGS ${OUT}/ch08-attention.csv rows REGEX "^${mode},cpu,cpu ${algo},")
+    set(text "")
+    foreach(row ${rows})
+      string(REPLACE "," ";" f "${row}")
+      list(GET f 8 n)
+      list(GET f 11 bytes)
+      math(EXPR kib "${bytes} / 1024")
+      string(APPEND text "${n},${kib}\n")
+    endforeach()
+    if(text STREQUAL "")
+      continue()
+    endif()
+    file(WRITE ${OUT}/ch08-${mode}-${algo}.dat "${text}")
+    if(NOT ch08_plot STREQUAL "")
+      string(APPEND ch08_plot ", \\\n     ")
+    endif()
+    string(APPEND ch08_plot "'${OUT}/ch08-${mode}-${algo}.dat' using 1:($2/1024) with linespoints lw 2 title '${mode} ${algo}'")
+  endforeach()
+endforeach()
+kv_plot(ch08-attention-bytes "
+set title 'Chapter 08: bytes one attention call moves (counted; d 128, fp32 cache)' noenhanced
+set xlabel 'keys n (decode: 1 query, H 32, H_kv 8; prefill: n causal queries, H 8, H_kv 2)' noenhanced
+set ylabel 'MiB moved (K/V + Q + output + scores)'
+set logscale xy 2
+set key left top
+plot ${ch08_plot}
+")
+
 # ---- needle heatmap: kvlab writes the SVG itself ---------------------------------------------
 message(STATUS "figures: kvlab needle --spec datasets/needle/fast.needle (about 10 s)")
 kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/fast.needle

@@ -9,8 +9,9 @@
  *     recomputing the cache by a prefill, measured on this CPU for the tiny model, modelled
  *     on an accelerator for the tiny model and for Llama-2-7B's shape.
  *  3. the chapter's bursty trace (bursts of normal requests, some high-priority ones) through a
- *     small pool (kv_sched_run) under each preemption mode: recompute, whole swap, lru
- *     (pause on the device, evict blocks only as needed, prefetch): preemptions, bytes over
+ *     small pool (kv_sched_run) under each preemption mode: recompute, whole swap with
+ *     prefetch, lru with prefetch (pause on the device, evict blocks only as needed):
+ *     preemptions, bytes over
  *     the link, stalls, tokens computed again, the high-priority first-token latency.
  *     Checked: every request's tokens are the same under every mode.
  */
@@ -256,7 +257,7 @@ static int part_serve(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
     else
         fprintf(f, "\n3. Serving %d requests of the '%s' trace (%d high priority%s; prompts <= "
                 "%d, outputs <= %d\n   tokens) through %d blocks of %d tokens, 8 slots, budget "
-                "%d tokens a step.\n   Clock: %g s a step + %g s a prefill token (recompute "
+                "%d tokens a step; swap and lru prefetch.\n   Clock: %g s a step + %g s a prefill token (recompute "
                 "included) + stalls for transfers\n   the step waits for.\n\n"
                 "   %-9s %7s %10s %10s %8s %8s %6s %7s %15s %8s\n", t.n, trace_name,
                 n_high, burst ? ", all arriving at 0" : "", CH07_MAX_PROMPT, CH07_MAX_OUTPUT,
