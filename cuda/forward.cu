@@ -292,6 +292,11 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
                             c->len, seqs, n_seqs, &T, err));
     if (c->tables) /* paged: every row written must fall in the slot's mapped blocks */
         KVCU_TRY(kvcu_paged_rows_check("kvcu_forward", c, seqs, n_seqs, err));
+    for (int i = 0; i < n_seqs; i++) /* chapter 10's verification logits: CPU only so far */
+        if (seqs[i].all_logits)
+            return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_forward: sequence %d asks for "
+                           "all_logits (every token's logits), which the CUDA forward does not "
+                           "compute yet; speculative verification runs on the CPU backend", i);
 
     const int dim = p->dim, H = p->n_heads, d = kv_config_head_dim(p), span = c->span;
     const int qdim = H * d, kvdim = kv_config_kv_dim(p), hidden = p->hidden_dim;

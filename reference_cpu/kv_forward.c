@@ -47,7 +47,9 @@ void kv_counters_add_step(kv_counters *cnt, const kv_config *c, const kv_cache_s
                                     ? kv_window_attended(spec->window, spec->n_sinks,
                                                          seqs[s].pos, seqs[s].n_tokens)
                                     : n * p0 + n * (n + 1.0) / 2.0;
-        cnt->flops_proj += 2.0 * P * n + 2.0 * dim * c->vocab_size;
+        /* the classifier runs once, or once per token for a sequence asking for all_logits */
+        const double n_cls = seqs[s].all_logits ? n : 1.0;
+        cnt->flops_proj += 2.0 * P * n + 2.0 * dim * c->vocab_size * n_cls;
         cnt->flops_attn += L * 4.0 * H * d * attended;
         cnt->kv_bytes_read += L * 2.0 * Hkv * d * b * attended;
         cnt->kv_bytes_written += L * 2.0 * Hkv * d * b * n;
@@ -91,7 +93,7 @@ static int state_reserve(kv_state *s, const kv_config *c, int T, int n_seqs, kv_
     s->v = kv_calloc(rows * kvdim * f);
     s->hb = kv_calloc(rows * hidden * f);
     s->hb2 = kv_calloc(rows * hidden * f);
-    s->xlast = kv_calloc((size_t)n_seqs * dim * f);
+    s->xlast = kv_calloc(rows * dim * f); /* T >= n_seqs: every sequence has a token */
     s->tok_slot = kv_calloc(rows * sizeof(int));
     s->tok_pos = kv_calloc(rows * sizeof(int));
     s->q_pos = kv_calloc(rows * sizeof(int));
@@ -299,6 +301,15 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
     }
     kv_free(att);
 
+    /* chapter 10: a sequence that asks for all_logits gets the classifier over each of its
+     * rows, row by row exactly as a one-token step would run it (kv_matmul computes each
+     * output row alone), so row j equals the logits of a step ending at token j bit for bit */
+    for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
+        if (!seqs[i].all_logits) continue;
+        kv_rmsnorm(s->xlast, s->x + (size_t)t * dim, w->rms_final, seqs[i].n_tokens, dim,
+                   p->norm_eps);
+        kv_matmul(seqs[i].all_logits, s->xlast, w->wcls, seqs[i].n_tokens, dim, p->vocab_size);
+    }
     /* only the last token of each sequence needs logits: the next token is chosen from it */
     if (logits) {
         for (int i = 0, t = 0; i < n_seqs; i++) {
@@ -312,8 +323,13 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
     for (int i = 0; i < n_seqs; i++) c->len[seqs[i].slot] = seqs[i].pos + seqs[i].n_tokens;
     if (cnt) {
         kv_counters_add_step(cnt, p, &c->spec, seqs, n_seqs);
-        if (!logits) /* no classifier was run */
-            cnt->flops_proj -= 2.0 * (double)dim * p->vocab_size * n_seqs;
+        /* the formula counts one classifier per sequence, or one per row with all_logits */
+        for (int i = 0; i < n_seqs; i++) {
+            if (!logits && !seqs[i].all_logits) /* no classifier was run */
+                cnt->flops_proj -= 2.0 * (double)dim * p->vocab_size;
+            if (logits && seqs[i].all_logits) /* both: the last row's ran twice */
+                cnt->flops_proj += 2.0 * (double)dim * p->vocab_size;
+        }
     }
     return KV_OK;
 }

@@ -5,7 +5,8 @@
  * One call advances a batch of sequences, each at its own position by any number of tokens:
  *   embed → for each layer: RMSNorm → Q,K,V → RoPE → cache write → attention → Wo → residual
  *                           → RMSNorm → SwiGLU MLP → residual
- *   → final RMSNorm → classifier (last token of each sequence only).
+ *   → final RMSNorm → classifier (last token of each sequence; every token of a sequence
+ *     whose kv_seq.all_logits is set, chapter 10).
  * A prefill is a sequence with many tokens, a decode step a sequence with one. Chapter 01's
  * naive recompute is kv_cache_reset() followed by a prefill of the whole prefix.
  * Chapter 06 (a windowed spec) changes three things only, all chosen by the spec: the query is
@@ -28,6 +29,10 @@ typedef struct {
     int pos;           /**< position of tokens[0]; must equal the slot's cached length */
     int n_tokens;      /**< tokens to process this step (>= 1) */
     const int *tokens; /**< [n_tokens] */
+    /** Chapter 10 (speculative verification): NULL, or [n_tokens][vocab] host memory that
+     *  receives the logits after every token of the step, not only the last. Last so every
+     *  positional initializer {slot, pos, n, tokens} leaves it NULL. */
+    float *all_logits;
 } kv_seq;
 
 /** Work done by steps, counted from shapes (the same formulas for CPU and CUDA). */
@@ -80,7 +85,8 @@ typedef struct {
     float *v;        /* [T][H_kv*d] */
     float *hb;       /* [T][hidden]  gate, then SwiGLU */
     float *hb2;      /* [T][hidden]  up */
-    float *xlast;    /* [n_seqs][dim] final-normed last token of each sequence */
+    float *xlast;    /* [T][dim] final-normed last token of each sequence (first n_seqs
+                      * rows), or every row of a sequence asking for all_logits (chapter 10) */
     int max_seqs;
     int *tok_slot;   /* [T] */
     int *tok_pos;    /* [T] position of each row in its sequence */

@@ -34,6 +34,7 @@
 #endif
 
 #define ATTN_MAX_LENGTHS 16
+#define ATTN_MAX_LEN (1 << 24) /* longest --decode / --prefill length */
 
 /* One measured job: a cache of n tokens and T queries, on the host (and on the device for
  * the GPU rows). */
@@ -204,19 +205,30 @@ static int case_open(attn_case *k, int H, int Hkv, int d, int dtype, int64_t n, 
     return e;
 }
 
-static int parse_lengths(const char *s, int *out, int *n)
+/* "N,N,..." or "none" into @p out; 0, or exit 2 with a message naming @p opt and the item.
+ * Each item goes through kv_parse_i64 (no spaces, no "5abc", no empty item as in "5,,6"). */
+static int parse_lengths(const char *cmd, const char *opt, const char *s, int *out, int *n)
 {
     *n = 0;
     if (strcmp(s, "none") == 0) return 0; /* no rows of that mode */
-    while (*s) {
-        char *end;
-        const long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > (1 << 24) || *n == ATTN_MAX_LENGTHS) return 1;
+    for (const char *p = s;; p++) {
+        char item[32];
+        const size_t len = strcspn(p, ",");
+        const char *why = "is too long";
+        int64_t v = 0;
+        if (*n == ATTN_MAX_LENGTHS)
+            return kv_args_bad(cmd, opt, "'%s': more than %d lengths", s, ATTN_MAX_LENGTHS);
+        if (len < sizeof item) {
+            memcpy(item, p, len);
+            item[len] = '\0';
+        }
+        if (len >= sizeof item || kv_parse_i64(item, 1, ATTN_MAX_LEN, &v, &why))
+            return kv_args_bad(cmd, opt, "'%.*s' %s (expected comma-separated lengths 1..%d, "
+                               "or none)", (int)(len < 40 ? len : 40), p, why, ATTN_MAX_LEN);
         out[(*n)++] = (int)v;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return 1;
+        p += len;
+        if (!*p) return 0;
     }
-    return 0;
 }
 
 int cmd_bench_attention(int argc, char **argv)
@@ -258,13 +270,10 @@ int cmd_bench_attention(int argc, char **argv)
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
-    int dec[ATTN_MAX_LENGTHS], pre[ATTN_MAX_LENGTHS], n_dec, n_pre;
-    if (parse_lengths(decode_s, dec, &n_dec))
-        return kv_args_bad(cmd, "--decode", "'%s': up to %d comma-separated lengths", decode_s,
-                           ATTN_MAX_LENGTHS);
-    if (parse_lengths(prefill_s, pre, &n_pre))
-        return kv_args_bad(cmd, "--prefill", "'%s': up to %d comma-separated lengths",
-                           prefill_s, ATTN_MAX_LENGTHS);
+    int dec[ATTN_MAX_LENGTHS], pre[ATTN_MAX_LENGTHS], n_dec, n_pre, e;
+    if ((e = parse_lengths(cmd, "--decode", decode_s, dec, &n_dec)) ||
+        (e = parse_lengths(cmd, "--prefill", prefill_s, pre, &n_pre)))
+        return e;
     const int dtype = kv_quant_parse(dtype_s);
     if (dtype < 0 || kvq_is_kivi(dtype))
         return kv_args_bad(cmd, "--dtype", "'%s': a per-token format (fp32, fp16, bf16, int8, "
@@ -272,8 +281,7 @@ int cmd_bench_attention(int argc, char **argv)
     if (H % Hkv) return kv_args_bad(cmd, "--kv-heads", "%d does not divide H = %d", Hkv, H);
     if (pH % pHkv)
         return kv_args_bad(cmd, "--prefill-kv-heads", "%d does not divide %d", pHkv, pH);
-    int e = kv_cli_check_device(cmd, device);
-    if (e) return e;
+    if ((e = kv_cli_check_device(cmd, device))) return e;
     const int gpu = strcmp(device, "cpu") != 0;
 
     kv_err err = {{0}};
