@@ -1,7 +1,9 @@
 /*
  * Bad input, every kind kvlab reads today (issue 15): checkpoint files, tokenizer files,
- * needle specs, dialogues and command-line arguments. For each: truncated, oversized, wrong
- * magic or shape, NaN/inf, negative or absurd sizes, unknown fields.
+ * needle specs, dialogues, request traces (with chapter 07's priority column) and
+ * command-line arguments (chapter 07/08's serve options, bench swap, bench attention, tour).
+ * For each: truncated, oversized, wrong magic or shape, NaN/inf, negative or absurd sizes,
+ * unknown fields or choices, output paths that cannot be written.
  *
  * Library: an error status (never KV_OK, never a crash), a message naming the problem, the
  * output struct left empty, and no file (or temporary file) left behind by a failed write.
@@ -377,6 +379,38 @@ static void test_datasets(void)
                  tr[i].want);
         if (rc == KV_OK) kv_trace_free(&t);
     }
+    /* the seventh column, priority (chapter 07): garbage, out of range, a field too many, a
+     * header that declares it over rows without it and the other way round; the message
+     * names the line (the header is line 1) */
+    struct { const char *head, *rows, *want; } pr[] = {
+        {",priority", "0,5,5,1,1,-1,1\n0,5,5,1,1,-1,x\n", "line 3|priority \"x\""},
+        {",priority", "0,5,5,1,1,-1,-1\n", "line 2|priority \"-1\""},
+        {",priority", "0,5,5,1,1,-1,2\n", "line 2|priority \"2\""},
+        {",priority", "0,5,5,1,1,-1,\n", "line 2|priority \"\""},
+        {",priority", "0,5,5,1,1,-1,1 \n", "line 2|priority"},
+        {",priority", "0,5,5,1,1,-1,99999999999999999999\n", "line 2|priority"},
+        {",priority", "0,5,5,1,1,-1,1,3\n", "line 2|8 fields, expected 7"},
+        {",priority", "0,5,5,1,1,-1,1\n0,5,5,1,1,-1\n", "line 3|6 fields, expected 7"},
+        {"", "0,5,5,1,1,-1,1\n", "line 2|7 fields, expected 6"},
+        {",priority,colour", "0,5,5,1,1,-1,1,2\n", "line 1|header"},
+        {",priorit", "0,5,5,1,1,-1,1\n", "line 1|header"},
+    };
+    for (size_t i = 0; i < sizeof pr / sizeof pr[0]; i++) {
+        char text[256], words[128];
+        snprintf(text, sizeof text,
+                 "arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id%s\n%s", pr[i].head,
+                 pr[i].rows);
+        kv_trace tp;
+        kv_err e2 = {{0}};
+        int rc = kv_trace_parse(text, &tp, &e2);
+        KV_CHECK(rc == KV_ERR_FORMAT && tp.req == NULL, "trace '%s': status %d (%s)", pr[i].rows,
+                 rc, e2.msg);
+        snprintf(words, sizeof words, "%s", pr[i].want);
+        for (char *w = strtok(words, "|"); w; w = strtok(NULL, "|"))
+            KV_CHECK(strstr(e2.msg, w) != NULL, "trace '%s': message lacks '%s': %s", pr[i].rows, w,
+                     e2.msg);
+        if (rc == KV_OK) kv_trace_free(&tp);
+    }
     kv_trace t;
     kv_err err = {{0}};
     KV_CHECK(kv_trace_parse("0,5,5,1,1,-1\n", &t, &err) == KV_ERR_FORMAT && strstr(err.msg, "header"),
@@ -544,6 +578,133 @@ static void test_cli(void)
             "64,172,2,4,4,512,00000000000000000000000000000000000000000000000000000000000000512abc");
     CLI_BAD("--config|must be even", "calc", "--config", "6,6,1,2,1,10,10");
     CLI_BAD("--config", "calc", "--config", "1073741824,1073741824,1024,1,1,16777216,16777216");
+
+    /* chapter 07: kvlab serve's new options, on a valid two-request trace with priorities;
+     * --csv/--timeline paths are relative to the (checked-empty) working folder */
+    char trace[256], badtrace[256];
+    snprintf(trace, sizeof trace, "%s", file("prio.csv"));
+    const char *prio = "arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id,priority\n"
+                       "0,5,5,1,1,-1,1\n0.1,6,4,1,1,-1,0\n";
+    write_bytes(trace, prio, strlen(prio));
+    ok = run_in(dir, (const char *const[]){"serve", "--trace", trace, "--preempt", "lru",
+                                           "--prefetch", "--csv", "lat.csv", NULL});
+    KV_CHECK(ok.rc == 0 && exists(file("lat.csv")), "serve on the valid trace: exit %d (%s)", ok.rc,
+             ok.err);
+    free(ok.out);
+    free(ok.err);
+    CLI_BAD("--preempt|'fifo'|recompute", "serve", "--trace", trace, "--preempt", "fifo");
+    CLI_BAD("--preempt|''", "serve", "--trace", trace, "--preempt", "");
+    CLI_BAD("--preempt|'LRU'", "serve", "--trace", trace, "--preempt", "LRU");
+    CLI_BAD("--preempt|missing value", "serve", "--trace", trace, "--preempt");
+    CLI_BAD("--prefetch|takes no value", "serve", "--trace", trace, "--preempt", "swap", "--prefetch=1");
+    CLI_BAD("--prefetch|--preempt swap or lru", "serve", "--trace", trace, "--prefetch", "--csv", "x.csv");
+    CLI_BAD("--host-blocks|--preempt swap or lru", "serve", "--trace", trace, "--host-blocks", "8");
+    CLI_BAD("--watermark|out of range", "serve", "--trace", trace, "--watermark", "1");
+    CLI_BAD("--watermark|out of range", "serve", "--trace", trace, "--watermark", "1e300");
+    CLI_BAD("--watermark|out of range", "serve", "--trace", trace, "--watermark", "-0.01");
+    CLI_BAD("--watermark|not a number", "serve", "--trace", trace, "--watermark", "nan");
+    CLI_BAD("--watermark|not a number", "serve", "--trace", trace, "--watermark", "5%");
+    CLI_BAD("--watermark|'' is not a number", "serve", "--trace", trace, "--watermark", "");
+    CLI_BAD("--link-gbps|out of range", "serve", "--trace", trace, "--link-gbps", "0");
+    CLI_BAD("--link-gbps|out of range", "serve", "--trace", trace, "--link-gbps", "-25");
+    CLI_BAD("--link-gbps|not a number", "serve", "--trace", trace, "--link-gbps", "inf");
+    CLI_BAD("--link-gbps|not a number", "serve", "--trace", trace, "--link-gbps", "25GB");
+    CLI_BAD("--link-us|out of range", "serve", "--trace", trace, "--link-us", "-1");
+    CLI_BAD("--link-us|out of range", "serve", "--trace", trace, "--link-us", "1e8");
+    CLI_BAD("--link-us|not a number", "serve", "--trace", trace, "--link-us", "ten");
+    CLI_BAD("--token-us|out of range", "serve", "--trace", trace, "--token-us", "-0.5");
+    CLI_BAD("--token-us|not a number", "serve", "--trace", trace, "--token-us", "0x10"); /* was 16 */
+    CLI_BAD("--link-gbps|not a number", "serve", "--trace", trace, "--link-gbps", "0X1p4");
+    CLI_BAD("--token-us|'' is not a number", "serve", "--trace", trace, "--token-us=");
+    CLI_BAD("--csv|empty", "serve", "--trace", trace, "--csv", "");
+    CLI_BAD("--csv|missing value", "serve", "--trace", trace, "--csv");
+    /* an output path that cannot be written: refused before the run (nothing on stdout), and
+     * the timeline it had already opened is removed again */
+    CLI_BAD("nodir/lat.csv|cannot open", "serve", "--trace", trace, "--csv", "nodir/lat.csv");
+    CLI_BAD("nodir/lat.csv|cannot open", "serve", "--trace", trace, "--preempt", "swap",
+            "--timeline", "tl.csv", "--csv", "nodir/lat.csv");
+    CLI_BAD("nodir/tl.csv|cannot open", "serve", "--trace", trace, "--timeline", "nodir/tl.csv",
+            "--csv", "lat.csv");
+    CLI_BAD("Is a directory", "serve", "--trace", trace, "--csv", ".");
+    /* traces whose priority column is wrong: the message names the file and the line */
+    const char *bt[][2] = {
+        {"arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id,priority\n0,5,5,1,1,-1,high\n",
+         "line 2|priority \"high\""},
+        {"arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id,priority\n0,5,5,1,1,-1,1,0\n",
+         "line 2|8 fields"},
+        {"arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id,priority\n0,5,5,1,1,-1,0\n"
+         "1,5,5,1,1,-1\n", "line 3|6 fields, expected 7"},
+    };
+    for (size_t i = 0; i < sizeof bt / sizeof bt[0]; i++) {
+        char name[32], want[160];
+        snprintf(name, sizeof name, "badprio%zu.csv", i);
+        snprintf(badtrace, sizeof badtrace, "%s", file(name));
+        write_bytes(badtrace, bt[i][0], strlen(bt[i][0]));
+        snprintf(want, sizeof want, "%s|%s", name, bt[i][1]);
+        CLI_BAD(want, "serve", "--trace", badtrace, "--preempt", "lru", "--csv", "lat.csv");
+    }
+
+    /* kvlab bench swap: every option is checked before anything is measured */
+    CLI_BAD("--model|'nosuch'", "bench", "swap", "--model", "nosuch");
+    CLI_BAD("--model|empty", "bench", "swap", "--model", "");
+    CLI_BAD("--dtype|'fp8'", "bench", "swap", "--dtype", "fp8");
+    CLI_BAD("--dtype|''", "bench", "swap", "--dtype", "");
+    CLI_BAD("--dtype|'int4'", "bench", "swap", "--model", "llama-2-7b", "--dtype", "int4");
+    CLI_BAD("--min|out of range", "bench", "swap", "--min", "0");
+    CLI_BAD("--min|not an integer", "bench", "swap", "--min", "16.5");
+    CLI_BAD("--max|out of range", "bench", "swap", "--max", "1048577");
+    CLI_BAD("--max|not an integer", "bench", "swap", "--max", "lots");
+    CLI_BAD("--min|above --max", "bench", "swap", "--min", "64", "--max", "32");
+    CLI_BAD("--block-size|out of range", "bench", "swap", "--block-size", "0");
+    CLI_BAD("--measure-max|out of range", "bench", "swap", "--measure-max", "-1");
+    CLI_BAD("--repeats|out of range", "bench", "swap", "--repeats", "65");
+    CLI_BAD("--link-gbps|out of range", "bench", "swap", "--link-gbps", "0");
+    CLI_BAD("--link-gbps|not a number", "bench", "swap", "--link-gbps", "");
+    CLI_BAD("--link-us|out of range", "bench", "swap", "--link-us", "-10");
+    CLI_BAD("--link-us|not a number", "bench", "swap", "--link-us", "nan");
+    CLI_BAD("--gpu-tflops|out of range", "bench", "swap", "--gpu-tflops", "0");
+    CLI_BAD("--gpu-tflops|not a number", "bench", "swap", "--gpu-tflops", "inf");
+    CLI_BAD("--gpu-tflops|out of range", "bench", "swap", "--gpu-tflops", "1e7");
+    CLI_BAD("--csv|takes no value", "bench", "swap", "--csv=out.csv");
+
+    /* kvlab bench attention: the length lists, "none", formats, tiles */
+    CLI_BAD("--decode|'0'|out of range", "bench", "attention", "--decode", "0");
+    CLI_BAD("--decode|'16777217'|out of range", "bench", "attention", "--decode", "16777217");
+    CLI_BAD("--decode|'99999999999999999999'", "bench", "attention", "--decode", "99999999999999999999");
+    CLI_BAD("--decode|'-4'", "bench", "attention", "--decode", "1024,-4");
+    CLI_BAD("--decode|not an integer", "bench", "attention", "--decode", "1024,");
+    CLI_BAD("--decode|not an integer", "bench", "attention", "--decode", ",1024");
+    CLI_BAD("--decode|not an integer", "bench", "attention", "--decode", "64,,128");
+    CLI_BAD("--decode|' 64'", "bench", "attention", "--decode", "32, 64");
+    CLI_BAD("--decode|'1e3'", "bench", "attention", "--decode", "1e3");
+    CLI_BAD("--decode|'4k'", "bench", "attention", "--decode", "4k");
+    CLI_BAD("--decode|'none'", "bench", "attention", "--decode", "none,64");
+    CLI_BAD("--decode|empty", "bench", "attention", "--decode", "");
+    CLI_BAD("--decode|more than 16", "bench", "attention", "--decode",
+            "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17");
+    CLI_BAD("--prefill|'0'", "bench", "attention", "--prefill", "0");
+    CLI_BAD("--prefill|'NONE'", "bench", "attention", "--prefill", "NONE");
+    CLI_BAD("--prefill|'16777217'", "bench", "attention", "--decode", "none", "--prefill", "16777217");
+    CLI_BAD("--decode|nothing to measure", "bench", "attention", "--decode", "none", "--prefill", "none");
+    CLI_BAD("--dtype|'fp64'", "bench", "attention", "--dtype", "fp64");
+    CLI_BAD("--dtype|empty", "bench", "attention", "--dtype", "");
+    CLI_BAD("--splits|out of range", "bench", "attention", "--splits", "0");
+    CLI_BAD("--splits|not an integer", "bench", "attention", "--splits", "many");
+    CLI_BAD("--tile-q|out of range", "bench", "attention", "--tile-q", "4097");
+    CLI_BAD("--tile-q|not an integer", "bench", "attention", "--tile-q", "");
+    CLI_BAD("--tile-k|out of range", "bench", "attention", "--tile-k", "-64");
+    CLI_BAD("--device|'tpu'", "bench", "attention", "--device", "tpu");
+    CLI_BAD("--kv-heads|does not divide", "bench", "attention", "--heads", "32", "--kv-heads", "6");
+
+    /* kvlab tour: chapters 07 and 08 exist; the checks come before any demo runs */
+    CLI_BAD("--chapter|no demo for chapter 9", "tour", "--chapter", "9");
+    CLI_BAD("--chapter|not an integer", "tour", "--chapter", "7.0");
+    CLI_BAD("--chapter|not an integer", "tour", "--chapter", "8,7");
+    CLI_BAD("--chapter|not an integer", "tour", "--chapter", "");
+    CLI_BAD("--device|'tpu'", "tour", "--chapter", "7", "--device", "tpu");
+    CLI_BAD("--csv|takes no value", "tour", "--chapter", "8", "--csv=1");
+    CLI_BAD("unexpected argument '8'", "tour", "--chapter", "7", "8");
+
     char *huge = malloc(100001);
     memset(huge, '7', 100000);
     huge[100000] = '\0';

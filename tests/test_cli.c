@@ -125,6 +125,9 @@ static void test_dispatch(void)
     for (int i = 0; i < 8; i++) EXPECT_OK("usage", subs[i], "--help");
     EXPECT_OK("usage", "bench", "decode", "--help");
     EXPECT_OK("usage", "bench", "attention-gqa", "--help");
+    EXPECT_OK("usage", "serve", "--help");
+    EXPECT_OK("usage", "bench", "swap", "--help");
+    EXPECT_OK("usage", "bench", "attention", "--help");
     EXPECT_BAD("--kv-heads", "convert", "--kv-heads", "3x");
     EXPECT_BAD("--heads", "bench", "attention-gqa", "--heads", "0");
 }
@@ -211,6 +214,11 @@ static void test_other_args(void)
     EXPECT_BAD("--cache", "bench", "engine", "--cache", "nosuch");
     EXPECT_BAD("--config", "bench", "engine", "--config", "huge");
     EXPECT_BAD("--tokens", "bench", "engine", "--tokens", "300", "--seq-len", "300");
+    /* chapters 07 and 08 (the full set is in test_bad_input) */
+    EXPECT_BAD("--trace", "serve", "--preempt", "lru");
+    EXPECT_BAD("--min", "bench", "swap", "--min", "64", "--max", "32");
+    EXPECT_BAD("--decode", "bench", "attention", "--decode", "0");
+    EXPECT_BAD("--prefill", "bench", "attention", "--prefill", "64,");
 }
 
 static void test_calc_figures(void)
@@ -265,6 +273,11 @@ static void test_runs(const char *cuda_mode)
     EXPECT_OK("ratio", "bench", "engine", "--tokens", "4", "--dim", "32", "--layers", "1",
               "--heads", "2", "--hidden", "32", "--vocab", "64", "--repeats", "1");
     EXPECT_OK("abc", "generate", "--steps", "8", "--layout", "paged", "--block-size", "4", "--prompt", "abc");
+    /* chapter 07 modelled only (a preset: nothing measured), chapter 08 on a small shape */
+    EXPECT_OK("recompute dearer than swap", "bench", "swap", "--model", "llama-2-7b", "--max", "64");
+    EXPECT_OK("prefill,cpu,cpu tiled", "bench", "attention", "--decode", "none", "--prefill", "32",
+              "--prefill-heads", "2", "--prefill-kv-heads", "1", "--head-dim", "16",
+              "--prefill-repeats", "1", "--csv");
     EXPECT_OK("6 of 6 cells pass", "needle", "--lengths", "200", "--depths", "0,50,100", "--layout", "paged", "--block-size", "8");
 
     /* greedy naive and cached generation print the same tokens */
@@ -288,10 +301,12 @@ static void test_runs(const char *cuda_mode)
         done(&r);
     }
     if (strcmp(cuda_mode, "none") == 0) {
-        const char *what[3][6] = {{"tour", "--chapter", "1", "--device", "cuda", NULL},
+        const char *what[5][6] = {{"tour", "--chapter", "1", "--device", "cuda", NULL},
                                   {"generate", "--device", "cuda", NULL},
-                                  {"bench", "decode", "--device", "cuda", NULL}};
-        for (int i = 0; i < 3; i++) {
+                                  {"bench", "decode", "--device", "cuda", NULL},
+                                  {"bench", "attention", "--device", "cuda", NULL},
+                                  {"serve", "--trace", "t.csv", "--device", "cuda", NULL}};
+        for (int i = 0; i < 5; i++) {
             result r = run(what[i][0], what[i][1], what[i][2], what[i][3], what[i][4], what[i][5],
                            (const char *)NULL);
             KV_CHECK(r.rc == 2 && strstr(r.err, "without CUDA") != NULL,

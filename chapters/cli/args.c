@@ -39,7 +39,11 @@ int kv_parse_double(const char *s, double min, double max, double *out, const ch
     const char *p = s;
     if (*p == '+' || *p == '-') p++;
     if (!isdigit((unsigned char)*p) && !(*p == '.' && isdigit((unsigned char)p[1]))) {
-        *why = "is not a number"; /* also refuses "nan", "inf" and hex floats */
+        *why = "is not a number"; /* also refuses "nan", "inf" */
+        return -1;
+    }
+    if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) {
+        *why = "is not a number"; /* strtod would read "0x10" as a hex float, 16 */
         return -1;
     }
     errno = 0;

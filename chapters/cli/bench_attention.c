@@ -217,7 +217,7 @@ static int parse_lengths(const char *cmd, const char *opt, const char *s, int *o
         const char *why = "is too long";
         int64_t v = 0;
         if (*n == ATTN_MAX_LENGTHS)
-            return kv_args_bad(cmd, opt, "'%s': more than %d lengths", s, ATTN_MAX_LENGTHS);
+            return kv_args_bad(cmd, opt, "'%.60s': more than %d lengths", s, ATTN_MAX_LENGTHS);
         if (len < sizeof item) {
             memcpy(item, p, len);
             item[len] = '\0';
@@ -274,6 +274,8 @@ int cmd_bench_attention(int argc, char **argv)
     if ((e = parse_lengths(cmd, "--decode", decode_s, dec, &n_dec)) ||
         (e = parse_lengths(cmd, "--prefill", prefill_s, pre, &n_pre)))
         return e;
+    if (!n_dec && !n_pre)
+        return kv_args_bad(cmd, "--decode", "and --prefill are both none: nothing to measure");
     const int dtype = kv_quant_parse(dtype_s);
     if (dtype < 0 || kvq_is_kivi(dtype))
         return kv_args_bad(cmd, "--dtype", "'%s': a per-token format (fp32, fp16, bf16, int8, "

@@ -10,6 +10,7 @@
  * --link-us): it prints what crossed the link, the stalls, and p50/p99 latency per priority;
  * --csv writes each request's latencies for a latency-CDF figure.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,11 +40,10 @@ static void on_step(void *user, const kv_sched_step_info *s)
 
 static void pct_row(const char *what, double v) { printf("  %-34s %8.2f %%\n", what, 100.0 * v); }
 
-/* Per-request latencies on the simulated clock, one row per request of the run. */
-static int write_latency_csv(const char *path, const kv_sched_out *out, const kv_trace *t)
+/* Per-request latencies on the simulated clock, one row per request of the run; @p f is
+ * closed here (opened before the run, so that a bad path fails before any work). */
+static int write_latency_csv(FILE *f, const kv_sched_out *out, const kv_trace *t)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
     fprintf(f, "request,priority,prompt_len,output_len,status,preemptions,arrival_s,"
                "first_token_s,finish_s,ttft_s,e2e_s\n");
     for (int i = 0; i < out->n; i++) {
@@ -112,6 +112,13 @@ int cmd_serve(int argc, char **argv)
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     if (!trace_path) return kv_args_bad(cmd, "--trace", "a trace file is required");
+    /* options that only the host tier reads: refused rather than ignored under recompute */
+    if (strcmp(preempt, "recompute") == 0 && prefetch)
+        return kv_args_bad(cmd, "--prefetch", "needs --preempt swap or lru (recompute keeps no "
+                           "host copy to fetch)");
+    if (strcmp(preempt, "recompute") == 0 && host_blocks)
+        return kv_args_bad(cmd, "--host-blocks", "needs --preempt swap or lru (recompute has "
+                           "no host tier)");
     int e = kv_cli_check_device(cmd, device);
     if (e) return e;
 
@@ -121,6 +128,8 @@ int cmd_serve(int argc, char **argv)
     kv_backend *b = NULL;
     kv_sched_out out = {0};
     serve_ctx ctx = {0};
+    FILE *csv_f = NULL;                 /* the latency CSV, open from before the run */
+    const char *created[2] = {NULL, NULL}; /* output files this run made: removed on failure */
     int rc = KV_EXIT_OK, st;
     if ((st = kv_trace_load(trace_path, &t, &err))) {
         rc = kv_cli_fail(cmd, trace_path, st, &err);
@@ -162,16 +171,23 @@ int cmd_serve(int argc, char **argv)
         rc = kv_cli_fail(cmd, "backend", st, &err);
         goto done;
     }
-    if (timeline) {
-        ctx.timeline = fopen(timeline, "w");
-        if (!ctx.timeline) {
-            kv_fail(&err, KV_ERR_IO, "cannot open for writing");
-            rc = kv_cli_fail(cmd, timeline, KV_ERR_IO, &err);
+    /* both output files are opened before the run: a path that cannot be written fails
+     * now, and any later failure removes them (no partial file is left behind) */
+    const char *outs[2] = {timeline, csv};
+    FILE **fps[2] = {&ctx.timeline, &csv_f};
+    for (int i = 0; i < 2; i++) {
+        if (!outs[i]) continue;
+        *fps[i] = fopen(outs[i], "w");
+        if (!*fps[i]) {
+            kv_fail(&err, KV_ERR_IO, "cannot open for writing: %s", strerror(errno));
+            rc = kv_cli_fail(cmd, outs[i], KV_ERR_IO, &err);
             goto done;
         }
+        created[i] = outs[i];
+    }
+    if (ctx.timeline)
         fprintf(ctx.timeline, "step,clock_s,used_blocks,cached_blocks,reserved_blocks,"
                               "running_seqs,running_reqs,waiting,batch_tokens\n");
-    }
     kv_sched_opts o = kv_sched_opts_default();
     o.policy = kv_policy_by_name(policy);
     o.token_budget = budget;
@@ -273,8 +289,10 @@ int cmd_serve(int argc, char **argv)
         if (x->n_class[c])
             printf("  %-24s %8d   %10.3f / %-10.3f   %10.3f / %-10.3f\n", cls[c], x->n_class[c],
                    x->ttft_p50[c], x->ttft_p99[c], x->e2e_p50[c], x->e2e_p99[c]);
-    if (csv && write_latency_csv(csv, &out, &t)) {
-        kv_fail(&err, KV_ERR_IO, "cannot write");
+    st = csv_f ? write_latency_csv(csv_f, &out, &t) : 0;
+    csv_f = NULL;
+    if (st) {
+        kv_fail(&err, KV_ERR_IO, "write failed");
         rc = kv_cli_fail(cmd, csv, KV_ERR_IO, &err);
         goto done;
     }
@@ -290,6 +308,10 @@ int cmd_serve(int argc, char **argv)
     }
 done:
     if (ctx.timeline) fclose(ctx.timeline);
+    if (csv_f) fclose(csv_f);
+    if (rc != KV_EXIT_OK) /* nothing half-written stays: remove what this run created */
+        for (int i = 0; i < 2; i++)
+            if (created[i]) remove(created[i]);
     kv_sched_out_free(&out);
     kv_backend_destroy(b);
     kv_model_free(&m);

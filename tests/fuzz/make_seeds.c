@@ -182,6 +182,29 @@ static void args_seeds(void)
     args_seed("calc-config-bad", 1, (const char *const[]){"--config=64,172,2,4,3,512,51x", NULL});
     args_seed("calc-table", 1, (const char *const[]){"--dtype", "fp8", "--seq=100", NULL});
     args_seed("calc-list", 1, (const char *const[]){"--list", NULL});
+    /* chapter 07/08 options (serve, bench swap, bench attention, tour): their value shapes
+     * through the same table: hex floats, 0 and 1 at range ends, empty values, lists */
+    args_seed("serve-watermark", 0,
+              (const char *const[]){"--x", "0.99", "--x", "1", "--flag", NULL});
+    args_seed("serve-hexfloat", 0,
+              (const char *const[]){"--x", "0x1p-1", "--big", "0x10", "--x", "0X1", NULL});
+    args_seed("serve-link-zero", 0,
+              (const char *const[]){"--x", "0", "--x", "-0", "--x", "1e-6", "--x", "1e300", NULL});
+    args_seed("serve-preempt-choice", 0,
+              (const char *const[]){"--c", "lru", "--c", "", "--c=blue", "--c", NULL});
+    args_seed("serve-prefetch-value", 0,
+              (const char *const[]){"--flag=1", "--flag", "--s", "nodir/lat.csv", NULL});
+    args_seed("serve-csv-empty", 0, (const char *const[]){"--s", "", "--s=", NULL});
+    args_seed("swap-min-max", 0,
+              (const char *const[]){"--n", "0", "--n", "1048577", "--big", "16.5", "--n", "+16", NULL});
+    args_seed("swap-gpu-tflops", 0,
+              (const char *const[]){"--x", "inf", "--x", "nan", "--x", ".5", "--x", "5.", NULL});
+    args_seed("attn-lengths", 0,
+              (const char *const[]){"--s", "1024,4096,16384,65536", "--s", "none", "--n", "16777217", NULL});
+    args_seed("attn-lengths-bad", 0,
+              (const char *const[]){"--s", "64,,128", "--n", "1024,", "--n", " 64", "--n", "4k", NULL});
+    args_seed("tour-chapter", 0,
+              (const char *const[]){"--n", "7", "--n", "8", "--n", "7.0", "--n", "8,7", "--flag=0", NULL});
 }
 
 /* ---- needle / dialogue: edge cases beside the datasets' real files ---------------------- */
