@@ -108,7 +108,9 @@ int kvcu_state_create(kvcu_state **out, kv_err *err);
 /** Free the device scratch (NULL is fine). */
 void kvcu_state_free(kvcu_state *s);
 
-/** The transformer step on the GPU; same contract as kv_forward(). logits: host memory. */
+/** The transformer step on the GPU; same contract as kv_forward(). logits: host memory.
+ * A sequence asking for every row's logits (kv_seq.all_logits, chapter 10) is refused with
+ * KV_ERR_UNSUPPORTED in this edition: speculative decoding runs on the CPU backend. */
 int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq *seqs,
                  int n_seqs, float *logits, kv_counters *cnt, kv_err *err);
 

@@ -77,6 +77,24 @@ static int cpu_set_length(kv_backend *b, int slot, int len, kv_err *err)
     return kv_cache_set_length(&((cpu_impl *)b->impl)->cache, slot, len, err);
 }
 
+/* Rollback after speculative verification: the cache's length first (set_blocks refuses a
+ * table that no longer covers the cached tokens), then the table, through the same path that
+ * undoes a failed step. A block the prefix cache has hashed holds exactly its tokens; cutting
+ * into one would let the next step overwrite rows another sequence may adopt, so that is
+ * refused. */
+static int cpu_truncate(kv_backend *b, int slot, int len, kv_err *err)
+{
+    kv_cache *c = &((cpu_impl *)b->impl)->cache;
+    if (b->paged && slot >= 0 && slot < b->spec.n_slots &&
+        (int64_t)len < (int64_t)b->paged->tables[slot].n_hashed * b->spec.block_size)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "truncate: slot %d: %d tokens cuts into a "
+                       "block the prefix cache has registered", slot, len);
+    int rc = kv_cache_truncate(c, slot, len, err);
+    if (rc || !b->paged) return rc;
+    const kv_seq at = {slot, len, 1, NULL}; /* rollback keeps the rows before pos */
+    return kv_paged_rollback(b, &at, 1, err);
+}
+
 static size_t cpu_block_bytes(kv_backend *b)
 {
     return kv_cache_block_bytes(&((cpu_impl *)b->impl)->cache);
@@ -277,6 +295,7 @@ int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec 
     b->reset = cpu_reset;
     b->length = cpu_length;
     b->destroy = cpu_destroy;
+    b->truncate = cpu_truncate;
     if (spec->layout == KV_LAYOUT_PAGED) {
         b->set_blocks = cpu_set_blocks;
         b->copy_blocks = cpu_copy_blocks;

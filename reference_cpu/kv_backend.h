@@ -71,6 +71,11 @@ struct kv_backend {
                               const uint8_t *host, size_t block_bytes, int64_t *ticket,
                               kv_err *err);
     int (*io_wait)(kv_backend *b, int64_t ticket, kv_err *err);
+
+    /* ---- chapter 10: speculative decoding ------------------------------------------------ */
+    /** Keep the first @p len tokens of @p slot (kv_cache_truncate()); a paged backend also
+     * gives the blocks past len back to the pool (refcounts dropped). NULL: not supported. */
+    int (*truncate)(kv_backend *b, int slot, int len, kv_err *err);
 };
 
 /**

@@ -330,6 +330,26 @@ void kv_cache_reset(kv_cache *c, int slot)
     if (c->n_mapped) c->n_mapped[slot] = 0; /* paged: the blocks go back with the table */
 }
 
+int kv_cache_truncate(kv_cache *c, int slot, int len, kv_err *err)
+{
+    if (!c || !c->len || slot < 0 || slot >= c->spec.n_slots)
+        return kv_fail(err, KV_ERR_ARG, "kv_cache_truncate: slot %d outside the cache", slot);
+    if (len < 0 || len > c->len[slot])
+        return kv_fail(err, KV_ERR_ARG, "kv_cache_truncate: %d tokens but slot %d holds %d",
+                       len, slot, c->len[slot]);
+    if (c->spec.window > 0)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_truncate: a windowed cache's ring "
+                       "rows of the rejected tokens replaced older ones, which would need "
+                       "restoring");
+    for (int l = 0; l < c->n_layers; l++)
+        if (kvq_is_kivi(c->fmt[l]))
+            return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_truncate: layer %d stores %s: "
+                           "the rejected tokens may have spilled fp32 rows into 2/4-bit "
+                           "groups, which would need restoring", l, kv_quant_name(c->fmt[l]));
+    c->len[slot] = len;
+    return KV_OK;
+}
+
 size_t kv_cache_bytes(const kv_cache *c)
 {
     /* fp32: L · 2 · N · H_kv · d · 4 with N = n_slots · capacity reserved tokens; the other

@@ -262,6 +262,17 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
 void kv_cache_free(kv_cache *c);
 /** Forget a slot's tokens (length 0, and for KIVI nothing quantized); the memory is kept. */
 void kv_cache_reset(kv_cache *c, int slot);
+/**
+ * Chapter 10 (speculative decoding): keep only the first @p len tokens of @p slot, dropping
+ * the rejected tail a verification step wrote. The rows stay in memory, invisible past len;
+ * the next step overwrites them. Per-token formats (fp32, fp16, bf16, int8, fp8) need nothing
+ * else: a row holds its own scales, and fp8's per-sequence scale was set by the prefill.
+ * KV_ERR_UNSUPPORTED with a window (the ring has already overwritten the rows the tail
+ * evicted) or a KIVI layer (the spill may have quantized rows that must be fp32 again);
+ * KV_ERR_ARG for a slot out of range or len outside [0, cached length]. A paged cache keeps
+ * its table: the caller releases the blocks past len (kv_backend's truncate does).
+ */
+int kv_cache_truncate(kv_cache *c, int slot, int len, kv_err *err);
 /** Bytes of K and V storage the cache holds in total: codes, metadata, fp8 scales, KIVI
  * windows. */
 size_t kv_cache_bytes(const kv_cache *c);

@@ -25,6 +25,7 @@ int cmd_dialogue(int argc, char **argv); /* dialogue.c */
 int cmd_convert(int argc, char **argv);  /* convert.c */
 int cmd_stream(int argc, char **argv);   /* stream.c */
 int cmd_serve(int argc, char **argv);    /* serve.c */
+int cmd_spec(int argc, char **argv);     /* spec.c */
 
 /** Exit code for a library status: bad input (ARG, IO, FORMAT, UNSUPPORTED) 2, else 1. */
 int kv_cli_exit_code(int status);

@@ -1,0 +1,168 @@
+/*
+ * kvlab spec: speculative decoding (chapter 10) on an embedded model, for k = 1..K.
+ *
+ * The draft is the target's first --draft-layers layers (kv_model_layer_prefix: the same
+ * weights, no second model). For each k the command runs kv_spec_generate() and prints what
+ * the cache saw: how many target steps the tokens took (a plain run takes one per token), the
+ * acceptance rate, and the K/V bytes each model wrote and then rolled back because the target
+ * rejected them. Greedy runs are also checked token for token against plain greedy decoding.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kv_generate.h"
+#include "kv_quant.h"
+#include "kv_spec.h"
+
+static const char *const spec_layouts[] = {"contiguous", "paged", NULL};
+
+/* Both backends for one run: the same cache spec, target and draft models. */
+static int make_pair(kv_backend **t, kv_backend **d, const kv_model *m, const kv_model *dm,
+                     const kv_cache_spec *spec, kv_err *err)
+{
+    *t = *d = NULL;
+    int rc = kv_backend_cpu(t, m, spec, err);
+    if (!rc) rc = kv_backend_cpu(d, dm, spec, err);
+    return rc;
+}
+
+static int spec_table(const kv_model *m, const char *name, int draft_layers, const kv_cache_spec *spec,
+                      int n_prompt, int n_tokens, int max_k, double temperature, uint64_t seed,
+                      int csv, kv_err *err)
+{
+    kv_model dm;
+    int rc = kv_model_layer_prefix(&dm, m, draft_layers, err);
+    if (rc) return rc;
+    const int V = m->config.vocab_size;
+    int *prompt = malloc(sizeof(int) * n_prompt), *want = malloc(sizeof(int) * n_tokens);
+    int *got = malloc(sizeof(int) * n_tokens);
+    kv_backend *t = NULL, *d = NULL;
+    if (!prompt || !want || !got) {
+        rc = kv_fail(err, KV_ERR_NOMEM, "spec: out of memory");
+        goto done;
+    }
+    kv_rng rng;
+    kv_rng_seed(&rng, seed);
+    for (int i = 0; i < n_prompt; i++) prompt[i] = (int)(kv_rng_u32(&rng) % (uint32_t)V);
+    rc = make_pair(&t, &d, m, &dm, spec, err);
+    if (rc) goto done;
+    const int greedy = temperature == 0.0;
+    if (greedy) { /* the tokens every k must reproduce */
+        const kv_gen_opts go = {KV_MODE_CACHED, 0, n_tokens, NULL, NULL, NULL, NULL};
+        rc = kv_generate(t, prompt, n_prompt, &go, want, NULL, err);
+        if (rc) goto done;
+    }
+    char lay[64];
+    if (csv) {
+        printf("k,target_steps,plain_steps,steps_saved,tokens_per_step,acceptance,"
+               "target_kv_written,target_kv_rolled_back,draft_kv_written,draft_kv_rolled_back,"
+               "matches_greedy\n");
+    } else {
+        printf("speculative decoding: target %s (%d layers), draft = its first %d layer%s\n"
+               "cache %s, prompt %d tokens, %d tokens emitted, %s\n\n",
+               name, m->config.n_layers,
+               draft_layers, draft_layers == 1 ? "" : "s", kv_cli_layout_name(spec, lay, sizeof lay),
+               n_prompt, n_tokens, greedy ? "greedy" : "sampling");
+        printf("%2s  %6s %6s %6s %9s %7s  %11s %11s  %11s %11s  %s\n", "k", "target", "plain",
+               "saved", "tok/step", "accept", "target KV", "rolled back", "draft KV",
+               "rolled back", greedy ? "= greedy" : "");
+    }
+    for (int k = 1; k <= max_k && !rc; k++) {
+        const kv_spec_opts o = {k, n_tokens, 0, (float)temperature, seed + (uint64_t)k};
+        kv_spec_stats st;
+        rc = kv_spec_generate(t, d, prompt, n_prompt, &o, got, &st, err);
+        if (rc) break;
+        const int same = greedy && !memcmp(got, want, sizeof(int) * n_tokens);
+        const double tps = (double)st.emitted / (double)st.target_steps;
+        if (csv) {
+            printf("%d,%lld,%d,%lld,%.3f,%.4f,%.0f,%.0f,%.0f,%.0f,%s\n", k,
+                   (long long)st.target_steps, n_tokens, (long long)(n_tokens - st.target_steps),
+                   tps, kv_spec_acceptance(&st), st.target_kv_written, st.target_kv_rolled_back,
+                   st.draft_kv_written, st.draft_kv_rolled_back,
+                   greedy ? (same ? "yes" : "no") : "n/a");
+        } else {
+            char b[4][32];
+            printf("%2d  %6lld %6d %6lld %9.2f %6.1f%%  %11s %11s  %11s %11s  %s\n", k,
+                   (long long)st.target_steps, n_tokens, (long long)(n_tokens - st.target_steps),
+                   tps, 100.0 * kv_spec_acceptance(&st),
+                   kv_fmt_bytes(st.target_kv_written, b[0], sizeof b[0]),
+                   kv_fmt_bytes(st.target_kv_rolled_back, b[1], sizeof b[1]),
+                   kv_fmt_bytes(st.draft_kv_written, b[2], sizeof b[2]),
+                   kv_fmt_bytes(st.draft_kv_rolled_back, b[3], sizeof b[3]),
+                   greedy ? (same ? "yes" : "NO") : "");
+        }
+        if (greedy && !same)
+            rc = kv_fail(err, KV_ERR_ARG, "spec: k=%d emitted other tokens than greedy", k);
+    }
+    if (!rc && !csv)
+        printf("\ntarget steps: verification calls (the first also prefills the prompt); a plain "
+               "run takes one per token.\nrolled back: K/V of drafted tokens the target "
+               "rejected, written and then dropped from the cache.\n");
+done:
+    kv_backend_destroy(t);
+    kv_backend_destroy(d);
+    free(prompt);
+    free(want);
+    free(got);
+    return rc;
+}
+
+int cmd_spec(int argc, char **argv)
+{
+    const char *cmd = "kvlab spec";
+    const char *def = "small", *cache = "fp32", *layout = "contiguous";
+    int draft_layers = 1, prompt = 16, tokens = 64, max_k = 8, block = 16, csv = 0;
+    int64_t seed = 1;
+    double temperature = 0.0;
+    kv_opt opts[] = {
+        {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded target model (default small)", 0},
+        {"--draft-layers", KV_OPT_INT, &draft_layers, 1, 1 << 10, NULL, "N", "layers of the target the draft keeps (default 1)", 0},
+        {"--prompt", KV_OPT_INT, &prompt, 1, 1 << 16, NULL, "P", "random prompt tokens (default 16)", 0},
+        {"--tokens", KV_OPT_INT, &tokens, 1, 1 << 16, NULL, "N", "tokens to emit per run (default 64)", 0},
+        {"--max-k", KV_OPT_INT, &max_k, 1, 64, NULL, "K", "runs for k = 1..K draft tokens (default 8)", 0},
+        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2", 0},
+        {"--layout", KV_OPT_CHOICE, &layout, 0, 0, spec_layouts, "L", "contiguous (default) or paged", 0},
+        {"--block-size", KV_OPT_INT, &block, 1, 4096, NULL, "B", "paged: tokens per block (default 16)", 0},
+        {"--temperature", KV_OPT_FLOAT, &temperature, 0, 100, NULL, "T", "0 = greedy (default), else sampling with the acceptance rule", 0},
+        {"--seed", KV_OPT_I64, &seed, 0, 1e15, NULL, "S", "prompt and sampling seed (default 1)", 0},
+        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "print comma-separated rows (for plots)", 0},
+    };
+    int r = kv_args_parse(cmd,
+                          "Speculative decoding (chapter 10): a draft (the target's first layers)\n"
+                          "proposes k tokens, the target verifies them in one step, and the K/V of\n"
+                          "rejected tokens is rolled back. For k = 1..K prints target steps saved,\n"
+                          "acceptance rate, and KV bytes written and rolled back (CPU).",
+                          argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (r == KV_ARGS_HELP) return KV_EXIT_OK;
+    if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    const int fmt = kv_quant_parse(cache);
+    if (fmt < 0)
+        return kv_args_bad(cmd, "--cache", "unknown format '%s' (fp32, fp16, bf16, int8, "
+                           "int8-g32, int8-g64, int8-g128, fp8-e4m3, fp8-e5m2)", cache);
+    if (kvq_is_kivi(fmt))
+        return kv_args_bad(cmd, "--cache", "%s: rolling back would need the fp32 window "
+                           "restored; use a per-token format", cache);
+    kv_model m;
+    kv_err err = {{0}};
+    int st = kv_cli_default_model(&m, def, &err);
+    if (st) return kv_cli_fail(cmd, def, st, &err);
+    const int n_layers = m.config.n_layers;
+    if (draft_layers > n_layers) {
+        kv_model_free(&m);
+        return kv_args_bad(cmd, "--draft-layers", "%d, but %s has %d layers", draft_layers, def,
+                           n_layers);
+    }
+    kv_cache_spec spec = kv_cache_spec_default(1, prompt + tokens);
+    spec.dtype = fmt;
+    if (!strcmp(layout, "paged")) {
+        spec.layout = KV_LAYOUT_PAGED;
+        spec.block_size = block;
+        spec.n_blocks = (prompt + tokens + block - 1) / block;
+    }
+    st = spec_table(&m, def, draft_layers, &spec, prompt, tokens, max_k, temperature, (uint64_t)seed,
+                    csv, &err);
+    kv_model_free(&m);
+    return st ? kv_cli_fail(cmd, "spec", st, &err) : KV_EXIT_OK;
+}
