@@ -244,6 +244,29 @@ int kvcu_cache_length(const kvcu_cache *c, int slot)
     return (c && slot >= 0 && slot < c->spec.n_slots) ? c->len[slot] : -1;
 }
 
+/** GPU twin of kv_cache_truncate() (chapter 10): only the host's length changes; the rows
+ * past it stay on the device, invisible, until the next step overwrites them. The same
+ * refusals: a window's ring and KIVI's spills cannot be undone by a length. */
+int kvcu_cache_truncate(kvcu_cache *c, int slot, int len, kv_err *err)
+{
+    if (!c || slot < 0 || slot >= c->spec.n_slots)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_truncate: slot %d outside the cache", slot);
+    if (len < 0 || len > c->len[slot])
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_truncate: %d tokens but slot %d holds %d",
+                       len, slot, c->len[slot]);
+    if (c->spec.window > 0)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_truncate: a windowed cache's ring "
+                       "rows of the rejected tokens replaced older ones, which would need "
+                       "restoring");
+    for (int l = 0; l < c->n_layers; l++)
+        if (kvq_is_kivi(c->fmt[l]))
+            return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_truncate: layer %d stores %s: "
+                           "the rejected tokens may have spilled fp32 rows into 2/4-bit "
+                           "groups, which would need restoring", l, kv_quant_name(c->fmt[l]));
+    c->len[slot] = len;
+    return KV_OK;
+}
+
 size_t kvcu_cache_mem_bytes(const kvcu_cache *c) { return c ? c->mem_bytes : 0; }
 
 int kvcu_cache_download(const kvcu_cache *c, void *host, size_t bytes, kv_err *err)

@@ -63,7 +63,7 @@ struct kvcu_state {
     kvcu_buf hb;     /* [T][hidden]  gate, then SwiGLU */
     kvcu_buf hb2;    /* [T][hidden]  up */
     kvcu_buf xlast;  /* [n_seqs][dim] last token of each sequence, final-normed */
-    kvcu_buf logits; /* [n_seqs][vocab] */
+    kvcu_buf logits; /* [max(n_seqs, n_tokens of any all_logits sequence)][vocab] */
     kvcu_buf scores; /* [rows][H][capacity] attention scores of a chunk of rows, then v3's
                       * partition results (kvcu_attention_scratch()) */
     kvcu_buf ints;   /* [5T + n_seqs] tokens | slots | positions | query positions | last
@@ -242,9 +242,10 @@ static int grow(kvcu_buf *b, size_t bytes, kv_err *err)
     return KV_OK;
 }
 
-/* Make room for a step of T rows, n_seqs sequences and score chunks of @p rows rows. */
+/* Make room for a step of T rows, n_seqs sequences, score chunks of @p rows rows and
+ * @p logit_rows rows of logits (n_seqs, or more when a sequence asks for all_logits). */
 static int state_reserve(kvcu_state *s, const kv_config *c, int T, int n_seqs, int rows,
-                         int capacity, kv_err *err)
+                         int capacity, int logit_rows, kv_err *err)
 {
     const size_t f = sizeof(float), t = (size_t)T;
     const size_t dim = (size_t)c->dim, qdim = (size_t)c->n_heads * kv_config_head_dim(c);
@@ -255,7 +256,7 @@ static int state_reserve(kvcu_state *s, const kv_config *c, int T, int n_seqs, i
         (rc = grow(&s->k, t * kvdim * f, err)) || (rc = grow(&s->v, t * kvdim * f, err)) ||
         (rc = grow(&s->hb, t * hidden * f, err)) || (rc = grow(&s->hb2, t * hidden * f, err)) ||
         (rc = grow(&s->xlast, (size_t)n_seqs * dim * f, err)) ||
-        (rc = grow(&s->logits, (size_t)n_seqs * c->vocab_size * f, err)) ||
+        (rc = grow(&s->logits, (size_t)logit_rows * c->vocab_size * f, err)) ||
         (rc = grow(&s->scores,
                    kvcu_attention_scratch(rows, c->n_heads, kv_config_head_dim(c), capacity) * f,
                    err)))
@@ -292,11 +293,9 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
                             c->len, seqs, n_seqs, &T, err));
     if (c->tables) /* paged: every row written must fall in the slot's mapped blocks */
         KVCU_TRY(kvcu_paged_rows_check("kvcu_forward", c, seqs, n_seqs, err));
-    for (int i = 0; i < n_seqs; i++) /* chapter 10's verification logits: CPU only so far */
-        if (seqs[i].all_logits)
-            return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_forward: sequence %d asks for "
-                           "all_logits (every token's logits), which the CUDA forward does not "
-                           "compute yet; speculative verification runs on the CPU backend", i);
+    int logit_rows = n_seqs; /* rows of device logits: the last rows, or an all_logits chunk */
+    for (int i = 0; i < n_seqs; i++)
+        if (seqs[i].all_logits && seqs[i].n_tokens > logit_rows) logit_rows = seqs[i].n_tokens;
 
     const int dim = p->dim, H = p->n_heads, d = kv_config_head_dim(p), span = c->span;
     const int qdim = H * d, kvdim = kv_config_kv_dim(p), hidden = p->hidden_dim;
@@ -310,7 +309,7 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
     if (rows_fit < 1) rows_fit = 1;
     if (rows_fit > KVCU_ATTN_MAX_ROWS) rows_fit = KVCU_ATTN_MAX_ROWS;
     const int rows = (size_t)T <= rows_fit ? T : (int)rows_fit;
-    KVCU_TRY(state_reserve(s, p, T, n_seqs, rows, span, err));
+    KVCU_TRY(state_reserve(s, p, T, n_seqs, rows, span, logit_rows, err));
     float *x = (float *)s->x.p, *xb = (float *)s->xb.p, *xb2 = (float *)s->xb2.p;
     float *q = (float *)s->q.p, *k = (float *)s->k.p, *v = (float *)s->v.p;
     float *hb = (float *)s->hb.p, *hb2 = (float *)s->hb2.p, *xlast = (float *)s->xlast.p;
@@ -409,10 +408,24 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
         KVCU_TRY(kvcu_add(x, xb2, (int64_t)T * dim, err));
     }
 
+    /* chapter 10: a sequence that asks for all_logits gets the classifier over each of its
+     * rows (consecutive in x), as kv_forward does. Each row is computed alone in both kernels:
+     * RMSNorm is one block per row, and matmul v2 (several rows) sums a row in v1's order
+     * (one row), so row j equals the logits of a one-token step at pos + j bit for bit. The
+     * layers are done with xb: it holds the normed rows. */
+    float *dlogits = (float *)s->logits.p;
+    for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
+        if (!seqs[i].all_logits) continue;
+        const int n = seqs[i].n_tokens;
+        KVCU_TRY(kvcu_rmsnorm(xb, x + (size_t)t * dim, w->rms_final, n, dim, eps, err));
+        KVCU_TRY(kvcu_matmul(dlogits, xb, w->wcls, n, dim, p->vocab_size, err));
+        KV_CUDA_TRY(cudaMemcpy(seqs[i].all_logits, dlogits,
+                               (size_t)n * p->vocab_size * sizeof(float),
+                               cudaMemcpyDeviceToHost), err);
+    }
     /* only the last token of each sequence needs logits: the next token is chosen from it.
      * Gathering those rows is an embedding lookup with x as the table. */
     if (logits) {
-        float *dlogits = (float *)s->logits.p;
         KVCU_TRY(kvcu_embed(xlast, x, d_last, n_seqs, dim, err));
         KVCU_TRY(kvcu_rmsnorm(xlast, xlast, w->rms_final, n_seqs, dim, eps, err));
         KVCU_TRY(kvcu_matmul(dlogits, xlast, w->wcls, n_seqs, dim, p->vocab_size, err));
@@ -425,8 +438,13 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
     for (int i = 0; i < n_seqs; i++) c->len[seqs[i].slot] = seqs[i].pos + seqs[i].n_tokens;
     if (cnt) {
         kv_counters_add_step(cnt, p, &c->spec, seqs, n_seqs);
-        if (!logits) /* no classifier was run */
-            cnt->flops_proj -= 2.0 * (double)dim * p->vocab_size * n_seqs;
+        /* the formula counts one classifier per sequence, or one per row with all_logits */
+        for (int i = 0; i < n_seqs; i++) {
+            if (!logits && !seqs[i].all_logits) /* no classifier was run */
+                cnt->flops_proj -= 2.0 * (double)dim * p->vocab_size;
+            if (logits && seqs[i].all_logits) /* both: the last row's ran twice */
+                cnt->flops_proj += 2.0 * (double)dim * p->vocab_size;
+        }
     }
     return KV_OK;
 }
@@ -457,6 +475,16 @@ static void cuda_reset(kv_backend *b, int slot)
 {
     if (b->paged) kv_paged_release(b, slot, NULL);
     kvcu_cache_reset(((cuda_impl *)b->impl)->cache, slot);
+}
+
+/* Rollback after speculative verification, as the CPU backend's: the device cache's length
+ * first, then (paged) the table, the blocks past len back to the pool (kv_paged.h). */
+static int cuda_truncate(kv_backend *b, int slot, int len, kv_err *err)
+{
+    int rc = b->paged ? kv_paged_truncate_check(b, slot, len, err) : KV_OK;
+    if (!rc) rc = kvcu_cache_truncate(((cuda_impl *)b->impl)->cache, slot, len, err);
+    if (rc || !b->paged) return rc;
+    return kv_paged_truncate(b, slot, len, err);
 }
 
 static int cuda_set_blocks(kv_backend *b, int slot, const int *blocks, int n, kv_err *err)
@@ -587,6 +615,7 @@ int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_
     b->forward = cuda_forward;
     b->reset = cuda_reset;
     b->length = cuda_length;
+    b->truncate = cuda_truncate;
     if (spec->layout == KV_LAYOUT_PAGED) { /* the host pages, the device moves the bytes */
         b->set_blocks = cuda_set_blocks;
         b->copy_blocks = cuda_copy_blocks;

@@ -103,18 +103,25 @@ void kvcu_cache_free(kvcu_cache *c);
 void kvcu_cache_reset(kvcu_cache *c, int slot);
 /** Tokens cached in a slot; -1 for a slot out of range. */
 int kvcu_cache_length(const kvcu_cache *c, int slot);
+/** kv_cache_truncate() (chapter 10): keep the first @p len tokens of @p slot; the same
+ * refusals (KV_ERR_UNSUPPORTED with a window or a KIVI layer, KV_ERR_ARG for a bad slot or
+ * len outside [0, cached length]). A paged cache keeps its table (the backend's truncate
+ * gives the blocks back). */
+int kvcu_cache_truncate(kvcu_cache *c, int slot, int len, kv_err *err);
 /** Device scratch of the forward pass; buffers grow with the largest step seen. */
 int kvcu_state_create(kvcu_state **out, kv_err *err);
 /** Free the device scratch (NULL is fine). */
 void kvcu_state_free(kvcu_state *s);
 
 /** The transformer step on the GPU; same contract as kv_forward(). logits: host memory.
- * A sequence asking for every row's logits (kv_seq.all_logits, chapter 10) is refused with
- * KV_ERR_UNSUPPORTED in this edition: speculative decoding runs on the CPU backend. */
+ * A sequence asking for every row's logits (kv_seq.all_logits, chapter 10, host memory
+ * [n_tokens][vocab]) gets the final RMSNorm and classifier over each of its rows, computed
+ * row by row as a one-token step computes its row, so each equals that step's logits. */
 int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq *seqs,
                  int n_seqs, float *logits, kv_counters *cnt, kv_err *err);
 
-/** A ::kv_backend running kvcu_forward(); uploads @p model (the host copy may then go). */
+/** A ::kv_backend running kvcu_forward(); uploads @p model (the host copy may then go).
+ * Its truncate (chapter 10) is kvcu_cache_truncate(), paged through kv_paged_truncate(). */
 int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
                         kv_err *err);
 

@@ -77,22 +77,14 @@ static int cpu_set_length(kv_backend *b, int slot, int len, kv_err *err)
     return kv_cache_set_length(&((cpu_impl *)b->impl)->cache, slot, len, err);
 }
 
-/* Rollback after speculative verification: the cache's length first (set_blocks refuses a
- * table that no longer covers the cached tokens), then the table, through the same path that
- * undoes a failed step. A block the prefix cache has hashed holds exactly its tokens; cutting
- * into one would let the next step overwrite rows another sequence may adopt, so that is
- * refused. */
+/* Rollback after speculative verification: the cache's length first, then the table
+ * (kv_paged_truncate_check / kv_paged_truncate, shared with the CUDA backend). */
 static int cpu_truncate(kv_backend *b, int slot, int len, kv_err *err)
 {
-    kv_cache *c = &((cpu_impl *)b->impl)->cache;
-    if (b->paged && slot >= 0 && slot < b->spec.n_slots &&
-        (int64_t)len < (int64_t)b->paged->tables[slot].n_hashed * b->spec.block_size)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "truncate: slot %d: %d tokens cuts into a "
-                       "block the prefix cache has registered", slot, len);
-    int rc = kv_cache_truncate(c, slot, len, err);
+    int rc = b->paged ? kv_paged_truncate_check(b, slot, len, err) : KV_OK;
+    if (!rc) rc = kv_cache_truncate(&((cpu_impl *)b->impl)->cache, slot, len, err);
     if (rc || !b->paged) return rc;
-    const kv_seq at = {slot, len, 1, NULL}; /* rollback keeps the rows before pos */
-    return kv_paged_rollback(b, &at, 1, err);
+    return kv_paged_truncate(b, slot, len, err);
 }
 
 static size_t cpu_block_bytes(kv_backend *b)

@@ -108,7 +108,7 @@ void kv_state_free(kv_state *s);
  *                         classifier is skipped, and so are its FLOPs in @p cnt)
  * A sequence with all_logits set also gets the classifier over each of its rows; row j is
  * bit-identical to the logits of a one-token step at pos + j (each row is computed alone).
- * kvcu_forward() refuses all_logits with KV_ERR_UNSUPPORTED (not implemented on the GPU).
+ * kvcu_forward() computes all_logits the same way (row j equals its own one-token GPU step).
  */
 int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, int n_seqs,
                float *logits, kv_counters *cnt, kv_err *err);

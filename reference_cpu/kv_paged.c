@@ -181,6 +181,26 @@ int kv_paged_rollback(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err
     return st;
 }
 
+/* Chapter 10: a block the prefix cache has hashed holds exactly its tokens; cutting into one
+ * would let the next step overwrite rows another sequence may adopt. A slot out of range is
+ * left for the cache's truncate to name. */
+int kv_paged_truncate_check(const kv_backend *b, int slot, int len, kv_err *err)
+{
+    if (slot < 0 || slot >= b->spec.n_slots) return KV_OK;
+    if ((int64_t)len < (int64_t)b->paged->tables[slot].n_hashed * b->spec.block_size)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "truncate: slot %d: %d tokens cuts into a "
+                       "block the prefix cache has registered", slot, len);
+    return KV_OK;
+}
+
+/* The table follows the cache's new length through the path that undoes a failed step:
+ * rollback keeps the rows before a sequence's pos. */
+int kv_paged_truncate(kv_backend *b, int slot, int len, kv_err *err)
+{
+    const kv_seq at = {slot, len, 1, NULL};
+    return kv_paged_rollback(b, &at, 1, err);
+}
+
 int kv_paged_commit(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
 {
     kv_paged *pg = b->paged;

@@ -67,6 +67,16 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
  */
 int kv_paged_rollback(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err);
 
+/**
+ * Chapter 10, a backend's truncate() on a paged cache, in two halves around the device cache's
+ * own truncate (whose length must drop first: set_blocks refuses a table that no longer covers
+ * the cached tokens). kv_paged_truncate_check(): KV_ERR_UNSUPPORTED when @p len cuts into a
+ * block the prefix cache registered (nothing changed). kv_paged_truncate(): give the blocks
+ * past @p len back to the pool and hand the shorter table to the device (b->set_blocks).
+ */
+int kv_paged_truncate_check(const kv_backend *b, int slot, int len, kv_err *err);
+int kv_paged_truncate(kv_backend *b, int slot, int len, kv_err *err);
+
 /** After a successful step: register the blocks that became full in the prefix cache. */
 int kv_paged_commit(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err);
 

@@ -67,7 +67,7 @@ int kv_model_layer_prefix(kv_model *view, const kv_model *m, int n_layers, kv_er
  * exactly the verified tokens it has processed (the target: prompt + out minus the last,
  * as after kv_generate()). The two backends must share the vocabulary and implement
  * truncate (KV_ERR_UNSUPPORTED otherwise, or from a window / KIVI cache); the target must
- * accept all_logits (the CPU backend). prompt + n_tokens + k must fit both capacities
+ * accept all_logits (the CPU and CUDA backends do). prompt + n_tokens + k must fit both capacities
  * (KV_ERR_CAPACITY before any work). @p st may be NULL.
  */
 int kv_spec_generate(kv_backend *target, kv_backend *draft, const int *prompt, int n_prompt,

@@ -198,6 +198,10 @@ static void test_calc_args(void)
                "0000000000000000000000000000000000000000000000000000000000000000064abc,172,2,4,4,512,512");
     EXPECT_BAD("--preset", "calc", "--preset", "llama-2-7b", "--config", "64,172,2,4,4,512,512");
     EXPECT_BAD("--frob", "calc", "--frob=1");
+    /* chapter 10: --tp needs a model and ranks that split the heads */
+    EXPECT_BAD("--tp", "calc", "--tp", "2");
+    EXPECT_BAD("--tp", "calc", "--preset", "llama-2-7b", "--tp", "3");
+    EXPECT_BAD("--tp", "calc", "--preset", "llama-3-8b", "--tp", "0");
 }
 
 static void test_other_args(void)
@@ -253,6 +257,12 @@ static void test_calc_figures(void)
     done(&r);
     /* --config: llama2.c stories15M shape, fp32, 256 tokens: 6*2*6*48*4 = 13.5 KiB per token */
     EXPECT_OK("13824 bytes = 13.5 KiB", "calc", "--config", "288,768,6,6,6,32000,256", "--dtype", "fp32");
+    /* --tp (chapter 10): Llama-3-70B, 8 KV heads, 8192 tokens fp16: 80*2*8192*8*128*2 =
+     * 2.5 GiB; 8 ranks hold one KV head each (320 MiB), 16 ranks hold one each too, every head
+     * twice: 5 GiB over all ranks */
+    EXPECT_OK("= 320 MiB per rank", "calc", "--preset", "llama-3-70b", "--seq", "8192", "--tp", "8");
+    EXPECT_OK("5 GiB over all ranks (every KV head stored twice)", "calc", "--preset",
+              "llama-3-70b", "--seq", "8192", "--tp", "16");
     EXPECT_OK("llama-3-70b", "calc");
     EXPECT_OK("mistral-7b", "calc", "--list");
     EXPECT_OK("CUDA mode", "info");

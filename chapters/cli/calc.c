@@ -21,7 +21,9 @@ static const char *const about =
     "fp8 1 (+ one 4-byte scale per layer, head and K/V), int4 0.5 + 4/32, int2 0.25 + 4/32\n"
     "(KIVI: fp16 scale and zero per 32 elements, + a 128-token fp32 window per head).\n"
     "A sliding window (chapter 06; --window W, --sinks S, or the preset's own, e.g. mistral-7b)\n"
-    "caps N at S + W: the cache keeps S sink tokens and the W most recent.";
+    "caps N at S + W: the cache keeps S sink tokens and the W most recent.\n"
+    "--tp P (chapter 10) adds the cache of one of P tensor-parallel ranks: H/P query heads\n"
+    "each, H_kv/P KV heads each, or one KV head replicated on P/H_kv ranks when P > H_kv.";
 
 static const char *const dtypes[] = {"fp32", "fp16", "bf16", "int8", "int8-g32", "int8-g64",
                                      "int8-g128", "fp8", "fp8-e4m3", "fp8-e5m2", "int4",
@@ -152,6 +154,50 @@ static void explain(const char *name, const kv_config *c, int window, int sinks,
            keep > 0 && weights / per_token > keep ? " (never, with the window)" : "");
 }
 
+/*
+ * Tensor parallelism over p ranks (chapter 10): each rank holds H / p query heads and the KV
+ * heads they read. With p <= H_kv the KV heads split evenly (H_kv / p each); with p > H_kv
+ * there are fewer KV heads than ranks, so each rank keeps the one KV head its query heads
+ * read, and every KV head is stored on p / H_kv ranks (replicated, as serving engines do).
+ */
+static int tp_check(const char *cmd, const kv_config *c, int p)
+{
+    const int H = c->n_heads, Hkv = c->n_kv_heads;
+    if (H % p)
+        return kv_args_bad(cmd, "--tp", "%d ranks do not divide the %d query heads", p, H);
+    if (p <= Hkv ? Hkv % p : p % Hkv)
+        return kv_args_bad(cmd, "--tp", "%d ranks and %d KV heads: one must divide the other "
+                           "(each rank needs whole KV heads, or whole copies of one)", p, Hkv);
+    return KV_EXIT_OK;
+}
+
+static void explain_tp(const kv_config *c, const char *dt, int64_t n, int64_t batch, int p)
+{
+    const int H = c->n_heads, Hkv = c->n_kv_heads, L = c->n_layers, d = kv_config_head_dim(c);
+    const int kv_rank = p <= Hkv ? Hkv / p : 1;      /* KV heads stored per rank */
+    const int copies = p <= Hkv ? 1 : p / Hkv;       /* ranks storing each KV head */
+    const double b = dtype_bytes(dt, d);
+    const double per_rank = (double)L * 2 * (double)n * kv_rank * d * b * (double)batch;
+    const double one = (double)L * 2 * (double)n * Hkv * d * b * (double)batch;
+    char u1[32], u2[32], u3[32];
+    printf("\n  tensor parallel over p = %d ranks (chapter 10): each rank computes %d of the %d "
+           "query heads\n", p, H / p, H);
+    if (copies == 1)
+        printf("  and stores %d of the %d KV heads (H_kv / p): its cache is\n", kv_rank, Hkv);
+    else
+        printf("  and stores the one KV head its query heads read: p > H_kv, so each of the %d KV "
+               "heads\n  is replicated on %d ranks. Its cache is\n", Hkv, copies);
+    printf("    L * 2 * N * %d * d * b * B = %d * 2 * %lld * %d * %d * %g * %lld = %s per rank\n",
+           kv_rank, L, (long long)n, kv_rank, d, b, (long long)batch,
+           kv_fmt_bytes(per_rank, u1, sizeof u1));
+    printf("  against %s on one device: %s over all ranks (%s)\n",
+           kv_fmt_bytes(one, u2, sizeof u2), kv_fmt_bytes(per_rank * p, u3, sizeof u3),
+           copies == 1 ? "nothing stored twice"
+                       : copies == 2 ? "every KV head stored twice" : "KV heads replicated");
+    printf("  Each layer all-reduces twice (after the attention output projection and after\n"
+           "  the MLP): %d all-reduces of a [tokens][%d] activation per step.\n", 2 * L, c->dim);
+}
+
 /* Every preset at a few lengths. */
 void kv_calc_table(FILE *f, const char *dt, int64_t seq, int64_t batch)
 {
@@ -242,7 +288,7 @@ int cmd_calc(int argc, char **argv)
     const char *cmd = "kvlab calc";
     const char *preset = NULL, *config = NULL, *dt = "fp16";
     int64_t seq = 0, batch = 1;
-    int do_list = 0, heads = 0, window_opt = 0, sinks = 0;
+    int do_list = 0, heads = 0, window_opt = 0, sinks = 0, tp = 1;
     kv_opt opts[] = {
         {"--preset", KV_OPT_STRING, &preset, 0, 0, NULL, "NAME", "a published model (see --list)", 0},
         {"--config", KV_OPT_STRING, &config, 0, 0, NULL, "D,F,L,H,K,V,S",
@@ -253,6 +299,8 @@ int cmd_calc(int argc, char **argv)
         {"--list", KV_OPT_FLAG, &do_list, 0, 0, NULL, NULL, "list the presets and their dims", 0},
         {"--compare-heads", KV_OPT_FLAG, &heads, 0, 0, NULL, NULL,
          "MHA / GQA / MQA per-token bytes of every preset (chapter 03)", 0},
+        {"--tp", KV_OPT_INT, &tp, 1, 1 << 16, NULL, "P",
+         "tensor parallel: the cache of one rank of P (chapter 10; default 1)", 0},
         {"--window", KV_OPT_INT, &window_opt, 0, 1 << 30, NULL, "W",
          "sliding window: the cache keeps the W most recent tokens (chapter 06; default: the "
          "preset's own, e.g. mistral-7b 4096; 0 = none)", 0},
@@ -270,6 +318,8 @@ int cmd_calc(int argc, char **argv)
     }
     if (preset && config)
         return kv_args_bad(cmd, "--preset", "give either --preset or --config, not both");
+    if (tp > 1 && !preset && !config)
+        return kv_args_bad(cmd, "--tp", "needs one model: give --preset or --config");
     if (heads) {
         if (preset || config)
             return kv_args_bad(cmd, "--compare-heads", "covers every preset; drop --preset/--config");
@@ -305,6 +355,15 @@ int cmd_calc(int argc, char **argv)
     if (sinks_seen && window == 0)
         return kv_args_bad(cmd, "--sinks", "sinks are kept beside a sliding window: give "
                            "--window W > 0 (or a preset that has one)");
+    if (tp > 1) {
+        int e = tp_check(cmd, &c, tp);
+        if (e) return e;
+    }
     explain(name, &c, window, sinks, dt, seq > 0 ? seq : c.seq_len, batch);
+    if (tp > 1) {
+        const int64_t n_req = seq > 0 ? seq : c.seq_len;
+        const int64_t keep = window > 0 ? (int64_t)window + sinks : 0;
+        explain_tp(&c, dt, keep > 0 && n_req > keep ? keep : n_req, batch, tp);
+    }
     return KV_EXIT_OK;
 }
