@@ -16,7 +16,7 @@
  *    statistic far above the threshold.
  *  - windowed and KIVI caches refuse truncation (KV_ERR_UNSUPPORTED), so does cutting into a
  *    block the prefix cache registered, and kv_spec_generate refuses a backend without the
- *    truncate hook (the CUDA backend today). */
+ *    truncate hook. */
 #include "kv_test.h"
 
 #include "kv_generate.h"

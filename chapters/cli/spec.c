@@ -5,7 +5,8 @@
  * weights, no second model). For each k the command runs kv_spec_generate() and prints what
  * the cache saw: how many target steps the tokens took (a plain run takes one per token), the
  * acceptance rate, and the K/V bytes each model wrote and then rolled back because the target
- * rejected them. Greedy runs are also checked token for token against plain greedy decoding.
+ * rejected them. Greedy runs are also checked token for token against plain greedy decoding
+ * on the same device (--device cuda: both models on the GPU).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,23 +19,26 @@
 
 static const char *const spec_layouts[] = {"contiguous", "paged", NULL};
 
-/* Both backends for one run: the same cache spec, target and draft models. */
-static int make_pair(kv_backend **t, kv_backend **d, const kv_model *m, const kv_model *dm,
-                     const kv_cache_spec *spec, kv_err *err)
+/* Both backends for one run on @p device: the same cache spec, target and draft models. */
+static int make_pair(kv_backend **t, kv_backend **d, const char *device, const kv_model *m,
+                     const kv_model *dm, const kv_cache_spec *spec, kv_err *err)
 {
     *t = *d = NULL;
-    int rc = kv_backend_cpu(t, m, spec, err);
-    if (!rc) rc = kv_backend_cpu(d, dm, spec, err);
+    int rc = kv_cli_backend(t, device, m, spec, err);
+    if (!rc) rc = kv_cli_backend(d, device, dm, spec, err);
     return rc;
 }
 
-static int spec_table(const kv_model *m, const char *name, int draft_layers, const kv_cache_spec *spec,
-                      int n_prompt, int n_tokens, int max_k, double temperature, uint64_t seed,
-                      int csv, kv_err *err)
+static int spec_table(const kv_model *m, const char *name, const char *device, int draft_layers,
+                      const kv_cache_spec *spec, int n_prompt, int n_tokens, int max_k,
+                      double temperature, uint64_t seed, int csv, kv_err *err)
 {
     kv_model dm;
     int rc = kv_model_layer_prefix(&dm, m, draft_layers, err);
     if (rc) return rc;
+    /* the view aliases m's one weight block, which is what the CUDA backend uploads */
+    dm.data = m->data;
+    dm.n_floats = m->n_floats;
     const int V = m->config.vocab_size;
     int *prompt = malloc(sizeof(int) * n_prompt), *want = malloc(sizeof(int) * n_tokens);
     int *got = malloc(sizeof(int) * n_tokens);
@@ -46,7 +50,7 @@ static int spec_table(const kv_model *m, const char *name, int draft_layers, con
     kv_rng rng;
     kv_rng_seed(&rng, seed);
     for (int i = 0; i < n_prompt; i++) prompt[i] = (int)(kv_rng_u32(&rng) % (uint32_t)V);
-    rc = make_pair(&t, &d, m, &dm, spec, err);
+    rc = make_pair(&t, &d, device, m, &dm, spec, err);
     if (rc) goto done;
     const int greedy = temperature == 0.0;
     if (greedy) { /* the tokens every k must reproduce */
@@ -61,9 +65,10 @@ static int spec_table(const kv_model *m, const char *name, int draft_layers, con
                "matches_greedy\n");
     } else {
         printf("speculative decoding: target %s (%d layers), draft = its first %d layer%s\n"
-               "cache %s, prompt %d tokens, %d tokens emitted, %s\n\n",
+               "device %s, cache %s, prompt %d tokens, %d tokens emitted, %s\n\n",
                name, m->config.n_layers,
-               draft_layers, draft_layers == 1 ? "" : "s", kv_cli_layout_name(spec, lay, sizeof lay),
+               draft_layers, draft_layers == 1 ? "" : "s", t->name,
+               kv_cli_layout_name(spec, lay, sizeof lay),
                n_prompt, n_tokens, greedy ? "greedy" : "sampling");
         printf("%2s  %6s %6s %6s %9s %7s  %11s %11s  %11s %11s  %s\n", "k", "target", "plain",
                "saved", "tok/step", "accept", "target KV", "rolled back", "draft KV",
@@ -112,11 +117,12 @@ done:
 int cmd_spec(int argc, char **argv)
 {
     const char *cmd = "kvlab spec";
-    const char *def = "small", *cache = "fp32", *layout = "contiguous";
+    const char *def = "small", *cache = "fp32", *layout = "contiguous", *device = "cpu";
     int draft_layers = 1, prompt = 16, tokens = 64, max_k = 8, block = 16, csv = 0;
     int64_t seed = 1;
     double temperature = 0.0;
     kv_opt opts[] = {
+        {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where both models run (default cpu)", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded target model (default small)", 0},
         {"--draft-layers", KV_OPT_INT, &draft_layers, 1, 1 << 10, NULL, "N", "layers of the target the draft keeps (default 1)", 0},
         {"--prompt", KV_OPT_INT, &prompt, 1, 1 << 16, NULL, "P", "random prompt tokens (default 16)", 0},
@@ -133,10 +139,12 @@ int cmd_spec(int argc, char **argv)
                           "Speculative decoding (chapter 10): a draft (the target's first layers)\n"
                           "proposes k tokens, the target verifies them in one step, and the K/V of\n"
                           "rejected tokens is rolled back. For k = 1..K prints target steps saved,\n"
-                          "acceptance rate, and KV bytes written and rolled back (CPU).",
+                          "acceptance rate, and KV bytes written and rolled back.",
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    const int dev = kv_cli_check_device(cmd, device);
+    if (dev != KV_EXIT_OK) return dev;
     const int fmt = kv_quant_parse(cache);
     if (fmt < 0)
         return kv_args_bad(cmd, "--cache", "unknown format '%s' (fp32, fp16, bf16, int8, "
@@ -161,7 +169,7 @@ int cmd_spec(int argc, char **argv)
         spec.block_size = block;
         spec.n_blocks = (prompt + tokens + block - 1) / block;
     }
-    st = spec_table(&m, def, draft_layers, &spec, prompt, tokens, max_k, temperature, (uint64_t)seed,
+    st = spec_table(&m, def, device, draft_layers, &spec, prompt, tokens, max_k, temperature, (uint64_t)seed,
                     csv, &err);
     kv_model_free(&m);
     return st ? kv_cli_fail(cmd, "spec", st, &err) : KV_EXIT_OK;
