@@ -25,6 +25,7 @@
 #include "kv_sched.h"
 #include "kv_swap.h"
 #include "kv_test.h"
+#include "test_sched_common.h"
 #include "kvcu.h"
 
 /* {arrival, prompt, output, n, beam, prefix, priority}: plain, samples and beams, a third of
@@ -44,12 +45,6 @@ static kv_cache_spec paged_spec(int n_blocks)
     s.block_size = 4;
     s.n_blocks = n_blocks;
     return s;
-}
-
-static int same_result(const kv_sched_result *a, const kv_sched_result *b)
-{
-    if (a->status || b->status || a->n_out != b->n_out || a->output_len != b->output_len) return 0;
-    return memcmp(a->tokens, b->tokens, (size_t)a->n_out * a->output_len * sizeof(int)) == 0;
 }
 
 /* One mode on a fresh CUDA backend of 20 blocks: solo tokens, no leaks, the CPU's decisions,

@@ -21,6 +21,7 @@
  *    range, cutting into a block the prefix cache registered (length unchanged).
  * Exits 77 (skipped) without a usable device. */
 #include "kv_test.h"
+#include "test_spec_common.h"
 
 #include "kv_generate.h"
 #include "kv_sampler.h"
@@ -41,14 +42,7 @@ static const int PROMPT[P] = {17, 301, 5, 88, 240, 17, 9};
 
 static kv_cache_spec make_spec(int paged, int dtype)
 {
-    kv_cache_spec s = kv_cache_spec_default(1, CAP);
-    s.dtype = dtype;
-    if (paged) {
-        s.layout = KV_LAYOUT_PAGED;
-        s.block_size = B;
-        s.n_blocks = CAP / B + 2;
-    }
-    return s;
+    return spec_cache_spec(paged, dtype, CAP, B);
 }
 
 /* ---- all_logits rows == one-token CUDA steps bit for bit, == CPU rows within fp32 ------- */
@@ -107,29 +101,6 @@ done:
 }
 
 /* ---- host images of device caches ------------------------------------------------------- */
-
-/* Rows 0..len-1 of slot 0 equal in two host caches: codes bytes and every decoded element. */
-static long rows_differ(const kv_cache *x, const kv_cache *y, int len)
-{
-    long bad = 0;
-    for (int l = 0; l < x->n_layers; l++)
-        for (int role = 0; role < 2; role++)
-            for (int h = 0; h < x->n_kv_heads; h++) {
-                const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY;
-                const kv_head_view a = kv_cache_view(x, l, 0, h, r);
-                const kv_head_view b = kv_cache_view(y, l, 0, h, r);
-                const int64_t rb = (role ? x->vp : x->kp)[l].row_bytes;
-                for (int t = 0; t < len; t++) {
-                    bad += memcmp(a.codes + kv_view_row(&a, t) * rb,
-                                  b.codes + kv_view_row(&b, t) * rb, (size_t)rb) != 0;
-                    for (int j = 0; j < x->head_dim; j++) {
-                        const float u = kv_cache_elem(&a, t, j), v = kv_cache_elem(&b, t, j);
-                        bad += memcmp(&u, &v, sizeof u) != 0;
-                    }
-                }
-            }
-    return bad;
-}
 
 /* A paged CUDA backend's slot 0 as a host cache h (created by the caller for the same spec):
  * its table's blocks read back (read_blocks) into the same pool blocks of h, the same table,

@@ -23,6 +23,7 @@
 #include "kv_sched.h"
 #include "kv_swap.h"
 #include "kv_test.h"
+#include "test_sched_common.h"
 
 /* A small trace in memory: {arrival, prompt, output, n, beam, prefix, priority}. */
 static const kv_request REQS[] = {
@@ -32,17 +33,6 @@ static const kv_request REQS[] = {
     {0.06, 8, 10, 1, 4, -1, 0},  {0.08, 21, 5, 1, 1, 0, 0},  {0.09, 13, 12, 1, 1, -1, 0},
 };
 #define N_REQS ((int)(sizeof REQS / sizeof REQS[0]))
-
-static void make_trace(kv_trace *t, const kv_request *reqs, int n)
-{
-    memset(t, 0, sizeof *t);
-    t->req = malloc((size_t)n * sizeof(kv_request));
-    memcpy(t->req, reqs, (size_t)n * sizeof(kv_request));
-    t->n = n;
-    t->n_prefixes = 2;
-    t->prefix_len[0] = 16; /* four blocks of 4: shared whole blocks */
-    t->prefix_len[1] = 10;
-}
 
 static kv_backend *paged_backend_dtype(const kv_model *m, int n_blocks, int block_size,
                                       int prefix, int dtype)
@@ -74,12 +64,6 @@ static void check_pool(kv_backend *b, const char *what)
     kv_err err;
     KV_CHECK(kv_pool_check_leaks(&b->paged->pool, NULL, 0) == 0, "%s: blocks leaked", what);
     KV_CHECK(kv_pool_validate(&b->paged->pool, &err) == KV_OK, "%s: pool: %s", what, err.msg);
-}
-
-static int same_result(const kv_sched_result *a, const kv_sched_result *b)
-{
-    if (a->status || b->status || a->n_out != b->n_out || a->output_len != b->output_len) return 0;
-    return memcmp(a->tokens, b->tokens, (size_t)a->n_out * a->output_len * sizeof(int)) == 0;
 }
 
 static int preempted_multi; /* requests with n > 1 or beams preempted in the last run */

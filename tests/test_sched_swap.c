@@ -19,6 +19,7 @@
 #include "kv_sched.h"
 #include "kv_swap.h"
 #include "kv_test.h"
+#include "test_sched_common.h"
 
 /* {arrival, prompt, output, n, beam, prefix, priority}: plain, samples and beams, a third of
  * them high priority, arriving over 0.1 s */
@@ -29,17 +30,6 @@ static const kv_request REQS[] = {
     {0.06, 8, 10, 1, 4, -1, 1}, {0.08, 21, 5, 1, 1, 0, 0},  {0.09, 13, 12, 1, 1, -1, 0},
 };
 #define N_REQS ((int)(sizeof REQS / sizeof REQS[0]))
-
-static void make_trace(kv_trace *t, const kv_request *reqs, int n)
-{
-    memset(t, 0, sizeof *t);
-    t->req = malloc((size_t)n * sizeof(kv_request));
-    memcpy(t->req, reqs, (size_t)n * sizeof(kv_request));
-    t->n = n;
-    t->n_prefixes = 2;
-    t->prefix_len[0] = 16;
-    t->prefix_len[1] = 10;
-}
 
 static kv_backend *paged_backend(const kv_model *m, int n_blocks, int block_size)
 {
@@ -54,12 +44,6 @@ static kv_backend *paged_backend(const kv_model *m, int n_blocks, int block_size
         exit(1);
     }
     return b;
-}
-
-static int same_result(const kv_sched_result *a, const kv_sched_result *b)
-{
-    if (a->status || b->status || a->n_out != b->n_out || a->output_len != b->output_len) return 0;
-    return memcmp(a->tokens, b->tokens, (size_t)a->n_out * a->output_len * sizeof(int)) == 0;
 }
 
 /* Run the trace, compare each request with its solo run, check both tiers are empty. */

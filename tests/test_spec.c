@@ -18,6 +18,7 @@
  *    block the prefix cache registered, and kv_spec_generate refuses a backend without the
  *    truncate hook. */
 #include "kv_test.h"
+#include "test_spec_common.h"
 
 #include "kv_generate.h"
 #include "kv_spec.h"
@@ -35,14 +36,7 @@ static const int PROMPT[P] = {17, 301, 5, 88, 240, 17, 9};
 
 static kv_cache_spec make_spec(int paged, int dtype)
 {
-    kv_cache_spec s = kv_cache_spec_default(1, CAP);
-    s.dtype = dtype;
-    if (paged) {
-        s.layout = KV_LAYOUT_PAGED;
-        s.block_size = 8;
-        s.n_blocks = CAP / 8 + 2;
-    }
-    return s;
+    return spec_cache_spec(paged, dtype, CAP, 8);
 }
 
 /* ---- all_logits rows == one-token steps, bit for bit ----------------------------------- */
@@ -87,29 +81,6 @@ done:
 }
 
 /* ---- greedy: the target's tokens, the plain run's cache --------------------------------- */
-
-/* Rows 0..len-1 of slot 0 equal in two caches: codes bytes and every decoded element. */
-static long rows_differ(const kv_cache *x, const kv_cache *y, int len)
-{
-    long bad = 0;
-    for (int l = 0; l < x->n_layers; l++)
-        for (int role = 0; role < 2; role++)
-            for (int h = 0; h < x->n_kv_heads; h++) {
-                const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY;
-                const kv_head_view a = kv_cache_view(x, l, 0, h, r);
-                const kv_head_view b = kv_cache_view(y, l, 0, h, r);
-                const int64_t rb = (role ? x->vp : x->kp)[l].row_bytes;
-                for (int t = 0; t < len; t++) {
-                    bad += memcmp(a.codes + kv_view_row(&a, t) * rb,
-                                  b.codes + kv_view_row(&b, t) * rb, (size_t)rb) != 0;
-                    for (int j = 0; j < x->head_dim; j++) {
-                        const float u = kv_cache_elem(&a, t, j), v = kv_cache_elem(&b, t, j);
-                        bad += memcmp(&u, &v, sizeof u) != 0;
-                    }
-                }
-            }
-    return bad;
-}
 
 static void test_greedy(const kv_model *m, const kv_model *dm, int paged, int dtype)
 {
