@@ -11,8 +11,9 @@
  *   cuda_fp8.h: round to nearest even, fp8 saturating, the bits kv_quant_math.h's software
  *   conversions give); int8 gives each group of G channels a warp: a shuffle max gives the
  *   amax, lane 0 writes s = amax / 127, every lane its codes (kvq_int8_encode(), the CPU's
- *   line). KIVI rows go to the fp32 ring instead, at t % R, for tokens at or past the slot's
- *   quantized count (earlier ones were just spilled).
+ *   line). KIVI rows go to the fp32 ring instead, at t % R: a launch's last R tokens of a
+ *   slot, spilled or not, so the ring holds each row's latest token whatever the chunking
+ *   (as kv_cache.c), which a rollback that un-spills a group relies on.
  * fp8_calibrate_kernel: one block per prefilled sequence: each head's amax over the chunk
  *   (non-finite values skipped), then amax / max per head or the max over heads.
  * kivi_stage_kernel: gathers the rows a KIVI spill encodes (ring rows of older tokens, input
@@ -27,6 +28,12 @@
  * row, are decided there. A spill encodes one run per block it touches (32 | B, so a group
  * never straddles two blocks), exactly the groups kv_cache_write_seq() encodes.
  * The table operations (set_blocks, fork, copy-on-write copies) are in paged.cu.
+ *
+ * Chapter 10, rollback of a speculative step: kvcu_cache_speculate() arms a slot's undo log
+ * (kv_cache.h's kv_undo, entries in device memory); kvcu_cache_write() then copies, device to
+ * device, each ring row a window overwrites, each KIVI window row as a one-token run would
+ * find it and each group a spill is about to encode, and kvcu_cache_truncate() copies them
+ * back newest first, so the bytes equal the CPU's after every round.
  *
  * Chapter 06, retention (spec.window W > 0, kv_window.h): a slot owns S+W rows (contiguous)
  * or ceil((S+W)/B) blocks (paged), and position p is written to its logical row
@@ -44,6 +51,7 @@
 #include <string.h>
 
 #include "kv_quant.h"
+#include "kv_retain.h"
 #include "kvcu_internal.cuh"
 
 #define CACHE_THREADS 128
@@ -191,6 +199,13 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
         return kv_fail(err, e == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE,
                        "kvcu_cache_create: %s", cudaGetErrorString(e));
     }
+    if (spec->select) { /* chapter 09: the host-side selection state, the CPU cache's own */
+        st = kv_retain_create(&c->retain, spec, L, cfg->n_heads, cfg->n_kv_heads, d, err);
+        if (st) {
+            kvcu_cache_free(c);
+            return st;
+        }
+    }
     if (all_f32 && !paged && spec->window == 0) { /* chapter 02's arrays: contiguous, no ring */
         c->k = (float *)(void *)c->kp[0].codes;
         c->v = (float *)(void *)c->vp[0].codes;
@@ -211,6 +226,11 @@ void kvcu_cache_free(kvcu_cache *c)
     cudaFree(c->d_fmt);
     cudaFree(c->d_pairs);
     cudaFree(c->d_rope_cs);
+    for (int i = 0; c->undo && i < c->spec.n_slots; i++) { /* chapter 10 */
+        cudaFree(c->undo[i].rows);
+        free(c->undo[i].qlen0);
+    }
+    free(c->undo);
     free(c->tables);
     free(c->n_mapped);
     free(c->seg_mark);
@@ -219,6 +239,8 @@ void kvcu_cache_free(kvcu_cache *c)
     free(c->kp);
     free(c->vp);
     free(c->qlen);
+    kv_retain_free(c->retain);
+    kvcu_retain_scratch_free(c->rscratch);
     free(c);
 }
 
@@ -228,6 +250,8 @@ void kvcu_cache_reset(kvcu_cache *c, int slot)
     if (!c || slot < 0 || slot >= c->spec.n_slots) return;
     c->len[slot] = 0;
     if (c->n_mapped) c->n_mapped[slot] = 0; /* paged: the blocks go back with the table */
+    kv_retain_reset_slot(c->retain, slot);
+    if (c->undo) c->undo[slot].armed = 0;  /* chapter 10 */
     int any = 0;
     for (int l = 0; l < c->n_layers; l++) {
         any |= c->qlen[(size_t)l * c->spec.n_slots + slot] != 0;
@@ -244,9 +268,187 @@ int kvcu_cache_length(const kvcu_cache *c, int slot)
     return (c && slot >= 0 && slot < c->spec.n_slots) ? c->len[slot] : -1;
 }
 
+/* ---- chapter 10: the undo log of a speculative step (kv_cache.h, kv_undo) ----------------
+ * The CPU's bookkeeping (kv_undo_plan(), kv_undo_check()) with the entries in device memory:
+ * each write that overwrites a ring row, a KIVI window row or a spilled group first copies
+ * it device to device into its entry, and kvcu_cache_truncate() copies the entries back,
+ * newest first. Position p's entry is p mod M, as on the CPU. */
+
+static kv_undo *armed_log(const kvcu_cache *c, int slot)
+{
+    return c->undo && c->undo[slot].armed ? &c->undo[slot] : NULL;
+}
+
+/* kv_cache.c's undo_from(): the first position of a write worth logging (a rollback keeps
+ * at least pos + n - max_tokens and the armed length), and Q(len), what len tokens quantize. */
+static int undo_from(const kv_undo *u, int pos, int n)
+{
+    const int f = pos + n - u->max_tokens;
+    return f > u->len0 ? (f > pos ? f : pos) : (u->len0 > pos ? u->len0 : pos);
+}
+static int kivi_q(int len, int R)
+{
+    return len > R ? (len - R + KV_KIVI_GROUP - 1) / KV_KIVI_GROUP * KV_KIVI_GROUP : 0;
+}
+
+static uint8_t *undo_row(const kvcu_cache *c, const kv_undo *u, int layer, int kv, int h,
+                         int64_t p)
+{
+    const size_t head = ((size_t)layer * 2 + kv) * c->n_kv_heads + h;
+    return u->rows + (head * u->max_tokens + (size_t)(p % u->max_tokens)) * u->row_stride;
+}
+
+static uint8_t *undo_group(const kvcu_cache *c, const kv_undo *u, int layer, int kv, int h,
+                           int64_t g)
+{
+    const size_t head = ((size_t)layer * 2 + kv) * c->n_kv_heads + h;
+    return u->groups + (head * u->n_groups + (size_t)(g / KV_KIVI_GROUP % u->n_groups)) *
+                           u->group_stride;
+}
+
+/* Rows prow .. prow+n-1 of one head: codes then metadata into buf (save 1) or back (0). */
+static cudaError_t span_copy(const kvcu_cache *c, int layer, const kv_cache_plane *p, int role,
+                             int64_t rhead, int64_t prow, int n, uint8_t *buf, int save)
+{
+    size_t off[4];
+    kv_cache_span(p, c->fmt[layer], role, rhead, c->rows, prow, n, c->head_dim, off);
+    uint8_t *codes = p->codes + off[0], *meta = off[3] ? (uint8_t *)p->meta + off[2] : NULL;
+    cudaError_t e = save ? cudaMemcpy(buf, codes, off[1], cudaMemcpyDeviceToDevice)
+                         : cudaMemcpy(codes, buf, off[1], cudaMemcpyDeviceToDevice);
+    if (e == cudaSuccess && meta)
+        e = save ? cudaMemcpy(buf + off[1], meta, off[3], cudaMemcpyDeviceToDevice)
+                 : cudaMemcpy(meta, buf + off[1], off[3], cudaMemcpyDeviceToDevice);
+    return e;
+}
+
+static int64_t phys_row(const kvcu_cache *c, int slot, int64_t r)
+{
+    if (!c->tables) return r;
+    const int B = c->spec.block_size;
+    return (int64_t)c->tables[(size_t)slot * c->max_blocks + r / B] * B + r % B;
+}
+
+/** GPU twin of kv_cache_speculate(): the same arguments, checks and log; entries on the
+ * device. */
+int kvcu_cache_speculate(kvcu_cache *c, int slot, int max_tokens, kv_err *err)
+{
+    if (!c || slot < 0 || slot >= c->spec.n_slots)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_speculate: slot %d outside the cache", slot);
+    if (max_tokens < 0 || max_tokens > KVCU_CACHE_MAX_CAPACITY)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_speculate: %d tokens outside [0, %d]",
+                       max_tokens, KVCU_CACHE_MAX_CAPACITY);
+    if (!kv_cache_needs_undo(&c->spec, c->fmt, c->n_layers)) return KV_OK;
+    if (!c->undo) {
+        c->undo = (kv_undo *)calloc((size_t)c->spec.n_slots, sizeof(kv_undo));
+        if (!c->undo) return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_speculate: undo logs");
+    }
+    kv_undo *u = &c->undo[slot];
+    u->armed = 0;
+    if (max_tokens == 0) return KV_OK;
+    if (!u->qlen0) u->qlen0 = (int *)calloc((size_t)c->n_layers, sizeof(int));
+    if (!u->qlen0) return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_speculate: host memory");
+    const size_t bytes = kv_undo_plan(u, c->kp, c->vp, c->fmt, c->n_layers, c->n_kv_heads,
+                                      c->head_dim, c->spec.window, max_tokens);
+    if (bytes > u->alloc_bytes) {
+        cudaFree(u->rows);
+        u->rows = NULL;
+        u->alloc_bytes = 0;
+        KV_CUDA_TRY(cudaMalloc(&u->rows, bytes), err);
+        u->alloc_bytes = bytes;
+    }
+    u->groups = u->rows + (size_t)c->n_layers * 2 * c->n_kv_heads * max_tokens * u->row_stride;
+    u->len0 = u->end = c->len[slot];
+    for (int l = 0; l < c->n_layers; l++) u->qlen0[l] = c->qlen[(size_t)l * c->spec.n_slots + slot];
+    u->armed = 1;
+    return KV_OK;
+}
+
+/* Before layer's write of seq (its rows at t0 of the step's k, v): the ring rows a window
+ * overwrites, or KIVI's window rows as a one-token run would find them (the step's own row
+ * t-R when it is in the step, else the ring). The spill's groups are saved by the caller. */
+static int undo_save_rows(kvcu_cache *c, int layer, const kv_seq *s, int t0, const float *k,
+                          const float *v, kv_err *err)
+{
+    kv_undo *u = armed_log(c, s->slot);
+    if (!u) return KV_OK;
+    const int fmt = c->fmt[layer], Hkv = c->n_kv_heads, d = c->head_dim, R = c->window;
+    const int kivi = kvq_is_kivi(fmt);
+    if (!kivi && c->spec.window <= 0) return KV_OK;
+    for (int t = undo_from(u, s->pos, s->n_tokens); t < s->pos + s->n_tokens; t++) {
+        const int64_t prow = phys_row(c, s->slot, kv_window_row(c->spec.window, c->spec.n_sinks, t));
+        for (int kv = 0; kv < 2; kv++) {
+            const kv_cache_plane *p = kv ? &c->vp[layer] : &c->kp[layer];
+            for (int h = 0; h < Hkv; h++) {
+                const int64_t head = (int64_t)s->slot * Hkv + h;
+                cudaError_t e;
+                if (kivi) {
+                    const float *src = t - R >= s->pos
+                        ? (kv ? v : k) + ((size_t)(t0 + t - R - s->pos) * Hkv + h) * d
+                        : p->ring + (head * R + t % R) * d;
+                    e = cudaMemcpy(undo_row(c, u, layer, kv, h, t), src, (size_t)d * sizeof(float),
+                                   cudaMemcpyDeviceToDevice);
+                    u->copied += (double)d * sizeof(float);
+                } else {
+                    const int role = kv ? KV_QROLE_VALUE : KV_QROLE_KEY;
+                    size_t off[4];
+                    kv_cache_span(p, fmt, role, 0, 0, 0, 1, d, off);
+                    e = span_copy(c, layer, p, role, c->tables ? h : head, prow, 1,
+                                  undo_row(c, u, layer, kv, h, t), 1);
+                    u->copied += (double)(off[1] + off[3]);
+                }
+                if (e != cudaSuccess)
+                    return kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_write: undo log: %s",
+                                   cudaGetErrorString(e));
+            }
+        }
+    }
+    if (s->pos + s->n_tokens > u->end) u->end = s->pos + s->n_tokens;
+    return KV_OK;
+}
+
+/* Copy back, newest first, what the writes of positions len .. end-1 overwrote, then the
+ * quantized counts (kv_cache.c's undo_restore()). */
+static cudaError_t undo_restore(kvcu_cache *c, kv_undo *u, int slot, int len)
+{
+    const int Hkv = c->n_kv_heads, d = c->head_dim, R = c->window;
+    cudaError_t e = cudaSuccess;
+    for (int l = 0; l < c->n_layers && e == cudaSuccess; l++) {
+        int *q = &c->qlen[(size_t)l * c->spec.n_slots + slot];
+        const int kivi = kvq_is_kivi(c->fmt[l]);
+        int qn = kivi && len > R ? (len - R + KV_KIVI_GROUP - 1) / KV_KIVI_GROUP * KV_KIVI_GROUP : 0;
+        if (kivi && qn < u->qlen0[l]) qn = u->qlen0[l];
+        for (int kv = 0; kv < 2; kv++) {
+            const kv_cache_plane *p = kv ? &c->vp[l] : &c->kp[l];
+            const int role = kv ? KV_QROLE_VALUE : KV_QROLE_KEY;
+            for (int h = 0; h < Hkv && e == cudaSuccess; h++) {
+                const int64_t head = (int64_t)slot * Hkv + h, rhead = c->tables ? h : head;
+                if (kivi) {
+                    for (int g = qn; g < *q && e == cudaSuccess; g += KV_KIVI_GROUP)
+                        e = span_copy(c, l, p, role, rhead, phys_row(c, slot, g), KV_KIVI_GROUP,
+                                      undo_group(c, u, l, kv, h, g), 0);
+                    for (int64_t t = u->end - 1; t >= len && e == cudaSuccess; t--)
+                        e = cudaMemcpy(p->ring + (head * R + t % R) * d, undo_row(c, u, l, kv, h, t),
+                                       (size_t)d * sizeof(float), cudaMemcpyDeviceToDevice);
+                } else if (c->spec.window > 0) {
+                    for (int64_t t = u->end - 1; t >= len && e == cudaSuccess; t--) {
+                        const int64_t lr = kv_window_row(c->spec.window, c->spec.n_sinks, t);
+                        e = span_copy(c, l, p, role, rhead, phys_row(c, slot, lr), 1,
+                                      undo_row(c, u, l, kv, h, t), 0);
+                    }
+                }
+            }
+        }
+        if (kivi) *q = qn;
+    }
+    if (e == cudaSuccess)
+        e = cudaMemcpy(c->d_qlen, c->qlen, (size_t)c->n_layers * c->spec.n_slots * sizeof(int),
+                       cudaMemcpyHostToDevice);
+    return e;
+}
+
 /** GPU twin of kv_cache_truncate() (chapter 10): only the host's length changes; the rows
- * past it stay on the device, invisible, until the next step overwrites them. The same
- * refusals: a window's ring and KIVI's spills cannot be undone by a length. */
+ * past it stay on the device, invisible, until the next step overwrites them. A window's
+ * ring and KIVI's spills are copied back from the undo log, with the same refusals. */
 int kvcu_cache_truncate(kvcu_cache *c, int slot, int len, kv_err *err)
 {
     if (!c || slot < 0 || slot >= c->spec.n_slots)
@@ -254,15 +456,26 @@ int kvcu_cache_truncate(kvcu_cache *c, int slot, int len, kv_err *err)
     if (len < 0 || len > c->len[slot])
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_truncate: %d tokens but slot %d holds %d",
                        len, slot, c->len[slot]);
-    if (c->spec.window > 0)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_truncate: a windowed cache's ring "
-                       "rows of the rejected tokens replaced older ones, which would need "
-                       "restoring");
-    for (int l = 0; l < c->n_layers; l++)
-        if (kvq_is_kivi(c->fmt[l]))
-            return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_truncate: layer %d stores %s: "
-                           "the rejected tokens may have spilled fp32 rows into 2/4-bit "
-                           "groups, which would need restoring", l, kv_quant_name(c->fmt[l]));
+    if (c->retain) /* chapter 09: kv_cache_truncate()'s refusal, in its words */
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_truncate: %s retention already "
+                       "observed and evicted with the rejected tokens; its kept sets cannot "
+                       "be rolled back", kv_select_method_name(c->spec.select));
+    if (len < c->len[slot] && kv_cache_needs_undo(&c->spec, c->fmt, c->n_layers)) {
+        kv_undo *u = c->undo ? &c->undo[slot] : NULL;
+        int rc = kv_undo_check("kvcu_cache_truncate", u, slot, len, c->len[slot], err);
+        if (rc) return rc;
+        if (c->len[slot] > u->end) u->end = c->len[slot];
+        KV_CUDA_TRY(undo_restore(c, u, slot, len), err);
+    }
+    if (c->undo) c->undo[slot].armed = 0;
+    c->len[slot] = len;
+    return KV_OK;
+}
+
+int kvcu_cache_commit_length(kvcu_cache *c, int slot, int len, kv_err *err)
+{
+    if (!c || slot < 0 || slot >= c->spec.n_slots || len < 0 || len > c->spec.capacity)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_commit_length: slot %d, %d tokens", slot, len);
     c->len[slot] = len;
     return KV_OK;
 }
@@ -341,7 +554,12 @@ __global__ void cache_write_kernel(int fmt, kv_cache_plane kp, kv_cache_plane vp
     const int64_t lrow = kv_window_row(keep_w, keep_s, pos);  /* retention: the ring row */
     const int64_t prow = kvcu_slot_row(tables, max_blocks, block_size, slot, lrow);
     if (kvq_is_kivi(fmt)) {
-        if (pos < qlen[slot]) return; /* spilled before this launch, from the input rows */
+        /* the step's last R tokens of the slot enter the ring, spilled or not (kv_cache.c):
+         * a token whose ring row a later one of the launch takes is skipped */
+        (void)qlen;
+        if (t + window < (int)gridDim.x && tok_slot[t + window] == slot &&
+            tok_pos[t + window] == pos + window)
+            return;
         float *ring = p->ring + (head * window + pos % window) * d;
         for (int j = threadIdx.x; j < d; j += blockDim.x) ring[j] = x[j];
         return;
@@ -423,6 +641,11 @@ int kvcu_cache_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_seqs,
                       seqs[i].n_tokens, Hkv, d, c->spec.fp8_per_head, sv);
             KV_CUDA_TRY_LAUNCH(err);
         }
+    if (c->undo) /* chapter 10: what this write overwrites, into armed slots' undo logs */
+        for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
+            int rc = undo_save_rows(c, layer, &seqs[i], t, k, v, err);
+            if (rc) return rc;
+        }
     if (kvq_is_kivi(fmt)) { /* spill what no longer fits the window (kv_cache_write_seq()) */
         int changed = 0;
         for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
@@ -460,6 +683,17 @@ int kvcu_cache_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_seqs,
                         uint8_t *meta = (uint8_t *)p->meta +
                                         (rhead * p->meta_entries + kvq_meta_index(fmt, role, prow, 0, d)) * 4;
                         const float *x = c->stage + (((size_t)r * Hkv + h) * rows + (g - q0)) * d;
+                        kv_undo *u = armed_log(c, slot);
+                        const int gmin = u ? kivi_q(undo_from(u, pos, n), R) : 0;
+                        for (int gg = g; u && gg < end; gg += KV_KIVI_GROUP) { /* chapter 10 */
+                            if (gg < gmin) continue; /* no rollback reaches it */
+                            KV_CUDA_TRY(span_copy(c, layer, p, role, rhead, prow + (gg - g),
+                                                  KV_KIVI_GROUP, undo_group(c, u, layer, r, h, gg), 1),
+                                        err);
+                            size_t off[4];
+                            kv_cache_span(p, fmt, role, 0, 0, 0, KV_KIVI_GROUP, d, off);
+                            u->copied += (double)(off[1] + off[3]);
+                        }
                         int rc = kvcu_quant_encode(fmt, role, x, end - g, d, 0.0f, codes, meta, err);
                         if (rc) return rc;
                     }

@@ -19,6 +19,11 @@
  * and one attention launch per layer, as before. The waves depend only on the batch, so the
  * host lists them once per step, not per layer.
  *
+ * Chapter 10 (tensor-parallel heads, kv_shard): kvcu_forward_shard() is the same step over a
+ * rank's rows of Wq, Wk, Wv, W1, W3 and columns of Wo, W2 (kvcu_matmul_strided), with the
+ * shard's all_reduce hook called on the device partial sums after the Wo and W2 products, as
+ * kv_forward_shard() does on the CPU; kvcu_forward() is the shard-less call.
+ *
  * Also here: the device queries, C wrappers of cudaMalloc/cudaMemcpy for C callers, and the
  * kv_backend that runs kvcu_forward(); on a paged spec it pages exactly as the CPU backend
  * does (kv_paged.h on the host: prepare before the step, commit after, release on reset),
@@ -29,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_retain.h"
 #include "kvcu_internal.cuh"
 
 /* A scores scratch larger than this many floats (256 MiB) is not allocated: a long prefill
@@ -284,15 +290,29 @@ static int state_reserve(kvcu_state *s, const kv_config *c, int T, int n_seqs, i
 int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq *seqs,
                  int n_seqs, float *logits, kv_counters *cnt, kv_err *err)
 {
+    return kvcu_forward_shard(m, c, s, NULL, seqs, n_seqs, logits, cnt, err);
+}
+
+/** kvcu_forward() as a tensor-parallel rank (kvcu.h); sh->all_reduce gets device pointers. */
+int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_shard *sh,
+                       const kv_seq *seqs, int n_seqs, float *logits, kv_counters *cnt,
+                       kv_err *err)
+{
     if (!m || !c || !s)
         return kv_fail(err, KV_ERR_ARG, "kvcu_forward: NULL model, cache or state");
     const kv_config *p = &m->config;
     const kv_weights *w = &m->w; /* device pointers */
     int T = 0;
-    KVCU_TRY(kv_batch_check("kvcu_forward", p, &c->spec, c->n_layers, c->n_kv_heads, c->head_dim,
-                            c->len, seqs, n_seqs, &T, err));
+    kv_config shape = *p; /* a tensor-parallel rank's cache holds its shard's KV heads */
+    if (sh) shape.n_kv_heads = sh->n_kv_heads;
+    KVCU_TRY(kv_batch_check("kvcu_forward", &shape, &c->spec, c->n_layers, c->n_kv_heads,
+                            c->head_dim, c->len, seqs, n_seqs, &T, err));
     if (c->tables) /* paged: every row written must fall in the slot's mapped blocks */
         KVCU_TRY(kvcu_paged_rows_check("kvcu_forward", c, seqs, n_seqs, err));
+    if (c->retain && sh) /* chapter 09's state is sized by the whole model's heads */
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_forward: %s retention on a "
+                       "tensor-parallel shard is not supported",
+                       kv_select_method_name(c->spec.select));
     int logit_rows = n_seqs; /* rows of device logits: the last rows, or an all_logits chunk */
     for (int i = 0; i < n_seqs; i++)
         if (seqs[i].all_logits && seqs[i].n_tokens > logit_rows) logit_rows = seqs[i].n_tokens;
@@ -300,6 +320,12 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
     const int dim = p->dim, H = p->n_heads, d = kv_config_head_dim(p), span = c->span;
     const int qdim = H * d, kvdim = kv_config_kv_dim(p), hidden = p->hidden_dim;
     const float eps = p->norm_eps;
+    /* chapter 10: the rank's query heads q0.., KV heads kv0.. and hidden units f0.. (the
+     * whole model without a shard); qs, kvs: widths of its q and k/v rows */
+    const int Hs = sh ? sh->n_q_heads : H, KVs = sh ? sh->n_kv_heads : p->n_kv_heads;
+    const int q0 = sh ? sh->q_head0 : 0, kv0 = sh ? sh->kv_head0 : 0;
+    const int f0 = sh ? sh->hidden0 : 0, fs = sh ? sh->n_hidden : hidden;
+    const int qs = Hs * d, kvs = KVs * d;
     const int W = c->spec.window, S = c->spec.n_sinks;
     const int keys_at_cache_pos = W > 0 && c->spec.pos_scheme == KV_POS_CACHE;
     /* attention rows per launch: all of them, unless their scores would pass KVCU_SCORES_MAX
@@ -364,20 +390,28 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
     for (int l = 0; l < p->n_layers; l++) {
         /* attention block: x += Wo · attention(RoPE(Wq·xb), cache(RoPE(Wk·xb), Wv·xb)) */
         KVCU_TRY(kvcu_rmsnorm(xb, x, w->rms_att + (size_t)l * dim, T, dim, eps, err));
-        KVCU_TRY(kvcu_matmul(q, xb, w->wq + (size_t)l * qdim * dim, T, dim, qdim, err));
-        KVCU_TRY(kvcu_matmul(k, xb, w->wk + (size_t)l * kvdim * dim, T, dim, kvdim, err));
-        KVCU_TRY(kvcu_matmul(v, xb, w->wv + (size_t)l * kvdim * dim, T, dim, kvdim, err));
-        KVCU_TRY(kvcu_rope(q, d_qpos, T, H, d, p->rotary_dim, p->rope_theta, err));
+        KVCU_TRY(kvcu_matmul(q, xb, w->wq + ((size_t)l * qdim + (size_t)q0 * d) * dim, T, dim,
+                             qs, err));
+        KVCU_TRY(kvcu_matmul(k, xb, w->wk + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim,
+                             kvs, err));
+        KVCU_TRY(kvcu_matmul(v, xb, w->wv + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim,
+                             kvs, err));
+        KVCU_TRY(kvcu_rope(q, d_qpos, T, Hs, d, p->rotary_dim, p->rope_theta, err));
         if (!keys_at_cache_pos) /* KV_POS_CACHE: attention rotates keys by cache index */
-            KVCU_TRY(kvcu_rope(k, d_pos, T, p->n_kv_heads, d, p->rotary_dim, p->rope_theta, err));
+            KVCU_TRY(kvcu_rope(k, d_pos, T, KVs, d, p->rotary_dim, p->rope_theta, err));
         /* every row's K/V of a wave first, so a prefill row can attend to the rows before it */
         if (n_waves == 1) { /* the whole step: one write, rows in order */
             KVCU_TRY(kvcu_cache_write(c, l, seqs, n_seqs, d_slot, d_pos, k, v, T, err));
-            for (int r0 = 0; r0 < T; r0 += rows) {
+            /* chapter 09: each KV head reads only what its method keeps or picks, per
+             * sequence (kv_retain.h; no window, so the step is this one wave) */
+            for (int i = 0, t = 0; c->retain && i < n_seqs; t += seqs[i].n_tokens, i++)
+                KVCU_TRY(kvcu_retain_attend(c, l, seqs[i].slot, seqs[i].pos, seqs[i].n_tokens,
+                                            q + (size_t)t * qs, xb + (size_t)t * qs, err));
+            for (int r0 = 0; !c->retain && r0 < T; r0 += rows) {
                 const int nr = T - r0 < rows ? T - r0 : rows;
                 KVCU_TRY(kvcu_attention(c, l, d_slot + r0, d_pos + r0, NULL,
-                                        q + (size_t)r0 * qdim, xb + (size_t)r0 * qdim,
-                                        (float *)s->scores.p, nr, H, max_len, err));
+                                        q + (size_t)r0 * qs, xb + (size_t)r0 * qs,
+                                        (float *)s->scores.p, nr, Hs, max_len, err));
             }
         } else {
             for (int wv = 0; wv < n_waves; wv++) {
@@ -385,26 +419,32 @@ int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq
                     const int *ch = chunks + 4 * (size_t)ci, t0 = ch[3];
                     const kv_seq one = {ch[0], ch[1], ch[2], NULL};
                     KVCU_TRY(kvcu_cache_write(c, l, &one, 1, d_slot + t0, d_pos + t0,
-                                              k + (size_t)t0 * kvdim, v + (size_t)t0 * kvdim,
+                                              k + (size_t)t0 * kvs, v + (size_t)t0 * kvs,
                                               ch[2], err));
                 }
                 const int w0 = wave_start[wv], nw = wave_start[wv + 1] - w0;
                 for (int r0 = 0; r0 < nw; r0 += rows) {
                     const int nr = nw - r0 < rows ? nw - r0 : rows;
                     KVCU_TRY(kvcu_attention(c, l, d_slot, d_pos, d_wave + w0 + r0, q, xb,
-                                            (float *)s->scores.p, nr, H, max_len, err));
+                                            (float *)s->scores.p, nr, Hs, max_len, err));
                 }
             }
         }
-        KVCU_TRY(kvcu_matmul(xb2, xb, w->wo + (size_t)l * dim * qdim, T, qdim, dim, err));
+        /* a rank multiplies its heads' columns of Wo: a partial sum, completed by the
+         * all-reduce over the ranks (chapter 10), on the device buffer xb2 */
+        KVCU_TRY(kvcu_matmul_strided(xb2, xb, w->wo + (size_t)l * dim * qdim + (size_t)q0 * d,
+                                     T, qs, dim, qdim, err));
+        if (sh) sh->all_reduce(sh, xb2, (int64_t)T * dim);
         KVCU_TRY(kvcu_add(x, xb2, (int64_t)T * dim, err));
 
         /* MLP block: x += W2 · (silu(W1·xb) * W3·xb) */
         KVCU_TRY(kvcu_rmsnorm(xb, x, w->rms_ffn + (size_t)l * dim, T, dim, eps, err));
-        KVCU_TRY(kvcu_matmul(hb, xb, w->w1 + (size_t)l * hidden * dim, T, dim, hidden, err));
-        KVCU_TRY(kvcu_matmul(hb2, xb, w->w3 + (size_t)l * hidden * dim, T, dim, hidden, err));
-        KVCU_TRY(kvcu_swiglu(hb, hb2, (int64_t)T * hidden, err));
-        KVCU_TRY(kvcu_matmul(xb2, hb, w->w2 + (size_t)l * dim * hidden, T, hidden, dim, err));
+        KVCU_TRY(kvcu_matmul(hb, xb, w->w1 + ((size_t)l * hidden + f0) * dim, T, dim, fs, err));
+        KVCU_TRY(kvcu_matmul(hb2, xb, w->w3 + ((size_t)l * hidden + f0) * dim, T, dim, fs, err));
+        KVCU_TRY(kvcu_swiglu(hb, hb2, (int64_t)T * fs, err));
+        KVCU_TRY(kvcu_matmul_strided(xb2, hb, w->w2 + (size_t)l * dim * hidden + f0, T, fs, dim,
+                                     hidden, err));
+        if (sh) sh->all_reduce(sh, xb2, (int64_t)T * dim);
         KVCU_TRY(kvcu_add(x, xb2, (int64_t)T * dim, err));
     }
 
@@ -485,6 +525,11 @@ static int cuda_truncate(kv_backend *b, int slot, int len, kv_err *err)
     if (!rc) rc = kvcu_cache_truncate(((cuda_impl *)b->impl)->cache, slot, len, err);
     if (rc || !b->paged) return rc;
     return kv_paged_truncate(b, slot, len, err);
+}
+
+static int cuda_speculate(kv_backend *b, int slot, int max_tokens, kv_err *err)
+{
+    return kvcu_cache_speculate(((cuda_impl *)b->impl)->cache, slot, max_tokens, err);
 }
 
 static int cuda_set_blocks(kv_backend *b, int slot, const int *blocks, int n, kv_err *err)
@@ -616,6 +661,7 @@ int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_
     b->reset = cuda_reset;
     b->length = cuda_length;
     b->truncate = cuda_truncate;
+    b->speculate = cuda_speculate;
     if (spec->layout == KV_LAYOUT_PAGED) { /* the host pages, the device moves the bytes */
         b->set_blocks = cuda_set_blocks;
         b->copy_blocks = cuda_copy_blocks;

@@ -48,6 +48,11 @@ int kvcu_rmsnorm(float *out, const float *x, const float *w, int T, int n, float
 /** kv_matmul() on the GPU: v1 (a warp per output) for T = 1, v2 (shared-memory tiles) for T > 1,
  * both summing a row in the same order, so a row's bits do not depend on T. */
 int kvcu_matmul(float *y, const float *x, const float *W, int T, int in, int out, kv_err *err);
+/** kv_matmul_strided() on the GPU: W's rows are @p ldw >= in floats apart, so W may point at
+ * a column slice of a wider matrix (chapter 10: a tensor-parallel rank's Wo and W2). ldw == in
+ * is kvcu_matmul(), bit for bit. */
+int kvcu_matmul_strided(float *y, const float *x, const float *W, int T, int in, int out,
+                        int ldw, kv_err *err);
 /** kv_rope() on the GPU: angles formed in double exactly as the CPU forms them. */
 int kvcu_rope(float *x, const int *pos, int T, int n_heads, int head_dim, int rotary_dim,
               float theta, kv_err *err);
@@ -108,6 +113,33 @@ int kvcu_cache_length(const kvcu_cache *c, int slot);
  * len outside [0, cached length]). A paged cache keeps its table (the backend's truncate
  * gives the blocks back). */
 int kvcu_cache_truncate(kvcu_cache *c, int slot, int len, kv_err *err);
+/** kv_cache_speculate() (chapter 10): arm @p slot's undo log before a speculative step, so
+ * kvcu_cache_truncate() can drop up to @p max_tokens positions of a windowed or KIVI cache
+ * (device-to-device copies of the rows each write overwrites); the others copy nothing. The
+ * same arguments, checks and memory bound as the CPU. */
+int kvcu_cache_speculate(kvcu_cache *c, int slot, int max_tokens, kv_err *err);
+/** For callers that write rows with kvcu_cache_write_seq(), which leaves the length to the
+ * caller as kv_cache_write_seq() does: set @p slot's length to @p len, what kvcu_forward()
+ * does after a step and a CPU caller does by assigning c->len[slot]. KV_ERR_ARG for a slot
+ * out of range or len outside [0, capacity]. */
+int kvcu_cache_commit_length(kvcu_cache *c, int slot, int len, kv_err *err);
+/** Chapter 09: the host-side selection state of a cache built with spec.select != 0
+ * (kv_retain.h), or NULL. Written by kvcu_forward() exactly as kv_forward() writes the CPU
+ * cache's c->retain. */
+struct kv_retain *kvcu_cache_retain(const kvcu_cache *c);
+/**
+ * kv_retain_attend() on the device (chapter 09): steps 1-5 of kv_retain.h for one sequence of
+ * a step, every KV head of @p layer, after its rows were written to @p c. q [n][H][d] and
+ * out [n][H][d] are device memory. The new keys come back dequantized for append, each row's
+ * position list goes to the device, one kernel attends over the lists and, for H2O and SnapKV,
+ * accumulates the attention mass per listed position in kv_retain.h's order; the mass comes
+ * back for observe and the host evicts. Same state changes as the CPU (within the float
+ * tolerance of the attention). KV_OK, KV_ERR_ARG (no retention, bad layer / slot /
+ * positions), KV_ERR_NOMEM, KV_ERR_DEVICE, KV_ERR_UNSUPPORTED (a group whose queries pass
+ * 48 KiB of shared memory).
+ */
+int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, const float *q,
+                       float *out, kv_err *err);
 /** Device scratch of the forward pass; buffers grow with the largest step seen. */
 int kvcu_state_create(kvcu_state **out, kv_err *err);
 /** Free the device scratch (NULL is fine). */
@@ -119,6 +151,21 @@ void kvcu_state_free(kvcu_state *s);
  * row by row as a one-token step computes its row, so each equals that step's logits. */
 int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq *seqs,
                  int n_seqs, float *logits, kv_counters *cnt, kv_err *err);
+/**
+ * kvcu_forward() as rank @p sh of a tensor-parallel group (chapter 10), the twin of
+ * kv_forward_shard() with the same ::kv_shard: the rank's rows of Wq, Wk, Wv, W1 and W3, its
+ * columns of Wo and W2 (kvcu_matmul_strided()), and sh->all_reduce() after the Wo product and
+ * after the W2 product of every layer. Here the x it is given is DEVICE memory: the partial
+ * sums [T][dim] in this rank's scratch, which the hook replaces by the sum over the ranks
+ * (e.g. an ncclAllReduce on the device, or a download, a host sum and an upload) before it
+ * returns, the kernels launched so far being complete or ordered before its own work.
+ * @p c holds the shard's KV heads only (a cache created with n_kv_heads = sh->n_kv_heads).
+ * Retention (chapter 09) on a shard is refused (KV_ERR_UNSUPPORTED) as on the CPU. NULL
+ * @p sh is kvcu_forward() itself, bit for bit.
+ */
+int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_shard *sh,
+                       const kv_seq *seqs, int n_seqs, float *logits, kv_counters *cnt,
+                       kv_err *err);
 
 /** A ::kv_backend running kvcu_forward(); uploads @p model (the host copy may then go).
  * Its truncate (chapter 10) is kvcu_cache_truncate(), paged through kv_paged_truncate(). */

@@ -54,6 +54,13 @@ struct kvcu_cache {
      * their cache index, with the CPU cache's table (kv_cache.h rope_cs), bit for bit */
     int rotary_dim;      /* the model's rotary dims */
     float *d_rope_cs;    /* device [S+W][rotary_dim/2][2] cos, sin per cache index, else NULL */
+    /* chapter 09: selected-set retention (kv_retain.h). The state is the CPU's, on the host,
+     * written by kvcu_retain_attend() (cuda/retain.cu), whose scratch follows it. */
+    struct kv_retain *retain;                /* host, or NULL when spec.select is 0 */
+    struct kvcu_retain_scratch *rscratch;    /* device buffers and host staging, or NULL */
+    /* chapter 10: [n_slots] undo logs (kv_cache.h), host bookkeeping, rows and groups in
+     * device memory; NULL until the first kvcu_cache_speculate() of a window or KIVI cache */
+    kv_undo *undo;
 };
 
 /* Where logical row t of @p slot is stored: t itself in a contiguous cache (tables NULL), else
@@ -184,6 +191,9 @@ static inline attn_src cache_src(const kvcu_cache *c, int layer)
     s.rotary_dim = c->rotary_dim;
     return s;
 }
+
+/** Free kvcu_retain_attend()'s scratch (NULL is fine); kvcu_cache_free() calls it. */
+void kvcu_retain_scratch_free(struct kvcu_retain_scratch *s);
 
 /* ---- reductions ------------------------------------------------------------------------
  * Warp sums use the xor butterfly: after 5 steps every lane holds the total. The order of the

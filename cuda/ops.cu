@@ -19,6 +19,9 @@
  *   of v1's shuffles: the two versions produce the same bits for the same row (both write
  *   acc += x * w, which the compiler turns into the same fused multiply-add). That makes a
  *   sequence's result independent of who shares its step (batched vs solo, DESIGN.md §4).
+ * Both take W's row stride ldw (>= in) apart from in: a tensor-parallel rank (chapter 10)
+ *   multiplies a column slice of Wo and W2 in place (kvcu_matmul_strided); kvcu_matmul is
+ *   ldw = in.
  *
  * rope_kernel: one thread per rotated pair (token, head, i). As in the CPU reference the
  *   angle pos * theta^(-2i/rotary_dim) is formed in double (in fp32, position 32k times a
@@ -72,14 +75,15 @@ int kvcu_rmsnorm(float *out, const float *x, const float *w, int T, int n, float
 #define MM_TILE 16    /* v2: tokens and outputs per block side */
 #define MM_K 32       /* v2: columns per shared tile = the 32 lanes of v1 */
 
-__global__ void matmul_kernel_v1(float *y, const float *x, const float *W, int in, int out)
+__global__ void matmul_kernel_v1(float *y, const float *x, const float *W, int in, int out,
+                                 int ldw)
 {
     const int lane = threadIdx.x % KV_WARP;
     const int o = blockIdx.x * MM_V1_WARPS + threadIdx.x / KV_WARP;
     const int t = blockIdx.y;
     if (o >= out) return; /* o is the same for the whole warp: no shuffle loses a lane */
     const float *xr = x + (size_t)t * in; /* [in] */
-    const float *wr = W + (size_t)o * in; /* [in] */
+    const float *wr = W + (size_t)o * ldw; /* [in] of a row ldw floats long */
     float acc = 0.0f;
     for (int j = lane; j < in; j += KV_WARP)
         acc += xr[j] * wr[j];
@@ -87,7 +91,8 @@ __global__ void matmul_kernel_v1(float *y, const float *x, const float *W, int i
     if (lane == 0) y[(size_t)t * out + o] = acc;
 }
 
-__global__ void matmul_kernel_v2(float *y, const float *x, const float *W, int T, int in, int out)
+__global__ void matmul_kernel_v2(float *y, const float *x, const float *W, int T, int in, int out,
+                                 int ldw)
 {
     KV_DYNAMIC_SMEM(float, smem);
     float *xs = smem;                           /* [MM_TILE][MM_K + 1] tokens  x columns */
@@ -104,7 +109,7 @@ __global__ void matmul_kernel_v2(float *y, const float *x, const float *W, int T
         for (int e = tid; e < MM_TILE * MM_K; e += MM_TILE * MM_TILE) {
             const int r = e / MM_K, c = e % MM_K, j = j0 + c;
             xs[r * (MM_K + 1) + c] = (t0 + r < T && j < in) ? x[(size_t)(t0 + r) * in + j] : 0.0f;
-            ws[r * (MM_K + 1) + c] = (o0 + r < out && j < in) ? W[(size_t)(o0 + r) * in + j] : 0.0f;
+            ws[r * (MM_K + 1) + c] = (o0 + r < out && j < in) ? W[(size_t)(o0 + r) * ldw + j] : 0.0f;
         }
         __syncthreads();
         KV_UNROLL
@@ -126,24 +131,34 @@ __global__ void matmul_kernel_v2(float *y, const float *x, const float *W, int T
     if (t0 + ty < T && o0 + tx < out) y[(size_t)(t0 + ty) * out + o0 + tx] = part[0];
 }
 
-/** GPU twin of kv_matmul(); x [T][in], W [out][in], y [T][out] device. v1 for T = 1, else v2. */
-int kvcu_matmul(float *y, const float *x, const float *W, int T, int in, int out, kv_err *err)
+/** GPU twin of kv_matmul_strided(); x [T][in], W [out][ldw] (columns 0 .. in-1 used),
+ * y [T][out] device. v1 for T = 1, else v2. ldw == in is kvcu_matmul(), bit for bit: only
+ * the address of a weight changes, not the order of the additions. */
+int kvcu_matmul_strided(float *y, const float *x, const float *W, int T, int in, int out,
+                        int ldw, kv_err *err)
 {
-    if (T < 0 || in <= 0 || out <= 0)
-        return kv_fail(err, KV_ERR_ARG, "kvcu_matmul: T %d, in %d, out %d", T, in, out);
+    if (T < 0 || in <= 0 || out <= 0 || ldw < in)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_matmul: T %d, in %d, out %d, ldw %d", T, in, out,
+                       ldw);
     if (T == 0) return KV_OK;
     if (T == 1) {
         dim3 grid(kv_ceil_div(out, MM_V1_WARPS), T); /* y: tokens */
-        KV_LAUNCH(matmul_kernel_v1, grid, MM_V1_WARPS * KV_WARP, 0, 0, y, x, W, in, out);
+        KV_LAUNCH(matmul_kernel_v1, grid, MM_V1_WARPS * KV_WARP, 0, 0, y, x, W, in, out, ldw);
     } else {
         /* token tiles in x (up to 2^31 blocks), output tiles in y (65535 x 16 outputs) */
         dim3 grid(kv_ceil_div(T, MM_TILE), kv_ceil_div(out, MM_TILE));
         dim3 block(MM_TILE, MM_TILE);
         size_t smem = 2 * MM_TILE * (MM_K + 1) * sizeof(float);
-        KV_LAUNCH(matmul_kernel_v2, grid, block, smem, 0, y, x, W, T, in, out);
+        KV_LAUNCH(matmul_kernel_v2, grid, block, smem, 0, y, x, W, T, in, out, ldw);
     }
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
+}
+
+/** GPU twin of kv_matmul(); x [T][in], W [out][in], y [T][out] device. */
+int kvcu_matmul(float *y, const float *x, const float *W, int T, int in, int out, kv_err *err)
+{
+    return kvcu_matmul_strided(y, x, W, T, in, out, in, err);
 }
 
 /* ---- rope ------------------------------------------------------------------------------ */

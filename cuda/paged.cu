@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kv_quant.h"
+#include "kv_retain.h"
 #include "kvcu_internal.cuh"
 
 #define COPY_THREADS 128
@@ -52,6 +53,10 @@ int kvcu_cache_set_blocks(kvcu_cache *c, int slot, const int *blocks, int n, kv_
 
 int kvcu_cache_fork_slot(kvcu_cache *c, int dst, int src, kv_err *err)
 {
+    if (c && c->retain) /* chapter 09: kv_cache_fork_slot()'s refusal, in its words */
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_fork_slot: a cache with %s "
+                       "retention keeps per-sequence selection state that a fork would not "
+                       "copy", kv_select_method_name(c->spec.select));
     int rc = paged_slot(c, "kvcu_cache_fork_slot", dst, err);
     if (!rc) rc = paged_slot(c, "kvcu_cache_fork_slot", src, err);
     if (rc || dst == src) return rc;
@@ -81,6 +86,10 @@ int kvcu_cache_fork_slot(kvcu_cache *c, int dst, int src, kv_err *err)
 
 int kvcu_cache_set_length(kvcu_cache *c, int slot, int len, kv_err *err)
 {
+    if (c && c->retain) /* chapter 09: kv_cache_set_length()'s refusal, in its words */
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_set_length: a cache with %s "
+                       "retention would adopt rows its selection state never saw",
+                       kv_select_method_name(c->spec.select));
     int rc = paged_slot(c, "kvcu_cache_set_length", slot, err);
     if (!rc)
         rc = kv_cache_check_length("kvcu_cache_set_length", &c->spec, c->fmt, c->n_layers,

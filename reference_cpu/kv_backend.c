@@ -87,6 +87,11 @@ static int cpu_truncate(kv_backend *b, int slot, int len, kv_err *err)
     return kv_paged_truncate(b, slot, len, err);
 }
 
+static int cpu_speculate(kv_backend *b, int slot, int max_tokens, kv_err *err)
+{
+    return kv_cache_speculate(&((cpu_impl *)b->impl)->cache, slot, max_tokens, err);
+}
+
 static size_t cpu_block_bytes(kv_backend *b)
 {
     return kv_cache_block_bytes(&((cpu_impl *)b->impl)->cache);
@@ -288,6 +293,7 @@ int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec 
     b->length = cpu_length;
     b->destroy = cpu_destroy;
     b->truncate = cpu_truncate;
+    b->speculate = cpu_speculate;
     if (spec->layout == KV_LAYOUT_PAGED) {
         b->set_blocks = cpu_set_blocks;
         b->copy_blocks = cpu_copy_blocks;

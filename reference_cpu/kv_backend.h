@@ -76,6 +76,10 @@ struct kv_backend {
     /** Keep the first @p len tokens of @p slot (kv_cache_truncate()); a paged backend also
      * gives the blocks past len back to the pool (refcounts dropped). NULL: not supported. */
     int (*truncate)(kv_backend *b, int slot, int len, kv_err *err);
+    /** Arm @p slot's undo log before a speculative step (kv_cache_speculate()), so truncate
+     * can drop up to @p max_tokens of the positions written next on a windowed or KIVI
+     * cache; the others copy nothing. NULL: nothing to arm (truncate alone rolls back). */
+    int (*speculate)(kv_backend *b, int slot, int max_tokens, kv_err *err);
 };
 
 /**

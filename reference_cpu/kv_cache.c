@@ -13,6 +13,7 @@
  * (block tables, fork, adopting blocks, copy-on-write) are in kv_cache_paged.c. */
 #include "kv_cache.h"
 #include "kv_quant.h"
+#include "kv_retain.h"
 
 #include <string.h>
 
@@ -147,7 +148,8 @@ int kv_cache_spec_check_caps(const char *who, const kv_config *cfg, const kv_cac
             return kv_fail(err, KV_ERR_ARG, "%s: %s window %d is not a positive multiple of %d",
                            who, kv_quant_name(f), R, KV_KIVI_GROUP);
     }
-    return window_check(who, spec, caps, err);
+    const int rc = kv_retain_spec_check(who, spec, cfg->n_layers, err); /* chapter 09 */
+    return rc ? rc : window_check(who, spec, caps, err);
 }
 
 /* Bytes of each part of one plane (K or V of one layer): codes and metadata of row_heads
@@ -298,6 +300,13 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
                 c->rope_cs[(p * P + i) * 2 + 1] = (float)sin(angle);
             }
     }
+    if (spec->select) { /* chapter 09: the selection state of every (slot, layer, KV head) */
+        rc = kv_retain_create(&c->retain, spec, L, cfg->n_heads, cfg->n_kv_heads, d, err);
+        if (rc) {
+            kv_cache_free(c);
+            return rc;
+        }
+    }
     if (all_f32 && !c->tables && spec->window == 0) {
         /* chapter 02's arrays: kv_cache_k() / kv_cache_v() work on them */
         c->k = (float *)(void *)c->kp[0].codes;
@@ -318,6 +327,12 @@ void kv_cache_free(kv_cache *c)
     kv_free(c->tables);
     kv_free(c->n_mapped);
     kv_free(c->rope_cs);
+    for (int i = 0; c->undo && i < c->spec.n_slots; i++) { /* chapter 10 */
+        kv_free(c->undo[i].rows);
+        kv_free(c->undo[i].qlen0);
+    }
+    kv_free(c->undo);
+    kv_retain_free(c->retain);
     memset(c, 0, sizeof *c);
 }
 
@@ -328,6 +343,197 @@ void kv_cache_reset(kv_cache *c, int slot)
     c->len[slot] = 0;
     for (int l = 0; l < c->n_layers; l++) c->qlen[(size_t)l * c->spec.n_slots + slot] = 0;
     if (c->n_mapped) c->n_mapped[slot] = 0; /* paged: the blocks go back with the table */
+    if (c->undo) c->undo[slot].armed = 0;  /* chapter 10: nothing to roll back into */
+    kv_retain_reset_slot(c->retain, slot);
+}
+
+/* ---- chapter 10: the undo log of a speculative step (kv_cache.h, kv_undo) ---------------- */
+
+int kv_cache_needs_undo(const kv_cache_spec *spec, const int *fmt, int n_layers)
+{
+    if (spec->window > 0) return 1;
+    for (int l = 0; l < n_layers; l++)
+        if (kvq_is_kivi(fmt[l])) return 1;
+    return 0;
+}
+
+size_t kv_undo_plan(kv_undo *u, const kv_cache_plane *kp, const kv_cache_plane *vp,
+                    const int *fmt, int n_layers, int n_kv_heads, int d, int window,
+                    int max_tokens)
+{
+    /* one stride for every layer: the widest row (codes + its metadata; a KIVI layer's fp32
+     * ring row) and the widest KIVI group (32 rows of codes + their metadata) */
+    size_t rs = 0, gs = 0;
+    int kivi = 0;
+    for (int l = 0; l < n_layers; l++)
+        for (int role = 0; role < 2; role++) {
+            const kv_cache_plane *p = role ? &vp[l] : &kp[l];
+            const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY;
+            size_t off[4];
+            if (kvq_is_kivi(fmt[l])) {
+                kivi = 1;
+                kv_cache_span(p, fmt[l], r, 0, 0, 0, KV_KIVI_GROUP, d, off);
+                if (off[1] + off[3] > gs) gs = off[1] + off[3];
+                if ((size_t)d * sizeof(float) > rs) rs = (size_t)d * sizeof(float);
+            } else if (window > 0) {
+                kv_cache_span(p, fmt[l], r, 0, 0, 0, 1, d, off);
+                if (off[1] + off[3] > rs) rs = off[1] + off[3];
+            }
+        }
+    u->max_tokens = max_tokens;
+    u->n_groups = kivi ? (max_tokens + KV_KIVI_GROUP - 1) / KV_KIVI_GROUP + 1 : 0;
+    u->row_stride = (rs + 15) / 16 * 16;
+    u->group_stride = (gs + 15) / 16 * 16;
+    const size_t heads = (size_t)n_layers * 2 * n_kv_heads;
+    return heads * ((size_t)max_tokens * u->row_stride + (size_t)u->n_groups * u->group_stride);
+}
+
+int kv_undo_check(const char *who, const kv_undo *u, int slot, int len, int cur_len,
+                  kv_err *err)
+{
+    if (!u || !u->armed)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: slot %d: a windowed or KIVI cache rolls "
+                       "back only what its undo log saved (the ring and the spills overwrite "
+                       "rows); arm it with speculate before the step", who, slot);
+    if (len < u->len0)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: slot %d: %d tokens lies before the %d the "
+                       "slot held when its undo log was armed; older rows were not saved", who,
+                       slot, len, u->len0);
+    const int end = u->end > cur_len ? u->end : cur_len;
+    if (end - len > u->max_tokens)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: slot %d: dropping %d tokens, but the undo "
+                       "log holds the last %d", who, slot, end - len, u->max_tokens);
+    return KV_OK;
+}
+
+/* Entry of position p, or of the group starting at row g, for (layer, K/V, head h). */
+static uint8_t *undo_row(const kv_cache *c, const kv_undo *u, int layer, int kv, int h,
+                         int64_t p)
+{
+    const size_t head = ((size_t)layer * 2 + kv) * c->n_kv_heads + h;
+    return u->rows + (head * u->max_tokens + (size_t)(p % u->max_tokens)) * u->row_stride;
+}
+static uint8_t *undo_group(const kv_cache *c, const kv_undo *u, int layer, int kv, int h,
+                           int64_t g)
+{
+    const size_t head = ((size_t)layer * 2 + kv) * c->n_kv_heads + h;
+    return u->groups + (head * u->n_groups + (size_t)(g / KV_KIVI_GROUP % u->n_groups)) *
+                           u->group_stride;
+}
+
+/* Rows prow .. prow+n-1 of one head of plane p: codes then metadata into buf (save 1), or
+ * back from it (save 0). Returns the bytes copied. */
+static size_t span_copy(const kv_cache *c, int layer, const kv_cache_plane *p, int role,
+                      int64_t rhead, int64_t prow, int n, uint8_t *buf, int save)
+{
+    size_t off[4];
+    kv_cache_span(p, c->fmt[layer], role, rhead, c->rows, prow, n, c->head_dim, off);
+    uint8_t *codes = p->codes + off[0], *meta = off[3] ? (uint8_t *)p->meta + off[2] : NULL;
+    if (save) {
+        memcpy(buf, codes, off[1]);
+        if (meta) memcpy(buf + off[1], meta, off[3]);
+    } else {
+        memcpy(codes, buf, off[1]);
+        if (meta) memcpy(meta, buf + off[1], off[3]);
+    }
+    return off[1] + off[3];
+}
+
+/* Physical row of a slot's logical row r (contiguous: r itself). */
+static int64_t phys_row(const kv_cache *c, int slot, int64_t r)
+{
+    if (!c->tables) return r;
+    const int B = c->spec.block_size;
+    return (int64_t)c->tables[(size_t)slot * c->max_blocks + r / B] * B + r % B;
+}
+
+static kv_undo *armed_log(const kv_cache *c, int slot)
+{
+    return c->undo && c->undo[slot].armed ? &c->undo[slot] : NULL;
+}
+
+/* The first position of a write of n at pos worth logging: after it the slot holds at least
+ * pos + n, and a truncation keeps at least that minus max_tokens (and the armed length), so
+ * older rows are never copied back: a long prefill logs only its last max_tokens rows. */
+static int undo_from(const kv_undo *u, int pos, int n)
+{
+    const int f = pos + n - u->max_tokens;
+    return f > u->len0 ? (f > pos ? f : pos) : (u->len0 > pos ? u->len0 : pos);
+}
+
+int kv_cache_speculate(kv_cache *c, int slot, int max_tokens, kv_err *err)
+{
+    if (!c || !c->len || slot < 0 || slot >= c->spec.n_slots)
+        return kv_fail(err, KV_ERR_ARG, "kv_cache_speculate: slot %d outside the cache", slot);
+    if (max_tokens < 0 || max_tokens > KV_CACHE_MAX_CAPACITY)
+        return kv_fail(err, KV_ERR_ARG, "kv_cache_speculate: %d tokens outside [0, %d]",
+                       max_tokens, KV_CACHE_MAX_CAPACITY);
+    if (!kv_cache_needs_undo(&c->spec, c->fmt, c->n_layers)) return KV_OK; /* a length does */
+    if (!c->undo) {
+        c->undo = kv_calloc((size_t)c->spec.n_slots * sizeof(kv_undo));
+        if (!c->undo) return kv_fail(err, KV_ERR_NOMEM, "kv_cache_speculate: undo logs");
+    }
+    kv_undo *u = &c->undo[slot];
+    u->armed = 0;
+    if (max_tokens == 0) return KV_OK;
+    if (!u->qlen0) u->qlen0 = kv_calloc((size_t)c->n_layers * sizeof(int));
+    const size_t bytes = kv_undo_plan(u, c->kp, c->vp, c->fmt, c->n_layers, c->n_kv_heads,
+                                      c->head_dim, c->spec.window, max_tokens);
+    if (bytes > u->alloc_bytes) { /* grown only: a smaller log fits the same allocation */
+        kv_free(u->rows);
+        u->rows = kv_calloc(bytes);
+        u->alloc_bytes = u->rows ? bytes : 0;
+    }
+    if (!u->rows || !u->qlen0)
+        return kv_fail(err, KV_ERR_NOMEM, "kv_cache_speculate: %zu bytes of undo log", bytes);
+    /* the group entries follow the row entries in the same allocation */
+    u->groups = u->rows + (size_t)c->n_layers * 2 * c->n_kv_heads * max_tokens * u->row_stride;
+    u->len0 = u->end = c->len[slot];
+    for (int l = 0; l < c->n_layers; l++) u->qlen0[l] = c->qlen[(size_t)l * c->spec.n_slots + slot];
+    u->armed = 1;
+    return KV_OK;
+}
+
+/* KIVI: what len tokens quantize, Q(len) = the smallest multiple of 32 leaving at most R in
+ * the window (every chunking reaches the same count), never below the count when armed. */
+static int kivi_qlen(int len, int R, int q_armed)
+{
+    const int q = len > R ? (len - R + KV_KIVI_GROUP - 1) / KV_KIVI_GROUP * KV_KIVI_GROUP : 0;
+    return q > q_armed ? q : q_armed;
+}
+
+/* Copy back, newest first, what the writes of positions len .. end-1 overwrote: the groups
+ * spilled past Q(len) (their codes and metadata as before the spill), KIVI's fp32 window
+ * rows and a window's ring rows; then the quantized counts. */
+static void undo_restore(kv_cache *c, kv_undo *u, int slot, int len)
+{
+    const int Hkv = c->n_kv_heads, d = c->head_dim, R = c->window;
+    for (int l = 0; l < c->n_layers; l++) {
+        int *q = &c->qlen[(size_t)l * c->spec.n_slots + slot];
+        const int kivi = kvq_is_kivi(c->fmt[l]), qn = kivi ? kivi_qlen(len, R, u->qlen0[l]) : 0;
+        for (int kv = 0; kv < 2; kv++) {
+            kv_cache_plane *p = kv ? &c->vp[l] : &c->kp[l];
+            const int role = kv ? KV_QROLE_VALUE : KV_QROLE_KEY;
+            for (int h = 0; h < Hkv; h++) {
+                const int64_t head = (int64_t)slot * Hkv + h, rhead = c->tables ? h : head;
+                if (kivi) {
+                    for (int g = qn; g < *q; g += KV_KIVI_GROUP)
+                        span_copy(c, l, p, role, rhead, phys_row(c, slot, g), KV_KIVI_GROUP,
+                                  undo_group(c, u, l, kv, h, g), 0);
+                    for (int64_t t = u->end - 1; t >= len; t--)
+                        memcpy(p->ring + (head * R + t % R) * d, undo_row(c, u, l, kv, h, t),
+                               (size_t)d * sizeof(float));
+                } else if (c->spec.window > 0) {
+                    for (int64_t t = u->end - 1; t >= len; t--) {
+                        const int64_t lr = kv_window_row(c->spec.window, c->spec.n_sinks, t);
+                        span_copy(c, l, p, role, rhead, phys_row(c, slot, lr), 1,
+                                  undo_row(c, u, l, kv, h, t), 0);
+                    }
+                }
+            }
+        }
+        if (kivi) *q = qn;
+    }
 }
 
 int kv_cache_truncate(kv_cache *c, int slot, int len, kv_err *err)
@@ -337,15 +543,19 @@ int kv_cache_truncate(kv_cache *c, int slot, int len, kv_err *err)
     if (len < 0 || len > c->len[slot])
         return kv_fail(err, KV_ERR_ARG, "kv_cache_truncate: %d tokens but slot %d holds %d",
                        len, slot, c->len[slot]);
-    if (c->spec.window > 0)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_truncate: a windowed cache's ring "
-                       "rows of the rejected tokens replaced older ones, which would need "
-                       "restoring");
-    for (int l = 0; l < c->n_layers; l++)
-        if (kvq_is_kivi(c->fmt[l]))
-            return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_truncate: layer %d stores %s: "
-                           "the rejected tokens may have spilled fp32 rows into 2/4-bit "
-                           "groups, which would need restoring", l, kv_quant_name(c->fmt[l]));
+    if (c->retain)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_truncate: %s retention already "
+                       "observed and evicted with the rejected tokens; its kept sets cannot "
+                       "be rolled back", kv_select_method_name(c->spec.select));
+    if (len < c->len[slot] && kv_cache_needs_undo(&c->spec, c->fmt, c->n_layers)) {
+        /* a window's ring and KIVI's spills overwrote rows: copy them back (chapter 10) */
+        kv_undo *u = c->undo ? &c->undo[slot] : NULL;
+        int rc = kv_undo_check("kv_cache_truncate", u, slot, len, c->len[slot], err);
+        if (rc) return rc;
+        if (c->len[slot] > u->end) u->end = c->len[slot];
+        undo_restore(c, u, slot, len);
+    }
+    if (c->undo) c->undo[slot].armed = 0;
     c->len[slot] = len;
     return KV_OK;
 }
@@ -421,6 +631,12 @@ static int write_plane(kv_cache *c, int layer, kv_cache_plane *p, int role, int 
                  * where that row is stored */
                 const int64_t r = kv_window_row(c->spec.window, c->spec.n_sinks, (int64_t)pos + t);
                 const int64_t row = table ? (int64_t)table[r / B] * B + r % B : r;
+                kv_undo *u = c->spec.window > 0 ? armed_log(c, slot) : NULL;
+                if (u && pos + t >= undo_from(u, pos, n)) { /* chapter 10: what the row held */
+                    u->copied += (double)span_copy(c, layer, p, role, rhead, row, 1,
+                                                   undo_row(c, u, layer, role == KV_QROLE_VALUE,
+                                                            h, pos + t), 1);
+                }
                 if (fmt == KV_QF_F32) { /* chapter 02's copy */
                     memcpy(codes + row * p->row_bytes, xr, (size_t)d * sizeof(float));
                     continue;
@@ -435,6 +651,16 @@ static int write_plane(kv_cache *c, int layer, kv_cache_plane *p, int role, int 
         /* KIVI: stage rows q0 .. q1-1 (ring for old tokens, input for new), encode them as
          * whole 32-token blocks, then put the tokens that stay unquantized into the ring */
         float *ring = p->ring + head * R * d;                             /* [R][d] */
+        kv_undo *u = armed_log(c, slot);
+        if (u) /* chapter 10: each new token's ring row as a one-token-at-a-time run would
+                * find it: the chunk's own token t-R when that is in the chunk, else the ring */
+            for (int t = undo_from(u, pos, n); t < pos + n; t++) {
+                memcpy(undo_row(c, u, layer, role == KV_QROLE_VALUE, h, t),
+                       t - R >= pos ? x + ((size_t)(t - R - pos) * Hkv + h) * d
+                                    : ring + (size_t)(t % R) * d,
+                       (size_t)d * sizeof(float));
+                u->copied += (double)d * sizeof(float);
+            }
         if (q1 > q0) {
             float *stage = kv_calloc((size_t)(q1 - q0) * d * sizeof(float)); /* [q1-q0][d] */
             if (!stage)
@@ -448,6 +674,12 @@ static int write_plane(kv_cache *c, int layer, kv_cache_plane *p, int role, int 
             int rc = KV_OK;
             for (int g = q0; g < q1 && !rc; g += KV_KIVI_GROUP) {
                 const int64_t row = table ? (int64_t)table[g / B] * B + g % B : g;
+                if (u && g >= kivi_qlen(undo_from(u, pos, n), R, 0)) { /* chapter 10: the
+                                                * group as it was, if a rollback can reach it */
+                    u->copied += (double)span_copy(c, layer, p, role, rhead, row, KV_KIVI_GROUP,
+                                                   undo_group(c, u, layer,
+                                                              role == KV_QROLE_VALUE, h, g), 1);
+                }
                 rc = kv_quant_encode(fmt, role, stage + (size_t)(g - q0) * d, KV_KIVI_GROUP, d,
                                      0.0f, codes + row * p->row_bytes,
                                      meta + kvq_meta_index(fmt, role, row, 0, d) * 4, err);
@@ -455,7 +687,10 @@ static int write_plane(kv_cache *c, int layer, kv_cache_plane *p, int role, int 
             kv_free(stage);
             if (rc) return rc;
         }
-        for (int t = q1 > pos ? q1 : pos; t < pos + n; t++)
+        /* the chunk's last R tokens enter the ring, spilled or not: the ring then holds each
+         * row's latest token whatever the chunking, so a rollback (chapter 10) that un-spills
+         * a group finds its fp32 rows there */
+        for (int t = pos + n - R > pos ? pos + n - R : pos; t < pos + n; t++)
             memcpy(ring + (size_t)(t % R) * d, x + ((size_t)(t - pos) * Hkv + h) * d,
                    (size_t)d * sizeof(float));
     }
@@ -484,6 +719,8 @@ int kv_cache_write_seq(kv_cache *c, int layer, int slot, int pos, int n, const f
     int rc = write_plane(c, layer, &c->kp[layer], KV_QROLE_KEY, slot, pos, n, k, q0, q1, err);
     if (!rc) rc = write_plane(c, layer, &c->vp[layer], KV_QROLE_VALUE, slot, pos, n, v, q0, q1, err);
     if (!rc) *qlen = q1;
+    kv_undo *u = armed_log(c, slot);
+    if (!rc && u && pos + n > u->end) u->end = pos + n; /* chapter 10 */
     return rc;
 }
 

@@ -103,6 +103,14 @@ typedef struct {
     int window;     /**< W: recent tokens kept per sequence; 0 = keep all */
     int n_sinks;    /**< S: first tokens kept forever (attention sinks); needs window > 0 */
     int pos_scheme; /**< ::kv_pos_scheme: RoPE by original position (0) or cache index (1) */
+    /* chapter 09: selected-set retention (kv_retain.h). select 0 keeps and reads every token.
+     * Appended last: positional initializers of the fields above leave these 0. */
+    int select;              /**< ::kv_select_method */
+    int select_budget;       /**< B in tokens per (layer, KV head), or 0 to use select_ratio */
+    double select_ratio;     /**< B = ceil(ratio · n) of the n positions seen, when budget is 0 */
+    int select_window;       /**< W: recent positions always kept (SnapKV: observation window) */
+    int select_sinks;        /**< S: first positions always kept */
+    int select_dense_layers; /**< Quest, top-k: layers 0 .. this-1 read every position */
 } kv_cache_spec;
 
 /** Bytes one stored element takes (b), metadata included, at head dim @p d
@@ -152,6 +160,32 @@ typedef struct {
     int64_t meta_entries; /* metadata entries per (slot, kv head) */
 } kv_cache_plane;
 
+/**
+ * Chapter 10: the undo log of one slot while a speculative step runs (kv_cache_speculate()).
+ * A windowed cache overwrites ring rows and a KIVI cache spills fp32 rows into 2/4-bit groups,
+ * so a rejected tail cannot be dropped by a length alone: each such write first copies what
+ * it overwrites here, and kv_cache_truncate() copies it back, newest first. Position p's entry
+ * is p mod M, so only the last M = max_tokens positions written can be undone; the memory is
+ * bounded by M rows (and, for KIVI, ceil(M/32) + 1 groups of 32 rows) per (layer, K/V, head),
+ * whatever the window or prompt. The same host bookkeeping serves the CUDA cache, whose rows
+ * and groups point to device memory.
+ */
+typedef struct kv_undo {
+    int armed;           /* 1 between kv_cache_speculate() and the truncate that uses it */
+    int max_tokens;      /* M: positions whose writes can be undone */
+    int n_groups;        /* KIVI: group entries, ceil(M/32) + 1; else 0 */
+    int len0;            /* the slot's length when armed: truncation goes no lower */
+    int end;             /* one past the last position written while armed */
+    int *qlen0;          /* [L] KIVI quantized counts when armed */
+    uint8_t *rows;       /* [L][2][H_kv][M][row_stride]: a row's codes then its metadata
+                          * (per-token formats under a window), or its fp32 KIVI ring row */
+    uint8_t *groups;     /* [L][2][H_kv][n_groups][group_stride]: a KIVI group's 32 rows of
+                          * codes then their metadata, as before a spill wrote them */
+    size_t row_stride, group_stride;
+    size_t alloc_bytes;  /* bytes of rows + groups allocated (reused by the next arm) */
+    double copied;       /* bytes copied into the log so far (a measurement) */
+} kv_undo;
+
 typedef struct {
     kv_cache_spec spec;
     int n_layers, n_kv_heads, head_dim;
@@ -173,6 +207,10 @@ typedef struct {
     int rotary_dim;    /* the model's rotary dims (KV_POS_CACHE rotates keys at attention) */
     float *rope_cs;    /* KV_POS_CACHE: [S+W][rotary_dim/2][2] cos, sin of each cache index,
                         * computed as kv_rope() does; else NULL */
+    struct kv_retain *retain; /* chapter 09: what each (slot, layer, KV head) keeps and reads
+                               * (kv_retain.h), or NULL when spec.select is 0 */
+    kv_undo *undo;     /* chapter 10: [n_slots] undo logs, allocated by the first
+                        * kv_cache_speculate() of a windowed or KIVI cache, else NULL */
 } kv_cache;
 
 /**
@@ -267,12 +305,58 @@ void kv_cache_reset(kv_cache *c, int slot);
  * the rejected tail a verification step wrote. The rows stay in memory, invisible past len;
  * the next step overwrites them. Per-token formats (fp32, fp16, bf16, int8, fp8) need nothing
  * else: a row holds its own scales, and fp8's per-sequence scale was set by the prefill.
- * KV_ERR_UNSUPPORTED with a window (the ring has already overwritten the rows the tail
- * evicted) or a KIVI layer (the spill may have quantized rows that must be fp32 again);
- * KV_ERR_ARG for a slot out of range or len outside [0, cached length]. A paged cache keeps
- * its table: the caller releases the blocks past len (kv_backend's truncate does).
+ * A window (the ring overwrote the rows the tail evicted) or a KIVI layer (a spill quantized
+ * rows that must be fp32 again) rolls back through the undo log kv_cache_speculate() armed:
+ * every overwritten ring row, fp32 window row and spilled group is copied back and the
+ * quantized counts reset, so the slot holds the bytes a run that never saw the tail holds;
+ * the log is then disarmed. KV_ERR_UNSUPPORTED for such a cache when the log is not armed,
+ * len lies below the length it was armed at, or more than its max_tokens positions are
+ * dropped (nothing changes); len equal to the cached length always succeeds. KV_ERR_ARG for
+ * a slot out of range or len outside [0, cached length]. A paged cache keeps its table: the
+ * caller releases the blocks past len (kv_backend's truncate does).
  */
 int kv_cache_truncate(kv_cache *c, int slot, int len, kv_err *err);
+/**
+ * Chapter 10: arm @p slot's undo log before a speculative step, so that kv_cache_truncate()
+ * can drop up to @p max_tokens of the positions written from now on (at least the slot's
+ * current length must stay). Only a windowed or KIVI cache logs anything; for the others
+ * (a length is enough) this returns KV_OK and copies nothing. Re-arming starts a new log;
+ * max_tokens 0 disarms. Memory: max_tokens rows per (layer, K/V, head), plus for KIVI
+ * ceil(max_tokens/32) + 1 groups of 32 rows, allocated once and reused. KV_ERR_ARG for a slot
+ * out of range or max_tokens negative or absurd; KV_ERR_NOMEM.
+ */
+int kv_cache_speculate(kv_cache *c, int slot, int max_tokens, kv_err *err);
+/** 1 when a cache of @p spec with layer formats @p fmt [n_layers] needs the undo log to
+ * truncate (a window, or a KIVI layer), else 0. Shared with the CUDA cache. */
+int kv_cache_needs_undo(const kv_cache_spec *spec, const int *fmt, int n_layers);
+/** Size an undo log of @p max_tokens for a cache's planes (@p window: spec.window, W; ring rows
+ * are logged only when W > 0): u->max_tokens, n_groups, the strides,
+ * and the bytes of rows + groups returned. Shared with the CUDA cache (same planes). */
+size_t kv_undo_plan(kv_undo *u, const kv_cache_plane *kp, const kv_cache_plane *vp,
+                    const int *fmt, int n_layers, int n_kv_heads, int d, int window,
+                    int max_tokens);
+/** The refusals of an undo-log truncation (@p who prefixes), shared with the CUDA cache:
+ * KV_ERR_UNSUPPORTED unless @p u is armed, len >= its len0 and at most max_tokens positions
+ * (up to u->end) are dropped. */
+int kv_undo_check(const char *who, const kv_undo *u, int slot, int len, int cur_len,
+                  kv_err *err);
+/**
+ * Where rows prow .. prow+n-1 of head @p rhead (of @p rows rows) of plane @p p keep their
+ * bytes: off[0] codes offset and off[1] bytes (from p->codes), off[2] metadata offset and
+ * off[3] bytes (from p->meta; 0 bytes when the format keeps none per row). KIVI groups: prow a
+ * multiple of 32, n = 32.
+ */
+static inline KV_HD void kv_cache_span(const kv_cache_plane *p, int fmt, int role,
+                                       int64_t rhead, int rows, int64_t prow, int n, int d,
+                                       size_t off[4])
+{
+    const int64_t m0 = kvq_meta_index(fmt, role, prow, 0, d);
+    const int64_t m1 = kvq_meta_index(fmt, role, prow + n, 0, d);
+    off[0] = (size_t)((rhead * rows + prow) * p->row_bytes);
+    off[1] = (size_t)(n * p->row_bytes);
+    off[2] = (size_t)((rhead * p->meta_entries + m0) * 4);
+    off[3] = p->meta ? (size_t)((m1 - m0) * 4) : 0;
+}
 /** Bytes of K and V storage the cache holds in total: codes, metadata, fp8 scales, KIVI
  * windows. */
 size_t kv_cache_bytes(const kv_cache *c);

@@ -13,6 +13,7 @@
  * or, for the copy, B rows of codes and their metadata per plane. Read kv_cache.c first. */
 #include "kv_cache.h"
 #include "kv_quant.h"
+#include "kv_retain.h"
 
 #include <string.h>
 
@@ -61,6 +62,10 @@ int kv_cache_set_blocks(kv_cache *c, int slot, const int *blocks, int n, kv_err 
 
 int kv_cache_fork_slot(kv_cache *c, int dst, int src, kv_err *err)
 {
+    if (c && c->retain) /* chapter 09: the kept sets are per sequence, not per block */
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_fork_slot: a cache with %s "
+                       "retention keeps per-sequence selection state that a fork would not "
+                       "copy", kv_select_method_name(c->spec.select));
     int rc = paged_slot(c, "kv_cache_fork_slot", dst, err);
     if (!rc) rc = paged_slot(c, "kv_cache_fork_slot", src, err);
     if (rc || dst == src) return rc;
@@ -107,6 +112,10 @@ int kv_cache_check_length(const char *who, const kv_cache_spec *spec, const int 
 
 int kv_cache_set_length(kv_cache *c, int slot, int len, kv_err *err)
 {
+    if (c && c->retain) /* chapter 09: adopted rows were never seen by the selection */
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_set_length: a cache with %s "
+                       "retention would adopt rows its selection state never saw",
+                       kv_select_method_name(c->spec.select));
     int rc = paged_slot(c, "kv_cache_set_length", slot, err);
     if (!rc)
         rc = kv_cache_check_length("kv_cache_set_length", &c->spec, c->fmt, c->n_layers, slot,

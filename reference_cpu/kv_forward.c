@@ -8,6 +8,7 @@
 #include "kv_forward.h"
 #include "kv_attention.h"
 #include "kv_ops.h"
+#include "kv_retain.h"
 #include "kv_window.h"
 
 #include <omp.h>
@@ -202,14 +203,26 @@ static int window_paged_check(const kv_cache *c, const kv_seq *seqs, int n_seqs,
 int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, int n_seqs,
                float *logits, kv_counters *cnt, kv_err *err)
 {
+    return kv_forward_shard(m, c, s, NULL, seqs, n_seqs, logits, cnt, err);
+}
+
+int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard *sh,
+                     const kv_seq *seqs, int n_seqs, float *logits, kv_counters *cnt,
+                     kv_err *err)
+{
     if (!m || !c || !s) return kv_fail(err, KV_ERR_ARG, "kv_forward: NULL model, cache or state");
     int T = 0;
-    int rc = kv_batch_check("kv_forward", &m->config, &c->spec, c->n_layers, c->n_kv_heads,
+    kv_config shape = m->config; /* a tensor-parallel rank's cache holds its shard's KV heads */
+    if (sh) shape.n_kv_heads = sh->n_kv_heads;
+    int rc = kv_batch_check("kv_forward", &shape, &c->spec, c->n_layers, c->n_kv_heads,
                             c->head_dim, c->len, seqs, n_seqs, &T, err);
     if (!rc && c->tables && c->spec.window == 0)
         rc = kv_paged_batch_check("kv_forward", c->n_mapped, c->spec.block_size, seqs, n_seqs, err);
     if (!rc && c->tables && c->spec.window > 0)
         rc = window_paged_check(c, seqs, n_seqs, err);
+    if (!rc && c->retain && sh) /* chapter 09's state is sized by the whole model's heads */
+        rc = kv_fail(err, KV_ERR_UNSUPPORTED, "kv_forward: %s retention on a tensor-parallel "
+                     "shard is not supported", kv_select_method_name(c->spec.select));
     if (rc) return rc;
     rc = state_reserve(s, &m->config, T, n_seqs, err);
     if (rc) return rc;
@@ -218,6 +231,12 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
     const kv_weights *w = &m->w;
     const int dim = p->dim, H = p->n_heads, d = kv_config_head_dim(p);
     const int qdim = H * d, kvdim = kv_config_kv_dim(p), hidden = p->hidden_dim;
+    /* chapter 10: the rank's query heads q0.., KV heads kv0.. and hidden units f0.. (the
+     * whole model without a shard); qs, kvs: widths of its q and k/v rows */
+    const int Hs = sh ? sh->n_q_heads : H, KVs = sh ? sh->n_kv_heads : p->n_kv_heads;
+    const int q0 = sh ? sh->q_head0 : 0, kv0 = sh ? sh->kv_head0 : 0;
+    const int f0 = sh ? sh->hidden0 : 0, fs = sh ? sh->n_hidden : hidden;
+    const int qs = Hs * d, kvs = KVs * d;
 
     /* flatten: row t is token tokens[j] of sequence i, at position pos + j of its slot.
      * The query is rotated at q_pos: its position, or its index in a KV_POS_CACHE window;
@@ -245,12 +264,12 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
     for (int l = 0; l < p->n_layers; l++) {
         /* attention block: x += Wo · attention(RoPE(Wq·xb), cache(RoPE(Wk·xb), Wv·xb)) */
         kv_rmsnorm(s->xb, s->x, w->rms_att + (size_t)l * dim, T, dim, p->norm_eps);
-        kv_matmul(s->q, s->xb, w->wq + (size_t)l * qdim * dim, T, dim, qdim);
-        kv_matmul(s->k, s->xb, w->wk + (size_t)l * kvdim * dim, T, dim, kvdim);
-        kv_matmul(s->v, s->xb, w->wv + (size_t)l * kvdim * dim, T, dim, kvdim);
-        kv_rope(s->q, s->q_pos, T, H, d, p->rotary_dim, p->rope_theta);
+        kv_matmul(s->q, s->xb, w->wq + ((size_t)l * qdim + (size_t)q0 * d) * dim, T, dim, qs);
+        kv_matmul(s->k, s->xb, w->wk + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs);
+        kv_matmul(s->v, s->xb, w->wv + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs);
+        kv_rope(s->q, s->q_pos, T, Hs, d, p->rotary_dim, p->rope_theta);
         if (!keys_at_cache_pos)
-            kv_rope(s->k, s->tok_pos, T, p->n_kv_heads, d, p->rotary_dim, p->rope_theta);
+            kv_rope(s->k, s->tok_pos, T, KVs, d, p->rotary_dim, p->rope_theta);
         /* Rows' K/V first, so a prefill row can attend to the rows before it; one call per
          * sequence, whose rows are consecutive, so a quantized cache sees the whole chunk
          * (fp8 calibrates on a prefill, KIVI spills whole blocks: kv_cache.h). Without a
@@ -265,8 +284,8 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
                 const int left = seqs[i].n_tokens - s->done[i], p0 = seqs[i].pos + s->done[i];
                 if (left == 0) continue;
                 const int n = kv_window_chunk(W, S, p0, left), t0 = t + s->done[i];
-                rc = kv_cache_write_seq(c, l, seqs[i].slot, p0, n, s->k + (size_t)t0 * kvdim,
-                                        s->v + (size_t)t0 * kvdim, err);
+                rc = kv_cache_write_seq(c, l, seqs[i].slot, p0, n, s->k + (size_t)t0 * kvs,
+                                        s->v + (size_t)t0 * kvs, err);
                 if (rc) {
                     kv_free(att);
                     return rc;
@@ -275,28 +294,45 @@ int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, 
                 s->done[i] += n;
             }
             if (n_rows == 0) break;
+            if (c->retain) { /* chapter 09: each KV head reads only what its method keeps or
+                              * picks (kv_retain.h); no window, so this wave was every row */
+                for (int i = 0, t = 0; !rc && i < n_seqs; t += seqs[i].n_tokens, i++)
+                    rc = kv_retain_attend(c, l, seqs[i].slot, seqs[i].pos, seqs[i].n_tokens,
+                                          s->q + (size_t)t * qs, s->xb + (size_t)t * qs, err);
+                if (rc) {
+                    kv_free(att);
+                    return rc;
+                }
+                break;
+            }
             /* dynamic: in a prefill later rows attend over more positions than earlier ones;
              * one thread below 2^18 multiply-adds or on a busy machine (kv_parallel_worth) */
-            const int64_t wave_work = (int64_t)n_rows * H * max_len * d;
+            const int64_t wave_work = (int64_t)n_rows * Hs * max_len * d;
             #pragma omp parallel for collapse(2) schedule(dynamic) if (kv_parallel_worth(wave_work))
             for (int k = 0; k < n_rows; k++)
-                for (int h = 0; h < H; h++) {
+                for (int h = 0; h < Hs; h++) {
                     const int t = s->wave[k];
                     float *scores = att + (size_t)omp_get_thread_num() * max_len;
-                    const size_t o = (size_t)t * qdim + (size_t)h * d;
-                    kv_attention_head(c, l, s->tok_slot[t], s->tok_pos[t], h, H, s->q + o,
-                                      s->xb + o, scores); /* xb [T][H*d] = [T][dim] */
+                    const size_t o = (size_t)t * qs + (size_t)h * d;
+                    kv_attention_head(c, l, s->tok_slot[t], s->tok_pos[t], h, Hs, s->q + o,
+                                      s->xb + o, scores); /* xb [T][Hs*d]: [T][dim] unsharded */
                 }
         }
-        kv_matmul(s->xb2, s->xb, w->wo + (size_t)l * dim * qdim, T, qdim, dim);
+        /* a rank multiplies its heads' columns of Wo: a partial sum, completed by the
+         * all-reduce over the ranks (chapter 10) */
+        kv_matmul_strided(s->xb2, s->xb, w->wo + (size_t)l * dim * qdim + (size_t)q0 * d, T,
+                          qs, dim, qdim);
+        if (sh) sh->all_reduce(sh, s->xb2, (int64_t)T * dim);
         kv_add(s->x, s->xb2, (int64_t)T * dim);
 
         /* MLP block: x += W2 · (silu(W1·xb) * W3·xb) */
         kv_rmsnorm(s->xb, s->x, w->rms_ffn + (size_t)l * dim, T, dim, p->norm_eps);
-        kv_matmul(s->hb, s->xb, w->w1 + (size_t)l * hidden * dim, T, dim, hidden);
-        kv_matmul(s->hb2, s->xb, w->w3 + (size_t)l * hidden * dim, T, dim, hidden);
-        kv_swiglu(s->hb, s->hb2, (int64_t)T * hidden);
-        kv_matmul(s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden, T, hidden, dim);
+        kv_matmul(s->hb, s->xb, w->w1 + ((size_t)l * hidden + f0) * dim, T, dim, fs);
+        kv_matmul(s->hb2, s->xb, w->w3 + ((size_t)l * hidden + f0) * dim, T, dim, fs);
+        kv_swiglu(s->hb, s->hb2, (int64_t)T * fs);
+        kv_matmul_strided(s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden + f0, T, fs, dim,
+                          hidden);
+        if (sh) sh->all_reduce(sh, s->xb2, (int64_t)T * dim);
         kv_add(s->x, s->xb2, (int64_t)T * dim);
     }
     kv_free(att);

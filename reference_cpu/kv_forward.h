@@ -113,6 +113,35 @@ void kv_state_free(kv_state *s);
 int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, int n_seqs,
                float *logits, kv_counters *cnt, kv_err *err);
 
+/**
+ * One tensor-parallel rank's part of the model (chapter 10, kv_tp.h): a contiguous run of
+ * query heads, the KV heads they read, and a contiguous run of the MLP's hidden units.
+ * Wq, Wk, Wv, W1 and W3 are split by output rows (the rank computes only its heads' q, k, v
+ * and its hidden units); Wo and W2 by input columns, so each rank's Wo and W2 products are
+ * partial sums of the full ones, which all_reduce adds over the ranks. Embedding, norms and
+ * classifier are replicated: every rank holds the whole residual stream.
+ */
+typedef struct kv_shard {
+    int rank;                 /**< this rank, 0 .. n_ranks-1 */
+    int q_head0, n_q_heads;   /**< query heads q_head0 .. q_head0+n_q_heads-1 of H */
+    int kv_head0, n_kv_heads; /**< KV heads it computes and caches (its cache has n_kv_heads) */
+    int hidden0, n_hidden;    /**< MLP hidden units hidden0 .. hidden0+n_hidden-1 */
+    /** Replace x [n] by the sum of every rank's x, added in rank order (so every rank gets
+     *  the same bits); called by every rank at the same points: twice per layer, after the
+     *  Wo product and after the W2 product. */
+    void (*all_reduce)(const struct kv_shard *sh, float *x, int64_t n);
+    void *ctx;                /**< the group all_reduce talks to */
+} kv_shard;
+
+/**
+ * kv_forward() as rank @p sh of a tensor-parallel group (chapter 10): the same step,
+ * computed over the shard's heads and hidden units with sh->all_reduce() after the attention
+ * and MLP blocks. @p c holds the shard's KV heads only. NULL @p sh is kv_forward() itself.
+ */
+int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard *sh,
+                     const kv_seq *seqs, int n_seqs, float *logits, kv_counters *cnt,
+                     kv_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,6 +2,7 @@
  * kv_backend, and the pass rule. */
 #include "kv_needle.h"
 #include "kv_quant.h"
+#include "kv_retain.h"
 #include "kv_rng.h"
 #include "kv_sampler.h"
 
@@ -56,9 +57,32 @@ int kv_needle_variant_parse(const char *spec, const char *rule, kv_needle_varian
         v->rule = KV_EXPECT_WITHIN;
         if (parse_long(rule + 7, 0, 1L << 30, &v->arg))
             return kv_fail(err, KV_ERR_ARG, "cache variant '%s': bad distance in '%s'", spec, rule);
+    } else if (!strncmp(rule, "kept:", 5) || !strncmp(rule, "atleast:", 8)) {
+        /* chapter 09: "kept:E,W" -- before position E or within W tokens of the question */
+        const int kept = rule[0] == 'k';
+        char a[32], *comma;
+        snprintf(a, sizeof a, "%s", rule + (kept ? 5 : 8));
+        comma = strchr(a, ',');
+        if (comma) *comma = 0;
+        v->rule = kept ? KV_EXPECT_KEPT : KV_EXPECT_ATLEAST;
+        if (!comma || parse_long(a, 0, 1L << 30, &v->arg) ||
+            parse_long(comma + 1, 0, 1L << 30, &v->arg2))
+            return kv_fail(err, KV_ERR_ARG, "cache variant '%s': '%s' needs two numbers E,W",
+                           spec, rule);
+    } else if (!strncmp(rule, "from:", 5)) {
+        v->rule = KV_EXPECT_FROM;
+        if (parse_long(rule + 5, 0, 1L << 30, &v->arg))
+            return kv_fail(err, KV_ERR_ARG, "cache variant '%s': bad position in '%s'", spec,
+                           rule);
+    } else if (!strncmp(rule, "page-split:", 11)) {
+        v->rule = KV_EXPECT_PAGE_SPLIT;
+        if (parse_long(rule + 11, 1, 1L << 20, &v->arg))
+            return kv_fail(err, KV_ERR_ARG, "cache variant '%s': bad page size in '%s'", spec,
+                           rule);
     } else
         return kv_fail(err, KV_ERR_ARG, "cache variant '%s': unknown prediction '%s' "
-                       "(all, none, any, within:W)", spec, rule);
+                       "(all, none, any, within:W, kept:E,W, atleast:E,W, page-split:P, "
+                       "from:E)", spec, rule);
     return KV_OK;
 }
 
@@ -122,6 +146,12 @@ int kv_needle_spec_parse(const char *text, kv_needle_spec *s, kv_err *err)
             if (parse_long(words[1], 0, 1L << 30, &v))
                 return kv_fail(err, KV_ERR_FORMAT, "line %d: bad model-seed '%s'", line_no, words[1]);
             s->model_seed = (uint64_t)v;
+        } else if (!strcmp(key, "chunk")) {
+            long v;
+            if (parse_long(words[1], 1, 1L << 24, &v))
+                return kv_fail(err, KV_ERR_FORMAT, "line %d: bad chunk '%s' (tokens per "
+                               "prefill step, >= 1)", line_no, words[1]);
+            s->chunk = (int)v;
         } else if (!strcmp(key, "variant")) {
             if (nw > 3)
                 return kv_fail(err, KV_ERR_FORMAT, "line %d: variant SPEC [PREDICTION]", line_no);
@@ -137,7 +167,7 @@ int kv_needle_spec_parse(const char *text, kv_needle_spec *s, kv_err *err)
             s->n_variants++;
         } else {
             return kv_fail(err, KV_ERR_FORMAT, "line %d: unknown field '%s' (name, models, "
-                           "lengths, depths, variant, seeds, model-seed)", line_no, key);
+                           "lengths, depths, variant, seeds, model-seed, chunk)", line_no, key);
         }
     }
     return KV_OK;
@@ -167,6 +197,54 @@ int kv_needle_spec_read(const char *path, kv_needle_spec *s, kv_err *err)
     return KV_OK;
 }
 
+/* Chapter 09: the options after a method name (strtok_r state @p save over a copy of
+ * @p variant): the budget in tokens or as a ratio, window, sinks, dense layers, a format. */
+static int select_spec(const char *variant, int method, char *save, int n_slots, int capacity,
+                       kv_cache_spec *out, kv_err *err)
+{
+    kv_cache_spec s = kv_cache_spec_default(n_slots, capacity);
+    s.select = method;
+    int have_fmt = 0;
+    char *part;
+    while ((part = strtok_r(NULL, "/", &save))) {
+        char *end = NULL;
+        long v = 0;
+        const int fmt = kv_quant_parse(part);
+        if (part[0] == 'r' && part[1]) {
+            errno = 0;
+            const double x = strtod(part + 1, &end);
+            if (errno || *end || !(x > 0.0 && x <= 1.0))
+                return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': ratio '%s' must be "
+                               "a number in (0, 1]", variant, part + 1);
+            s.select_ratio = x;
+        } else if (strchr("bwsd", part[0]) && part[1] && fmt < 0) {
+            if (parse_long(part + 1, 0, 1L << 30, &v))
+                return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': option '%s' needs "
+                               "a count after '%c'", variant, part, part[0]);
+            if (part[0] == 'b') s.select_budget = (int)v;
+            else if (part[0] == 'w') s.select_window = (int)v;
+            else if (part[0] == 's') s.select_sinks = (int)v;
+            else s.select_dense_layers = (int)v;
+        } else if (fmt >= 0 && !have_fmt) {
+            s.dtype = fmt; /* the per-token storage format of the kept rows */
+            have_fmt = 1;
+        } else {
+            return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': option '%s' is not "
+                           "known for %s (bN or rX budget, wN window, sN sinks, dN dense layers, "
+                           "one storage format such as int8)", variant, part,
+                           kv_select_method_name(method));
+        }
+    }
+    if (!s.select_budget && s.select_ratio == 0.0)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': %s needs a budget, bN "
+                       "(tokens) or rX (ratio)", variant, kv_select_method_name(method));
+    kv_err e2;
+    const int rc = kv_retain_spec_check("cache variant", &s, 0, &e2);
+    if (rc) return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': %s", variant, e2.msg);
+    *out = s;
+    return KV_OK;
+}
+
 int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cache_spec *out,
                          kv_err *err)
 {
@@ -175,18 +253,23 @@ int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cach
         *out = kv_cache_spec_default(n_slots, capacity);
         return KV_OK;
     }
-    /* chapter 04: FORMAT[/head][/wR][/lA,B,...] (kv_needle.h) */
     char buf[64];
     if (strlen(variant) >= sizeof buf)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%.40s...' is too long", variant);
     strcpy(buf, variant);
     char *save = NULL, *part = strtok_r(buf, "/", &save);
+    /* chapter 09: METHOD/bN|rX[/wN][/sN][/dN][/FORMAT] */
+    const int method = part ? kv_select_method_parse(part) : -1;
+    if (method > KV_SELECT_NONE)
+        return select_spec(variant, method, save, n_slots, capacity, out, err);
+    /* chapter 04: FORMAT[/head][/wR][/lA,B,...] (kv_needle.h) */
     const int fmt = part ? kv_quant_parse(part) : -1;
     if (fmt < 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED,
                        "cache variant '%s' is not known (known: fp32, or a format fp16 bf16 int8 "
                        "int8-g32 int8-g64 int8-g128 fp8-e4m3 fp8-e5m2 int4 int2, with options "
-                       "/head /wR /lA,B)", variant);
+                       "/head /wR /lA,B; or a method l2-large l2-small h2o snapkv quest topk "
+                       "with /bN or /rX, /wN /sN /dN)", variant);
     kv_cache_spec s = kv_cache_spec_default(n_slots, capacity);
     s.dtype = fmt;
     while ((part = strtok_r(NULL, "/", &save))) {
@@ -350,10 +433,18 @@ int kv_needle_run(kv_backend *b, int slot, int kind, const int *tokens, int leng
 
 int kv_needle_expect(const kv_needle_variant *v, const kv_needle_result *r)
 {
+    /* chapter 09: the token attention must read is the fact's last (induction: the value) */
+    const int nt = r->kind == KV_MODEL_RECALL_INDUCTION ? 2 : 1;
+    const long last = r->position + nt - 1, dist = r->distance - (nt - 1);
+    const int kept = last < v->arg || dist <= v->arg2;
     switch (v->rule) {
     case KV_EXPECT_ALL: return 1;
     case KV_EXPECT_NONE: return 0;
     case KV_EXPECT_WITHIN: return r->distance <= v->arg;
+    case KV_EXPECT_KEPT: return kept;
+    case KV_EXPECT_ATLEAST: return kept ? 1 : -1;
+    case KV_EXPECT_PAGE_SPLIT: return !(nt == 2 && last % v->arg == 0);
+    case KV_EXPECT_FROM: return last >= v->arg;
     default: return -1;
     }
 }
@@ -402,7 +493,8 @@ int kv_needle_grid(const kv_needle_spec *s, kv_needle_backend_fn make, void *mak
                                          seed, tokens, items, err);
                     if (!rc)
                         rc = kv_needle_run(b, 0, s->models[mi], tokens, s->lengths[li], items,
-                                           s->n_depths, 0, res + k, cb, user, done, total, err);
+                                           s->n_depths, s->chunk, res + k, cb, user, done,
+                                           total, err);
                     for (int di = 0; di < s->n_depths && !rc; di++, k++) {
                         res[k].variant = vi;
                         res[k].seed = s->seeds[si];

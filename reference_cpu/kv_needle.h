@@ -8,11 +8,18 @@
  * keys); after the haystack the questions follow one by one, each answer appended before the
  * next question, so one prefill serves every depth.
  *
- * A cache variant is a spec string ("fp32", or a chapter 04 storage format such as "int8",
- * "int4/w64", "fp8-e5m2/head": kv_needle_cache_spec()) with the outcome the chapter predicts for
- * it, e.g. "all" (every cell passes) or "within:W" (passes iff the needle is at most W tokens
- * before its question). Later chapters add variants to kv_needle_cache_spec() and predictions
- * to ::kv_needle_rule.
+ * A cache variant is a spec string ("fp32", a chapter 04 storage format such as "int8",
+ * "int4/w64", "fp8-e5m2/head", or a chapter 09 selection method such as "h2o/b64/w16":
+ * kv_needle_cache_spec()) with the outcome the chapter predicts for it, e.g. "all" (every cell
+ * passes), "within:W" (passes iff the needle is at most W tokens before its question) or
+ * "kept:E,W" (chapter 09: the fact token attention reads lies before position E or within W
+ * tokens of the question). Later chapters add variants to kv_needle_cache_spec() and
+ * predictions to ::kv_needle_rule.
+ *
+ * Steps matter for chapter 09: a retention method evicts at the end of a forward step, never
+ * inside one, so the haystack is prefilled in chunks ("chunk N" in a spec; default 512) and
+ * every question is a step of its own: eviction always falls between the haystack and the
+ * question, as it would between two turns of a conversation.
  */
 #ifndef KV_NEEDLE_H
 #define KV_NEEDLE_H
@@ -26,7 +33,7 @@ extern "C" {
 
 #define KV_NEEDLE_MAX_LENGTHS 16
 #define KV_NEEDLE_MAX_DEPTHS KV_RECALL_KEYS /* one key per needle in a context */
-#define KV_NEEDLE_MAX_VARIANTS 8
+#define KV_NEEDLE_MAX_VARIANTS 24
 #define KV_NEEDLE_MAX_SEEDS 8
 
 /** The outcome a variant predicts for a cell. */
@@ -34,13 +41,29 @@ typedef enum {
     KV_EXPECT_ALL = 0,   /**< every cell passes (exact caches) */
     KV_EXPECT_NONE = 1,  /**< every cell fails */
     KV_EXPECT_ANY = 2,   /**< measured, not asserted */
-    KV_EXPECT_WITHIN = 3 /**< passes iff distance (question - needle) <= arg */
+    KV_EXPECT_WITHIN = 3, /**< passes iff distance (question - needle) <= arg */
+    /** chapter 09, "kept:E,W": passes iff the fact's last token (the one attention reads:
+     * direct the fact, induction the value) is at a position < arg (sinks, or the first
+     * positions a heavy-hitter method never lets go) or at most arg2 tokens before the
+     * question (the recent window) */
+    KV_EXPECT_KEPT = 4,
+    /** chapter 09, "atleast:E,W": cells KEPT says pass must pass; the others are measured,
+     * not asserted (a method that may also keep older needles, by chance of its scores) */
+    KV_EXPECT_ATLEAST = 5,
+    /** chapter 09, "page-split:P": fails iff the fact's two tokens straddle a page boundary
+     * (the value token starts a page of P positions: a page-selecting method's previous-token
+     * head misses the key on the page before); passes otherwise (every direct cell) */
+    KV_EXPECT_PAGE_SPLIT = 6,
+    /** chapter 09, "from:E": passes iff the fact's last token is at a position >= E (a ratio
+     * budget still below its window evicts everything older than the window at first) */
+    KV_EXPECT_FROM = 7
 } kv_needle_rule;
 
 typedef struct {
     char spec[64]; /**< cache variant, e.g. "fp32" */
     int rule;      /**< ::kv_needle_rule */
-    long arg;      /**< the rule's number (WITHIN: tokens) */
+    long arg;      /**< the rule's number (WITHIN: tokens; KEPT, ATLEAST, FROM: E; PAGE_SPLIT: P) */
+    long arg2;     /**< KEPT, ATLEAST: W */
 } kv_needle_variant;
 
 /** A grid: what datasets/needle/ files describe. */
@@ -54,6 +77,8 @@ typedef struct {
     int n_seeds;
     uint64_t seeds[KV_NEEDLE_MAX_SEEDS]; /**< haystack seeds (filler, keys, values) */
     uint64_t model_seed;                 /**< recall model seed (default 1) */
+    int chunk; /**< haystack tokens per prefill step ("chunk N"; 0: 512). Chapter 09 evicts
+                * between steps, so this sets how often a retention method chooses. */
 } kv_needle_spec;
 
 /** Both models, lengths 1024 4096, depths 0 25 50 75 100, variant "fp32 all", seed 1. */
@@ -62,13 +87,15 @@ void kv_needle_spec_default(kv_needle_spec *s);
 /**
  * Parse a spec from text (the datasets/needle/ format, described in datasets/needle/README.md):
  * lines "name N", "models direct induction", "lengths 1024 4096", "depths 0 50 100",
- * "variant fp32 all", "seeds 1 2", "model-seed 1"; '#' starts a comment. Errors name the line.
+ * "variant fp32 all", "seeds 1 2", "model-seed 1", "chunk 64"; '#' starts a comment. Errors
+ * name the line.
  * Fields not given keep the values @p s already holds (call kv_needle_spec_default() first).
  */
 int kv_needle_spec_parse(const char *text, kv_needle_spec *s, kv_err *err);
 /** kv_needle_spec_parse() on a file. */
 int kv_needle_spec_read(const char *path, kv_needle_spec *s, kv_err *err);
-/** Parse one variant word + rule ("fp32", "all" | "none" | "any" | "within:W"). */
+/** Parse one variant word + rule ("fp32", "all" | "none" | "any" | "within:W" | "kept:E,W" |
+ * "atleast:E,W" | "page-split:P" | "from:E"). */
 int kv_needle_variant_parse(const char *spec, const char *rule, kv_needle_variant *v, kv_err *err);
 
 /**
@@ -78,7 +105,14 @@ int kv_needle_variant_parse(const char *spec, const char *rule, kv_needle_varian
  * separated by '/': "head" (fp8: per-head scales; default per tensor), "wR" (KIVI: fp32
  * window of R tokens, a multiple of 32; default 128), "lA,B,..." (selective layers: only
  * layers A, B, ... use the format, the others fp16). E.g. "int4/w64", "fp8-e5m2/head",
- * "int8/l0". Unknown -> KV_ERR_UNSUPPORTED naming the known ones.
+ * "int8/l0". Chapter 09: a selection method (kv_select_method_parse(): l2-large, l2-small,
+ * h2o, snapkv, quest, topk) with a budget "bN" (N tokens per layer and KV head) or "rX" (a
+ * ratio 0 < X <= 1 of the positions seen), then options "wN" (recent window: always kept;
+ * SnapKV's observation window), "sN" (sinks: the first N positions always kept), "dN" (Quest,
+ * top-k: layers 0 .. N-1 read everything) and at most one per-token storage format (fp16,
+ * int8, fp8-e4m3, ...), e.g. "h2o/b128/w16", "snapkv/r0.1/w16/int8", "quest/b64/d2". The
+ * spec is checked by kv_retain_spec_check(). Unknown -> KV_ERR_UNSUPPORTED naming the known
+ * ones (an unknown option is named in the message).
  */
 int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cache_spec *out,
                          kv_err *err);

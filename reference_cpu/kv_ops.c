@@ -128,6 +128,12 @@ float kv_dot(const float *a, const float *b, int n) { return dot16(a, b, n); }
 
 void kv_matmul(float *y, const float *x, const float *W, int T, int in, int out)
 {
+    kv_matmul_strided(y, x, W, T, in, out, in);
+}
+
+void kv_matmul_strided(float *y, const float *x, const float *W, int T, int in, int out,
+                       int ldw)
+{
     const int64_t work = (int64_t)T * in * out;
     const int n_blocks = (out + KV_MATMUL_ROWS - 1) / KV_MATMUL_ROWS;
     /* static schedule over row blocks: each thread takes one contiguous run of W's rows, so
@@ -138,7 +144,7 @@ void kv_matmul(float *y, const float *x, const float *W, int T, int in, int out)
         const int i1 = i0 + KV_MATMUL_ROWS < out ? i0 + KV_MATMUL_ROWS : out;
         for (int t = 0; t < T; t++)
             for (int i = i0; i < i1; i++)
-                y[(size_t)t * out + i] = dot16(W + (size_t)i * in, x + (size_t)t * in, in);
+                y[(size_t)t * out + i] = dot16(W + (size_t)i * ldw, x + (size_t)t * in, in);
     }
 }
 

@@ -41,6 +41,15 @@ void kv_parallel_ignore_load(int yes);
 void kv_matmul(float *y, const float *x, const float *W, int T, int in, int out);
 
 /**
+ * kv_matmul() over a column slice of a wider matrix: W's rows are @p ldw floats apart
+ * (ldw >= in), so W may point at column c0 of a [out][ldw] matrix and the product uses its
+ * columns c0 .. c0+in-1 (chapter 10: a tensor-parallel rank's slice of Wo and W2). With
+ * ldw == in it is kv_matmul(), bit for bit.  x [T][in], y [T][out].
+ */
+void kv_matmul_strided(float *y, const float *x, const float *W, int T, int in, int out,
+                       int ldw);
+
+/**
  * Rotate adjacent pairs (2i, 2i+1) of the first rotary_dim dims of every head by angle
  * pos · theta^(-2i/rotary_dim)   (llama2.c's convention).
  * x [T][n_heads][head_dim], pos [T].

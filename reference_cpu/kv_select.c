@@ -222,7 +222,8 @@ static int keep_forced_and_best(const double *score, int n, int64_t budget, int 
 
 void kv_select_key_norms(const kv_head_view *k, int n, double *norms)
 {
-    #pragma omp parallel
+    /* one thread for a few keys or on a busy machine: a team per call costs more than it saves */
+    #pragma omp parallel if (kv_parallel_worth((int64_t)n * k->d))
     {
         float stack[256], *row = k->d <= 256 ? stack : malloc((size_t)k->d * sizeof(float));
         #pragma omp for
@@ -354,10 +355,11 @@ int kv_select_snapkv_votes(const kv_head_view *k, int n, const float *q, int w, 
         free(probs);
         return kv_fail(err, KV_ERR_NOMEM, "kv_select_snapkv: no memory for %d keys", n);
     }
-    #pragma omp parallel for
+    const int par = kv_parallel_worth((int64_t)n * d * (rows + 1));
+    #pragma omp parallel for if (par)
     for (int p = 0; p < n; p++) kv_attn_row(k, p, keys + (size_t)p * d);
     /* each observation query's causal softmax, in kv_attention()'s passes */
-    #pragma omp parallel for
+    #pragma omp parallel for if (par)
     for (int r = 0; r < rows; r++) {
         const int t = n - w + r / G; /* query r = (i, g) sits at position n - w + i */
         const float *qr = q + (size_t)r * d;
@@ -374,7 +376,7 @@ int kv_select_snapkv_votes(const kv_head_view *k, int n, const float *q, int w, 
         for (int p = 0; p <= t; p++) pr[p] /= sum;
     }
     /* the votes: every observation query of every head of the group, in that order */
-    #pragma omp parallel for
+    #pragma omp parallel for if (par)
     for (int p = 0; p < n - w; p++) {
         double v = 0.0;
         for (int r = 0; r < rows; r++) v += probs[(size_t)r * n + p];
@@ -544,7 +546,8 @@ int kv_select_topk_keys(const kv_head_view *k, int n, const float *q, int k_keys
     double *score = malloc((size_t)(n ? n : 1) * sizeof(double)); /* [n] q·k in double */
     if (!score) return -1;
     int fail = 0;
-    #pragma omp parallel reduction(| : fail)
+    /* called once per query row by kv_retain: a team per call only where the keys are many */
+    #pragma omp parallel reduction(| : fail) if (kv_parallel_worth((int64_t)n * d))
     {
         float stack[256], *row = d <= 256 ? stack : malloc((size_t)d * sizeof(float));
         if (!row) fail = 1;

@@ -9,7 +9,8 @@
  *           row (n-1-tlen) + j predicts position n + j, the slot d_j was proposed for
  *   accept: a prefix d_0 .. d_{acc-1}, then one token of the target's own at n + acc
  *   roll back: the target cached n + kr tokens and keeps n + acc (the context minus its new
- *           last token); the draft keeps at most as many.
+ *           last token); the draft keeps at most as many. A window or KIVI cache copies back
+ *           what the round overwrote from the undo log armed (speculate hook) before it.
  * The first round's target step is also the prompt's prefill. */
 #include "kv_spec.h"
 #include "kv_sampler.h"
@@ -86,6 +87,19 @@ static int roll_back(kv_backend *b, int slot, int len, double *bytes, kv_err *er
     return rc;
 }
 
+/* KIVI: the quantized count row t of a plain run reads. A step's rows all read the count
+ * after the whole step (the spill precedes the attention), while a plain run's decode row t
+ * reads Q(t+1) and its prompt rows Q(n_prompt); so the verification is cut where that count
+ * changes (at most once per 32 tokens), and each row reads what the plain run read: the same
+ * logits, bit for bit. 0 for the other formats: one step. */
+static int kivi_seen(const kv_cache_spec *spec, int n_prompt, int t)
+{
+    if (!kvq_is_kivi(spec->dtype)) return 0;
+    const int R = spec->kivi_window ? spec->kivi_window : KV_KIVI_WINDOW;
+    const int e = t + 1 > n_prompt ? t + 1 : n_prompt;
+    return e > R ? (e - R + KV_KIVI_GROUP - 1) / KV_KIVI_GROUP * KV_KIVI_GROUP : 0;
+}
+
 static int check(const kv_backend *t, const kv_backend *d, const int *prompt, int n_prompt,
                  const kv_spec_opts *o, const int *out, kv_err *err)
 {
@@ -150,6 +164,11 @@ int kv_spec_generate(kv_backend *target, kv_backend *draft, const int *prompt, i
     while (emitted < o->n_tokens && !rc) {
         /* never draft past the last token asked for: the caches end as a plain run's */
         const int left = o->n_tokens - emitted - 1, kr = K < left ? K : left;
+        /* a window's ring and KIVI's spills overwrite rows: log them before this round
+         * writes, so the rollback below can copy them back (at most K tokens are dropped) */
+        if (target->speculate) rc = target->speculate(target, slot, K, err);
+        if (!rc && draft->speculate) rc = draft->speculate(draft, slot, K, err);
+        if (rc) break;
         for (int j = 0; j < kr && !rc; j++) { /* the draft proposes, one token per call */
             const int dlen = draft->length(draft, slot);
             const kv_seq s = {slot, dlen, n + j - dlen, ctx + dlen};
@@ -164,10 +183,15 @@ int kv_spec_generate(kv_backend *target, kv_backend *draft, const int *prompt, i
             }
         }
         if (rc) break;
-        /* the target runs the pending tokens and every draft in one step */
+        /* the target runs the pending tokens and every draft in one step (a KIVI cache: one
+         * step per stretch of rows that read the same quantized count, see kivi_seen()) */
         const int tlen = target->length(target, slot);
-        const kv_seq s = {slot, tlen, n + kr - tlen, ctx + tlen, tl};
-        rc = target->forward(target, &s, 1, NULL, &st->target, err);
+        for (int a = tlen, b; a < n + kr && !rc; a = b) {
+            const int qa = kivi_seen(&target->spec, n_prompt, a);
+            for (b = a + 1; b < n + kr && kivi_seen(&target->spec, n_prompt, b) == qa;) b++;
+            const kv_seq s = {slot, a, b - a, ctx + a, tl + (size_t)(a - tlen) * V};
+            rc = target->forward(target, &s, 1, NULL, &st->target, err);
+        }
         if (rc) break;
         st->target_steps++;
         const float *row = tl + (size_t)(n - 1 - tlen) * V; /* predicts position n */

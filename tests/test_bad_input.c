@@ -696,8 +696,8 @@ static void test_cli(void)
     CLI_BAD("--device|'tpu'", "bench", "attention", "--device", "tpu");
     CLI_BAD("--kv-heads|does not divide", "bench", "attention", "--heads", "32", "--kv-heads", "6");
 
-    /* kvlab tour: chapters 07 and 08 exist; the checks come before any demo runs */
-    CLI_BAD("--chapter|no demo for chapter 9", "tour", "--chapter", "9");
+    /* kvlab tour: chapters 01 .. 10 have demos; the checks come before any demo runs */
+    CLI_BAD("--chapter|no demo for chapter 11", "tour", "--chapter", "11");
     CLI_BAD("--chapter|not an integer", "tour", "--chapter", "7.0");
     CLI_BAD("--chapter|not an integer", "tour", "--chapter", "8,7");
     CLI_BAD("--chapter|not an integer", "tour", "--chapter", "");

@@ -326,6 +326,40 @@ static void test_runs(const char *cuda_mode)
     }
 }
 
+/* kvlab tp (chapter 10): --help, a refused rank count, and a replicated run whose per-rank
+ * cache is the figure `kvlab calc --tp` prints for the same shape (the command it names). */
+static void test_tp(void)
+{
+    EXPECT_OK("usage", "tp", "--help");
+    EXPECT_OK("tp ", "--help"); /* listed in kvlab's own help */
+    EXPECT_BAD("--ranks", "tp", "--default", "tiny", "--ranks", "3");
+    EXPECT_BAD("--ranks", "tp", "--ranks", "0");
+    result r = run("tp", "--default", "tiny-gqa", "--ranks", "4", "--prompt", "8", "--tokens", "8",
+                   "--repeats", "1", (const char *)NULL);
+    KV_CHECK(r.rc == 0, "tp tiny-gqa 4 ranks: exit %d (stderr: %s)", r.rc, r.err);
+    KV_CHECK(strstr(r.out, "tokens equal to p = 1: yes") != NULL, "tp: tokens not equal: %s", r.out);
+    KV_CHECK(strstr(r.out, "replicated on p / H_kv = 2 ranks") != NULL, "tp: replication not "
+             "stated: %s", r.out);
+    KV_CHECK(strstr(r.out, "= 4 per token") != NULL, "tp: tiny has L = 2: 4 all-reduces per "
+             "token: %s", r.out);
+    char fmt[32] = "", cfg[64] = "", dt[16] = "", seq[16] = "", ranks[8] = "";
+    const char *b = strstr(r.out, "per-rank KV cache: ");
+    const char *c = strstr(r.out, "kvlab calc --config ");
+    int ok = b && c && sscanf(strstr(b, "= ") + 2, "%31[^(]", fmt) == 1 &&
+             sscanf(c, "kvlab calc --config %63s --dtype %15s --seq %15s --tp %7s", cfg, dt, seq,
+                    ranks) == 4;
+    KV_CHECK(ok, "tp: no per-rank bytes or calc command in: %s", r.out);
+    done(&r);
+    if (!ok) return;
+    fmt[strlen(fmt) - 1] = '\0'; /* the space before "(" */
+    char want[64];
+    snprintf(want, sizeof want, "= %s per rank", fmt);
+    r = run("calc", "--config", cfg, "--dtype", dt, "--seq", seq, "--tp", ranks, (const char *)NULL);
+    KV_CHECK(r.rc == 0 && strstr(r.out, want) != NULL, "calc --tp does not print '%s': %s", want,
+             r.out);
+    done(&r);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -339,6 +373,7 @@ int main(int argc, char **argv)
     test_calc_args();
     test_other_args();
     test_calc_figures();
+    test_tp();
     test_runs(argv[2]);
     return kv_test_finish();
 }

@@ -26,6 +26,7 @@ int cmd_convert(int argc, char **argv);  /* convert.c */
 int cmd_stream(int argc, char **argv);   /* stream.c */
 int cmd_serve(int argc, char **argv);    /* serve.c */
 int cmd_spec(int argc, char **argv);     /* spec.c */
+int cmd_tp(int argc, char **argv);       /* tp.c */
 
 /** Exit code for a library status: bad input (ARG, IO, FORMAT, UNSUPPORTED) 2, else 1. */
 int kv_cli_exit_code(int status);
@@ -148,6 +149,8 @@ int kv_demo_ch05(const kv_demo_ctx *ctx, kv_err *err); /* 05-paged/demo.c */
 int kv_demo_ch06(const kv_demo_ctx *ctx, kv_err *err); /* 06-sliding-window/demo.c */
 int kv_demo_ch07(const kv_demo_ctx *ctx, kv_err *err); /* 07-swap/demo.c */
 int kv_demo_ch08(const kv_demo_ctx *ctx, kv_err *err); /* 08-flash/demo.c */
+int kv_demo_ch09(const kv_demo_ctx *ctx, kv_err *err); /* 09-eviction/demo.c */
+int kv_demo_ch10(const kv_demo_ctx *ctx, kv_err *err); /* 10-spec-tp/demo.c */
 
 /**
  * KV-cache formats side by side (chapter 04's demo, kvlab bench quant): per format bytes per

@@ -26,6 +26,7 @@ static const kv_subcommand commands[] = {
     {"serve", cmd_serve, "replay a request trace: continuous batching on a paged cache, allocator metrics"},
     {"stream", cmd_stream, "an endless stream through a sliding-window cache: memory and tokens/s stay flat"},
     {"spec", cmd_spec, "speculative decoding: draft k tokens, verify in one step, roll back the rejected K/V"},
+    {"tp", cmd_tp, "tensor-parallel heads: P ranks as threads, per-rank cache, all-reduces per layer"},
     /* a new subcommand: its own file, and one row here */
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);

@@ -71,6 +71,13 @@ static void print_tables(const kv_needle_spec *s, const kv_needle_result *res)
         char pred[48];
         if (v->rule == KV_EXPECT_WITHIN)
             snprintf(pred, sizeof pred, "pass iff distance <= %ld", v->arg);
+        else if (v->rule == KV_EXPECT_KEPT || v->rule == KV_EXPECT_ATLEAST)
+            snprintf(pred, sizeof pred, "pass %s fact at < %ld or <= %ld back",
+                     v->rule == KV_EXPECT_KEPT ? "iff" : "if", v->arg, v->arg2);
+        else if (v->rule == KV_EXPECT_FROM)
+            snprintf(pred, sizeof pred, "pass iff fact at >= %ld", v->arg);
+        else if (v->rule == KV_EXPECT_PAGE_SPLIT)
+            snprintf(pred, sizeof pred, "fail iff the fact straddles a page of %ld", v->arg);
         else
             snprintf(pred, sizeof pred, "%s", v->rule == KV_EXPECT_ALL    ? "every cell passes"
                                               : v->rule == KV_EXPECT_NONE ? "every cell fails"
@@ -158,13 +165,15 @@ int cmd_needle(int argc, char **argv)
     const char *cmd = "kvlab needle";
     const char *spec_path = NULL, *models = NULL, *lengths = NULL, *depths = NULL, *cache = NULL;
     const char *seeds = NULL, *csv = NULL, *svg = NULL, *device = "cpu", *save = NULL;
+    int chunk = 0;
     kv_cli_layout lo = {"contiguous", 0, 0};
     kv_opt opts[] = {
         {"--spec", KV_OPT_STRING, &spec_path, 0, 0, NULL, "FILE", "grid spec (datasets/needle/*.needle; default: both models, 1k and 4k, depths 0..100 by 25)", 0},
         {"--models", KV_OPT_STRING, &models, 0, 0, NULL, "LIST", "direct,induction (overrides the spec)", 0},
         {"--lengths", KV_OPT_STRING, &lengths, 0, 0, NULL, "LIST", "context lengths, e.g. 1024,65536", 0},
         {"--depths", KV_OPT_STRING, &depths, 0, 0, NULL, "LIST", "needle depths in percent, e.g. 0,50,100", 0},
-        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant: fp32, or a storage format (fp16 int8 fp8 int4 ... with /head /wR /lA,B; see kvlab generate --help), predicted to pass every cell (int2: measured, not predicted)", 0},
+        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant: fp32, or a storage format (fp16 int8 fp8 int4 ... with /head /wR /lA,B; see kvlab generate --help), predicted to pass every cell (int2: measured, not predicted); or a chapter 09 method l2-large l2-small h2o snapkv quest topk with /bN or /rX and /wN /sN /dN /FORMAT, e.g. h2o/b64/w16 (measured, not predicted: datasets/needle/ch09.txt holds the predictions)", 0},
+        {"--chunk", KV_OPT_INT, &chunk, 1, 1 << 24, NULL, "N", "haystack tokens per prefill step (default: the spec's, else 512); chapter 09's methods evict between steps", 0},
         {"--seeds", KV_OPT_STRING, &seeds, 0, 0, NULL, "LIST", "haystack seeds", 0},
         {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "write every cell as CSV", 0},
         {"--svg", KV_OPT_STRING, &svg, 0, 0, NULL, "FILE", "write a heatmap (SVG)", 0},
@@ -200,8 +209,14 @@ int cmd_needle(int argc, char **argv)
     if (cache) {
         size_t k = strlen(text);
         /* int2's outcome is measured, not predicted (chapters/04-quantization/README.md) */
+        kv_cache_spec cs;
+        const int selects = !kv_needle_cache_spec(cache, 1, 16, &cs, &err) && cs.select;
         snprintf(text + k, sizeof text - k, "variant %s %s\n", cache,
-                 !strncmp(cache, "int2", 4) ? "any" : "all");
+                 !strncmp(cache, "int2", 4) || selects ? "any" : "all");
+    }
+    if (chunk) {
+        size_t k = strlen(text);
+        snprintf(text + k, sizeof text - k, "chunk %d\n", chunk);
     }
     if (text[0] && kv_needle_spec_parse(text, &s, &err))
         return kv_args_bad(cmd, "options", "%s", err.msg);

@@ -13,11 +13,44 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kv_checkpoint.h"
 #include "kv_generate.h"
 #include "kv_quant.h"
 #include "kv_spec.h"
 
 static const char *const spec_layouts[] = {"contiguous", "paged", NULL};
+
+/* Bytes the CPU cache of @p b has copied into its undo logs (window / KIVI), or -1 when the
+ * backend is not the CPU's or keeps no log. */
+static double undo_copied(kv_backend *b)
+{
+    const kv_cache *c = kv_backend_cpu_cache(b);
+    return c && c->undo ? c->undo[0].copied : -1.0;
+}
+
+/* The alternative to a log: before each round, copy everything a round may overwrite in one
+ * slot, every layer, K and V, every KV head: a window's whole ring (S+W rows, codes and
+ * metadata), or KIVI's fp32 window (R rows) plus the one group a round's spill writes. */
+static double snapshot_bytes(kv_backend *b)
+{
+    const kv_cache *c = kv_backend_cpu_cache(b);
+    if (!c || !kv_cache_needs_undo(&c->spec, c->fmt, c->n_layers)) return -1.0;
+    double total = 0.0;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int r = 0; r < 2; r++) {
+            const kv_cache_plane *p = r ? &c->vp[l] : &c->kp[l];
+            const int role = r ? KV_QROLE_VALUE : KV_QROLE_KEY;
+            size_t off[4];
+            if (kvq_is_kivi(c->fmt[l])) {
+                kv_cache_span(p, c->fmt[l], role, 0, 0, 0, KV_KIVI_GROUP, c->head_dim, off);
+                total += (double)c->window * c->head_dim * sizeof(float) + off[1] + off[3];
+            } else {
+                kv_cache_span(p, c->fmt[l], role, 0, 0, 0, 1, c->head_dim, off);
+                total += (double)kv_window_keep(c->spec.window, c->spec.n_sinks) * (off[1] + off[3]);
+            }
+        }
+    return total * c->n_kv_heads;
+}
 
 /* Both backends for one run on @p device: the same cache spec, target and draft models. */
 static int make_pair(kv_backend **t, kv_backend **d, const char *device, const kv_model *m,
@@ -59,10 +92,11 @@ static int spec_table(const kv_model *m, const char *name, const char *device, i
         if (rc) goto done;
     }
     char lay[64];
+    const int logged = snapshot_bytes(t) >= 0.0; /* a window or KIVI on the CPU: undo columns */
     if (csv) {
         printf("k,target_steps,plain_steps,steps_saved,tokens_per_step,acceptance,"
                "target_kv_written,target_kv_rolled_back,draft_kv_written,draft_kv_rolled_back,"
-               "matches_greedy\n");
+               "matches_greedy%s\n", logged ? ",undo_log_bytes,ring_copy_bytes" : "");
     } else {
         printf("speculative decoding: target %s (%d layers), draft = its first %d layer%s\n"
                "device %s, cache %s, prompt %d tokens, %d tokens emitted, %s\n\n",
@@ -70,26 +104,34 @@ static int spec_table(const kv_model *m, const char *name, const char *device, i
                draft_layers, draft_layers == 1 ? "" : "s", t->name,
                kv_cli_layout_name(spec, lay, sizeof lay),
                n_prompt, n_tokens, greedy ? "greedy" : "sampling");
-        printf("%2s  %6s %6s %6s %9s %7s  %11s %11s  %11s %11s  %s\n", "k", "target", "plain",
+        printf("%2s  %6s %6s %6s %9s %7s  %11s %11s  %11s %11s  %8s", "k", "target", "plain",
                "saved", "tok/step", "accept", "target KV", "rolled back", "draft KV",
                "rolled back", greedy ? "= greedy" : "");
+        if (logged) printf("  %11s %11s", "undo log", "ring copy");
+        printf("\n");
     }
     for (int k = 1; k <= max_k && !rc; k++) {
         const kv_spec_opts o = {k, n_tokens, 0, (float)temperature, seed + (uint64_t)k};
         kv_spec_stats st;
+        const double u0 = undo_copied(t) + undo_copied(d);
         rc = kv_spec_generate(t, d, prompt, n_prompt, &o, got, &st, err);
         if (rc) break;
+        /* undo log: bytes both caches copied; ring copy: a snapshot per round of each */
+        const double undo = undo_copied(t) + undo_copied(d) - u0;
+        const double snap = (double)st.target_steps * (snapshot_bytes(t) + snapshot_bytes(d));
         const int same = greedy && !memcmp(got, want, sizeof(int) * n_tokens);
         const double tps = (double)st.emitted / (double)st.target_steps;
         if (csv) {
-            printf("%d,%lld,%d,%lld,%.3f,%.4f,%.0f,%.0f,%.0f,%.0f,%s\n", k,
+            printf("%d,%lld,%d,%lld,%.3f,%.4f,%.0f,%.0f,%.0f,%.0f,%s", k,
                    (long long)st.target_steps, n_tokens, (long long)(n_tokens - st.target_steps),
                    tps, kv_spec_acceptance(&st), st.target_kv_written, st.target_kv_rolled_back,
                    st.draft_kv_written, st.draft_kv_rolled_back,
                    greedy ? (same ? "yes" : "no") : "n/a");
+            if (logged) printf(",%.0f,%.0f", undo, snap);
+            printf("\n");
         } else {
-            char b[4][32];
-            printf("%2d  %6lld %6d %6lld %9.2f %6.1f%%  %11s %11s  %11s %11s  %s\n", k,
+            char b[6][32];
+            printf("%2d  %6lld %6d %6lld %9.2f %6.1f%%  %11s %11s  %11s %11s  %8s", k,
                    (long long)st.target_steps, n_tokens, (long long)(n_tokens - st.target_steps),
                    tps, 100.0 * kv_spec_acceptance(&st),
                    kv_fmt_bytes(st.target_kv_written, b[0], sizeof b[0]),
@@ -97,6 +139,10 @@ static int spec_table(const kv_model *m, const char *name, const char *device, i
                    kv_fmt_bytes(st.draft_kv_written, b[2], sizeof b[2]),
                    kv_fmt_bytes(st.draft_kv_rolled_back, b[3], sizeof b[3]),
                    greedy ? (same ? "yes" : "NO") : "");
+            if (logged)
+                printf("  %11s %11s", kv_fmt_bytes(undo, b[4], sizeof b[4]),
+                       kv_fmt_bytes(snap, b[5], sizeof b[5]));
+            printf("\n");
         }
         if (greedy && !same)
             rc = kv_fail(err, KV_ERR_ARG, "spec: k=%d emitted other tokens than greedy", k);
@@ -105,6 +151,11 @@ static int spec_table(const kv_model *m, const char *name, const char *device, i
         printf("\ntarget steps: verification calls (the first also prefills the prompt); a plain "
                "run takes one per token.\nrolled back: K/V of drafted tokens the target "
                "rejected, written and then dropped from the cache.\n");
+    if (!rc && !csv && logged)
+        printf("undo log: bytes both caches copied before overwriting them (ring rows, KIVI "
+               "window rows and spilled groups),\nso a rejected tail could be copied back; ring "
+               "copy: the same protection by copying each cache's whole\nring (KIVI: fp32 window "
+               "+ one group) before every round.\n");
 done:
     kv_backend_destroy(t);
     kv_backend_destroy(d);
@@ -117,20 +168,28 @@ done:
 int cmd_spec(int argc, char **argv)
 {
     const char *cmd = "kvlab spec";
-    const char *def = "small", *cache = "fp32", *layout = "contiguous", *device = "cpu";
+    const char *def = NULL, *cache = "fp32", *layout = "contiguous", *device = "cpu";
+    const char *model_path = NULL;
     int draft_layers = 1, prompt = 16, tokens = 64, max_k = 8, block = 16, csv = 0;
+    int window = 0, sinks = 0, kivi_window = 0;
+    const char *scheme = "original";
     int64_t seed = 1;
     double temperature = 0.0;
     kv_opt opts[] = {
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where both models run (default cpu)", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded target model (default small)", 0},
+        {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "or a llama2.c / kvlab checkpoint as the target (KIVI needs 32 | head dim)", 0},
         {"--draft-layers", KV_OPT_INT, &draft_layers, 1, 1 << 10, NULL, "N", "layers of the target the draft keeps (default 1)", 0},
         {"--prompt", KV_OPT_INT, &prompt, 1, 1 << 16, NULL, "P", "random prompt tokens (default 16)", 0},
         {"--tokens", KV_OPT_INT, &tokens, 1, 1 << 16, NULL, "N", "tokens to emit per run (default 64)", 0},
         {"--max-k", KV_OPT_INT, &max_k, 1, 64, NULL, "K", "runs for k = 1..K draft tokens (default 8)", 0},
-        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2", 0},
+        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2, int4-kivi, int2-kivi", 0},
         {"--layout", KV_OPT_CHOICE, &layout, 0, 0, spec_layouts, "L", "contiguous (default) or paged", 0},
         {"--block-size", KV_OPT_INT, &block, 1, 4096, NULL, "B", "paged: tokens per block (default 16)", 0},
+        {"--window", KV_OPT_INT, &window, 0, 1 << 24, NULL, "W", "sliding window of W recent tokens (default 0: keep all)", 0},
+        {"--sinks", KV_OPT_INT, &sinks, 0, 1 << 20, NULL, "S", "with --window: first tokens kept forever (default 0)", 0},
+        {"--scheme", KV_OPT_STRING, &scheme, 0, 0, NULL, "P", "with --window: RoPE by original position (default) or cache index", 0},
+        {"--kivi-window", KV_OPT_INT, &kivi_window, 0, 1 << 20, NULL, "R", "int4-kivi / int2-kivi: fp32 window, a multiple of 32 (default 128)", 0},
         {"--temperature", KV_OPT_FLOAT, &temperature, 0, 100, NULL, "T", "0 = greedy (default), else sampling with the acceptance rule", 0},
         {"--seed", KV_OPT_I64, &seed, 0, 1e15, NULL, "S", "prompt and sampling seed (default 1)", 0},
         {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "print comma-separated rows (for plots)", 0},
@@ -149,13 +208,16 @@ int cmd_spec(int argc, char **argv)
     if (fmt < 0)
         return kv_args_bad(cmd, "--cache", "unknown format '%s' (fp32, fp16, bf16, int8, "
                            "int8-g32, int8-g64, int8-g128, fp8-e4m3, fp8-e5m2)", cache);
-    if (kvq_is_kivi(fmt))
-        return kv_args_bad(cmd, "--cache", "%s: rolling back would need the fp32 window "
-                           "restored; use a per-token format", cache);
+    const int pos_scheme = kv_window_scheme_parse(scheme);
+    if (pos_scheme < 0)
+        return kv_args_bad(cmd, "--scheme", "unknown '%s' (original, cache)", scheme);
+    if (model_path && def) return kv_args_bad(cmd, "--model", "give either --model or --default, not both");
+    if (!model_path && !def) def = "small";
     kv_model m;
     kv_err err = {{0}};
-    int st = kv_cli_default_model(&m, def, &err);
-    if (st) return kv_cli_fail(cmd, def, st, &err);
+    int st = model_path ? kv_checkpoint_read(model_path, &m, &err) : kv_cli_default_model(&m, def, &err);
+    if (st) return kv_cli_fail(cmd, model_path ? model_path : def, st, &err);
+    if (model_path) def = model_path;
     const int n_layers = m.config.n_layers;
     if (draft_layers > n_layers) {
         kv_model_free(&m);
@@ -164,6 +226,10 @@ int cmd_spec(int argc, char **argv)
     }
     kv_cache_spec spec = kv_cache_spec_default(1, prompt + tokens);
     spec.dtype = fmt;
+    spec.window = window; /* a window or KIVI rolls back through the undo log (kv_cache.h) */
+    spec.n_sinks = sinks;
+    spec.pos_scheme = pos_scheme;
+    spec.kivi_window = kivi_window;
     if (!strcmp(layout, "paged")) {
         spec.layout = KV_LAYOUT_PAGED;
         spec.block_size = block;

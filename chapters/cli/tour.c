@@ -22,6 +22,8 @@ static const kv_demo demos[] = {
     {6, "sliding window and attention sinks", kv_demo_ch06},
     {7, "swap and recompute", kv_demo_ch07},
     {8, "fused attention: naive, tiled, split-KV", kv_demo_ch08},
+    {9, "eviction and sparse attention: who forgets the needle", kv_demo_ch09},
+    {10, "speculative decoding: the cache writes every draft, rolls back the rejected", kv_demo_ch10},
 };
 static const int n_demos = (int)(sizeof demos / sizeof demos[0]);
 

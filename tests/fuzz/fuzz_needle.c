@@ -34,10 +34,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_REQUIRE(s.depths[i] >= 0 && s.depths[i] <= 100, "depth %d", s.depths[i]);
     FUZZ_REQUIRE(s.n_variants >= 1 && s.n_variants <= KV_NEEDLE_MAX_VARIANTS, "n_variants %d", s.n_variants);
     FUZZ_REQUIRE(s.n_seeds >= 1 && s.n_seeds <= KV_NEEDLE_MAX_SEEDS, "n_seeds %d", s.n_seeds);
+    FUZZ_REQUIRE(s.chunk >= 0 && s.chunk <= (1 << 24), "chunk %d", s.chunk);
     for (int i = 0; i < s.n_variants; i++) {
         const kv_needle_variant *v = &s.variants[i];
         FUZZ_REQUIRE(memchr(v->spec, '\0', sizeof v->spec) != NULL && v->spec[0], "variant %d spec", i);
-        FUZZ_REQUIRE(v->rule >= KV_EXPECT_ALL && v->rule <= KV_EXPECT_WITHIN, "variant %d rule %d", i, v->rule);
+        FUZZ_REQUIRE(v->rule >= KV_EXPECT_ALL && v->rule <= KV_EXPECT_FROM, "variant %d rule %d", i, v->rule);
         kv_cache_spec cs;
         rc = kv_needle_cache_spec(v->spec, 1, 64, &cs, &err);
         FUZZ_REQUIRE(rc == KV_OK || (rc == KV_ERR_UNSUPPORTED && err.msg[0]),
