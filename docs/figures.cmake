@@ -251,6 +251,42 @@ set key left top
 plot ${ch08_plot}
 ")
 
+# ---- chapter 09: which positions each method keeps, retrieval layer of the direct model ----
+# The tour's CSV holds two tables: the needle rows ("needle,...") and the kept positions
+# ("kept,model,cache,layer,reader,position,needle"): for the evicting methods the positions
+# kept after the 512-token haystack, for quest and topk the positions each question reads.
+message(STATUS "figures: kvlab tour --chapter 9 --csv (a few seconds)")
+execute_process(COMMAND ${KVLAB} tour --chapter 9 --csv OUTPUT_FILE ${OUT}/ch09-tour.csv
+  RESULT_VARIABLE rc ERROR_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "figures: kvlab tour --chapter 9 --csv failed (${rc})")
+endif()
+file(STRINGS ${OUT}/ch09-tour.csv ch09_lines REGEX "^(kept,|part,model,cache,layer,)")
+list(JOIN ch09_lines "\n" ch09_text)
+file(WRITE ${OUT}/ch09-kept.csv "${ch09_text}\n")
+kv_plot(ch09-kept-positions "
+set terminal svg size 900,520 dynamic font 'sans,12'
+set output '${OUT}/ch09-kept-positions.svg'
+set title \"Chapter 09: positions kept (evicting methods) or read by each question (quest, topk)\\nretrieval layer of the direct model, 512-token haystack in steps of 64\" noenhanced
+set xlabel 'position' noenhanced
+set xrange [-4:520]
+set yrange [0.3:10.7]
+set grid noytics
+set ytics ('l2-large/b32/w8 kept' 10, 'l2-small/b32/w8 kept' 9, 'h2o/b32/w8 kept' 8, \\
+  'snapkv/b32/w8 kept' 7, 'quest/b32 reads, question 0%%' 6, 'quest/b32 reads, question 50%%' 5, \\
+  'quest/b32 reads, question 100%%' 4, 'topk/b16 reads, question 0%%' 3, \\
+  'topk/b16 reads, question 50%%' 2, 'topk/b16 reads, question 100%%' 1) noenhanced
+set key below horizontal maxcols 3 samplen 2
+row(c, r) = c eq 'l2-large/b32/w8' ? 10 : c eq 'l2-small/b32/w8' ? 9 : c eq 'h2o/b32/w8' ? 8 : \\
+  c eq 'snapkv/b32/w8' ? 7 : \\
+  c eq 'quest/b32' ? (r eq 'question 0%' ? 6 : r eq 'question 50%' ? 5 : 4) : \\
+  c eq 'topk/b16' ? (r eq 'question 0%' ? 3 : r eq 'question 50%' ? 2 : 1) : 1/0
+f = '${OUT}/ch09-kept.csv'
+plot f every ::1 using 6:(strcol(3) eq 'needles' ? 0.3 : 1/0):(0):(10.4) with vectors nohead dt 2 lw 1.5 lc rgb '#c00000' title 'needle (fact position)', \\
+     f every ::1 using 6:(strcol(3) eq 'needles' ? 1/0 : row(strcol(3), strcol(5))) with points pt 5 ps 0.35 lc rgb '#1f4e99' title 'kept / read', \\
+     f every ::1 using 6:(strcol(3) ne 'needles' && \$7 == 1 ? row(strcol(3), strcol(5)) : 1/0) with points pt 6 ps 1.6 lw 2 lc rgb '#c00000' title 'needle kept / read'
+")
+
 # ---- needle heatmap: kvlab writes the SVG itself ---------------------------------------------
 message(STATUS "figures: kvlab needle --spec datasets/needle/fast.needle (about 10 s)")
 kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/fast.needle

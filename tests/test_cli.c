@@ -277,6 +277,8 @@ static void test_runs(const char *cuda_mode)
     EXPECT_OK("G", "tour", "--chapter", "3");
     EXPECT_OK("int8", "tour", "--chapter", "4");
     EXPECT_OK("chapter,mode,step", "tour", "--chapter", "1", "--csv");
+    /* chapter 09's CSV: both tables, the second (kept positions) ending with the figure's rows */
+    EXPECT_OK("kept,direct,topk/b16,2,question 100%", "tour", "--chapter", "9", "--csv");
     EXPECT_OK("speed-up", "bench", "decode", "--steps", "8", "--repeats", "1");
     EXPECT_OK("growth exponents", "bench", "decode", "--steps", "8", "--repeats", "1");
     EXPECT_OK("last-level cache", "bench", "bandwidth", "--mib", "8", "--repeats", "1");

@@ -1,4 +1,5 @@
-/* NCCL all-reduce between GPU ranks (kvcu_tp.h).
+/* NCCL all-reduce between GPU ranks, and the group of rank threads that runs a model over
+ * them (kvcu_tp.h).
  *
  * One process drives every GPU: ncclCommInitAll makes the p communicators at once, and an
  * all-reduce is p ncclAllReduce calls, one per rank on its own stream, inside
@@ -8,7 +9,12 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "kv_tp.h"
+#include "kvcu_internal.cuh" /* the cache struct: a step is checked once, before the ranks */
 
 #define KV_TP_GPU_MAX 64
 
@@ -129,12 +135,6 @@ extern "C" double kvcu_tp_bytes_per_rank(const kvcu_tp_comm *c) { return c->byte
  * the ranks meet only inside the all_reduce hook, where NCCL itself is the barrier. One thread
  * per GPU is what lets each rank call ncclAllReduce on its own communicator without a group
  * call: NCCL waits inside the collective until every rank has entered it. */
-
-#include <pthread.h>
-#include <string.h>
-
-#include "kv_tp.h"
-#include "kvcu.h"
 
 struct kvcu_tp {
     const kv_model *host_model; /* config and checks; must outlive the group */
