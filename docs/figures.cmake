@@ -153,6 +153,23 @@ plot p every ::1 using 1:3 with steps lw 2 title 'paged: blocks used', \\
      m every ::1 using 1:7 axes x1y2 with steps lw 1 title 'max: requests running'
 ")
 
+# ---- chapter 06: memory on an endless stream, window vs full cache --------------------------
+message(STATUS "figures: kvlab stream --csv, 32768 tokens through a window, 8192 kept in full (about 10 s)")
+execute_process(COMMAND ${KVLAB} stream --tokens 32768 --full-tokens 8192 --every 1024 --csv
+  OUTPUT_FILE ${OUT}/ch06-stream.csv RESULT_VARIABLE rc ERROR_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "figures: kvlab stream --csv failed (${rc})")
+endif()
+kv_plot(ch06-stream-memory "
+set title 'Chapter 06: KV bytes held while streaming (tiny model, fp16; 4 sinks + 256-token window)' noenhanced
+set xlabel 'tokens streamed'
+set ylabel 'KiB of K/V held'
+set key right center
+f = '${OUT}/ch06-stream.csv'
+plot f every ::1 using 2:(strcol(1) eq 'window' ? \$4/1024 : 1/0) with linespoints lw 2 title 'sliding window + sinks (S + W rows)', \\
+     f every ::1 using 2:(strcol(1) eq 'full' ? \$4/1024 : 1/0) with linespoints lw 2 title 'full cache (every token kept)'
+")
+
 # ---- chapter 07: latency CDFs under recompute, whole swap and lru, the slow link ------------
 # The bursty trace through 512 blocks with the link scaled to the tiny model (chapter 07's
 # README: 2.5 GB/s / 512, a tenth of PCIe 4.0 for Llama-2-7B's 8 MiB blocks), 100 us per
@@ -287,9 +304,14 @@ plot f every ::1 using 6:(strcol(3) eq 'needles' ? 0.3 : 1/0):(0):(10.4) with ve
      f every ::1 using 6:(strcol(3) ne 'needles' && \$7 == 1 ? row(strcol(3), strcol(5)) : 1/0) with points pt 6 ps 1.6 lw 2 lc rgb '#c00000' title 'needle kept / read'
 ")
 
-# ---- needle heatmap: kvlab writes the SVG itself ---------------------------------------------
+# ---- needle heatmaps: kvlab writes the SVG itself ---------------------------------------------
 message(STATUS "figures: kvlab needle --spec datasets/needle/fast.needle (about 10 s)")
 kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/fast.needle
   --csv ${OUT}/needle-fast.csv --svg ${OUT}/needle-fast.svg)
 message(STATUS "figures: ${OUT}/needle-fast.svg")
+# chapter 04: the same heatmap for every quantized cache of its default-ctest grid
+message(STATUS "figures: kvlab needle --spec datasets/needle/quant.needle (about 10 s)")
+kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/quant.needle
+  --csv ${OUT}/needle-quant.csv --svg ${OUT}/needle-quant.svg)
+message(STATUS "figures: ${OUT}/needle-quant.svg")
 message(STATUS "figures: done, in ${OUT}")

@@ -61,7 +61,9 @@ int kv_needle_variant_parse(const char *spec, const char *rule, kv_needle_varian
         /* chapter 09: "kept:E,W" -- before position E or within W tokens of the question */
         const int kept = rule[0] == 'k';
         char a[32], *comma;
-        snprintf(a, sizeof a, "%s", rule + (kept ? 5 : 8));
+        /* a longer value would be cut by the copy and its tail ignored: refuse it whole */
+        if (snprintf(a, sizeof a, "%s", rule + (kept ? 5 : 8)) >= (int)sizeof a)
+            return kv_fail(err, KV_ERR_ARG, "cache variant '%s': '%.40s' is too long", spec, rule);
         comma = strchr(a, ',');
         if (comma) *comma = 0;
         v->rule = kept ? KV_EXPECT_KEPT : KV_EXPECT_ATLEAST;
@@ -143,11 +145,17 @@ int kv_needle_spec_parse(const char *text, kv_needle_spec *s, kv_err *err)
             else s->n_seeds = nw - 1;
         } else if (!strcmp(key, "model-seed")) {
             long v;
+            if (nw > 2)
+                return kv_fail(err, KV_ERR_FORMAT, "line %d: model-seed takes one number, not %d "
+                               "words", line_no, nw - 1);
             if (parse_long(words[1], 0, 1L << 30, &v))
                 return kv_fail(err, KV_ERR_FORMAT, "line %d: bad model-seed '%s'", line_no, words[1]);
             s->model_seed = (uint64_t)v;
         } else if (!strcmp(key, "chunk")) {
             long v;
+            if (nw > 2)
+                return kv_fail(err, KV_ERR_FORMAT, "line %d: chunk takes one number, not %d words",
+                               line_no, nw - 1);
             if (parse_long(words[1], 1, 1L << 24, &v))
                 return kv_fail(err, KV_ERR_FORMAT, "line %d: bad chunk '%s' (tokens per "
                                "prefill step, >= 1)", line_no, words[1]);
@@ -213,7 +221,9 @@ static int select_spec(const char *variant, int method, char *save, int n_slots,
         if (part[0] == 'r' && part[1]) {
             errno = 0;
             const double x = strtod(part + 1, &end);
-            if (errno || *end || !(x > 0.0 && x <= 1.0))
+            /* plain decimals only: strtod also reads " 0.5", "0x1p-1" and "nan" */
+            if (errno || *end || !strchr("0123456789.", part[1]) || strpbrk(part + 1, "xX") ||
+                !(x > 0.0 && x <= 1.0))
                 return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': ratio '%s' must be "
                                "a number in (0, 1]", variant, part + 1);
             s.select_ratio = x;

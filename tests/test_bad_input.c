@@ -1,7 +1,8 @@
 /*
  * Bad input, every kind kvlab reads today (issue 15): checkpoint files, tokenizer files,
  * needle specs, dialogues, request traces (with chapter 07's priority column) and
- * command-line arguments (chapter 07/08's serve options, bench swap, bench attention, tour).
+ * command-line arguments (chapter 07/08's serve options, bench swap, bench attention, tour;
+ * chapter 09's needle methods, --chunk and spec-file predictions; chapter 10's tp and spec).
  * For each: truncated, oversized, wrong magic or shape, NaN/inf, negative or absurd sizes,
  * unknown fields or choices, output paths that cannot be written.
  *
@@ -353,6 +354,89 @@ static void test_datasets(void)
     expect_needle_fail("seeds 1 2 3 4 5 6 7 8 9\n", "at most 8 seeds");
     expect_needle_fail("variant fp32 within:-1\n", "within:-1");
     expect_needle_fail("models\n", "needs a value");
+    /* chapter 09's predictions and the chunk field: numbers missing, negative, extra words,
+     * garbage after them; each message names the line */
+    struct { const char *text, *want; } nr[] = {
+        {"variant h2o/b64/w16 kept:\n", "line 1|'kept:' needs two numbers E,W"},
+        {"name a\nvariant h2o/b64/w16 kept:5\n", "line 2|'kept:5'"},
+        {"variant h2o/b64/w16 kept:,16\n", "line 1|'kept:,16'"},
+        {"variant h2o/b64/w16 kept:-1,16\n", "line 1|'kept:-1,16'"},
+        {"variant h2o/b64/w16 kept:3,-16\n", "line 1|'kept:3,-16'"},
+        {"variant h2o/b64/w16 kept:3,16,2\n", "line 1|'kept:3,16,2'"},
+        {"variant h2o/b64/w16 kept:3,16x\n", "line 1|'kept:3,16x'"},
+        /* longer than the rule's copy: the cut tail ("garbage") was ignored and W read as 0 */
+        {"variant h2o/b64/w16 kept:0,00000000000000000000000000000000016garbage\n", "line 1|too long"},
+        {"variant h2o/b64/w16 atleast:\n", "line 1|'atleast:' needs two numbers"},
+        {"\n\nvariant h2o/b64/w16 atleast:0\n", "line 3|'atleast:0'"},
+        {"variant snapkv/b64/w16 atleast:a,b\n", "line 1|'atleast:a,b'"},
+        {"variant h2o/b64/w16 from:\n", "line 1|bad position in 'from:'"},
+        {"variant h2o/b64/w16 from:-5\n", "line 1|'from:-5'"},
+        {"variant h2o/b64/w16 from:12x\n", "line 1|'from:12x'"},
+        {"variant fp32 page-split:\n", "line 1|bad page size in 'page-split:'"},
+        {"variant fp32 page-split:0\n", "line 1|'page-split:0'"},
+        {"variant fp32 page-split:-16\n", "line 1|'page-split:-16'"},
+        {"variant fp32 page-split:2000000\n", "line 1|'page-split:2000000'"},
+        {"variant h2o/b64/w16 kept:3,16 all\n", "line 1|variant SPEC [PREDICTION]"},
+        {"variant h2o/b64/w16 nope:3\n", "line 1|unknown prediction 'nope:3'"},
+        {"# chunked\nchunk\n", "line 2|'chunk' needs a value"},
+        {"chunk -4\n", "line 1|bad chunk '-4'"},
+        {"chunk 0\n", "line 1|bad chunk '0'"},
+        {"chunk 64 128\n", "line 1|chunk takes one number"},
+        {"chunk 64x\n", "line 1|bad chunk '64x'"},
+        {"chunk 16777217\n", "line 1|bad chunk '16777217'"},
+        {"chunk 99999999999999999999\n", "line 1|bad chunk"},
+        {"model-seed 1 2\n", "line 1|model-seed takes one number"},
+    };
+    for (size_t i = 0; i < sizeof nr / sizeof nr[0]; i++) {
+        kv_needle_spec s;
+        kv_needle_spec_default(&s);
+        kv_err err = {{0}};
+        char words[128];
+        const int rc = kv_needle_spec_parse(nr[i].text, &s, &err);
+        KV_CHECK(rc == KV_ERR_FORMAT, "needle spec '%.50s': status %d (%s)", nr[i].text, rc, err.msg);
+        snprintf(words, sizeof words, "%s", nr[i].want);
+        for (char *w = strtok(words, "|"); w; w = strtok(NULL, "|"))
+            KV_CHECK(strstr(err.msg, w) != NULL, "needle spec '%.50s': message lacks '%s': %s",
+                     nr[i].text, w, err.msg);
+    }
+    /* chapter 09 cache variants (kv_needle_cache_spec): refused with a message naming them */
+    struct { const char *variant, *want; } cv[] = {
+        {"nosuch/b64", "'nosuch/b64' is not known"},
+        {"h2o", "needs a budget"},
+        {"h2o/w16", "needs a budget"},
+        {"h2o/b0", "needs a budget"},
+        {"h2o/b64/r0.5", "one budget"},
+        {"h2o/r0", "ratio '0'"},
+        {"h2o/r1.5", "ratio '1.5'"},
+        {"h2o/rnan", "ratio 'nan'"},
+        {"h2o/r0x1p-1", "ratio '0x1p-1'"}, /* strtod read it as 0.5 */
+        {"h2o/r 0.5", "ratio ' 0.5'"},     /* and this one too */
+        {"h2o/b64/w-1", "'w-1' needs a count"},
+        {"h2o/b64/s-2", "'s-2' needs a count"},
+        {"quest/b64/d-1", "'d-1' needs a count"},
+        {"h2o/b64/wx", "'wx' needs a count"},
+        {"h2o/b64x", "'b64x' needs a count"},
+        {"h2o/b99999999999", "'b99999999999'"},
+        {"h2o/b16/s8/w16", "8 sinks + 16 recent|budget of 16"},
+        {"h2o/b64/w16/d1", "query-aware"},
+        {"l2-large/b64/d2", "query-aware"},
+        {"snapkv/b64", "observation window"},
+        {"int4-kivi/h2o", "'h2o' is not known for int4-kivi"},
+        {"h2o/b64/int4-kivi", "KIVI"},
+        {"l2-large/b64/int8/fp16", "'fp16' is not known for l2-large"},
+    };
+    for (size_t i = 0; i < sizeof cv / sizeof cv[0]; i++) {
+        kv_cache_spec cs;
+        kv_err err = {{0}};
+        char words[128];
+        const int rc = kv_needle_cache_spec(cv[i].variant, 1, 64, &cs, &err);
+        KV_CHECK(rc == KV_ERR_UNSUPPORTED, "cache variant '%s': status %d (%s)", cv[i].variant, rc,
+                 err.msg);
+        snprintf(words, sizeof words, "%s", cv[i].want);
+        for (char *w = strtok(words, "|"); w; w = strtok(NULL, "|"))
+            KV_CHECK(strstr(err.msg, w) != NULL, "cache variant '%s': message lacks '%s': %s",
+                     cv[i].variant, w, err.msg);
+    }
     char *longline = malloc(6001); /* longer than either parser's line buffer */
     memset(longline, 'a', 6000);
     longline[6000] = '\0';
@@ -714,6 +798,111 @@ static void test_cli(void)
     free(huge);
 }
 
+/* Chapters 09 and 10: kvlab tp, kvlab needle's method variants and --chunk, chapter 09 spec
+ * files, kvlab spec's window, KIVI and layout options. */
+static void test_cli_ch09_10(void)
+{
+    /* kvlab tp: ranks must divide the embedded model's heads (small: H 6, tiny: H 4) */
+    CLI_BAD("--ranks|'0'|out of range", "tp", "--ranks", "0");
+    CLI_BAD("--ranks|'-2'|out of range", "tp", "--ranks", "-2");
+    CLI_BAD("--ranks|'65'|out of range", "tp", "--ranks", "65");
+    CLI_BAD("--ranks|not an integer", "tp", "--ranks", "2.5");
+    CLI_BAD("--ranks|not an integer", "tp", "--ranks", "two");
+    CLI_BAD("--ranks|missing value", "tp", "--ranks");
+    CLI_BAD("--ranks|4 ranks do not divide the 6 query heads", "tp", "--ranks", "4");
+    CLI_BAD("--ranks|64 ranks", "tp", "--ranks", "64");
+    CLI_BAD("--ranks|3 ranks|tiny", "tp", "--default", "tiny", "--ranks", "3");
+    CLI_BAD("--default|'nosuch'", "tp", "--default", "nosuch");
+    CLI_BAD("--cache|unknown format 'nosuch'", "tp", "--cache", "nosuch");
+    CLI_BAD("--cache|empty", "tp", "--cache", "");
+    CLI_BAD("--cache|int4-kivi|head dim", "tp", "--cache", "int4-kivi"); /* was named "tp" */
+    CLI_BAD("--tokens|out of range", "tp", "--tokens", "0");
+    CLI_BAD("--tokens|out of range", "tp", "--tokens", "65537");
+    CLI_BAD("--prompt|out of range", "tp", "--prompt", "0");
+    CLI_BAD("--prompt|out of range", "tp", "--prompt", "99999999999");
+    CLI_BAD("--repeats|out of range", "tp", "--repeats", "0");
+    CLI_BAD("unknown option '--tp'", "tp", "--tp", "2");
+    CLI_BAD("unexpected argument 'extra'", "tp", "extra");
+
+    /* kvlab needle --cache METHOD/...: refused before the grid runs or writes --csv */
+    struct { const char *variant, *want; } nv[] = {
+        {"nosuch/b64", "'nosuch/b64' is not known"},
+        {"h2o", "needs a budget"},
+        {"h2o/b64/r0.5", "one budget"},
+        {"h2o/r0", "ratio '0'"},
+        {"h2o/r1.01", "ratio '1.01'"},
+        {"h2o/r0x1p-1", "ratio '0x1p-1'"},
+        {"h2o/b64/w-1", "'w-1'"},
+        {"h2o/b64/sx", "'sx'"},
+        {"topk/b64/d-3", "'d-3'"},
+        {"l2-small/b16/s8/w16", "more than its budget"},
+        {"h2o/b64/w16/d1", "query-aware"},
+        {"snapkv/b64", "observation window"},
+        {"int2-kivi/snapkv/b64", "'snapkv' is not known for int2-kivi"},
+        {"h2o/b64x", "'b64x'"},
+    };
+    for (size_t i = 0; i < sizeof nv / sizeof nv[0]; i++) {
+        char want[160];
+        snprintf(want, sizeof want, "--cache|%s", nv[i].want);
+        CLI_BAD(want, "needle", "--cache", nv[i].variant, "--lengths", "64", "--csv", "out.csv",
+                "--svg", "out.svg");
+    }
+    CLI_BAD("--chunk|'0'|out of range", "needle", "--chunk", "0", "--csv", "out.csv");
+    CLI_BAD("--chunk|'-64'|out of range", "needle", "--chunk", "-64", "--csv", "out.csv");
+    CLI_BAD("--chunk|out of range", "needle", "--chunk", "16777217", "--csv", "out.csv");
+    CLI_BAD("--chunk|out of range", "needle", "--chunk", "99999999999999999999");
+    CLI_BAD("--chunk|not an integer", "needle", "--chunk", "64.5");
+    CLI_BAD("--chunk|not an integer", "needle", "--chunk", "1e3");
+
+    /* chapter 09 spec files: the message names the file and the line */
+    struct { const char *name, *text, *want; } sf[] = {
+        {"kept.needle", "name k\nchunk 64\nvariant h2o/b64/w16 kept:3\n", "line 3|'kept:3'"},
+        {"atleast.needle", "variant snapkv/b64/w16 atleast:-1,16\n", "line 1|'atleast:-1,16'"},
+        {"split.needle", "name s\nvariant fp32 page-split:0\n", "line 2|'page-split:0'"},
+        {"from.needle", "variant h2o/r0.1/w16 from:\n", "line 1|'from:'"},
+        {"chunk0.needle", "name c\n\nchunk 0\n", "line 3|bad chunk '0'"},
+        {"chunk2.needle", "chunk 64 64\n", "line 1|chunk takes one number"},
+        {"chunkneg.needle", "chunk -64\n", "line 1|bad chunk '-64'"},
+    };
+    for (size_t i = 0; i < sizeof sf / sizeof sf[0]; i++) {
+        char path[256], want[160];
+        snprintf(path, sizeof path, "%s", file(sf[i].name));
+        write_bytes(path, sf[i].text, strlen(sf[i].text));
+        snprintf(want, sizeof want, "--spec|%s|%s", sf[i].name, sf[i].want);
+        CLI_BAD(want, "needle", "--spec", path, "--csv", "out.csv");
+    }
+    /* a method a spec file names but no cache knows: named by the file, not by --cache */
+    char unk[256];
+    snprintf(unk, sizeof unk, "%s", file("unknown-method.needle"));
+    write_bytes(unk, "variant nosuch/b64 all\n", 23);
+    CLI_BAD("unknown-method.needle|'nosuch/b64' is not known", "needle", "--spec", unk, "--csv", "out.csv");
+
+    /* kvlab spec: window, sinks, scheme, KIVI window, layout and block size */
+    CLI_BAD("--window|'-1'|out of range", "spec", "--window", "-1");
+    CLI_BAD("--window|out of range", "spec", "--window", "16777217");
+    CLI_BAD("--sinks|out of range", "spec", "--sinks", "-4", "--window", "16");
+    CLI_BAD("--sinks|needs --window", "spec", "--sinks", "4");
+    CLI_BAD("--scheme|unknown 'rope'", "spec", "--scheme", "rope", "--window", "16");
+    CLI_BAD("--scheme|'cache' needs --window", "spec", "--scheme", "cache");
+    CLI_BAD("--kivi-window|needs --cache int4-kivi", "spec", "--kivi-window", "64");
+    CLI_BAD("--kivi-window|48|multiple of 32", "spec", "--cache", "int4-kivi", "--kivi-window", "48");
+    CLI_BAD("--kivi-window|out of range", "spec", "--kivi-window", "-32");
+    CLI_BAD("--cache|int4-kivi|head dim", "spec", "--cache", "int4-kivi");
+    CLI_BAD("--cache|unknown format 'h2o/b64'", "spec", "--cache", "h2o/b64");
+    CLI_BAD("--layout|'ring'", "spec", "--layout", "ring");
+    CLI_BAD("--block-size|needs --layout paged", "spec", "--block-size", "16");
+    CLI_BAD("--block-size|out of range", "spec", "--layout", "paged", "--block-size", "0");
+    CLI_BAD("--block-size|multiple of 32", "spec", "--layout", "paged", "--cache", "int2-kivi",
+            "--block-size", "16");
+    CLI_BAD("--draft-layers|99|6 layers", "spec", "--draft-layers", "99");
+    CLI_BAD("--max-k|out of range", "spec", "--max-k", "65");
+    CLI_BAD("--model|not both", "spec", "--model", "x.bin", "--default", "small");
+
+    /* kvlab tour: chapter 11 has no demo */
+    CLI_BAD("--chapter|no demo for chapter 11", "tour", "--chapter", "11");
+    CLI_BAD("--chapter|no demo for chapter 12", "tour", "--chapter", "12", "--csv");
+}
+
 static void cleanup(void)
 {
     char cmd[128];
@@ -738,6 +927,7 @@ int main(int argc, char **argv)
     test_tokenizer();
     test_datasets();
     test_cli();
+    test_cli_ch09_10();
     cleanup();
     return kv_test_finish();
 }

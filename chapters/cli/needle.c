@@ -223,7 +223,7 @@ int cmd_needle(int argc, char **argv)
     for (int i = 0; i < s.n_variants; i++) { /* refuse unknown variants before any work */
         kv_cache_spec cs;
         if (kv_needle_cache_spec(s.variants[i].spec, 1, 16, &cs, &err))
-            return kv_cli_fail(cmd, "--cache", KV_ERR_UNSUPPORTED, &err);
+            return kv_cli_fail(cmd, cache ? "--cache" : spec_path, KV_ERR_UNSUPPORTED, &err);
     }
 
     for (int i = 0; save && i < s.n_models; i++) { /* the same models the grid builds */

@@ -170,7 +170,7 @@ int cmd_spec(int argc, char **argv)
     const char *cmd = "kvlab spec";
     const char *def = NULL, *cache = "fp32", *layout = "contiguous", *device = "cpu";
     const char *model_path = NULL;
-    int draft_layers = 1, prompt = 16, tokens = 64, max_k = 8, block = 16, csv = 0;
+    int draft_layers = 1, prompt = 16, tokens = 64, max_k = 8, block = 0, csv = 0;
     int window = 0, sinks = 0, kivi_window = 0;
     const char *scheme = "original";
     int64_t seed = 1;
@@ -185,7 +185,7 @@ int cmd_spec(int argc, char **argv)
         {"--max-k", KV_OPT_INT, &max_k, 1, 64, NULL, "K", "runs for k = 1..K draft tokens (default 8)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2, int4-kivi, int2-kivi", 0},
         {"--layout", KV_OPT_CHOICE, &layout, 0, 0, spec_layouts, "L", "contiguous (default) or paged", 0},
-        {"--block-size", KV_OPT_INT, &block, 1, 4096, NULL, "B", "paged: tokens per block (default 16)", 0},
+        {"--block-size", KV_OPT_INT, &block, 1, 4096, NULL, "B", "paged: tokens per block (default 16; 32 for KIVI)", 0},
         {"--window", KV_OPT_INT, &window, 0, 1 << 24, NULL, "W", "sliding window of W recent tokens (default 0: keep all)", 0},
         {"--sinks", KV_OPT_INT, &sinks, 0, 1 << 20, NULL, "S", "with --window: first tokens kept forever (default 0)", 0},
         {"--scheme", KV_OPT_STRING, &scheme, 0, 0, NULL, "P", "with --window: RoPE by original position (default) or cache index", 0},
@@ -211,6 +211,20 @@ int cmd_spec(int argc, char **argv)
     const int pos_scheme = kv_window_scheme_parse(scheme);
     if (pos_scheme < 0)
         return kv_args_bad(cmd, "--scheme", "unknown '%s' (original, cache)", scheme);
+    /* combinations the cache would refuse later, refused here by the option that is wrong */
+    const int kivi = kvq_is_kivi(fmt), paged = !strcmp(layout, "paged");
+    if (sinks && !window) return kv_args_bad(cmd, "--sinks", "needs --window (window 0 keeps every token)");
+    if (pos_scheme != KV_POS_ORIGINAL && !window)
+        return kv_args_bad(cmd, "--scheme", "'%s' needs --window", scheme);
+    if (kivi_window && !kivi)
+        return kv_args_bad(cmd, "--kivi-window", "needs --cache int4-kivi or int2-kivi (not %s)", cache);
+    if (kivi_window % KV_KIVI_GROUP)
+        return kv_args_bad(cmd, "--kivi-window", "%d is not a multiple of %d", kivi_window, KV_KIVI_GROUP);
+    if (block && !paged) return kv_args_bad(cmd, "--block-size", "needs --layout paged");
+    if (!block) block = kivi ? KV_KIVI_GROUP : 16;
+    if (paged && kivi && block % KV_KIVI_GROUP)
+        return kv_args_bad(cmd, "--block-size", "%d: a paged %s cache needs a multiple of %d", block,
+                           cache, KV_KIVI_GROUP);
     if (model_path && def) return kv_args_bad(cmd, "--model", "give either --model or --default, not both");
     if (!model_path && !def) def = "small";
     kv_model m;
@@ -223,6 +237,13 @@ int cmd_spec(int argc, char **argv)
         kv_model_free(&m);
         return kv_args_bad(cmd, "--draft-layers", "%d, but %s has %d layers", draft_layers, def,
                            n_layers);
+    }
+    const int head_dim = kv_config_head_dim(&m.config);
+    if (kivi && head_dim % KV_KIVI_GROUP) {
+        kv_model_free(&m);
+        return kv_args_bad(cmd, "--cache", "%s needs the head dim to be a multiple of %d; %s has "
+                           "%d (give --model with such a checkpoint)", cache, KV_KIVI_GROUP, def,
+                           head_dim);
     }
     kv_cache_spec spec = kv_cache_spec_default(1, prompt + tokens);
     spec.dtype = fmt;

@@ -179,6 +179,12 @@ int cmd_tp(int argc, char **argv)
     kv_err err = {{0}};
     int st = kv_cli_default_model(&m, def, &err);
     if (st) return kv_cli_fail(cmd, def, st, &err);
+    if (kvq_is_kivi(fmt) && kv_config_head_dim(&m.config) % KV_KIVI_GROUP) {
+        const int d = kv_config_head_dim(&m.config);
+        kv_model_free(&m);
+        return kv_args_bad(cmd, "--cache", "%s needs the head dim to be a multiple of %d; %s has %d",
+                           cache, KV_KIVI_GROUP, def, d);
+    }
     if (kv_tp_check(&m.config, ranks, &err)) {
         const int H = m.config.n_heads, Hkv = m.config.n_kv_heads;
         kv_model_free(&m);
