@@ -21,6 +21,7 @@
 /* x86-64 with GCC or Clang: fp16 rows may use the F16C instructions (kv_attn_row) */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KV_F16C 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define KV_F16C 0
@@ -97,14 +98,30 @@ static float fp8_table[2][256];   /* [e5m2][code] kvq_fp8_to_f32(code, e5m2) */
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 static int have_f16c;             /* the CPU converts fp16 in hardware (x86 F16C), see below */
 
+#if KV_F16C
+/* CPUID leaf 1: F16C (ECX bit 29) and AVX (bit 28), and the OS saving the YMM registers
+ * (OSXSAVE, bit 27, then XCR0 bits 1-2): asked directly, as not every compiler's
+ * __builtin_cpu_supports() knows "f16c". */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned need = (1u << 27) | (1u << 28) | (1u << 29);
+    if ((c & need) != need) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    return (lo & 6u) == 6u;
+}
+#endif
+
 static void tables_build(void)
 {
     for (uint32_t h = 0; h < 65536u; h++) f16_table[h] = kvq_f16_to_f32((uint16_t)h);
     for (int e5 = 0; e5 < 2; e5++)
         for (uint32_t b = 0; b < 256u; b++) fp8_table[e5][b] = kvq_fp8_to_f32((uint8_t)b, e5);
 #if KV_F16C
-    __builtin_cpu_init();
-    have_f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    have_f16c = cpu_has_f16c();
 #endif
 }
 
