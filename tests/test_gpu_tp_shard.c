@@ -21,6 +21,7 @@
  * Exits 77 (skipped) without a usable device. */
 #define _POSIX_C_SOURCE 200809L
 #include "kv_test.h"
+#include "test_tp_common.h"
 
 #include "kv_generate.h"
 #include "kv_retain.h"
@@ -34,11 +35,8 @@
 #include <string.h>
 
 #define CAP 48
-#define NP 7   /* prompt tokens */
 #define NG 16  /* generated tokens */
 #define MAXR 4 /* ranks at most: p = 4 is the largest case here */
-
-static const int PROMPT[NP] = {3, 41, 17, 88, 5, 60, 23};
 
 /* ---- p ranks on one device ----------------------------------------------------------------- */
 
@@ -260,21 +258,6 @@ static int group_create(kv_backend **out, const kv_model *m, int p, const kv_cac
 
 /* ---- models and caches ------------------------------------------------------------------- */
 
-static int make_model(kv_model *m, int dim, int hidden, int L, int H, int Hkv, uint64_t seed)
-{
-    kv_config c;
-    memset(&c, 0, sizeof c);
-    c.dim = dim, c.hidden_dim = hidden, c.n_layers = L, c.n_heads = H, c.n_kv_heads = Hkv;
-    c.vocab_size = 97, c.seq_len = CAP;
-    kv_config_set_defaults(&c);
-    kv_err e;
-    if (kv_model_alloc(m, &c, &e)) {
-        printf("model: %s\n", e.msg);
-        return 1;
-    }
-    kv_model_randomize(m, seed);
-    return 0;
-}
 
 /* A host image of a device cache of @p n_kv_heads heads (same spec, same layout). */
 static int download_cache(kv_cache *h, const kvcu_cache *g, const kv_config *cfg, int n_kv_heads,
@@ -291,12 +274,6 @@ static int download_cache(kv_cache *h, const kvcu_cache *g, const kv_config *cfg
     return 0;
 }
 
-static const float *layer_head(const kv_cache *c, int role, int l, int slot, int h)
-{
-    const float *base = role ? c->v : c->k; /* [L][n_slots][H_kv][capacity][d] */
-    return base + ((((size_t)l * c->spec.n_slots + slot) * c->n_kv_heads + h) * c->rows) *
-                      c->head_dim;
-}
 
 /* ---- p = 1 is kvcu_forward bit for bit --------------------------------------------------- */
 
@@ -438,11 +415,11 @@ static void test_ranks(const kv_model *m, int p, const char *what)
                 copies[h]++;
                 for (int role = 0; role < 2; role++) {
                     const size_t n = (size_t)n_rows * d;
-                    layer0_bad += memcmp(layer_head(&c, role, 0, 0, j),
-                                         layer_head(&full, role, 0, 0, h), n * sizeof(float)) != 0;
+                    layer0_bad += memcmp(tp_layer_head(&c, role, 0, 0, j),
+                                         tp_layer_head(&full, role, 0, 0, h), n * sizeof(float)) != 0;
                     for (int l = 1; l < L; l++)
-                        rows_bad += kv_test_compare("cache rows", layer_head(&c, role, l, 0, j),
-                                                    layer_head(&full, role, l, 0, h), (long)n,
+                        rows_bad += kv_test_compare("cache rows", tp_layer_head(&c, role, l, 0, j),
+                                                    tp_layer_head(&full, role, l, 0, h), (long)n,
                                                     KV_TOL_F32_ATOL, KV_TOL_F32_RTOL);
                 }
             }
@@ -562,7 +539,9 @@ int main(void)
         }
     kv_model mha, gqa;
     /* dim 64, H 8, d 8, L 3; hidden 100 is not a multiple of 8: uneven MLP shards */
-    if (make_model(&mha, 64, 96, 3, 8, 8, 11) || make_model(&gqa, 64, 100, 3, 8, 2, 12)) return 1;
+    if (tp_make_model(&mha, 64, 96, 3, 8, 8, CAP, 11) ||
+        tp_make_model(&gqa, 64, 100, 3, 8, 2, CAP, 12))
+        return 1;
     test_p1_bits(&mha, "MHA");
     test_p1_bits(&gqa, "GQA");
     test_ranks(&mha, 2, "MHA H8/Hkv8");

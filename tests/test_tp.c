@@ -21,6 +21,7 @@
  *    all-reduce (ring all-reduce data movement) when p divides T·dim.
  */
 #include "kv_test.h"
+#include "test_tp_common.h"
 
 #include "kv_generate.h"
 #include "kv_tp.h"
@@ -28,33 +29,10 @@
 #include <string.h>
 
 #define CAP 64
-#define NP 7   /* prompt tokens */
 #define NG 24  /* generated tokens */
 
-static const int PROMPT[NP] = {3, 41, 17, 88, 5, 60, 23};
 
-static int make_model(kv_model *m, int dim, int hidden, int L, int H, int Hkv, uint64_t seed)
-{
-    kv_config c;
-    memset(&c, 0, sizeof c);
-    c.dim = dim, c.hidden_dim = hidden, c.n_layers = L, c.n_heads = H, c.n_kv_heads = Hkv;
-    c.vocab_size = 97, c.seq_len = CAP;
-    kv_config_set_defaults(&c);
-    kv_err e;
-    if (kv_model_alloc(m, &c, &e)) {
-        printf("model: %s\n", e.msg);
-        return 1;
-    }
-    kv_model_randomize(m, seed);
-    return 0;
-}
 
-static const float *layer_head(const kv_cache *c, int role, int l, int slot, int h)
-{
-    const float *base = role ? c->v : c->k; /* [L][n_slots][H_kv][capacity][d] */
-    return base + ((((size_t)l * c->spec.n_slots + slot) * c->n_kv_heads + h) * c->rows) *
-                      c->head_dim;
-}
 
 /* ---- p = 1 is kv_forward bit for bit ----------------------------------------------------- */
 
@@ -160,11 +138,12 @@ static void test_ranks(const kv_model *m, int p, const char *what)
                                                             (sh->n_q_heads / c->n_kv_heads);
             for (int role = 0; role < 2; role++) {
                 const size_t n = (size_t)n_rows * d;
-                layer0_bad += memcmp(layer_head(c, role, 0, 0, j), layer_head(full, role, 0, 0, h),
+                layer0_bad += memcmp(tp_layer_head(c, role, 0, 0, j),
+                                     tp_layer_head(full, role, 0, 0, h),
                                      n * sizeof(float)) != 0;
                 for (int l = 1; l < L; l++)
-                    rows_bad += kv_test_compare("cache rows", layer_head(c, role, l, 0, j),
-                                                layer_head(full, role, l, 0, h), (long)n,
+                    rows_bad += kv_test_compare("cache rows", tp_layer_head(c, role, l, 0, j),
+                                                tp_layer_head(full, role, l, 0, h), (long)n,
                                                 KV_TOL_F32_ATOL, KV_TOL_F32_RTOL);
             }
         }
@@ -298,8 +277,10 @@ int main(void)
 {
     kv_model mha, gqa, mqa, odd;
     /* dim 64, H 8, d 8, L 3; hidden 100 is not a multiple of 8: uneven MLP shards */
-    if (make_model(&mha, 64, 96, 3, 8, 8, 11) || make_model(&gqa, 64, 100, 3, 8, 2, 12) ||
-        make_model(&mqa, 64, 96, 2, 8, 1, 13) || make_model(&odd, 48, 80, 2, 4, 4, 14))
+    if (tp_make_model(&mha, 64, 96, 3, 8, 8, CAP, 11) ||
+        tp_make_model(&gqa, 64, 100, 3, 8, 2, CAP, 12) ||
+        tp_make_model(&mqa, 64, 96, 2, 8, 1, CAP, 13) ||
+        tp_make_model(&odd, 48, 80, 2, 4, 4, CAP, 14))
         return 1;
     test_p1_bits(&mha, "MHA");
     test_p1_bits(&gqa, "GQA");
