@@ -187,7 +187,8 @@ __global__ void attn_decode_kernel_v1(float *out, const float *q, attn_src src, 
 
 /*
  * The three passes of a group's G query heads (queries qs [G][d] in shared memory) over
- * the retained positions p0 .. p1-1 (indices in the list a query at tpos sees): v2's body,
+ * the retained positions p0 .. p1-1 (indices in the list a query at tpos sees; or, with
+ * @p list, the cache positions list[p0 .. p1-1]: chapter 09's selected set): v2's body,
  * and v3's for one partition. att: the group's scores, [G][stride] indexed by list index.
  * Per head g: its max goes to mx[g], its exp-sum to l[g] (shared), and the weighted values
  * to o + g·o_stride [d], divided by the sum when @p normalize (v2) and left unnormalized
@@ -197,7 +198,7 @@ __device__ void attn_group_span(const float *qs, float *red, float *mx, float *l
                                 const attn_src &src, int64_t tpos, const kv_head_view &kh,
                                 const kv_head_view &vh, const float *kf, const float *vf,
                                 float *att, int stride, int G, int head_dim, int p0, int p1,
-                                float *o, size_t o_stride, int normalize)
+                                float *o, size_t o_stride, int normalize, const int *list)
 {
     const float scale = 1.0f / sqrtf((float)head_dim);
     /* pass 1: scores of every head of the group; each K row is loaded once per chunk of
@@ -205,8 +206,9 @@ __device__ void attn_group_span(const float *qs, float *red, float *mx, float *l
     for (int g0 = 0; g0 < G; g0 += ATTN_GROUP_REGS) {
         const int ng = G - g0 < ATTN_GROUP_REGS ? G - g0 : ATTN_GROUP_REGS;
         for (int p = p0 + threadIdx.x; p < p1; p += blockDim.x) {
-            const int64_t lr = attn_row(src, tpos, p), r = kv_view_row(&kh, lr);
-            const float *cs = attn_rope(src, p);
+            const int64_t lr = list ? (int64_t)list[p] : attn_row(src, tpos, p);
+            const int64_t r = kv_view_row(&kh, lr);
+            const float *cs = list ? NULL : attn_rope(src, p);
             float dot[ATTN_GROUP_REGS];
             KV_UNROLL
             for (int g = 0; g < ATTN_GROUP_REGS; g++) dot[g] = 0.0f;
@@ -253,16 +255,18 @@ __device__ void attn_group_span(const float *qs, float *red, float *mx, float *l
             kv_window_walk w;
             attn_walk_from(&w, src, tpos, p0);
             for (int p = p0; p < p1; p++, kv_window_walk_next(&w)) {
-                const float vi = kv_ld(vh, vf, w.row, kv_view_row(&vh, w.row), i);
+                const int64_t lr = list ? (int64_t)list[p] : w.row;
+                const float vi = kv_ld(vh, vf, lr, kv_view_row(&vh, lr), i);
                 KV_UNROLL
                 for (int g = 0; g < ATTN_GROUP_REGS; g++)
                     if (g < ng) acc[g] += att[(size_t)(g0 + g) * stride + p] * vi;
             }
+            /* an empty span (a selected set can be empty) gives zeros, not 0 / 0 */
             KV_UNROLL
             for (int g = 0; g < ATTN_GROUP_REGS; g++)
                 if (g < ng)
                     o[(size_t)(g0 + g) * o_stride + i] =
-                        normalize ? acc[g] * (1.0f / l[g0 + g]) : acc[g];
+                        !normalize ? acc[g] : p1 > p0 ? acc[g] * (1.0f / l[g0 + g]) : 0.0f;
         }
     }
 }
@@ -297,7 +301,46 @@ __global__ void attn_decode_kernel_v2(float *out, const float *q, attn_src src, 
     float *oh = out + ((size_t)tr * n_heads + h0) * head_dim;  /* [G][d] */
     load_group(qs, q, tr, n_heads, h0, G, head_dim);
     attn_group_span(qs, red, mx, l, src, tpos, kh, vh, kf, vf, att, stride, G, head_dim, 0, n,
-                    oh, head_dim, 1);
+                    oh, head_dim, 1, NULL);
+}
+
+/* Chapter 09's member of the family, retention = a selected set: block (kvh, t) runs v2's
+ * passes for step row j = r0 + t over the cache positions of its list, lst = lists +
+ * off[kvh][j - j0], m = cnt[kvh][j - j0] of them (off, cnt [H_kv][n] for rows j0 .. j0+n-1).
+ * att [t][H][stride] keeps each head's exp(s - max) by list index (the mass kernel in
+ * retain.cu reads them), sums [t][H] the exp-sum they are divided by. q, out [n][H][d]. */
+__global__ void attn_list_kernel(float *out, const float *q, attn_src src, float *att,
+                                 float *sums, const int *off, const int *cnt, const int *lists,
+                                 int slot, int r0, int j0, int n, int n_heads, int n_kv_heads,
+                                 int head_dim, int stride)
+{
+    KV_DYNAMIC_SMEM(float, smem);
+    const int kvh = blockIdx.x, t = blockIdx.y, j = r0 + t;
+    const int G = n_heads / n_kv_heads, h0 = kvh * G;
+    float *qs = smem;                         /* [G][d] the group's queries */
+    float *red = smem + (size_t)G * head_dim; /* [32] block reduction scratch */
+    float *mx = red + KV_WARP, *l = mx + G;   /* [G] each: max and exp-sum of each head */
+    const int *lst = lists + off[(size_t)kvh * n + (j - j0)];
+    const int m = cnt[(size_t)kvh * n + (j - j0)];
+    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
+    const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
+    const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
+    const float *vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL;
+    float *att_g = att + ((size_t)t * n_heads + h0) * stride; /* [G][stride] */
+    float *oh = out + ((size_t)j * n_heads + h0) * head_dim;  /* [G][d] */
+    load_group(qs, q, j, n_heads, h0, G, head_dim);
+    attn_group_span(qs, red, mx, l, src, 0, kh, vh, kf, vf, att_g, stride, G, head_dim, 0, m,
+                    oh, head_dim, 1, lst);
+    for (int g = threadIdx.x; g < G; g += blockDim.x) sums[(size_t)t * n_heads + h0 + g] = l[g];
+}
+
+void kvcu_attn_list_launch(int n_kv_heads, int rows, int threads, size_t smem, float *out,
+                           const float *q, attn_src src, float *att, float *sums, const int *off,
+                           const int *cnt, const int *lists, int slot, int r0, int j0, int n,
+                           int n_heads, int head_dim, int stride)
+{
+    KV_LAUNCH(attn_list_kernel, dim3(n_kv_heads, rows), threads, smem, 0, out, q, src, att, sums,
+              off, cnt, lists, slot, r0, j0, n, n_heads, n_kv_heads, head_dim, stride);
 }
 
 /* Where v3's partition results live, after the scores in the same scratch:
@@ -334,7 +377,7 @@ __global__ void attn_decode_kernel_v3(const float *q, attn_src src, float *score
     const size_t ph = ((size_t)t * n_heads + h0) * n_parts + part;          /* head h0's entry */
     load_group(qs, q, tr, n_heads, h0, G, head_dim);
     attn_group_span(qs, red, mx, l, src, tpos, kh, vh, kf, vf, att, stride, G, head_dim, p0, p1,
-                    po + ph * head_dim, (size_t)n_parts * head_dim, 0);
+                    po + ph * head_dim, (size_t)n_parts * head_dim, 0, NULL);
     for (int g = threadIdx.x; g < G; g += blockDim.x) {
         pm[ph + (size_t)g * n_parts] = mx[g];
         pl[ph + (size_t)g * n_parts] = l[g];

@@ -172,6 +172,13 @@ __device__ inline float kv_ld(const kv_head_view &hv, const float *f32, int64_t 
 }
 
 /* Layer @p layer of a device cache. */
+/* Chapter 09 (cuda/retain.cu): attn_list_kernel in attn_decode.cu, the attention family's
+ * selected-set member, launched on grid (n_kv_heads, rows); the arguments are the kernel's. */
+void kvcu_attn_list_launch(int n_kv_heads, int rows, int threads, size_t smem, float *out,
+                           const float *q, attn_src src, float *att, float *sums, const int *off,
+                           const int *cnt, const int *lists, int slot, int r0, int j0, int n,
+                           int n_heads, int head_dim, int stride);
+
 static inline attn_src cache_src(const kvcu_cache *c, int layer)
 {
     attn_src s;

@@ -13,9 +13,10 @@
  *      the list 0 .. pos0+n-1). Otherwise (Quest, top-k) the step's queries come down and
  *      kv_retain_reads() gives each row its own list, built and uploaded one chunk of rows
  *      at a time, so a long prompt's lists never exist all at once;
- *   3. retain_attend_kernel, block (KV head, row), runs v2's three passes
- *      (cuda/attn_decode.cu) for the group's G query heads over the row's list: position
- *      list[i] in place of i, nothing else changed, so the list 0 .. p gives v2's bits, and
+ *   3. attn_list_kernel (cuda/attn_decode.cu, the attention family's selected-set member),
+ *      block (KV head, row), runs v2's own passes (attn_group_span()) for the group's G query
+ *      heads over the row's list: position list[i] in place of i, so the list 0 .. p gives
+ *      v2's bits, and
  *      a cache whose budget never evicts gives the plain kvcu_forward's logits exactly
  *      (while rows attend one 512-position partition, where the engine runs v2 too);
  *   4. H2O and SnapKV: retain_mass_kernel, one thread per kept index, adds each listed
@@ -35,7 +36,6 @@
 #include "kvcu_internal.cuh"
 
 #define RETAIN_THREADS 128
-#define RETAIN_GROUP_REGS 8 /* query heads one thread applies a K/V load to (v2's 8) */
 /* scores of one chunk of rows, [rows][H][stride] + [rows][H] sums: at most 64 MiB */
 #ifndef KVCU_RETAIN_SCORES_MAX
 #define KVCU_RETAIN_SCORES_MAX ((size_t)1 << 24)
@@ -113,101 +113,6 @@ __global__ void retain_keys_kernel(float *out, attn_src src, int slot, int pos0,
     const int64_t p = (int64_t)pos0 + j, r = kv_view_row(&kh, p);
     float *o = out + ((size_t)kvh * n + j) * head_dim; /* [d] */
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) o[i] = kv_ld(kh, kf, p, r, i);
-}
-
-/*
- * Block (kvh, t): row j = r0 + t of the step, the group's G query heads over the m positions
- * lst[0 .. m-1] (lst = lists + off[kvh][j - j0], m = cnt[kvh][j - j0]: off and cnt are
- * [H_kv][n] for rows j0 .. j0+n-1). attn_decode.cu's
- * attn_group_span() with position lst[i] where it has i: the same passes, thread assignment
- * and reductions. att [t][H][stride] keeps each head's exp(s - max) for the mass kernel,
- * sums [t][H] the exp-sum they are divided by. q, out [n][H][d] (the step's rows).
- */
-__global__ void retain_attend_kernel(float *out, const float *q, attn_src src, float *att,
-                                     float *sums, const int *off, const int *cnt,
-                                     const int *lists, int slot, int r0, int j0, int n,
-                                     int n_heads, int n_kv_heads, int head_dim, int stride)
-{
-    KV_DYNAMIC_SMEM(float, smem);
-    const int kvh = blockIdx.x, t = blockIdx.y, j = r0 + t;
-    const int G = n_heads / n_kv_heads, h0 = kvh * G;
-    float *qs = smem;                         /* [G][d] the group's queries */
-    float *red = smem + (size_t)G * head_dim; /* [32] block reduction scratch */
-    float *mx = red + KV_WARP, *l = mx + G;   /* [G] each: max and exp-sum of each head */
-    const int *lst = lists + off[(size_t)kvh * n + (j - j0)];
-    const int m = cnt[(size_t)kvh * n + (j - j0)];
-    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
-    const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
-    const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
-    const float *vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL;
-    float *ag0 = att + ((size_t)t * n_heads + h0) * stride; /* [G][stride] */
-    float *oh = out + ((size_t)j * n_heads + h0) * head_dim; /* [G][d] */
-    const float scale = 1.0f / sqrtf((float)head_dim);
-    const float *qg = q + ((size_t)j * n_heads + h0) * head_dim;
-    for (int i = threadIdx.x; i < G * head_dim; i += blockDim.x) qs[i] = qg[i];
-    __syncthreads();
-
-    /* pass 1: scores of every head of the group, each K row loaded once per chunk of heads */
-    for (int g0 = 0; g0 < G; g0 += RETAIN_GROUP_REGS) {
-        const int ng = G - g0 < RETAIN_GROUP_REGS ? G - g0 : RETAIN_GROUP_REGS;
-        for (int p = threadIdx.x; p < m; p += blockDim.x) {
-            const int64_t lr = lst[p], r = kv_view_row(&kh, lr);
-            float dot[RETAIN_GROUP_REGS];
-            KV_UNROLL
-            for (int g = 0; g < RETAIN_GROUP_REGS; g++) dot[g] = 0.0f;
-            for (int i = 0; i < head_dim; i++) {
-                const float ki = kv_ld(kh, kf, lr, r, i);
-                KV_UNROLL
-                for (int g = 0; g < RETAIN_GROUP_REGS; g++)
-                    if (g < ng) dot[g] += qs[(size_t)(g0 + g) * head_dim + i] * ki;
-            }
-            KV_UNROLL
-            for (int g = 0; g < RETAIN_GROUP_REGS; g++)
-                if (g < ng) ag0[(size_t)(g0 + g) * stride + p] = dot[g] * scale;
-        }
-    }
-
-    /* pass 2, per head: max, then exponentiate and sum */
-    for (int g = 0; g < G; g++) {
-        float *ag = ag0 + (size_t)g * stride;
-        float mg = -INFINITY;
-        for (int p = threadIdx.x; p < m; p += blockDim.x) mg = fmaxf(mg, ag[p]);
-        mg = kv_block_max(mg, red);
-        float sum = 0.0f;
-        for (int p = threadIdx.x; p < m; p += blockDim.x) {
-            ag[p] = expf(ag[p] - mg);
-            sum += ag[p];
-        }
-        sum = kv_block_sum(sum, red);
-        if (threadIdx.x == 0) {
-            mx[g] = mg;
-            l[g] = sum;
-            sums[(size_t)t * n_heads + h0 + g] = sum;
-        }
-    }
-    __syncthreads();
-
-    /* pass 3: weighted values in list order, times 1/sum; an empty list gives zeros
-     * (kv_select_attend()'s rule) */
-    for (int g0 = 0; g0 < G; g0 += RETAIN_GROUP_REGS) {
-        const int ng = G - g0 < RETAIN_GROUP_REGS ? G - g0 : RETAIN_GROUP_REGS;
-        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-            float acc[RETAIN_GROUP_REGS];
-            KV_UNROLL
-            for (int g = 0; g < RETAIN_GROUP_REGS; g++) acc[g] = 0.0f;
-            for (int p = 0; p < m; p++) {
-                const int64_t lr = lst[p];
-                const float vi = kv_ld(vh, vf, lr, kv_view_row(&vh, lr), i);
-                KV_UNROLL
-                for (int g = 0; g < RETAIN_GROUP_REGS; g++)
-                    if (g < ng) acc[g] += ag0[(size_t)(g0 + g) * stride + p] * vi;
-            }
-            KV_UNROLL
-            for (int g = 0; g < RETAIN_GROUP_REGS; g++)
-                if (g < ng)
-                    oh[(size_t)(g0 + g) * head_dim + i] = m ? acc[g] * (1.0f / l[g0 + g]) : 0.0f;
-        }
-    }
 }
 
 /*
@@ -416,8 +321,8 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
         const int ni = prefix ? n : nr, j0 = prefix ? 0 : r0; /* rows off and cnt cover */
         const int *d_off = s->ints, *d_cnt = d_off + (size_t)Hkv * ni;
         const int *d_lists = d_cnt + (size_t)Hkv * ni;
-        KV_LAUNCH(retain_attend_kernel, dim3(Hkv, nr), RETAIN_THREADS, smem, 0, out, q, src,
-                  s->att, sums, d_off, d_cnt, d_lists, slot, r0, j0, ni, H, Hkv, d, cs);
+        kvcu_attn_list_launch(Hkv, nr, RETAIN_THREADS, smem, out, q, src, s->att, sums, d_off,
+                              d_cnt, d_lists, slot, r0, j0, ni, H, d, cs);
         for (int kvh = 0; kvh < Hkv; kvh++) {
             const int a = from[kvh] > r0 ? from[kvh] : r0, b = r0 + nr;
             if (a >= b) continue;
