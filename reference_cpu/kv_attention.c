@@ -1,20 +1,31 @@
 /* The attention family on the CPU (kv_attention.h).
  *
- * attend_head() is the math, written once: one query head over len cached positions.
- * kv_attn_decode() feeds it plain arrays; kv_attention() and kv_attention_head() feed it the
- * rows of a kv_cache, found through the cache's spec. Chapter 04's storage formats are
- * attend_head_view(): the same passes, each K/V row dequantized as it is read (fused), by
- * the per-element decode the CUDA kernels share. Later layouts are new cases of the dispatch
- * in kv_attention_head(), not new copies of the math.
+ * The math is written once, as the passes of one group (group_scores(), exp_rows(),
+ * group_values() below): the G query heads that read one KV head, over its len retained rows.
+ * kv_attn_decode() feeds them plain arrays; kv_attention(), kv_attention_rows() and
+ * kv_attention_head() feed them the rows of a kv_cache, found through the cache's spec:
+ * chapter 02's fp32 rows read where they lie, chapter 04's storage formats dequantized a row
+ * at a time as they are read (kv_attn_row(): the per-element decode the CUDA kernels share),
+ * chapter 06's windows walked in position order. Later layouts are new cases of the row
+ * lookup, not new copies of the math.
  *
- * Grouped-query attention (chapter 03) is not a separate routine: it is which K/V rows a query
- * head is handed. Query head h reads KV head kv_attn_kv_head(h) = h / G, so the G heads of a
- * group attend over the same cached rows with their own queries, and MHA (G = 1), GQA and MQA
- * (G = H) are the same code. That is also why "GQA" and "MHA whose K/V heads are duplicated
- * across each group" give bit-identical outputs: attend_head() sees identical inputs either way
- * (tests/test_gqa.c checks it). The CPU threads over query heads, so it reads a group's rows
- * G times, from cache after the first; the GPU's v2 kernel packs a group into one block so
- * device memory is read once per group (cuda/attn_decode.cu). */
+ * Grouped-query attention (chapter 03) is which K/V rows a query head is handed: query head h
+ * reads KV head kv_attn_kv_head(h) = h / G. The G heads of a group are computed together, so
+ * each cached row is read from memory (and dequantized) once per KV head, not once per query
+ * head, as the GPU's v2 kernel does by packing a group into one block (cuda/attn_decode.cu).
+ * Every head still sees its own scores, exponentials and sums in the same order as if it were
+ * alone, so "GQA" and "MHA whose K/V heads are duplicated across each group" give bit-identical
+ * outputs (tests/test_gqa.c), and a head computed alone (kv_attention_head()) gives the bits
+ * of the same head computed with its group.
+ *
+ * Speed: decode is memory-bound, so the passes must keep up with DRAM. The loops below are
+ * written so the compiler can vectorize them without reordering anything (kv_dot16()'s lanes,
+ * exp_le0() without branches), and on x86-64 CPUs with AVX2 (asked at run time) each pass has
+ * a twin written with intrinsics that does the same operations in the same order, arranged
+ * for the machine (the AVX2 section explains how). Multiplies and adds, never fused: a fused
+ * multiply-add rounds once where the loops round twice, so only plain multiplies and adds
+ * give the same bits on every x86-64; the test that holds the twins to the loops compares
+ * bits (tests/test_attn_simd.c). */
 #include "kv_attention.h"
 #include "kv_ops.h"
 
@@ -28,62 +39,14 @@
 #endif
 
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <string.h>
 
-/*
- * out = softmax(q·K^T / sqrt(d)) V for one head, positions 0..len-1 in order.
- * qh [d], kh, vh [>= len][d], oh [d], att [len] scratch.
- * Three passes so no exp() can overflow and only one division is made per output:
- *   1) scores and their max   2) exp(score - max) and their sum   3) weighted sum of values
- */
-static void attend_head(const float *qh, const float *kh, const float *vh, float *oh, float *att,
-                        int d, int len)
-{
-    const float scale = 1.0f / sqrtf((float)d);
+/* Rows per block of the AVX2 value pass: their dequantized V rows sit in the scratch,
+ * 16·d floats per thread (8 KiB at d = 128, in L1). */
+#define KV_ATTN_ROWS 16
 
-    /* pass 1: scores q·k/√d, and their max */
-    float max = -INFINITY;
-    for (int p = 0; p < len; p++) {
-        att[p] = kv_dot(qh, kh + (size_t)p * d, d) * scale;
-        if (att[p] > max) max = att[p];
-    }
-    /* pass 2: exponentiate relative to the max (the largest becomes 1), and sum */
-    float sum = 0.0f;
-    for (int p = 0; p < len; p++) {
-        att[p] = expf(att[p] - max);
-        sum += att[p];
-    }
-    /* pass 3: weighted sum of values, divided once by the sum */
-    for (int i = 0; i < d; i++) oh[i] = 0.0f;
-    for (int p = 0; p < len; p++) {
-        const float w = att[p];
-        const float *vp = vh + (size_t)p * d;
-        for (int i = 0; i < d; i++) oh[i] += w * vp[i];
-    }
-    const float inv = 1.0f / sum;
-    for (int i = 0; i < d; i++) oh[i] *= inv;
-}
-
-int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
-                   int n_heads, int n_kv_heads, int head_dim, int max_seq, int len)
-{
-    if (n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads || head_dim < 1 || len < 1 ||
-        len > max_seq)
-        return KV_ERR_ARG;
-    float *att = kv_calloc((size_t)n_heads * len * sizeof(float)); /* [H][len] */
-    if (!att) return KV_ERR_NOMEM;
-    #pragma omp parallel for
-    for (int h = 0; h < n_heads; h++) {
-        const int kvh = kv_attn_kv_head(h, n_heads, n_kv_heads); /* h / G */
-        const float *kh = k + (size_t)kvh * max_seq * head_dim; /* [max_seq][d] */
-        const float *vh = v + (size_t)kvh * max_seq * head_dim; /* [max_seq][d] */
-        attend_head(q + (size_t)h * head_dim, kh, vh, out + (size_t)h * head_dim,
-                    att + (size_t)h * len, head_dim, len);
-    }
-    kv_free(att);
-    return KV_OK;
-}
 
 /* ---- decode tables -------------------------------------------------------------------------
  * fp16 and fp8 codes have few enough patterns to decode each one once: f16_table[h] is
@@ -97,6 +60,8 @@ static float f16_table[65536];    /* [code] kvq_f16_to_f32(code) */
 static float fp8_table[2][256];   /* [e5m2][code] kvq_fp8_to_f32(code, e5m2) */
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 static int have_f16c;             /* the CPU converts fp16 in hardware (x86 F16C), see below */
+static int have_avx2;             /* ... and has AVX2 (the passes' twins, further below) */
+static int use_avx2;              /* the twins run (kv_attn_simd(); default: have_avx2) */
 
 #if KV_F16C
 /* CPUID leaf 1: F16C (ECX bit 29) and AVX (bit 28), and the OS saving the YMM registers
@@ -122,7 +87,10 @@ static void tables_build(void)
         for (uint32_t b = 0; b < 256u; b++) fp8_table[e5][b] = kvq_fp8_to_f32((uint8_t)b, e5);
 #if KV_F16C
     have_f16c = cpu_has_f16c();
+    __builtin_cpu_init();
+    have_avx2 = have_f16c && __builtin_cpu_supports("avx2");
 #endif
+    use_avx2 = have_avx2;
 }
 
 /* An fp16 row through the table: one lookup per element (the portable path). */
@@ -157,17 +125,18 @@ __attribute__((target("avx,f16c"))) static void f16_row_f16c(const uint8_t *row,
 }
 #endif
 
-/* Row t of a head view into out [d]: kv_cache_elem() for every j, with the format's switch
- * and the row's metadata lookups hoisted out of the loop and the fp16 / fp8 conversions read
- * from the tables above (the rest of the per-element arithmetic is kv_quant_math.h's, so the
- * values are kv_cache_elem()'s bit for bit; test_quant_cache checks it). This is the CPU's
- * share of "dequantize inside attention": one row at a time, in a d-float scratch, never the
- * whole cache. */
-void kv_attn_row(const kv_head_view *h, int64_t t, float *out)
+/* Columns [j0, j1) of row t of a head view into out[j0 .. j1): kv_cache_elem() for every j,
+ * with the format's switch and the row's metadata lookups hoisted out of the loop and the
+ * fp16 / fp8 conversions read from the tables above (the rest of the per-element arithmetic is
+ * kv_quant_math.h's, so the values are kv_cache_elem()'s bit for bit; test_quant_cache checks
+ * it). This is the CPU's share of "dequantize inside attention": one row at a time, in a
+ * d-float scratch, never the whole cache. Part of a row, because the value pass may be split
+ * over threads by columns (group_values()): each thread then reads only its columns. */
+static void row_part(const kv_head_view *h, int64_t t, int j0, int j1, float *out)
 {
-    const int d = h->d;
+    const int d = h->d, n = j1 - j0;
     if (t >= h->q) {
-        memcpy(out, h->ring + (t % h->window) * d, (size_t)d * sizeof(float));
+        memcpy(out + j0, h->ring + (t % h->window) * d + j0, (size_t)n * sizeof(float));
         return;
     }
     pthread_once(&tables_once, tables_build);
@@ -175,19 +144,19 @@ void kv_attn_row(const kv_head_view *h, int64_t t, float *out)
     const uint8_t *row = h->codes + r * kvq_row_bytes(h->fmt, d);
     switch (h->fmt) {
     case KV_QF_F32: /* a paged fp32 row: plain floats, wherever its block is */
-        memcpy(out, row, (size_t)d * sizeof(float));
+        memcpy(out + j0, row + (size_t)j0 * 4, (size_t)n * sizeof(float));
         return;
     case KV_QF_F16: /* in hardware where the CPU has it, else through the table */
 #if KV_F16C
         if (have_f16c) {
-            f16_row_f16c(row, out, d);
+            f16_row_f16c(row + (size_t)j0 * 2, out + j0, n);
             return;
         }
 #endif
-        f16_row_table(row, out, d);
+        f16_row_table(row + (size_t)j0 * 2, out + j0, n);
         return;
     case KV_QF_BF16: /* kvq_bf16_to_f32() is a shift: no table needed */
-        for (int j = 0; j < d; j++) {
+        for (int j = j0; j < j1; j++) {
             uint16_t b;
             memcpy(&b, row + (size_t)j * 2, 2);
             out[j] = kvq_bf16_to_f32(b);
@@ -195,15 +164,16 @@ void kv_attn_row(const kv_head_view *h, int64_t t, float *out)
         return;
     case KV_QF_FP8_E4M3: case KV_QF_FP8_E5M2: {
         const float *tab = fp8_table[h->fmt == KV_QF_FP8_E5M2], s = h->scale;
-        for (int j = 0; j < d; j++) out[j] = tab[row[j]] * s;
+        for (int j = j0; j < j1; j++) out[j] = tab[row[j]] * s;
         return;
     }
     case KV_QF_INT8: case KV_QF_INT8_G32: case KV_QF_INT8_G64: case KV_QF_INT8_G128: {
         const int g = kvq_row_group(h->fmt, h->role, d);
         const float *s = (const float *)h->meta + kvq_meta_index(h->fmt, h->role, r, 0, d);
-        for (int j0 = 0; j0 < d; j0 += g) { /* group by group: no division per element */
-            const float sg = s[j0 / g];
-            for (int j = j0; j < j0 + g; j++) out[j] = kvq_int8_decode((int8_t)row[j], sg);
+        for (int j = j0; j < j1;) { /* group by group: no division per element */
+            const int end = (j / g + 1) * g < j1 ? (j / g + 1) * g : j1;
+            const float sg = s[j / g];
+            for (; j < end; j++) out[j] = kvq_int8_decode((int8_t)row[j], sg);
         }
         return;
     }
@@ -213,13 +183,13 @@ void kv_attn_row(const kv_head_view *h, int64_t t, float *out)
         /* kvq_unpack() with the bit width a constant of each branch; the binary16 scale and
          * zero through the table */
         if (h->fmt == KV_QF_INT4_KIVI)
-            for (int j = 0; j < d; j++) {
+            for (int j = j0; j < j1; j++) {
                 const kv_qsz p = m[per_channel ? j : j / KV_KIVI_GROUP];
                 out[j] = kvq_asym_decode(kvq_unpack(row, j, 4), f16_table[p.scale],
                                          f16_table[p.zero]);
             }
         else
-            for (int j = 0; j < d; j++) {
+            for (int j = j0; j < j1; j++) {
                 const kv_qsz p = m[per_channel ? j : j / KV_KIVI_GROUP];
                 out[j] = kvq_asym_decode(kvq_unpack(row, j, 2), f16_table[p.scale],
                                          f16_table[p.zero]);
@@ -227,9 +197,11 @@ void kv_attn_row(const kv_head_view *h, int64_t t, float *out)
         return;
     }
     default:
-        for (int j = 0; j < d; j++) out[j] = kv_cache_elem(h, t, j);
+        for (int j = j0; j < j1; j++) out[j] = kv_cache_elem(h, t, j);
     }
 }
+
+void kv_attn_row(const kv_head_view *h, int64_t t, float *out) { row_part(h, t, 0, h->d, out); }
 
 /* Rotate a key row [d] by cache index i (chapter 06, KV_POS_CACHE): the pairs (2j, 2j+1)
  * of its first rotary_dim dims, with the cos/sin kv_rope() would use at position i (the
@@ -246,6 +218,75 @@ static void rotate_row(float *row, const float *cs, int64_t i, int rotary_dim)
     }
 }
 
+
+/* ---- pass 2: the exponentials ---------------------------------------------------------------
+ * exp(x) for x <= 0 (a score minus its row's max: the largest becomes exp(0) = 1 exactly).
+ * x = k·ln2 + r with k an integer and |r| <= ln2/2, so exp(x) = 2^k · e^r:
+ *   k  = x·log2(e) rounded to nearest, by adding and subtracting 1.5·2^23 (a float that big
+ *        has no fraction bits left), which vectorizes on any x86-64, unlike rintf();
+ *   r  = x - k·ln2 in two steps, ln2 = hi + lo with hi short enough that k·hi is exact;
+ *   e^r by its degree-7 series with minimax-adjusted coefficients (Cephes' expf), ~1 ulp;
+ *   2^k written straight into a float's exponent bits.
+ * Below -87, e^x < 2^-125, under every weight that could matter next to the max's 1: 0. NaN
+ * stays NaN, so a poisoned score still shows in the output. No branches: the compiler runs
+ * eight at a time. */
+static inline float exp_le0(float x)
+{
+#ifdef KV_DEBUG_LIBM
+    return expf(x);
+#endif
+    const float big = 12582912.0f; /* 1.5 · 2^23 */
+    const float xc = x > -87.0f ? x : -87.0f;
+    const float kf = (xc * 1.44269504088896341f + big) - big;
+    const float r = (xc - kf * 0.693359375f) - kf * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    const int32_t bits = ((int32_t)kf + 127) * (1 << 23); /* 2^k, k in [-126, 0] */
+    float two_k;
+    memcpy(&two_k, &bits, sizeof two_k);
+    const float e = p * two_k;
+    return x >= -87.0f ? e : (x != x ? x : 0.0f);
+}
+
+/* x[i] = exp(x[i] - max), element by element: vectorized, and the same bits whatever the
+ * vector width (each element alone). */
+#if KV_F16C
+static void exp_rows_avx2(float *x, int64_t n, float max);
+#endif
+static int simd_on(void);
+
+static void exp_rows(float *x, int64_t n, float max)
+{
+#if KV_F16C
+    if (simd_on()) {
+        exp_rows_avx2(x, n, max);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) x[i] = exp_le0(x[i] - max);
+}
+
+float kv_attn_exp_sum(float *x, int64_t n, float max)
+{
+    if (max == -INFINITY) { /* nothing visible: every weight 0, and no exp(-inf + inf) */
+        for (int64_t i = 0; i < n; i++) x[i] = 0.0f;
+        return 0.0f;
+    }
+    exp_rows(x, n, max);
+    /* the sum in position order: a masked position adds an exact 0 and changes nothing, so
+     * a window's attention has the bits of full attention under the equivalent mask */
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += x[i];
+    return s;
+}
+
+/* ---- one group: the G query heads of one KV head, one query row -------------------------- */
+
 /* What a query sees of a cache (chapter 06): the retention window of its slot, and where
  * keys still need their rotation. W = 0 is the chapter 02-05 cache: position i, row i. */
 typedef struct {
@@ -255,92 +296,603 @@ typedef struct {
     int rotary_dim;
 } retained;
 
-/* Row t of a view for reading: an fp32 row in the cache itself (no copy: a paged fp32 cache
- * reads its rows where their blocks are, at the speed of the contiguous one), any other row
- * dequantized into @p row. @p direct NULL forces the copy (the row is rotated in place after). */
-static inline const float *row_ref(const kv_head_view *h, int64_t t, const float *direct,
-                                   float *row)
+/* The G heads' work over len retained rows, in position order (kv_window_walk: the sinks, then
+ * the window, each read from its logical row, so a windowed cache gives the bits full
+ * attention with the equivalent mask gives: masked positions would only add exp(-inf) = 0 to
+ * the sum and 0·v to the output). Rows come from plain arrays (k, v: kv_attn_decode) or from
+ * the cache's views. */
+typedef struct {
+    int G, d;
+    int64_t len;
+    const float *q;              /* [G][d] the group's queries */
+    float *out;                  /* [G][d] */
+    float *att;                  /* [G][len] scores, then exponentials */
+    float *sum;                  /* [G] */
+    const float *k, *v;          /* plain rows [len][d], or NULL for: */
+    kv_head_view kh, vh;         /* the cache's K and V rows of this KV head */
+    retained w;                  /* which rows, and key rotation */
+} group;
+
+/* A walk over the retained rows started at the i-th (kv_window_walk_start() is i = 0). */
+static void walk_at(kv_window_walk *k, const retained *w, int64_t i)
 {
-    if (direct && h->fmt == KV_QF_F32 && t < h->q)
-        return (const float *)(const void *)h->codes + kv_view_row(h, t) * h->d;
-    kv_attn_row(h, t, row);
-    return row;
+    kv_window_walk_start(k, w->window, w->n_sinks, w->t);
+    if (i == 0) return;
+    k->pos = kv_window_pos(w->window, w->n_sinks, w->t, i);
+    k->row = kv_window_row(w->window, w->n_sinks, k->pos);
 }
 
-/* attend_head() over any cache (chapters 04-06): the same three passes, with each K and V
- * row dequantized as it is read (kv_attn_row(): kv_quant_math.h's per-element decode, the
- * code the CUDA kernels inline, or the KIVI fp32 window for the newest rows). The query
- * visits the len retained positions in position order (kv_window_walk: sinks, then the
- * window), each read from its logical row (kv_window_row(): the ring), so a windowed cache
- * gives the bits full attention with the equivalent mask gives: masked positions would only
- * add exp(-inf) = 0 to the sum and 0·v to the output. Under KV_POS_CACHE a key is rotated
- * here by its index i in that order.
- * row [d] scratch. */
-static void attend_head_view(const float *qh, const kv_head_view *kh, const kv_head_view *vh,
-                             const retained *w, float *oh, float *att, float *row, int d,
-                             int64_t len)
+/* Columns [j0, j1) of row t for reading: fp32 rows where they lie (a paged fp32 cache reads
+ * its rows in their blocks at the speed of the contiguous one; the KIVI fp32 window in its
+ * ring), any other row dequantized into @p scratch. Indexed by column: p[j], j0 <= j < j1. */
+static inline const float *row_at(const kv_head_view *h, int64_t t, int j0, int j1,
+                                  float *scratch)
 {
+    if (t >= h->q) return h->ring + (t % h->window) * h->d;
+    if (h->fmt == KV_QF_F32) return (const float *)(const void *)h->codes + kv_view_row(h, t) * h->d;
+    row_part(h, t, j0, j1, scratch);
+    return scratch;
+}
+
+/* Key i of the walk: under KV_POS_CACHE rotated by its index i (always a copy). */
+static inline const float *key_row(const group *g, const kv_window_walk *k, int64_t i,
+                                   float *row)
+{
+    if (g->k) return g->k + (size_t)i * g->d;
+    if (g->w.rope_cs) {
+        row_part(&g->kh, k->row, 0, g->d, row);
+        rotate_row(row, g->w.rope_cs, i, g->w.rotary_dim);
+        return row;
+    }
+    return row_at(&g->kh, k->row, 0, g->d, row);
+}
+
+/* Pass 1 over retained rows [i0, i1): att[h][i] = q_h · k_i / √d for the G heads, each K row
+ * read (and dequantized) once for all of them; mx[h] raised to each head's largest score.
+ * row [d] scratch. */
+static void group_scores(const group *g, int64_t i0, int64_t i1, float *mx,
+                                   float *row)
+{
+    const int G = g->G, d = g->d;
     const float scale = 1.0f / sqrtf((float)d);
-    float max = -INFINITY;
-    kv_window_walk k; /* position i of the list and its row, in order */
-    kv_window_walk_start(&k, w->window, w->n_sinks, w->t);
-    for (int64_t i = 0; i < len; i++, kv_window_walk_next(&k)) {
-        const float *kr = row_ref(kh, k.row, w->rope_cs ? NULL : row, row);
-        if (w->rope_cs) rotate_row(row, w->rope_cs, i, w->rotary_dim);
-        att[i] = kv_dot(qh, kr, d) * scale;
-        if (att[i] > max) max = att[i];
+    kv_window_walk k;
+    walk_at(&k, &g->w, i0);
+    for (int64_t i = i0; i < i1; i++, kv_window_walk_next(&k)) {
+        const float *kr = key_row(g, &k, i, row);
+        for (int h = 0; h < G; h++) {
+            const float s = kv_dot16(g->q + (size_t)h * d, kr, d) * scale;
+            g->att[(size_t)h * g->len + i] = s;
+            if (s > mx[h]) mx[h] = s;
+        }
     }
-    float sum = 0.0f;
-    for (int64_t i = 0; i < len; i++) {
-        att[i] = expf(att[i] - max);
-        sum += att[i];
+}
+
+/* Pass 3 over output columns [j0, j1): out[h][j] = (sum over i of att[h][i] · v_i[j]) / sum_h,
+ * positions in order, each V row (its columns j0..j1) read once for the G heads. The sum of
+ * the weights, sum_h = att[h][0] + att[h][1] + ... in position order (kv_attn_exp_sum()'s
+ * order), is added up here, beside the values: one add per position that would otherwise be
+ * a chain of dependent adds of its own. sum [G], row [d] scratch. */
+static void group_values(const group *g, int j0, int j1, float *sum, float *row)
+{
+    const int G = g->G, d = g->d;
+    for (int h = 0; h < G; h++) {
+        sum[h] = 0.0f;
+        for (int j = j0; j < j1; j++) g->out[(size_t)h * d + j] = 0.0f;
     }
-    for (int i = 0; i < d; i++) oh[i] = 0.0f;
-    kv_window_walk_start(&k, w->window, w->n_sinks, w->t);
-    for (int64_t i = 0; i < len; i++, kv_window_walk_next(&k)) {
-        const float wt = att[i];
-        const float *vr = row_ref(vh, k.row, row, row);
-        for (int j = 0; j < d; j++) oh[j] += wt * vr[j];
+    kv_window_walk k;
+    walk_at(&k, &g->w, 0);
+    for (int64_t i = 0; i < g->len; i++, kv_window_walk_next(&k)) {
+        const float *vr = g->v ? g->v + (size_t)i * d : row_at(&g->vh, k.row, j0, j1, row);
+        for (int h = 0; h < G; h++) {
+            const float wt = g->att[(size_t)h * g->len + i];
+            float *o = g->out + (size_t)h * d;
+            sum[h] += wt;
+            for (int j = j0; j < j1; j++) o[j] += wt * vr[j];
+        }
     }
-    const float inv = 1.0f / sum;
-    for (int i = 0; i < d; i++) oh[i] *= inv;
+    for (int h = 0; h < G; h++) { /* the one division per output */
+        const float inv = 1.0f / sum[h];
+        for (int j = j0; j < j1; j++) g->out[(size_t)h * d + j] *= inv;
+    }
+}
+
+/* ---- the same two passes with AVX2 intrinsics -----------------------------------------------
+ * group_scores() and group_values() as written above are what the compiler is handed; it
+ * vectorizes each loop, but a dot product per head per row leaves most of the work in
+ * dependent adds and horizontal folds. The twins below do the same operations on the same
+ * values in the same order (so the same bits: tests/test_attn_simd.c compares them on every
+ * format), arranged for the machine:
+ *  - scores: four heads per K row at once (8 independent vector sums instead of 2), kv_dot16's
+ *    16 lanes as two 8-float vectors and its tree fold as three vector adds;
+ *  - values: 16 rows at a time, each output run of 32 columns of two heads kept in registers
+ *    across the 16 rows (one load and one store per 16 rows instead of per row).
+ * Multiplies and adds, never fused (see the top of the file). */
+#if KV_F16C
+#define KV_AVX2 __attribute__((target("avx2,f16c")))
+
+/* kv_dot16()'s fold of its 16 lanes (a0 = lanes 0-7, a1 = lanes 8-15): l + (l+8), then
+ * + (l+4), then + (l+2), then lane 0 + lane 1. */
+KV_AVX2 static inline float fold16(__m256 a0, __m256 a1)
+{
+    const __m256 s8 = _mm256_add_ps(a0, a1);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(s2) + _mm_cvtss_f32(_mm_shuffle_ps(s2, s2, 1));
+}
+
+/* kv_dot16(q_h, k, d) · scale for the NH heads h0 .. h0+NH-1 (NH = 4 or 1, a constant where
+ * inlined) against K row i, stored as their scores, each head's max raised. */
+#define DOT_STEP(t)                                                                      \
+    a[t] = _mm256_add_ps(a[t], _mm256_mul_ps(_mm256_loadu_ps(q[t] + j), k0));          \
+    b[t] = _mm256_add_ps(b[t], _mm256_mul_ps(_mm256_loadu_ps(q[t] + j + 8), k1))
+
+__attribute__((always_inline)) KV_AVX2 static inline void dots(const group *g, int h0, int nh,
+                                                               const float *k, int64_t i,
+                                                               float scale, float *mx)
+{
+    const int d = g->d, d16 = d / KV_DOT_LANES * KV_DOT_LANES;
+    const float *q[4];
+    __m256 a[4], b[4];
+    for (int t = 0; t < nh; t++) {
+        q[t] = g->q + (size_t)(h0 + t) * d;
+        a[t] = b[t] = _mm256_setzero_ps();
+    }
+    for (int j = 0; j < d16; j += 16) {
+        const __m256 k0 = _mm256_loadu_ps(k + j), k1 = _mm256_loadu_ps(k + j + 8);
+        DOT_STEP(0);
+        if (nh == 4) {
+            DOT_STEP(1);
+            DOT_STEP(2);
+            DOT_STEP(3);
+        }
+    }
+    for (int t = 0; t < nh; t++) { /* each head's score straight from its registers */
+        float x = fold16(a[t], b[t]);
+        for (int j = d16; j < d; j++) x += q[t][j] * k[j]; /* the tail, in order */
+        x *= scale;
+        g->att[(size_t)(h0 + t) * g->len + i] = x;
+        if (x > mx[h0 + t]) mx[h0 + t] = x;
+    }
+}
+#undef DOT_STEP
+
+/* kv_dot16(q_h, k_c, d) · scale for one head h against four K rows c = 0..3 (rows i .. i+3):
+ * the same sums as dots(), with four rows instead of four heads giving the 8 vector sums. */
+KV_AVX2 static inline void dots_rows(const group *g, int h, const float *const *k, int64_t i,
+                                     float scale, float *mx)
+{
+    const int d = g->d, d16 = d / KV_DOT_LANES * KV_DOT_LANES;
+    const float *q = g->q + (size_t)h * d;
+    __m256 a[4], b[4];
+    for (int c = 0; c < 4; c++) a[c] = b[c] = _mm256_setzero_ps();
+    for (int j = 0; j < d16; j += 16) {
+        const __m256 q0 = _mm256_loadu_ps(q + j), q1 = _mm256_loadu_ps(q + j + 8);
+        for (int c = 0; c < 4; c++) {
+            a[c] = _mm256_add_ps(a[c], _mm256_mul_ps(q0, _mm256_loadu_ps(k[c] + j)));
+            b[c] = _mm256_add_ps(b[c], _mm256_mul_ps(q1, _mm256_loadu_ps(k[c] + j + 8)));
+        }
+    }
+    for (int c = 0; c < 4; c++) {
+        float x = fold16(a[c], b[c]);
+        for (int j = d16; j < d; j++) x += q[j] * k[c][j];
+        x *= scale;
+        g->att[(size_t)h * g->len + i + c] = x;
+        if (x > mx[h]) mx[h] = x;
+    }
+}
+
+/* row_at() with the two formats decode is usually run on (fp16 and int8 with per-token or
+ * per-group scales) decoded here, inline, eight elements per instruction: the values of
+ * row_part() (binary16 -> binary32 is exact; an int8 element is (float)q · scale, one
+ * rounding, as kvq_int8_decode()). An fp16 row holding an Inf/NaN code takes row_part(). */
+KV_AVX2 static inline const float *row_at_avx2(const kv_head_view *h, int64_t t, int j0, int j1,
+                                               float *out)
+{
+    const int d = h->d;
+    if (t >= h->q || (j0 | j1) & 7) return row_at(h, t, j0, j1, out);
+    const int64_t r = kv_view_row(h, t);
+    if (h->fmt == KV_QF_F32) { /* copied: read in order, one row after the other (see below) */
+        memcpy(out + j0, (const float *)(const void *)h->codes + r * d + j0,
+               (size_t)(j1 - j0) * sizeof(float));
+        return out;
+    }
+    if (h->fmt == KV_QF_F16) {
+        const uint16_t *src = (const uint16_t *)(const void *)(h->codes + r * (int64_t)d * 2);
+        const __m128i exp_mask = _mm_set1_epi16(0x7c00);
+        for (int j = j0; j < j1; j += 8) {
+            const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(src + j));
+            if (_mm_movemask_epi8(_mm_cmpeq_epi16(_mm_and_si128(x, exp_mask), exp_mask)))
+                return row_at(h, t, j0, j1, out);
+            _mm256_storeu_ps(out + j, _mm256_cvtph_ps(x));
+        }
+        return out;
+    }
+    if (h->fmt == KV_QF_INT8 || h->fmt == KV_QF_INT8_G32 || h->fmt == KV_QF_INT8_G64 ||
+        h->fmt == KV_QF_INT8_G128) {
+        const int8_t *src = (const int8_t *)(const void *)(h->codes + r * (int64_t)d);
+        const int g = kvq_row_group(h->fmt, h->role, d);
+        const float *sc = (const float *)h->meta + kvq_meta_index(h->fmt, h->role, r, 0, d);
+        if (g & 7) return row_at(h, t, j0, j1, out);
+        int gi = j0 / g, end = (gi + 1) * g; /* the group of column j, and where it ends */
+        __m256 sg = _mm256_set1_ps(sc[gi]);
+        for (int j = j0; j < j1; j += 8) {
+            if (j == end) {
+                sg = _mm256_set1_ps(sc[++gi]);
+                end += g;
+            }
+            const __m256i q = _mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i *)(const void *)(src + j)));
+            _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), sg));
+        }
+        return out;
+    }
+    return row_at(h, t, j0, j1, out);
+}
+
+/* Ask for the stored bytes of columns [j0, j1) of rows n rows ahead, positions i .. i+n-1
+ * (clipped to the group's len), while this block is computed. The block reads its rows
+ * interleaved (four at a time, or a run of columns of each), a pattern the hardware
+ * prefetchers follow poorly, so without this the passes wait on DRAM. Only where a position
+ * is its row (no window) and the format has whole bytes per element. */
+KV_AVX2 static inline void prefetch_rows(const group *g, const kv_head_view *h, int64_t i,
+                                         int n, int j0, int j1)
+{
+    if (g->w.window || h->fmt == KV_QF_INT4_KIVI || h->fmt == KV_QF_INT2_KIVI) return;
+    const int eb = kvq_code_bits(h->fmt) / 8;
+    const int64_t rb = (int64_t)h->d * eb, end = i + n < g->len ? i + n : g->len;
+    for (int64_t t = i; t < end && t < h->q; t++) {
+        const uint8_t *p = h->codes + kv_view_row(h, t) * rb;
+        for (int64_t o = (int64_t)j0 * eb; o < (int64_t)j1 * eb; o += 64)
+            _mm_prefetch((const char *)(p + o), _MM_HINT_T0);
+    }
+}
+
+/* Rows of pass 1 in blocks of KV_ATTN_ROWS, each K row read and decoded once into the scratch
+ * rows [KV_ATTN_ROWS][d]; then four heads per row, and the heads left over four rows at a
+ * time. */
+KV_AVX2 static void group_scores_avx2(const group *g, int64_t i0, int64_t i1, float *mx,
+                                      float *rows)
+{
+    const int G = g->G, d = g->d;
+    const float scale = 1.0f / sqrtf((float)d);
+    kv_window_walk k;
+    walk_at(&k, &g->w, i0);
+    for (int64_t b = i0; b < i1; b += KV_ATTN_ROWS) {
+        const int n = i1 - b < KV_ATTN_ROWS ? (int)(i1 - b) : KV_ATTN_ROWS;
+        const float *kp[KV_ATTN_ROWS];
+        if (!g->k && b + n < i1) prefetch_rows(g, &g->kh, b + n, KV_ATTN_ROWS, 0, d);
+        for (int c = 0; c < n; c++, kv_window_walk_next(&k)) {
+            float *row = rows + (size_t)c * d;
+            if (g->k)
+                kp[c] = memcpy(row, g->k + (size_t)(b + c) * d, (size_t)d * sizeof(float));
+            else if (g->w.rope_cs)
+                kp[c] = key_row(g, &k, b + c, row);
+            else
+                kp[c] = row_at_avx2(&g->kh, k.row, 0, d, row);
+        }
+        int h = 0;
+        for (; h + 4 <= G; h += 4)
+            for (int c = 0; c < n; c++) dots(g, h, 4, kp[c], b + c, scale, mx);
+        for (; h < G; h++) {
+            int c = 0;
+            for (; c + 4 <= n; c += 4) dots_rows(g, h, kp + c, b + c, scale, mx);
+            for (; c < n; c++) dots(g, h, 1, kp[c], b + c, scale, mx);
+        }
+    }
+}
+
+/* out[h][j .. j+8·NV) of NHH heads (1 or 2) += w_h[c] · v_c[...] over the block's rows c in
+ * order, the outputs held in registers across the rows. */
+__attribute__((always_inline)) KV_AVX2 static inline void values_run(float *const *o, const float *const *w, int nhh,
+                                      const float *const *vp, int n, int j)
+{
+    __m256 x[2][4];
+    for (int t = 0; t < nhh; t++)
+        for (int u = 0; u < 4; u++) x[t][u] = _mm256_loadu_ps(o[t] + j + 8 * u);
+    for (int c = 0; c < n; c++) {
+        const float *v = vp[c] + j;
+        const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+        const __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+        for (int t = 0; t < nhh; t++) {
+            const __m256 wt = _mm256_set1_ps(w[t][c]);
+            x[t][0] = _mm256_add_ps(x[t][0], _mm256_mul_ps(wt, v0));
+            x[t][1] = _mm256_add_ps(x[t][1], _mm256_mul_ps(wt, v1));
+            x[t][2] = _mm256_add_ps(x[t][2], _mm256_mul_ps(wt, v2));
+            x[t][3] = _mm256_add_ps(x[t][3], _mm256_mul_ps(wt, v3));
+        }
+    }
+    for (int t = 0; t < nhh; t++)
+        for (int u = 0; u < 4; u++) _mm256_storeu_ps(o[t] + j + 8 * u, x[t][u]);
+}
+
+/* group_values() in blocks of KV_ATTN_ROWS rows. rows [KV_ATTN_ROWS][d] scratch. */
+KV_AVX2 static void group_values_avx2(const group *g, int j0, int j1, float *sum, float *rows)
+{
+    const int G = g->G, d = g->d;
+    for (int h = 0; h < G; h++) {
+        sum[h] = 0.0f;
+        for (int j = j0; j < j1; j++) g->out[(size_t)h * d + j] = 0.0f;
+    }
+    kv_window_walk k;
+    walk_at(&k, &g->w, 0);
+    for (int64_t i0 = 0; i0 < g->len; i0 += KV_ATTN_ROWS) {
+        const int n = g->len - i0 < KV_ATTN_ROWS ? (int)(g->len - i0) : KV_ATTN_ROWS;
+        const float *vp[KV_ATTN_ROWS];
+        if (!g->v) prefetch_rows(g, &g->vh, i0 + n, KV_ATTN_ROWS, j0, j1);
+        for (int c = 0; c < n; c++, kv_window_walk_next(&k))
+            vp[c] = g->v ? memcpy(rows + (size_t)c * d + j0, g->v + (size_t)(i0 + c) * d + j0,
+                                  (size_t)(j1 - j0) * sizeof(float)) - j0
+                         : row_at_avx2(&g->vh, k.row, j0, j1, rows + (size_t)c * d);
+        for (int h = 0; h < G; h++) {
+            const float *wh = g->att + (size_t)h * g->len + i0;
+            for (int c = 0; c < n; c++) sum[h] += wh[c]; /* in position order */
+        }
+        for (int h = 0; h < G;) {
+            const int nhh = G - h >= 2 ? 2 : 1;
+            float *o[2];
+            const float *w[2];
+            for (int t = 0; t < nhh; t++) {
+                o[t] = g->out + (size_t)(h + t) * d;
+                w[t] = g->att + (size_t)(h + t) * g->len + i0;
+            }
+            int j = j0;
+            if (nhh == 2) /* the head count a constant of each call: registers, not arrays */
+                for (; j + 32 <= j1; j += 32) values_run(o, w, 2, vp, n, j);
+            else
+                for (; j + 32 <= j1; j += 32) values_run(o, w, 1, vp, n, j);
+            for (; j < j1; j++) /* the last columns one at a time, rows in order */
+                for (int t = 0; t < nhh; t++)
+                    for (int c = 0; c < n; c++) o[t][j] += w[t][c] * vp[c][j];
+            h += nhh;
+        }
+    }
+    for (int h = 0; h < G; h++) {
+        const float inv = 1.0f / sum[h];
+        for (int j = j0; j < j1; j++) g->out[(size_t)h * d + j] *= inv;
+    }
+}
+#endif
+
+/* exp_rows(): exp_le0() eight at a time, the same operations in the same order (its selects
+ * as compares and blends, which the compiler will not make of a branch on floats). */
+KV_AVX2 static void exp_rows_avx2(float *x, int64_t n, float max)
+{
+    const __m256 vmax = _mm256_set1_ps(max), floor = _mm256_set1_ps(-87.0f);
+    const __m256 big = _mm256_set1_ps(12582912.0f), log2e = _mm256_set1_ps(1.44269504088896341f);
+    const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
+    const __m256 c5 = _mm256_set1_ps(1.9875691500e-4f), c4 = _mm256_set1_ps(1.3981999507e-3f);
+    const __m256 c3 = _mm256_set1_ps(8.3334519073e-3f), c2 = _mm256_set1_ps(4.1665795894e-2f);
+    const __m256 c1 = _mm256_set1_ps(1.6666665459e-1f), c0 = _mm256_set1_ps(5.0000001201e-1f);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 xv = _mm256_sub_ps(_mm256_loadu_ps(x + i), vmax);
+        const __m256 xc = _mm256_max_ps(xv, floor); /* NaN -> -87, as x > -87 ? x : -87 */
+        const __m256 kf = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(xc, log2e), big), big);
+        const __m256 r = _mm256_sub_ps(_mm256_sub_ps(xc, _mm256_mul_ps(kf, ln2_hi)),
+                                       _mm256_mul_ps(kf, ln2_lo));
+        __m256 p = c5;
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), c4);
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), c3);
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), c2);
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), c1);
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), c0);
+        p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), one);
+        const __m256i bits = _mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvttps_epi32(kf), _mm256_set1_epi32(127)), 23);
+        const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+        const __m256 in_range = _mm256_cmp_ps(xv, floor, _CMP_GE_OQ);
+        const __m256 nan = _mm256_cmp_ps(xv, xv, _CMP_UNORD_Q);
+        const __m256 below = _mm256_blendv_ps(_mm256_setzero_ps(), xv, nan);
+        _mm256_storeu_ps(x + i, _mm256_blendv_ps(below, e, in_range));
+    }
+    for (; i < n; i++) x[i] = exp_le0(x[i] - max);
+}
+
+static int simd_on(void)
+{
+    pthread_once(&tables_once, tables_build);
+    return use_avx2;
+}
+
+int kv_attn_simd(int mode)
+{
+    pthread_once(&tables_once, tables_build);
+    if (mode >= 0) use_avx2 = mode && have_avx2;
+    return use_avx2;
+}
+
+static void scores_pass(const group *g, int64_t i0, int64_t i1, float *mx, float *row)
+{
+#if KV_F16C
+    if (simd_on()) {
+        group_scores_avx2(g, i0, i1, mx, row);
+        return;
+    }
+#endif
+    group_scores(g, i0, i1, mx, row);
+}
+
+static void values_pass(const group *g, int j0, int j1, float *sum, float *rows)
+{
+#if KV_F16C
+    if (simd_on()) {
+        group_values_avx2(g, j0, j1, sum, rows);
+        return;
+    }
+#endif
+    group_values(g, j0, j1, sum, rows);
+}
+
+/* The three passes on the calling thread. mx [G], row [d] scratch. */
+static void group_run(group *g, float *mx, float *row)
+{
+    for (int h = 0; h < g->G; h++) mx[h] = -INFINITY;
+    scores_pass(g, 0, g->len, mx, row);
+    for (int h = 0; h < g->G; h++) exp_rows(g->att + (size_t)h * g->len, g->len, mx[h]);
+    values_pass(g, 0, g->d, g->sum, row);
+}
+
+/* The same passes spread over the team: the scores over runs of positions (the KV split),
+ * the exponentials over heads, the values over runs of output columns. Each number is still
+ * made by one thread in group_run()'s order (a score alone, a head's sum alone, a column summed
+ * over the positions in order; a max is exact in any order), so the output is group_run()'s
+ * bit for bit on any number of threads. This keeps every core busy when a step has fewer
+ * groups than threads: decode at batch 1 with few KV heads (MQA has one).
+ * Thread i's mx [G] and row [d] at scratch + i·stride. */
+static void group_run_team(group *g, float *scratch, size_t stride)
+{
+    const int G = g->G, d = g->d;
+    #pragma omp parallel
+    {
+        const int nt = omp_get_num_threads(), me = omp_get_thread_num();
+        float *mx = scratch + (size_t)me * stride, *row = mx + G;
+        for (int h = 0; h < G; h++) mx[h] = -INFINITY;
+        scores_pass(g, g->len * me / nt, g->len * (me + 1) / nt, mx, row);
+        #pragma omp barrier
+        #pragma omp for
+        for (int h = 0; h < G; h++) {
+            float m = -INFINITY;
+            for (int t = 0; t < nt; t++) {
+                const float x = scratch[(size_t)t * stride + h];
+                if (x > m) m = x;
+            }
+            exp_rows(g->att + (size_t)h * g->len, g->len, m);
+        }
+        /* columns in runs of eight (one AVX vector, an F16C conversion) */
+        const int runs = (d + 7) / 8;
+        const int j0 = runs * me / nt * 8, j1 = runs * (me + 1) / nt * 8;
+        if (j0 < j1) values_pass(g, j0, j1 < d ? j1 : d, mx, row); /* each its own sums */
+    }
+}
+
+/* ---- the entry points -------------------------------------------------------------------- */
+
+/* Scratch of one thread: att [G][max_len], sum [G], mx [G], rows [KV_ATTN_ROWS][d], rounded up
+ * to 16 floats (64 bytes) so threads never share a cache line. */
+static size_t thread_floats(int G, int d, int64_t max_len)
+{
+    const size_t n = (size_t)G * (size_t)max_len + 2u * (size_t)G + (size_t)KV_ATTN_ROWS * d;
+    return (n + 15) / 16 * 16;
+}
+
+size_t kv_attention_scratch(const kv_cache *c, int n_heads, int64_t max_len)
+{
+    const int G = n_heads / c->n_kv_heads;
+    return (size_t)omp_get_max_threads() * thread_floats(G, c->head_dim, max_len);
+}
+
+/* Group (row k, KV head kvh) of kv_attention_rows() with att and sum in @p blk. */
+static void group_of_cache(group *g, const kv_cache *c, int layer, int slot, int pos, int kvh,
+                           int G, const float *q, float *out, float *blk, int64_t max_len)
+{
+    const int d = c->head_dim;
+    memset(g, 0, sizeof *g);
+    g->G = G;
+    g->d = d;
+    g->len = kv_window_count(c->spec.window, c->spec.n_sinks, pos);
+    g->q = q + (size_t)kvh * G * d;
+    g->out = out + (size_t)kvh * G * d;
+    g->att = blk;
+    g->sum = blk + (size_t)G * max_len;
+    g->kh = kv_cache_view(c, layer, slot, kvh, KV_QROLE_KEY);
+    g->vh = kv_cache_view(c, layer, slot, kvh, KV_QROLE_VALUE);
+    const retained w = {c->spec.window, c->spec.n_sinks, pos, c->rope_cs, c->rotary_dim};
+    g->w = w;
+}
+
+void kv_attention_rows(const kv_cache *c, int layer, int n, const int *rows, const int *slot,
+                       const int *pos, const float *q, float *out, size_t stride, int n_heads,
+                       int64_t max_len, float *scratch)
+{
+    const int Hkv = c->n_kv_heads, G = n_heads / Hkv, d = c->head_dim;
+    const size_t per = thread_floats(G, d, max_len);
+    const int64_t groups = (int64_t)n * Hkv;
+    const int par = kv_parallel_worth(groups * G * max_len * d);
+    if (par && groups < omp_get_max_threads()) { /* fewer groups than threads: split each */
+        for (int k = 0; k < n; k++) {
+            const int t = rows ? rows[k] : k;
+            for (int kvh = 0; kvh < Hkv; kvh++) {
+                group g;
+                group_of_cache(&g, c, layer, slot[t], pos[t], kvh, G, q + (size_t)t * stride,
+                               out + (size_t)t * stride, scratch, max_len);
+                group_run_team(&g, scratch + (size_t)G * max_len + G, per);
+            }
+        }
+        return;
+    }
+    /* dynamic: in a prefill later rows attend over more positions than earlier ones */
+    #pragma omp parallel for collapse(2) schedule(dynamic) if (par)
+    for (int k = 0; k < n; k++)
+        for (int kvh = 0; kvh < Hkv; kvh++) {
+            const int t = rows ? rows[k] : k;
+            float *blk = scratch + (size_t)omp_get_thread_num() * per;
+            group g;
+            group_of_cache(&g, c, layer, slot[t], pos[t], kvh, G, q + (size_t)t * stride,
+                           out + (size_t)t * stride, blk, max_len);
+            group_run(&g, blk + (size_t)G * max_len + G, blk + (size_t)G * max_len + 2 * G);
+        }
+}
+
+int kv_attention(const kv_cache *c, int layer, int slot, int pos, const float *q, float *out,
+                 int n_heads)
+{
+    const int64_t len = kv_window_count(c->spec.window, c->spec.n_sinks, pos);
+    float *scratch = kv_calloc(kv_attention_scratch(c, n_heads, len) * sizeof(float));
+    if (!scratch) return KV_ERR_NOMEM;
+    kv_attention_rows(c, layer, 1, NULL, &slot, &pos, q, out, 0, n_heads, len, scratch);
+    kv_free(scratch);
+    return KV_OK;
 }
 
 void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, int n_heads,
                        const float *qh, float *oh, float *att)
 {
     const int kvh = kv_attn_kv_head(h, n_heads, c->n_kv_heads), d = c->head_dim;
-    const kv_head_view kh = kv_cache_view(c, layer, slot, kvh, KV_QROLE_KEY);
-    const kv_head_view vh = kv_cache_view(c, layer, slot, kvh, KV_QROLE_VALUE);
-    if (c->fmt[layer] == KV_QF_F32 && !kh.blocks && c->spec.window == 0) {
-        /* chapter 02: the rows are plain floats, in position order */
-        attend_head(qh, (const float *)(const void *)kh.codes,
-                    (const float *)(const void *)vh.codes, oh, att, d, pos + 1);
-        return;
-    }
-    const retained w = {c->spec.window, c->spec.n_sinks, pos, c->rope_cs, c->rotary_dim};
-    /* a run of d floats for the dequantized row: on the stack up to d = 256, else heap */
-    float stack[256], *row = d <= 256 ? stack : kv_calloc((size_t)d * sizeof(float));
+    float *row = kv_calloc((size_t)KV_ATTN_ROWS * d * sizeof(float)); /* dequantized rows */
     if (!row) { /* no memory: make the failure visible rather than silently wrong */
         for (int i = 0; i < d; i++) oh[i] = NAN;
         return;
     }
-    attend_head_view(qh, &kh, &vh, &w, oh, att, row, d,
-                     kv_window_count(c->spec.window, c->spec.n_sinks, pos));
-    if (row != stack) kv_free(row);
+    group g;
+    float sum, mx;
+    const int64_t len = kv_window_count(c->spec.window, c->spec.n_sinks, pos);
+    group_of_cache(&g, c, layer, slot, pos, kvh, 1, qh, oh, att, len);
+    /* a group of one: head h alone, its query, output and sum where the caller put them */
+    g.q = qh;
+    g.out = oh;
+    g.sum = &sum;
+    group_run(&g, &mx, row);
+    kv_free(row);
 }
 
-int kv_attention(const kv_cache *c, int layer, int slot, int pos, const float *q, float *out,
-                 int n_heads)
+int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
+                   int n_heads, int n_kv_heads, int head_dim, int max_seq, int len)
 {
-    const int d = c->head_dim;
-    const size_t len = (size_t)kv_window_count(c->spec.window, c->spec.n_sinks, pos);
-    float *att = kv_calloc((size_t)n_heads * len * sizeof(float)); /* [H][retained] */
-    if (!att) return KV_ERR_NOMEM;
+    if (n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads || head_dim < 1 || len < 1 ||
+        len > max_seq)
+        return KV_ERR_ARG;
+    const int G = n_heads / n_kv_heads, d = head_dim;
+    const size_t per = thread_floats(G, d, len);
+    float *scratch = kv_calloc((size_t)omp_get_max_threads() * per * sizeof(float));
+    if (!scratch) return KV_ERR_NOMEM;
     #pragma omp parallel for
-    for (int h = 0; h < n_heads; h++)
-        kv_attention_head(c, layer, slot, pos, h, n_heads, q + (size_t)h * d,
-                          out + (size_t)h * d, att + (size_t)h * len);
-    kv_free(att);
+    for (int kvh = 0; kvh < n_kv_heads; kvh++) {
+        float *blk = scratch + (size_t)omp_get_thread_num() * per;
+        group g;
+        memset(&g, 0, sizeof g);
+        g.G = G;
+        g.d = d;
+        g.len = len;
+        g.q = q + (size_t)kvh * G * d;
+        g.out = out + (size_t)kvh * G * d;
+        g.att = blk;
+        g.sum = blk + (size_t)G * len;
+        g.k = k + (size_t)kvh * max_seq * d; /* [max_seq][d] */
+        g.v = v + (size_t)kvh * max_seq * d;
+        g.w.t = len - 1; /* no window: the walk visits rows 0..len-1 */
+        group_run(&g, blk + (size_t)G * len + G, blk + (size_t)G * len + 2 * G);
+    }
+    kv_free(scratch);
     return KV_OK;
 }

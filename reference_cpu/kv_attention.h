@@ -52,21 +52,58 @@ int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
  * (chapter 06), over the positions the cache retains: the sinks and the last W positions, in
  * position order (kv_window.h). q [H][d] (rotated by RoPE at the position the spec's scheme
  * gives it: kv_window_query_pos()), out [H][d].
- * Allocates kv_window_count() (pos + 1 without a window) floats of score scratch per head:
- * KV_OK, or KV_ERR_NOMEM.
+ * Allocates its scratch (kv_attention_scratch()): KV_OK, or KV_ERR_NOMEM.
  */
 int kv_attention(const kv_cache *c, int layer, int slot, int pos, const float *q, float *out,
                  int n_heads);
 
 /**
- * One query head @p h of kv_attention(), with the caller's scratch: the unit kv_forward()
- * spreads over threads as (token, head) pairs. Reads the cache through its spec: layout,
+ * kv_attention() for @p n query rows at once, the way kv_forward() calls it: row k is
+ * t = rows[k] (rows NULL: t = k), at slot[t], pos[t], queries q + t·stride [H][d], output
+ * out + t·stride [H][d]. The unit of work is a group: one row and one KV head, whose G = H /
+ * H_kv query heads are computed together so each cached row is read once per KV head. Groups
+ * are spread over the threads; when there are fewer groups than threads (decode at batch 1
+ * with few KV heads), each group's passes are split over the team instead: scores over runs
+ * of positions, values over runs of columns. Either way every output is made in one fixed
+ * order: the same bits on any number of threads, and the bits of kv_attention_head() for
+ * each head. @p max_len >= every row's kv_window_count(); @p scratch holds
+ * kv_attention_scratch(c, n_heads, max_len) floats.
+ */
+void kv_attention_rows(const kv_cache *c, int layer, int n, const int *rows, const int *slot,
+                       const int *pos, const float *q, float *out, size_t stride, int n_heads,
+                       int64_t max_len, float *scratch);
+
+/** Floats of scratch kv_attention_rows() needs for rows attending at most @p max_len
+ * positions: per thread, the scores of one group and a dequantized row. */
+size_t kv_attention_scratch(const kv_cache *c, int n_heads, int64_t max_len);
+
+/**
+ * One query head @p h of kv_attention(), alone, with the caller's scratch: a group of one
+ * head (the same bits as computed with its group). Reads the cache through its spec: layout,
  * format and retention (a windowed cache: its retained positions in position order, each
  * from its ring row; KV_POS_CACHE keys rotated by their cache index as they are read).
  * qh [d], oh [d], att [kv_window_count(W, S, pos)] scratch for the scores.
  */
 void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, int n_heads,
                        const float *qh, float *oh, float *att);
+
+/**
+ * Pass 2 of every softmax over cached rows: x[i] = exp(x[i] - max) for i < n, and their sum.
+ * exp by kv_attention.c's own vectorizable routine (~1 ulp of expf, 0 below e^-87), the sum
+ * in position order (a masked position's exact 0 changes nothing), so every caller
+ * (kv_attention(), chapter 08's naive kv_flash, chapter 09's kv_select_attend) gets the same
+ * bits for the same scores. max = -inf (nothing visible): every x[i] = 0, sum 0.
+ */
+float kv_attn_exp_sum(float *x, int64_t n, float max);
+
+/**
+ * Which code runs the attention passes: the portable loops, or their AVX2 twin (x86-64 CPUs
+ * that have AVX2, found at run time; the default there). Both give the same bits
+ * (tests/test_attn_simd.c); the switch exists so a test or a benchmark can run both.
+ * @p mode 0: the loops, 1: the twin where the CPU has it, -1: only ask. Returns 1 when the
+ * twin is in use. Not to be flipped while another thread is attending.
+ */
+int kv_attn_simd(int mode);
 
 /**
  * Row @p t of a cache head view dequantized into out [d] (chapter 04): equal, bit for bit,

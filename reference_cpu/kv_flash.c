@@ -147,11 +147,7 @@ static void naive_head(const flash_ctx *x, int h, float *s, float *sum, float *r
     for (int t = 0; t < T; t++) {
         float *st = s + (size_t)t * n, max = -INFINITY;
         for (int64_t i = 0; i < n; i++) if (st[i] > max) max = st[i];
-        sum[t] = 0.0f;
-        for (int64_t i = 0; i < n; i++) { /* a fully masked row: every weight 0 */
-            st[i] = max == -INFINITY ? 0.0f : expf(st[i] - max);
-            sum[t] += st[i];
-        }
+        sum[t] = kv_attn_exp_sum(st, n, max); /* a fully masked row: every weight 0 */
     }
     /* pass 3: O = P V, value rows read once, each added to every query's output */
     for (int t = 0; t < T; t++) memset(j->out + ((size_t)t * H + h) * d, 0, (size_t)d * 4);

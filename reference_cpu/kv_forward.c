@@ -11,7 +11,6 @@
 #include "kv_retain.h"
 #include "kv_window.h"
 
-#include <omp.h>
 #include <string.h>
 
 /* ---- counters ---------------------------------------------------------------------------
@@ -255,11 +254,12 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
         const int span = (int)kv_window_count(W, S, seqs[i].pos + seqs[i].n_tokens - 1);
         if (span > max_len) max_len = span;
     }
-    const int n_threads = omp_get_max_threads();
-    float *att = kv_calloc((size_t)n_threads * max_len * sizeof(float)); /* [threads][max_len] */
+    /* per thread: one group's scores [G][max_len] and a row (kv_attention_scratch) */
+    const size_t att_floats = kv_attention_scratch(c, Hs, max_len);
+    float *att = kv_calloc(att_floats * sizeof(float));
     if (!att)
-        return kv_fail(err, KV_ERR_NOMEM, "kv_forward: could not allocate %d x %d scores",
-                       n_threads, max_len);
+        return kv_fail(err, KV_ERR_NOMEM, "kv_forward: could not allocate %.1f MiB of scores",
+                       (double)att_floats * 4 / 1048576.0);
 
     for (int l = 0; l < p->n_layers; l++) {
         /* attention block: x += Wo · attention(RoPE(Wq·xb), cache(RoPE(Wk·xb), Wv·xb)) */
@@ -305,18 +305,10 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
                 }
                 break;
             }
-            /* dynamic: in a prefill later rows attend over more positions than earlier ones;
-             * one thread below 2^18 multiply-adds or on a busy machine (kv_parallel_worth) */
-            const int64_t wave_work = (int64_t)n_rows * Hs * max_len * d;
-            #pragma omp parallel for collapse(2) schedule(dynamic) if (kv_parallel_worth(wave_work))
-            for (int k = 0; k < n_rows; k++)
-                for (int h = 0; h < Hs; h++) {
-                    const int t = s->wave[k];
-                    float *scores = att + (size_t)omp_get_thread_num() * max_len;
-                    const size_t o = (size_t)t * qs + (size_t)h * d;
-                    kv_attention_head(c, l, s->tok_slot[t], s->tok_pos[t], h, Hs, s->q + o,
-                                      s->xb + o, scores); /* xb [T][Hs*d]: [T][dim] unsharded */
-                }
+            /* each (row, KV head) a group of G query heads: spread over the threads, or each
+             * split over them when a wave has fewer groups than threads (kv_attention.h) */
+            kv_attention_rows(c, l, n_rows, s->wave, s->tok_slot, s->tok_pos, s->q, s->xb, qs,
+                              Hs, max_len, att); /* q, xb [T][Hs*d]: [T][dim] unsharded */
         }
         /* a rank multiplies its heads' columns of Wo: a partial sum, completed by the
          * all-reduce over the ranks (chapter 10) */

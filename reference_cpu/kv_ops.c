@@ -94,24 +94,7 @@ void kv_rmsnorm(float *out, const float *x, const float *w, int T, int n, float 
  * in flight to outrun DRAM on any x86-64 or ARM core, with no intrinsics. The lanes and the
  * fold are written out, so the compiler may vectorize but not reorder: the same data give the
  * same bits on every call, whatever the vector width. */
-#define KV_DOT_LANES 16
-
-static inline float dot16(const float *restrict a, const float *restrict b, int n)
-{
-    float acc[KV_DOT_LANES] = {0};
-    int j = 0;
-    for (; j + KV_DOT_LANES <= n; j += KV_DOT_LANES)
-        for (int l = 0; l < KV_DOT_LANES; l++) acc[l] += a[j + l] * b[j + l];
-    /* tree fold 16 -> 8 -> 4 -> 2 -> 1, each step with constant bounds so it stays vector */
-    for (int l = 0; l < 8; l++) acc[l] += acc[l + 8];
-    for (int l = 0; l < 4; l++) acc[l] += acc[l + 4];
-    for (int l = 0; l < 2; l++) acc[l] += acc[l + 2];
-    float s = acc[0] + acc[1];
-    for (; j < n; j++) s += a[j] * b[j];
-    return s;
-}
-
-float kv_dot(const float *a, const float *b, int n) { return dot16(a, b, n); }
+float kv_dot(const float *a, const float *b, int n) { return kv_dot16(a, b, n); }
 
 /* Below this many multiply-adds a matmul runs on one thread. A matrix-vector product at batch
  * 1 streams its weights from memory, and one core alone cannot pull the machine's whole
@@ -137,14 +120,14 @@ void kv_matmul_strided(float *y, const float *x, const float *W, int T, int in, 
     const int64_t work = (int64_t)T * in * out;
     const int n_blocks = (out + KV_MATMUL_ROWS - 1) / KV_MATMUL_ROWS;
     /* static schedule over row blocks: each thread takes one contiguous run of W's rows, so
-     * at T = 1 the two cores stream disjoint halves of W; every y[t][i] is still one dot16 */
+     * at T = 1 the two cores stream disjoint halves of W; every y[t][i] is still one kv_dot16 */
     #pragma omp parallel for schedule(static) if (go_parallel(work, KV_MATMUL_PARALLEL_MIN))
     for (int blk = 0; blk < n_blocks; blk++) {
         const int i0 = blk * KV_MATMUL_ROWS;
         const int i1 = i0 + KV_MATMUL_ROWS < out ? i0 + KV_MATMUL_ROWS : out;
         for (int t = 0; t < T; t++)
             for (int i = i0; i < i1; i++)
-                y[(size_t)t * out + i] = dot16(W + (size_t)i * ldw, x + (size_t)t * in, in);
+                y[(size_t)t * out + i] = kv_dot16(W + (size_t)i * ldw, x + (size_t)t * in, in);
     }
 }
 

@@ -25,6 +25,29 @@ void kv_rmsnorm(float *out, const float *x, const float *w, int T, int n, float 
  */
 float kv_dot(const float *a, const float *b, int n);
 
+/** The lanes of kv_dot(): sixteen partial sums fill four 128-bit vectors (two 256-bit, one
+ * 512-bit), so the compiler vectorizes them whatever the width, without reordering. */
+#define KV_DOT_LANES 16
+
+/**
+ * kv_dot(), inline: the same operations in the same order (so the same bits), for loops that
+ * call it per cached row (attention), where a call per row would cost as much as the row.
+ */
+static inline float kv_dot16(const float *a, const float *b, int n)
+{
+    float acc[KV_DOT_LANES] = {0};
+    int j = 0;
+    for (; j + KV_DOT_LANES <= n; j += KV_DOT_LANES)
+        for (int l = 0; l < KV_DOT_LANES; l++) acc[l] += a[j + l] * b[j + l];
+    /* tree fold 16 -> 8 -> 4 -> 2 -> 1, each step with constant bounds so it stays vector */
+    for (int l = 0; l < 8; l++) acc[l] += acc[l + 8];
+    for (int l = 0; l < 4; l++) acc[l] += acc[l + 4];
+    for (int l = 0; l < 2; l++) acc[l] += acc[l + 2];
+    float s = acc[0] + acc[1];
+    for (; j < n; j++) s += a[j] * b[j];
+    return s;
+}
+
 /**
  * 1 when an op of @p work multiply-adds is worth an OpenMP parallel region: work >= 2^18,
  * more than one thread, and not more runnable tasks than cores on the machine (kv_ops.c: on

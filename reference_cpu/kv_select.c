@@ -364,15 +364,12 @@ int kv_select_snapkv_votes(const kv_head_view *k, int n, const float *q, int w, 
         const int t = n - w + r / G; /* query r = (i, g) sits at position n - w + i */
         const float *qr = q + (size_t)r * d;
         float *pr = probs + (size_t)r * n;
-        float max = -INFINITY, sum = 0.0f;
+        float max = -INFINITY, sum;
         for (int p = 0; p <= t; p++) {
             pr[p] = kv_dot(qr, keys + (size_t)p * d, d) * scale;
             if (pr[p] > max) max = pr[p];
         }
-        for (int p = 0; p <= t; p++) {
-            pr[p] = expf(pr[p] - max);
-            sum += pr[p];
-        }
+        sum = kv_attn_exp_sum(pr, t + 1, max);
         for (int p = 0; p <= t; p++) pr[p] /= sum;
     }
     /* the votes: every observation query of every head of the group, in that order */
@@ -580,11 +577,7 @@ void kv_select_attend(const kv_head_view *kh, const kv_head_view *vh, const kv_s
         att[i] = kv_dot(qh, row, d) * scale;
         if (att[i] > max) max = att[i];
     }
-    float sum = 0.0f;
-    for (int i = 0; i < n; i++) {
-        att[i] = expf(att[i] - max);
-        sum += att[i];
-    }
+    const float sum = kv_attn_exp_sum(att, n, max);
     for (int i = 0; i < n; i++) {
         const float wt = att[i];
         kv_attn_row(vh, set->pos[i], row);

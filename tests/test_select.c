@@ -510,16 +510,13 @@ static void test_snapkv(void)
                 for (int g = 0; g < G; g++) {
                     const int t = np + i;
                     const float *qr = q + ((size_t)i * G + g) * d;
-                    float mx = -INFINITY, sum = 0.0f;
+                    float mx = -INFINITY, sum;
                     for (int p = 0; p <= t; p++) {
                         for (int j = 0; j < d; j++) row[j] = kv_cache_elem(&h, p, j);
                         att[p] = kv_dot(qr, row, d) * scale;
                         if (att[p] > mx) mx = att[p];
                     }
-                    for (int p = 0; p <= t; p++) {
-                        att[p] = expf(att[p] - mx);
-                        sum += att[p];
-                    }
+                    sum = kv_attn_exp_sum(att, t + 1, mx); /* the family's exp and sum */
                     for (int p = 0; p < np; p++) ref[p] += att[p] / sum;
                 }
             int same = 1;

@@ -181,7 +181,8 @@ static int make_cache(kv_cache *c, const kv_config *cfg, int dtype, int paged, i
 }
 
 /* Full attention of one head over positions 0..t with the window's mask: masked scores are
- * -inf, then the three passes of kv_attention.c's attend_head(). kv [Hkv][*] views. */
+ * -inf, then the three passes of kv_attention.c (its exponentials: kv_attn_exp_sum()).
+ * kv [Hkv][*] views. */
 static void masked_ref(const float *qh, const kv_head_view *kh, const kv_head_view *vh, int W,
                        int S, int t, float *oh)
 {
@@ -197,11 +198,7 @@ static void masked_ref(const float *qh, const kv_head_view *kh, const kv_head_vi
         }
         if (att[s] > max) max = att[s];
     }
-    float sum = 0.0f;
-    for (int s = 0; s <= t; s++) {
-        att[s] = expf(att[s] - max);
-        sum += att[s];
-    }
+    const float sum = kv_attn_exp_sum(att, t + 1, max); /* masked entries: exactly 0 */
     for (int i = 0; i < D; i++) oh[i] = 0.0f;
     for (int s = 0; s <= t; s++) {
         kv_attn_row(vh, s, row);

@@ -26,7 +26,9 @@
 
 #include "bench_cmds.h"
 #include "cli.h"
+#include "kv_attention.h"
 #include "kv_flash.h"
+#include "kv_ops.h"
 #include "kv_quant.h"
 #include "kv_rng.h"
 #ifdef KV_HAVE_CUDA
@@ -97,6 +99,39 @@ static int cpu_time(attn_case *k, int alg, int repeats, double *seconds, double 
     return e;
 }
 
+/* ---- the engine's decode: kv_attention() ----------------------------------------------- */
+
+/* What kv_forward() runs for a decode token (kv_attention_rows(): the G query heads of a KV
+ * head together, or the team splitting one group's positions and columns), timed on its own.
+ * Its bytes are the cache's once per KV head, as stored (codes + metadata), + Q + output: the
+ * least any decode must read, so "of BW" here is how close the step is to the memory limit. */
+static int engine_time(attn_case *k, int version, int repeats, double *seconds, double *bytes,
+                       kv_err *err)
+{
+    (void)version;
+    const int pos = (int)k->n - 1, slot = 0;
+    const double row = kv_dtype_bytes_d(k->c.fmt[0], k->d) * k->d; /* bytes of one K or V row */
+    *bytes = 2.0 * k->Hkv * (double)k->n * row + 2.0 * k->H * k->d * 4;
+    const size_t nf = kv_attention_scratch(&k->c, k->H, k->n);
+    float *scratch = kv_calloc(nf * sizeof(float));
+    double *t = kv_calloc((size_t)repeats * sizeof(double));
+    if (!scratch || !t) {
+        kv_free(scratch);
+        kv_free(t);
+        return kv_fail(err, KV_ERR_NOMEM, "bench attention: %.1f MiB of scores",
+                       (double)nf * 4 / 1048576.0);
+    }
+    for (int r = -1; r < repeats; r++) { /* r = -1: the warm-up */
+        const double t0 = kv_now();
+        kv_attention_rows(&k->c, 0, 1, NULL, &slot, &pos, k->q, k->out, 0, k->H, k->n, scratch);
+        if (r >= 0) t[r] = kv_now() - t0;
+    }
+    *seconds = kv_median(t, repeats);
+    kv_free(scratch);
+    kv_free(t);
+    return KV_OK;
+}
+
 /* ---- GPU rows: cuda/flash.cu ------------------------------------------------------------
  * (the CUDA twin's versions; their descriptions are at the top of cuda/flash.cu) */
 #ifdef KV_HAVE_CUDA
@@ -126,6 +161,7 @@ static int gpu_time(attn_case *k, int version, int repeats, double *seconds, dou
  * needs it).
  */
 static const attn_algo algos[] = {
+    {"cpu engine", 0, 1, 0, engine_time, 0},
     {"cpu naive", 0, 0, 0, cpu_time, 0},
     {"cpu tiled", 0, 0, 0, cpu_time, 1},
     {"cpu split", 0, 1, 0, cpu_time, 2},
@@ -137,6 +173,25 @@ static const attn_algo algos[] = {
 #endif
 };
 static const int n_algos = (int)(sizeof algos / sizeof algos[0]);
+
+static int only_valid(const char *only, const char **bad, size_t *bad_len)
+{
+    static const char *const words[] = {"engine", "naive", "tiled", "split",
+                                        "v1", "v2", "v3", "v4"};
+    for (const char *p = only;;) {
+        const size_t n = strcspn(p, ",");
+        int ok = 0;
+        for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+            ok |= strlen(words[i]) == n && strncmp(words[i], p, n) == 0;
+        if (!ok) {
+            *bad = p, *bad_len = n;
+            return 0;
+        }
+        p += n;
+        if (!*p) return 1;
+        p++;
+    }
+}
 
 /* ---- cases ------------------------------------------------------------------------------ */
 
@@ -231,11 +286,31 @@ static int parse_lengths(const char *cmd, const char *opt, const char *s, int *o
     }
 }
 
+/* 1 when one comma-separated word of @p only is a word of @p name ("cpu naive": "naive"). */
+static int algo_chosen(const char *name, const char *only)
+{
+    for (const char *p = only; *p;) {
+        const size_t n = strcspn(p, ",");
+        for (const char *w = name; *w;) {
+            const size_t m = strcspn(w, " ");
+            if (m == n && strncmp(w, p, n) == 0) return 1;
+            w += m;
+            while (*w == ' ') w++;
+        }
+        p += n;
+        if (*p == ',') p++;
+    }
+    return 0;
+}
+
+/* The words --only accepts: every row's name after its device. */
+static int only_valid(const char *only, const char **bad, size_t *bad_len);
+
 int cmd_bench_attention(int argc, char **argv)
 {
     const char *cmd = "kvlab bench attention";
     const char *device = "cpu", *dtype_s = "fp32";
-    const char *decode_s = "1024,4096,16384,65536", *prefill_s = "1024,4096";
+    const char *decode_s = "1024,4096,16384,65536", *prefill_s = "1024,4096", *only = NULL;
     int H = 32, Hkv = 8, d = 128, pH = 8, pHkv = 2, repeats = 5, prepeats = 3;
     int splits = 16, tile_q = 64, tile_k = 64, csv = 0;
     kv_opt opts[] = {
@@ -253,6 +328,7 @@ int cmd_bench_attention(int argc, char **argv)
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "decode: timed calls per row after a warm-up (default 5)", 0},
         {"--prefill-repeats", KV_OPT_INT, &prepeats, 1, 64, NULL, "R", "prefill: timed calls per row (default 3)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cpu, or cuda: the CPU rows and kernel versions v1..v4 (default cpu)", 0},
+        {"--only", KV_OPT_STRING, &only, 0, 0, NULL, "NAMES", "rows to run, comma-separated words of their names: engine, naive, tiled, split, v1..v4 (default: all)", 0},
         {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows", 0},
     };
     int r = kv_args_parse(cmd,
@@ -280,12 +356,20 @@ int cmd_bench_attention(int argc, char **argv)
     if (dtype < 0 || kvq_is_kivi(dtype))
         return kv_args_bad(cmd, "--dtype", "'%s': a per-token format (fp32, fp16, bf16, int8, "
                            "int8-gG, fp8)", dtype_s);
+    const char *bad;
+    size_t bad_len;
+    if (only && !only_valid(only, &bad, &bad_len))
+        return kv_args_bad(cmd, "--only", "'%.*s' is not a row (engine, naive, tiled, split, "
+                           "v1, v2, v3, v4)", (int)(bad_len < 40 ? bad_len : 40), bad);
     if (H % Hkv) return kv_args_bad(cmd, "--kv-heads", "%d does not divide H = %d", Hkv, H);
     if (pH % pHkv)
         return kv_args_bad(cmd, "--prefill-kv-heads", "%d does not divide %d", pHkv, pH);
     if ((e = kv_cli_check_device(cmd, device))) return e;
     const int gpu = strcmp(device, "cpu") != 0;
 
+    /* the whole team on every row, like the chapter 08 algorithms: the engine's attention
+     * otherwise falls back to one thread while another process runs (kv_parallel_worth) */
+    kv_parallel_ignore_load(1);
     kv_err err = {{0}};
     kv_bandwidth bw = {0};
     if (kv_read_bandwidth(&bw, (size_t)256 << 20, 5, &err))
@@ -326,6 +410,7 @@ int cmd_bench_attention(int argc, char **argv)
             for (int a = 0; a < n_algos && !st; a++) {
                 const attn_algo *al = &algos[a];
                 if (al->gpu && !gpu) continue;
+                if (only && !algo_chosen(al->name, only)) continue;
                 if ((al->decode_only && mode) || (al->prefill_only && !mode)) continue;
                 double sec = 0, bytes = 0;
                 st = al->time(&k, al->version, mode ? prepeats : repeats, &sec, &bytes, &err);

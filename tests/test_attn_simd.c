@@ -1,0 +1,315 @@
+/* The CPU attention's fast paths against its plain loops (reference_cpu/kv_attention.c).
+ *
+ * Predicted before measured:
+ *  - the AVX2 twins of the passes do the loops' multiplies and adds, unfused, in the loops'
+ *    order, so kv_attention() gives the same bits with kv_attn_simd(1) and kv_attn_simd(0),
+ *    for every storage format, head dim (tails past a multiple of 16 and of 8 included), group
+ *    size G (the twins take heads four at a time, then rows four at a time), layout (paged
+ *    with scrambled blocks of a power-of-two size and of another size), window and position
+ *    scheme. On a CPU without AVX2 both runs take the loops: the check still holds, trivially,
+ *    and the line printed says so.
+ *  - a group's passes split over the team (kv_attention_rows() when there are fewer groups
+ *    than threads) give the bits of one thread doing them; a head alone (kv_attention_head())
+ *    gives the bits of the same head inside its group.
+ *  - the result is attention: within the fp32 tolerance of a double-precision softmax over
+ *    kv_cache_elem() (which also catches a fast path and loops that agree on a wrong answer).
+ *  - kv_attn_exp_sum(): every exponential within 2 ulp of exp() on [-87, 0]; exactly 1 at 0;
+ *    0 for -inf and below -87 (under 2^-125); NaN stays NaN; the sum is the plain sum of the
+ *    exponentials in order; max = -inf gives zeros and 0.
+ */
+#include "kv_test.h"
+
+#include "kv_attention.h"
+#include "kv_ops.h"
+#include "kv_quant.h"
+#include "kv_rng.h"
+#include "kv_window.h"
+
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_LEN 300
+
+static kv_config make_config(int H, int Hkv, int d)
+{
+    kv_config c;
+    memset(&c, 0, sizeof c);
+    c.dim = H * d;
+    c.hidden_dim = 16;
+    c.n_layers = 1;
+    c.n_heads = H;
+    c.n_kv_heads = Hkv;
+    c.vocab_size = 16;
+    c.seq_len = 4096;
+    c.rope_theta = 10000.0f;
+    c.rotary_dim = d;
+    c.norm_eps = 1e-5f;
+    return c;
+}
+
+/* A cache of one slot holding len random positions (written in a prefill chunk, then singles,
+ * so the KIVI window and spills are exercised). B > 0: paged with a scrambled block table. */
+static int make_cache(kv_cache *c, const kv_config *cfg, int dtype, int B, int W, int S,
+                      int scheme, int len, kv_rng *r)
+{
+    kv_err e;
+    kv_cache_spec s = kv_cache_spec_default(1, MAX_LEN);
+    s.dtype = dtype;
+    s.window = W;
+    s.n_sinks = S;
+    s.pos_scheme = scheme;
+    if (B) {
+        s.layout = KV_LAYOUT_PAGED;
+        s.block_size = B;
+        s.n_blocks = MAX_LEN / B + 4;
+    }
+    int rc = kv_cache_create(c, cfg, &s, &e);
+    if (rc) {
+        printf("  cache: %s\n", e.msg);
+        return rc;
+    }
+    if (B) {
+        int blocks[1024];
+        for (int i = 0; i < c->max_blocks; i++) blocks[i] = s.n_blocks - 1 - i;
+        if ((rc = kv_cache_set_blocks(c, 0, blocks, c->max_blocks, &e))) {
+            printf("  blocks: %s\n", e.msg);
+            return rc;
+        }
+    }
+    const int kvd = cfg->n_kv_heads * (cfg->dim / cfg->n_heads);
+    float *k = malloc((size_t)MAX_LEN * kvd * sizeof(float)); /* [len][H_kv·d] */
+    float *v = malloc((size_t)MAX_LEN * kvd * sizeof(float));
+    for (int i = 0; i < len * kvd; i++) k[i] = kv_rng_uniform(r, -1.0f, 1.0f);
+    for (int i = 0; i < len * kvd; i++) v[i] = kv_rng_uniform(r, -1.0f, 1.0f);
+    const int first = len > 40 ? len - 7 : len; /* a prefill, then one token at a time */
+    for (int p = 0; !rc && p < len;) {
+        const int n = p == 0 ? kv_window_chunk(W, S, 0, first) : kv_window_chunk(W, S, p, 1);
+        rc = kv_cache_write_seq(c, 0, 0, p, n, k + (size_t)p * kvd, v + (size_t)p * kvd, &e);
+        p += n;
+    }
+    if (rc) printf("  write: %s\n", e.msg);
+    free(k);
+    free(v);
+    return rc;
+}
+
+/* Attention over the retained positions in double, elements through kv_cache_elem(). Keys
+ * rotated by their cache index under KV_POS_CACHE, as kv_attention() does. */
+static void reference(const kv_cache *c, const kv_config *cfg, int pos, const float *q,
+                      float *out)
+{
+    const int H = cfg->n_heads, d = c->head_dim, W = c->spec.window, S = c->spec.n_sinks;
+    const int64_t n = kv_window_count(W, S, pos);
+    static double sc[MAX_LEN];
+    static float kr[512];
+    for (int h = 0; h < H; h++) {
+        const int kvh = kv_attn_kv_head(h, H, c->n_kv_heads);
+        const kv_head_view kh = kv_cache_view(c, 0, 0, kvh, KV_QROLE_KEY);
+        const kv_head_view vh = kv_cache_view(c, 0, 0, kvh, KV_QROLE_VALUE);
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t row = kv_window_row(W, S, kv_window_pos(W, S, pos, i));
+            for (int j = 0; j < d; j++) kr[j] = kv_cache_elem(&kh, row, j);
+            if (c->spec.window && c->spec.pos_scheme == KV_POS_CACHE) {
+                const int ii = (int)i;
+                kv_rope(kr, &ii, 1, 1, d, cfg->rotary_dim, cfg->rope_theta);
+            }
+            double s = 0.0;
+            for (int j = 0; j < d; j++) s += (double)q[h * d + j] * kr[j];
+            sc[i] = s / sqrt((double)d);
+            if (sc[i] > mx) mx = sc[i];
+        }
+        for (int64_t i = 0; i < n; i++) sum += (sc[i] = exp(sc[i] - mx));
+        for (int j = 0; j < d; j++) {
+            double o = 0.0;
+            for (int64_t i = 0; i < n; i++)
+                o += sc[i] * kv_cache_elem(&vh, kv_window_row(W, S, kv_window_pos(W, S, pos, i)), j);
+            out[h * d + j] = (float)(o / sum);
+        }
+    }
+}
+
+typedef struct {
+    int H, Hkv, d;
+} shape;
+
+/* One cache: every check of the top of the file at a few query positions. */
+static void check_cache(const char *what, const kv_config *cfg, kv_cache *c, int len,
+                        kv_rng *r, int have_simd)
+{
+    const int H = cfg->n_heads, d = c->head_dim;
+    float *q = malloc((size_t)H * d * sizeof(float));
+    float *fast = malloc((size_t)H * d * sizeof(float)), *plain = malloc((size_t)H * d * 4);
+    float *alone = malloc((size_t)H * d * sizeof(float)), *one = malloc((size_t)H * d * 4);
+    float *ref = malloc((size_t)H * d * sizeof(float)), *att = malloc(MAX_LEN * sizeof(float));
+    const int positions[3] = {0, len / 2, len - 1};
+    long bad_simd = 0, bad_team = 0, bad_head = 0, bad_ref = 0;
+    for (int pi = 0; pi < 3; pi++) {
+        const int pos = positions[pi];
+        if (c->spec.window && pos != len - 1) continue; /* a window keeps the newest only */
+        for (int i = 0; i < H * d; i++) q[i] = kv_rng_uniform(r, -1.5f, 1.5f);
+        kv_attn_simd(1);
+        kv_attention(c, 0, 0, pos, q, fast, H);
+        kv_attn_simd(0);
+        kv_attention(c, 0, 0, pos, q, plain, H);
+        kv_attn_simd(have_simd);
+        bad_simd += memcmp(fast, plain, (size_t)H * d * 4) != 0;
+        /* one thread against the team (the team splits a group when groups < threads) */
+        const int nt = omp_get_max_threads();
+        omp_set_num_threads(1);
+        kv_attention(c, 0, 0, pos, q, one, H);
+        omp_set_num_threads(nt);
+        bad_team += memcmp(fast, one, (size_t)H * d * 4) != 0;
+        for (int h = 0; h < H; h++)
+            kv_attention_head(c, 0, 0, pos, h, H, q + h * d, alone + h * d, att);
+        bad_head += memcmp(fast, alone, (size_t)H * d * 4) != 0;
+        reference(c, cfg, pos, q, ref);
+        bad_ref += kv_test_compare(what, fast, ref, (long)H * d, KV_TOL_F32_ATOL,
+                                   KV_TOL_F32_RTOL) != 0;
+    }
+    KV_CHECK(!bad_simd, "%s: AVX2 twin != loops, bit for bit", what);
+    KV_CHECK(!bad_team, "%s: team split != one thread, bit for bit", what);
+    KV_CHECK(!bad_head, "%s: kv_attention_head != its group, bit for bit", what);
+    KV_CHECK(!bad_ref, "%s: outside the fp32 tolerance of the double softmax", what);
+    free(q), free(fast), free(plain), free(alone), free(one), free(ref), free(att);
+}
+
+static void test_formats(int have_simd)
+{
+    const shape shapes[] = {{8, 2, 128}, {6, 6, 24}, {12, 4, 40}, {4, 1, 64}, {9, 3, 72},
+                            {5, 1, 8}};
+    const int dtypes[] = {KV_QF_F32,      KV_QF_F16,      KV_QF_BF16,     KV_QF_INT8,
+                          KV_QF_INT8_G32, KV_QF_FP8_E4M3, KV_QF_INT4_KIVI, KV_QF_INT2_KIVI};
+    const int blocks[] = {0, 16, 5};
+    kv_rng r;
+    kv_rng_seed(&r, 2024);
+    int cases = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t di = 0; di < sizeof dtypes / sizeof dtypes[0]; di++)
+            for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+                const shape sh = shapes[si];
+                const int dt = dtypes[di], B = blocks[bi];
+                if (kvq_is_kivi(dt) && (sh.d % 32 || (B && B % 32))) continue;
+                if (dt == KV_QF_INT8_G32 && sh.d % 32) continue;
+                const kv_config cfg = make_config(sh.H, sh.Hkv, sh.d);
+                const int len = 17 + (int)(kv_rng_u32(&r) % 260);
+                kv_cache c;
+                char what[96];
+                snprintf(what, sizeof what, "%s H %d H_kv %d d %d %s len %d", kv_dtype_name(dt),
+                         sh.H, sh.Hkv, sh.d, B ? (B == 16 ? "paged B 16" : "paged B 5") : "contiguous",
+                         len);
+                const int rc = make_cache(&c, &cfg, dt, B, 0, 0, 0, len, &r);
+                KV_CHECK(rc == KV_OK, "%s: cache", what);
+                if (rc == KV_OK) check_cache(what, &cfg, &c, len, &r, have_simd);
+                kv_cache_free(&c);
+                cases++;
+            }
+    /* windows: sinks and a ring, under both position schemes, contiguous and paged */
+    const int wdt[] = {KV_QF_F32, KV_QF_F16, KV_QF_INT8};
+    for (int wi = 0; wi < 3; wi++)
+        for (int scheme = 0; scheme < 2; scheme++)
+            for (int paged = 0; paged < 2; paged++) {
+                const kv_config cfg = make_config(8, 2, 40);
+                kv_cache c;
+                char what[96];
+                snprintf(what, sizeof what, "%s window 37 sinks 4 scheme %d %s",
+                         kv_dtype_name(wdt[wi]), scheme, paged ? "paged B 8" : "contiguous");
+                const int rc = make_cache(&c, &cfg, wdt[wi], paged ? 8 : 0, 37, 4, scheme, 200, &r);
+                KV_CHECK(rc == KV_OK, "%s: cache", what);
+                if (rc == KV_OK) check_cache(what, &cfg, &c, 200, &r, have_simd);
+                kv_cache_free(&c);
+                cases++;
+            }
+    printf("%d caches compared (%s)\n", cases,
+           have_simd ? "AVX2 twin against the loops" : "no AVX2 on this CPU: loops both times");
+}
+
+/* A long cache whose group count is below the thread count: the team split of one group. */
+static void test_team_long(int have_simd)
+{
+    const kv_config cfg = make_config(8, 1, 128);
+    kv_rng r;
+    kv_rng_seed(&r, 77);
+    kv_cache c;
+    kv_err e;
+    kv_cache_spec s = kv_cache_spec_default(1, 4096);
+    s.dtype = KV_QF_F16;
+    int rc = kv_cache_create(&c, &cfg, &s, &e);
+    float *k = malloc((size_t)4096 * 128 * sizeof(float)), *v = malloc((size_t)4096 * 128 * 4);
+    for (int i = 0; i < 4096 * 128; i++) k[i] = kv_rng_uniform(&r, -1, 1), v[i] = kv_rng_uniform(&r, -1, 1);
+    if (!rc) rc = kv_cache_write_seq(&c, 0, 0, 0, 4096, k, v, &e);
+    KV_CHECK(rc == KV_OK, "long cache: %s", e.msg);
+    if (!rc) {
+        float q[8 * 128], a[8 * 128], b[8 * 128];
+        for (int i = 0; i < 8 * 128; i++) q[i] = kv_rng_uniform(&r, -2, 2);
+        kv_parallel_ignore_load(1); /* the team must run even on a busy machine */
+        const int nt = omp_get_max_threads();
+        omp_set_num_threads(nt > 1 ? nt : 2);
+        kv_attention(&c, 0, 0, 4095, q, a, 8);
+        omp_set_num_threads(1);
+        kv_attention(&c, 0, 0, 4095, q, b, 8);
+        omp_set_num_threads(nt);
+        kv_parallel_ignore_load(0);
+        KV_CHECK(!memcmp(a, b, sizeof a), "MQA 4096 positions: team of %d != one thread",
+                 nt > 1 ? nt : 2);
+    }
+    (void)have_simd;
+    free(k);
+    free(v);
+    kv_cache_free(&c);
+}
+
+static void test_exp(void)
+{
+    static float x[4096], y[4096];
+    long bad = 0;
+    double worst = 0.0;
+    int n = 0;
+    for (float t = 0.0f; t > -87.0f; t -= 0.0213f) x[n++] = t;
+    x[n++] = 0.0f;
+    x[n++] = -87.0f;
+    memcpy(y, x, sizeof x);
+    const float sum = kv_attn_exp_sum(y, n, 0.0f);
+    float plain = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const double want = exp((double)x[i]), rel = fabs(y[i] - want) / want;
+        if (rel > worst) worst = rel;
+        bad += rel > 2 * 0x1p-24 * 2; /* 2 ulp: an ulp is at most 2^-23 relative */
+        plain += y[i];
+    }
+    printf("exp: worst relative error %.3g over %d points in [-87, 0]\n", worst, n);
+    KV_CHECK(!bad, "exp: %ld of %d points beyond 2 ulp of exp()", bad, n);
+    KV_CHECK(sum == plain, "exp: the sum is the plain sum in order");
+    static float z[4096];
+    memcpy(z, x, sizeof x);
+    const int was = kv_attn_simd(0);
+    kv_attn_exp_sum(z, n, 0.0f);
+    kv_attn_simd(was);
+    KV_CHECK(!memcmp(y, z, (size_t)n * 4), "exp: AVX2 twin == loop on every point");
+    float e[6] = {0.0f, -INFINITY, -88.0f, -1000.0f, NAN, -3.0f};
+    kv_attn_exp_sum(e, 6, 0.0f);
+    KV_CHECK(e[0] == 1.0f && e[1] == 0.0f && e[2] == 0.0f && e[3] == 0.0f && isnan(e[4]),
+             "exp: exp(0) = 1, -inf and below -87 give 0, NaN stays NaN");
+    /* eight-wide and one-at-a-time agree on every element (the tail is the loop) */
+    for (int len = 1; len < 20; len++) {
+        float a[20], b[20];
+        for (int i = 0; i < len; i++) a[i] = b[i] = -0.37f * (float)i;
+        kv_attn_exp_sum(a, len, 0.5f);
+        for (int i = 0; i < len; i++) kv_attn_exp_sum(b + i, 1, 0.5f);
+        KV_CHECK(!memcmp(a, b, (size_t)len * 4), "exp: length %d, vector == scalar", len);
+    }
+    float m[5] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    KV_CHECK(kv_attn_exp_sum(m, 5, -INFINITY) == 0.0f && m[0] == 0.0f && m[4] == 0.0f,
+             "exp: nothing visible gives zeros and a zero sum");
+}
+
+int main(void)
+{
+    const int have_simd = kv_attn_simd(-1);
+    kv_parallel_ignore_load(1); /* compare thread counts even on a busy machine */
+    test_exp();
+    test_formats(have_simd);
+    test_team_long(have_simd);
+    return kv_test_finish();
+}
