@@ -232,9 +232,6 @@ static void rotate_row(float *row, const float *cs, int64_t i, int rotary_dim)
  * eight at a time. */
 static inline float exp_le0(float x)
 {
-#ifdef KV_DEBUG_LIBM
-    return expf(x);
-#endif
     const float big = 12582912.0f; /* 1.5 · 2^23 */
     const float xc = x > -87.0f ? x : -87.0f;
     const float kf = (xc * 1.44269504088896341f + big) - big;
@@ -399,20 +396,60 @@ static void group_values(const group *g, int j0, int j1, float *sum, float *row)
 /* ---- the same two passes with AVX2 intrinsics -----------------------------------------------
  * group_scores() and group_values() as written above are what the compiler is handed; it
  * vectorizes each loop, but a dot product per head per row leaves most of the work in
- * dependent adds and horizontal folds. The twins below do the same operations on the same
- * values in the same order (so the same bits: tests/test_attn_simd.c compares them on every
- * format), arranged for the machine:
- *  - scores: four heads per K row at once (8 independent vector sums instead of 2), kv_dot16's
- *    16 lanes as two 8-float vectors and its tree fold as three vector adds;
- *  - values: 16 rows at a time, each output run of 32 columns of two heads kept in registers
- *    across the 16 rows (one load and one store per 16 rows instead of per row).
- * Multiplies and adds, never fused (see the top of the file). */
+ * dependent adds and horizontal folds, and a quantized row makes a round trip through the
+ * scratch. The twins below do the same operations on the same values in the same order (so
+ * the same bits: tests/test_attn_simd.c compares them on every format), arranged for the
+ * machine:
+ *  - rows in blocks of KV_ATTN_ROWS; fp16 and per-token int8 rows read as stored, each eight
+ *    elements decoded in a register right where the dot product or the value sum needs them
+ *    (binary16 -> binary32 is exact; an int8 element is (float)q · scale, one rounding, as
+ *    kvq_int8_decode()); other formats decoded into the scratch first, fp32 rows copied
+ *    there (read one after the other: the interleaved reads below are a pattern the hardware
+ *    prefetchers follow poorly, so each block also asks for the next one's bytes);
+ *  - scores: four heads per K row (8 independent vector sums instead of 2), or, for the heads
+ *    left over, four rows per head; kv_dot16's 16 lanes as two 8-float vectors and its tree
+ *    fold as three vector adds;
+ *  - values: each output run of 32 columns of two heads kept in registers across the block's
+ *    rows (one load and one store per block instead of per row).
+ * Multiplies and adds, never fused (see the top of the file). One difference: an fp16 NaN
+ * keeps its payload in hardware and not through the table, so a NaN in the cache makes a
+ * NaN output either way, but not necessarily the same NaN. */
 #if KV_F16C
 #define KV_AVX2 __attribute__((target("avx2,f16c")))
+#define KV_INLINE __attribute__((always_inline)) KV_AVX2 static inline
+
+/* How a block's rows are read: floats (fp32 rows, or any row decoded into the scratch),
+ * binary16 codes, or int8 codes with one scale per row. */
+enum { ROW_F32, ROW_F16, ROW_I8 };
+
+typedef struct {
+    const void *p; /* the row's first element */
+    float s;       /* ROW_I8: its scale */
+} rowref;
+
+/* Elements j .. j+7 of a row as floats (f a constant where inlined). */
+KV_INLINE __m256 load8(int f, rowref r, int j)
+{
+    if (f == ROW_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)r.p + j)));
+    if (f == ROW_I8)
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                 _mm_loadl_epi64((const __m128i *)(const void *)((const int8_t *)r.p + j)))),
+                             _mm256_set1_ps(r.s));
+    return _mm256_loadu_ps((const float *)r.p + j);
+}
+
+/* Element j alone: the same value as load8() gives it. */
+KV_INLINE float load1(int f, rowref r, int j)
+{
+    if (f == ROW_F16) return f16_table[((const uint16_t *)r.p)[j]];
+    if (f == ROW_I8) return (float)((const int8_t *)r.p)[j] * r.s;
+    return ((const float *)r.p)[j];
+}
 
 /* kv_dot16()'s fold of its 16 lanes (a0 = lanes 0-7, a1 = lanes 8-15): l + (l+8), then
  * + (l+4), then + (l+2), then lane 0 + lane 1. */
-KV_AVX2 static inline float fold16(__m256 a0, __m256 a1)
+KV_INLINE float fold16(__m256 a0, __m256 a1)
 {
     const __m256 s8 = _mm256_add_ps(a0, a1);
     const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
@@ -420,15 +457,20 @@ KV_AVX2 static inline float fold16(__m256 a0, __m256 a1)
     return _mm_cvtss_f32(s2) + _mm_cvtss_f32(_mm_shuffle_ps(s2, s2, 1));
 }
 
-/* kv_dot16(q_h, k, d) · scale for the NH heads h0 .. h0+NH-1 (NH = 4 or 1, a constant where
- * inlined) against K row i, stored as their scores, each head's max raised. */
-#define DOT_STEP(t)                                                                      \
-    a[t] = _mm256_add_ps(a[t], _mm256_mul_ps(_mm256_loadu_ps(q[t] + j), k0));          \
-    b[t] = _mm256_add_ps(b[t], _mm256_mul_ps(_mm256_loadu_ps(q[t] + j + 8), k1))
+/* A score: kv_dot16's lanes a, b, then its tail, times the scale; stored, the max raised. */
+KV_INLINE void score_out(const group *g, int h, int64_t i, __m256 a, __m256 b, int f, rowref k,
+                         const float *q, int d16, float scale, float *mx)
+{
+    float x = fold16(a, b);
+    for (int j = d16; j < g->d; j++) x += q[j] * load1(f, k, j); /* the tail, in order */
+    x *= scale;
+    g->att[(size_t)h * g->len + i] = x;
+    if (x > mx[h]) mx[h] = x;
+}
 
-__attribute__((always_inline)) KV_AVX2 static inline void dots(const group *g, int h0, int nh,
-                                                               const float *k, int64_t i,
-                                                               float scale, float *mx)
+/* kv_dot16(q_h, k, d) · scale for the NH heads h0 .. h0+NH-1 (NH = 4 or 1) against row i. */
+KV_INLINE void dots(const group *g, int h0, int nh, int f, rowref k, int64_t i, float scale,
+                    float *mx)
 {
     const int d = g->d, d16 = d / KV_DOT_LANES * KV_DOT_LANES;
     const float *q[4];
@@ -438,28 +480,18 @@ __attribute__((always_inline)) KV_AVX2 static inline void dots(const group *g, i
         a[t] = b[t] = _mm256_setzero_ps();
     }
     for (int j = 0; j < d16; j += 16) {
-        const __m256 k0 = _mm256_loadu_ps(k + j), k1 = _mm256_loadu_ps(k + j + 8);
-        DOT_STEP(0);
-        if (nh == 4) {
-            DOT_STEP(1);
-            DOT_STEP(2);
-            DOT_STEP(3);
+        const __m256 k0 = load8(f, k, j), k1 = load8(f, k, j + 8);
+        for (int t = 0; t < nh; t++) {
+            a[t] = _mm256_add_ps(a[t], _mm256_mul_ps(_mm256_loadu_ps(q[t] + j), k0));
+            b[t] = _mm256_add_ps(b[t], _mm256_mul_ps(_mm256_loadu_ps(q[t] + j + 8), k1));
         }
     }
-    for (int t = 0; t < nh; t++) { /* each head's score straight from its registers */
-        float x = fold16(a[t], b[t]);
-        for (int j = d16; j < d; j++) x += q[t][j] * k[j]; /* the tail, in order */
-        x *= scale;
-        g->att[(size_t)(h0 + t) * g->len + i] = x;
-        if (x > mx[h0 + t]) mx[h0 + t] = x;
-    }
+    for (int t = 0; t < nh; t++) score_out(g, h0 + t, i, a[t], b[t], f, k, q[t], d16, scale, mx);
 }
-#undef DOT_STEP
 
-/* kv_dot16(q_h, k_c, d) · scale for one head h against four K rows c = 0..3 (rows i .. i+3):
- * the same sums as dots(), with four rows instead of four heads giving the 8 vector sums. */
-KV_AVX2 static inline void dots_rows(const group *g, int h, const float *const *k, int64_t i,
-                                     float scale, float *mx)
+/* The same for one head h against four rows i .. i+3: four rows give the 8 vector sums. */
+KV_INLINE void dots_rows(const group *g, int h, int f, const rowref *k, int64_t i, float scale,
+                         float *mx)
 {
     const int d = g->d, d16 = d / KV_DOT_LANES * KV_DOT_LANES;
     const float *q = g->q + (size_t)h * d;
@@ -468,74 +500,67 @@ KV_AVX2 static inline void dots_rows(const group *g, int h, const float *const *
     for (int j = 0; j < d16; j += 16) {
         const __m256 q0 = _mm256_loadu_ps(q + j), q1 = _mm256_loadu_ps(q + j + 8);
         for (int c = 0; c < 4; c++) {
-            a[c] = _mm256_add_ps(a[c], _mm256_mul_ps(q0, _mm256_loadu_ps(k[c] + j)));
-            b[c] = _mm256_add_ps(b[c], _mm256_mul_ps(q1, _mm256_loadu_ps(k[c] + j + 8)));
+            a[c] = _mm256_add_ps(a[c], _mm256_mul_ps(q0, load8(f, k[c], j)));
+            b[c] = _mm256_add_ps(b[c], _mm256_mul_ps(q1, load8(f, k[c], j + 8)));
         }
     }
-    for (int c = 0; c < 4; c++) {
-        float x = fold16(a[c], b[c]);
-        for (int j = d16; j < d; j++) x += q[j] * k[c][j];
-        x *= scale;
-        g->att[(size_t)h * g->len + i + c] = x;
-        if (x > mx[h]) mx[h] = x;
-    }
+    for (int c = 0; c < 4; c++) score_out(g, h, i + c, a[c], b[c], f, k[c], q, d16, scale, mx);
 }
 
-/* row_at() with the two formats decode is usually run on (fp16 and int8 with per-token or
- * per-group scales) decoded here, inline, eight elements per instruction: the values of
- * row_part() (binary16 -> binary32 is exact; an int8 element is (float)q · scale, one
- * rounding, as kvq_int8_decode()). An fp16 row holding an Inf/NaN code takes row_part(). */
-KV_AVX2 static inline const float *row_at_avx2(const kv_head_view *h, int64_t t, int j0, int j1,
-                                               float *out)
+/* Pass 1 over a block of n rows b .. b+n-1 read as f: four heads per row, then the heads
+ * left over four rows at a time. */
+KV_INLINE void scores_block(const group *g, int f, const rowref *k, int n, int64_t b,
+                            float scale, float *mx)
 {
-    const int d = h->d;
-    if (t >= h->q || (j0 | j1) & 7) return row_at(h, t, j0, j1, out);
-    const int64_t r = kv_view_row(h, t);
-    if (h->fmt == KV_QF_F32) { /* copied: read in order, one row after the other (see below) */
-        memcpy(out + j0, (const float *)(const void *)h->codes + r * d + j0,
-               (size_t)(j1 - j0) * sizeof(float));
-        return out;
+    int h = 0;
+    for (; h + 4 <= g->G; h += 4)
+        for (int c = 0; c < n; c++) dots(g, h, 4, f, k[c], b + c, scale, mx);
+    for (; h < g->G; h++) {
+        int c = 0;
+        for (; c + 4 <= n; c += 4) dots_rows(g, h, f, k + c, b + c, scale, mx);
+        for (; c < n; c++) dots(g, h, 1, f, k[c], b + c, scale, mx);
     }
-    if (h->fmt == KV_QF_F16) {
-        const uint16_t *src = (const uint16_t *)(const void *)(h->codes + r * (int64_t)d * 2);
-        const __m128i exp_mask = _mm_set1_epi16(0x7c00);
-        for (int j = j0; j < j1; j += 8) {
-            const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(src + j));
-            if (_mm_movemask_epi8(_mm_cmpeq_epi16(_mm_and_si128(x, exp_mask), exp_mask)))
-                return row_at(h, t, j0, j1, out);
-            _mm256_storeu_ps(out + j, _mm256_cvtph_ps(x));
-        }
-        return out;
-    }
-    if (h->fmt == KV_QF_INT8 || h->fmt == KV_QF_INT8_G32 || h->fmt == KV_QF_INT8_G64 ||
-        h->fmt == KV_QF_INT8_G128) {
-        const int8_t *src = (const int8_t *)(const void *)(h->codes + r * (int64_t)d);
-        const int g = kvq_row_group(h->fmt, h->role, d);
-        const float *sc = (const float *)h->meta + kvq_meta_index(h->fmt, h->role, r, 0, d);
-        if (g & 7) return row_at(h, t, j0, j1, out);
-        int gi = j0 / g, end = (gi + 1) * g; /* the group of column j, and where it ends */
-        __m256 sg = _mm256_set1_ps(sc[gi]);
-        for (int j = j0; j < j1; j += 8) {
-            if (j == end) {
-                sg = _mm256_set1_ps(sc[++gi]);
-                end += g;
-            }
-            const __m256i q = _mm256_cvtepi8_epi32(
-                _mm_loadl_epi64((const __m128i *)(const void *)(src + j)));
-            _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), sg));
-        }
-        return out;
-    }
-    return row_at(h, t, j0, j1, out);
 }
 
-/* Ask for the stored bytes of columns [j0, j1) of rows n rows ahead, positions i .. i+n-1
- * (clipped to the group's len), while this block is computed. The block reads its rows
- * interleaved (four at a time, or a run of columns of each), a pattern the hardware
- * prefetchers follow poorly, so without this the passes wait on DRAM. Only where a position
- * is its row (no window) and the format has whole bytes per element. */
-KV_AVX2 static inline void prefetch_rows(const group *g, const kv_head_view *h, int64_t i,
-                                         int n, int j0, int j1)
+/* row_at() with the formats the twins decode in registers left where they are: how a view's
+ * rows are read (ROW_F16 / ROW_I8 for fp16 and per-token int8 rows of whole 16-element runs
+ * outside a KIVI window, else ROW_F32 through the scratch). */
+KV_AVX2 static int row_kind(const kv_head_view *h)
+{
+    if (h->d % 16 || h->q < INT64_MAX / 2) return ROW_F32;
+    if (h->fmt == KV_QF_F16) return ROW_F16;
+    if (h->fmt == KV_QF_INT8 && kvq_row_group(h->fmt, h->role, h->d) == h->d) return ROW_I8;
+    return ROW_F32;
+}
+
+/* Row t of a view as the kind f reads it: the stored codes (and scale), or columns [j0, j1)
+ * copied or decoded into @p scratch (fp32 rows copied so that they are read in order). */
+KV_AVX2 static rowref row_ref(const kv_head_view *h, int f, int64_t t, int j0, int j1,
+                              float *scratch)
+{
+    rowref r = {NULL, 0.0f};
+    if (f != ROW_F32) {
+        const int64_t row = kv_view_row(h, t);
+        r.p = h->codes + row * kvq_row_bytes(h->fmt, h->d);
+        if (f == ROW_I8)
+            r.s = ((const float *)h->meta)[kvq_meta_index(h->fmt, h->role, row, 0, h->d)];
+        return r;
+    }
+    if (t < h->q && h->fmt == KV_QF_F32) {
+        const float *src = (const float *)(const void *)h->codes + kv_view_row(h, t) * h->d;
+        memcpy(scratch + j0, src + j0, (size_t)(j1 - j0) * sizeof(float));
+        r.p = scratch;
+        return r;
+    }
+    r.p = row_at(h, t, j0, j1, scratch);
+    return r;
+}
+
+/* Ask for the stored bytes of columns [j0, j1) of positions i .. i+n-1 (clipped to the
+ * group's len) while this block is computed. Only where a position is its row (no window)
+ * and the format has whole bytes per element. */
+KV_AVX2 static void prefetch_rows(const group *g, const kv_head_view *h, int64_t i, int n,
+                                  int j0, int j1)
 {
     if (g->w.window || h->fmt == KV_QF_INT4_KIVI || h->fmt == KV_QF_INT2_KIVI) return;
     const int eb = kvq_code_bits(h->fmt) / 8;
@@ -547,52 +572,50 @@ KV_AVX2 static inline void prefetch_rows(const group *g, const kv_head_view *h, 
     }
 }
 
-/* Rows of pass 1 in blocks of KV_ATTN_ROWS, each K row read and decoded once into the scratch
- * rows [KV_ATTN_ROWS][d]; then four heads per row, and the heads left over four rows at a
- * time. */
 KV_AVX2 static void group_scores_avx2(const group *g, int64_t i0, int64_t i1, float *mx,
                                       float *rows)
 {
-    const int G = g->G, d = g->d;
+    const int d = g->d;
     const float scale = 1.0f / sqrtf((float)d);
+    const int f = g->k || g->w.rope_cs ? ROW_F32 : row_kind(&g->kh);
     kv_window_walk k;
     walk_at(&k, &g->w, i0);
     for (int64_t b = i0; b < i1; b += KV_ATTN_ROWS) {
         const int n = i1 - b < KV_ATTN_ROWS ? (int)(i1 - b) : KV_ATTN_ROWS;
-        const float *kp[KV_ATTN_ROWS];
+        rowref kp[KV_ATTN_ROWS];
         if (!g->k && b + n < i1) prefetch_rows(g, &g->kh, b + n, KV_ATTN_ROWS, 0, d);
         for (int c = 0; c < n; c++, kv_window_walk_next(&k)) {
             float *row = rows + (size_t)c * d;
-            if (g->k)
-                kp[c] = memcpy(row, g->k + (size_t)(b + c) * d, (size_t)d * sizeof(float));
-            else if (g->w.rope_cs)
-                kp[c] = key_row(g, &k, b + c, row);
-            else
-                kp[c] = row_at_avx2(&g->kh, k.row, 0, d, row);
+            if (g->k) {
+                kp[c].p = memcpy(row, g->k + (size_t)(b + c) * d, (size_t)d * sizeof(float));
+                kp[c].s = 0.0f;
+            } else if (g->w.rope_cs) {
+                kp[c].p = key_row(g, &k, b + c, row);
+                kp[c].s = 0.0f;
+            } else {
+                kp[c] = row_ref(&g->kh, f, k.row, 0, d, row);
+            }
         }
-        int h = 0;
-        for (; h + 4 <= G; h += 4)
-            for (int c = 0; c < n; c++) dots(g, h, 4, kp[c], b + c, scale, mx);
-        for (; h < G; h++) {
-            int c = 0;
-            for (; c + 4 <= n; c += 4) dots_rows(g, h, kp + c, b + c, scale, mx);
-            for (; c < n; c++) dots(g, h, 1, kp[c], b + c, scale, mx);
-        }
+        if (f == ROW_F16) /* the kind a constant of each call: the loads specialized */
+            scores_block(g, ROW_F16, kp, n, b, scale, mx);
+        else if (f == ROW_I8)
+            scores_block(g, ROW_I8, kp, n, b, scale, mx);
+        else
+            scores_block(g, ROW_F32, kp, n, b, scale, mx);
     }
 }
 
-/* out[h][j .. j+8·NV) of NHH heads (1 or 2) += w_h[c] · v_c[...] over the block's rows c in
+/* out[h][j .. j+32) of NHH heads (1 or 2) += w_h[c] · v_c[j .. j+32) over the block's rows c in
  * order, the outputs held in registers across the rows. */
-__attribute__((always_inline)) KV_AVX2 static inline void values_run(float *const *o, const float *const *w, int nhh,
-                                      const float *const *vp, int n, int j)
+KV_INLINE void values_run(float *const *o, const float *const *w, int nhh, int f,
+                          const rowref *vp, int n, int j)
 {
     __m256 x[2][4];
     for (int t = 0; t < nhh; t++)
         for (int u = 0; u < 4; u++) x[t][u] = _mm256_loadu_ps(o[t] + j + 8 * u);
     for (int c = 0; c < n; c++) {
-        const float *v = vp[c] + j;
-        const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
-        const __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+        const __m256 v0 = load8(f, vp[c], j), v1 = load8(f, vp[c], j + 8);
+        const __m256 v2 = load8(f, vp[c], j + 16), v3 = load8(f, vp[c], j + 24);
         for (int t = 0; t < nhh; t++) {
             const __m256 wt = _mm256_set1_ps(w[t][c]);
             x[t][0] = _mm256_add_ps(x[t][0], _mm256_mul_ps(wt, v0));
@@ -605,10 +628,37 @@ __attribute__((always_inline)) KV_AVX2 static inline void values_run(float *cons
         for (int u = 0; u < 4; u++) _mm256_storeu_ps(o[t] + j + 8 * u, x[t][u]);
 }
 
+/* Pass 3 over a block of n rows read as f, columns [j0, j1): heads in pairs, runs of 32
+ * columns in registers, the last columns one at a time, rows in order. */
+KV_INLINE void values_block(const group *g, int f, const rowref *vp, int n, int64_t i0, int j0,
+                            int j1)
+{
+    const int G = g->G, d = g->d;
+    for (int h = 0; h < G;) {
+        const int nhh = G - h >= 2 ? 2 : 1;
+        float *o[2];
+        const float *w[2];
+        for (int t = 0; t < nhh; t++) {
+            o[t] = g->out + (size_t)(h + t) * d;
+            w[t] = g->att + (size_t)(h + t) * g->len + i0;
+        }
+        int j = j0;
+        if (nhh == 2) /* the head count a constant of each call: registers, not arrays */
+            for (; j + 32 <= j1; j += 32) values_run(o, w, 2, f, vp, n, j);
+        else
+            for (; j + 32 <= j1; j += 32) values_run(o, w, 1, f, vp, n, j);
+        for (; j < j1; j++)
+            for (int t = 0; t < nhh; t++)
+                for (int c = 0; c < n; c++) o[t][j] += w[t][c] * load1(f, vp[c], j);
+        h += nhh;
+    }
+}
+
 /* group_values() in blocks of KV_ATTN_ROWS rows. rows [KV_ATTN_ROWS][d] scratch. */
 KV_AVX2 static void group_values_avx2(const group *g, int j0, int j1, float *sum, float *rows)
 {
     const int G = g->G, d = g->d;
+    const int f = g->v ? ROW_F32 : row_kind(&g->vh);
     for (int h = 0; h < G; h++) {
         sum[h] = 0.0f;
         for (int j = j0; j < j1; j++) g->out[(size_t)h * d + j] = 0.0f;
@@ -617,41 +667,34 @@ KV_AVX2 static void group_values_avx2(const group *g, int j0, int j1, float *sum
     walk_at(&k, &g->w, 0);
     for (int64_t i0 = 0; i0 < g->len; i0 += KV_ATTN_ROWS) {
         const int n = g->len - i0 < KV_ATTN_ROWS ? (int)(g->len - i0) : KV_ATTN_ROWS;
-        const float *vp[KV_ATTN_ROWS];
+        rowref vp[KV_ATTN_ROWS];
         if (!g->v) prefetch_rows(g, &g->vh, i0 + n, KV_ATTN_ROWS, j0, j1);
-        for (int c = 0; c < n; c++, kv_window_walk_next(&k))
-            vp[c] = g->v ? memcpy(rows + (size_t)c * d + j0, g->v + (size_t)(i0 + c) * d + j0,
-                                  (size_t)(j1 - j0) * sizeof(float)) - j0
-                         : row_at_avx2(&g->vh, k.row, j0, j1, rows + (size_t)c * d);
+        for (int c = 0; c < n; c++, kv_window_walk_next(&k)) {
+            float *row = rows + (size_t)c * d;
+            if (g->v) {
+                memcpy(row + j0, g->v + (size_t)(i0 + c) * d + j0, (size_t)(j1 - j0) * 4);
+                vp[c].p = row;
+                vp[c].s = 0.0f;
+            } else {
+                vp[c] = row_ref(&g->vh, f, k.row, j0, j1, row);
+            }
+        }
         for (int h = 0; h < G; h++) {
             const float *wh = g->att + (size_t)h * g->len + i0;
             for (int c = 0; c < n; c++) sum[h] += wh[c]; /* in position order */
         }
-        for (int h = 0; h < G;) {
-            const int nhh = G - h >= 2 ? 2 : 1;
-            float *o[2];
-            const float *w[2];
-            for (int t = 0; t < nhh; t++) {
-                o[t] = g->out + (size_t)(h + t) * d;
-                w[t] = g->att + (size_t)(h + t) * g->len + i0;
-            }
-            int j = j0;
-            if (nhh == 2) /* the head count a constant of each call: registers, not arrays */
-                for (; j + 32 <= j1; j += 32) values_run(o, w, 2, vp, n, j);
-            else
-                for (; j + 32 <= j1; j += 32) values_run(o, w, 1, vp, n, j);
-            for (; j < j1; j++) /* the last columns one at a time, rows in order */
-                for (int t = 0; t < nhh; t++)
-                    for (int c = 0; c < n; c++) o[t][j] += w[t][c] * vp[c][j];
-            h += nhh;
-        }
+        if (f == ROW_F16)
+            values_block(g, ROW_F16, vp, n, i0, j0, j1);
+        else if (f == ROW_I8)
+            values_block(g, ROW_I8, vp, n, i0, j0, j1);
+        else
+            values_block(g, ROW_F32, vp, n, i0, j0, j1);
     }
     for (int h = 0; h < G; h++) {
         const float inv = 1.0f / sum[h];
         for (int j = j0; j < j1; j++) g->out[(size_t)h * d + j] *= inv;
     }
 }
-#endif
 
 /* exp_rows(): exp_le0() eight at a time, the same operations in the same order (its selects
  * as compares and blends, which the compiler will not make of a branch on floats). */
@@ -688,6 +731,8 @@ KV_AVX2 static void exp_rows_avx2(float *x, int64_t n, float max)
     }
     for (; i < n; i++) x[i] = exp_le0(x[i] - max);
 }
+
+#endif
 
 static int simd_on(void)
 {
