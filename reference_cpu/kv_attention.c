@@ -400,12 +400,14 @@ static void group_values(const group *g, int j0, int j1, float *sum, float *row)
  * scratch. The twins below do the same operations on the same values in the same order (so
  * the same bits: tests/test_attn_simd.c compares them on every format), arranged for the
  * machine:
- *  - rows in blocks of KV_ATTN_ROWS; fp16 and per-token int8 rows read as stored, each eight
- *    elements decoded in a register right where the dot product or the value sum needs them
- *    (binary16 -> binary32 is exact; an int8 element is (float)q · scale, one rounding, as
- *    kvq_int8_decode()); other formats decoded into the scratch first, fp32 rows copied
- *    there (read one after the other: the interleaved reads below are a pattern the hardware
- *    prefetchers follow poorly, so each block also asks for the next one's bytes);
+ *  - rows in blocks of KV_ATTN_ROWS; fp16, bf16, per-token int8 and fp8 rows read as stored,
+ *    each eight elements decoded in a register right where the dot product or the value sum
+ *    needs them (binary16 and bfloat16 -> binary32 are exact, fp8 goes by way of binary16,
+ *    exact too; an int8 element is (float)q · scale and an fp8 one value · scale, one rounding
+ *    each, as kv_quant_math.h and the tables above); other formats (KIVI, int8 with group scales) decoded into the scratch
+ *    first, fp32 rows copied there (read one after the other: the interleaved reads below
+ *    are a pattern the hardware prefetchers follow poorly, so each block also asks for the
+ *    next one's bytes);
  *  - scores: four heads per K row (8 independent vector sums instead of 2), or, for the heads
  *    left over, four rows per head; kv_dot16's 16 lanes as two 8-float vectors and its tree
  *    fold as three vector adds;
@@ -419,23 +421,46 @@ static void group_values(const group *g, int j0, int j1, float *sum, float *row)
 #define KV_INLINE __attribute__((always_inline)) KV_AVX2 static inline
 
 /* How a block's rows are read: floats (fp32 rows, or any row decoded into the scratch),
- * binary16 codes, or int8 codes with one scale per row. */
-enum { ROW_F32, ROW_F16, ROW_I8 };
+ * binary16 or bfloat16 codes, int8 codes with one scale per row, fp8 codes (either kind) with
+ * the head's scale. */
+enum { ROW_F32, ROW_F16, ROW_BF16, ROW_I8, ROW_E4M3, ROW_E5M2 };
 
 typedef struct {
     const void *p; /* the row's first element */
-    float s;       /* ROW_I8: its scale */
+    float s;       /* ROW_I8: the row's scale; fp8: the head's */
 } rowref;
+
+/* Eight fp8 codes as floats, kvq_fp8_to_f32()'s values, by way of binary16 (a table lookup
+ * per element would be a gather, slow on many x86 cores). e5m2 is the upper byte of a
+ * binary16; e4m3 (bias 7) becomes a binary16 (bias 15) with its exponent and mantissa moved
+ * into place, worth 2^-8 of it, for normal and subnormal codes alike, so it is multiplied by
+ * 2^8 (exact); its NaN codes (S1111111) would read 480 and are replaced by NaN. */
+KV_INLINE __m256 fp8x8(int e5m2, const uint8_t *p)
+{
+    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)p));
+    if (e5m2) return _mm256_cvtph_ps(_mm_slli_epi16(w, 8));
+    const __m128i low7 = _mm_and_si128(w, _mm_set1_epi16(0x7f));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8),
+                                   _mm_slli_epi16(low7, 7));
+    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m256i nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(low7, _mm_set1_epi16(0x7f)));
+    return _mm256_blendv_ps(v, _mm256_set1_ps(NAN), _mm256_castsi256_ps(nan));
+}
 
 /* Elements j .. j+7 of a row as floats (f a constant where inlined). */
 KV_INLINE __m256 load8(int f, rowref r, int j)
 {
     if (f == ROW_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)r.p + j)));
+    if (f == ROW_BF16) /* the 16 bits are a float's upper half */
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
+            _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)r.p + j))), 16));
     if (f == ROW_I8)
         return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                                  _mm_loadl_epi64((const __m128i *)(const void *)((const int8_t *)r.p + j)))),
                              _mm256_set1_ps(r.s));
+    if (f == ROW_E4M3 || f == ROW_E5M2)
+        return _mm256_mul_ps(fp8x8(f == ROW_E5M2, (const uint8_t *)r.p + j), _mm256_set1_ps(r.s));
     return _mm256_loadu_ps((const float *)r.p + j);
 }
 
@@ -443,7 +468,10 @@ KV_INLINE __m256 load8(int f, rowref r, int j)
 KV_INLINE float load1(int f, rowref r, int j)
 {
     if (f == ROW_F16) return f16_table[((const uint16_t *)r.p)[j]];
+    if (f == ROW_BF16) return kvq_bf16_to_f32(((const uint16_t *)r.p)[j]);
     if (f == ROW_I8) return (float)((const int8_t *)r.p)[j] * r.s;
+    if (f == ROW_E4M3 || f == ROW_E5M2)
+        return fp8_table[f == ROW_E5M2][((const uint8_t *)r.p)[j]] * r.s;
     return ((const float *)r.p)[j];
 }
 
@@ -529,7 +557,10 @@ KV_AVX2 static int row_kind(const kv_head_view *h)
 {
     if (h->d % 16 || h->q < INT64_MAX / 2) return ROW_F32;
     if (h->fmt == KV_QF_F16) return ROW_F16;
+    if (h->fmt == KV_QF_BF16) return ROW_BF16;
     if (h->fmt == KV_QF_INT8 && kvq_row_group(h->fmt, h->role, h->d) == h->d) return ROW_I8;
+    if (h->fmt == KV_QF_FP8_E4M3) return ROW_E4M3;
+    if (h->fmt == KV_QF_FP8_E5M2) return ROW_E5M2;
     return ROW_F32;
 }
 
@@ -544,6 +575,7 @@ KV_INLINE rowref row_ref(const kv_head_view *h, int f, int64_t t, int j0, int j1
         r.p = h->codes + row * kvq_row_bytes(h->fmt, h->d);
         if (f == ROW_I8)
             r.s = ((const float *)h->meta)[kvq_meta_index(h->fmt, h->role, row, 0, h->d)];
+        if (f == ROW_E4M3 || f == ROW_E5M2) r.s = h->scale;
         return r;
     }
     if (t < h->q && h->fmt == KV_QF_F32) {
@@ -587,21 +619,23 @@ KV_AVX2 static void group_scores_avx2(const group *g, int64_t i0, int64_t i1, fl
         for (int c = 0; c < n; c++, kv_window_walk_next(&k)) {
             float *row = rows + (size_t)c * d;
             if (g->k) {
-                kp[c].p = memcpy(row, g->k + (size_t)(b + c) * d, (size_t)d * sizeof(float));
-                kp[c].s = 0.0f;
+                const rowref r = {memcpy(row, g->k + (size_t)(b + c) * d, (size_t)d * 4), 0.0f};
+                kp[c] = r;
             } else if (g->w.rope_cs) {
-                kp[c].p = key_row(g, &k, b + c, row);
-                kp[c].s = 0.0f;
+                const rowref r = {key_row(g, &k, b + c, row), 0.0f};
+                kp[c] = r;
             } else {
                 kp[c] = row_ref(&g->kh, f, k.row, 0, d, row);
             }
         }
-        if (f == ROW_F16) /* the kind a constant of each call: the loads specialized */
-            scores_block(g, ROW_F16, kp, n, b, scale, mx);
-        else if (f == ROW_I8)
-            scores_block(g, ROW_I8, kp, n, b, scale, mx);
-        else
-            scores_block(g, ROW_F32, kp, n, b, scale, mx);
+        switch (f) { /* the kind a constant of each call: the loads specialized */
+        case ROW_F16: scores_block(g, ROW_F16, kp, n, b, scale, mx); break;
+        case ROW_BF16: scores_block(g, ROW_BF16, kp, n, b, scale, mx); break;
+        case ROW_I8: scores_block(g, ROW_I8, kp, n, b, scale, mx); break;
+        case ROW_E4M3: scores_block(g, ROW_E4M3, kp, n, b, scale, mx); break;
+        case ROW_E5M2: scores_block(g, ROW_E5M2, kp, n, b, scale, mx); break;
+        default: scores_block(g, ROW_F32, kp, n, b, scale, mx);
+        }
     }
 }
 
@@ -690,8 +724,8 @@ KV_AVX2 static void group_values_avx2(const group *g, int j0, int j1, float *sum
             float *row = rows + (size_t)c * d;
             if (g->v) {
                 memcpy(row + j0, g->v + (size_t)(i0 + c) * d + j0, (size_t)(j1 - j0) * 4);
-                vp[c].p = row;
-                vp[c].s = 0.0f;
+                const rowref r = {row, 0.0f};
+                vp[c] = r;
             } else {
                 vp[c] = row_ref(&g->vh, f, k.row, j0, j1, row);
             }
@@ -700,12 +734,14 @@ KV_AVX2 static void group_values_avx2(const group *g, int j0, int j1, float *sum
             const float *wh = g->att + (size_t)h * g->len + i0;
             for (int c = 0; c < n; c++) sum[h] += wh[c]; /* in position order */
         }
-        if (f == ROW_F16)
-            values_block(g, ROW_F16, vp, n, i0, j0, j1);
-        else if (f == ROW_I8)
-            values_block(g, ROW_I8, vp, n, i0, j0, j1);
-        else
-            values_block(g, ROW_F32, vp, n, i0, j0, j1);
+        switch (f) {
+        case ROW_F16: values_block(g, ROW_F16, vp, n, i0, j0, j1); break;
+        case ROW_BF16: values_block(g, ROW_BF16, vp, n, i0, j0, j1); break;
+        case ROW_I8: values_block(g, ROW_I8, vp, n, i0, j0, j1); break;
+        case ROW_E4M3: values_block(g, ROW_E4M3, vp, n, i0, j0, j1); break;
+        case ROW_E5M2: values_block(g, ROW_E5M2, vp, n, i0, j0, j1); break;
+        default: values_block(g, ROW_F32, vp, n, i0, j0, j1);
+        }
     }
     for (int h = 0; h < G; h++) {
         const float inv = 1.0f / sum[h];

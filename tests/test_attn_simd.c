@@ -179,8 +179,9 @@ static void test_formats(int have_simd)
 {
     const shape shapes[] = {{8, 2, 128}, {6, 6, 24}, {12, 4, 40}, {4, 1, 64}, {9, 3, 72},
                             {5, 1, 8}};
-    const int dtypes[] = {KV_QF_F32,      KV_QF_F16,      KV_QF_BF16,     KV_QF_INT8,
-                          KV_QF_INT8_G32, KV_QF_FP8_E4M3, KV_QF_INT4_KIVI, KV_QF_INT2_KIVI};
+    const int dtypes[] = {KV_QF_F32,      KV_QF_F16,      KV_QF_BF16,      KV_QF_INT8,
+                          KV_QF_INT8_G32, KV_QF_FP8_E4M3, KV_QF_FP8_E5M2,  KV_QF_INT4_KIVI,
+                          KV_QF_INT2_KIVI};
     const int blocks[] = {0, 16, 5};
     kv_rng r;
     kv_rng_seed(&r, 2024);
@@ -260,6 +261,52 @@ static void test_team_long(int have_simd)
     kv_cache_free(&c);
 }
 
+/* Every finite fp8 code through both paths (the twin decodes fp8 by way of binary16, the
+ * loops through a table): rows of codes written straight into the cache, K and V, then the
+ * outputs compared bit for bit; a NaN code in V makes a NaN output in both. */
+static void test_fp8_codes(void)
+{
+    const kv_config cfg = make_config(2, 1, 16);
+    for (int e5 = 0; e5 < 2; e5++) {
+        kv_rng r;
+        kv_rng_seed(&r, 5);
+        kv_cache c;
+        const int dt = e5 ? KV_QF_FP8_E5M2 : KV_QF_FP8_E4M3;
+        int rc = make_cache(&c, &cfg, dt, 0, 0, 0, 0, 256, &r);
+        KV_CHECK(rc == KV_OK, "fp8 cache");
+        if (rc) continue;
+        const kv_head_view kh = kv_cache_view(&c, 0, 0, 0, KV_QROLE_KEY);
+        const kv_head_view vh = kv_cache_view(&c, 0, 0, 0, KV_QROLE_VALUE);
+        uint8_t *kc = (uint8_t *)(uintptr_t)kh.codes, *vc = (uint8_t *)(uintptr_t)vh.codes;
+        int n_codes = 0;
+        for (int i = 0; i < 256 * 16; i++) { /* row t, column j: code (t·16 + j) mod 256 */
+            const uint8_t b = (uint8_t)i;
+            const int special = e5 ? (b & 0x7c) == 0x7c : (b & 0x7f) == 0x7f; /* Inf / NaN */
+            kc[i] = vc[(i * 7) % 4096] = special ? 0 : b;
+            n_codes += !special && i < 256;
+        }
+        float q[32], a[32], b[32];
+        for (int i = 0; i < 32; i++) q[i] = kv_rng_uniform(&r, -0.01f, 0.01f);
+        const int was = kv_attn_simd(-1);
+        kv_attn_simd(1);
+        kv_attention(&c, 0, 0, 255, q, a, 2);
+        kv_attn_simd(0);
+        kv_attention(&c, 0, 0, 255, q, b, 2);
+        KV_CHECK(!memcmp(a, b, sizeof a), "%s: all %d finite codes, AVX2 twin == loops",
+                 kv_dtype_name(dt), n_codes);
+        vc[5 * 16 + 3] = e5 ? 0x7e : 0x7f; /* a NaN code in V row 5 */
+        kv_attention(&c, 0, 0, 255, q, b, 2);
+        kv_attn_simd(1);
+        kv_attention(&c, 0, 0, 255, q, a, 2);
+        kv_attn_simd(was);
+        KV_CHECK(isnan(a[3]) && isnan(b[3]) && isnan(a[16 + 3]) && isnan(b[16 + 3]) &&
+                 !isnan(a[4]) && a[4] == b[4],
+                 "%s: a NaN code makes its column NaN in both paths, the others unchanged",
+                 kv_dtype_name(dt));
+        kv_cache_free(&c);
+    }
+}
+
 static void test_exp(void)
 {
     static float x[4096], y[4096];
@@ -310,6 +357,7 @@ int main(void)
     kv_parallel_ignore_load(1); /* compare thread counts even on a busy machine */
     test_exp();
     test_formats(have_simd);
+    test_fp8_codes();
     test_team_long(have_simd);
     return kv_test_finish();
 }
