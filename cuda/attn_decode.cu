@@ -55,8 +55,8 @@
  *   over the n = kv_window_count() positions the query retains, in position order (the sinks,
  *   then the window), and reads logical row kv_window_row() of the i-th (pass 1 computes it
  *   per strided index, pass 3 walks the list with kv_window_walk). The scores, the partitions
- *   of v3 and the reductions see exactly the list the CPU's attend_head_view() sees, so the
- *   scratch stride is the cache's span, S+W, not its capacity. Under KV_POS_CACHE the keys
+ *   of v3 and the reductions see exactly the list the CPU's group passes see, so the scratch
+ *   stride is the cache's span, S+W, not its capacity. Under KV_POS_CACHE the keys
  *   are stored before RoPE; key_ld() rotates each by its index p with the CPU cache's cos/sin
  *   table and rotate_row()'s unfused arithmetic: the rotated rows are the CPU's, bit for bit.
  *

@@ -599,8 +599,10 @@ KV_AVX2 static void prefetch_rows(const group *g, const kv_head_view *h, int64_t
     const int64_t rb = (int64_t)h->d * eb, end = i + n < g->len ? i + n : g->len;
     for (int64_t t = i; t < end && t < h->q; t++) {
         const uint8_t *p = h->codes + kv_view_row(h, t) * rb;
+        /* as an asm statement: GCC takes _mm_prefetch() for a call without effects and,
+         * this function having no other, drops every call to it */
         for (int64_t o = (int64_t)j0 * eb; o < (int64_t)j1 * eb; o += 64)
-            _mm_prefetch((const char *)(p + o), _MM_HINT_T0);
+            __asm__ __volatile__("prefetcht0 %0" : : "m"(p[o]));
     }
 }
 

@@ -3,7 +3,7 @@
  * The KV cache as a pluggable strategy: where K/V live, in what format, which are kept.
  *
  * The forward pass (kv_forward.h) never indexes cache memory itself: it calls
- * kv_cache_write_seq() for new tokens and kv_attention_head() (kv_attention.h) to read them,
+ * kv_cache_write_seq() for new tokens and kv_attention_rows() (kv_attention.h) to read them,
  * and both dispatch on the ::kv_cache_spec. Chapters add layouts, dtypes and retention
  * policies here instead of copying the forward pass.
  *
