@@ -404,10 +404,11 @@ static void group_values(const group *g, int j0, int j1, float *sum, float *row)
  *    each eight elements decoded in a register right where the dot product or the value sum
  *    needs them (binary16 and bfloat16 -> binary32 are exact, fp8 goes by way of binary16,
  *    exact too; an int8 element is (float)q · scale and an fp8 one value · scale, one rounding
- *    each, as kv_quant_math.h and the tables above); other formats (KIVI, int8 with group scales) decoded into the scratch
- *    first, fp32 rows copied there (read one after the other: the interleaved reads below
- *    are a pattern the hardware prefetchers follow poorly, so each block also asks for the
- *    next one's bytes);
+ *    each, as kv_quant_math.h and the tables above); other formats (KIVI, int8 with group
+ *    scales) decoded into the scratch first. The blocks read their rows interleaved, a
+ *    pattern the hardware prefetchers follow poorly, so each block asks for the next one's
+ *    bytes. fp32 rows need no decode, and the loops stream them faster than this
+ *    arrangement does: they stay with the loops;
  *  - scores: four heads per K row (8 independent vector sums instead of 2), or, for the heads
  *    left over, four rows per head; kv_dot16's 16 lanes as two 8-float vectors and its tree
  *    fold as three vector adds;
@@ -565,7 +566,7 @@ KV_AVX2 static int row_kind(const kv_head_view *h)
 }
 
 /* Row t of a view as the kind f reads it: the stored codes (and scale), or columns [j0, j1)
- * copied or decoded into @p scratch (fp32 rows copied so that they are read in order). */
+ * decoded into @p scratch (or the KIVI window's fp32 row where it lies). */
 KV_INLINE rowref row_ref(const kv_head_view *h, int f, int64_t t, int j0, int j1,
                         float *scratch)
 {
@@ -576,12 +577,6 @@ KV_INLINE rowref row_ref(const kv_head_view *h, int f, int64_t t, int j0, int j1
         if (f == ROW_I8)
             r.s = ((const float *)h->meta)[kvq_meta_index(h->fmt, h->role, row, 0, h->d)];
         if (f == ROW_E4M3 || f == ROW_E5M2) r.s = h->scale;
-        return r;
-    }
-    if (t < h->q && h->fmt == KV_QF_F32) {
-        const float *src = (const float *)(const void *)h->codes + kv_view_row(h, t) * h->d;
-        memcpy(scratch + j0, src + j0, (size_t)(j1 - j0) * sizeof(float));
-        r.p = scratch;
         return r;
     }
     r.p = row_at(h, t, j0, j1, scratch);
@@ -611,19 +606,16 @@ KV_AVX2 static void group_scores_avx2(const group *g, int64_t i0, int64_t i1, fl
 {
     const int d = g->d;
     const float scale = 1.0f / sqrtf((float)d);
-    const int f = g->k || g->w.rope_cs ? ROW_F32 : row_kind(&g->kh);
+    const int f = g->w.rope_cs ? ROW_F32 : row_kind(&g->kh);
     kv_window_walk k;
     walk_at(&k, &g->w, i0);
     for (int64_t b = i0; b < i1; b += KV_ATTN_ROWS) {
         const int n = i1 - b < KV_ATTN_ROWS ? (int)(i1 - b) : KV_ATTN_ROWS;
         rowref kp[KV_ATTN_ROWS];
-        if (!g->k && b + n < i1) prefetch_rows(g, &g->kh, b + n, KV_ATTN_ROWS, 0, d);
+        if (b + n < i1) prefetch_rows(g, &g->kh, b + n, KV_ATTN_ROWS, 0, d);
         for (int c = 0; c < n; c++, kv_window_walk_next(&k)) {
             float *row = rows + (size_t)c * d;
-            if (g->k) {
-                const rowref r = {memcpy(row, g->k + (size_t)(b + c) * d, (size_t)d * 4), 0.0f};
-                kp[c] = r;
-            } else if (g->w.rope_cs) {
+            if (g->w.rope_cs) {
                 const rowref r = {key_row(g, &k, b + c, row), 0.0f};
                 kp[c] = r;
             } else {
@@ -711,7 +703,7 @@ KV_INLINE void values_block(const group *g, int f, const rowref *vp, int n, int6
 KV_AVX2 static void group_values_avx2(const group *g, int j0, int j1, float *sum, float *rows)
 {
     const int G = g->G, d = g->d;
-    const int f = g->v ? ROW_F32 : row_kind(&g->vh);
+    const int f = row_kind(&g->vh);
     for (int h = 0; h < G; h++) {
         sum[h] = 0.0f;
         for (int j = j0; j < j1; j++) g->out[(size_t)h * d + j] = 0.0f;
@@ -721,17 +713,9 @@ KV_AVX2 static void group_values_avx2(const group *g, int j0, int j1, float *sum
     for (int64_t i0 = 0; i0 < g->len; i0 += KV_ATTN_ROWS) {
         const int n = g->len - i0 < KV_ATTN_ROWS ? (int)(g->len - i0) : KV_ATTN_ROWS;
         rowref vp[KV_ATTN_ROWS];
-        if (!g->v) prefetch_rows(g, &g->vh, i0 + n, KV_ATTN_ROWS, j0, j1);
-        for (int c = 0; c < n; c++, kv_window_walk_next(&k)) {
-            float *row = rows + (size_t)c * d;
-            if (g->v) {
-                memcpy(row + j0, g->v + (size_t)(i0 + c) * d + j0, (size_t)(j1 - j0) * 4);
-                const rowref r = {row, 0.0f};
-                vp[c] = r;
-            } else {
-                vp[c] = row_ref(&g->vh, f, k.row, j0, j1, row);
-            }
-        }
+        prefetch_rows(g, &g->vh, i0 + n, KV_ATTN_ROWS, j0, j1);
+        for (int c = 0; c < n; c++, kv_window_walk_next(&k))
+            vp[c] = row_ref(&g->vh, f, k.row, j0, j1, rows + (size_t)c * d);
         for (int h = 0; h < G; h++) {
             const float *wh = g->att + (size_t)h * g->len + i0;
             for (int c = 0; c < n; c++) sum[h] += wh[c]; /* in position order */
@@ -802,10 +786,18 @@ int kv_attn_simd(int mode)
     return use_avx2;
 }
 
+/* The twins for rows that must be decoded; fp32 rows are read where they lie by the loops,
+ * which stream them in order (measured: 0.96 of the read bandwidth against the twins' 0.57
+ * for an fp32 cache of 32k tokens, H 32, `kvlab bench attention --only engine [--loops]`). */
+static int twin_for(const kv_head_view *h, const float *plain)
+{
+    return simd_on() && !plain && h->fmt != KV_QF_F32;
+}
+
 static void scores_pass(const group *g, int64_t i0, int64_t i1, float *mx, float *row)
 {
 #if KV_F16C
-    if (simd_on()) {
+    if (twin_for(&g->kh, g->k)) {
         group_scores_avx2(g, i0, i1, mx, row);
         return;
     }
@@ -816,7 +808,7 @@ static void scores_pass(const group *g, int64_t i0, int64_t i1, float *mx, float
 static void values_pass(const group *g, int j0, int j1, float *sum, float *rows)
 {
 #if KV_F16C
-    if (simd_on()) {
+    if (twin_for(&g->vh, g->v)) {
         group_values_avx2(g, j0, j1, sum, rows);
         return;
     }

@@ -6,8 +6,9 @@
  *    for every storage format, head dim (tails past a multiple of 16 and of 8 included), group
  *    size G (the twins take heads four at a time, then rows four at a time), layout (paged
  *    with scrambled blocks of a power-of-two size and of another size), window and position
- *    scheme. On a CPU without AVX2 both runs take the loops: the check still holds, trivially,
- *    and the line printed says so.
+ *    scheme. fp32 rows take the loops in both runs (the twins are for rows that need
+ *    decoding; an fp32 window under KV_POS_CACHE too). On a CPU without AVX2 both runs take
+ *    the loops: the check still holds, trivially, and the line printed says so.
  *  - a group's passes split over the team (kv_attention_rows() when there are fewer groups
  *    than threads) give the bits of one thread doing them; a head alone (kv_attention_head())
  *    gives the bits of the same head inside its group.
