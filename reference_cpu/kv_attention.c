@@ -43,9 +43,11 @@
 #include <pthread.h>
 #include <string.h>
 
-/* Rows per block of the AVX2 value pass: their dequantized V rows sit in the scratch,
- * 16·d floats per thread (8 KiB at d = 128, in L1). */
-#define KV_ATTN_ROWS 16
+/* Rows per block of the AVX2 passes: their decoded rows sit in the scratch, 8·d floats per
+ * thread (4 KiB at d = 128, in L1). Measured on the 2-core VM (fp16 and int8 caches, 32k
+ * tokens, H 32, `kvlab bench attention --only engine`, three runs each): 8 rows 15.6 / 14.3 ms,
+ * 4 rows 15.9 / 14.4 ms, 16 rows 21-23 / 15-17 ms. */
+#define KV_ATTN_ROWS 8
 
 
 /* ---- decode tables -------------------------------------------------------------------------
