@@ -766,6 +766,11 @@ static void test_cli(void)
     CLI_BAD("--decode|empty", "bench", "attention", "--decode", "");
     CLI_BAD("--decode|more than 16", "bench", "attention", "--decode",
             "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17");
+    CLI_BAD("--only|'v9'|not a row", "bench", "attention", "--only", "engine,v9");
+    CLI_BAD("--only|''|not a row", "bench", "attention", "--only", "engine,");
+    CLI_BAD("--only|the value is empty", "bench", "attention", "--only", "");
+    CLI_BAD("--only|'Engine'|not a row", "bench", "attention", "--only", "Engine");
+    CLI_BAD("--loops|takes no value", "bench", "attention", "--loops=1");
     CLI_BAD("--prefill|'0'", "bench", "attention", "--prefill", "0");
     CLI_BAD("--prefill|'NONE'", "bench", "attention", "--prefill", "NONE");
     CLI_BAD("--prefill|'16777217'", "bench", "attention", "--decode", "none", "--prefill", "16777217");

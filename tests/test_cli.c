@@ -290,6 +290,12 @@ static void test_runs(const char *cuda_mode)
     EXPECT_OK("prefill,cpu,cpu tiled", "bench", "attention", "--decode", "none", "--prefill", "32",
               "--prefill-heads", "2", "--prefill-kv-heads", "1", "--head-dim", "16",
               "--prefill-repeats", "1", "--csv");
+    EXPECT_OK("cpu engine", "bench", "attention", "--decode", "64", "--prefill", "none",
+              "--only", "engine", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
+              "--repeats", "1");
+    EXPECT_OK("portable loops", "bench", "attention", "--decode", "64", "--prefill", "none",
+              "--only", "engine,naive", "--loops", "--heads", "4", "--kv-heads", "2",
+              "--head-dim", "16", "--repeats", "1");
     EXPECT_OK("6 of 6 cells pass", "needle", "--lengths", "200", "--depths", "0,50,100", "--layout", "paged", "--block-size", "8");
 
     /* greedy naive and cached generation print the same tokens */
