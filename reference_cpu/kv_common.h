@@ -44,7 +44,8 @@ int kv_fail(kv_err *err, int status, const char *fmt, ...)
 /** Short name of a status code ("KV_ERR_FORMAT", ...). */
 const char *kv_status_name(int status);
 
-/** Allocate @p bytes aligned to 64 bytes, zero-filled; NULL on failure (or when bytes == 0). */
+/** Allocate @p bytes aligned to 64 bytes (from 8 MiB on: to 2 MiB, offered to transparent huge
+ * pages), zero-filled; NULL on failure (or when bytes == 0). */
 void *kv_calloc(size_t bytes);
 /** Free memory from kv_calloc (NULL is fine). */
 void kv_free(void *p);
