@@ -14,6 +14,7 @@
  * of the Wo and W2 additions differs; margins far above it), last logits within the fp32
  * tolerance of both, 2 L all-reduces per step. */
 #include "kv_test.h"
+#include "test_tp_common.h"
 
 #include "kv_generate.h"
 #include "kv_rng.h"
@@ -77,28 +78,16 @@ static void test_sum(int p, int64_t n)
 /* ---- the group: p GPUs against one ---------------------------------------------------------- */
 
 #define CAP 48
-#define NP 7
 #define NG 16
 
+/* The model shape of this file: dim 64, 3 layers, 8 heads, H_kv and the MLP width given. */
 static int make_model(kv_model *m, int hidden, int Hkv, uint64_t seed)
 {
-    kv_config c;
-    memset(&c, 0, sizeof c);
-    c.dim = 64, c.hidden_dim = hidden, c.n_layers = 3, c.n_heads = 8, c.n_kv_heads = Hkv;
-    c.vocab_size = 97, c.seq_len = CAP;
-    kv_config_set_defaults(&c);
-    kv_err e;
-    if (kv_model_alloc(m, &c, &e)) {
-        printf("model: %s\n", e.msg);
-        return 1;
-    }
-    kv_model_randomize(m, seed);
-    return 0;
+    return tp_make_model(m, 64, hidden, 3, 8, Hkv, CAP, seed);
 }
 
 static void test_group(const kv_model *m, int p, const char *what)
 {
-    static const int prompt[NP] = {3, 41, 17, 88, 5, 60, 23};
     kv_err e;
     const int V = m->config.vocab_size, L = m->config.n_layers;
     kv_cache_spec spec = kv_cache_spec_default(1, CAP);
@@ -111,11 +100,11 @@ static void test_group(const kv_model *m, int p, const char *what)
         int want[NG], wantc[NG], got[NG];
         float l1[128], lc[128], lg[128];
         kv_gen_opts o = {KV_MODE_CACHED, 0, NG, NULL, NULL, NULL, l1};
-        ok = kv_generate(one, prompt, NP, &o, want, NULL, &e) == KV_OK;
+        ok = kv_generate(one, PROMPT, NP, &o, want, NULL, &e) == KV_OK;
         o.last_logits = lc;
-        ok = ok && kv_generate(cpu, prompt, NP, &o, wantc, NULL, &e) == KV_OK;
+        ok = ok && kv_generate(cpu, PROMPT, NP, &o, wantc, NULL, &e) == KV_OK;
         o.last_logits = lg;
-        ok = ok && kv_generate(grp, prompt, NP, &o, got, NULL, &e) == KV_OK;
+        ok = ok && kv_generate(grp, PROMPT, NP, &o, got, NULL, &e) == KV_OK;
         KV_CHECK(ok, "%s p=%d: generate: %s", what, p, e.msg);
         if (ok) {
             KV_CHECK(!memcmp(got, want, sizeof got), "%s p=%d: greedy tokens differ from one GPU",

@@ -1,7 +1,7 @@
 /*
- * Pieces test_tp (CPU ranks) and test_gpu_tp_shard (CUDA shards on one device) share
- * (chapter 10): the prompt, a random-weight model of a given shape, and where one KV head of
- * one layer lives in a host fp32 contiguous cache.
+ * Pieces test_tp (CPU ranks), test_gpu_tp_shard (CUDA shards on one device) and test_gpu_tp
+ * (one GPU per rank, NCCL) share (chapter 10): the prompt, a random-weight model of a given
+ * shape, and where one KV head of one layer lives in a host fp32 contiguous cache.
  */
 #ifndef TEST_TP_COMMON_H
 #define TEST_TP_COMMON_H
