@@ -409,8 +409,11 @@ static void group_values(const group *g, int j0, int j1, float *sum, float *row)
  *    each, as kv_quant_math.h and the tables above); other formats (KIVI, int8 with group
  *    scales) decoded into the scratch first. The blocks read their rows interleaved, a
  *    pattern the hardware prefetchers follow poorly, so each block asks for the next one's
- *    bytes. fp32 rows need no decode, and the loops stream them faster than this
- *    arrangement does: they stay with the loops;
+ *    bytes (a contiguous view's: one run of bytes). Per row only the address is computed, the
+ *    row's size a constant of the pass: these loops are bound by instructions issued, and a
+ *    format switch and a prefetch loop per row had cost 15 % of the time with the cache in
+ *    the LLC (int8, H 32, one thread). fp32 rows need no decode, and the loops stream them
+ *    faster than this arrangement does: they stay with the loops;
  *  - scores: four heads per K row (8 independent vector sums instead of 2), or, for the heads
  *    left over, four rows per head; kv_dot16's 16 lanes as two 8-float vectors and its tree
  *    fold as three vector adds;
@@ -567,17 +570,25 @@ KV_AVX2 static int row_kind(const kv_head_view *h)
     return ROW_F32;
 }
 
-/* Row t of a view as the kind f reads it: the stored codes (and scale), or columns [j0, j1)
- * decoded into @p scratch (or the KIVI window's fp32 row where it lies). */
-KV_INLINE rowref row_ref(const kv_head_view *h, int f, int64_t t, int j0, int j1,
+/* Bytes of one stored row of a kind read in registers: 2 per element for binary16 and
+ * bfloat16, 1 for int8 and fp8 (kvq_row_bytes(), without its switch in the per-row path). */
+KV_AVX2 static int64_t kind_row_bytes(int f, int d)
+{
+    return (int64_t)d * (f == ROW_F16 || f == ROW_BF16 ? 2 : 1);
+}
+
+/* Row t of a view as the kind f reads it (rows of @p rb bytes): the stored codes (and
+ * scale), or columns [j0, j1) decoded into @p scratch (or the KIVI window's fp32 row where it
+ * lies). */
+KV_INLINE rowref row_ref(const kv_head_view *h, int f, int64_t rb, int64_t t, int j0, int j1,
                         float *scratch)
 {
     rowref r = {NULL, 0.0f};
     if (f != ROW_F32) {
         const int64_t row = kv_view_row(h, t);
-        r.p = h->codes + row * kvq_row_bytes(h->fmt, h->d);
-        if (f == ROW_I8)
-            r.s = ((const float *)h->meta)[kvq_meta_index(h->fmt, h->role, row, 0, h->d)];
+        r.p = h->codes + row * rb;
+        if (f == ROW_I8) /* one scale per row (row_kind()): kvq_meta_index() is the row */
+            r.s = ((const float *)h->meta)[row];
         if (f == ROW_E4M3 || f == ROW_E5M2) r.s = h->scale;
         return r;
     }
@@ -593,9 +604,16 @@ KV_AVX2 static void prefetch_rows(const group *g, const kv_head_view *h, int64_t
 {
     if (g->w.window || h->fmt == KV_QF_INT4_KIVI || h->fmt == KV_QF_INT2_KIVI) return;
     const int eb = kvq_code_bits(h->fmt) / 8;
-    const int64_t rb = (int64_t)h->d * eb, end = i + n < g->len ? i + n : g->len;
-    for (int64_t t = i; t < end && t < h->q; t++) {
-        const uint8_t *p = h->codes + kv_view_row(h, t) * rb;
+    const int64_t rb = (int64_t)h->d * eb, last = g->len < h->q ? g->len : h->q;
+    const int64_t end = i + n < last ? i + n : last;
+    if (!h->blocks && j0 == 0 && j1 == h->d) { /* contiguous whole rows: one run of bytes */
+        const uint8_t *p = h->codes + i * rb;
+        for (int64_t o = 0; o < (end - i) * rb; o += 64)
+            __asm__ __volatile__("prefetcht0 %0" : : "m"(p[o]));
+        return;
+    }
+    for (int64_t t = i; t < end; t++) {
+        const uint8_t *p = h->codes + (h->blocks ? kv_view_row(h, t) : t) * rb;
         /* as an asm statement: GCC takes _mm_prefetch() for a call without effects and,
          * this function having no other, drops every call to it */
         for (int64_t o = (int64_t)j0 * eb; o < (int64_t)j1 * eb; o += 64)
@@ -609,6 +627,7 @@ KV_AVX2 static void group_scores_avx2(const group *g, int64_t i0, int64_t i1, fl
     const int d = g->d;
     const float scale = 1.0f / sqrtf((float)d);
     const int f = g->w.rope_cs ? ROW_F32 : row_kind(&g->kh);
+    const int64_t rb = kind_row_bytes(f, d);
     kv_window_walk k;
     walk_at(&k, &g->w, i0);
     for (int64_t b = i0; b < i1; b += KV_ATTN_ROWS) {
@@ -621,7 +640,7 @@ KV_AVX2 static void group_scores_avx2(const group *g, int64_t i0, int64_t i1, fl
                 const rowref r = {key_row(g, &k, b + c, row), 0.0f};
                 kp[c] = r;
             } else {
-                kp[c] = row_ref(&g->kh, f, k.row, 0, d, row);
+                kp[c] = row_ref(&g->kh, f, rb, k.row, 0, d, row);
             }
         }
         switch (f) { /* the kind a constant of each call: the loads specialized */
@@ -706,6 +725,7 @@ KV_AVX2 static void group_values_avx2(const group *g, int j0, int j1, float *sum
 {
     const int G = g->G, d = g->d;
     const int f = row_kind(&g->vh);
+    const int64_t rb = kind_row_bytes(f, d);
     for (int h = 0; h < G; h++) {
         sum[h] = 0.0f;
         for (int j = j0; j < j1; j++) g->out[(size_t)h * d + j] = 0.0f;
@@ -717,7 +737,7 @@ KV_AVX2 static void group_values_avx2(const group *g, int j0, int j1, float *sum
         rowref vp[KV_ATTN_ROWS];
         prefetch_rows(g, &g->vh, i0 + n, KV_ATTN_ROWS, j0, j1);
         for (int c = 0; c < n; c++, kv_window_walk_next(&k))
-            vp[c] = row_ref(&g->vh, f, k.row, j0, j1, rows + (size_t)c * d);
+            vp[c] = row_ref(&g->vh, f, rb, k.row, j0, j1, rows + (size_t)c * d);
         for (int h = 0; h < G; h++) {
             const float *wh = g->att + (size_t)h * g->len + i0;
             for (int c = 0; c < n; c++) sum[h] += wh[c]; /* in position order */

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kv_bench.h"
 #include "kv_test.h"
 
 extern char **environ;
@@ -296,6 +297,17 @@ static void test_runs(const char *cuda_mode)
     EXPECT_OK("portable loops", "bench", "attention", "--decode", "64", "--prefill", "none",
               "--only", "engine,naive", "--loops", "--heads", "4", "--kv-heads", "2",
               "--head-dim", "16", "--repeats", "1");
+    {   /* an engine row larger than the LLC is followed by the same call from the LLC:
+         * fp16, 8 KV heads of d 64 = 2 KiB of K and V per token, twice the LLC */
+        const int64_t llc = kv_llc_bytes(NULL, NULL);
+        const int64_t n = llc > 0 ? 2 * llc / 2048 : 1024;
+        char ns[32];
+        snprintf(ns, sizeof ns, "%lld", (long long)n);
+        if (n <= (1 << 20))
+            EXPECT_OK("(resident)", "bench", "attention", "--decode", ns, "--prefill", "none",
+                      "--only", "engine", "--heads", "8", "--kv-heads", "8", "--head-dim", "64",
+                      "--dtype", "fp16", "--repeats", "1");
+    }
     EXPECT_OK("6 of 6 cells pass", "needle", "--lengths", "200", "--depths", "0,50,100", "--layout", "paged", "--block-size", "8");
 
     /* greedy naive and cached generation print the same tokens */
