@@ -1,6 +1,7 @@
 /* Measuring the machine for the benchmarks (kv_bench.h): its last-level cache and read
  * bandwidth, and the weight bytes of one decode token. */
 #include "kv_bench.h"
+#include "kv_rng.h"
 
 #include <omp.h>
 #include <stdio.h>
@@ -78,6 +79,12 @@ static int cmp_double(const void *a, const void *b)
 
 int kv_read_bandwidth(kv_bandwidth *out, size_t buffer_bytes, int repeats, kv_err *err)
 {
+    return kv_read_bandwidth_chunks(out, buffer_bytes, 0, repeats, err);
+}
+
+int kv_read_bandwidth_chunks(kv_bandwidth *out, size_t buffer_bytes, size_t chunk_bytes,
+                             int repeats, kv_err *err)
+{
     memset(out, 0, sizeof *out);
     if (repeats <= 0) repeats = 7;
     if (repeats > 64) repeats = 64;
@@ -87,27 +94,62 @@ int kv_read_bandwidth(kv_bandwidth *out, size_t buffer_bytes, int repeats, kv_er
         if (buffer_bytes < ((size_t)256 << 20)) buffer_bytes = (size_t)256 << 20;
         if (buffer_bytes > ((size_t)1 << 30)) buffer_bytes = (size_t)1 << 30;
     }
-    const size_t n = buffer_bytes / sizeof(uint64_t);
+    if (chunk_bytes % sizeof(uint64_t) || chunk_bytes > buffer_bytes)
+        return kv_fail(err, KV_ERR_ARG, "bandwidth: chunks of %zu bytes (a multiple of 8, at "
+                       "most the %zu-byte buffer)", chunk_bytes, buffer_bytes);
+    const size_t cw = chunk_bytes / sizeof(uint64_t);          /* words per chunk, 0: in order */
+    const size_t nc = cw ? buffer_bytes / chunk_bytes : 0;     /* chunks */
+    const size_t n = cw ? nc * cw : buffer_bytes / sizeof(uint64_t);
     uint64_t *x = kv_calloc(n * sizeof *x); /* [n] */
-    if (!x)
+    size_t *order = cw ? kv_calloc(nc * sizeof *order) : NULL; /* [nc] chunk read i-th */
+    if (!x || (cw && !order)) {
+        kv_free(x);
         return kv_fail(err, KV_ERR_NOMEM, "bandwidth: could not allocate %.0f MiB",
                        (double)buffer_bytes / 1048576.0);
-    /* first touch by the same static split the sums use: each thread reads pages it wrote */
+    }
+    /* first touch by the same static split the in-order sums use: each thread reads pages
+     * it wrote */
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) x[i] = i & 7;
+    if (cw) { /* Fisher-Yates with a fixed seed: the same scatter in every run */
+        kv_rng rng;
+        kv_rng_seed(&rng, 4096);
+        for (size_t i = 0; i < nc; i++) order[i] = i;
+        for (size_t i = nc - 1; i > 0; i--) {
+            const size_t j = (size_t)(((uint64_t)kv_rng_u32(&rng) << 32 | kv_rng_u32(&rng)) %
+                                      (i + 1));
+            const size_t tmp = order[i];
+            order[i] = order[j];
+            order[j] = tmp;
+        }
+    }
     double t[64];
     volatile uint64_t sink = 0; /* keeps the sums alive */
     for (int r = -1; r < repeats; r++) { /* r = -1: warm-up (page tables, clocks) */
         const double t0 = kv_now();
         uint64_t s = 0;
-        #pragma omp parallel for schedule(static) reduction(+ : s)
-        for (size_t i = 0; i < n; i++) s += x[i];
+        if (cw) {
+            #pragma omp parallel for schedule(static) reduction(+ : s)
+            for (size_t c = 0; c < nc; c++) {
+                if (c + 1 < nc) { /* the next chunk asked for while this one is summed, as a
+                                   * careful reader of scattered blocks does (kv_attention.c) */
+                    const char *next = (const char *)(x + order[c + 1] * cw);
+                    for (size_t o = 0; o < chunk_bytes; o += 64) __builtin_prefetch(next + o);
+                }
+                const uint64_t *p = x + order[c] * cw;
+                for (size_t i = 0; i < cw; i++) s += p[i];
+            }
+        } else {
+            #pragma omp parallel for schedule(static) reduction(+ : s)
+            for (size_t i = 0; i < n; i++) s += x[i];
+        }
         const double dt = kv_now() - t0;
         sink += s;
         if (r >= 0) t[r] = dt;
     }
     (void)sink;
     kv_free(x);
+    kv_free(order);
     qsort(t, (size_t)repeats, sizeof t[0], cmp_double);
     const double med = repeats % 2 ? t[repeats / 2] : 0.5 * (t[repeats / 2 - 1] + t[repeats / 2]);
     const double bytes = (double)(n * sizeof(uint64_t));

@@ -44,6 +44,19 @@ typedef struct {
 int kv_read_bandwidth(kv_bandwidth *out, size_t buffer_bytes, int repeats, kv_err *err);
 
 /**
+ * The same sum over runs of @p chunk_bytes (a multiple of 8) read in a random order: the
+ * buffer cut into chunks, the chunks shuffled once (a fixed seed), each thread summing its
+ * share of the shuffled list, asking for the next chunk's lines while it sums one. What a
+ * reader of scattered blocks can expect from the memory: each chunk starts where the
+ * hardware prefetchers have no history (a paged KV cache whose blocks were handed out over a
+ * long run). chunk_bytes 0 is kv_read_bandwidth(). Returns
+ * KV_OK, KV_ERR_ARG (a chunk not a multiple of 8, or larger than the buffer), or
+ * KV_ERR_NOMEM.
+ */
+int kv_read_bandwidth_chunks(kv_bandwidth *out, size_t buffer_bytes, size_t chunk_bytes,
+                             int repeats, kv_err *err);
+
+/**
  * Bytes of weights one decode token reads (the weight side of the roofline), fp32:
  *   4 · (P + dim·V + dim + (2L + 1)·dim)
  * P the matmul weights of every layer (Wq, Wk, Wv, Wo, W1, W2, W3; kv_forward.c), dim·V the

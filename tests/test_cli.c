@@ -308,6 +308,11 @@ static void test_runs(const char *cuda_mode)
                       "--only", "engine", "--heads", "8", "--kv-heads", "8", "--head-dim", "64",
                       "--dtype", "fp16", "--repeats", "1");
     }
+    /* chapter 05: every layout against the memory's rate for its pattern, in the same run */
+    EXPECT_OK("in shuffled chunks of one head's block: B8 (512 B)", "bench", "paged", "--heads",
+              "2", "--kv-heads", "1", "--head-dim", "16", "--lengths", "64", "--repeats", "1");
+    EXPECT_OK("paged,8,cpu,", "bench", "paged", "--heads", "2", "--kv-heads", "1", "--head-dim",
+              "16", "--lengths", "64", "--repeats", "1", "--csv");
     EXPECT_OK("6 of 6 cells pass", "needle", "--lengths", "200", "--depths", "0,50,100", "--layout", "paged", "--block-size", "8");
 
     /* greedy naive and cached generation print the same tokens */

@@ -10,7 +10,11 @@
  *
  * Bytes by formula: KV bytes = 2 · H_kv · N · d · b (b = bytes per element with metadata);
  * a paged read adds the table, 4 · ceil(N / B) bytes per (K/V, head) read, not counted.
- * GB/s = KV bytes / median time (GB = 1e9 bytes).
+ * GB/s = KV bytes / median time (GB = 1e9 bytes). On the CPU each layout's GB/s is also
+ * given over the memory's rate for its access pattern, measured in the same run: the read
+ * bandwidth in order for the contiguous cache, and over shuffled chunks of one block of one
+ * head's rows for a paged one (kv_read_bandwidth_chunks()): scattered blocks are slower to
+ * read for the memory itself, before attention does anything.
  *
  * --device cuda times kernel v2 (one block per KV head) on every layout, and v3 (flash-
  * decoding partitions of 512 positions, cuda/attn_decode.cu) beside it: v3 / v2 in the same
@@ -270,16 +274,37 @@ int cmd_bench_paged(int argc, char **argv)
     kv_err err = {{0}};
     const double b = kv_dtype_bytes_d(dtype, d);
     const int versions = gpu ? 2 : 1; /* GPU: v2 and v3 */
+    /* CPU: the memory's own rates for each layout, in this run: in order (contiguous), and in
+     * shuffled chunks of one block of one head's rows (B rows of d·b bytes), the most a reader
+     * of scattered blocks gets */
+    double mem_bw[PAGED_LAYOUTS] = {0};
+    size_t chunk[PAGED_LAYOUTS] = {0};
+    for (int L = 0; L < PAGED_LAYOUTS && !gpu; L++) {
+        kv_bandwidth bw;
+        chunk[L] = (size_t)(paged_blocks[L] * d * b) / 8 * 8;
+        if (kv_read_bandwidth_chunks(&bw, (size_t)256 << 20, chunk[L], 5, &err))
+            return kv_cli_fail(cmd, "bandwidth", KV_ERR_NOMEM, &err);
+        mem_bw[L] = bw.bytes_per_s;
+    }
     if (csv)
-        printf("device,dtype,H,H_kv,d,N,layout,B,version,kv_bytes,seconds,GBps,ratio_vs_contiguous,ratio_v3_v2\n");
+        printf("device,dtype,H,H_kv,d,N,layout,B,version,kv_bytes,seconds,GBps,ratio_vs_contiguous,"
+               "ratio_v3_v2,read_bw_GBps,ratio_to_read_bw\n");
     else {
         printf("bench paged: one decode token, H %d, H_kv %d, d %d, %s (b = %.4g bytes/element); "
                "device %s; median of %d rounds\n", H, Hkv, d, kv_dtype_name(dtype), b, device,
                repeats);
         if (!gpu) printf("%d OpenMP threads\n", omp_get_max_threads());
-        printf("paged tables: a random permutation of the pool; KV bytes = 2*H_kv*N*d*b\n\n");
-        printf("%8s %-11s %3s %12s %12s %9s %12s%s\n", "N", "layout", "ver", "KV bytes",
-               "time (s)", "GB/s", "paged/contig", gpu ? "     v3/v2" : "");
+        printf("paged tables: a random permutation of the pool; KV bytes = 2*H_kv*N*d*b\n");
+        if (!gpu) {
+            printf("read bandwidth (this run, 256 MiB, %d threads): in order %.2f GB/s; in "
+                   "shuffled chunks of one head's block", omp_get_max_threads(), mem_bw[0] * 1e-9);
+            for (int L = 1; L < PAGED_LAYOUTS; L++)
+                printf("%s B%d (%zu B) %.2f GB/s", L > 1 ? "," : ":", paged_blocks[L], chunk[L],
+                       mem_bw[L] * 1e-9);
+            printf("\n\"of BW\": a layout's GB/s over the memory's rate for the same pattern\n");
+        }
+        printf("\n%8s %-11s %3s %12s %12s %9s %12s%s\n", "N", "layout", "ver", "KV bytes",
+               "time (s)", "GB/s", "paged/contig", gpu ? "     v3/v2" : "   of BW");
     }
     kv_rng rng;
     kv_rng_seed(&rng, 505);
@@ -342,13 +367,16 @@ int cmd_bench_paged(int argc, char **argv)
                 char name[32];
                 if (paged_blocks[L]) snprintf(name, sizeof name, "paged B%d", paged_blocks[L]);
                 else snprintf(name, sizeof name, "contiguous");
+                const double of_bw = gpu ? 0.0 : bytes / med / mem_bw[L];
                 if (csv)
-                    printf("%s,%s,%d,%d,%d,%d,%s,%d,%s,%.0f,%.6e,%.3f,%.4f,%.4f\n", device,
-                           kv_dtype_name(dtype), H, Hkv, d, N, paged_blocks[L] ? "paged" : "contiguous",
-                           paged_blocks[L], what, bytes, med, bytes / med * 1e-9, rc, r32);
+                    printf("%s,%s,%d,%d,%d,%d,%s,%d,%s,%.0f,%.6e,%.3f,%.4f,%.4f,%.3f,%.4f\n",
+                           device, kv_dtype_name(dtype), H, Hkv, d, N,
+                           paged_blocks[L] ? "paged" : "contiguous", paged_blocks[L], what,
+                           bytes, med, bytes / med * 1e-9, rc, r32, mem_bw[L] * 1e-9, of_bw);
                 else {
                     char bb[32], r3[16] = "";
                     if (gpu && ver == 1) snprintf(r3, sizeof r3, "%9.3fx", r32);
+                    if (!gpu) snprintf(r3, sizeof r3, "%7.1f%%", 100.0 * of_bw);
                     printf("%8d %-11s %3s %12s %12.3e %9.2f %11.3fx %s\n", N, name, what,
                            kv_fmt_bytes(bytes, bb, sizeof bb), med, bytes / med * 1e-9, rc, r3);
                 }
