@@ -303,10 +303,15 @@ static void test_runs(const char *cuda_mode)
         const int64_t n = llc > 0 ? 2 * llc / 2048 : 1024;
         char ns[32];
         snprintf(ns, sizeof ns, "%lld", (long long)n);
-        if (n <= (1 << 20))
+        if (n <= (1 << 20)) {
             EXPECT_OK("(resident)", "bench", "attention", "--decode", ns, "--prefill", "none",
                       "--only", "engine", "--heads", "8", "--kv-heads", "8", "--head-dim", "64",
                       "--dtype", "fp16", "--repeats", "1");
+            EXPECT_OK("\ndecode,cpu,cpu engine resident,8,8,64,fp16,1,", "bench", "attention",
+                      "--decode", ns, "--prefill", "none", "--only", "engine", "--heads", "8",
+                      "--kv-heads", "8", "--head-dim", "64", "--dtype", "fp16", "--repeats", "1",
+                      "--csv");
+        }
     }
     /* chapter 05: every layout against the memory's rate for its pattern, in the same run */
     EXPECT_OK("in shuffled chunks of one head's block: B8 (512 B)", "bench", "paged", "--heads",

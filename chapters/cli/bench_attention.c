@@ -18,7 +18,7 @@
  * GB/s = bytes / median time; "of BW" = that rate / the machine's read bandwidth,
  * measured in the same run by kv_read_bandwidth() (`kvlab bench bandwidth`'s measurement).
  * An engine decode row larger than the LLC is followed by its "(resident)" row: the same
- * call over a cache that fits the LLC, the ceiling the cores set (resident_rate()).
+ * call over a cache that fits the LLC, the ceiling the cores set (resident_time()).
  */
 #include <math.h>
 #include <stdio.h>
@@ -269,10 +269,11 @@ static int case_open(attn_case *k, int H, int Hkv, int d, int dtype, int64_t n, 
  * is: when it is below the bandwidth, the arithmetic (decode, dot products, exponentials),
  * not the memory, sets the time. Measured rather than derived from a clock and a count of
  * vector pipes: what a core achieves on this instruction mix is what counts.
- * @p n_res receives the tokens used (a power of two, 256..4096, K/V at most a quarter of
- * the LLC, or of 8 MiB when the LLC is unknown). */
-static int resident_rate(const attn_case *big, int repeats, double *rate, int *n_res,
-                         kv_err *err)
+ * Gives engine_time()'s median seconds and bytes of that call, and in @p n_res the tokens
+ * used (a power of two, 256..4096, K/V at most a quarter of the LLC, or of 8 MiB when the LLC
+ * is unknown). */
+static int resident_time(const attn_case *big, int repeats, double *sec, double *bytes,
+                         int *n_res, kv_err *err)
 {
     int64_t llc = kv_llc_bytes(NULL, NULL);
     if (llc <= 0) llc = (int64_t)8 << 20;
@@ -282,11 +283,9 @@ static int resident_rate(const attn_case *big, int repeats, double *rate, int *n
     attn_case r;
     int e = case_open(&r, big->H, big->Hkv, big->d, big->c.fmt[0], n, 1, 0, err);
     if (e) return e;
-    double sec = 0, bytes = 0;
     /* short calls: more of them for a stable median */
-    e = engine_time(&r, 0, repeats * 4 < 64 ? repeats * 4 : 64, &sec, &bytes, err);
+    e = engine_time(&r, 0, repeats * 4 < 64 ? repeats * 4 : 64, sec, bytes, err);
     case_close(&r);
-    *rate = e || sec <= 0 ? 0.0 : bytes / sec;
     *n_res = n;
     return e;
 }
@@ -373,7 +372,7 @@ int cmd_bench_attention(int argc, char **argv)
                           "the same run (issue target for cpu engine: >= 85% at >= 32k tokens). An engine\n"
                           "decode row larger than the LLC is followed by a (resident) row: the same call\n"
                           "over a cache that stays in the LLC, the most the engine reads however fast the\n"
-                          "memory (not in --csv).\n"
+                          "memory (in --csv: algorithm \"cpu engine resident\").\n"
                           "bytes (CPU, counted by kv_flash_stats) = K/V rows read x row bytes as stored\n"
                           "  + Q read + output written (split: + partials) + scores (naive: 5 x 4 x H x T\n"
                           "  x N: written, read for the max, rewritten as exp, read for P V).\n"
@@ -478,18 +477,26 @@ int cmd_bench_attention(int argc, char **argv)
                         (dtype == KV_QF_F16 || dtype == KV_QF_INT8))
                         printf("  target >= 85%%: %s", rate >= 0.85 * roof ? "met" : "MISSED");
                     printf("\n");
-                    /* an engine row read from DRAM: how fast the same call runs from the LLC */
-                    if (al->time == engine_time && !mode && bytes > (double)llc) {
-                        double rr = 0;
-                        int nr = 0;
-                        st = resident_rate(&k, repeats, &rr, &nr, &err);
-                        if (!st)
-                            printf("%-8s %7d %5d %-14s %11s %11s %9.2f %7.1f%%  the same call, "
-                                   "K/V in the LLC: %s\n", "", nr, 1, "  (resident)", "", "",
-                                   rr * 1e-9, 100.0 * rr / roof,
-                                   rr < 0.85 * roof ? "the cores stay below 85%"
-                                                    : "the cores allow 85%");
-                    }
+                }
+                /* an engine row read from DRAM: how fast the same call runs from the LLC */
+                if (al->time == engine_time && !mode && bytes > (double)llc) {
+                    double rs = 0, rb = 0;
+                    int nr = 0;
+                    char rbs[32];
+                    st = resident_time(&k, repeats, &rs, &rb, &nr, &err);
+                    if (st) break;
+                    const double rr = rs > 0 ? rb / rs : 0.0;
+                    if (csv)
+                        printf("decode,cpu,cpu engine resident,%d,%d,%d,%s,1,%d,%d,%.6e,%.0f,"
+                               "%.3f,%.4f\n", h, hkv, d, kv_dtype_name(dtype), nr, splits, rs,
+                               rb, rr * 1e-9, rr / roof);
+                    else
+                        printf("%-8s %7d %5d %-14s %11.4e %11s %9.2f %7.1f%%  the same call, "
+                               "K/V in the LLC: %s\n", "", nr, 1, "  (resident)", rs,
+                               kv_fmt_bytes(rb, rbs, sizeof rbs), rr * 1e-9,
+                               100.0 * rr / roof,
+                               rr < 0.85 * roof ? "the cores stay below 85%"
+                                                : "the cores allow 85%");
                 }
             }
             case_close(&k);
