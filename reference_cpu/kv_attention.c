@@ -407,13 +407,14 @@ static void group_values(const group *g, int j0, int j1, float *sum, float *row)
  *    needs them (binary16 and bfloat16 -> binary32 are exact, fp8 goes by way of binary16,
  *    exact too; an int8 element is (float)q · scale and an fp8 one value · scale, one rounding
  *    each, as kv_quant_math.h and the tables above); other formats (KIVI, int8 with group
- *    scales) decoded into the scratch first. The blocks read their rows interleaved, a
- *    pattern the hardware prefetchers follow poorly, so each block asks for the next one's
- *    bytes (a contiguous view's: one run of bytes). Per row only the address is computed, the
- *    row's size a constant of the pass: these loops are bound by instructions issued, and a
- *    format switch and a prefetch loop per row had cost 15 % of the time with the cache in
- *    the LLC (int8, H 32, one thread). fp32 rows need no decode, and the loops stream them
- *    faster than this arrangement does: they stay with the loops;
+ *    scales) decoded into the scratch first. A paged view's blocks lie anywhere, a pattern the
+ *    hardware prefetchers cannot guess, so each block of rows asks for the next one's bytes;
+ *    a contiguous view is read in address order, which they follow on their own (asking as
+ *    well cost an int8 cache 6 % at 32k tokens and gained fp16 nothing). Per row only the
+ *    address is computed, the row's size a constant of the pass: these loops are bound by
+ *    instructions issued, and a format switch and a prefetch loop per row had cost 15 % of the
+ *    time with the cache in the LLC (int8, H 32, one thread). fp32 rows need no decode, and
+ *    the loops stream them faster than this arrangement does: they stay with the loops;
  *  - scores: four heads per K row (8 independent vector sums instead of 2), or, for the heads
  *    left over, four rows per head; kv_dot16's 16 lanes as two 8-float vectors and its tree
  *    fold as three vector adds;
@@ -597,23 +598,18 @@ KV_INLINE rowref row_ref(const kv_head_view *h, int f, int64_t rb, int64_t t, in
 }
 
 /* Ask for the stored bytes of columns [j0, j1) of positions i .. i+n-1 (clipped to the
- * group's len) while this block is computed. Only where a position is its row (no window)
- * and the format has whole bytes per element. */
+ * group's len) while this block is computed. Only for a paged view (see above), where a
+ * position is its row (no window) and the format has whole bytes per element. */
 KV_AVX2 static void prefetch_rows(const group *g, const kv_head_view *h, int64_t i, int n,
                                   int j0, int j1)
 {
-    if (g->w.window || h->fmt == KV_QF_INT4_KIVI || h->fmt == KV_QF_INT2_KIVI) return;
+    if (!h->blocks || g->w.window || h->fmt == KV_QF_INT4_KIVI || h->fmt == KV_QF_INT2_KIVI)
+        return;
     const int eb = kvq_code_bits(h->fmt) / 8;
     const int64_t rb = (int64_t)h->d * eb, last = g->len < h->q ? g->len : h->q;
     const int64_t end = i + n < last ? i + n : last;
-    if (!h->blocks && j0 == 0 && j1 == h->d) { /* contiguous whole rows: one run of bytes */
-        const uint8_t *p = h->codes + i * rb;
-        for (int64_t o = 0; o < (end - i) * rb; o += 64)
-            __asm__ __volatile__("prefetcht0 %0" : : "m"(p[o]));
-        return;
-    }
     for (int64_t t = i; t < end; t++) {
-        const uint8_t *p = h->codes + (h->blocks ? kv_view_row(h, t) : t) * rb;
+        const uint8_t *p = h->codes + kv_view_row(h, t) * rb;
         /* as an asm statement: GCC takes _mm_prefetch() for a call without effects and,
          * this function having no other, drops every call to it */
         for (int64_t o = (int64_t)j0 * eb; o < (int64_t)j1 * eb; o += 64)
