@@ -185,21 +185,57 @@ __global__ void attn_decode_kernel_v1(float *out, const float *q, attn_src src, 
     }
 }
 
-/*
- * The three passes of a group's G query heads (queries qs [G][d] in shared memory) over
- * the retained positions p0 .. p1-1 (indices in the list a query at tpos sees; or, with
- * @p list, the cache positions list[p0 .. p1-1]: chapter 09's selected set): v2's body,
- * and v3's for one partition. att: the group's scores, [G][stride] indexed by list index.
- * Per head g: its max goes to mx[g], its exp-sum to l[g] (shared), and the weighted values
- * to o + g·o_stride [d], divided by the sum when @p normalize (v2) and left unnormalized
- * otherwise (v3).
- */
-__device__ void attn_group_span(const float *qs, float *red, float *mx, float *l,
-                                const attn_src &src, int64_t tpos, const kv_head_view &kh,
-                                const kv_head_view &vh, const float *kf, const float *vf,
-                                float *att, int stride, int G, int head_dim, int p0, int p1,
-                                float *o, size_t o_stride, int normalize, const int *list)
+/* A block's group: the G query heads of KV head kvh, as v2, v3 and chapter 09's list kernel
+ * hold it. Shared memory (group_smem()): the packed queries, the reduction scratch and each
+ * head's max and exp-sum; the views of the KV head's K and V rows. */
+struct attn_group {
+    int G, d;
+    float *qs;            /* [G][d] the group's queries */
+    float *red;           /* [32] block reduction scratch */
+    float *mx, *l;        /* [G] each: each head's max and exp-sum */
+    kv_head_view kh, vh;  /* KV head kvh's K and V rows in sequence slot `slot` */
+    const float *kf, *vf; /* the same rows as plain floats when the cache is fp32, else NULL */
+};
+
+/* The group of KV head kvh for token row t (q [t][H][d]): shared memory carved, views
+ * opened, the G queries copied in. Every thread of the block calls it (a barrier inside). */
+__device__ inline attn_group group_open(float *smem, const attn_src &src, const float *q, int t,
+                                        int slot, int kvh, int n_heads, int n_kv_heads,
+                                        int head_dim)
 {
+    attn_group a;
+    a.G = n_heads / n_kv_heads;
+    a.d = head_dim;
+    a.qs = smem;
+    a.red = smem + (size_t)a.G * head_dim;
+    a.mx = a.red + KV_WARP;
+    a.l = a.mx + a.G;
+    a.kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
+    a.vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
+    a.kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)a.kh.codes : NULL;
+    a.vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)a.vh.codes : NULL;
+    const float *qg = q + ((size_t)t * n_heads + (size_t)kvh * a.G) * head_dim; /* [G][d] */
+    for (int i = threadIdx.x; i < a.G * head_dim; i += blockDim.x) a.qs[i] = qg[i];
+    __syncthreads();
+    return a;
+}
+
+/*
+ * The three passes of a group's G query heads over the retained positions p0 .. p1-1
+ * (indices in the list a query at tpos sees; or, with @p list, the cache positions
+ * list[p0 .. p1-1]: chapter 09's selected set): v2's body, and v3's for one partition.
+ * att: the group's scores, [G][stride] indexed by list index. Per head g: its max goes to
+ * a.mx[g], its exp-sum to a.l[g], and the weighted values to o + g·o_stride [d], divided by
+ * the sum when @p normalize (v2) and left unnormalized otherwise (v3).
+ */
+__device__ void attn_group_span(const attn_group &a, const attn_src &src, int64_t tpos,
+                                float *att, int stride, int p0, int p1, float *o,
+                                size_t o_stride, int normalize, const int *list)
+{
+    const int G = a.G, head_dim = a.d;
+    const float *qs = a.qs, *kf = a.kf, *vf = a.vf;
+    const kv_head_view &kh = a.kh, &vh = a.vh;
+    float *red = a.red, *mx = a.mx, *l = a.l;
     const float scale = 1.0f / sqrtf((float)head_dim);
     /* pass 1: scores of every head of the group; each K row is loaded once per chunk of
      * ATTN_GROUP_REGS heads and multiplied into each of them */
@@ -271,15 +307,6 @@ __device__ void attn_group_span(const float *qs, float *red, float *mx, float *l
     }
 }
 
-/* The group's queries into shared memory: qs [G][d] <- q [t][h0 .. h0+G-1][d], contiguous. */
-__device__ inline void load_group(float *qs, const float *q, int t, int n_heads, int h0, int G,
-                                  int head_dim)
-{
-    const float *qg = q + ((size_t)t * n_heads + h0) * head_dim; /* [G][d] */
-    for (int i = threadIdx.x; i < G * head_dim; i += blockDim.x) qs[i] = qg[i];
-    __syncthreads();
-}
-
 /* Block (kvh, t) computes query heads kvh·G .. kvh·G + G - 1 over all n positions. */
 __global__ void attn_decode_kernel_v2(float *out, const float *q, attn_src src, float *scores,
                                       const int *tok_slot, const int *tok_pos,
@@ -288,20 +315,12 @@ __global__ void attn_decode_kernel_v2(float *out, const float *q, attn_src src, 
 {
     KV_DYNAMIC_SMEM(float, smem);
     const int kvh = blockIdx.x, t = blockIdx.y;
-    const int G = n_heads / n_kv_heads, h0 = kvh * G;
-    float *qs = smem;                            /* [G][d] the group's queries */
-    float *red = smem + (size_t)G * head_dim;    /* [32] block reduction scratch */
-    float *mx = red + KV_WARP, *l = mx + G;      /* [G] each: max and exp-sum of each head */
     ATTN_TOKEN(t);
-    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
-    const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
-    const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
-    const float *vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL;
+    const attn_group a = group_open(smem, src, q, tr, slot, kvh, n_heads, n_kv_heads, head_dim);
+    const int h0 = kvh * a.G;
     float *att = scores + ((size_t)t * n_heads + h0) * stride; /* [G][stride] */
     float *oh = out + ((size_t)tr * n_heads + h0) * head_dim;  /* [G][d] */
-    load_group(qs, q, tr, n_heads, h0, G, head_dim);
-    attn_group_span(qs, red, mx, l, src, tpos, kh, vh, kf, vf, att, stride, G, head_dim, 0, n,
-                    oh, head_dim, 1, NULL);
+    attn_group_span(a, src, tpos, att, stride, 0, n, oh, head_dim, 1, NULL);
 }
 
 /* Chapter 09's member of the family, retention = a selected set: block (kvh, t) runs v2's
@@ -316,22 +335,15 @@ __global__ void attn_list_kernel(float *out, const float *q, attn_src src, float
 {
     KV_DYNAMIC_SMEM(float, smem);
     const int kvh = blockIdx.x, t = blockIdx.y, j = r0 + t;
-    const int G = n_heads / n_kv_heads, h0 = kvh * G;
-    float *qs = smem;                         /* [G][d] the group's queries */
-    float *red = smem + (size_t)G * head_dim; /* [32] block reduction scratch */
-    float *mx = red + KV_WARP, *l = mx + G;   /* [G] each: max and exp-sum of each head */
     const int *lst = lists + off[(size_t)kvh * n + (j - j0)];
     const int m = cnt[(size_t)kvh * n + (j - j0)];
-    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
-    const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
-    const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
-    const float *vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL;
+    const attn_group a = group_open(smem, src, q, j, slot, kvh, n_heads, n_kv_heads, head_dim);
+    const int h0 = kvh * a.G;
     float *att_g = att + ((size_t)t * n_heads + h0) * stride; /* [G][stride] */
     float *oh = out + ((size_t)j * n_heads + h0) * head_dim;  /* [G][d] */
-    load_group(qs, q, j, n_heads, h0, G, head_dim);
-    attn_group_span(qs, red, mx, l, src, 0, kh, vh, kf, vf, att_g, stride, G, head_dim, 0, m,
-                    oh, head_dim, 1, lst);
-    for (int g = threadIdx.x; g < G; g += blockDim.x) sums[(size_t)t * n_heads + h0 + g] = l[g];
+    attn_group_span(a, src, 0, att_g, stride, 0, m, oh, head_dim, 1, lst);
+    for (int g = threadIdx.x; g < a.G; g += blockDim.x)
+        sums[(size_t)t * n_heads + h0 + g] = a.l[g];
 }
 
 void kvcu_attn_list_launch(int n_kv_heads, int rows, int threads, size_t smem, float *out,
@@ -360,27 +372,20 @@ __global__ void attn_decode_kernel_v3(const float *q, attn_src src, float *score
 {
     KV_DYNAMIC_SMEM(float, smem);
     const int kvh = blockIdx.x, part = blockIdx.y, t = blockIdx.z;
-    const int G = n_heads / n_kv_heads, h0 = kvh * G;
     ATTN_TOKEN(t);
     const int p0 = part * ATTN_PARTITION;
     if (p0 >= n) return; /* the token is shorter than this partition: the whole block leaves */
     const int p1 = n - p0 < ATTN_PARTITION ? n : p0 + ATTN_PARTITION;
-    float *qs = smem;
-    float *red = smem + (size_t)G * head_dim;
-    float *mx = red + KV_WARP, *l = mx + G;
     V3_PARTS(scores, T, n_heads, head_dim, stride, n_parts);
-    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
-    const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
-    const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
-    const float *vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL;
-    float *att = scores + ((size_t)t * n_heads + h0) * stride;              /* [G][stride] */
-    const size_t ph = ((size_t)t * n_heads + h0) * n_parts + part;          /* head h0's entry */
-    load_group(qs, q, tr, n_heads, h0, G, head_dim);
-    attn_group_span(qs, red, mx, l, src, tpos, kh, vh, kf, vf, att, stride, G, head_dim, p0, p1,
-                    po + ph * head_dim, (size_t)n_parts * head_dim, 0, NULL);
-    for (int g = threadIdx.x; g < G; g += blockDim.x) {
-        pm[ph + (size_t)g * n_parts] = mx[g];
-        pl[ph + (size_t)g * n_parts] = l[g];
+    const attn_group a = group_open(smem, src, q, tr, slot, kvh, n_heads, n_kv_heads, head_dim);
+    const int h0 = kvh * a.G;
+    float *att = scores + ((size_t)t * n_heads + h0) * stride;     /* [G][stride] */
+    const size_t ph = ((size_t)t * n_heads + h0) * n_parts + part; /* head h0's entry */
+    attn_group_span(a, src, tpos, att, stride, p0, p1, po + ph * head_dim,
+                    (size_t)n_parts * head_dim, 0, NULL);
+    for (int g = threadIdx.x; g < a.G; g += blockDim.x) {
+        pm[ph + (size_t)g * n_parts] = a.mx[g];
+        pl[ph + (size_t)g * n_parts] = a.l[g];
     }
 }
 
