@@ -270,13 +270,10 @@ static int case_open(attn_case *k, int H, int Hkv, int d, int dtype, int64_t n, 
  * not the memory, sets the time. Measured rather than derived from a clock and a count of
  * vector pipes: what a core achieves on this instruction mix is what counts.
  * Gives engine_time()'s median seconds and bytes of that call, and in @p n_res the tokens
- * used (a power of two, 256..4096, K/V at most a quarter of the LLC, or of 8 MiB when the LLC
- * is unknown). */
-static int resident_time(const attn_case *big, int repeats, double *sec, double *bytes,
-                         int *n_res, kv_err *err)
+ * used (a power of two, 256..4096, K/V at most a quarter of @p llc bytes). */
+static int resident_time(const attn_case *big, int64_t llc, int repeats, double *sec,
+                         double *bytes, int *n_res, kv_err *err)
 {
-    int64_t llc = kv_llc_bytes(NULL, NULL);
-    if (llc <= 0) llc = (int64_t)8 << 20;
     const double per_pos = 2.0 * big->Hkv * kv_dtype_bytes_d(big->c.fmt[0], big->d) * big->d;
     int n = 256;
     while (n < 4096 && 2.0 * n * per_pos <= llc / 4.0) n *= 2;
@@ -412,7 +409,8 @@ int cmd_bench_attention(int argc, char **argv)
     if (kv_read_bandwidth(&bw, (size_t)256 << 20, 5, &err))
         return kv_cli_fail(cmd, "bandwidth", KV_ERR_NOMEM, &err);
     const double mbw = bw.bytes_per_s; /* the roofline the CPU rows are measured against */
-    const int64_t llc = kv_llc_bytes(NULL, NULL);
+    int64_t llc = kv_llc_bytes(NULL, NULL);
+    if (llc <= 0) llc = (int64_t)8 << 20; /* unknown: assume a small one (resident rows) */
 #ifdef KV_HAVE_CUDA
     double gbw = 0.0;
     if (gpu && kvcu_read_bandwidth(0, 5, &gbw, &err)) return kv_cli_fail(cmd, "bandwidth", 1, &err);
@@ -483,7 +481,7 @@ int cmd_bench_attention(int argc, char **argv)
                     double rs = 0, rb = 0;
                     int nr = 0;
                     char rbs[32];
-                    st = resident_time(&k, repeats, &rs, &rb, &nr, &err);
+                    st = resident_time(&k, llc, repeats, &rs, &rb, &nr, &err);
                     if (st) break;
                     const double rr = rs > 0 ? rb / rs : 0.0;
                     if (csv)
