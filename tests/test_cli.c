@@ -6,6 +6,7 @@
  * usage: test_cli <path to kvlab> <CUDA mode: none|cuda|emulation>
  */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -304,9 +305,33 @@ static void test_runs(const char *cuda_mode)
         char ns[32];
         snprintf(ns, sizeof ns, "%lld", (long long)n);
         if (n <= (1 << 20)) {
-            EXPECT_OK("(resident)", "bench", "attention", "--decode", ns, "--prefill", "none",
-                      "--only", "engine", "--heads", "8", "--kv-heads", "8", "--head-dim", "64",
-                      "--dtype", "fp16", "--repeats", "1");
+            /* its ratio is against the larger of the bandwidth before and after it, so never
+             * above its rate over the run's first figure; the resident row uses the same */
+            result r = run("bench", "attention", "--decode", ns, "--prefill", "none", "--only",
+                           "engine", "--heads", "8", "--kv-heads", "8", "--head-dim", "64",
+                           "--dtype", "fp16", "--repeats", "1", (const char *)NULL);
+            const char *hb = strstr(r.out, "this run): "), *row = strstr(r.out, "cpu engine  ");
+            const char *res = strstr(r.out, "(resident)");
+            double bw0 = 0, t = 0, g = 0, pct = 0, tr = 0, gr = 0, pr = 0;
+            char unit[8], ur[8];
+            int ok = r.rc == 0 && hb && row && res && sscanf(hb, "this run): %lf", &bw0) == 1 &&
+                     sscanf(row, "cpu engine %lf %*s %7s %lf %lf%%", &t, unit, &g, &pct) == 4 &&
+                     sscanf(res, "(resident) %lf %*s %7s %lf %lf%%", &tr, ur, &gr, &pr) == 4;
+            KV_CHECK(ok, "bench attention, resident case: exit %d, output not as expected: %s",
+                     r.rc, r.out);
+            if (ok) {
+                KV_CHECK(pct <= 100.0 * g / bw0 + 0.1,
+                         "engine row at %.1f%% of BW, above its %.2f GB/s over the first %.2f",
+                         pct, g, bw0);
+                /* the same roof: GB/s over percent alike, to the printed digits (GB/s to
+                 * 0.005, percent to 0.05: each quotient within its relative error) */
+                const double a = g / pct, b = gr / pr;
+                const double tol = a * (0.005 / g + 0.05 / pct) + b * (0.005 / gr + 0.05 / pr);
+                KV_CHECK(fabs(a - b) <= tol,
+                         "engine and resident rows against different bandwidths: %.2f/%.1f "
+                         "vs %.2f/%.1f", g, pct, gr, pr);
+            }
+            done(&r);
             EXPECT_OK("\ndecode,cpu,cpu engine resident,8,8,64,fp16,1,", "bench", "attention",
                       "--decode", ns, "--prefill", "none", "--only", "engine", "--heads", "8",
                       "--kv-heads", "8", "--head-dim", "64", "--dtype", "fp16", "--repeats", "1",
