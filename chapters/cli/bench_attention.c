@@ -463,8 +463,10 @@ int cmd_bench_attention(int argc, char **argv)
                 double before = mbw;
                 if (dram) { /* measured again after it: the larger of the two */
                     kv_bandwidth after = {0};
-                    if (kv_read_bandwidth(&after, (size_t)256 << 20, 5, &err))
-                        return kv_cli_fail(cmd, "bandwidth", KV_ERR_NOMEM, &err);
+                    if (kv_read_bandwidth(&after, (size_t)256 << 20, 5, &err)) {
+                        st = KV_ERR_NOMEM; /* the case is closed below, the error reported */
+                        break;
+                    }
                     mbw = after.bytes_per_s;
                 }
                 double roof = al->gpu ? 0.0 : mbw > before ? mbw : before;
