@@ -47,7 +47,11 @@
  *   as plain floats, any other format by the per-element decode of
  *   reference_cpu/kv_quant_math.h inline in the loops, the very lines the CPU's attention
  *   runs (or KIVI's fp32 window for its newest rows). Dequantization is fused: no dequantized
- *   copy of the cache is ever written, and the bytes read are the quantized ones.
+ *   copy of the cache is ever written, and the bytes read are the quantized ones. One
+ *   difference in rounding: the CPU multiplies a per-token int8 row's scale into each score
+ *   and weight rather than into each element (its cores are short of arithmetic, not of
+ *   bandwidth, kv_attn_row_factored()); here every element is decoded, code · scale, as the
+ *   GPU has arithmetic to spare. The tests compare the two within fp32 tolerance.
  * Chapter 05: on a paged cache the views are kv_cache_plane_view_paged(): a position's row is
  *   found through the slot's block table (a device copy), once per row a thread reads, and the
  *   math is unchanged, so paged and contiguous caches holding the same rows give the same bits.

@@ -5,8 +5,9 @@
  * kv_attn_decode() feeds them plain arrays; kv_attention(), kv_attention_rows() and
  * kv_attention_head() feed them the rows of a kv_cache, found through the cache's spec:
  * chapter 02's fp32 rows read where they lie, chapter 04's storage formats dequantized a row
- * at a time as they are read (kv_attn_row(): the per-element decode the CUDA kernels share),
- * chapter 06's windows walked in position order. Later layouts are new cases of the row
+ * at a time as they are read (kv_attn_row(): the per-element decode the CUDA kernels share;
+ * a per-token int8 row is read as its codes, its one scale applied once per dot product and
+ * per weight, kv_attn_row_factored()), chapter 06's windows walked in position order. Later layouts are new cases of the row
  * lookup, not new copies of the math.
  *
  * Grouped-query attention (chapter 03) is which K/V rows a query head is handed: query head h
@@ -321,29 +322,58 @@ static void walk_at(kv_window_walk *k, const retained *w, int64_t i)
     k->row = kv_window_row(w->window, w->n_sinks, k->pos);
 }
 
-/* Columns [j0, j1) of row t for reading: fp32 rows where they lie (a paged fp32 cache reads
- * its rows in their blocks at the speed of the contiguous one; the KIVI fp32 window in its
- * ring), any other row dequantized into @p scratch. Indexed by column: p[j], j0 <= j < j1. */
-static inline const float *row_at(const kv_head_view *h, int64_t t, int j0, int j1,
-                                  float *scratch)
+/* Whether a view's rows are int8 codes with one scale per row (KV_QF_INT8, per token). */
+static inline int int8_per_row(const kv_head_view *h)
 {
+    return h->fmt == KV_QF_INT8 && kvq_row_group(h->fmt, h->role, h->d) == h->d;
+}
+
+/* Columns [j0, j1) of row t for reading, and the factor the caller applies to the row
+ * (kv_attn_row_factored()): fp32 rows where they lie (a paged fp32 cache reads its rows in
+ * their blocks at the speed of the contiguous one; the KIVI fp32 window in its ring); a
+ * per-token int8 row as its codes converted to floats, factor its scale; any other row
+ * dequantized into @p scratch. Indexed by column: p[j], j0 <= j < j1.
+ * Why the int8 scale stays outside: q · (c·s) element by element costs a multiply per
+ * element, (q · c)·s one per row, and int8 attention is bound by its arithmetic, not by
+ * the memory (docs/performance.md §7). The same math, rounded differently. */
+static inline const float *row_at(const kv_head_view *h, int64_t t, int j0, int j1,
+                                  float *scratch, float *factor)
+{
+    *factor = 1.0f;
     if (t >= h->q) return h->ring + (t % h->window) * h->d;
     if (h->fmt == KV_QF_F32) return (const float *)(const void *)h->codes + kv_view_row(h, t) * h->d;
+    if (int8_per_row(h)) {
+        const int64_t r = kv_view_row(h, t);
+        const int8_t *c = (const int8_t *)(const void *)(h->codes + r * kvq_row_bytes(h->fmt, h->d));
+        *factor = ((const float *)h->meta)[kvq_meta_index(h->fmt, h->role, r, 0, h->d)];
+        for (int j = j0; j < j1; j++) scratch[j] = (float)c[j];
+        return scratch;
+    }
     row_part(h, t, j0, j1, scratch);
     return scratch;
 }
 
-/* Key i of the walk: under KV_POS_CACHE rotated by its index i (always a copy). */
-static inline const float *key_row(const group *g, const kv_window_walk *k, int64_t i,
-                                   float *row)
+float kv_attn_row_factored(const kv_head_view *h, int64_t t, float *out)
 {
+    float f;
+    const float *r = row_at(h, t, 0, h->d, out, &f);
+    if (r != out) memcpy(out, r, (size_t)h->d * sizeof(float));
+    return f;
+}
+
+/* Key i of the walk (stored row r) and its factor (row_at()): under KV_POS_CACHE rotated by
+ * its index i (always a copy, dequantized whole: the rotation mixes elements, factor 1). */
+static inline const float *key_row(const group *g, int64_t r, int64_t i, float *row,
+                                   float *factor)
+{
+    *factor = 1.0f;
     if (g->k) return g->k + (size_t)i * g->d;
     if (g->w.rope_cs) {
-        row_part(&g->kh, k->row, 0, g->d, row);
+        row_part(&g->kh, r, 0, g->d, row);
         rotate_row(row, g->w.rope_cs, i, g->w.rotary_dim);
         return row;
     }
-    return row_at(&g->kh, k->row, 0, g->d, row);
+    return row_at(&g->kh, r, 0, g->d, row, factor);
 }
 
 /* Pass 1 over retained rows [i0, i1): att[h][i] = q_h · k_i / √d for the G heads, each K row
@@ -357,9 +387,10 @@ static void group_scores(const group *g, int64_t i0, int64_t i1, float *mx,
     kv_window_walk k;
     walk_at(&k, &g->w, i0);
     for (int64_t i = i0; i < i1; i++, kv_window_walk_next(&k)) {
-        const float *kr = key_row(g, &k, i, row);
+        float f;
+        const float *kr = key_row(g, k.row, i, row, &f);
         for (int h = 0; h < G; h++) {
-            const float s = kv_dot16(g->q + (size_t)h * d, kr, d) * scale;
+            const float s = kv_dot16(g->q + (size_t)h * d, kr, d) * f * scale;
             g->att[(size_t)h * g->len + i] = s;
             if (s > mx[h]) mx[h] = s;
         }
@@ -381,12 +412,13 @@ static void group_values(const group *g, int j0, int j1, float *sum, float *row)
     kv_window_walk k;
     walk_at(&k, &g->w, 0);
     for (int64_t i = 0; i < g->len; i++, kv_window_walk_next(&k)) {
-        const float *vr = g->v ? g->v + (size_t)i * d : row_at(&g->vh, k.row, j0, j1, row);
+        float f = 1.0f;
+        const float *vr = g->v ? g->v + (size_t)i * d : row_at(&g->vh, k.row, j0, j1, row, &f);
         for (int h = 0; h < G; h++) {
-            const float wt = g->att[(size_t)h * g->len + i];
+            const float wt = g->att[(size_t)h * g->len + i], wf = wt * f;
             float *o = g->out + (size_t)h * d;
             sum[h] += wt;
-            for (int j = j0; j < j1; j++) o[j] += wt * vr[j];
+            for (int j = j0; j < j1; j++) o[j] += wf * vr[j];
         }
     }
     for (int h = 0; h < G; h++) { /* the one division per output */
@@ -405,9 +437,9 @@ static void group_values(const group *g, int j0, int j1, float *sum, float *row)
  *  - rows in blocks of KV_ATTN_ROWS; fp16, bf16, per-token int8 and fp8 rows read as stored,
  *    each eight elements decoded in a register right where the dot product or the value sum
  *    needs them (binary16 and bfloat16 -> binary32 are exact, fp8 goes by way of binary16,
- *    exact too; an int8 element is (float)q · scale and an fp8 one value · scale, one rounding
- *    each, as kv_quant_math.h and the tables above); other formats (KIVI, int8 with group
- *    scales) decoded into the scratch first. A paged view's blocks lie anywhere, a pattern the
+ *    exact too; an fp8 element is value · scale, one rounding, as kv_quant_math.h and the
+ *    tables above; an int8 element is its code, the row's scale its factor, see row_at());
+ *    other formats (KIVI, int8 with group scales) decoded into the scratch first. A paged view's blocks lie anywhere, a pattern the
  *    hardware prefetchers cannot guess, so each block of rows asks for the next one's bytes.
  *    A contiguous view is read in address order, which they follow; only the value pass of
  *    a binary16 or bfloat16 cache, whose arithmetic outruns the memory, asks as well, four
@@ -437,7 +469,8 @@ enum { ROW_F32, ROW_F16, ROW_BF16, ROW_I8, ROW_E4M3, ROW_E5M2 };
 
 typedef struct {
     const void *p; /* the row's first element */
-    float s;       /* ROW_I8: the row's scale; fp8: the head's */
+    float s;       /* fp8: the head's scale, applied per element */
+    float f;       /* row_at()'s factor: ROW_I8 the row's scale, else 1 (or row_at()'s) */
 } rowref;
 
 /* Eight fp8 codes as floats, kvq_fp8_to_f32()'s values, by way of binary16 (a table lookup
@@ -465,10 +498,9 @@ KV_INLINE __m256 load8(int f, rowref r, int j)
     if (f == ROW_BF16) /* the 16 bits are a float's upper half */
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
             _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)r.p + j))), 16));
-    if (f == ROW_I8)
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                 _mm_loadl_epi64((const __m128i *)(const void *)((const int8_t *)r.p + j)))),
-                             _mm256_set1_ps(r.s));
+    if (f == ROW_I8) /* the codes: the row's scale is its factor */
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+            _mm_loadl_epi64((const __m128i *)(const void *)((const int8_t *)r.p + j))));
     if (f == ROW_E4M3 || f == ROW_E5M2)
         return _mm256_mul_ps(fp8x8(f == ROW_E5M2, (const uint8_t *)r.p + j), _mm256_set1_ps(r.s));
     return _mm256_loadu_ps((const float *)r.p + j);
@@ -479,7 +511,7 @@ KV_INLINE float load1(int f, rowref r, int j)
 {
     if (f == ROW_F16) return f16_table[((const uint16_t *)r.p)[j]];
     if (f == ROW_BF16) return kvq_bf16_to_f32(((const uint16_t *)r.p)[j]);
-    if (f == ROW_I8) return (float)((const int8_t *)r.p)[j] * r.s;
+    if (f == ROW_I8) return (float)((const int8_t *)r.p)[j];
     if (f == ROW_E4M3 || f == ROW_E5M2)
         return fp8_table[f == ROW_E5M2][((const uint8_t *)r.p)[j]] * r.s;
     return ((const float *)r.p)[j];
@@ -495,12 +527,14 @@ KV_INLINE float fold16(__m256 a0, __m256 a1)
     return _mm_cvtss_f32(s2) + _mm_cvtss_f32(_mm_shuffle_ps(s2, s2, 1));
 }
 
-/* A score: kv_dot16's lanes a, b, then its tail, times the scale; stored, the max raised. */
+/* A score: kv_dot16's lanes a, b, then its tail, times the row's factor and the scale;
+ * stored, the max raised. */
 KV_INLINE void score_out(const group *g, int h, int64_t i, __m256 a, __m256 b, int f, rowref k,
                          const float *q, int d16, float scale, float *mx)
 {
     float x = fold16(a, b);
     for (int j = d16; j < g->d; j++) x += q[j] * load1(f, k, j); /* the tail, in order */
+    x *= k.f;
     x *= scale;
     g->att[(size_t)h * g->len + i] = x;
     if (x > mx[h]) mx[h] = x;
@@ -587,16 +621,16 @@ KV_AVX2 static int64_t kind_row_bytes(int f, int d)
 KV_INLINE rowref row_ref(const kv_head_view *h, int f, int64_t rb, int64_t t, int j0, int j1,
                         float *scratch)
 {
-    rowref r = {NULL, 0.0f};
+    rowref r = {NULL, 0.0f, 1.0f};
     if (f != ROW_F32) {
         const int64_t row = kv_view_row(h, t);
         r.p = h->codes + row * rb;
         if (f == ROW_I8) /* one scale per row (row_kind()): kvq_meta_index() is the row */
-            r.s = ((const float *)h->meta)[row];
+            r.f = ((const float *)h->meta)[row];
         if (f == ROW_E4M3 || f == ROW_E5M2) r.s = h->scale;
         return r;
     }
-    r.p = row_at(h, t, j0, j1, scratch);
+    r.p = row_at(h, t, j0, j1, scratch, &r.f);
     return r;
 }
 
@@ -626,36 +660,60 @@ KV_AVX2 static void prefetch_rows(const group *g, const kv_head_view *h, int64_t
     }
 }
 
-KV_AVX2 static void group_scores_avx2(const group *g, int64_t i0, int64_t i1, float *mx,
-                                      float *rows)
+/* The rows of the walk's next n steps into t[n], the walk moved past them. Positions below
+ * ns (the sinks, or every position without a window) are their own rows, so a block of
+ * them is a run and needs no step-by-step walk. */
+KV_INLINE void walk_rows(kv_window_walk *k, int n, int64_t *t)
+{
+    if (k->pos + n < k->ns) {
+        for (int c = 0; c < n; c++) t[c] = k->pos + c;
+        k->pos += n;
+        k->row = k->pos;
+        return;
+    }
+    for (int c = 0; c < n; c++, kv_window_walk_next(k)) t[c] = k->row;
+}
+
+/* group_scores() over rows [i0, i1) read as f, in blocks of KV_ATTN_ROWS rows (f a constant
+ * where inlined: each row's reference is then an address and a scale, no format switch). */
+KV_INLINE void scores_rows(const group *g, int f, int64_t i0, int64_t i1, float *mx,
+                           float *rows)
 {
     const int d = g->d;
     const float scale = 1.0f / sqrtf((float)d);
-    const int f = g->w.rope_cs ? ROW_F32 : row_kind(&g->kh);
     const int64_t rb = kind_row_bytes(f, d);
     kv_window_walk k;
     walk_at(&k, &g->w, i0);
     for (int64_t b = i0; b < i1; b += KV_ATTN_ROWS) {
         const int n = i1 - b < KV_ATTN_ROWS ? (int)(i1 - b) : KV_ATTN_ROWS;
         rowref kp[KV_ATTN_ROWS];
+        int64_t t[KV_ATTN_ROWS];
         if (g->kh.blocks && b + n < i1) prefetch_rows(g, &g->kh, b + n, KV_ATTN_ROWS, 0, d);
-        for (int c = 0; c < n; c++, kv_window_walk_next(&k)) {
+        walk_rows(&k, n, t);
+        for (int c = 0; c < n; c++) {
             float *row = rows + (size_t)c * d;
-            if (g->w.rope_cs) {
-                const rowref r = {key_row(g, &k, b + c, row), 0.0f};
+            if (f == ROW_F32 && g->w.rope_cs) {
+                rowref r = {NULL, 0.0f, 1.0f};
+                r.p = key_row(g, t[c], b + c, row, &r.f);
                 kp[c] = r;
             } else {
-                kp[c] = row_ref(&g->kh, f, rb, k.row, 0, d, row);
+                kp[c] = row_ref(&g->kh, f, rb, t[c], 0, d, row);
             }
         }
-        switch (f) { /* the kind a constant of each call: the loads specialized */
-        case ROW_F16: scores_block(g, ROW_F16, kp, n, b, scale, mx); break;
-        case ROW_BF16: scores_block(g, ROW_BF16, kp, n, b, scale, mx); break;
-        case ROW_I8: scores_block(g, ROW_I8, kp, n, b, scale, mx); break;
-        case ROW_E4M3: scores_block(g, ROW_E4M3, kp, n, b, scale, mx); break;
-        case ROW_E5M2: scores_block(g, ROW_E5M2, kp, n, b, scale, mx); break;
-        default: scores_block(g, ROW_F32, kp, n, b, scale, mx);
-        }
+        scores_block(g, f, kp, n, b, scale, mx);
+    }
+}
+
+KV_AVX2 static void group_scores_avx2(const group *g, int64_t i0, int64_t i1, float *mx,
+                                      float *rows)
+{
+    switch (g->w.rope_cs ? ROW_F32 : row_kind(&g->kh)) { /* the kind a constant of each call */
+    case ROW_F16: scores_rows(g, ROW_F16, i0, i1, mx, rows); break;
+    case ROW_BF16: scores_rows(g, ROW_BF16, i0, i1, mx, rows); break;
+    case ROW_I8: scores_rows(g, ROW_I8, i0, i1, mx, rows); break;
+    case ROW_E4M3: scores_rows(g, ROW_E4M3, i0, i1, mx, rows); break;
+    case ROW_E5M2: scores_rows(g, ROW_E5M2, i0, i1, mx, rows); break;
+    default: scores_rows(g, ROW_F32, i0, i1, mx, rows);
     }
 }
 
@@ -697,18 +755,23 @@ KV_INLINE void values_run8(float *const *o, const float *const *w, int nhh, int 
 }
 
 /* Pass 3 over a block of n rows read as f, columns [j0, j1): heads in pairs, runs of 32
- * columns in registers, then runs of 8, the last columns one at a time, rows in order. */
-KV_INLINE void values_block(const group *g, int f, const rowref *vp, int n, int64_t i0, int j0,
-                            int j1)
+ * columns in registers, then runs of 8, the last columns one at a time, rows in order; each
+ * weight times its row's factor first, as group_values() does. */
+KV_INLINE void values_block(const group *g, int f, const rowref *vp, const float *fac, int n,
+                            int64_t i0, int j0, int j1)
 {
     const int G = g->G, d = g->d;
     for (int h = 0; h < G;) {
         const int nhh = G - h >= 2 ? 2 : 1;
-        float *o[2];
+        float *o[2], wf[2][KV_ATTN_ROWS];
         const float *w[2];
         for (int t = 0; t < nhh; t++) {
             o[t] = g->out + (size_t)(h + t) * d;
             w[t] = g->att + (size_t)(h + t) * g->len + i0;
+            if (f == ROW_I8 || f == ROW_F32) { /* the kinds whose rows have factors */
+                for (int c = 0; c < n; c++) wf[t][c] = w[t][c] * fac[c];
+                w[t] = wf[t];
+            }
         }
         int j = j0;
         if (nhh == 2) { /* the head count a constant of each call: registers, not arrays */
@@ -725,11 +788,11 @@ KV_INLINE void values_block(const group *g, int f, const rowref *vp, int n, int6
     }
 }
 
-/* group_values() in blocks of KV_ATTN_ROWS rows. rows [KV_ATTN_ROWS][d] scratch. */
-KV_AVX2 static void group_values_avx2(const group *g, int j0, int j1, float *sum, float *rows)
+/* group_values() read as f, in blocks of KV_ATTN_ROWS rows (f a constant where inlined, as
+ * in scores_rows()). rows [KV_ATTN_ROWS][d] scratch. */
+KV_INLINE void values_rows(const group *g, int f, int j0, int j1, float *sum, float *rows)
 {
     const int G = g->G, d = g->d;
-    const int f = row_kind(&g->vh);
     const int64_t rb = kind_row_bytes(f, d);
     /* blocks ahead to ask for (above): paged 1, contiguous binary16 / bfloat16 4, else none */
     const int ahead = g->vh.blocks ? 1 : f == ROW_F16 || f == ROW_BF16 ? 4 : 0;
@@ -742,26 +805,36 @@ KV_AVX2 static void group_values_avx2(const group *g, int j0, int j1, float *sum
     for (int64_t i0 = 0; i0 < g->len; i0 += KV_ATTN_ROWS) {
         const int n = g->len - i0 < KV_ATTN_ROWS ? (int)(g->len - i0) : KV_ATTN_ROWS;
         rowref vp[KV_ATTN_ROWS];
+        float fac[KV_ATTN_ROWS]; /* the rows' factors, for the weights eight at a time */
         if (ahead)
             prefetch_rows(g, &g->vh, i0 + n + (ahead - 1) * KV_ATTN_ROWS, KV_ATTN_ROWS, j0, j1);
-        for (int c = 0; c < n; c++, kv_window_walk_next(&k))
-            vp[c] = row_ref(&g->vh, f, rb, k.row, j0, j1, rows + (size_t)c * d);
+        int64_t t[KV_ATTN_ROWS];
+        walk_rows(&k, n, t);
+        for (int c = 0; c < n; c++) {
+            vp[c] = row_ref(&g->vh, f, rb, t[c], j0, j1, rows + (size_t)c * d);
+            fac[c] = vp[c].f;
+        }
         for (int h = 0; h < G; h++) {
             const float *wh = g->att + (size_t)h * g->len + i0;
             for (int c = 0; c < n; c++) sum[h] += wh[c]; /* in position order */
         }
-        switch (f) {
-        case ROW_F16: values_block(g, ROW_F16, vp, n, i0, j0, j1); break;
-        case ROW_BF16: values_block(g, ROW_BF16, vp, n, i0, j0, j1); break;
-        case ROW_I8: values_block(g, ROW_I8, vp, n, i0, j0, j1); break;
-        case ROW_E4M3: values_block(g, ROW_E4M3, vp, n, i0, j0, j1); break;
-        case ROW_E5M2: values_block(g, ROW_E5M2, vp, n, i0, j0, j1); break;
-        default: values_block(g, ROW_F32, vp, n, i0, j0, j1);
-        }
+        values_block(g, f, vp, fac, n, i0, j0, j1);
     }
     for (int h = 0; h < G; h++) {
         const float inv = 1.0f / sum[h];
         for (int j = j0; j < j1; j++) g->out[(size_t)h * d + j] *= inv;
+    }
+}
+
+KV_AVX2 static void group_values_avx2(const group *g, int j0, int j1, float *sum, float *rows)
+{
+    switch (row_kind(&g->vh)) { /* the kind a constant of each call */
+    case ROW_F16: values_rows(g, ROW_F16, j0, j1, sum, rows); break;
+    case ROW_BF16: values_rows(g, ROW_BF16, j0, j1, sum, rows); break;
+    case ROW_I8: values_rows(g, ROW_I8, j0, j1, sum, rows); break;
+    case ROW_E4M3: values_rows(g, ROW_E4M3, j0, j1, sum, rows); break;
+    case ROW_E5M2: values_rows(g, ROW_E5M2, j0, j1, sum, rows); break;
+    default: values_rows(g, ROW_F32, j0, j1, sum, rows);
     }
 }
 

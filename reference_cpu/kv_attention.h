@@ -108,9 +108,20 @@ int kv_attn_simd(int mode);
 /**
  * Row @p t of a cache head view dequantized into out [d] (chapter 04): equal, bit for bit,
  * to kv_cache_elem() for every j, with the format's switch hoisted out of the loop. What the
- * CPU attention reads a quantized K or V row with.
+ * CPU attention reads a quantized K or V row with (by way of kv_attn_row_factored()).
  */
 void kv_attn_row(const kv_head_view *h, int64_t t, float *out);
+
+/**
+ * Row @p t as the attention passes read it: out [d] times the returned factor is
+ * kv_attn_row()'s row. A per-token int8 row (KV_QF_INT8, one scale per row) comes as its
+ * codes converted to floats, its scale the factor, so a score is (q · c)·s and a weight w·s
+ * multiplies the codes: one multiply per row instead of one per element (int8 attention is
+ * bound by its arithmetic). Every other row is kv_attn_row()'s, factor 1. Every CPU path that
+ * attends over a cache (kv_attention(), kv_flash_naive(), kv_select_attend()) reads rows
+ * this way, so they agree bit for bit.
+ */
+float kv_attn_row_factored(const kv_head_view *h, int64_t t, float *out);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,10 @@
  * Rows of K and V come from the cache through a kv_head_view, one tile at a time: fp32 rows
  * are read where they lie, every other format is dequantized as it is read (kv_attn_row(),
  * the row decoder of chapter 04's attention), so the cache's format never reaches the math.
+ * The naive path reads its rows as kv_attention() does (kv_attn_row_factored(): a per-token
+ * int8 row's scale applied once per score and per weight), so a decode query gets
+ * kv_attention()'s bits; the tiled and split paths round differently anyway (their online
+ * softmax) and read dequantized rows.
  *
  * Bytes (kv_flash_stats) are counted where they move, in these units:
  *   row bytes  r  = d · b, b = kv_dtype_bytes_d(fmt, d): codes plus metadata as stored
@@ -60,6 +64,18 @@ static inline const float *row_at(const kv_head_view *h, int64_t t, float *buf)
     if (h->fmt == KV_QF_F32 && t < h->q)
         return (const float *)(const void *)h->codes + kv_view_row(h, t) * h->d;
     kv_attn_row(h, t, buf);
+    return buf;
+}
+
+/* The same row as kv_attention() reads it, and its factor (kv_attn_row_factored()): what
+ * the naive path attends over, so that its decode query has kv_attention()'s bits. */
+static inline const float *row_factored(const kv_head_view *h, int64_t t, float *buf,
+                                        float *factor)
+{
+    *factor = 1.0f;
+    if (h->fmt == KV_QF_F32 && t < h->q)
+        return (const float *)(const void *)h->codes + kv_view_row(h, t) * h->d;
+    *factor = kv_attn_row_factored(h, t, buf);
     return buf;
 }
 
@@ -137,11 +153,12 @@ static void naive_head(const flash_ctx *x, int h, float *s, float *sum, float *r
 
     /* pass 1: every score, written to S */
     for (int64_t i = 0; i < n; i++) {
-        const float *kr = row_at(&kh, lo + i, row);
+        float f;
+        const float *kr = row_factored(&kh, lo + i, row, &f);
         kvb += row_bytes(&kh, lo + i, rb);
         for (int t = 0; t < T; t++)
             s[(size_t)t * n + i] = lo + i < key_end(j, t)
-                ? kv_dot(j->q + ((size_t)t * H + h) * d, kr, d) * x->scale : -INFINITY;
+                ? kv_dot(j->q + ((size_t)t * H + h) * d, kr, d) * f * x->scale : -INFINITY;
     }
     /* pass 2: per row, the max, then exp(s - max) in place, and their sum */
     for (int t = 0; t < T; t++) {
@@ -152,10 +169,11 @@ static void naive_head(const flash_ctx *x, int h, float *s, float *sum, float *r
     /* pass 3: O = P V, value rows read once, each added to every query's output */
     for (int t = 0; t < T; t++) memset(j->out + ((size_t)t * H + h) * d, 0, (size_t)d * 4);
     for (int64_t i = 0; i < n; i++) {
-        const float *vr = row_at(&vh, lo + i, row);
+        float f;
+        const float *vr = row_factored(&vh, lo + i, row, &f);
         kvb += row_bytes(&vh, lo + i, rb);
         for (int t = 0; t < T; t++) {
-            const float w = s[(size_t)t * n + i];
+            const float w = s[(size_t)t * n + i] * f;
             float *o = j->out + ((size_t)t * H + h) * d;
             if (w != 0.0f)
                 for (int k = 0; k < d; k++) o[k] += w * vr[k];

@@ -572,15 +572,14 @@ void kv_select_attend(const kv_head_view *kh, const kv_head_view *vh, const kv_s
     for (int j = 0; j < d; j++) oh[j] = 0.0f;
     if (n == 0) return; /* nothing kept: nothing to attend to, zeros rather than 0/0 */
     float max = -INFINITY;
-    for (int i = 0; i < n; i++) {
-        kv_attn_row(kh, set->pos[i], row);
-        att[i] = kv_dot(qh, row, d) * scale;
+    for (int i = 0; i < n; i++) { /* rows as kv_attention() reads them: the same bits */
+        const float f = kv_attn_row_factored(kh, set->pos[i], row);
+        att[i] = kv_dot(qh, row, d) * f * scale;
         if (att[i] > max) max = att[i];
     }
     const float sum = kv_attn_exp_sum(att, n, max);
     for (int i = 0; i < n; i++) {
-        const float wt = att[i];
-        kv_attn_row(vh, set->pos[i], row);
+        const float f = kv_attn_row_factored(vh, set->pos[i], row), wt = att[i] * f;
         for (int j = 0; j < d; j++) oh[j] += wt * row[j];
     }
     const float inv = 1.0f / sum;

@@ -272,7 +272,8 @@ int kv_select_topk_keys(const kv_head_view *k, int n, const float *q, int k_keys
 /**
  * Attention of one query head restricted to a kept set: softmax over the kept positions
  * only, out = sum_p softmax(q·k_p/sqrt(d)) v_p in kv_attention()'s passes and order
- * (positions ascending), so the full set 0 .. t gives kv_attention()'s bits. What measures a
+ * (positions ascending, rows read as it reads them: kv_attn_row_factored()), so the full set
+ * 0 .. t gives kv_attention()'s bits. What measures a
  * selection's output error against full attention. qh [d], oh [d], row [d] scratch;
  * att [set->n] returns the probabilities, exp(s_i - max) · (1 / sum), in the set's order:
  * what kv_select_h2o_observe() takes from each query head of the group. An empty set gives

@@ -185,9 +185,32 @@ static void check_format(int fmt, int per_head, int d, int H, int Hkv, int n, in
                 }
             }
         }
-    free(row);
     KV_CHECK(rowdiff == 0, "%s: kv_attn_row() = kv_cache_elem() bit for bit (%ld differ)",
              kv_quant_name(fmt), rowdiff);
+    /* the row as attention reads it: times its factor, the same bits again; the factor 1
+     * except for per-token int8, whose row is then its codes (whole numbers, |c| <= 127) */
+    long facdiff = 0;
+    const int int8_row = fmt == KV_QF_INT8;
+    float *codes_f = malloc(sizeof(float) * d);
+    for (int h = 0; h < Hkv; h++)
+        for (int role = 0; role < 2; role++) {
+            const kv_head_view hv = kv_cache_view(&c, layer, slot, h, role);
+            for (int t = 0; t < n; t++) {
+                kv_attn_row(&hv, t, row);
+                const float f = kv_attn_row_factored(&hv, t, codes_f);
+                if (!int8_row) facdiff += f != 1.0f;
+                for (int j = 0; j < d; j++) {
+                    const float x = codes_f[j] * f;
+                    facdiff += memcmp(&x, &row[j], 4) != 0;
+                    if (int8_row)
+                        facdiff += codes_f[j] != rintf(codes_f[j]) || fabsf(codes_f[j]) > 127.0f;
+                }
+            }
+        }
+    free(codes_f);
+    free(row);
+    KV_CHECK(facdiff == 0, "%s: kv_attn_row_factored() x factor = kv_attn_row() bit for bit, "
+             "factor 1 but for int8 (%ld differ)", kv_quant_name(fmt), facdiff);
 
     /* bytes: the planes of a per-token format hold what kv_quant_encode() makes of each row */
     if (!kvq_is_kivi(fmt)) {

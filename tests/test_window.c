@@ -181,8 +181,8 @@ static int make_cache(kv_cache *c, const kv_config *cfg, int dtype, int paged, i
 }
 
 /* Full attention of one head over positions 0..t with the window's mask: masked scores are
- * -inf, then the three passes of kv_attention.c (its exponentials: kv_attn_exp_sum()).
- * kv [Hkv][*] views. */
+ * -inf, then the three passes of kv_attention.c (its exponentials: kv_attn_exp_sum(), its
+ * rows: kv_attn_row_factored()). kv [Hkv][*] views. */
 static void masked_ref(const float *qh, const kv_head_view *kh, const kv_head_view *vh, int W,
                        int S, int t, float *oh)
 {
@@ -191,8 +191,8 @@ static void masked_ref(const float *qh, const kv_head_view *kh, const kv_head_vi
     float max = -INFINITY;
     for (int s = 0; s <= t; s++) {
         if (kv_window_visible(W, S, t, s)) {
-            kv_attn_row(kh, s, row);
-            att[s] = kv_dot(qh, row, D) * scale;
+            const float f = kv_attn_row_factored(kh, s, row);
+            att[s] = kv_dot(qh, row, D) * f * scale;
         } else {
             att[s] = -INFINITY;
         }
@@ -201,20 +201,22 @@ static void masked_ref(const float *qh, const kv_head_view *kh, const kv_head_vi
     const float sum = kv_attn_exp_sum(att, t + 1, max); /* masked entries: exactly 0 */
     for (int i = 0; i < D; i++) oh[i] = 0.0f;
     for (int s = 0; s <= t; s++) {
-        kv_attn_row(vh, s, row);
-        for (int i = 0; i < D; i++) oh[i] += att[s] * row[i];
+        const float wf = att[s] * kv_attn_row_factored(vh, s, row);
+        for (int i = 0; i < D; i++) oh[i] += wf * row[i];
     }
     const float inv = 1.0f / sum;
     for (int i = 0; i < D; i++) oh[i] *= inv;
 }
 
 /* StreamingLLM reference: gather the retained rows of the full cache (keys unrotated),
- * rotate key i by kv_rope() at position i, and attend over plain arrays (kv_attn_decode). */
+ * rotate key i by kv_rope() at position i, and attend over them with masked_ref()'s passes
+ * (value rows as kv_attention() reads them: kv_attn_row_factored()). */
 static void stream_ref(const float *q_rot, const kv_cache *full, const kv_config *cfg, int W,
                        int S, int t, float *out)
 {
     const int n = (int)kv_window_count(W, S, t);
     float *k = malloc(sizeof(float) * HKV * n * D), *v = malloc(sizeof(float) * HKV * n * D);
+    float vf[HKV * 4096], att[4096]; /* [Hkv][n] each value row's factor; [n] */
     for (int h = 0; h < HKV; h++) {
         kv_head_view kh = kv_cache_view(full, 0, 0, h, KV_QROLE_KEY);
         kv_head_view vh = kv_cache_view(full, 0, 0, h, KV_QROLE_VALUE);
@@ -222,11 +224,28 @@ static void stream_ref(const float *q_rot, const kv_cache *full, const kv_config
             const int64_t p = kv_window_pos(W, S, t, i);
             float *kr = k + ((size_t)h * n + i) * D;
             kv_attn_row(&kh, p, kr);
-            kv_attn_row(&vh, p, v + ((size_t)h * n + i) * D);
+            vf[h * n + i] = kv_attn_row_factored(&vh, p, v + ((size_t)h * n + i) * D);
             kv_rope(kr, &i, 1, 1, D, cfg->rotary_dim, cfg->rope_theta);
         }
     }
-    kv_attn_decode(q_rot, k, v, out, H, HKV, D, n, n);
+    const float scale = 1.0f / sqrtf((float)D);
+    for (int h = 0; h < H; h++) {
+        const int kvh = kv_attn_kv_head(h, H, HKV);
+        const float *qh = q_rot + h * D;
+        float *oh = out + h * D, max = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            att[i] = kv_dot(qh, k + ((size_t)kvh * n + i) * D, D) * scale;
+            if (att[i] > max) max = att[i];
+        }
+        const float sum = kv_attn_exp_sum(att, n, max);
+        for (int j = 0; j < D; j++) oh[j] = 0.0f;
+        for (int i = 0; i < n; i++) {
+            const float wf = att[i] * vf[kvh * n + i], *vr = v + ((size_t)kvh * n + i) * D;
+            for (int j = 0; j < D; j++) oh[j] += wf * vr[j];
+        }
+        const float inv = 1.0f / sum;
+        for (int j = 0; j < D; j++) oh[j] *= inv;
+    }
     free(k);
     free(v);
 }
