@@ -470,7 +470,7 @@ enum { ROW_F32, ROW_F16, ROW_BF16, ROW_I8, ROW_E4M3, ROW_E5M2 };
 typedef struct {
     const void *p; /* the row's first element */
     float s;       /* fp8: the head's scale, applied per element */
-    float f;       /* row_at()'s factor: ROW_I8 the row's scale, else 1 (or row_at()'s) */
+    float f;       /* the row's factor (row_at()): ROW_I8 its scale, ROW_F32 row_at()'s, else 1 */
 } rowref;
 
 /* Eight fp8 codes as floats, kvq_fp8_to_f32()'s values, by way of binary16 (a table lookup
@@ -805,7 +805,7 @@ KV_INLINE void values_rows(const group *g, int f, int j0, int j1, float *sum, fl
     for (int64_t i0 = 0; i0 < g->len; i0 += KV_ATTN_ROWS) {
         const int n = g->len - i0 < KV_ATTN_ROWS ? (int)(g->len - i0) : KV_ATTN_ROWS;
         rowref vp[KV_ATTN_ROWS];
-        float fac[KV_ATTN_ROWS]; /* the rows' factors, for the weights eight at a time */
+        float fac[KV_ATTN_ROWS]; /* the rows' factors, beside each other for the weights */
         if (ahead)
             prefetch_rows(g, &g->vh, i0 + n + (ahead - 1) * KV_ATTN_ROWS, KV_ATTN_ROWS, j0, j1);
         int64_t t[KV_ATTN_ROWS];
