@@ -7,8 +7,8 @@
  * chapter 02's fp32 rows read where they lie, chapter 04's storage formats dequantized a row
  * at a time as they are read (kv_attn_row(): the per-element decode the CUDA kernels share;
  * a per-token int8 row is read as its codes, its one scale applied once per dot product and
- * per weight, kv_attn_row_factored()), chapter 06's windows walked in position order. Later layouts are new cases of the row
- * lookup, not new copies of the math.
+ * per weight, kv_attn_row_factored()), chapter 06's windows walked in position order. Later
+ * layouts are new cases of the row lookup, not new copies of the math.
  *
  * Grouped-query attention (chapter 03) is which K/V rows a query head is handed: query head h
  * reads KV head kv_attn_kv_head(h) = h / G. The G heads of a group are computed together, so
@@ -439,8 +439,9 @@ static void group_values(const group *g, int j0, int j1, float *sum, float *row)
  *    needs them (binary16 and bfloat16 -> binary32 are exact, fp8 goes by way of binary16,
  *    exact too; an fp8 element is value · scale, one rounding, as kv_quant_math.h and the
  *    tables above; an int8 element is its code, the row's scale its factor, see row_at());
- *    other formats (KIVI, int8 with group scales) decoded into the scratch first. A paged view's blocks lie anywhere, a pattern the
- *    hardware prefetchers cannot guess, so each block of rows asks for the next one's bytes.
+ *    other formats (KIVI, int8 with group scales) decoded into the scratch first. A paged
+ *    view's blocks lie anywhere, a pattern the hardware prefetchers cannot guess, so each
+ *    block of rows asks for the next one's bytes.
  *    A contiguous view is read in address order, which they follow; only the value pass of
  *    a binary16 or bfloat16 cache, whose arithmetic outruns the memory, asks as well, four
  *    blocks ahead (its runs of 32 columns visit a block's rows in a stride the prefetchers
@@ -602,7 +603,7 @@ KV_AVX2 static int row_kind(const kv_head_view *h)
     if (h->d % 16 || h->q < INT64_MAX / 2) return ROW_F32;
     if (h->fmt == KV_QF_F16) return ROW_F16;
     if (h->fmt == KV_QF_BF16) return ROW_BF16;
-    if (h->fmt == KV_QF_INT8 && kvq_row_group(h->fmt, h->role, h->d) == h->d) return ROW_I8;
+    if (int8_per_row(h)) return ROW_I8;
     if (h->fmt == KV_QF_FP8_E4M3) return ROW_E4M3;
     if (h->fmt == KV_QF_FP8_E5M2) return ROW_E5M2;
     return ROW_F32;

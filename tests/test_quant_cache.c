@@ -171,27 +171,12 @@ static void check_format(int fmt, int per_head, int d, int H, int Hkv, int n, in
         }
     KV_CHECK(bad == 0, "%s%s d %d: %ld elements beyond the format's bound", kv_quant_name(fmt),
              per_head ? "/head" : "", d, bad);
-    /* the attention's row decoder equals the per-element decode, bit for bit */
-    long rowdiff = 0;
-    float *row = malloc(sizeof(float) * d);
-    for (int h = 0; h < Hkv; h++)
-        for (int role = 0; role < 2; role++) {
-            const kv_head_view hv = kv_cache_view(&c, layer, slot, h, role);
-            for (int t = 0; t < n; t++) {
-                kv_attn_row(&hv, t, row);
-                for (int j = 0; j < d; j++) {
-                    const float x = kv_cache_elem(&hv, t, j);
-                    rowdiff += memcmp(&x, &row[j], 4) != 0;
-                }
-            }
-        }
-    KV_CHECK(rowdiff == 0, "%s: kv_attn_row() = kv_cache_elem() bit for bit (%ld differ)",
-             kv_quant_name(fmt), rowdiff);
-    /* the row as attention reads it: times its factor, the same bits again; the factor 1
-     * except for per-token int8, whose row is then its codes (whole numbers, |c| <= 127) */
-    long facdiff = 0;
+    /* the attention's row decoder equals the per-element decode, bit for bit; the row as
+     * attention reads it (kv_attn_row_factored()) times its factor gives the same bits, the
+     * factor 1 except for per-token int8, whose row is then its codes (whole, |c| <= 127) */
+    long rowdiff = 0, facdiff = 0;
     const int int8_row = fmt == KV_QF_INT8;
-    float *codes_f = malloc(sizeof(float) * d);
+    float *row = malloc(sizeof(float) * d), *codes_f = malloc(sizeof(float) * d);
     for (int h = 0; h < Hkv; h++)
         for (int role = 0; role < 2; role++) {
             const kv_head_view hv = kv_cache_view(&c, layer, slot, h, role);
@@ -200,8 +185,9 @@ static void check_format(int fmt, int per_head, int d, int H, int Hkv, int n, in
                 const float f = kv_attn_row_factored(&hv, t, codes_f);
                 if (!int8_row) facdiff += f != 1.0f;
                 for (int j = 0; j < d; j++) {
-                    const float x = codes_f[j] * f;
-                    facdiff += memcmp(&x, &row[j], 4) != 0;
+                    const float x = kv_cache_elem(&hv, t, j), y = codes_f[j] * f;
+                    rowdiff += memcmp(&x, &row[j], 4) != 0;
+                    facdiff += memcmp(&y, &row[j], 4) != 0;
                     if (int8_row)
                         facdiff += codes_f[j] != rintf(codes_f[j]) || fabsf(codes_f[j]) > 127.0f;
                 }
@@ -209,6 +195,8 @@ static void check_format(int fmt, int per_head, int d, int H, int Hkv, int n, in
         }
     free(codes_f);
     free(row);
+    KV_CHECK(rowdiff == 0, "%s: kv_attn_row() = kv_cache_elem() bit for bit (%ld differ)",
+             kv_quant_name(fmt), rowdiff);
     KV_CHECK(facdiff == 0, "%s: kv_attn_row_factored() x factor = kv_attn_row() bit for bit, "
              "factor 1 but for int8 (%ld differ)", kv_quant_name(fmt), facdiff);
 
