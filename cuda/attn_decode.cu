@@ -47,11 +47,14 @@
  *   as plain floats, any other format by the per-element decode of
  *   reference_cpu/kv_quant_math.h inline in the loops, the very lines the CPU's attention
  *   runs (or KIVI's fp32 window for its newest rows). Dequantization is fused: no dequantized
- *   copy of the cache is ever written, and the bytes read are the quantized ones. One
- *   difference in rounding: the CPU multiplies a per-token int8 row's scale into each score
- *   and weight rather than into each element (its cores are short of arithmetic, not of
- *   bandwidth, kv_attn_row_factored()); here every element is decoded, code · scale, as the
- *   GPU has arithmetic to spare. The tests compare the two within fp32 tolerance.
+ *   copy of the cache is ever written, and the bytes read are the quantized ones. Per-token
+ *   int8 keys meet the query rounded to 16-bit integers, as on the CPU (kv_attn_int_keys():
+ *   group_open() and v1 round the query in shared memory, kvq_q16_round_query()). The CPU,
+ *   short of arithmetic rather than of bandwidth, then takes the integer dot product of the
+ *   codes and applies a row's scale once per score and per weight (kv_attn_row_factored());
+ *   here every element is decoded, code · scale, and multiplied into the rounded query in
+ *   floats, as the GPU has arithmetic to spare. The tests compare the two within fp32
+ *   tolerance.
  * Chapter 05: on a paged cache the views are kv_cache_plane_view_paged(): a position's row is
  *   found through the slot's block table (a device copy), once per row a thread reads, and the
  *   math is unchanged, so paged and contiguous caches holding the same rows give the same bits.
@@ -142,7 +145,7 @@ __global__ void attn_decode_kernel_v1(float *out, const float *q, attn_src src, 
                                       const int *row_of, int slot0, int len, int n_heads,
                                       int n_kv_heads, int head_dim, int stride)
 {
-    KV_DYNAMIC_SMEM(float, red); /* [32] block reduction scratch */
+    KV_DYNAMIC_SMEM(float, red); /* [32] block reduction scratch, then the query [d] */
     const int h = blockIdx.x, t = blockIdx.y;
     ATTN_TOKEN(t);
     const int kvh = h / (n_heads / n_kv_heads); /* kv_attn_kv_head(): h / G */
@@ -150,7 +153,14 @@ __global__ void attn_decode_kernel_v1(float *out, const float *q, attn_src src, 
     const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
     const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
     const float *vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL;
-    const float *qh = q + ((size_t)tr * n_heads + h) * head_dim;  /* [d] */
+    float *qh = red + KV_WARP; /* [d] the query, rounded where int8 keys meet it */
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
+        qh[i] = q[((size_t)tr * n_heads + h) * head_dim + i];
+    __syncthreads();
+    if (kv_int_keys(kh, src.rope_cs)) {
+        if (threadIdx.x == 0) kvq_q16_round_query(qh, head_dim);
+        __syncthreads();
+    }
     float *att = scores + ((size_t)t * n_heads + h) * stride;     /* [stride] */
     float *oh = out + ((size_t)tr * n_heads + h) * head_dim;      /* [d] */
     const float scale = 1.0f / sqrtf((float)head_dim);
@@ -221,6 +231,11 @@ __device__ inline attn_group group_open(float *smem, const attn_src &src, const 
     const float *qg = q + ((size_t)t * n_heads + (size_t)kvh * a.G) * head_dim; /* [G][d] */
     for (int i = threadIdx.x; i < a.G * head_dim; i += blockDim.x) a.qs[i] = qg[i];
     __syncthreads();
+    if (kv_int_keys(a.kh, src.rope_cs)) { /* int8 keys meet the queries rounded: thread g, head g */
+        for (int g = threadIdx.x; g < a.G; g += blockDim.x)
+            kvq_q16_round_query(a.qs + (size_t)g * head_dim, head_dim);
+        __syncthreads();
+    }
     return a;
 }
 
@@ -469,9 +484,9 @@ static void launch(int version, float *out, const float *q, const attn_src &src,
                   tok_slot, tok_pos, row_of, slot0, len, n_heads, n_kv_heads, head_dim, stride);
     } else {
         dim3 grid(n_heads, T);
-        KV_LAUNCH(attn_decode_kernel_v1, grid, ATTN_THREADS, KV_WARP * sizeof(float), 0, out,
-                  q, src, scores, tok_slot, tok_pos, row_of, slot0, len, n_heads, n_kv_heads,
-                  head_dim, stride);
+        const size_t smem1 = (KV_WARP + (size_t)head_dim) * sizeof(float); /* red, query */
+        KV_LAUNCH(attn_decode_kernel_v1, grid, ATTN_THREADS, smem1, 0, out, q, src, scores,
+                  tok_slot, tok_pos, row_of, slot0, len, n_heads, n_kv_heads, head_dim, stride);
     }
 }
 

@@ -110,9 +110,16 @@ typedef struct {
 /* Block (t, h): row S[h][t] of scores, -inf where the causal mask hides a key. */
 __global__ void flash_scores_kernel_v1(flash_args a, flash_scores sc)
 {
+    KV_DYNAMIC_SMEM(float, qh); /* [d] the query, rounded where int8 keys meet it */
     const int t = blockIdx.x, h = blockIdx.y, G = a.H / a.H_kv;
     const flash_kv kv = flash_views(a, h / G);
-    const float *qh = a.q + ((size_t)t * a.H + h) * a.d;       /* [d] */
+    const float *q = a.q + ((size_t)t * a.H + h) * a.d; /* [d] */
+    for (int i = threadIdx.x; i < a.d; i += blockDim.x) qh[i] = q[i];
+    __syncthreads();
+    if (kv_int_keys(kv.kh, a.src.rope_cs)) {
+        if (threadIdx.x == 0) kvq_q16_round_query(qh, a.d);
+        __syncthreads();
+    }
     float *row = sc.S + ((size_t)h * a.T + t) * sc.n_vis;     /* [n_vis] */
     const int64_t end = flash_end(a, t);
     for (int64_t i = threadIdx.x; i < sc.n_vis; i += blockDim.x) {
@@ -302,13 +309,21 @@ __device__ inline void flash_rows(const flash_kv &kv, const flash_smem &sm, int 
     __syncthreads();
 }
 
-/* Rows' queries into shared memory: row r <- q_row(r) [d], zeros for r >= n (unused rows). */
-__device__ inline void flash_load_rows(const flash_smem &sm, const float *q0, size_t stride,
+/* Rows' queries into shared memory: row r <- q_row(r) [d], zeros for r >= n (unused rows);
+ * rounded (thread r, row r) where int8 keys meet them (kv_int_keys()). Barriers inside. */
+__device__ inline void flash_load_rows(const flash_smem &sm, const flash_args &a,
+                                       const flash_kv &kv, const float *q0, size_t stride,
                                        int n, int R, int d)
 {
     for (int e = threadIdx.x; e < R * d; e += blockDim.x) {
         const int r = e / d, i = e % d;
         sm.qs[(size_t)r * (d + 1) + i] = r < n ? q0[(size_t)r * stride + i] : 0.0f;
+    }
+    __syncthreads();
+    if (kv_int_keys(kv.kh, a.src.rope_cs)) {
+        for (int r = threadIdx.x; r < n; r += blockDim.x)
+            kvq_q16_round_query(sm.qs + (size_t)r * (d + 1), d);
+        __syncthreads();
     }
 }
 
@@ -335,7 +350,7 @@ __global__ void flash_kernel_v2(flash_args a, int BQ, int BK)
     const int n = a.T - t0 < BQ ? a.T - t0 : BQ; /* queries of this tile */
     const flash_kv kv = flash_views(a, h / G);
     const size_t stride = (size_t)a.H * a.d; /* from one query's row of head h to the next */
-    flash_load_rows(sm, a.q + ((size_t)t0 * a.H + h) * a.d, stride, n, BQ, a.d);
+    flash_load_rows(sm, a, kv, a.q + ((size_t)t0 * a.H + h) * a.d, stride, n, BQ, a.d);
     for (int r = threadIdx.x; r < BQ; r += blockDim.x) sm.end[r] = flash_end(a, t0 + r);
     __syncthreads();
     /* the last query sees the most keys: tiles past its end are skipped (causal) */
@@ -359,7 +374,7 @@ __global__ void flash_kernel_v3(flash_args a, int GC, int BK)
     const int t = blockIdx.x;
     FLASH_GROUP_BLOCK(a, t, blockIdx.y, GC);
     const flash_kv kv = flash_views(a, kvh);
-    flash_load_rows(sm, a.q + ((size_t)t * a.H + h0) * a.d, a.d, n, GC, a.d);
+    flash_load_rows(sm, a, kv, a.q + ((size_t)t * a.H + h0) * a.d, a.d, n, GC, a.d);
     const int64_t end = flash_end(a, t);
     for (int r = threadIdx.x; r < GC; r += blockDim.x) sm.end[r] = r < n ? end : a.k_begin;
     __syncthreads();
@@ -397,7 +412,7 @@ __global__ void flash_kernel_v4(flash_args a, flash_parts parts, int n_splits, i
     const int64_t lo = a.k_begin + (int64_t)split * KVCU_FLASH_SPLIT_KEYS;
     const int64_t end = flash_end(a, t);
     const int64_t hi = lo + KVCU_FLASH_SPLIT_KEYS < end ? lo + KVCU_FLASH_SPLIT_KEYS : end;
-    flash_load_rows(sm, a.q + ((size_t)t * a.H + h0) * a.d, a.d, n, GC, a.d);
+    flash_load_rows(sm, a, kv, a.q + ((size_t)t * a.H + h0) * a.d, a.d, n, GC, a.d);
     for (int r = threadIdx.x; r < GC; r += blockDim.x) sm.end[r] = r < n ? hi : a.k_begin;
     __syncthreads();
     float acc[FLASH_ACC];
@@ -558,7 +573,8 @@ static cudaError_t flash_launch(int version, const kvcu_flash_job *j, float *scr
         sc.S = scratch;
         sc.rowsum = scratch + (size_t)a.H * a.T * sc.n_vis;
         dim3 grid(a.T, a.H);
-        KV_LAUNCH(flash_scores_kernel_v1, grid, FLASH_THREADS, 0, 0, a, sc);
+        KV_LAUNCH(flash_scores_kernel_v1, grid, FLASH_THREADS, (size_t)a.d * sizeof(float), 0,
+                  a, sc);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         KV_LAUNCH(flash_softmax_kernel_v1, grid, FLASH_THREADS, KV_WARP * sizeof(float), 0, a,
                   sc);

@@ -255,6 +255,16 @@ __device__ inline float kv_block_max(float v, float *red)
     return kv_warp_max(lane < n_warps ? red[lane] : -INFINITY);
 }
 
+/* Whether attention meets these keys with its query rounded to 16 bits (kv_attn_int_keys():
+ * per-token int8 rows, unless they are rotated on the fly, KV_POS_CACHE). The kernels then
+ * multiply the rounded query (kvq_q16_round_query()) into the dequantized keys in floats,
+ * where the CPU takes the exact integer dot product: the same score within a float dot
+ * product's rounding. */
+__device__ inline int kv_int_keys(const kv_head_view &kh, const float *rope_cs)
+{
+    return !rope_cs && kh.fmt == KV_QF_INT8 && kvq_row_group(kh.fmt, kh.role, kh.d) == kh.d;
+}
+
 /* ---- chapter 07: asynchronous block I/O (paged.cu) -------------------------------------------
  * A copy stream with up to KVCU_IO_JOBS jobs in flight, each ended by an event; the backend
  * (forward.cu) exposes them as read_blocks_async / write_blocks_async / io_wait. Tickets

@@ -7,7 +7,8 @@
  * chapter 02's fp32 rows read where they lie, chapter 04's storage formats dequantized a row
  * at a time as they are read (kv_attn_row(): the per-element decode the CUDA kernels share;
  * a per-token int8 row is read as its codes, its one scale applied once per dot product and
- * per weight, kv_attn_row_factored()), chapter 06's windows walked in position order. Later
+ * per weight, kv_attn_row_factored(), and its keys met by the query rounded to 16-bit
+ * integers, kv_attn_int_keys()), chapter 06's windows walked in position order. Later
  * layouts are new cases of the row lookup, not new copies of the math.
  *
  * Grouped-query attention (chapter 03) is which K/V rows a query head is handed: query head h
@@ -313,6 +314,13 @@ typedef struct {
     retained w;                  /* which rows, and key rotation */
 } group;
 
+/* The group's queries as integer-scored keys meet them (kv_attn_query_q16()): q16 [G][d],
+ * step [G] each head's step times 1/√d. */
+typedef struct {
+    const int16_t *q16;
+    const float *step;
+} qint;
+
 /* A walk over the retained rows started at the i-th (kv_window_walk_start() is i = 0). */
 static void walk_at(kv_window_walk *k, const retained *w, int64_t i)
 {
@@ -326,6 +334,14 @@ static void walk_at(kv_window_walk *k, const retained *w, int64_t i)
 static inline int int8_per_row(const kv_head_view *h)
 {
     return h->fmt == KV_QF_INT8 && kvq_row_group(h->fmt, h->role, h->d) == h->d;
+}
+
+/* A per-token int8 row t: its codes where they lie, its scale into @p scale. */
+static inline const int8_t *int8_row(const kv_head_view *h, int64_t t, float *scale)
+{
+    const int64_t r = kv_view_row(h, t);
+    *scale = ((const float *)h->meta)[kvq_meta_index(h->fmt, h->role, r, 0, h->d)];
+    return (const int8_t *)(const void *)(h->codes + r * kvq_row_bytes(h->fmt, h->d));
 }
 
 /* Columns [j0, j1) of row t for reading, and the factor the caller applies to the row
@@ -343,9 +359,7 @@ static inline const float *row_at(const kv_head_view *h, int64_t t, int j0, int 
     if (t >= h->q) return h->ring + (t % h->window) * h->d;
     if (h->fmt == KV_QF_F32) return (const float *)(const void *)h->codes + kv_view_row(h, t) * h->d;
     if (int8_per_row(h)) {
-        const int64_t r = kv_view_row(h, t);
-        const int8_t *c = (const int8_t *)(const void *)(h->codes + r * kvq_row_bytes(h->fmt, h->d));
-        *factor = ((const float *)h->meta)[kvq_meta_index(h->fmt, h->role, r, 0, h->d)];
+        const int8_t *c = int8_row(h, t, factor);
         for (int j = j0; j < j1; j++) scratch[j] = (float)c[j];
         return scratch;
     }
@@ -359,6 +373,54 @@ float kv_attn_row_factored(const kv_head_view *h, int64_t t, float *out)
     const float *r = row_at(h, t, 0, h->d, out, &f);
     if (r != out) memcpy(out, r, (size_t)h->d * sizeof(float));
     return f;
+}
+
+/* ---- integer scores of int8 keys (kv_attn_int_keys()) ---------------------------------------
+ * A per-token int8 key is c·s (codes c, one scale s); its score against q is s·(q · c). With
+ * the query rounded to 16-bit integers, q ≈ Q·step (kv_quant_math.h: kvq_q16_encode()), q · c
+ * is step·(Q · c), and Q · c a sum of integer products: exact in any order (|Q| <=
+ * kvq_q16_max(d) keeps it inside an int32), so the portable loop and the AVX2 twin agree bit
+ * for bit however each adds up, and the twin needs one multiply-add of 16-bit integers per
+ * two elements where a float dot product converts, multiplies and adds each. The score is
+ * then ((float)(Q · c)·s)·(step/√d). */
+
+int kv_attn_int_keys(const kv_head_view *kh) { return int8_per_row(kh); }
+
+float kv_attn_query_q16(const float *q, int d, int16_t *q16)
+{
+    const float step = kvq_q16_query_step(q, d);
+    for (int j = 0; j < d; j++) q16[j] = kvq_q16_encode(q[j], step, d);
+    return step;
+}
+
+void kv_attn_query_rounded(const float *q, int d, float *out)
+{
+    if (out != q) memcpy(out, q, (size_t)d * sizeof(float));
+    kvq_q16_round_query(out, d);
+}
+
+/* Q · c, d elements: exact (see above). */
+static inline int32_t dot_q16(const int16_t *q16, const int8_t *c, int d)
+{
+    int32_t s = 0;
+    for (int j = 0; j < d; j++) s += (int32_t)q16[j] * c[j];
+    return s;
+}
+
+/* The score from the exact dot product: the roundings every path makes, in this order. */
+static inline float int_score(int32_t dot, float factor, float step_scaled)
+{
+    return ((float)dot * factor) * step_scaled;
+}
+
+float kv_attn_score(const float *q, const int16_t *q16, float step, const float *row, float f,
+                    int d)
+{
+    const float scale = 1.0f / sqrtf((float)d);
+    if (!q16) return kv_dot(q, row, d) * f * scale;
+    int32_t s = 0; /* the row holds the codes as floats (kv_attn_row_factored()) */
+    for (int j = 0; j < d; j++) s += (int32_t)q16[j] * (int32_t)row[j];
+    return int_score(s, f, step * scale);
 }
 
 /* Key i of the walk (stored row r) and its factor (row_at()): under KV_POS_CACHE rotated by
@@ -379,8 +441,8 @@ static inline const float *key_row(const group *g, int64_t r, int64_t i, float *
 /* Pass 1 over retained rows [i0, i1): att[h][i] = q_h · k_i / √d for the G heads, each K row
  * read (and dequantized) once for all of them; mx[h] raised to each head's largest score.
  * row [d] scratch. */
-static void group_scores(const group *g, int64_t i0, int64_t i1, float *mx,
-                                   float *row)
+static void group_scores(const group *g, int64_t i0, int64_t i1, float *mx, float *row,
+                         const qint *qi)
 {
     const int G = g->G, d = g->d;
     const float scale = 1.0f / sqrtf((float)d);
@@ -388,6 +450,15 @@ static void group_scores(const group *g, int64_t i0, int64_t i1, float *mx,
     walk_at(&k, &g->w, i0);
     for (int64_t i = i0; i < i1; i++, kv_window_walk_next(&k)) {
         float f;
+        if (qi) { /* int8 keys: integer dot products (above) */
+            const int8_t *c = int8_row(&g->kh, k.row, &f);
+            for (int h = 0; h < G; h++) {
+                const float s = int_score(dot_q16(qi->q16 + (size_t)h * d, c, d), f, qi->step[h]);
+                g->att[(size_t)h * g->len + i] = s;
+                if (s > mx[h]) mx[h] = s;
+            }
+            continue;
+        }
         const float *kr = key_row(g, k.row, i, row, &f);
         for (int h = 0; h < G; h++) {
             const float s = kv_dot16(g->q + (size_t)h * d, kr, d) * f * scale;
@@ -455,7 +526,9 @@ static void group_values(const group *g, int j0, int j1, float *sum, float *row)
  *    left over, four rows per head; kv_dot16's 16 lanes as two 8-float vectors and its tree
  *    fold as three vector adds;
  *  - values: each output run of 32 columns of two heads kept in registers across the block's
- *    rows (one load and one store per block instead of per row).
+ *    rows (one load and one store per block instead of per row);
+ *  - int8 keys' scores: integer dot products with the 16-bit query (the section above
+ *    group_scores()), exact, so any order of the adds gives the loops' bits.
  * Multiplies and adds, never fused (see the top of the file). One difference: an fp16 NaN
  * keeps its payload in hardware and not through the table, so a NaN in the cache makes a
  * NaN output either way, but not necessarily the same NaN. */
@@ -580,6 +653,50 @@ KV_INLINE void dots_rows(const group *g, int h, int f, const rowref *k, int64_t 
     for (int c = 0; c < 4; c++) score_out(g, h, i + c, a[c], b[c], f, k[c], q, d16, scale, mx);
 }
 
+/* Integer scores of int8 rows (the section above group_scores()): the dot products Q · c of
+ * one head's query against rows 0 .. n-1 (n a multiple of 4), four rows at a time, 16
+ * columns a step: the codes widened to 16 bits, one vpmaddwd (16 products of 16-bit
+ * integers, added in pairs) and one add of 32-bit integers, where a float dot product takes
+ * two conversions, two multiplies and two adds. Each row's eight lanes folded to one. */
+KV_INLINE void dots_q16(const int16_t *q, const rowref *k, int n, int d, int32_t *dot)
+{
+    for (int c = 0; c < n; c += 4) {
+        __m256i a[4];
+        for (int u = 0; u < 4; u++) a[u] = _mm256_setzero_si256();
+        for (int j = 0; j < d; j += 16) {
+            const __m256i qj = _mm256_loadu_si256((const __m256i *)(const void *)(q + j));
+            for (int u = 0; u < 4; u++) {
+                const __m256i cu = _mm256_cvtepi8_epi16(_mm_loadu_si128(
+                    (const __m128i *)(const void *)((const int8_t *)k[c + u].p + j)));
+                a[u] = _mm256_add_epi32(a[u], _mm256_madd_epi16(cu, qj));
+            }
+        }
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]),
+                                            _mm256_hadd_epi32(a[2], a[3]));
+        _mm_storeu_si128((__m128i *)(void *)(dot + c),
+                         _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    }
+}
+
+/* Pass 1 over a block of n int8 rows b .. b+n-1: each head against four rows at a time (the
+ * rows are in L1 after the first head), the rows left over one by one. */
+KV_INLINE void scores_block_q16(const group *g, const qint *qi, const rowref *k, int n,
+                                int64_t b, float *mx)
+{
+    const int d = g->d, n4 = n / 4 * 4;
+    for (int h = 0; h < g->G; h++) {
+        const int16_t *q = qi->q16 + (size_t)h * d;
+        float *att = g->att + (size_t)h * g->len + b;
+        int32_t dot[KV_ATTN_ROWS];
+        dots_q16(q, k, n4, d, dot);
+        for (int c = n4; c < n; c++) dot[c] = dot_q16(q, k[c].p, d);
+        for (int c = 0; c < n; c++) {
+            att[c] = int_score(dot[c], k[c].f, qi->step[h]);
+            if (att[c] > mx[h]) mx[h] = att[c];
+        }
+    }
+}
+
 /* Pass 1 over a block of n rows b .. b+n-1 read as f: four heads per row, then the heads
  * left over four rows at a time. */
 KV_INLINE void scores_block(const group *g, int f, const rowref *k, int n, int64_t b,
@@ -678,7 +795,7 @@ KV_INLINE void walk_rows(kv_window_walk *k, int n, int64_t *t)
 /* group_scores() over rows [i0, i1) read as f, in blocks of KV_ATTN_ROWS rows (f a constant
  * where inlined: each row's reference is then an address and a scale, no format switch). */
 KV_INLINE void scores_rows(const group *g, int f, int64_t i0, int64_t i1, float *mx,
-                           float *rows)
+                           float *rows, const qint *qi)
 {
     const int d = g->d;
     const float scale = 1.0f / sqrtf((float)d);
@@ -701,20 +818,30 @@ KV_INLINE void scores_rows(const group *g, int f, int64_t i0, int64_t i1, float 
                 kp[c] = row_ref(&g->kh, f, rb, t[c], 0, d, row);
             }
         }
-        scores_block(g, f, kp, n, b, scale, mx);
+        if (f == ROW_I8)
+            scores_block_q16(g, qi, kp, n, b, mx);
+        else
+            scores_block(g, f, kp, n, b, scale, mx);
     }
 }
 
+/* group_scores() read as the key view's kind; @p qi for integer-scored int8 keys, whose rows
+ * are ROW_I8 unless d is not a multiple of 16: those go to the loops. */
 KV_AVX2 static void group_scores_avx2(const group *g, int64_t i0, int64_t i1, float *mx,
-                                      float *rows)
+                                      float *rows, const qint *qi)
 {
-    switch (g->w.rope_cs ? ROW_F32 : row_kind(&g->kh)) { /* the kind a constant of each call */
-    case ROW_F16: scores_rows(g, ROW_F16, i0, i1, mx, rows); break;
-    case ROW_BF16: scores_rows(g, ROW_BF16, i0, i1, mx, rows); break;
-    case ROW_I8: scores_rows(g, ROW_I8, i0, i1, mx, rows); break;
-    case ROW_E4M3: scores_rows(g, ROW_E4M3, i0, i1, mx, rows); break;
-    case ROW_E5M2: scores_rows(g, ROW_E5M2, i0, i1, mx, rows); break;
-    default: scores_rows(g, ROW_F32, i0, i1, mx, rows);
+    const int kind = g->w.rope_cs ? ROW_F32 : row_kind(&g->kh);
+    if (qi && kind != ROW_I8) {
+        group_scores(g, i0, i1, mx, rows, qi);
+        return;
+    }
+    switch (kind) { /* the kind a constant of each call */
+    case ROW_F16: scores_rows(g, ROW_F16, i0, i1, mx, rows, NULL); break;
+    case ROW_BF16: scores_rows(g, ROW_BF16, i0, i1, mx, rows, NULL); break;
+    case ROW_I8: scores_rows(g, ROW_I8, i0, i1, mx, rows, qi); break;
+    case ROW_E4M3: scores_rows(g, ROW_E4M3, i0, i1, mx, rows, NULL); break;
+    case ROW_E5M2: scores_rows(g, ROW_E5M2, i0, i1, mx, rows, NULL); break;
+    default: scores_rows(g, ROW_F32, i0, i1, mx, rows, NULL);
     }
 }
 
@@ -898,15 +1025,30 @@ static int twin_for(const kv_head_view *h, const float *plain)
     return simd_on() && !plain && h->fmt != KV_QF_F32;
 }
 
+/* Pass 1. Integer-scored keys first get the group's queries as 16-bit integers, made by each
+ * thread for itself (G·d roundings, nothing beside the len·d of the pass) in its scratch after
+ * the rows (row_floats()). */
 static void scores_pass(const group *g, int64_t i0, int64_t i1, float *mx, float *row)
 {
+    const int G = g->G, d = g->d;
+    qint qs, *qi = NULL;
+    if (!g->k && !g->w.rope_cs && kv_attn_int_keys(&g->kh)) {
+        int16_t *q16 = (int16_t *)(void *)(row + (size_t)KV_ATTN_ROWS * d); /* [G][d] */
+        float *step = row + (size_t)KV_ATTN_ROWS * d + ((size_t)G * d + 1) / 2; /* [G] */
+        const float scale = 1.0f / sqrtf((float)d);
+        for (int h = 0; h < G; h++)
+            step[h] = kv_attn_query_q16(g->q + (size_t)h * d, d, q16 + (size_t)h * d) * scale;
+        qs.q16 = q16;
+        qs.step = step;
+        qi = &qs;
+    }
 #if KV_F16C
     if (twin_for(&g->kh, g->k)) {
-        group_scores_avx2(g, i0, i1, mx, row);
+        group_scores_avx2(g, i0, i1, mx, row, qi);
         return;
     }
 #endif
-    group_scores(g, i0, i1, mx, row);
+    group_scores(g, i0, i1, mx, row, qi);
 }
 
 static void values_pass(const group *g, int j0, int j1, float *sum, float *rows)
@@ -964,11 +1106,18 @@ static void group_run_team(group *g, float *scratch, size_t stride)
 
 /* ---- the entry points -------------------------------------------------------------------- */
 
-/* Scratch of one thread: att [G][max_len], sum [G], mx [G], rows [KV_ATTN_ROWS][d], rounded up
- * to 16 floats (64 bytes) so threads never share a cache line. */
+/* The row scratch of scores_pass() and values_pass(): rows [KV_ATTN_ROWS][d] floats, then
+ * for integer-scored keys the queries' codes [G][d] int16 and steps [G]. */
+static size_t row_floats(int G, int d)
+{
+    return (size_t)KV_ATTN_ROWS * d + ((size_t)G * d + 1) / 2 + (size_t)G;
+}
+
+/* Scratch of one thread: att [G][max_len], sum [G], mx [G], the row scratch (row_floats()),
+ * rounded up to 16 floats (64 bytes) so threads never share a cache line. */
 static size_t thread_floats(int G, int d, int64_t max_len)
 {
-    const size_t n = (size_t)G * (size_t)max_len + 2u * (size_t)G + (size_t)KV_ATTN_ROWS * d;
+    const size_t n = (size_t)G * (size_t)max_len + 2u * (size_t)G + row_floats(G, d);
     return (n + 15) / 16 * 16;
 }
 
@@ -1045,7 +1194,7 @@ void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, i
                        const float *qh, float *oh, float *att)
 {
     const int kvh = kv_attn_kv_head(h, n_heads, c->n_kv_heads), d = c->head_dim;
-    float *row = kv_calloc((size_t)KV_ATTN_ROWS * d * sizeof(float)); /* dequantized rows */
+    float *row = kv_calloc(row_floats(1, d) * sizeof(float)); /* the row scratch */
     if (!row) { /* no memory: make the failure visible rather than silently wrong */
         for (int i = 0; i < d; i++) oh[i] = NAN;
         return;

@@ -123,6 +123,41 @@ void kv_attn_row(const kv_head_view *h, int64_t t, float *out);
  */
 float kv_attn_row_factored(const kv_head_view *h, int64_t t, float *out);
 
+/**
+ * Whether attention rounds the query to 16-bit integers before it meets this view's keys:
+ * per-token int8 rows (KV_QF_INT8, one scale per row), unless the cache stores keys before
+ * RoPE (KV_POS_CACHE: each key is then rotated in floats and met by the query as it is).
+ * Against a key c·s (codes c, scale s) the score s·(q · c) then becomes s·step·(Q · c), Q =
+ * the query's 16-bit codes (kv_quant_math.h: kvq_q16_encode()), an integer dot product the
+ * CPU computes exactly with a third of the instructions of a float one (int8 attention is
+ * bound by its arithmetic; docs/performance.md §7). The rounding, up to 2^-16 of the query's
+ * largest element, is some 250 times finer than the keys' own (2^-8 of the row's); every
+ * path, CPU and GPU, rounds the query the same way (kv_attn_query_rounded()), so they agree
+ * within fp32 tolerance, and chapter 04 measures the int8 cache with it.
+ */
+int kv_attn_int_keys(const kv_head_view *kh);
+
+/**
+ * The query's 16-bit codes q16 [d] (kvq_q16_encode()) and their step, returned: q ≈
+ * q16·step, step = max_j |q[j]| / kvq_q16_max(d). A zero query gives step 0 and zero codes;
+ * one with an inf or a NaN step NaN (every score NaN) and zero codes.
+ */
+float kv_attn_query_q16(const float *q, int d, int16_t *q16);
+
+/** The rounded query as floats: out[j] = q16[j]·step (kv_attn_query_q16()), for paths that
+ * score int8 keys in floats (kv_flash's tiled and split, the GPU kernels, tests). */
+void kv_attn_query_rounded(const float *q, int d, float *out);
+
+/**
+ * The score kv_attention() gives query q [d] against a key row read by
+ * kv_attn_row_factored() (row [d], factor f): with @p q16 NULL, kv_dot(q, row, d)·f/√d;
+ * with the query's codes and step (keys of a view kv_attn_int_keys() says yes to),
+ * ((float)(q16 · row)·f)·(step·(1/√d)), the dot product in integers. For the paths that
+ * promise kv_attention()'s bits (kv_flash_naive(), kv_select_attend(), tests).
+ */
+float kv_attn_score(const float *q, const int16_t *q16, float step, const float *row, float f,
+                    int d);
+
 #ifdef __cplusplus
 }
 #endif

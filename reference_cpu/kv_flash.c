@@ -12,9 +12,11 @@
  * are read where they lie, every other format is dequantized as it is read (kv_attn_row(),
  * the row decoder of chapter 04's attention), so the cache's format never reaches the math.
  * The naive path reads its rows as kv_attention() does (kv_attn_row_factored(): a per-token
- * int8 row's scale applied once per score and per weight), so a decode query gets
- * kv_attention()'s bits; the tiled and split paths round differently anyway (their online
- * softmax) and read dequantized rows.
+ * int8 row's scale applied once per score and per weight) and scores them as it does
+ * (kv_attn_score(): int8 keys against the query's 16-bit codes, in integers), so a decode
+ * query gets kv_attention()'s bits; the tiled and split paths round differently anyway
+ * (their online softmax) and read dequantized rows, int8 keys against the same rounded query
+ * in floats (kv_attn_query_rounded()): all three agree within fp32 tolerance.
  *
  * Bytes (kv_flash_stats) are counted where they move, in these units:
  *   row bytes  r  = d · b, b = kv_dtype_bytes_d(fmt, d): codes plus metadata as stored
@@ -140,7 +142,7 @@ static void stats_add(kv_flash_stats *st, const kv_flash_stats *a)
 /* One head: S = Q K^T / √d into s [T][n] (masked entries -inf), softmax row by row, O = P V.
  * K and V rows are read once each (key outer, queries inner); S is what moves instead. */
 static void naive_head(const flash_ctx *x, int h, float *s, float *sum, float *row,
-                       kv_flash_stats *a)
+                       int16_t *q16, float *step, kv_flash_stats *a)
 {
     const kv_flash_job *j = x->j;
     const int d = x->d, H = x->H, T = j->T;
@@ -151,14 +153,20 @@ static void naive_head(const flash_ctx *x, int h, float *s, float *sum, float *r
     const double rb = kv_dtype_bytes_d(x->fmt, d) * d;
     double kvb = 0.0;
 
-    /* pass 1: every score, written to S */
+    /* pass 1: every score, written to S; int8 keys against the queries' 16-bit codes q16
+     * [T][d] and steps [T], as kv_attention() scores them (kv_attn_int_keys()) */
+    const int qint = kv_attn_int_keys(&kh);
+    for (int t = 0; t < T && qint; t++)
+        step[t] = kv_attn_query_q16(j->q + ((size_t)t * H + h) * d, d, q16 + (size_t)t * d);
     for (int64_t i = 0; i < n; i++) {
         float f;
         const float *kr = row_factored(&kh, lo + i, row, &f);
         kvb += row_bytes(&kh, lo + i, rb);
         for (int t = 0; t < T; t++)
             s[(size_t)t * n + i] = lo + i < key_end(j, t)
-                ? kv_dot(j->q + ((size_t)t * H + h) * d, kr, d) * f * x->scale : -INFINITY;
+                ? kv_attn_score(j->q + ((size_t)t * H + h) * d, qint ? q16 + (size_t)t * d : NULL,
+                                qint ? step[t] : 0.0f, kr, f, d)
+                : -INFINITY;
     }
     /* pass 2: per row, the max, then exp(s - max) in place, and their sum */
     for (int t = 0; t < T; t++) {
@@ -205,20 +213,24 @@ int kv_flash_naive(const kv_flash_job *j, kv_flash_stats *st, kv_err *err)
         float *s = kv_calloc(((size_t)j->T * (n ? n : 1)) * sizeof(float)); /* [T][n] */
         float *sum = kv_calloc((size_t)j->T * sizeof(float));              /* [T] */
         float *row = kv_calloc((size_t)x.d * sizeof(float));               /* [d] */
+        int16_t *q16 = kv_calloc((size_t)j->T * x.d * sizeof(int16_t));    /* [T][d] */
+        float *step = kv_calloc((size_t)j->T * sizeof(float));             /* [T] */
         kv_flash_stats a = {0};
-        if (!s || !sum || !row) {
+        if (!s || !sum || !row || !q16 || !step) {
             #pragma omp atomic write
             failed = 1;
         }
         #pragma omp barrier
         if (!failed) {
             #pragma omp for schedule(dynamic, 1)
-            for (int h = 0; h < x.H; h++) naive_head(&x, h, s, sum, row, &a);
+            for (int h = 0; h < x.H; h++) naive_head(&x, h, s, sum, row, q16, step, &a);
         }
         stats_add(st, &a);
         kv_free(s);
         kv_free(sum);
         kv_free(row);
+        kv_free(q16);
+        kv_free(step);
     }
     if (failed)
         return kv_fail(err, KV_ERR_NOMEM, "kv_flash_naive: %.1f MiB of scores per thread",
@@ -289,6 +301,7 @@ typedef struct {
     float *kbuf, *vbuf;       /* [tile_k][d] dequantized rows */
     const float **kr, **vr;   /* [tile_k] row pointers */
     float *s;                 /* [tile_k] */
+    float *qr;                /* [d] a query rounded for int8 keys (kv_attn_query_rounded()) */
 } tile_scratch;
 
 static int scratch_alloc(tile_scratch *w, int tile_k, int d)
@@ -298,13 +311,15 @@ static int scratch_alloc(tile_scratch *w, int tile_k, int d)
     w->kr = kv_calloc((size_t)tile_k * sizeof(float *));
     w->vr = kv_calloc((size_t)tile_k * sizeof(float *));
     w->s = kv_calloc((size_t)tile_k * sizeof(float));
-    return w->kbuf && w->vbuf && w->kr && w->vr && w->s;
+    w->qr = kv_calloc((size_t)d * sizeof(float));
+    return w->kbuf && w->vbuf && w->kr && w->vr && w->s && w->qr;
 }
 
 static void scratch_free(tile_scratch *w)
 {
     kv_free(w->kbuf); kv_free(w->vbuf); kv_free((void *)w->kr); kv_free((void *)w->vr);
     kv_free(w->s);
+    kv_free(w->qr);
 }
 
 /*
@@ -322,6 +337,7 @@ static void attend_range(const flash_ctx *x, int h, int t0, int t1, int64_t k0, 
     const kv_head_view kh = kv_cache_view(j->c, j->layer, j->slot, kvh, KV_QROLE_KEY);
     const kv_head_view vh = kv_cache_view(j->c, j->layer, j->slot, kvh, KV_QROLE_VALUE);
     const int64_t last = key_end(j, t1 - 1); /* the block's furthest visible key, plus one */
+    const int qint = kv_attn_int_keys(&kh);
     const double rb = kv_dtype_bytes_d(x->fmt, d) * d;
     double kvb = 0.0;
     a->q_bytes += (int64_t)(t1 - t0) * d * 4;
@@ -336,6 +352,10 @@ static void attend_range(const flash_ctx *x, int h, int t0, int t1, int64_t k0, 
         }
         for (int t = t0; t < t1; t++) {
             const float *qt = j->q + ((size_t)t * H + h) * d;
+            if (qint) { /* int8 keys meet the query rounded to 16 bits, as in kv_attention() */
+                kv_attn_query_rounded(qt, d, w->qr);
+                qt = w->qr;
+            }
             const int64_t end = key_end(j, t);
             for (int i = 0; i < n; i++)
                 w->s[i] = kt + i < end ? kv_dot(qt, w->kr[i], d) * x->scale : -INFINITY;

@@ -290,6 +290,50 @@ static inline KV_HD int8_t kvq_int8_encode(float x, float s)
 }
 static inline KV_HD float kvq_int8_decode(int8_t q, float s) { return (float)q * s; }
 
+/* ---- a query against int8 keys (kv_attention.h, kv_attn_int_keys()) ---------------------
+ * Attention rounds a query that meets per-token int8 keys to 16-bit integers first: step =
+ * amax / qmax and Q = rint(q / step), |Q| <= qmax, the int8 formula with 16 bits. qmax is
+ * 32767, or less for head dims past 512 so that q · k = step · s · Σ Q·c (codes c, at most
+ * 128 in magnitude) is a sum of integers that fits an int32 exactly. The CPU computes that
+ * integer sum; the GPU and the other CPU paths multiply the rounded query Q·step into the
+ * dequantized keys in floats: the same number within a float dot product's rounding. */
+static inline KV_HD int kvq_q16_max(int d)
+{
+    const int64_t fit = (int64_t)2147483647 / (128 * (int64_t)(d > 1 ? d : 1));
+    return fit < 32767 ? (int)fit : 32767;
+}
+static inline KV_HD float kvq_q16_step(float amax, int d)
+{
+    return KVQ_DIV(amax, (float)kvq_q16_max(d));
+}
+static inline KV_HD int16_t kvq_q16_encode(float x, float step, int d)
+{
+    if (!(step > 0.0f)) return 0;
+    const float m = (float)kvq_q16_max(d);
+    float r = rintf(KVQ_DIV(x, step)); /* |x| <= amax: past m by a rounding at most */
+    if (r > m) r = m;
+    if (r < -m) r = -m;
+    return (int16_t)r;
+}
+/* A query's step: max_j |q[j]| / kvq_q16_max(d); NaN when an element is inf or NaN (every
+ * code 0 then, every score NaN), 0 for a zero query. */
+static inline KV_HD float kvq_q16_query_step(const float *q, int d)
+{
+    float m = 0.0f;
+    for (int j = 0; j < d; j++) {
+        const float a = fabsf(q[j]);
+        if (!(a <= 3.40282347e38f)) return kvq_bits_f32(KVQ_F32_NAN);
+        if (a > m) m = a;
+    }
+    return kvq_q16_step(m, d);
+}
+/* The rounded query in place: q[j] <- Q[j]·step, what a float path multiplies int8 keys by. */
+static inline KV_HD void kvq_q16_round_query(float *q, int d)
+{
+    const float step = kvq_q16_query_step(q, d);
+    for (int j = 0; j < d; j++) q[j] = (float)kvq_q16_encode(q[j], step, d) * step;
+}
+
 /* ---- asymmetric int4 / int2 (KIVI) ----------------------------------------------------
  * A group [mn, mx] maps onto 2^bits codes: x = zero + q * scale. Both are stored in binary16,
  * and the rounding directions are chosen so that the stored grid still covers the group:

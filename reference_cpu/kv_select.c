@@ -568,15 +568,25 @@ void kv_select_attend(const kv_head_view *kh, const kv_head_view *vh, const kv_s
                       const float *qh, float *oh, float *att, float *row)
 {
     const int d = kh->d, n = set->n;
-    const float scale = 1.0f / sqrtf((float)d);
     for (int j = 0; j < d; j++) oh[j] = 0.0f;
     if (n == 0) return; /* nothing kept: nothing to attend to, zeros rather than 0/0 */
     float max = -INFINITY;
+    /* int8 keys: the query's 16-bit codes, as kv_attention() scores them (kv_attn_int_keys()) */
+    int16_t stack[256], *q16 = NULL; /* [d] */
+    if (kv_attn_int_keys(kh)) {
+        q16 = d <= 256 ? stack : malloc((size_t)d * sizeof(int16_t));
+        if (!q16) { /* no memory: make the failure visible rather than silently wrong */
+            for (int j = 0; j < d; j++) oh[j] = NAN;
+            return;
+        }
+    }
+    const float step = q16 ? kv_attn_query_q16(qh, d, q16) : 0.0f;
     for (int i = 0; i < n; i++) { /* rows as kv_attention() reads them: the same bits */
         const float f = kv_attn_row_factored(kh, set->pos[i], row);
-        att[i] = kv_dot(qh, row, d) * f * scale;
+        att[i] = kv_attn_score(qh, q16, step, row, f, d);
         if (att[i] > max) max = att[i];
     }
+    if (q16 != stack) free(q16);
     const float sum = kv_attn_exp_sum(att, n, max);
     for (int i = 0; i < n; i++) {
         const float f = kv_attn_row_factored(vh, set->pos[i], row), wt = att[i] * f;

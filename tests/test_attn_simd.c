@@ -3,12 +3,13 @@
  * Predicted before measured:
  *  - the AVX2 twins of the passes do the loops' multiplies and adds, unfused, in the loops'
  *    order, so kv_attention() gives the same bits with kv_attn_simd(1) and kv_attn_simd(0),
- *    for every storage format, head dim (tails past a multiple of 16 and of 8 included), group
- *    size G (the twins take heads four at a time, then rows four at a time), layout (paged
- *    with scrambled blocks of a power-of-two size and of another size), window and position
- *    scheme. fp32 rows take the loops in both runs (the twins are for rows that need
- *    decoding; an fp32 window under KV_POS_CACHE too). On a CPU without AVX2 both runs take
- *    the loops: the check still holds, trivially, and the line printed says so.
+ *    for every storage format (int8 keys' integer scores: exact in any order), head dim
+ *    (tails past a multiple of 16 and of 8 included), group size G (the twins take heads
+ *    four at a time, then rows four at a time), layout (paged with scrambled blocks of a
+ *    power-of-two size and of another size), window and position scheme. fp32 rows take
+ *    the loops in both runs (the twins are for rows that need decoding; an fp32 window under
+ *    KV_POS_CACHE too). On a CPU without AVX2 both runs take the loops: the check still
+ *    holds, trivially, and the line printed says so.
  *  - a group's passes split over the team (kv_attention_rows() when there are fewer groups
  *    than threads) give the bits of one thread doing them; a head alone (kv_attention_head())
  *    gives the bits of the same head inside its group.
@@ -23,11 +24,14 @@
 #include "kv_attention.h"
 #include "kv_ops.h"
 #include "kv_quant.h"
+#include "kv_quant_math.h"
 #include "kv_rng.h"
 #include "kv_window.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_LEN 300
@@ -352,6 +356,64 @@ static void test_exp(void)
              "exp: nothing visible gives zeros and a zero sum");
 }
 
+/* The query int8 keys meet (kv_attn_query_q16()): codes within +-kvq_q16_max(d), the largest
+ * element on +-max itself, every element within step/2 (and its division's rounding) of
+ * Q·step; kv_attn_query_rounded() is Q·step; a zero query gives step 0, one with a NaN or an
+ * inf step NaN, codes 0. And kv_attn_score() of int8 codes against the codes: the exact
+ * integer dot product, rounded three times (within 2^-21 of the double-precision value). */
+static void test_query_q16(void)
+{
+    enum { d = 128 };
+    kv_rng r;
+    kv_rng_seed(&r, 5);
+    float q[d], row[d], qr[d];
+    int16_t q16[d];
+    const int qmax = kvq_q16_max(d);
+    long far = 0, range = 0, rounded = 0, top = 0, score_bad = 0;
+    for (int trial = 0; trial < 200; trial++) {
+        const float span = ldexpf(1.0f, trial % 40 - 20); /* 2^-20 .. 2^19 */
+        float m = 0.0f;
+        int at = 0;
+        for (int j = 0; j < d; j++) {
+            q[j] = span * kv_rng_uniform(&r, -1.0f, 1.0f);
+            if (fabsf(q[j]) > m) { m = fabsf(q[j]); at = j; }
+            row[j] = (float)(int)kv_rng_uniform(&r, -127.9f, 127.9f); /* codes as floats */
+        }
+        const float step = kv_attn_query_q16(q, d, q16);
+        kv_attn_query_rounded(q, d, qr);
+        top += abs(q16[at]) != qmax;
+        double want = 0.0;
+        int64_t dot = 0;
+        for (int j = 0; j < d; j++) {
+            if (fabs((double)q16[j] * step - q[j]) > 0.5 * step + ldexp(fabs(q[j]), -23)) far++;
+            range += abs(q16[j]) > qmax;
+            rounded += qr[j] != (float)q16[j] * step;
+            dot += (int64_t)q16[j] * (int64_t)row[j];
+        }
+        const float f = 0.0125f, got = kv_attn_score(q, q16, step, row, f, d);
+        want = (double)dot * step * f / sqrt((double)d);
+        if (fabs(got - want) > ldexp(fabs(want), -21)) score_bad++;
+    }
+    KV_CHECK(qmax == 32767 && kvq_q16_max(1024) == 16383, "kvq_q16_max: 32767 at d 128, "
+             "%d at d 1024 (expected 16383: 1024 x 128 x max < 2^31)", kvq_q16_max(1024));
+    KV_CHECK(!far, "query codes within step/2 of the query: %ld elements off", far);
+    KV_CHECK(!range, "query codes within +-%d: %ld off", qmax, range);
+    KV_CHECK(!top, "the largest element on +-%d: %ld queries off", qmax, top);
+    KV_CHECK(!rounded, "kv_attn_query_rounded() = codes x step: %ld elements off", rounded);
+    KV_CHECK(!score_bad, "integer scores within 2^-21 of step x (Q . c) x f / sqrt(d): %ld off",
+             score_bad);
+    for (int j = 0; j < d; j++) q[j] = 0.0f;
+    int nz = 0;
+    const float s0 = kv_attn_query_q16(q, d, q16);
+    for (int j = 0; j < d; j++) nz += q16[j] != 0;
+    KV_CHECK(s0 == 0.0f && !nz, "zero query: step 0 (got %g), codes 0 (%d not)", s0, nz);
+    q[3] = NAN;
+    const float sn = kv_attn_query_q16(q, d, q16);
+    KV_CHECK(isnan(sn) && !q16[3], "a NaN in the query: step NaN (got %g), its code 0", sn);
+    q[3] = INFINITY;
+    KV_CHECK(isnan(kv_attn_query_q16(q, d, q16)), "an inf in the query: step NaN");
+}
+
 int main(void)
 {
     const int have_simd = kv_attn_simd(-1);
@@ -360,5 +422,6 @@ int main(void)
     test_formats(have_simd);
     test_fp8_codes();
     test_team_long(have_simd);
+    test_query_q16();
     return kv_test_finish();
 }

@@ -7,7 +7,8 @@
  *    G in {1, 4, 8}, lengths 1, 17, 4097 (decode everywhere, prefill 4097 in a few cells: it
  *    is O(T·n·d)), causal and not, caches fp32 / fp16 / bf16 / int8 (and int4-KIVI),
  *    contiguous and paged with B = 16 and B = 24. The cache's format does not enter the
- *    tolerance: all three read the very same dequantized rows, so they differ only in the
+ *    tolerance: all three read the very same dequantized rows (and meet int8 keys with the
+ *    same 16-bit query, naive's integer dot products exact), so they differ only in the
  *    order fp32 sums are taken (online rescaling, tile and split partial sums). That is the
  *    difference KV_TOL_F32 is stated for (fp32 vs fp32, summation order only);
  *  - decode over n_keys = 32768 with 1, 2, 7, 64 splits == naive, and partials merged in

@@ -171,14 +171,24 @@ static int check_query(pair *p, const kv_config *cfg, int t, const char *what)
     float att[1024]; /* one head at a time: no OpenMP team for a few hundred products */
     for (int h = 0; h < H; h++)
         kv_attention_head(&p->cpu, 0, 0, t, h, H, q + h * D, ref + h * D, att);
-    float *dq = dev_floats(q, H * D), *dout = dev_floats(NULL, H * D);
+    /* per-token int8 keys meet the query rounded to 16 bits (kv_attn_int_keys()); the gathered
+     * rows are plain floats, so the plain-array kernel is handed the query already rounded */
+    float qg[H * D];
+    const kv_head_view kh0 = kv_cache_view(&p->cpu, 0, 0, 0, KV_QROLE_KEY);
+    for (int h = 0; h < H; h++)
+        if (kv_attn_int_keys(&kh0) && !p->cpu.rope_cs)
+            kv_attn_query_rounded(q + h * D, D, qg + h * D);
+        else
+            memcpy(qg + h * D, q + h * D, sizeof(float) * D);
+    float *dq = dev_floats(q, H * D), *dqg = dev_floats(qg, H * D);
+    float *dout = dev_floats(NULL, H * D);
     float *dk = dev_floats(kg, (size_t)HKV * n * D), *dv = dev_floats(vg, (size_t)HKV * n * D);
-    for (int ver = 1; ver <= 3 && dq && dout && dk && dv; ver++) {
+    for (int ver = 1; ver <= 3 && dq && dqg && dout && dk && dv; ver++) {
         char tag[200];
         snprintf(tag, sizeof tag, "%s t %d v%d", what, t, ver);
         int rc = kvcu_cache_attention_version(ver, p->gpu, 0, 0, t, dq, dout, NULL, H, &e);
         if (!rc) rc = kvcu_download(got, dout, sizeof got, &e);
-        if (!rc) rc = kvcu_attn_decode_version(ver, dq, dk, dv, dout, NULL, H, HKV, D, n, n, &e);
+        if (!rc) rc = kvcu_attn_decode_version(ver, dqg, dk, dv, dout, NULL, H, HKV, D, n, n, &e);
         if (!rc) rc = kvcu_download(plain, dout, sizeof plain, &e);
         if (rc) {
             printf("  %s: %s\n", tag, e.msg);
@@ -192,8 +202,9 @@ static int check_query(pair *p, const kv_config *cfg, int t, const char *what)
             bad++;
         }
     }
-    if (!dq || !dout || !dk || !dv) bad++;
+    if (!dq || !dqg || !dout || !dk || !dv) bad++;
     kvcu_free(dq);
+    kvcu_free(dqg);
     kvcu_free(dout);
     kvcu_free(dk);
     kvcu_free(dv);

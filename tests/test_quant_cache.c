@@ -25,6 +25,7 @@
 #include "kv_model.h"
 #include "kv_needle.h"
 #include "kv_quant.h"
+#include "kv_quant_math.h"
 #include "kv_rng.h"
 #include "kv_test.h"
 
@@ -79,10 +80,14 @@ static double elem_bound(int fmt, double A, double fp8_scale)
  * ε = ‖q‖₁·δk/√d; each softmax weight then changes by a factor within [e^{-2ε}, e^{2ε}], so
  *   |o' - o| <= Σ|w'_p - w_p|·|v_p| + Σ w'_p·|Δv_p| <= (e^{2ε} - 1)·max|v| + δv,
  * plus the fp32 rounding of the two sums (len·2^-23·max|v|, generous for sums of <= 1k terms).
+ * Per-token int8 keys meet the query rounded to 16 bits (kv_attn_int_keys()), each element
+ * within δq of itself, which moves a score by at most ‖k̂‖₁·δq/√d more: @p kq = that ‖k̂‖₁·δq
+ * (0 for the other formats).
  */
-static double attn_bound(double q_l1, double dk, double dv, double vmax, int d, int len)
+static double attn_bound(double q_l1, double dk, double kq, double dv, double vmax, int d,
+                         int len)
 {
-    const double eps = q_l1 * dk / sqrt((double)d);
+    const double eps = (q_l1 * dk + kq) / sqrt((double)d);
     return (exp(2.0 * eps) - 1.0) * vmax + dv + len * 0x1p-23 * vmax;
 }
 
@@ -228,10 +233,19 @@ static void check_format(int fmt, int per_head, int d, int H, int Hkv, int n, in
                  kv_attention(&r, layer, slot, n - 1, q, o32, H) == KV_OK, "attention runs");
     long abad = 0;
     double worst = 0, tol_min = 1e30;
+    double kmax = 0; /* the largest key element: ‖k̂‖₁ <= d·(kmax + δk) */
+    for (int i = 0; i < n * kvdim; i++) kmax = fmax(kmax, fabs(k[i]));
     for (int h = 0; h < H; h++) {
-        double l1 = 0;
-        for (int j = 0; j < d; j++) l1 += fabs(q[h * d + j]);
-        const double tol = attn_bound(l1, dk, dv, vmax, d, n);
+        double l1 = 0, qmax = 0;
+        for (int j = 0; j < d; j++) {
+            l1 += fabs(q[h * d + j]);
+            qmax = fmax(qmax, fabs(q[h * d + j]));
+        }
+        /* δq: half the query's step, max|q| / kvq_q16_max(d), plus the rounding of q / step
+         * (2^-24 of up to kvq_q16_max(d) steps: 2^-9 of a step) */
+        const double dq = qmax / kvq_q16_max(d) * (0.5 + 0x1p-8);
+        const double kq = fmt == KV_QF_INT8 ? d * (kmax + dk) * dq : 0.0;
+        const double tol = attn_bound(l1, dk, kq, dv, vmax, d, n);
         tol_min = fmin(tol_min, tol);
         for (int j = 0; j < d; j++) {
             const double err = fabs((double)o[h * d + j] - o32[h * d + j]);

@@ -182,17 +182,19 @@ static int make_cache(kv_cache *c, const kv_config *cfg, int dtype, int paged, i
 
 /* Full attention of one head over positions 0..t with the window's mask: masked scores are
  * -inf, then the three passes of kv_attention.c (its exponentials: kv_attn_exp_sum(), its
- * rows: kv_attn_row_factored()). kv [Hkv][*] views. */
+ * rows: kv_attn_row_factored(), its scores: kv_attn_score()). kv [Hkv][*] views. */
 static void masked_ref(const float *qh, const kv_head_view *kh, const kv_head_view *vh, int W,
                        int S, int t, float *oh)
 {
     float att[4096], row[D];
-    const float scale = 1.0f / sqrtf((float)D);
+    int16_t q16[D]; /* int8 keys are scored in integers (kv_attn_int_keys()) */
+    const int qint = kv_attn_int_keys(kh);
+    const float step = qint ? kv_attn_query_q16(qh, D, q16) : 0.0f;
     float max = -INFINITY;
     for (int s = 0; s <= t; s++) {
         if (kv_window_visible(W, S, t, s)) {
             const float f = kv_attn_row_factored(kh, s, row);
-            att[s] = kv_dot(qh, row, D) * f * scale;
+            att[s] = kv_attn_score(qh, qint ? q16 : NULL, step, row, f, D);
         } else {
             att[s] = -INFINITY;
         }
