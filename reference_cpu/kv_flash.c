@@ -301,17 +301,18 @@ typedef struct {
     float *kbuf, *vbuf;       /* [tile_k][d] dequantized rows */
     const float **kr, **vr;   /* [tile_k] row pointers */
     float *s;                 /* [tile_k] */
-    float *qr;                /* [d] a query rounded for int8 keys (kv_attn_query_rounded()) */
+    float *qr;                /* [rows][d] the queries rounded for int8 keys
+                               * (kv_attn_query_rounded()), once per attend_range() call */
 } tile_scratch;
 
-static int scratch_alloc(tile_scratch *w, int tile_k, int d)
+static int scratch_alloc(tile_scratch *w, int tile_k, int rows, int d)
 {
     w->kbuf = kv_calloc((size_t)tile_k * d * sizeof(float));
     w->vbuf = kv_calloc((size_t)tile_k * d * sizeof(float));
     w->kr = kv_calloc((size_t)tile_k * sizeof(float *));
     w->vr = kv_calloc((size_t)tile_k * sizeof(float *));
     w->s = kv_calloc((size_t)tile_k * sizeof(float));
-    w->qr = kv_calloc((size_t)d * sizeof(float));
+    w->qr = kv_calloc((size_t)rows * d * sizeof(float));
     return w->kbuf && w->vbuf && w->kr && w->vr && w->s && w->qr;
 }
 
@@ -340,6 +341,8 @@ static void attend_range(const flash_ctx *x, int h, int t0, int t1, int64_t k0, 
     const int qint = kv_attn_int_keys(&kh);
     const double rb = kv_dtype_bytes_d(x->fmt, d) * d;
     double kvb = 0.0;
+    for (int t = t0; t < t1 && qint; t++) /* int8 keys meet the queries rounded, once each */
+        kv_attn_query_rounded(j->q + ((size_t)t * H + h) * d, d, w->qr + (size_t)(t - t0) * d);
     a->q_bytes += (int64_t)(t1 - t0) * d * 4;
     for (int64_t kt = k0; kt < k1; kt += tile_k) {
         const int n = (int)(k1 - kt < tile_k ? k1 - kt : tile_k);
@@ -351,11 +354,7 @@ static void attend_range(const flash_ctx *x, int h, int t0, int t1, int64_t k0, 
             kvb += row_bytes(&kh, kt + i, rb) + row_bytes(&vh, kt + i, rb);
         }
         for (int t = t0; t < t1; t++) {
-            const float *qt = j->q + ((size_t)t * H + h) * d;
-            if (qint) { /* int8 keys meet the query rounded to 16 bits, as in kv_attention() */
-                kv_attn_query_rounded(qt, d, w->qr);
-                qt = w->qr;
-            }
+            const float *qt = qint ? w->qr + (size_t)(t - t0) * d : j->q + ((size_t)t * H + h) * d;
             const int64_t end = key_end(j, t);
             for (int i = 0; i < n; i++)
                 w->s[i] = kt + i < end ? kv_dot(qt, w->kr[i], d) * x->scale : -INFINITY;
@@ -384,7 +383,7 @@ int kv_flash_tiled(const kv_flash_job *j, int tile_q, int tile_k, kv_flash_stats
         kv_flash_part *parts = kv_calloc((size_t)tile_q * sizeof(kv_flash_part)); /* [tile_q] */
         float *acc = kv_calloc((size_t)tile_q * d * sizeof(float));             /* [tile_q][d] */
         kv_flash_stats a = {0};
-        if (!scratch_alloc(&w, tile_k, d) || !parts || !acc) {
+        if (!scratch_alloc(&w, tile_k, tile_q, d) || !parts || !acc) {
             #pragma omp atomic write
             failed = 1;
         }
@@ -443,7 +442,7 @@ int kv_flash_split(const kv_flash_job *j, int n_splits, int tile_k, kv_flash_sta
     {
         tile_scratch w;
         kv_flash_stats a = {0};
-        if (!scratch_alloc(&w, tile_k, d)) {
+        if (!scratch_alloc(&w, tile_k, T, d)) {
             #pragma omp atomic write
             failed = 1;
         }
