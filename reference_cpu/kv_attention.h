@@ -125,8 +125,9 @@ float kv_attn_row_factored(const kv_head_view *h, int64_t t, float *out);
 
 /**
  * Whether attention rounds the query to 16-bit integers before it meets this view's keys:
- * per-token int8 rows (KV_QF_INT8, one scale per row), unless the cache stores keys before
- * RoPE (KV_POS_CACHE: each key is then rotated in floats and met by the query as it is).
+ * per-token int8 rows (KV_QF_INT8, one scale per row). The view cannot tell whether its keys
+ * are stored before RoPE: under KV_POS_CACHE (the cache's rope_cs set) kv_attention() rotates
+ * each key in floats and meets it with the query as it is, so a caller checks that too.
  * Against a key c·s (codes c, scale s) the score s·(q · c) then becomes s·step·(Q · c), Q =
  * the query's 16-bit codes (kv_quant_math.h: kvq_q16_encode()), an integer dot product the
  * CPU computes exactly with a third of the instructions of a float one (int8 attention is
