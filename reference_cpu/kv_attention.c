@@ -24,10 +24,13 @@
  * written so the compiler can vectorize them without reordering anything (kv_dot16()'s lanes,
  * exp_le0() without branches), and on x86-64 CPUs with AVX2 (asked at run time) each pass has
  * a twin written with intrinsics that does the same operations in the same order, arranged
- * for the machine (the AVX2 section explains how). Multiplies and adds, never fused: a fused
- * multiply-add rounds once where the loops round twice, so only plain multiplies and adds
- * give the same bits on every x86-64; the test that holds the twins to the loops compares
- * bits (tests/test_attn_simd.c). */
+ * for the machine (the AVX2 section explains how). Multiplies and adds are fused only where
+ * the code says so (the library is compiled with -ffp-contract=off): a fused multiply-add
+ * rounds once where a multiply then an add rounds twice, so the loops and the twins must
+ * make the same choice at the same place. The one place is the value rows of an int8 cache
+ * (kv_attn_add_row()): fmaf() in the loops, exactly rounded on every machine, and the FMA
+ * instruction in the twins. The test that holds the twins to the loops compares bits
+ * (tests/test_attn_simd.c). */
 #include "kv_attention.h"
 #include "kv_ops.h"
 
@@ -64,7 +67,7 @@ static float f16_table[65536];    /* [code] kvq_f16_to_f32(code) */
 static float fp8_table[2][256];   /* [e5m2][code] kvq_fp8_to_f32(code, e5m2) */
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 static int have_f16c;             /* the CPU converts fp16 in hardware (x86 F16C), see below */
-static int have_avx2;             /* ... and has AVX2 (the passes' twins, further below) */
+static int have_avx2;             /* ... and has AVX2 and FMA (the passes' twins, below) */
 static int use_avx2;              /* the twins run (kv_attn_simd(); default: have_avx2) */
 
 #if KV_F16C
@@ -92,7 +95,8 @@ static void tables_build(void)
 #if KV_F16C
     have_f16c = cpu_has_f16c();
     __builtin_cpu_init();
-    have_avx2 = have_f16c && __builtin_cpu_supports("avx2");
+    /* the twins also fuse the int8 value rows' multiply-adds (kv_attn_add_row()) */
+    have_avx2 = have_f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
     use_avx2 = have_avx2;
 }
@@ -423,6 +427,26 @@ float kv_attn_score(const float *q, const int16_t *q16, float step, const float 
     return int_score(s, f, step * scale);
 }
 
+/* ---- value rows of int8 codes (kv_attn_add_row()) -------------------------------------------
+ * A per-token int8 value row adds w·s times its codes c (row_at()) to the output. Fused,
+ * o + (w·s)·c rounds once instead of twice and is one instruction per element instead of
+ * two: a fifth fewer in the value pass of an int8 cache, which is bound by its arithmetic
+ * (docs/performance.md §7). fmaf() is exactly rounded by definition (the FMA instruction, or
+ * libm in software where there is none), so every machine gets the same bits. Every other
+ * row keeps a multiply, then an add. */
+static inline void add_row(float *o, float w, const float *row, int n, int fused)
+{
+    if (fused)
+        for (int j = 0; j < n; j++) o[j] = fmaf(w, row[j], o[j]);
+    else
+        for (int j = 0; j < n; j++) o[j] += w * row[j];
+}
+
+void kv_attn_add_row(float *o, float w, const float *row, int n, int fused)
+{
+    add_row(o, w, row, n, fused);
+}
+
 /* Key i of the walk (stored row r) and its factor (row_at()): under KV_POS_CACHE rotated by
  * its index i (always a copy, dequantized whole: the rotation mixes elements, factor 1). */
 static inline const float *key_row(const group *g, int64_t r, int64_t i, float *row,
@@ -476,6 +500,7 @@ static void group_scores(const group *g, int64_t i0, int64_t i1, float *mx, floa
 static void group_values(const group *g, int j0, int j1, float *sum, float *row)
 {
     const int G = g->G, d = g->d;
+    const int fused = !g->v && int8_per_row(&g->vh); /* int8 codes (add_row()) */
     for (int h = 0; h < G; h++) {
         sum[h] = 0.0f;
         for (int j = j0; j < j1; j++) g->out[(size_t)h * d + j] = 0.0f;
@@ -489,7 +514,7 @@ static void group_values(const group *g, int j0, int j1, float *sum, float *row)
             const float wt = g->att[(size_t)h * g->len + i], wf = wt * f;
             float *o = g->out + (size_t)h * d;
             sum[h] += wt;
-            for (int j = j0; j < j1; j++) o[j] += wf * vr[j];
+            add_row(o + j0, wf, vr + j0, j1 - j0, fused);
         }
     }
     for (int h = 0; h < G; h++) { /* the one division per output */
@@ -528,13 +553,21 @@ static void group_values(const group *g, int j0, int j1, float *sum, float *row)
  *  - values: each output run of 32 columns of two heads kept in registers across the block's
  *    rows (one load and one store per block instead of per row);
  *  - int8 keys' scores: integer dot products with the 16-bit query (the section above
- *    group_scores()), exact, so any order of the adds gives the loops' bits.
- * Multiplies and adds, never fused (see the top of the file). One difference: an fp16 NaN
+ *    group_scores()), exact, so any order of the adds gives the loops' bits;
+ *  - int8 value rows: one fused multiply-add per element, as the loops' fmaf() (add_row()).
+ * Every other multiply and add stays two roundings (see the top of the file); the twins need
+ * AVX2, F16C and FMA (tables_build()). One difference: an fp16 NaN
  * keeps its payload in hardware and not through the table, so a NaN in the cache makes a
  * NaN output either way, but not necessarily the same NaN. */
 #if KV_F16C
 #define KV_AVX2 __attribute__((target("avx2,f16c")))
 #define KV_INLINE __attribute__((always_inline)) KV_AVX2 static inline
+/* the value pass, which fuses the multiply-adds of int8 rows (add_row()) and nothing else:
+ * the compiler may use FMA instructions only where the code asks (-ffp-contract=off), but
+ * GCC's vectorizer has been seen to fuse a rotation's a·c - b·s (rotate_row()) all the same,
+ * so the other passes are compiled without FMA */
+#define KV_AVX2_FMA __attribute__((target("avx2,f16c,fma")))
+#define KV_INLINE_FMA __attribute__((always_inline)) KV_AVX2_FMA static inline
 
 /* How a block's rows are read: floats (fp32 rows, or any row decoded into the scratch),
  * binary16 or bfloat16 codes, int8 codes with one scale per row, fp8 codes (either kind) with
@@ -845,9 +878,15 @@ KV_AVX2 static void group_scores_avx2(const group *g, int64_t i0, int64_t i1, fl
     }
 }
 
+/* x + w·v as add_row() does it: fused for int8 codes, else a multiply then an add. */
+KV_INLINE_FMA __m256 madd(int f, __m256 w, __m256 v, __m256 x)
+{
+    return f == ROW_I8 ? _mm256_fmadd_ps(w, v, x) : _mm256_add_ps(x, _mm256_mul_ps(w, v));
+}
+
 /* out[h][j .. j+32) of NHH heads (1 or 2) += w_h[c] · v_c[j .. j+32) over the block's rows c in
  * order, the outputs held in registers across the rows. */
-KV_INLINE void values_run(float *const *o, const float *const *w, int nhh, int f,
+KV_INLINE_FMA void values_run(float *const *o, const float *const *w, int nhh, int f,
                           const rowref *vp, int n, int j)
 {
     __m256 x[2][4];
@@ -858,10 +897,10 @@ KV_INLINE void values_run(float *const *o, const float *const *w, int nhh, int f
         const __m256 v2 = load8(f, vp[c], j + 16), v3 = load8(f, vp[c], j + 24);
         for (int t = 0; t < nhh; t++) {
             const __m256 wt = _mm256_set1_ps(w[t][c]);
-            x[t][0] = _mm256_add_ps(x[t][0], _mm256_mul_ps(wt, v0));
-            x[t][1] = _mm256_add_ps(x[t][1], _mm256_mul_ps(wt, v1));
-            x[t][2] = _mm256_add_ps(x[t][2], _mm256_mul_ps(wt, v2));
-            x[t][3] = _mm256_add_ps(x[t][3], _mm256_mul_ps(wt, v3));
+            x[t][0] = madd(f, wt, v0, x[t][0]);
+            x[t][1] = madd(f, wt, v1, x[t][1]);
+            x[t][2] = madd(f, wt, v2, x[t][2]);
+            x[t][3] = madd(f, wt, v3, x[t][3]);
         }
     }
     for (int t = 0; t < nhh; t++)
@@ -869,7 +908,7 @@ KV_INLINE void values_run(float *const *o, const float *const *w, int nhh, int f
 }
 
 /* values_run() for a run of 8 columns: what is left of a row after its runs of 32. */
-KV_INLINE void values_run8(float *const *o, const float *const *w, int nhh, int f,
+KV_INLINE_FMA void values_run8(float *const *o, const float *const *w, int nhh, int f,
                            const rowref *vp, int n, int j)
 {
     __m256 x[2];
@@ -877,7 +916,7 @@ KV_INLINE void values_run8(float *const *o, const float *const *w, int nhh, int 
     for (int c = 0; c < n; c++) {
         const __m256 v = load8(f, vp[c], j);
         for (int t = 0; t < nhh; t++)
-            x[t] = _mm256_add_ps(x[t], _mm256_mul_ps(_mm256_set1_ps(w[t][c]), v));
+            x[t] = madd(f, _mm256_set1_ps(w[t][c]), v, x[t]);
     }
     for (int t = 0; t < nhh; t++) _mm256_storeu_ps(o[t] + j, x[t]);
 }
@@ -885,7 +924,7 @@ KV_INLINE void values_run8(float *const *o, const float *const *w, int nhh, int 
 /* Pass 3 over a block of n rows read as f, columns [j0, j1): heads in pairs, runs of 32
  * columns in registers, then runs of 8, the last columns one at a time, rows in order; each
  * weight times its row's factor first, as group_values() does. */
-KV_INLINE void values_block(const group *g, int f, const rowref *vp, const float *fac, int n,
+KV_INLINE_FMA void values_block(const group *g, int f, const rowref *vp, const float *fac, int n,
                             int64_t i0, int j0, int j1)
 {
     const int G = g->G, d = g->d;
@@ -911,14 +950,16 @@ KV_INLINE void values_block(const group *g, int f, const rowref *vp, const float
         }
         for (; j < j1; j++)
             for (int t = 0; t < nhh; t++)
-                for (int c = 0; c < n; c++) o[t][j] += w[t][c] * load1(f, vp[c], j);
+                for (int c = 0; c < n; c++)
+                    o[t][j] = f == ROW_I8 ? fmaf(w[t][c], load1(f, vp[c], j), o[t][j])
+                                          : o[t][j] + w[t][c] * load1(f, vp[c], j);
         h += nhh;
     }
 }
 
 /* group_values() read as f, in blocks of KV_ATTN_ROWS rows (f a constant where inlined, as
  * in scores_rows()). rows [KV_ATTN_ROWS][d] scratch. */
-KV_INLINE void values_rows(const group *g, int f, int j0, int j1, float *sum, float *rows)
+KV_INLINE_FMA void values_rows(const group *g, int f, int j0, int j1, float *sum, float *rows)
 {
     const int G = g->G, d = g->d;
     const int64_t rb = kind_row_bytes(f, d);
@@ -954,9 +995,16 @@ KV_INLINE void values_rows(const group *g, int f, int j0, int j1, float *sum, fl
     }
 }
 
-KV_AVX2 static void group_values_avx2(const group *g, int j0, int j1, float *sum, float *rows)
+/* group_values() read as the value view's kind; int8 rows the kind does not read as codes
+ * (d not a multiple of 16) go to the loops, which fuse their multiply-adds (add_row()). */
+KV_AVX2_FMA static void group_values_avx2(const group *g, int j0, int j1, float *sum, float *rows)
 {
-    switch (row_kind(&g->vh)) { /* the kind a constant of each call */
+    const int kind = row_kind(&g->vh);
+    if (int8_per_row(&g->vh) && kind != ROW_I8) {
+        group_values(g, j0, j1, sum, rows);
+        return;
+    }
+    switch (kind) { /* the kind a constant of each call */
     case ROW_F16: values_rows(g, ROW_F16, j0, j1, sum, rows); break;
     case ROW_BF16: values_rows(g, ROW_BF16, j0, j1, sum, rows); break;
     case ROW_I8: values_rows(g, ROW_I8, j0, j1, sum, rows); break;

@@ -414,6 +414,40 @@ static void test_query_q16(void)
     KV_CHECK(isnan(kv_attn_query_q16(q, d, q16)), "an inf in the query: step NaN");
 }
 
+/* kv_attn_add_row(): fused, each element is fmaf()'s (one rounding); not fused, a multiply then
+ * an add (two). A case the two round differently shows the flag does what it says: w = row =
+ * 1 + 2^-12 and o = -(1 + 2^-11), whose exact sum 2^-24 a rounded product (1 + 2^-11) loses. */
+static void test_add_row(void)
+{
+    enum { n = 67 }; /* not a multiple of any vector width */
+    kv_rng r;
+    kv_rng_seed(&r, 11);
+    float row[n], o[n], of[n], op[n];
+    long fused_bad = 0, plain_bad = 0;
+    for (int trial = 0; trial < 50; trial++) {
+        const float w = kv_rng_uniform(&r, -2.0f, 2.0f);
+        for (int j = 0; j < n; j++) {
+            row[j] = (float)(int)kv_rng_uniform(&r, -127.0f, 128.0f); /* int8 codes as floats */
+            o[j] = of[j] = op[j] = kv_rng_uniform(&r, -100.0f, 100.0f);
+        }
+        kv_attn_add_row(of, w, row, n, 1);
+        kv_attn_add_row(op, w, row, n, 0);
+        for (int j = 0; j < n; j++) {
+            volatile float prod = w * row[j]; /* rounded on its own, then added */
+            fused_bad += memcmp(&of[j], &(float){fmaf(w, row[j], o[j])}, sizeof(float)) != 0;
+            plain_bad += memcmp(&op[j], &(float){o[j] + prod}, sizeof(float)) != 0;
+        }
+    }
+    KV_CHECK(fused_bad == 0, "kv_attn_add_row fused: %ld elements differ from fmaf()", fused_bad);
+    KV_CHECK(plain_bad == 0, "kv_attn_add_row: %ld elements differ from o + w·row", plain_bad);
+    const float a = 1.0f + ldexpf(1.0f, -12), b = -(1.0f + ldexpf(1.0f, -11));
+    float f1 = b, f0 = b;
+    kv_attn_add_row(&f1, a, &a, 1, 1);
+    kv_attn_add_row(&f0, a, &a, 1, 0);
+    KV_CHECK(f1 == ldexpf(1.0f, -24) && f0 == 0.0f,
+             "one rounding vs two: fused %g (want 2^-24), not fused %g (want 0)", f1, f0);
+}
+
 int main(void)
 {
     const int have_simd = kv_attn_simd(-1);
@@ -423,5 +457,6 @@ int main(void)
     test_fp8_codes();
     test_team_long(have_simd);
     test_query_q16();
+    test_add_row();
     return kv_test_finish();
 }
