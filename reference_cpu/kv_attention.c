@@ -463,10 +463,10 @@ static inline void add_row(float *o, float w, const float *row, int n, int fused
     for (int j = 0; j < n; j++) o[j] = fmaf(w, row[j], o[j]);
 }
 
-void kv_attn_add_row(float *o, float w, const float *row, int n, int fused)
+void kv_attn_add_row(const kv_head_view *vh, float *o, float w, const float *row, int n)
 {
     pthread_once(&tables_once, tables_build);
-    add_row(o, w, row, n, fused);
+    add_row(o, w, row, n, int8_per_row(vh));
 }
 
 /* Key i of the walk (stored row r) and its factor (row_at()): under KV_POS_CACHE rotated by

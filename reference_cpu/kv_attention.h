@@ -124,15 +124,15 @@ void kv_attn_row(const kv_head_view *h, int64_t t, float *out);
 float kv_attn_row_factored(const kv_head_view *h, int64_t t, float *out);
 
 /**
- * Adds a value row read by kv_attn_row_factored() to an output as kv_attention() does:
- * o[j] += w·row[j] for j < n, w the row's weight times its factor. @p fused for the rows of a
- * per-token int8 view (kv_attn_int_keys() of the value view: the row holds whole-number
- * codes): one fused multiply-add per element, fmaf(), one rounding instead of two and one
- * instruction instead of two (exactly rounded on every machine, so every path that uses it
- * agrees bit for bit); otherwise a multiply, then an add. For the paths that promise
- * kv_attention()'s bits (kv_flash_naive(), kv_select_attend(), tests).
+ * Adds a value row of view @p vh, read by kv_attn_row_factored(), to an output as
+ * kv_attention() does: o[j] += w·row[j] for j < n, w the row's weight times its factor. A
+ * per-token int8 view's rows (whole-number codes) take one fused multiply-add per element,
+ * fmaf(): one rounding instead of two and one instruction instead of two, exactly rounded on
+ * every machine, so every path that uses it agrees bit for bit. Every other row: a multiply,
+ * then an add. For the paths that promise kv_attention()'s bits (kv_flash_naive(),
+ * kv_select_attend(), tests).
  */
-void kv_attn_add_row(float *o, float w, const float *row, int n, int fused);
+void kv_attn_add_row(const kv_head_view *vh, float *o, float w, const float *row, int n);
 
 /**
  * Whether attention rounds the query to 16-bit integers before it meets this view's keys:

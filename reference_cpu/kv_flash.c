@@ -175,8 +175,7 @@ static void naive_head(const flash_ctx *x, int h, float *s, float *sum, float *r
         sum[t] = kv_attn_exp_sum(st, n, max); /* a fully masked row: every weight 0 */
     }
     /* pass 3: O = P V, value rows read once, each added to every query's output as
-     * kv_attention() adds it (int8 codes fused: kv_attn_add_row()) */
-    const int fused = kv_attn_int_keys(&vh);
+     * kv_attention() adds it (kv_attn_add_row()) */
     for (int t = 0; t < T; t++) memset(j->out + ((size_t)t * H + h) * d, 0, (size_t)d * 4);
     for (int64_t i = 0; i < n; i++) {
         float f;
@@ -185,7 +184,7 @@ static void naive_head(const flash_ctx *x, int h, float *s, float *sum, float *r
         for (int t = 0; t < T; t++) {
             const float w = s[(size_t)t * n + i] * f;
             float *o = j->out + ((size_t)t * H + h) * d;
-            if (w != 0.0f) kv_attn_add_row(o, w, vr, d, fused);
+            if (w != 0.0f) kv_attn_add_row(&vh, o, w, vr, d);
         }
     }
     /* the one division per output (none visible: zeros, not 0/0) */

@@ -588,10 +588,9 @@ void kv_select_attend(const kv_head_view *kh, const kv_head_view *vh, const kv_s
     }
     if (q16 != stack) free(q16);
     const float sum = kv_attn_exp_sum(att, n, max);
-    const int fused = kv_attn_int_keys(vh); /* int8 value rows: kv_attn_add_row() */
     for (int i = 0; i < n; i++) {
         const float f = kv_attn_row_factored(vh, set->pos[i], row);
-        kv_attn_add_row(oh, att[i] * f, row, d, fused);
+        kv_attn_add_row(vh, oh, att[i] * f, row, d);
     }
     const float inv = 1.0f / sum;
     for (int j = 0; j < d; j++) oh[j] *= inv;

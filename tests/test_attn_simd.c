@@ -414,38 +414,50 @@ static void test_query_q16(void)
     KV_CHECK(isnan(kv_attn_query_q16(q, d, q16)), "an inf in the query: step NaN");
 }
 
-/* kv_attn_add_row(): fused, each element is fmaf()'s (one rounding); not fused, a multiply then
- * an add (two). A case the two round differently shows the flag does what it says: w = row =
- * 1 + 2^-12 and o = -(1 + 2^-11), whose exact sum 2^-24 a rounded product (1 + 2^-11) loses. */
+/* kv_attn_add_row(): a per-token int8 view's rows fused, each element fmaf()'s (one rounding);
+ * every other view's (fp32, int8 with group scales) a multiply then an add (two). A case the two
+ * round differently shows the choice is made: w = row = 1 + 2^-12 and o = -(1 + 2^-11), whose
+ * exact sum 2^-24 a rounded product (1 + 2^-11) loses. Only the views' kinds are read. */
 static void test_add_row(void)
 {
     enum { n = 67 }; /* not a multiple of any vector width */
+    kv_head_view vi8 = {0}, vf32 = {0}, vg32 = {0};
+    vi8.fmt = KV_QF_INT8;
+    vf32.fmt = KV_QF_F32;
+    vg32.fmt = KV_QF_INT8_G32;
+    vi8.role = vf32.role = vg32.role = KV_QROLE_VALUE;
+    vi8.d = vf32.d = vg32.d = 128;
     kv_rng r;
     kv_rng_seed(&r, 11);
-    float row[n], o[n], of[n], op[n];
+    float row[n], o[n], of[n], op[n], og[n];
     long fused_bad = 0, plain_bad = 0;
     for (int trial = 0; trial < 50; trial++) {
         const float w = kv_rng_uniform(&r, -2.0f, 2.0f);
         for (int j = 0; j < n; j++) {
             row[j] = (float)(int)kv_rng_uniform(&r, -127.0f, 128.0f); /* int8 codes as floats */
-            o[j] = of[j] = op[j] = kv_rng_uniform(&r, -100.0f, 100.0f);
+            o[j] = of[j] = op[j] = og[j] = kv_rng_uniform(&r, -100.0f, 100.0f);
         }
-        kv_attn_add_row(of, w, row, n, 1);
-        kv_attn_add_row(op, w, row, n, 0);
+        kv_attn_add_row(&vi8, of, w, row, n);
+        kv_attn_add_row(&vf32, op, w, row, n);
+        kv_attn_add_row(&vg32, og, w, row, n);
         for (int j = 0; j < n; j++) {
             volatile float prod = w * row[j]; /* rounded on its own, then added */
-            fused_bad += memcmp(&of[j], &(float){fmaf(w, row[j], o[j])}, sizeof(float)) != 0;
-            plain_bad += memcmp(&op[j], &(float){o[j] + prod}, sizeof(float)) != 0;
+            const float plain = o[j] + prod, fused = fmaf(w, row[j], o[j]);
+            fused_bad += memcmp(&of[j], &fused, sizeof(float)) != 0;
+            plain_bad += memcmp(&op[j], &plain, sizeof(float)) != 0;
+            plain_bad += memcmp(&og[j], &plain, sizeof(float)) != 0;
         }
     }
-    KV_CHECK(fused_bad == 0, "kv_attn_add_row fused: %ld elements differ from fmaf()", fused_bad);
-    KV_CHECK(plain_bad == 0, "kv_attn_add_row: %ld elements differ from o + w·row", plain_bad);
+    KV_CHECK(fused_bad == 0, "kv_attn_add_row, int8 view: %ld elements differ from fmaf()",
+             fused_bad);
+    KV_CHECK(plain_bad == 0, "kv_attn_add_row, fp32 / int8-g32 views: %ld elements differ from "
+             "o + w·row", plain_bad);
     const float a = 1.0f + ldexpf(1.0f, -12), b = -(1.0f + ldexpf(1.0f, -11));
     float f1 = b, f0 = b;
-    kv_attn_add_row(&f1, a, &a, 1, 1);
-    kv_attn_add_row(&f0, a, &a, 1, 0);
+    kv_attn_add_row(&vi8, &f1, a, &a, 1);
+    kv_attn_add_row(&vf32, &f0, a, &a, 1);
     KV_CHECK(f1 == ldexpf(1.0f, -24) && f0 == 0.0f,
-             "one rounding vs two: fused %g (want 2^-24), not fused %g (want 0)", f1, f0);
+             "one rounding vs two: int8 view %g (want 2^-24), fp32 view %g (want 0)", f1, f0);
 }
 
 int main(void)

@@ -204,7 +204,7 @@ static void masked_ref(const float *qh, const kv_head_view *kh, const kv_head_vi
     for (int i = 0; i < D; i++) oh[i] = 0.0f;
     for (int s = 0; s <= t; s++) {
         const float wf = att[s] * kv_attn_row_factored(vh, s, row);
-        kv_attn_add_row(oh, wf, row, D, kv_attn_int_keys(vh));
+        kv_attn_add_row(vh, oh, wf, row, D);
     }
     const float inv = 1.0f / sum;
     for (int i = 0; i < D; i++) oh[i] *= inv;
@@ -231,10 +231,9 @@ static void stream_ref(const float *q_rot, const kv_cache *full, const kv_config
         }
     }
     const float scale = 1.0f / sqrtf((float)D);
-    const kv_head_view vh0 = kv_cache_view(full, 0, 0, 0, KV_QROLE_VALUE);
-    const int fused = kv_attn_int_keys(&vh0); /* int8 value rows: kv_attn_add_row() */
     for (int h = 0; h < H; h++) {
         const int kvh = kv_attn_kv_head(h, H, HKV);
+        const kv_head_view vh = kv_cache_view(full, 0, 0, kvh, KV_QROLE_VALUE); /* its rows' kind */
         const float *qh = q_rot + h * D;
         float *oh = out + h * D, max = -INFINITY;
         for (int i = 0; i < n; i++) {
@@ -245,7 +244,7 @@ static void stream_ref(const float *q_rot, const kv_cache *full, const kv_config
         for (int j = 0; j < D; j++) oh[j] = 0.0f;
         for (int i = 0; i < n; i++) {
             const float wf = att[i] * vf[kvh * n + i], *vr = v + ((size_t)kvh * n + i) * D;
-            kv_attn_add_row(oh, wf, vr, D, fused);
+            kv_attn_add_row(&vh, oh, wf, vr, D);
         }
         const float inv = 1.0f / sum;
         for (int j = 0; j < D; j++) oh[j] *= inv;
