@@ -10,6 +10,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define _FILE_OFFSET_BITS 64
 #include "kv_checkpoint.h"
+#include "kv_file.h"
 
 #include <errno.h>
 #include <math.h>
@@ -147,10 +148,10 @@ int kv_checkpoint_read(const char *path, kv_model *m, kv_err *err)
     if (!m) return kv_fail(err, KV_ERR_ARG, "model is NULL");
     memset(m, 0, sizeof *m);
     if (!path) return kv_fail(err, KV_ERR_ARG, "checkpoint path is NULL");
-    FILE *f = fopen(path, "rb");
-    if (!f) return kv_fail(err, KV_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    FILE *f;
+    int rc = kv_file_open_read(path, 0, &f, NULL, err); /* its header caps the size */
+    if (rc) return rc;
 
-    int rc = KV_OK;
     unsigned char hdr[KV_KVLAB_HEADER_BYTES]; /* [256] the longest header, or all of a shorter file */
     size_t have = fread(hdr, 1, sizeof hdr, f);
     kv_config c;
@@ -301,37 +302,20 @@ int kv_checkpoint_write(const char *path, const kv_model *m, int format, kv_err 
         hdr_bytes = KV_LLAMA2C_HEADER_BYTES;
     }
 
-    /* write a temporary file beside the target and rename it into place: readers never see
+    /* a temporary file beside the target, renamed into place (kv_file.h): readers never see
      * a half-written checkpoint, and a failure leaves the old file (if any) untouched */
-    size_t tn = strlen(path) + 32;
-    char *tmp = malloc(tn);
-    if (!tmp) return kv_fail(err, KV_ERR_NOMEM, "out of memory");
-    snprintf(tmp, tn, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        rc = kv_fail(err, KV_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
-        free(tmp);
-        return rc;
-    }
+    kv_file_out o;
+    if ((rc = kv_file_create(path, &o, err))) return rc;
+    FILE *f = o.f;
     const int64_t untied = c->tied_classifier ? 0 : (int64_t)c->vocab_size * c->dim;
     int ok = fwrite(hdr, 1, hdr_bytes, f) == hdr_bytes &&
              write_floats(f, m->data, m->n_floats - untied);
     if (ok && format == KV_FILE_LLAMA2C) ok = write_rope_tables(f, c);
     if (ok && untied) ok = write_floats(f, m->w.wcls, untied);
-    int saved = errno;
-    if (fclose(f) != 0 && ok) { /* buffered data is written (and can fail) at close */
-        ok = 0;
-        saved = errno;
-    }
     if (!ok) {
-        remove(tmp);
-        rc = kv_fail(err, KV_ERR_IO, "writing '%s' failed: %s", tmp, strerror(saved));
-    } else if (rename(tmp, path) != 0) {
-        saved = errno;
-        remove(tmp);
-        rc = kv_fail(err, KV_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, path,
-                     strerror(saved));
+        rc = kv_fail(err, KV_ERR_IO, "writing '%s' failed: %s", path, strerror(errno));
+        kv_file_abort(&o);
+        return rc;
     }
-    free(tmp);
-    return rc;
+    return kv_file_commit(&o, err);
 }

@@ -1,6 +1,7 @@
 /* Multi-turn dialogues (kv_dialogue.h): the file format, rendering a turn into the recall
  * models' tokens, the incremental session and the from-scratch check. */
 #include "kv_dialogue.h"
+#include "kv_file.h"
 #include "kv_rng.h"
 #include "kv_sampler.h"
 
@@ -45,6 +46,8 @@ int kv_dialogue_parse(const char *text, const char *name, kv_dialogue *d, kv_err
     memset(d, 0, sizeof *d);
     snprintf(d->name, sizeof d->name, "%s", name ? name : "dialogue");
     d->seed = 1;
+    kv_err e2; /* CR-only line endings would merge every turn into one */
+    if (kv_text_check_lines(text, &e2)) return kv_fail(err, KV_ERR_FORMAT, "%s: %s", d->name, e2.msg);
     d->turns = calloc(DLG_MAX_TURNS, sizeof *d->turns);
     d->items = calloc(DLG_MAX_ITEMS, sizeof *d->items);
     if (!d->turns || !d->items) {
@@ -174,22 +177,10 @@ int kv_dialogue_parse(const char *text, const char *name, kv_dialogue *d, kv_err
 int kv_dialogue_read(const char *path, kv_dialogue *d, kv_err *err)
 {
     memset(d, 0, sizeof *d);
-    FILE *f = fopen(path, "rb");
-    if (!f) return kv_fail(err, KV_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = malloc((1 << 20) + 1);
-    if (!buf) {
-        fclose(f);
-        return kv_fail(err, KV_ERR_NOMEM, "%s: out of memory", path);
-    }
-    size_t n = fread(buf, 1, 1 << 20, f);
-    int too_big = n == (1 << 20) && fgetc(f) != EOF;
-    fclose(f);
-    if (too_big) {
-        free(buf);
-        return kv_fail(err, KV_ERR_FORMAT, "%s: larger than 1 MiB", path);
-    }
-    buf[n] = 0;
-    int rc = kv_dialogue_parse(buf, path, d, err);
+    char *buf;
+    int rc = kv_file_read_text(path, KV_DIALOGUE_MAX_BYTES, &buf, NULL, err);
+    if (rc) return rc;
+    rc = kv_dialogue_parse(buf, path, d, err);
     free(buf);
     return rc;
 }

@@ -63,6 +63,9 @@ int kv_generate(kv_backend *b, const int *prompt, int n_prompt, const kv_gen_opt
         if (rc) break;
         if (opts->last_logits && i == opts->n_steps - 1)
             memcpy(opts->last_logits, logits, (size_t)vocab * sizeof(float));
+        /* NaN or inf logits (weights that overflow the forward pass) choose nothing: argmax
+         * would say token 0 forever */
+        if ((rc = kv_logits_check(logits, vocab, err))) break;
         const int token = opts->sampler ? kv_sample(opts->sampler, logits)
                                         : kv_argmax(logits, vocab);
         const double seconds = kv_now() - t0;

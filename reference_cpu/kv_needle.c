@@ -1,6 +1,7 @@
 /* The needle grid (kv_needle.h): spec files, haystacks, running a context through a
  * kv_backend, and the pass rule. */
 #include "kv_needle.h"
+#include "kv_file.h"
 #include "kv_quant.h"
 #include "kv_retain.h"
 #include "kv_rng.h"
@@ -92,6 +93,8 @@ int kv_needle_spec_parse(const char *text, kv_needle_spec *s, kv_err *err)
 {
     if (!text || !s) return kv_fail(err, KV_ERR_ARG, "kv_needle_spec_parse: NULL argument");
     int line_no = 0, variants_seen = 0;
+    int rc = kv_text_check_lines(text, err); /* CR-only endings would make one long line */
+    if (rc) return rc;
     const char *p = text;
     while (*p) {
         char line[1024];
@@ -183,23 +186,11 @@ int kv_needle_spec_parse(const char *text, kv_needle_spec *s, kv_err *err)
 
 int kv_needle_spec_read(const char *path, kv_needle_spec *s, kv_err *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return kv_fail(err, KV_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = malloc(65537);
-    if (!buf) {
-        fclose(f);
-        return kv_fail(err, KV_ERR_NOMEM, "%s: out of memory", path);
-    }
-    size_t n = fread(buf, 1, 65536, f);
-    int too_big = n == 65536 && fgetc(f) != EOF;
-    fclose(f);
-    if (too_big) {
-        free(buf);
-        return kv_fail(err, KV_ERR_FORMAT, "%s: larger than 64 KiB", path);
-    }
-    buf[n] = 0;
+    char *buf;
+    int rc = kv_file_read_text(path, KV_NEEDLE_MAX_BYTES, &buf, NULL, err);
+    if (rc) return rc;
     kv_err e2;
-    int rc = kv_needle_spec_parse(buf, s, &e2);
+    rc = kv_needle_spec_parse(buf, s, &e2);
     free(buf);
     if (rc) return kv_fail(err, rc, "%s: %s", path, e2.msg);
     return KV_OK;

@@ -73,6 +73,19 @@ void kv_embed(float *out, const float *table, const int *tokens, int T, int dim)
         memcpy(out + (size_t)t * dim, table + (size_t)tokens[t] * dim, (size_t)dim * sizeof(float));
 }
 
+/* One row of RMSNorm whose sum of squares overflowed: the sum is taken over x / max|x|, as
+ * robust BLAS norms do, so the row still comes out with unit RMS instead of all zeros (inv 0)
+ * or NaN. Only the overflow takes this path: every other row keeps the plain sum's bits. */
+static void rmsnorm_scaled(float *ot, const float *xt, const float *w, int n, float eps)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(xt[i]));
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += (xt[i] / amax) * (xt[i] / amax);
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps / amax / amax);
+    for (int i = 0; i < n; i++) ot[i] = (xt[i] / amax) * inv * w[i];
+}
+
 void kv_rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps)
 {
     #pragma omp parallel for if (go_parallel((int64_t)T * n, KV_PARALLEL_MIN))
@@ -81,6 +94,10 @@ void kv_rmsnorm(float *out, const float *x, const float *w, int T, int n, float 
         float *ot = out + (size_t)t * n;
         float ss = 0.0f;
         for (int i = 0; i < n; i++) ss += xt[i] * xt[i];
+        if (isinf(ss)) { /* squares past FLT_MAX (|x| > ~1e19): */
+            rmsnorm_scaled(ot, xt, w, n, eps);
+            continue;
+        }
         const float inv = 1.0f / sqrtf(ss / (float)n + eps);
         for (int i = 0; i < n; i++) ot[i] = xt[i] * inv * w[i];
     }

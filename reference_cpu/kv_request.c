@@ -149,9 +149,13 @@ int runner_start(const runner_env *e, runner *r, int *hit, kv_err *err)
 
 /* ---- choosing tokens ------------------------------------------------------------------------ */
 
-/* A plain request or a sample picks its next token from @p logits [vocab]. */
-static void choose(const runner_env *e, runner *r, seq_t *s, const float *logits)
+/* A plain request or a sample picks its next token from @p logits [vocab]; NaN or inf
+ * logits are refused, as beam_step refuses them. */
+static int choose(const runner_env *e, runner *r, seq_t *s, const float *logits, kv_err *err)
 {
+    kv_err e2;
+    if (kv_logits_check(logits, e->vocab, &e2))
+        return kv_fail(err, KV_ERR_ARG, "scheduler: request %d: %s", r->idx, e2.msg);
     int tok;
     if (s->has_sampler) {
         memcpy(e->lcopy, logits, (size_t)e->vocab * sizeof(float));
@@ -168,6 +172,7 @@ static void choose(const runner_env *e, runner *r, seq_t *s, const float *logits
         s->len = 0;
         s->done = 1;
     }
+    return KV_OK;
 }
 
 /* A free slot among the runner's own. */
@@ -288,8 +293,10 @@ static int prompt_done(const runner_env *e, runner *r, const float *logits, kv_e
         if (rc) return rc;
     }
     if (fresh) /* each sample draws its first token from the same logits */
-        for (int i = 0; i < r->n_seq; i++)
-            if (is_live(r, i)) choose(e, r, &r->seq[i], logits);
+        for (int i = 0; i < r->n_seq; i++) {
+            int rc = is_live(r, i) ? choose(e, r, &r->seq[i], logits, err) : KV_OK;
+            if (rc) return rc;
+        }
     /* resumed: every sequence now re-feeds the tokens it had chosen */
     return KV_OK;
 }
@@ -307,7 +314,7 @@ int runner_take_logits(const runner_env *e, runner *r, seq_t *s, const float *lo
         if (s->len == r->rq.prompt_len) return prompt_done(e, r, logits, err);
     } else if (s->len == ctx_len(r, s)) {
         if (r->kind == K_BEAM) memcpy(s->logits, logits, (size_t)e->vocab * sizeof(float));
-        else choose(e, r, s, logits);
+        else return choose(e, r, s, logits, err);
     }
     return KV_OK;
 }

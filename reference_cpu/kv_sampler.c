@@ -72,6 +72,19 @@ static int by_prob_desc(const void *a, const void *b)
     return x->index - y->index;
 }
 
+/* The (prob, index) pairs of @p probs [n] with prob >= @p cutoff into @p cand; their count. */
+static int keep_from(const float *probs, int n, float cutoff, prob_index *cand)
+{
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (probs[i] >= cutoff) {
+            cand[m].prob = probs[i];
+            cand[m].index = i;
+            m++;
+        }
+    return m;
+}
+
 /*
  * Nucleus sampling: keep the most probable tokens whose mass first reaches top_p, renormalize,
  * draw. Sorting the whole vocabulary is the slow part, so tokens that cannot be in the nucleus
@@ -82,14 +95,11 @@ static int by_prob_desc(const void *a, const void *b)
 static int sample_top_p(const float *probs, int n, float top_p, prob_index *cand, float r)
 {
     if (n == 1) return 0;
-    const float cutoff = (1.0f - top_p) / (float)(n - 1);
-    int m = 0;
-    for (int i = 0; i < n; i++)
-        if (probs[i] >= cutoff) {
-            cand[m].prob = probs[i];
-            cand[m].index = i;
-            m++;
-        }
+    int m = keep_from(probs, n, (1.0f - top_p) / (float)(n - 1), cand);
+    /* the argument needs one token kept: when all n fall below the cutoff (a flat distribution
+     * with top_p < 1/n) they may weigh more than 1 - top_p together, so every one is a
+     * candidate. The softmax's largest prob is >= 1/n > 0, so the nucleus has mass. */
+    if (m == 0) m = keep_from(probs, n, 0.0f, cand);
     qsort(cand, (size_t)m, sizeof *cand, by_prob_desc);
 
     /* smallest prefix with mass >= top_p (all candidates if rounding keeps it below) */
@@ -114,11 +124,29 @@ static int sample_top_p(const float *probs, int n, float top_p, prob_index *cand
     return cand[last].index;
 }
 
+int kv_logits_check(const float *logits, int n, kv_err *err)
+{
+    int finite = 0;
+    for (int i = 0; i < n; i++) {
+        if (isnan(logits[i]) || logits[i] == INFINITY)
+            return kv_fail(err, KV_ERR_ARG, "no finite logits: logit %d of %d is %s (the "
+                           "model's forward pass overflowed)", i, n,
+                           isnan(logits[i]) ? "NaN" : "+inf");
+        finite += logits[i] != -INFINITY;
+    }
+    if (!finite) return kv_fail(err, KV_ERR_ARG, "no finite logits: all %d are -inf", n);
+    return KV_OK;
+}
+
 int kv_sample(kv_sampler *s, float *logits)
 {
     const int n = s->vocab_size;
+    if (kv_logits_check(logits, n, NULL)) return -1; /* NaN would order nothing below */
     if (s->temperature == 0.0f) return kv_argmax(logits, n);
-    for (int i = 0; i < n; i++) logits[i] /= s->temperature;
+    /* (x - max) / T, not x / T: a tiny temperature then sends every other logit to -inf and
+     * the largest to 0, where x / T would overflow to inf and the softmax to NaN */
+    const float max = logits[kv_argmax(logits, n)];
+    for (int i = 0; i < n; i++) logits[i] = (logits[i] - max) / s->temperature;
     kv_softmax(logits, n);
     const float r = kv_rng_float(&s->rng);
     if (s->top_p >= 1.0f) return sample_cdf(logits, n, r);

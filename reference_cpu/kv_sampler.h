@@ -27,7 +27,11 @@ int kv_sampler_init(kv_sampler *s, int vocab_size, float temperature, float top_
 void kv_sampler_free(kv_sampler *s);
 /** Index of the largest logit (lowest index on ties). */
 int kv_argmax(const float *logits, int n);
-/** Sample a token; @p logits [vocab] is used as scratch (overwritten). */
+/** KV_ERR_ARG ("no finite logits ...") when @p logits [n] holds a NaN or +inf, or nothing
+ * but -inf: no token can be chosen from them (a forward pass that overflowed). */
+int kv_logits_check(const float *logits, int n, kv_err *err);
+/** Sample a token; @p logits [vocab] is used as scratch (overwritten). -1 when
+ * kv_logits_check() refuses them. */
 int kv_sample(kv_sampler *s, float *logits);
 
 #ifdef __cplusplus

@@ -18,6 +18,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define _FILE_OFFSET_BITS 64
 #include "kv_tokenizer.h"
+#include "kv_file.h"
 
 #include <errno.h>
 #include <math.h>
@@ -163,9 +164,10 @@ int kv_tokenizer_read(const char *path, int vocab_size, kv_tokenizer *t, kv_err 
     if (vocab_size < 1 || vocab_size > KV_TOK_MAX_VOCAB)
         return kv_fail(err, KV_ERR_ARG, "vocab_size (%d) must be in 1..%d", vocab_size,
                        KV_TOK_MAX_VOCAB);
-    FILE *f = fopen(path, "rb");
-    if (!f) return kv_fail(err, KV_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-    int rc = alloc_arrays(t, vocab_size, err);
+    FILE *f;
+    int rc = kv_file_open_read(path, 0, &f, NULL, err); /* vocab_size caps what is read */
+    if (rc) return rc;
+    rc = alloc_arrays(t, vocab_size, err);
     if (rc) {
         fclose(f);
         return rc;
@@ -237,39 +239,23 @@ int kv_tokenizer_write(const char *path, const kv_tokenizer *t, kv_err *err)
         if (t->lengths[i] > t->max_token_length || t->lengths[i] < 0)
             return kv_fail(err, KV_ERR_ARG, "token %d has length %d, outside 0..max_token_length (%d)",
                            i, t->lengths[i], t->max_token_length);
-    /* temporary name + rename, as for checkpoints: no half-written tokenizer.bin */
-    size_t tn = strlen(path) + 32;
-    char *tmp = malloc(tn);
-    if (!tmp) return kv_fail(err, KV_ERR_NOMEM, "out of memory");
-    snprintf(tmp, tn, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        int rc = kv_fail(err, KV_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
-        free(tmp);
-        return rc;
-    }
+    /* temporary file + rename, as for checkpoints (kv_file.h): no half-written tokenizer.bin */
+    kv_file_out o;
+    int rc = kv_file_create(path, &o, err);
+    if (rc) return rc;
     int32_t max_len = t->max_token_length;
-    int ok = fwrite(&max_len, 4, 1, f) == 1;
+    int ok = fwrite(&max_len, 4, 1, o.f) == 1;
     for (int i = 0; i < t->vocab_size && ok; i++) {
         int32_t len = t->lengths[i];
-        ok = fwrite(&t->scores[i], 4, 1, f) == 1 && fwrite(&len, 4, 1, f) == 1 &&
-             fwrite(t->vocab[i], 1, (size_t)len, f) == (size_t)len;
-    }
-    int saved = errno, rc = KV_OK;
-    if (fclose(f) != 0 && ok) {
-        ok = 0;
-        saved = errno;
+        ok = fwrite(&t->scores[i], 4, 1, o.f) == 1 && fwrite(&len, 4, 1, o.f) == 1 &&
+             fwrite(t->vocab[i], 1, (size_t)len, o.f) == (size_t)len;
     }
     if (!ok) {
-        remove(tmp);
-        rc = kv_fail(err, KV_ERR_IO, "writing '%s' failed: %s", tmp, strerror(saved));
-    } else if (rename(tmp, path) != 0) {
-        saved = errno;
-        remove(tmp);
-        rc = kv_fail(err, KV_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(saved));
+        rc = kv_fail(err, KV_ERR_IO, "writing '%s' failed: %s", path, strerror(errno));
+        kv_file_abort(&o);
+        return rc;
     }
-    free(tmp);
-    return rc;
+    return kv_file_commit(&o, err);
 }
 
 /* ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@
  * the text: ShareGPT inputs 8.4x and outputs 5.8x longer than Alpaca, higher variance).
  * Sigmas and caps below are kvlab's choices, not published figures. */
 #include "kv_trace.h"
+#include "kv_file.h"
 
 #include <errno.h>
 #include <math.h>
@@ -219,6 +220,9 @@ static int parse_line(char *line, int lineno, kv_trace *t, int *cap, int *cols, 
     char *f[7];
     if (strncmp(line, "#prefix,", 8) == 0) {
         int id, len;
+        if (*cols >= 0) /* a request row may already have used the prefix id */
+            return kv_fail(err, KV_ERR_FORMAT, "trace line %d: #prefix lines come before the "
+                           "header", lineno);
         if (split(line + 8, f, 2) != 2 || field_int(f[0], 0, KV_TRACE_MAX_PREFIXES - 1, &id) ||
             field_int(f[1], 1, KV_TRACE_MAX_LEN - 1, &len))
             return kv_fail(err, KV_ERR_FORMAT, "trace line %d: expected #prefix,<id 0..%d>,"
@@ -253,7 +257,9 @@ static int parse_line(char *line, int lineno, kv_trace *t, int *cap, int *cols, 
     errno = 0;
     q.arrival_s = strtod(f[0], &end);
     /* bounded, so kv_trace_format's "%.3f" fits its row budget (1e300 would print 300 digits) */
-    if (end == f[0] || *end || errno || !isfinite(q.arrival_s) || q.arrival_s < 0 ||
+    /* and decimal: strtod also reads "0x1p3", which no trace writer produces */
+    if (end == f[0] || *end || errno || f[0][strspn(f[0], "0123456789.eE+-")] ||
+        !isfinite(q.arrival_s) || q.arrival_s < 0 ||
         q.arrival_s > KV_TRACE_MAX_ARRIVAL)
         return kv_fail(err, KV_ERR_FORMAT, "trace line %d: arrival_s \"%s\" is not a number in "
                        "[0, %g]", lineno, f[0], KV_TRACE_MAX_ARRIVAL);
@@ -295,7 +301,10 @@ static int parse_line(char *line, int lineno, kv_trace *t, int *cap, int *cols, 
 int kv_trace_parse(const char *text, kv_trace *t, kv_err *err)
 {
     memset(t, 0, sizeof(*t));
-    int cap = 0, cols = -1, lineno = 0, st = KV_OK;
+    int cap = 0, cols = -1, lineno = 0;
+    kv_err e2;
+    int st = kv_text_check_lines(text, &e2); /* CR-only endings: one long line */
+    if (st) return kv_fail(err, st, "trace: %s", e2.msg);
     char line[512];
     for (const char *p = text; *p && !st;) {
         const char *e = strchr(p, '\n');
@@ -322,36 +331,11 @@ int kv_trace_parse(const char *text, kv_trace *t, kv_err *err)
 int kv_trace_load(const char *path, kv_trace *t, kv_err *err)
 {
     memset(t, 0, sizeof(*t));
-    FILE *f = fopen(path, "rb");
-    if (!f) return kv_fail(err, KV_ERR_IO, "trace: cannot open %s", path);
-    char *buf = NULL;
-    size_t n = 0, cap = 0, got;
-    do {
-        if (cap - n < 4096) {
-            cap = cap ? 2 * cap : 65536;
-            char *nb = realloc(buf, cap + 1);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return kv_fail(err, KV_ERR_NOMEM, "trace: no memory to read %s", path);
-            }
-            buf = nb;
-        }
-        got = fread(buf + n, 1, cap - n, f);
-        n += got;
-    } while (got > 0);
-    int rd_err = ferror(f);
-    fclose(f);
-    if (rd_err) {
-        free(buf);
-        return kv_fail(err, KV_ERR_IO, "trace: read error on %s", path);
-    }
-    buf[n] = 0;
-    if (strlen(buf) != n) {
-        free(buf);
-        return kv_fail(err, KV_ERR_FORMAT, "trace: %s contains a NUL byte", path);
-    }
-    int st = kv_trace_parse(buf, t, err);
+    char *buf;
+    kv_err e2;
+    int st = kv_file_read_text(path, KV_TRACE_MAX_BYTES, &buf, NULL, &e2);
+    if (st) return kv_fail(err, st, "trace: %s", e2.msg);
+    st = kv_trace_parse(buf, t, err);
     free(buf);
     return st;
 }
@@ -371,7 +355,8 @@ void kv_trace_tokens(const kv_trace *t, int i, int vocab, int *out)
     int np = q->prefix_id >= 0 ? t->prefix_len[q->prefix_id] : 0;
     for (int k = 0; k < q->prompt_len; k++) {
         uint64_t stream = k < np ? (1ull << 40) + (uint64_t)q->prefix_id : (uint64_t)i;
-        out[k] = 1 + (int)(mix(mix(stream) + (uint64_t)k) % (uint64_t)(vocab - 1));
+        /* a one-token vocabulary has only token 0 to offer */
+        out[k] = vocab < 2 ? 0 : 1 + (int)(mix(mix(stream) + (uint64_t)k) % (uint64_t)(vocab - 1));
     }
 }
 

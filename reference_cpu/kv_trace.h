@@ -129,8 +129,9 @@ int kv_trace_load(const char *path, kv_trace *t, kv_err *err);
 void kv_trace_free(kv_trace *t);
 
 /**
- * Prompt tokens of request @p i [prompt_len], in 1..vocab-1: the shared prefix's tokens
- * depend only on its id (so equal prefixes hash equal in the prefix cache), the rest on i.
+ * Prompt tokens of request @p i [prompt_len], in 1..vocab-1 (all 0 when vocab is 1): the
+ * shared prefix's tokens depend only on its id (so equal prefixes hash equal in the prefix
+ * cache), the rest on i.
  */
 void kv_trace_tokens(const kv_trace *t, int i, int vocab, int *out);
 

@@ -36,11 +36,13 @@ static int bench_decode(int argc, char **argv)
     const char *cmd = "kvlab bench decode";
     const char *model_name = "tiny", *device = "cpu";
     int steps = 200, repeats = 5;
+    int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--default", KV_OPT_CHOICE, &model_name, 0, 0, kv_cli_defaults, "NAME", "embedded model (default tiny)", 0},
         {"--steps", KV_OPT_INT, &steps, 1, 1 << 20, NULL, "N", "tokens to generate (default 200; prompt 16 + N <= the model's seq_len)", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "runs of each mode, interleaved (default 5)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
+        KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,
                           "Generate N tokens greedily after a fixed 16-token prompt, naive (recompute\n"
@@ -49,6 +51,7 @@ static int bench_decode(int argc, char **argv)
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     kv_config probe;
     kv_config_default_by_name(model_name, &probe, NULL, NULL);
     if (BENCH_PROMPT + steps > probe.seq_len)

@@ -148,6 +148,7 @@ int cmd_bench_engine(int argc, char **argv)
     const char *which = "small", *cache = "fp32";
     int ignore_load = 0;
     int repeats = 0, tokens = 0, dim = 0, layers = 0, heads = 0, hidden = 0, vocab = 0, seq = 0;
+    int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--config", KV_OPT_CHOICE, &which, 0, 0, config_names, "NAME", "small (dim 288, L 6, vocab 32000, 256 tokens), long (the same, 8000 tokens, seq_len 8192), large (dim 768, L 12), or all (default small)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "cache storage, as kvlab generate --cache (default fp32; the targets are for fp32)", 0},
@@ -160,6 +161,7 @@ int cmd_bench_engine(int argc, char **argv)
         {"--hidden", KV_OPT_INT, &hidden, 1, 1 << 20, NULL, "F", "SwiGLU width (override)", 0},
         {"--vocab", KV_OPT_INT, &vocab, 2, 1 << 24, NULL, "V", "vocabulary (override)", 0},
         {"--seq-len", KV_OPT_INT, &seq, 1, 1 << 24, NULL, "S", "cache capacity (override; >= tokens)", 0},
+        KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,
                           "Greedy decoding of random-weight llama2.c-format models, one token per step,\n"
@@ -170,6 +172,7 @@ int cmd_bench_engine(int argc, char **argv)
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     const int custom = tokens || dim || layers || heads || hidden || vocab || seq;
     int st = KV_OK, missed = 0, ran = 0;
     kv_err err = {{0}};

@@ -33,6 +33,15 @@ int kv_cli_exit_code(int status);
 /** Print "cmd: what: message" on stderr and return kv_cli_exit_code(status). */
 int kv_cli_fail(const char *cmd, const char *what, int status, const kv_err *err);
 
+/**
+ * --threads N, for the commands that run a model: KV_CLI_THREADS_OPT(n) in the option table,
+ * then kv_cli_threads(cmd, n) once parsed. More threads than the machine has CPUs is refused
+ * (a message, returns 2); otherwise the OpenMP team is set to N (0, not given: unchanged).
+ */
+#define KV_CLI_THREADS_OPT(n)                                                                   \
+    {"--threads", KV_OPT_INT, &(n), 1, 1 << 20, NULL, "N", "OpenMP threads for the model (default: OMP_NUM_THREADS, or every CPU; at most the CPUs)", 0}
+int kv_cli_threads(const char *cmd, int n);
+
 /** Devices a --device option accepts; NULL-terminated. */
 extern const char *const kv_cli_devices[];
 

@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "kv_checkpoint.h"
 #include "kv_convert.h"
+#include "kv_file.h"
 #include "kv_rng.h"
 
 static const char *const formats[] = {"kvlab", "llama2c", NULL};
@@ -42,8 +43,11 @@ int cmd_convert(int argc, char **argv)
     if (!out_path) return kv_args_bad(cmd, "--out", "missing (the checkpoint to write)");
 
     kv_err err = {{0}};
+    /* a device node, FIFO or symbolic link as --out is refused now, before any work */
+    int st = kv_file_check_target(out_path, &err);
+    if (st) return kv_cli_fail(cmd, "--out", st, &err);
     kv_model in = {0}, out = {0};
-    int st = in_path ? kv_checkpoint_read(in_path, &in, &err) : kv_cli_default_model(&in, def, &err);
+    st = in_path ? kv_checkpoint_read(in_path, &in, &err) : kv_cli_default_model(&in, def, &err);
     if (st) return kv_cli_fail(cmd, in_path ? in_path : def, st, &err);
     const kv_config *c = &in.config;
     st = kv_convert_pool_kv_heads(&out, &in, kv_heads, &err);

@@ -96,12 +96,14 @@ int cmd_dialogue(int argc, char **argv)
     const char *model = "both", *cache = "fp32", *device = "cpu";
     int recompute = 0;
     kv_cli_layout lo = {"contiguous", 0, 0};
+    int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--model", KV_OPT_CHOICE, &model, 0, 0, model_names, "M", "recall model: direct, induction or both (default both)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant (default fp32; or a storage format: fp16 int8 fp8 int4 int2 ..., chapter 04)", 0},
         {"--recompute", KV_OPT_FLAG, &recompute, 0, 0, NULL, NULL, "also run each turn's whole history from scratch and compare", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
         KV_CLI_LAYOUT_OPTS(lo),
+        KV_CLI_THREADS_OPT(threads),
     };
     /* the file is the one positional word: take it out before parsing the options */
     const char *file = NULL;
@@ -128,6 +130,7 @@ int cmd_dialogue(int argc, char **argv)
                           nrest, rest, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     if (!file) return kv_args_bad(cmd, "FILE", "a dialogue file is required (datasets/dialogues/*.dlg)");
     int e = kv_cli_layout_check(cmd, &lo);
     if (e) return e;

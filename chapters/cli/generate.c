@@ -32,6 +32,7 @@ int cmd_generate(int argc, char **argv)
     double temperature = 0.0, top_p = 1.0;
     int64_t seed = 42;
     kv_cli_layout lo = {"contiguous", 0, 0};
+    int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded model (default tiny)", 0},
@@ -45,6 +46,7 @@ int cmd_generate(int argc, char **argv)
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "cache storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2, int4, int2; options /head (fp8 per-head scales), /wR (KIVI window), /lA,B (only those layers; the rest fp16) (chapter 04)", 0},
         KV_CLI_LAYOUT_OPTS(lo),
+        KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,
                           "Generate tokens after a prompt and print them as text (with a tokenizer)\n"
@@ -53,6 +55,7 @@ int cmd_generate(int argc, char **argv)
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     if (model_path && def) return kv_args_bad(cmd, "--model", "give either --model or --default, not both");
     if (!model_path && !def) def = "tiny";
     if (text && !tok_path && model_path)

@@ -3,8 +3,12 @@
  * (tour.c, generate.c, ...) and is one row of the table below; a new subcommand is one
  * new file and one new row.
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <omp.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -42,8 +46,52 @@ static void usage(FILE *f)
                " 2 bad arguments or input files\n");
 }
 
+/* OMP_NUM_THREADS above the machine's CPUs buys nothing and, large enough (100000), crashes
+ * inside libgomp when the first parallel region starts its team: cap it before any region
+ * runs (a command's --threads can only ask for fewer, kv_cli_threads()). */
+static void cap_threads(void)
+{
+    const int cpus = omp_get_num_procs();
+    if (omp_get_max_threads() <= cpus) return;
+    fprintf(stderr, "kvlab: note: OMP_NUM_THREADS asks for %d threads, more than the %d CPUs: "
+            "using %d\n", omp_get_max_threads(), cpus, cpus);
+    omp_set_num_threads(cpus);
+}
+
+/* Descriptors 0-2 that are closed would be handed to the next file kvlab opens, so that its
+ * tables land inside an output file: stdin and stderr are pointed at /dev/null, and a closed
+ * stdout, where no result could ever arrive, is refused. Returns 0 when fine. */
+static int check_std_fds(void)
+{
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) >= 0) continue;
+        if (fd == 1) {
+            fprintf(stderr, "kvlab: standard output is closed: nowhere to write the results\n");
+            return -1;
+        }
+        const int nul = open("/dev/null", fd ? O_WRONLY : O_RDONLY);
+        if (nul >= 0 && nul != fd) { /* the lowest free descriptor: fd itself, normally */
+            dup2(nul, fd);
+            close(nul);
+        }
+    }
+    return 0;
+}
+
+/* Every result goes to stdout through stdio's buffer: a write that failed (a full disk,
+ * /dev/full, a closed pipe's EPIPE) shows only at the flush, so check it and fail the run. */
+static int finish_stdout(int rc)
+{
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    fprintf(stderr, "kvlab: writing the results to standard output failed: %s\n",
+            strerror(errno));
+    return rc ? rc : KV_EXIT_FAIL;
+}
+
 int main(int argc, char **argv)
 {
+    if (check_std_fds()) return KV_EXIT_FAIL;
+    cap_threads();
     if (argc < 2) {
         usage(stderr);
         return KV_EXIT_USAGE;
@@ -51,14 +99,15 @@ int main(int argc, char **argv)
     const char *name = argv[1];
     if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 || strcmp(name, "help") == 0) {
         usage(stdout);
-        return KV_EXIT_OK;
+        return finish_stdout(KV_EXIT_OK);
     }
     if (strcmp(name, "--version") == 0) {
         printf("kvlab %s\n", KV_VERSION_STRING);
-        return KV_EXIT_OK;
+        return finish_stdout(KV_EXIT_OK);
     }
     for (int i = 0; i < n_commands; i++)
-        if (strcmp(name, commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+        if (strcmp(name, commands[i].name) == 0)
+            return finish_stdout(commands[i].run(argc - 1, argv + 1));
     fprintf(stderr, "kvlab: unknown command '%s'\n\n", name);
     usage(stderr);
     return KV_EXIT_USAGE;

@@ -167,6 +167,7 @@ int cmd_needle(int argc, char **argv)
     const char *seeds = NULL, *csv = NULL, *svg = NULL, *device = "cpu", *save = NULL;
     int chunk = 0;
     kv_cli_layout lo = {"contiguous", 0, 0};
+    int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--spec", KV_OPT_STRING, &spec_path, 0, 0, NULL, "FILE", "grid spec (datasets/needle/*.needle; default: both models, 1k and 4k, depths 0..100 by 25)", 0},
         {"--models", KV_OPT_STRING, &models, 0, 0, NULL, "LIST", "direct,induction (overrides the spec)", 0},
@@ -180,6 +181,7 @@ int cmd_needle(int argc, char **argv)
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the models run (default cpu)", 0},
         {"--save-models", KV_OPT_STRING, &save, 0, 0, NULL, "PREFIX", "also write the grid's recall models as PREFIX-direct.bin, PREFIX-induction.bin (kvlab checkpoints)", 0},
         KV_CLI_LAYOUT_OPTS(lo),
+        KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,
                           "Plant facts at several depths of a filler context, ask for them at the end,\n"
@@ -190,6 +192,7 @@ int cmd_needle(int argc, char **argv)
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     int e = kv_cli_layout_check(cmd, &lo);
     if (e) return e;
     e = kv_cli_check_device(cmd, device);

@@ -10,13 +10,13 @@
  * --link-us): it prints what crossed the link, the stalls, and p50/p99 latency per priority;
  * --csv writes each request's latencies for a latency-CDF figure.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "kv_checkpoint.h"
+#include "kv_file.h"
 #include "kv_sched.h"
 #include "kv_trace.h"
 
@@ -40,9 +40,9 @@ static void on_step(void *user, const kv_sched_step_info *s)
 
 static void pct_row(const char *what, double v) { printf("  %-34s %8.2f %%\n", what, 100.0 * v); }
 
-/* Per-request latencies on the simulated clock, one row per request of the run; @p f is
- * closed here (opened before the run, so that a bad path fails before any work). */
-static int write_latency_csv(FILE *f, const kv_sched_out *out, const kv_trace *t)
+/* Per-request latencies on the simulated clock, one row per request of the run, into @p f
+ * (opened before the run, so that a bad path fails before any work). */
+static void write_latency_csv(FILE *f, const kv_sched_out *out, const kv_trace *t)
 {
     fprintf(f, "request,priority,prompt_len,output_len,status,preemptions,arrival_s,"
                "first_token_s,finish_s,ttft_s,e2e_s\n");
@@ -56,7 +56,6 @@ static int write_latency_csv(FILE *f, const kv_sched_out *out, const kv_trace *t
         if (ok) fprintf(f, "%.6f,%.6f\n", r->first_token_s - r->arrival_s, r->finish_s - r->arrival_s);
         else fprintf(f, ",\n");
     }
-    return fclose(f) ? -1 : 0;
 }
 
 int cmd_serve(int argc, char **argv)
@@ -71,6 +70,7 @@ int cmd_serve(int argc, char **argv)
     int max_seqs = 256, max_len = 0, burst = 0;
     double step_ms = 20.0, temperature = 0.0;
     int64_t seed = 42;
+    int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--trace", KV_OPT_STRING, &trace_path, 0, 0, NULL, "FILE", "request trace (datasets/traces/*.csv); required", 0},
         {"--policy", KV_OPT_CHOICE, &policy, 0, 0, policies, "P", "paged (blocks on demand) or a contiguous baseline: max, pow2, oracle (default paged)", 0},
@@ -96,6 +96,7 @@ int cmd_serve(int argc, char **argv)
         {"--token-us", KV_OPT_FLOAT, &token_us, 0, 1e7, NULL, "X", "simulated microseconds per prefill token (prompts and recompute), added to --step-ms (default 0)", 0},
         {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "CSV", "write each request's arrival, first-token and finish times and latencies to this file", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model and its paged cache run (default cpu)", 0},
+        KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,
                           "Serve a request trace with continuous batching on a paged KV cache\n"
@@ -111,6 +112,7 @@ int cmd_serve(int argc, char **argv)
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     if (!trace_path) return kv_args_bad(cmd, "--trace", "a trace file is required");
     /* options that only the host tier reads: refused rather than ignored under recompute */
     if (strcmp(preempt, "recompute") == 0 && prefetch)
@@ -128,8 +130,11 @@ int cmd_serve(int argc, char **argv)
     kv_backend *b = NULL;
     kv_sched_out out = {0};
     serve_ctx ctx = {0};
-    FILE *csv_f = NULL;                 /* the latency CSV, open from before the run */
-    const char *created[2] = {NULL, NULL}; /* output files this run made: removed on failure */
+    /* the timeline and the latency CSV, open from before the run: each is written to a
+     * temporary file beside its path and renamed over it only when the run succeeds, so a
+     * failure leaves whatever was there before (kv_file.h) */
+    kv_file_out outs[2] = {{0}};
+    const char *out_paths[2] = {timeline, csv};
     int rc = KV_EXIT_OK, st;
     if ((st = kv_trace_load(trace_path, &t, &err))) {
         rc = kv_cli_fail(cmd, trace_path, st, &err);
@@ -171,20 +176,14 @@ int cmd_serve(int argc, char **argv)
         rc = kv_cli_fail(cmd, "backend", st, &err);
         goto done;
     }
-    /* both output files are opened before the run: a path that cannot be written fails
-     * now, and any later failure removes them (no partial file is left behind) */
-    const char *outs[2] = {timeline, csv};
-    FILE **fps[2] = {&ctx.timeline, &csv_f};
-    for (int i = 0; i < 2; i++) {
-        if (!outs[i]) continue;
-        *fps[i] = fopen(outs[i], "w");
-        if (!*fps[i]) {
-            kv_fail(&err, KV_ERR_IO, "cannot open for writing: %s", strerror(errno));
-            rc = kv_cli_fail(cmd, outs[i], KV_ERR_IO, &err);
+    /* both output files are opened before the run: a path that cannot be written (or is
+     * not a regular file) fails now, before any work */
+    for (int i = 0; i < 2; i++)
+        if (out_paths[i] && (st = kv_file_create(out_paths[i], &outs[i], &err))) {
+            rc = kv_cli_fail(cmd, out_paths[i], st, &err);
             goto done;
         }
-        created[i] = outs[i];
-    }
+    ctx.timeline = outs[0].f;
     if (ctx.timeline)
         fprintf(ctx.timeline, "step,clock_s,used_blocks,cached_blocks,reserved_blocks,"
                               "running_seqs,running_reqs,waiting,batch_tokens\n");
@@ -212,16 +211,11 @@ int cmd_serve(int argc, char **argv)
         rc = kv_cli_fail(cmd, "scheduler", st, &err);
         goto done;
     }
-    if (ctx.timeline && fclose(ctx.timeline)) {
-        ctx.timeline = NULL;
-        kv_fail(&err, KV_ERR_IO, "write failed");
-        rc = kv_cli_fail(cmd, timeline, KV_ERR_IO, &err);
-        goto done;
-    }
-    ctx.timeline = NULL;
     for (int i = 0, shown = 0; i < out.n; i++)
         if (out.results[i].status != KV_OK && shown++ < 10)
             fprintf(stderr, "%s: %s\n", cmd, out.results[i].error);
+    if (out.m.n_failed)
+        fprintf(stderr, "%s: %d of %d requests failed\n", cmd, out.m.n_failed, n_req);
 
     const kv_sched_metrics *x = &out.m;
     char desc[160];
@@ -289,13 +283,7 @@ int cmd_serve(int argc, char **argv)
         if (x->n_class[c])
             printf("  %-24s %8d   %10.3f / %-10.3f   %10.3f / %-10.3f\n", cls[c], x->n_class[c],
                    x->ttft_p50[c], x->ttft_p99[c], x->e2e_p50[c], x->e2e_p99[c]);
-    st = csv_f ? write_latency_csv(csv_f, &out, &t) : 0;
-    csv_f = NULL;
-    if (st) {
-        kv_fail(&err, KV_ERR_IO, "write failed");
-        rc = kv_cli_fail(cmd, csv, KV_ERR_IO, &err);
-        goto done;
-    }
+    if (outs[1].f) write_latency_csv(outs[1].f, &out, &t);
     int leaked = kv_pool_check_leaks(&b->paged->pool, NULL, 0);
     if (leaked) kv_fail(&err, KV_ERR_CAPACITY, "%d blocks still in use", leaked);
     if (!leaked && x->host_leaked) {
@@ -306,12 +294,18 @@ int cmd_serve(int argc, char **argv)
         rc = kv_cli_fail(cmd, "pool check after the run", KV_ERR_CAPACITY, &err);
         goto done;
     }
+    if (n_req && x->n_failed == n_req) { /* nothing was served: the run failed */
+        fprintf(stderr, "%s: every request failed (%d of %d)\n", cmd, x->n_failed, n_req);
+        rc = KV_EXIT_FAIL;
+        goto done;
+    }
+    for (int i = 0; i < 2; i++) /* the run succeeded: the files replace their paths now */
+        if (out_paths[i] && (st = kv_file_commit(&outs[i], &err))) {
+            rc = kv_cli_fail(cmd, out_paths[i], st, &err);
+            goto done;
+        }
 done:
-    if (ctx.timeline) fclose(ctx.timeline);
-    if (csv_f) fclose(csv_f);
-    if (rc != KV_EXIT_OK) /* nothing half-written stays: remove what this run created */
-        for (int i = 0; i < 2; i++)
-            if (created[i]) remove(created[i]);
+    for (int i = 0; i < 2; i++) kv_file_abort(&outs[i]); /* a failure: the old files stay */
     kv_sched_out_free(&out);
     kv_backend_destroy(b);
     kv_model_free(&m);

@@ -175,6 +175,7 @@ int cmd_spec(int argc, char **argv)
     const char *scheme = "original";
     int64_t seed = 1;
     double temperature = 0.0;
+    int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where both models run (default cpu)", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded target model (default small)", 0},
@@ -193,6 +194,7 @@ int cmd_spec(int argc, char **argv)
         {"--temperature", KV_OPT_FLOAT, &temperature, 0, 100, NULL, "T", "0 = greedy (default), else sampling with the acceptance rule", 0},
         {"--seed", KV_OPT_I64, &seed, 0, 1e15, NULL, "S", "prompt and sampling seed (default 1)", 0},
         {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "print comma-separated rows (for plots)", 0},
+        KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,
                           "Speculative decoding (chapter 10): a draft (the target's first layers)\n"
@@ -202,6 +204,7 @@ int cmd_spec(int argc, char **argv)
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     const int dev = kv_cli_check_device(cmd, device);
     if (dev != KV_EXIT_OK) return dev;
     const int fmt = kv_quant_parse(cache);

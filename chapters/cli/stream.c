@@ -170,6 +170,7 @@ int cmd_stream(int argc, char **argv)
     const char *def = "tiny", *cache = "fp16", *scheme = "cache", *layout = "contiguous";
     int64_t tokens = 1 << 20, full_tokens = 32768, every = 0;
     int window = 256, sinks = -1, block = 16, csv = 0;
+    int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded model (default tiny)", 0},
         {"--tokens", KV_OPT_I64, &tokens, 1, (1 << 24) - 1, NULL, "N", "tokens to stream (default 1048576)", 0},
@@ -182,6 +183,7 @@ int cmd_stream(int argc, char **argv)
         {"--full-tokens", KV_OPT_I64, &full_tokens, 0, (1 << 24) - 1, NULL, "M", "tokens of the full-cache run beside it (default 32768; 0 = none)", 0},
         {"--every", KV_OPT_I64, &every, 1, 1 << 24, NULL, "K", "report every K tokens (default: 16 reports)", 0},
         {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "print comma-separated rows (for plots)", 0},
+        KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,
                           "Decode an endless stream through a sliding-window cache (chapter 06):\n"
@@ -191,6 +193,7 @@ int cmd_stream(int argc, char **argv)
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     const int fmt = kv_quant_parse(cache);
     if (fmt < 0)
         return kv_args_bad(cmd, "--cache", "unknown format '%s' (fp32, fp16, bf16, int8, "

@@ -154,6 +154,7 @@ int cmd_tp(int argc, char **argv)
     const char *cmd = "kvlab tp";
     const char *def = "small", *cache = "fp32";
     int ranks = 2, prompt = 16, tokens = 32, repeats = 3;
+    int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--ranks", KV_OPT_INT, &ranks, 1, KV_TP_MAX_RANKS, NULL, "P", "tensor-parallel ranks (threads; default 2)", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded model (default small)", 0},
@@ -161,6 +162,7 @@ int cmd_tp(int argc, char **argv)
         {"--tokens", KV_OPT_INT, &tokens, 1, 1 << 16, NULL, "N", "tokens to generate (default 32)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 100, NULL, "R", "timed runs, median reported (default 3)", 0},
+        KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,
                           "Tensor-parallel heads (chapter 10): the model's heads and MLP split over P\n"
@@ -171,6 +173,7 @@ int cmd_tp(int argc, char **argv)
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     const int fmt = kv_quant_parse(cache);
     if (fmt < 0)
         return kv_args_bad(cmd, "--cache", "unknown format '%s' (fp32, fp16, bf16, int8, "

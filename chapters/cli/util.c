@@ -3,6 +3,7 @@
 #include "cli.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -24,6 +25,17 @@ int kv_cli_fail(const char *cmd, const char *what, int status, const kv_err *err
     fprintf(stderr, "%s: %s: %s (%s)\n", cmd, what, err && err->msg[0] ? err->msg : "failed",
             kv_status_name(status));
     return kv_cli_exit_code(status);
+}
+
+int kv_cli_threads(const char *cmd, int n)
+{
+    if (n <= 0) return 0;
+    const int cpus = omp_get_num_procs();
+    if (n > cpus) /* more threads than CPUs only take turns, and far more crash libgomp */
+        return kv_args_bad(cmd, "--threads", "%d is more than the %d CPUs of this machine", n,
+                           cpus);
+    omp_set_num_threads(n);
+    return 0;
 }
 
 const char *kv_fmt_bytes(double bytes, char *buf, size_t n)

@@ -1,0 +1,391 @@
+/*
+ * Bad input, second round (issue 28): what test_bad_input.c did not reach.
+ *
+ *  - the sampler: a flat distribution with top-p below 1/vocab, a tiny temperature, NaN and
+ *    inf logits (a token in range, or -1; never a read outside the candidates);
+ *  - NaN logits from weights that overflow the forward pass: "no finite logits", not token 0
+ *    forever; RMSNorm of a row whose squares overflow still has unit RMS;
+ *  - every file reader on a FIFO (refused at once, never blocks), a directory, a file over its
+ *    cap; NUL bytes and CR-only line endings in the text formats (LF and CRLF accepted);
+ *  - writers never remove or replace a path they did not create: serve's --csv/--timeline on a
+ *    failed run, a FIFO or a symbolic link as an output;
+ *  - the CLI: a vocab-1 model under serve, OMP_NUM_THREADS far past the CPUs, --threads, stdout
+ *    that cannot be written, serve where every request fails.
+ *
+ * usage: test_bad_input2 <path to kvlab>
+ */
+#define _GNU_SOURCE
+#include "kv_checkpoint.h"
+#include "kv_dialogue.h"
+#include "kv_file.h"
+#include "kv_generate.h"
+#include "kv_needle.h"
+#include "kv_ops.h"
+#include "kv_sampler.h"
+#include "kv_tokenizer.h"
+#include "kv_trace.h"
+#include "kv_test.h"
+#include "kv_test_cli.h"
+
+#include <fcntl.h>
+#include <math.h>
+
+/* every '|'-separated word of @p want is in @p msg */
+static int has_words(const char *msg, const char *want)
+{
+    char words[256];
+    snprintf(words, sizeof words, "%s", want);
+    for (char *w = strtok(words, "|"); w; w = strtok(NULL, "|"))
+        if (!strstr(msg, w)) return 0;
+    return 1;
+}
+
+/* ---- the sampler ------------------------------------------------------------------------ */
+
+static void test_sampler(void)
+{
+    enum { V = 64 };
+    float lg[V];
+    kv_sampler s;
+    /* flat logits, top-p below 1/V: every token falls under the pre-filter's cutoff */
+    KV_CHECK(kv_sampler_init(&s, V, 1.0f, 0.001f, 7, NULL) == KV_OK, "init");
+    for (int k = 0; k < 50; k++) {
+        for (int i = 0; i < V; i++) lg[i] = 0.0f;
+        const int t = kv_sample(&s, lg);
+        KV_CHECK(t >= 0 && t < V, "flat logits, top-p 0.001: token %d", t);
+    }
+    kv_sampler_free(&s);
+    /* temperature 1e-40 (x / T would overflow to inf and the softmax to NaN): the argmax */
+    KV_CHECK(kv_sampler_init(&s, V, 1e-40f, 0.9f, 7, NULL) == KV_OK, "init tiny T");
+    for (int i = 0; i < V; i++) lg[i] = (float)(i % 7);
+    lg[33] = 9.0f;
+    KV_CHECK(kv_sample(&s, lg) == 33, "temperature 1e-40 samples the largest logit");
+    /* NaN, +inf, all -inf: no token (-1), and kv_logits_check names why */
+    const float bad[3] = {NAN, INFINITY, -INFINITY};
+    const char *want[3] = {"no finite logits|NaN", "no finite logits|+inf", "no finite logits|-inf"};
+    for (int b = 0; b < 3; b++) {
+        for (int i = 0; i < V; i++) lg[i] = b == 2 ? -INFINITY : 0.5f;
+        lg[5] = bad[b];
+        kv_err err = {{0}};
+        KV_CHECK(kv_logits_check(lg, V, &err) == KV_ERR_ARG && has_words(err.msg, want[b]),
+                 "kv_logits_check case %d: '%s'", b, err.msg);
+        KV_CHECK(kv_sample(&s, lg) == -1, "top-p sampling of bad logits (case %d) is -1", b);
+    }
+    kv_sampler_free(&s);
+    KV_CHECK(kv_sampler_init(&s, V, 0.0f, 1.0f, 7, NULL) == KV_OK, "init greedy");
+    for (int i = 0; i < V; i++) lg[i] = NAN;
+    KV_CHECK(kv_sample(&s, lg) == -1, "greedy over NaN logits is -1, not token 0");
+    kv_sampler_free(&s);
+}
+
+/* ---- weights that overflow the forward pass ------------------------------------------------ */
+
+/* dim 8, hidden 8, L 1, H 2, H_kv 1, vocab @p vocab, seq 32 */
+static void tiny_model(kv_model *m, int vocab, uint64_t seed)
+{
+    kv_config c = {8, 8, 1, 2, 1, vocab, 32, 0, 0, 0, 0, 0};
+    kv_config_set_defaults(&c);
+    kv_err err;
+    if (kv_model_alloc(m, &c, &err)) {
+        printf("model: %s\n", err.msg);
+        exit(1);
+    }
+    kv_model_randomize(m, seed);
+}
+
+static void test_overflow(void)
+{
+    /* RMSNorm of a row whose squares overflow float: unit RMS, not zeros or NaN */
+    const float x[4] = {1e30f, -1e30f, 1e30f, 3e29f}, w[4] = {1, 1, 1, 1};
+    float out[4];
+    kv_rmsnorm(out, x, w, 1, 4, 1e-5f);
+    double ss = 0;
+    for (int i = 0; i < 4; i++) ss += (double)out[i] * out[i];
+    KV_CHECK(isfinite(ss) && fabs(ss / 4 - 1.0) < 1e-3 && out[1] < 0, "rmsnorm of 1e30s: rms^2 %g",
+             ss / 4);
+    /* weights of 1e30, finite, pass the checkpoint's checks: the logits are not, and
+     * generation says so instead of choosing token 0 forever */
+    kv_model m;
+    tiny_model(&m, 32, 5);
+    for (int64_t i = 0; i < m.n_floats; i++) m.data[i] = (i & 1) ? 1e30f : -1e30f;
+    kv_backend *b = NULL;
+    kv_err err = {{0}};
+    kv_cache_spec spec = kv_cache_spec_default(1, 32);
+    KV_CHECK(kv_backend_cpu(&b, &m, &spec, &err) == KV_OK, "backend: %s", err.msg);
+    if (b) {
+        const int prompt[2] = {1, 2};
+        int out_tok[4];
+        kv_gen_opts o = {KV_MODE_CACHED, 0, 4, NULL, NULL, NULL, NULL};
+        const int rc = kv_generate(b, prompt, 2, &o, out_tok, NULL, &err);
+        KV_CHECK(rc == KV_ERR_ARG && strstr(err.msg, "no finite logits"),
+                 "greedy on 1e30 weights: %s '%s'", kv_status_name(rc), err.msg);
+        kv_sampler smp;
+        kv_sampler_init(&smp, 32, 1.0f, 0.9f, 3, NULL);
+        o.sampler = &smp;
+        err.msg[0] = 0;
+        const int rc2 = kv_generate(b, prompt, 2, &o, out_tok, NULL, &err);
+        KV_CHECK(rc2 == KV_ERR_ARG && strstr(err.msg, "no finite logits"),
+                 "sampling on 1e30 weights: %s '%s'", kv_status_name(rc2), err.msg);
+        kv_sampler_free(&smp);
+        kv_backend_destroy(b);
+    }
+    kv_checkpoint_write(file("huge.bin"), &m, KV_FILE_KVLAB, &err);
+    kv_model_free(&m);
+    CLI_BAD("no finite logits", "generate", "--model", file("huge.bin"), "--steps", "3");
+    CLI_BAD("no finite logits", "generate", "--model", file("huge.bin"), "--steps", "3",
+            "--temperature", "1", "--top-p", "0.5");
+}
+
+/* ---- readers: FIFOs, directories, caps, NUL, CR ---------------------------------------------- */
+
+static void test_readers(void)
+{
+    char fifo[256], sub[256];
+    snprintf(fifo, sizeof fifo, "%s", file("a.fifo"));
+    snprintf(sub, sizeof sub, "%s", file("subdir"));
+    KV_CHECK(mkfifo(fifo, 0600) == 0 && mkdir(sub, 0700) == 0, "mkfifo / mkdir");
+    const char *paths[2] = {fifo, sub}, *want[2] = {"a FIFO|not a regular file", "Is a directory"};
+    for (int k = 0; k < 2; k++) {
+        /* each would block forever (FIFO) or read as nothing (directory) without the check */
+        kv_err err = {{0}};
+        kv_model m;
+        KV_CHECK(kv_checkpoint_read(paths[k], &m, &err) == KV_ERR_IO && has_words(err.msg, want[k]),
+                 "checkpoint on %s: '%s'", paths[k], err.msg);
+        kv_tokenizer t;
+        err.msg[0] = 0;
+        KV_CHECK(kv_tokenizer_read(paths[k], 32, &t, &err) == KV_ERR_IO && has_words(err.msg, want[k]),
+                 "tokenizer on %s: '%s'", paths[k], err.msg);
+        kv_needle_spec ns;
+        kv_needle_spec_default(&ns);
+        err.msg[0] = 0;
+        KV_CHECK(kv_needle_spec_read(paths[k], &ns, &err) == KV_ERR_IO && has_words(err.msg, want[k]),
+                 "needle spec on %s: '%s'", paths[k], err.msg);
+        kv_dialogue d;
+        err.msg[0] = 0;
+        KV_CHECK(kv_dialogue_read(paths[k], &d, &err) == KV_ERR_IO && has_words(err.msg, want[k]),
+                 "dialogue on %s: '%s'", paths[k], err.msg);
+        kv_trace tr;
+        err.msg[0] = 0;
+        KV_CHECK(kv_trace_load(paths[k], &tr, &err) == KV_ERR_IO && has_words(err.msg, want[k]),
+                 "trace on %s: '%s'", paths[k], err.msg);
+    }
+    CLI_BAD("Is a directory", "needle", "--spec", sub, "--csv", "o.csv");
+    CLI_BAD("Is a directory", "dialogue", sub);
+    CLI_BAD("not a regular file", "serve", "--trace", fifo);
+    CLI_BAD("not a regular file", "generate", "--model", fifo);
+
+    /* a trace past its cap is refused from its size, before a byte is read (sparse file) */
+    const char *big = file("big.csv");
+    int fd = open(big, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    KV_CHECK(fd >= 0 && ftruncate(fd, (off_t)KV_TRACE_MAX_BYTES + 1) == 0, "sparse trace");
+    if (fd >= 0) close(fd);
+    kv_trace tr;
+    kv_err err = {{0}};
+    KV_CHECK(kv_trace_load(big, &tr, &err) == KV_ERR_FORMAT && has_words(err.msg, "64 MiB cap"),
+             "a 64 MiB + 1 trace: '%s'", err.msg);
+    unlink(big);
+
+    /* NUL bytes: refused by every text reader, with the line */
+    static const struct {
+        const char *name, *text;
+        size_t n;
+    } nul[] = {
+        {"nul.needle", "name x\nlengths 64\0variant fp32\n", 31},
+        {"nul.dlg", "k1=v2 f3\n\0k1?\n", 15},
+        {"nul.csv", "arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id\n0,4,4,1,1,-1\0\n", 78},
+    };
+    for (int k = 0; k < 3; k++) {
+        write_bytes(file(nul[k].name), nul[k].text, nul[k].n);
+        err.msg[0] = 0;
+        kv_needle_spec ns;
+        kv_needle_spec_default(&ns);
+        kv_dialogue d;
+        const int rc = k == 0 ? kv_needle_spec_read(file(nul[k].name), &ns, &err)
+                     : k == 1 ? kv_dialogue_read(file(nul[k].name), &d, &err)
+                              : kv_trace_load(file(nul[k].name), &tr, &err);
+        KV_CHECK(rc == KV_ERR_FORMAT && has_words(err.msg, "NUL byte|line 2"), "%s: %s '%s'",
+                 nul[k].name, kv_status_name(rc), err.msg);
+    }
+    /* CR-only line endings refused; CRLF accepted, the same as LF */
+    kv_needle_spec ns;
+        kv_needle_spec_default(&ns);
+    KV_CHECK(kv_needle_spec_parse("name cr\rlengths 64\r", &ns, &err) == KV_ERR_FORMAT &&
+                 has_words(err.msg, "bare CR|line 1"), "CR-only needle spec: '%s'", err.msg);
+    kv_needle_spec_default(&ns);
+    KV_CHECK(kv_needle_spec_parse("name crlf\r\nlengths 64\r\n", &ns, &err) == KV_OK &&
+                 !strcmp(ns.name, "crlf") && ns.n_lengths == 1 && ns.lengths[0] == 64,
+             "CRLF needle spec: '%s'", err.msg);
+    kv_dialogue d;
+    KV_CHECK(kv_dialogue_parse("k1=v2\rk1?\r", "cr", &d, &err) == KV_ERR_FORMAT &&
+                 has_words(err.msg, "bare CR"), "CR-only dialogue: '%s'", err.msg);
+    KV_CHECK(kv_dialogue_parse("k1=v2\r\nk1?\r\n", "crlf", &d, &err) == KV_OK && d.n_turns == 2,
+             "CRLF dialogue: '%s'", err.msg);
+    kv_dialogue_free(&d);
+    const char *H = "arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id";
+    char text[512];
+    snprintf(text, sizeof text, "%s\r0,4,4,1,1,-1\r", H);
+    KV_CHECK(kv_trace_parse(text, &tr, &err) == KV_ERR_FORMAT && has_words(err.msg, "bare CR"),
+             "CR-only trace: '%s'", err.msg);
+    /* hex arrivals and #prefix lines after the header are refused */
+    snprintf(text, sizeof text, "%s\n0x1p1,4,4,1,1,-1\n", H);
+    KV_CHECK(kv_trace_parse(text, &tr, &err) == KV_ERR_FORMAT && has_words(err.msg, "0x1p1"),
+             "hex arrival: '%s'", err.msg);
+    snprintf(text, sizeof text, "%s\n0,4,4,1,1,-1\n#prefix,0,2\n1,4,4,1,1,0\n", H);
+    KV_CHECK(kv_trace_parse(text, &tr, &err) == KV_ERR_FORMAT &&
+                 has_words(err.msg, "line 3|before the header"), "#prefix after the header: '%s'",
+             err.msg);
+    unlink(fifo);
+    rmdir(sub);
+}
+
+/* ---- writers: nothing removed or replaced that the run did not create ------------------------- */
+
+static int is_fifo(const char *p)
+{
+    struct stat st;
+    return lstat(p, &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
+static int is_link(const char *p)
+{
+    struct stat st;
+    return lstat(p, &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+static void test_writers(void)
+{
+    /* a trace whose every request needs more blocks than the pool has */
+    char trace[256];
+    snprintf(trace, sizeof trace, "%s", file("fat.csv"));
+    const char *T = "arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id\n"
+                    "0,100,4,1,1,-1\n0.5,100,4,1,1,-1\n";
+    write_bytes(trace, T, strlen(T));
+    char keep[256], tl[256];
+    snprintf(keep, sizeof keep, "%s", file("keep.csv"));
+    snprintf(tl, sizeof tl, "%s", file("keep_tl.csv"));
+    write_bytes(keep, "precious\n", 9);
+    write_bytes(tl, "also precious\n", 14);
+    result r = run_in(dir, (const char *const[]){"serve", "--trace", trace, "--blocks", "2",
+                                                 "--csv", keep, "--timeline", tl, NULL});
+    KV_CHECK(r.rc == 1 && has_words(r.err, "every request failed|2 of 2"),
+             "serve, every request failed: exit %d, stderr %s", r.rc, r.err);
+    size_t n;
+    unsigned char *a = slurp(keep, &n), *b = slurp(tl, &n);
+    KV_CHECK(a && !strcmp((char *)a, "precious\n") && b && !strcmp((char *)b, "also precious\n"),
+             "a failed serve left --csv / --timeline as they were");
+    KV_CHECK(count_files(".tmp.") == 0, "a failed serve left a temporary file");
+    free(a);
+    free(b);
+    free(r.out);
+    free(r.err);
+
+    /* a FIFO as --csv, a symbolic link or a FIFO as convert --out: refused, left as they are */
+    char fifo[256], link_to[256], link[256];
+    snprintf(fifo, sizeof fifo, "%s", file("out.fifo"));
+    snprintf(link_to, sizeof link_to, "%s", file("target.bin"));
+    snprintf(link, sizeof link, "%s", file("link.bin"));
+    write_bytes(link_to, "target\n", 7);
+    KV_CHECK(mkfifo(fifo, 0600) == 0 && symlink(link_to, link) == 0, "mkfifo / symlink");
+    CLI_BAD("out.fifo|a FIFO|not a regular file", "serve", "--trace", trace, "--csv", fifo);
+    CLI_BAD("link.bin|a symbolic link", "convert", "--default", "tiny", "--kv-heads", "1",
+            "--out", link);
+    CLI_BAD("out.fifo|a FIFO", "convert", "--default", "tiny", "--kv-heads", "1", "--out", fifo);
+    KV_CHECK(is_fifo(fifo) && is_link(link), "the FIFO and the link are still there");
+    a = slurp(link_to, &n);
+    KV_CHECK(a && !strcmp((char *)a, "target\n"), "the link's target is untouched");
+    free(a);
+    unlink(fifo);
+    unlink(link);
+}
+
+/* ---- the CLI ---------------------------------------------------------------------------------- */
+
+/* Run kvlab with stdout on @p out_path ("/dev/full"), or closed when NULL; the exit code and
+ * stderr (in @p err_buf). */
+static int run_stdout(const char *out_path, const char *const *args, char *err_buf, size_t n)
+{
+    char *argv[16];
+    int argc = 0;
+    argv[argc++] = (char *)kvlab;
+    for (int i = 0; args[i] && argc < 15; i++) argv[argc++] = (char *)args[i];
+    argv[argc] = NULL;
+    char err_path[] = "/tmp/kvlab_bad2_err_XXXXXX";
+    int fe = mkstemp(err_path);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fe, 2);
+        if (out_path) {
+            int fo = open(out_path, O_WRONLY);
+            dup2(fo, 1);
+        } else {
+            close(1);
+        }
+        if (chdir(dir) != 0) _exit(126);
+        execv(kvlab, argv);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    size_t got;
+    char *e = (char *)slurp(err_path, &got);
+    snprintf(err_buf, n, "%s", e ? e : "");
+    free(e);
+    close(fe);
+    unlink(err_path);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void test_cli(void)
+{
+    /* a valid checkpoint with a one-token vocabulary under serve: no division by vocab - 1 */
+    kv_model m;
+    tiny_model(&m, 1, 9);
+    kv_err err = {{0}};
+    KV_CHECK(kv_checkpoint_write(file("v1.bin"), &m, KV_FILE_KVLAB, &err) == KV_OK, "%s", err.msg);
+    kv_model_free(&m);
+    char trace[256];
+    snprintf(trace, sizeof trace, "%s", file("small.csv"));
+    const char *T = "arrival_s,prompt_len,output_len,n_samples,beam_width,prefix_id\n"
+                    "0,4,3,1,1,-1\n0.1,5,2,2,1,-1\n";
+    write_bytes(trace, T, strlen(T));
+    result r = run_in(dir, (const char *const[]){"serve", "--trace", trace, "--model",
+                                                 file("v1.bin"), NULL});
+    KV_CHECK(r.rc == 0, "serve on a vocab-1 model: exit %d (%s)", r.rc, r.err);
+    free(r.out);
+    free(r.err);
+
+    /* OMP_NUM_THREADS far past the CPUs: capped (a note), not a crash inside libgomp */
+    setenv("OMP_NUM_THREADS", "100000", 1);
+    r = run_in(dir, (const char *const[]){"generate", "--steps", "4", NULL});
+    unsetenv("OMP_NUM_THREADS");
+    KV_CHECK(r.rc == 0 && strstr(r.err, "more than the"), "OMP_NUM_THREADS=100000: exit %d (%s)",
+             r.rc, r.err);
+    free(r.out);
+    free(r.err);
+    CLI_BAD("--threads|more than the", "generate", "--threads", "100000");
+    CLI_BAD("--threads|out of range", "serve", "--trace", trace, "--threads", "0");
+    r = run_in(dir, (const char *const[]){"generate", "--steps", "2", "--threads", "1", NULL});
+    KV_CHECK(r.rc == 0, "generate --threads 1: exit %d (%s)", r.rc, r.err);
+    free(r.out);
+    free(r.err);
+
+    /* results that cannot be written: exit 1 and a message, not 0 */
+    char e[1024];
+    int rc = run_stdout("/dev/full", (const char *const[]){"calc", NULL}, e, sizeof e);
+    KV_CHECK(rc == 1 && strstr(e, "standard output"), "calc > /dev/full: exit %d (%s)", rc, e);
+    rc = run_stdout(NULL, (const char *const[]){"calc", NULL}, e, sizeof e);
+    KV_CHECK(rc == 1 && strstr(e, "standard output"), "calc >&-: exit %d (%s)", rc, e);
+}
+
+int main(int argc, char **argv)
+{
+    kv_test_cli_init(argc, argv);
+    test_sampler();
+    test_overflow();
+    test_readers();
+    test_writers();
+    test_cli();
+    cleanup();
+    return kv_test_finish();
+}
