@@ -5,6 +5,7 @@
 #include "kv_sampler.h"
 #include "kv_ops.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -56,11 +57,14 @@ int kv_argmax(const float *logits, int n)
 static int sample_cdf(const float *probs, int n, float r)
 {
     float cdf = 0.0f;
+    int last = 0;
     for (int i = 0; i < n; i++) {
         cdf += probs[i];
         if (r < cdf) return i;
+        if (probs[i] > 0.0f) last = i;
     }
-    return n - 1; /* r landed in the rounding gap above the final cdf */
+    return last; /* r landed in the rounding gap above the final cdf: the last token that can
+                  * be drawn, never one of probability 0 (a -inf logit) */
 }
 
 /* Larger probability first; equal probabilities by index, so the order is fully determined
@@ -95,11 +99,12 @@ static int keep_from(const float *probs, int n, float cutoff, prob_index *cand)
 static int sample_top_p(const float *probs, int n, float top_p, prob_index *cand, float r)
 {
     if (n == 1) return 0;
-    int m = keep_from(probs, n, (1.0f - top_p) / (float)(n - 1), cand);
+    /* never a cutoff of 0: a token of probability 0 is never a candidate */
+    int m = keep_from(probs, n, fmaxf((1.0f - top_p) / (float)(n - 1), FLT_TRUE_MIN), cand);
     /* the argument needs one token kept: when all n fall below the cutoff (a flat distribution
-     * with top_p < 1/n) they may weigh more than 1 - top_p together, so every one is a
-     * candidate. The softmax's largest prob is >= 1/n > 0, so the nucleus has mass. */
-    if (m == 0) m = keep_from(probs, n, 0.0f, cand);
+     * with top_p < 1/n) they may weigh more than 1 - top_p together, so every token that can
+     * be drawn is a candidate. The softmax's largest prob is >= 1/n > 0, so m >= 1. */
+    if (m == 0) m = keep_from(probs, n, FLT_TRUE_MIN, cand);
     qsort(cand, (size_t)m, sizeof *cand, by_prob_desc);
 
     /* smallest prefix with mass >= top_p (all candidates if rounding keeps it below) */

@@ -222,6 +222,27 @@ static void text_seeds(void)
     put("trace", "edge", trace, strlen(trace));
 }
 
+/* ---- sampler: vocab, temperature, top-p, logit shape, seed, logits (fuzz_sampler.c) ------ */
+
+static void sampler_seeds(void)
+{
+    static const char *names[8] = {"raw", "flat-top-p-tiny", "ties", "nan", "inf", "all-minus-inf",
+                                   "one-dominant", "finite-denormal-t"};
+    for (int shape = 0; shape < 8; shape++) {
+        unsigned char b[12 + 4 * 8] = {0};
+        b[0] = shape == 1 ? 63 : 7;                /* vocab 64 or 8 */
+        b[1] = shape == 7 ? 1 : (unsigned char)(5 + shape % 3); /* T 1e-40, or 1, 2, 100 */
+        b[2] = shape == 1 ? 2 : (unsigned char)(5 + shape % 2); /* top-p 1e-3, or 0.9, 0.999999 */
+        b[3] = (unsigned char)shape;
+        b[4] = (unsigned char)(17 + shape);        /* seed */
+        for (int i = 0; i < 8; i++) {
+            float v = (float)(i * i % 5) - 1.5f;
+            memcpy(b + 12 + 4 * i, &v, 4);
+        }
+        put("sampler", names[shape], b, sizeof b);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -238,5 +259,6 @@ int main(int argc, char **argv)
     encode_seeds();
     args_seeds();
     text_seeds();
+    sampler_seeds();
     return 0;
 }
