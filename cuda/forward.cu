@@ -90,7 +90,7 @@ int kvcu_device_available(kv_err *err)
         cudaGetLastError(); /* no driver / no device: not an error to keep */
         return kv_fail(err, KV_ERR_DEVICE, "no usable CUDA device: %s", cudaGetErrorString(e));
     }
-    if (n < 1) return kv_fail(err, KV_ERR_DEVICE, "no CUDA device found");
+    if (n < 1) return kv_fail(err, KV_ERR_DEVICE, "no usable CUDA device: none found");
     return KV_OK;
 }
 

@@ -37,6 +37,8 @@ void kv_needle_spec_default(kv_needle_spec *s)
 static int parse_long(const char *w, long lo, long hi, long *out)
 {
     char *end;
+    /* digits only: strtol also takes " 32", "+32" and "-0" */
+    if (!(w[0] >= '0' && w[0] <= '9')) return -1;
     errno = 0;
     long v = strtol(w, &end, 10);
     if (errno || end == w || *end || v < lo || v > hi) return -1;
@@ -116,6 +118,9 @@ int kv_needle_spec_parse(const char *text, kv_needle_spec *s, kv_err *err)
         const char *key = words[0];
         if (nw < 2) return kv_fail(err, KV_ERR_FORMAT, "line %d: '%s' needs a value", line_no, key);
         if (!strcmp(key, "name")) {
+            if (nw > 2) /* the rest of the line would be dropped without a word */
+                return kv_fail(err, KV_ERR_FORMAT, "line %d: name takes one word, not %d",
+                               line_no, nw - 1);
             snprintf(s->name, sizeof s->name, "%s", words[1]);
         } else if (!strcmp(key, "models")) {
             if (nw - 1 > 2) return kv_fail(err, KV_ERR_FORMAT, "line %d: at most 2 models", line_no);
@@ -274,24 +279,35 @@ int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cach
     kv_cache_spec s = kv_cache_spec_default(n_slots, capacity);
     s.dtype = fmt;
     while ((part = strtok_r(NULL, "/", &save))) {
-        char *end = NULL;
         if (!strcmp(part, "head") && kvq_is_fp8(fmt)) {
             s.fp8_per_head = 1;
         } else if (part[0] == 'w' && kvq_is_kivi(fmt)) {
-            long w = strtol(part + 1, &end, 10);
-            if (*end || w < 32 || w % 32 || w > 1 << 20)
+            long w = 0;
+            if (parse_long(part + 1, 32, 1L << 20, &w) || w % 32)
                 return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': window '%s' must "
                                "be a multiple of 32", variant, part + 1);
             s.kivi_window = (int)w;
         } else if (part[0] == 'l') {
-            for (char *p = part + 1; *p;) {
-                long l = strtol(p, &end, 10);
-                if (end == p || l < 0 || l > 63 || (*end && *end != ','))
+            /* one number per comma-separated item: "l" (no layer) and "l0," (an empty item)
+             * are refused, not read as "every layer" or "layer 0" */
+            const char *p = part + 1;
+            do {
+                char item[8];
+                const size_t k = strcspn(p, ",");
+                long l = -1;
+                if (k < sizeof item) {
+                    memcpy(item, p, k);
+                    item[k] = 0;
+                }
+                if (k >= sizeof item || parse_long(item, 0, 63, &l))
                     return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': layer list "
                                    "'%s' (numbers 0..63 separated by commas)", variant, part + 1);
                 s.dtype_layers |= (uint64_t)1 << l;
-                p = *end ? end + 1 : end;
-            }
+                p += k + (p[k] == ',');
+                if (p[-1] == ',' && !*p) /* a trailing comma: an empty last item */
+                    return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': layer list "
+                                   "'%s' ends in a comma", variant, part + 1);
+            } while (*p);
         } else {
             return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': option '%s' is not "
                            "known for %s (/head for fp8, /wR for int4/int2, /lA,B for any)",

@@ -173,6 +173,7 @@ int kv_spec_generate(kv_backend *target, kv_backend *draft, const int *prompt, i
             const int dlen = draft->length(draft, slot);
             const kv_seq s = {slot, dlen, n + j - dlen, ctx + dlen};
             rc = draft->forward(draft, &s, 1, dl, &st->draft, err);
+            if (!rc) rc = kv_logits_check(dl, V, err); /* NaN would propose token 0 forever */
             if (rc) break;
             st->draft_steps++;
             if (greedy) {
@@ -192,6 +193,8 @@ int kv_spec_generate(kv_backend *target, kv_backend *draft, const int *prompt, i
             const kv_seq s = {slot, a, b - a, ctx + a, tl + (size_t)(a - tlen) * V};
             rc = target->forward(target, &s, 1, NULL, &st->target, err);
         }
+        for (int r = 0; r <= kr && !rc; r++) /* the rows read below: NaN chooses nothing */
+            rc = kv_logits_check(tl + (size_t)(n - 1 - tlen + r) * V, V, err);
         if (rc) break;
         st->target_steps++;
         const float *row = tl + (size_t)(n - 1 - tlen) * V; /* predicts position n */

@@ -80,10 +80,10 @@ static void test_sampler(void)
 
 /* ---- weights that overflow the forward pass ------------------------------------------------ */
 
-/* dim 8, hidden 8, L 1, H 2, H_kv 1, vocab @p vocab, seq 32 */
+/* dim 8, hidden 8, L 2 (a 1-layer draft for kvlab spec), H 2, H_kv 1, vocab @p vocab, seq 32 */
 static void tiny_model(kv_model *m, int vocab, uint64_t seed)
 {
-    kv_config c = {8, 8, 1, 2, 1, vocab, 32, 0, 0, 0, 0, 0};
+    kv_config c = {8, 8, 2, 2, 1, vocab, 32, 0, 0, 0, 0, 0};
     kv_config_set_defaults(&c);
     kv_err err;
     if (kv_model_alloc(m, &c, &err)) {
@@ -134,6 +134,7 @@ static void test_overflow(void)
     CLI_BAD("no finite logits", "generate", "--model", file("huge.bin"), "--steps", "3");
     CLI_BAD("no finite logits", "generate", "--model", file("huge.bin"), "--steps", "3",
             "--temperature", "1", "--top-p", "0.5");
+    CLI_BAD("no finite logits", "spec", "--model", file("huge.bin"));
 }
 
 /* ---- readers: FIFOs, directories, caps, NUL, CR ---------------------------------------------- */
@@ -378,6 +379,47 @@ static void test_cli(void)
     KV_CHECK(rc == 1 && strstr(e, "standard output"), "calc >&-: exit %d (%s)", rc, e);
 }
 
+/* ---- options accepted too loosely ----------------------------------------------------------- */
+
+static void test_loose_options(void)
+{
+    CLI_BAD("--block-size|needs --layout paged", "stream", "--block-size", "8", "--tokens", "4");
+    /* cache strings: an empty layer list, an empty item, a signed window or budget */
+    CLI_BAD("--cache|int8/l|layer list", "generate", "--cache", "int8/l");
+    CLI_BAD("--cache|int8/l0,|ends in a comma", "generate", "--cache", "int8/l0,");
+    CLI_BAD("--cache|int8/l0,,1|layer list", "generate", "--cache", "int8/l0,,1");
+    CLI_BAD("--cache|int4/w+32|multiple of 32", "generate", "--cache", "int4/w+32");
+    CLI_BAD("--cache|h2o/b+64|needs a count", "needle", "--cache", "h2o/b+64", "--csv", "o.csv");
+    /* a newline in a list option would add spec lines of its own */
+    CLI_BAD("--lengths|newline", "needle", "--lengths", "64\nvariant int4", "--csv", "o.csv");
+    CLI_BAD("--cache|newline", "needle", "--cache", "fp16\nlengths 16", "--csv", "o.csv");
+    kv_needle_spec ns;
+    kv_needle_spec_default(&ns);
+    kv_err err = {{0}};
+    KV_CHECK(kv_needle_spec_parse("name two words\n", &ns, &err) == KV_ERR_FORMAT &&
+                 has_words(err.msg, "name takes one word"), "two-word name: '%s'", err.msg);
+    /* a --save-models prefix too long for its path is refused, not cut to another name */
+    char prefix[1100];
+    memset(prefix, 'p', sizeof prefix - 1);
+    prefix[sizeof prefix - 1] = 0;
+    CLI_BAD("--save-models|longer than", "needle", "--save-models", prefix, "--lengths", "64",
+            "--depths", "50", "--csv", "o.csv");
+    /* outputs that could never be replaced are refused before the grid runs */
+    char fifo[256];
+    snprintf(fifo, sizeof fifo, "%s", file("grid.fifo"));
+    KV_CHECK(mkfifo(fifo, 0600) == 0, "mkfifo");
+    CLI_BAD("--csv|a FIFO", "needle", "--csv", fifo, "--lengths", "64", "--depths", "50");
+    KV_CHECK(is_fifo(fifo), "the FIFO is still there");
+    unlink(fifo);
+    /* calc at sub-byte element sizes: the steps print the fractions they add up */
+    result r = run_in(dir, (const char *const[]){"calc", "--config", "8,8,3,4,1,32,3", "--dtype",
+                                                 "int4", NULL});
+    KV_CHECK(r.rc == 0 && strstr(r.out, "= 3 * 2.5 ") && strstr(r.out, "7.5 bytes = 7.5 B") &&
+                 !strstr(r.out, "8 bytes = 7.5 B"), "calc int4 at d 2: %s", r.out);
+    free(r.out);
+    free(r.err);
+}
+
 int main(int argc, char **argv)
 {
     kv_test_cli_init(argc, argv);
@@ -386,6 +428,7 @@ int main(int argc, char **argv)
     test_readers();
     test_writers();
     test_cli();
+    test_loose_options();
     cleanup();
     return kv_test_finish();
 }

@@ -5,6 +5,7 @@
  *   bytes = L · 2 · N · H_kv · d · b       (· B for B sequences)
  * It depends on the KV heads (not the query heads) and not on the vocabulary at all.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -81,6 +82,15 @@ static int parse_config(const char *cmd, const char *s, kv_config *c)
 }
 
 /* One model, every step of the formula with its numbers. */
+/* A byte count as the steps print it: whole numbers as such, fractions of a byte (sub-byte
+ * formats at small head dims: 2.5 bytes per layer) exactly, never rounded to "8 = 7.5 B". */
+static const char *exact(double v, char *buf, size_t n)
+{
+    if (v == floor(v) && fabs(v) < 1e18) snprintf(buf, n, "%.0f", v);
+    else snprintf(buf, n, "%.6g", v);
+    return buf;
+}
+
 static void explain(const char *name, const kv_config *c, int window, int sinks, const char *dt,
                     int64_t n_req, int64_t batch)
 {
@@ -99,11 +109,11 @@ static void explain(const char *name, const kv_config *c, int window, int sinks,
            name, L, H, Hkv, H / Hkv, d, dt, b);
     printf("  bytes = L * 2 * N * H_kv * d * b   (2: one K and one V vector per KV head; * B sequences)\n");
     printf("  binary units: 1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB\n\n");
-    char e1[64], e2[64], e3[64], e4[64];
+    char e1[64], e2[64], e3[64], e4[64], v[4][40];
     snprintf(e1, sizeof e1, "2 * %d * %d * %g", Hkv, d, b);
-    snprintf(e2, sizeof e2, "%d * %.0f", L, per_layer);
-    snprintf(e3, sizeof e3, "%lld * %.0f", (long long)n, per_token);
-    snprintf(e4, sizeof e4, "%lld * %.0f", (long long)batch, at_n);
+    snprintf(e2, sizeof e2, "%d * %s", L, exact(per_layer, v[0], sizeof v[0]));
+    snprintf(e3, sizeof e3, "%lld * %s", (long long)n, exact(per_token, v[1], sizeof v[1]));
+    snprintf(e4, sizeof e4, "%lld * %s", (long long)batch, exact(at_n, v[2], sizeof v[2]));
     char l3[48], l4[48];
     snprintf(l3, sizeof l3, "at N = %lld tokens", (long long)n);
     snprintf(l4, sizeof l4, "at batch B = %lld", (long long)batch);
@@ -115,8 +125,8 @@ static void explain(const char *name, const kv_config *c, int window, int sinks,
     char *unit[4] = {u1, u2, u3, u4};
     for (int i = 0; i < 4; i++) {
         kv_fmt_bytes(val[i], unit[i], sizeof u1);
-        printf("  %-20s %-17s = %-22s = %14.0f bytes = %s", rows[i][0], rows[i][1], rows[i][2],
-               val[i], unit[i]);
+        printf("  %-20s %-17s = %-22s = %14s bytes = %s", rows[i][0], rows[i][1], rows[i][2],
+               exact(val[i], v[3], sizeof v[3]), unit[i]);
         /* GiB too when the natural unit is smaller, so "512 MiB" reads as "0.5 GiB" as well */
         if (i >= 2 && val[i] < 1024.0 * 1024 * 1024 && val[i] >= 1024.0 * 1024)
             printf(" = %.4g GiB", val[i] / (1024.0 * 1024 * 1024));

@@ -18,7 +18,8 @@ int kv_cli_check_device(const char *cmd, const char *device)
 #ifdef KV_HAVE_CUDA
     kv_err err = {{0}};
     if (kvcu_device_available(&err) != KV_OK) {
-        fprintf(stderr, "%s: --device cuda: no usable CUDA device: %s\n", cmd, err.msg);
+        /* the message already says "no usable CUDA device: <CUDA's reason>" */
+        fprintf(stderr, "%s: --device cuda: %s\n", cmd, err.msg);
         return KV_EXIT_FAIL;
     }
     return KV_EXIT_OK;

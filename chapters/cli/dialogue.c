@@ -34,6 +34,22 @@ static void turn_text(const kv_dialogue *d, int t, char *buf, size_t n)
     if (k >= n - 1 && n > 4) strcpy(buf + n - 4, "...");
 }
 
+/* Progress on stderr after every turn, in tokens of the history (a long dialogue with
+ * --recompute is quadratic: 32k tokens take minutes). */
+typedef struct {
+    kv_progress p;
+    long total;
+} dlg_progress;
+
+static int on_turn(void *user, kv_session *s, int t, kv_err *err)
+{
+    (void)t;
+    (void)err;
+    dlg_progress *dp = user;
+    kv_progress_update(&dp->p, s->n_history, dp->total);
+    return KV_OK;
+}
+
 static int run_one(const char *cmd, const kv_dialogue *d, int kind, const char *cache,
                    const kv_cli_layout *lo, const char *device, int recompute, int *failed)
 {
@@ -53,7 +69,10 @@ static int run_one(const char *cmd, const kv_dialogue *d, int kind, const char *
     kv_dlg_result *res = calloc((size_t)d->n_turns, sizeof *res);
     if (!st && !res) st = kv_fail(&err, KV_ERR_NOMEM, "out of memory");
     const double t0 = kv_now();
-    if (!st) st = kv_dialogue_run(b, d, kind, recompute, res, &err);
+    dlg_progress dp = {.total = kv_dialogue_length(d, kind)};
+    kv_progress_start(&dp.p, "dialogue: tokens");
+    if (!st) st = kv_dialogue_run_hooked(b, d, kind, recompute, on_turn, &dp, res, &err);
+    kv_progress_end(&dp.p);
     if (st) {
         int rc = kv_cli_fail(cmd, d->name, st, &err);
         free(res);

@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "kv_checkpoint.h"
 #include "kv_needle.h"
+#include "kv_file.h"
 
 typedef struct {
     kv_progress p;
@@ -98,10 +99,8 @@ static void print_tables(const kv_needle_spec *s, const kv_needle_result *res)
     }
 }
 
-static int write_csv(const char *path, const kv_needle_spec *s, const kv_needle_result *res, int n)
+static void write_csv(FILE *f, const kv_needle_spec *s, const kv_needle_result *res, int n)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
     fprintf(f, "model,cache,seed,length,depth_pct,key,value,position,distance,answer,pass,"
                "predicted,logit_value,logit_other,margin\n");
     for (int i = 0; i < n; i++) {
@@ -112,15 +111,13 @@ static int write_csv(const char *path, const kv_needle_spec *s, const kv_needle_
                 r->distance, r->answer, r->pass, r->expected, r->logit_value, r->logit_other,
                 r->margin);
     }
-    return fclose(f) ? -1 : 0;
 }
 
 /* The heatmap: one panel per (model, variant, seed); green cells passed (darker = larger
  * margin), red cells failed; a black border marks a cell that contradicts its prediction. */
-static int write_svg(const char *path, const kv_needle_spec *s, const kv_needle_result *res)
+static void write_svg(FILE *f, const kv_needle_spec *s, const kv_needle_result *res, int n)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
+    (void)n; /* the grid's shape is the spec's */
     const int cw = 56, ch = 26, left = 70, top = 40, gap = 50;
     const int panels = s->n_models * s->n_variants * s->n_seeds, per = s->n_lengths * s->n_depths;
     int pw = left + cw * s->n_depths + 20; /* wide enough for the panel titles too */
@@ -157,7 +154,34 @@ static int write_svg(const char *path, const kv_needle_spec *s, const kv_needle_
                    "columns: needle depth</text>\n", y0 + top + s->n_lengths * ch + 16);
     }
     fprintf(f, "</svg>\n");
-    return fclose(f) ? -1 : 0;
+}
+
+typedef void (*grid_writer)(FILE *f, const kv_needle_spec *s, const kv_needle_result *res, int n);
+
+/* --csv / --svg: written beside @p path and renamed over it once complete (kv_file.h); exit
+ * code 0, or 1 with a message */
+static int write_out(const char *cmd, const char *opt, const char *path, grid_writer fn,
+                     const kv_needle_spec *s, const kv_needle_result *res, int n)
+{
+    kv_file_out o;
+    kv_err err = {{0}};
+    int st = kv_file_create(path, &o, &err);
+    if (!st) {
+        fn(o.f, s, res, n);
+        st = kv_file_commit(&o, &err);
+    }
+    if (!st) return KV_EXIT_OK;
+    fprintf(stderr, "%s: %s: %s\n", cmd, opt, err.msg);
+    return KV_EXIT_FAIL;
+}
+
+/* A list or cache option becomes one line of spec text: a newline (or a '#') in it would
+ * add lines of its own (or cut it short). 0 when fine, else the exit code after a message. */
+static int one_line(const char *cmd, const char *opt, const char *value)
+{
+    if (!value || !value[strcspn(value, "\r\n#")]) return 0;
+    return kv_args_bad(cmd, opt, "'%s' holds a newline or '#': one value or list, on one line",
+                       value);
 }
 
 int cmd_needle(int argc, char **argv)
@@ -205,10 +229,19 @@ int cmd_needle(int argc, char **argv)
         return kv_cli_fail(cmd, "--spec", KV_ERR_FORMAT, &err);
     char text[2048] = "";
     const char *fields[] = {"models", "lengths", "depths", "seeds"};
+    const char *names[] = {"--models", "--lengths", "--depths", "--seeds"};
     const char *values[] = {models, lengths, depths, seeds};
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4; i++) {
+        if ((e = one_line(cmd, names[i], values[i]))) return e;
         if (values[i] && add_list(text, sizeof text, fields[i], values[i]))
-            return kv_args_bad(cmd, fields[i], "list too long");
+            return kv_args_bad(cmd, names[i], "list too long");
+    }
+    if ((e = one_line(cmd, "--cache", cache))) return e;
+    /* outputs that could never be replaced are refused before the grid runs */
+    const char *outs[2] = {csv, svg}, *out_opts[2] = {"--csv", "--svg"};
+    for (int i = 0; i < 2; i++)
+        if (outs[i] && kv_file_check_target(outs[i], &err))
+            return kv_cli_fail(cmd, out_opts[i], KV_ERR_IO, &err);
     if (cache) {
         size_t k = strlen(text);
         /* int2's outcome is measured, not predicted (chapters/04-quantization/README.md) */
@@ -235,7 +268,10 @@ int cmd_needle(int argc, char **argv)
         o.seed = s.model_seed;
         kv_model m;
         char path[1024];
-        snprintf(path, sizeof path, "%s-%s.bin", save, kv_recall_kind_name(s.models[i]));
+        if (snprintf(path, sizeof path, "%s-%s.bin", save, kv_recall_kind_name(s.models[i])) >=
+            (int)sizeof path) /* cut short, it would name another file */
+            return kv_args_bad(cmd, "--save-models", "prefix of %zu characters: longer than "
+                               "%zu", strlen(save), sizeof path - 16);
         int st = kv_recall_build(&m, &o, &err);
         if (!st) st = kv_checkpoint_write(path, &m, KV_FILE_KVLAB, &err);
         kv_model_free(&m);
@@ -270,14 +306,8 @@ int cmd_needle(int argc, char **argv)
     }
     printf("\n%d of %d cells pass; %d contradict their prediction\n", pass, n, unexpected);
     int rc = unexpected ? KV_EXIT_FAIL : KV_EXIT_OK;
-    if (csv && write_csv(csv, &s, res, n)) {
-        fprintf(stderr, "%s: --csv: cannot write %s\n", cmd, csv);
-        rc = KV_EXIT_FAIL;
-    }
-    if (svg && write_svg(svg, &s, res)) {
-        fprintf(stderr, "%s: --svg: cannot write %s\n", cmd, svg);
-        rc = KV_EXIT_FAIL;
-    }
+    if (csv && write_out(cmd, "--csv", csv, write_csv, &s, res, n)) rc = KV_EXIT_FAIL;
+    if (svg && write_out(cmd, "--svg", svg, write_svg, &s, res, n)) rc = KV_EXIT_FAIL;
     free(res);
     return rc;
 }

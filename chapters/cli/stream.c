@@ -76,6 +76,7 @@ static int stream_one(FILE *f, int csv, const char *label, const kv_model *m,
         kv_seq s = {0, (int)p, 1, &tok};
         rc = b->forward(b, &s, 1, logits, NULL, err);
         if (rc) break;
+        if ((rc = kv_logits_check(logits, V, err))) break; /* NaN: no token to feed */
         tok = kv_argmax(logits, V); /* the stream feeds itself */
         if ((p + 1) % every && p + 1 != tokens) continue;
         const double now = kv_now(), rss = rss_bytes();
@@ -194,6 +195,8 @@ int cmd_stream(int argc, char **argv)
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
+    if (opts[7].seen && strcmp(layout, "paged")) /* refused rather than ignored */
+        return kv_args_bad(cmd, "--block-size", "needs --layout paged");
     const int fmt = kv_quant_parse(cache);
     if (fmt < 0)
         return kv_args_bad(cmd, "--cache", "unknown format '%s' (fp32, fp16, bf16, int8, "
