@@ -17,7 +17,7 @@
 #define CH01_MODEL "tiny"
 #define CH01_PROMPT 16
 #define CH01_STEPS 240
-#define CH01_STEPS_EMULATED 32 /* --device cuda in the emulation build */
+#define CH01_STEPS_EMULATED 32 /* --device cuda in the emulation build, and tour --quick */
 #define CH01_REPEATS 3
 #define CH01_EVERY 16 /* table rows: every 16th step, and the last */
 
@@ -33,9 +33,9 @@ int kv_demo_ch01(const kv_demo_ctx *ctx, kv_err *err)
     kv_cache_spec spec = kv_cache_spec_default(1, CH01_PROMPT + CH01_STEPS);
     if ((st = kv_cli_backend(&b, ctx->device, &m, &spec, err))) goto done;
     /* the emulated GPU runs every thread as a CPU fiber: it proves the kernels, not speed,
-     * so it gets a short run */
-    const int emulated = strcmp(b->name, "cuda-emulation") == 0;
-    const int steps = emulated ? CH01_STEPS_EMULATED : CH01_STEPS, repeats = emulated ? 1 : CH01_REPEATS;
+     * so it gets a short run, as does tour --quick */
+    const int small = ctx->quick || strcmp(b->name, "cuda-emulation") == 0;
+    const int steps = small ? CH01_STEPS_EMULATED : CH01_STEPS, repeats = small ? 1 : CH01_REPEATS;
     if ((st = kv_run_log_init(&log, KV_MODE_NAIVE, steps, repeats, err))) goto done;
 
     int prompt[CH01_PROMPT];

@@ -20,7 +20,7 @@
 #define CH02_MODEL "tiny"
 #define CH02_PROMPT 16
 #define CH02_STEPS 240
-#define CH02_STEPS_EMULATED 32 /* --device cuda in the emulation build */
+#define CH02_STEPS_EMULATED 32 /* --device cuda in the emulation build, and tour --quick */
 #define CH02_REPEATS 3
 #define CH02_EVERY 16
 
@@ -78,9 +78,9 @@ int kv_demo_ch02(const kv_demo_ctx *ctx, kv_err *err)
     kv_cache_spec spec = kv_cache_spec_default(1, capacity);
     if ((st = kv_cli_backend(&b, ctx->device, &m, &spec, err))) goto done;
     /* the emulated GPU runs every thread as a CPU fiber: it proves the kernels, not speed,
-     * so it gets a short run */
-    const int emulated = strcmp(b->name, "cuda-emulation") == 0;
-    const int steps = emulated ? CH02_STEPS_EMULATED : CH02_STEPS, repeats = emulated ? 1 : CH02_REPEATS;
+     * so it gets a short run, as does tour --quick */
+    const int small = ctx->quick || strcmp(b->name, "cuda-emulation") == 0;
+    const int steps = small ? CH02_STEPS_EMULATED : CH02_STEPS, repeats = small ? 1 : CH02_REPEATS;
     if ((st = kv_run_log_init(&naive, KV_MODE_NAIVE, steps, repeats, err))) goto done;
     if ((st = kv_run_log_init(&cached, KV_MODE_CACHED, steps, repeats, err))) goto done;
 

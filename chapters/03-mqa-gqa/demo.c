@@ -23,6 +23,10 @@
 
 #define CH03_COMPARE 128 /* teacher-forced tokens per KL / top-1 measurement */
 #define CH03_NEEDLE_LEN 384
+/* tour --quick: the same rows over shorter texts (the recall rows' predictions are properties
+ * of the construction, which hold at any context length) */
+#define CH03_COMPARE_QUICK 16
+#define CH03_NEEDLE_LEN_QUICK 48
 #define CH03_WIDE_HEADS 8
 
 static void seeded_tokens(int *t, int n, int vocab, uint64_t seed)
@@ -38,11 +42,12 @@ static int part_equivalence(const kv_demo_ctx *ctx, kv_err *err)
     FILE *f = ctx->out;
     kv_model gqa = {0}, dup = {0};
     int tok[CH03_COMPARE];
+    const int n = ctx->quick ? CH03_COMPARE_QUICK : CH03_COMPARE;
     kv_convert_diff df = {0};
     int st = kv_cli_default_model(&gqa, "tiny-gqa", err);
     if (!st) st = kv_convert_expand_kv_heads(&dup, &gqa, gqa.config.n_heads, err);
-    if (!st) seeded_tokens(tok, CH03_COMPARE, gqa.config.vocab_size, 1);
-    if (!st) st = kv_convert_compare(&gqa, &dup, tok, CH03_COMPARE, &df, err);
+    if (!st) seeded_tokens(tok, n, gqa.config.vocab_size, 1);
+    if (!st) st = kv_convert_compare(&gqa, &dup, tok, n, &df, err);
     if (!st && !ctx->csv) {
         char a[32], b[32];
         const kv_config *c = &gqa.config;
@@ -83,18 +88,18 @@ static int wide_recall(kv_model *out, int kind, kv_err *err)
     return st;
 }
 
-/* Needles found out of @p n_depths in one context of CH03_NEEDLE_LEN tokens (CPU). */
-static int needles_found(const kv_model *m, int kind, int *found, kv_err *err)
+/* Needles found out of 3 (depths 0/50/100 %) in one context of @p len tokens (CPU). */
+static int needles_found(const kv_model *m, int kind, int len, int *found, kv_err *err)
 {
     const int depths[] = {0, 50, 100};
-    int tok[CH03_NEEDLE_LEN];
+    int tok[CH03_NEEDLE_LEN]; /* len <= CH03_NEEDLE_LEN */
     kv_needle_item it[3];
     kv_needle_result res[3];
     kv_backend *b = NULL;
-    kv_cache_spec spec = kv_cache_spec_default(1, CH03_NEEDLE_LEN + 8);
-    int st = kv_needle_build(kind, CH03_NEEDLE_LEN, depths, 3, 5, tok, it, err);
+    kv_cache_spec spec = kv_cache_spec_default(1, len + 8);
+    int st = kv_needle_build(kind, len, depths, 3, 5, tok, it, err);
     if (!st) st = kv_backend_cpu(&b, m, &spec, err);
-    if (!st) st = kv_needle_run(b, 0, kind, tok, CH03_NEEDLE_LEN, it, 3, 0, res, NULL, NULL, 0, 0, err);
+    if (!st) st = kv_needle_run(b, 0, kind, tok, len, it, 3, 0, res, NULL, NULL, 0, 0, err);
     *found = 0;
     for (int i = 0; i < 3 && !st; i++) *found += res[i].pass;
     if (b) kv_backend_destroy(b);
@@ -105,6 +110,8 @@ static int needles_found(const kv_model *m, int kind, int *found, kv_err *err)
 static int part_conversion(const kv_demo_ctx *ctx, kv_err *err)
 {
     FILE *f = ctx->out;
+    const int n_cmp = ctx->quick ? CH03_COMPARE_QUICK : CH03_COMPARE;
+    const int n_needle = ctx->quick ? CH03_NEEDLE_LEN_QUICK : CH03_NEEDLE_LEN;
     study s[3];
     memset(s, 0, sizeof s);
     s[0].name = "random";
@@ -128,21 +135,21 @@ static int part_conversion(const kv_demo_ctx *ctx, kv_err *err)
                    "   and needles found (3 per context, depths 0/50/100%%, %d tokens; recall only).\n"
                    "   'predicted' was derived before measuring (README, 'What the demo measured');\n"
                    "   recall rows are properties of the constructed model, labelled [constructed].\n\n",
-                CH03_COMPARE, CH03_NEEDLE_LEN);
+                n_cmp, n_needle);
         fprintf(f, "%-17s %2s %4s %10s %10s %7s %8s  %s\n", "model", "G", "H_kv", "KL mean",
                 "KL max", "top-1", "needles", "predicted");
     }
     int held = 1;
     for (int i = 0; i < 3 && !st; i++) {
         int tok[CH03_COMPARE];
-        seeded_tokens(tok, CH03_COMPARE, s[i].mha.config.vocab_size, 2);
+        seeded_tokens(tok, n_cmp, s[i].mha.config.vocab_size, 2);
         for (int G = 1; G <= 8 && !st; G *= 2) {
             kv_model p = {0};
             kv_convert_diff df = {0};
             int found = -1;
             st = kv_convert_pool_kv_heads(&p, &s[i].mha, CH03_WIDE_HEADS / G, err);
-            if (!st) st = kv_convert_compare(&s[i].mha, &p, tok, CH03_COMPARE, &df, err);
-            if (!st && s[i].kind) st = needles_found(&p, s[i].kind, &found, err);
+            if (!st) st = kv_convert_compare(&s[i].mha, &p, tok, n_cmp, &df, err);
+            if (!st && s[i].kind) st = needles_found(&p, s[i].kind, n_needle, &found, err);
             kv_model_free(&p);
             if (st) break;
             const char *pred;
@@ -190,12 +197,14 @@ int kv_demo_ch03(const kv_demo_ctx *ctx, kv_err *err)
     int st = part_equivalence(ctx, err);
     if (st) return st;
 
-    /* 3: the emulated GPU proves the kernels, not speed: a short context there */
+    /* 3: the emulated GPU proves the kernels, not speed: a short context there, as in
+     * tour --quick */
     int emulated = 0;
 #ifdef KV_HAVE_CUDA
     emulated = strcmp(ctx->device, "cpu") != 0 && kvcu_is_emulation();
 #endif
-    const int N = emulated ? 256 : 4096;
+    const int small = emulated || ctx->quick;
+    const int N = small ? 256 : 4096;
     if (!ctx->csv)
         fprintf(f, "\n3. decode attention per G: H 32, d 128 (Llama-2-7B's layer), N %d; fp32\n"
                    "   predicted: the FLOPs (4*H*N*d) do not change with G, the bytes (2*H_kv*N*d*4,\n"
@@ -203,7 +212,7 @@ int kv_demo_ch03(const kv_demo_ctx *ctx, kv_err *err)
                    "   before compute limits) -> time ~1/G; compute-bound (a CPU of few cores, whose\n"
                    "   FLOP/s per GB/s is near G/2 already) -> flat. GPU v1 reads 2*H*N*d*4 at any G\n\n",
                 N);
-    st = kv_attn_gqa_table(f, ctx->device, 32, 128, N, emulated ? 1 : 5, ctx->csv, err);
+    st = kv_attn_gqa_table(f, ctx->device, 32, 128, N, small ? 1 : 5, ctx->csv, err);
     if (st) return st;
     if (emulated && !ctx->csv)
         fprintf(f, "(emulation build: times of CPU fibers running the kernels, not of a GPU; the\n"

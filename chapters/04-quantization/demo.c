@@ -30,9 +30,15 @@
 #include "kvcu.h"
 #endif
 
-#define Q_PROMPT 64  /* prompt of the generation */
-#define Q_STEPS 128  /* teacher-forced decode steps measured */
-#define Q_NEEDLE 512
+/* The study's lengths: the prompt of the generation, the teacher-forced decode steps
+ * measured, one needle context. tour --quick takes the second set: fewer steps and a shorter
+ * needle context. Its 40 tokens stay inside KIVI's default window of 128 (int4, int2 keep
+ * every row in fp32 there); int2/w32 still spills key groups through the same path. */
+typedef struct {
+    int prompt, steps, needle;
+} q_sizes;
+static const q_sizes q_full = {64, 128, 512}, q_quick = {32, 8, 96};
+#define Q_NEEDLE 512 /* the longest needle context */
 
 static const char *const variants[] = {
     "fp32", "fp16", "bf16", "int8", "int8-g32", "fp8-e4m3", "fp8-e4m3/head", "fp8-e5m2",
@@ -112,20 +118,22 @@ static int part_errors(const kv_model *m, const kv_cache *ref, const kv_cache_sp
     return st;
 }
 
-/* KL and top-1 over a teacher-forced generation on @p device; ref_logits [Q_STEPS][V] from
- * the fp32 run (filled when @p ref is 1). */
+/* KL and top-1 over a teacher-forced generation of n->steps after n->prompt on @p device;
+ * ref_logits [steps][V] from the fp32 run (filled when @p ref is 1). */
 static int part_generation(const kv_model *m, const char *device, const kv_cache_spec *spec,
-                           const int *text, float *ref_logits, int ref, q_row *r, kv_err *err)
+                           const int *text, const q_sizes *n, float *ref_logits, int ref,
+                           q_row *r, kv_err *err)
 {
     const int V = m->config.vocab_size;
     kv_backend *b = NULL;
     int st = kv_cli_backend(&b, device, m, spec, err);
     float *lg = malloc(sizeof(float) * V);
     if (!st && !lg) st = kv_fail(err, KV_ERR_NOMEM, "demo: logits");
-    kv_seq s = {0, 0, Q_PROMPT, text};
+    const int steps = n->steps;
+    kv_seq s = {0, 0, n->prompt, text};
     double kl = 0;
     int agree = 0;
-    for (int t = 0; t < Q_STEPS && !st; t++) {
+    for (int t = 0; t < steps && !st; t++) {
         st = b->forward(b, &s, 1, lg, NULL, err);
         if (st) break;
         const float *lr = ref_logits + (size_t)t * V;
@@ -145,18 +153,19 @@ static int part_generation(const kv_model *m, const char *device, const kv_cache
         }
         kl += klt;
         agree += ar == aq;
-        s = (kv_seq){0, Q_PROMPT + t, 1, text + Q_PROMPT + t};
+        s = (kv_seq){0, n->prompt + t, 1, text + n->prompt + t};
     }
-    r->kl = kl / Q_STEPS;
+    r->kl = kl / steps;
     r->top1 = agree;
     if (b) kv_backend_destroy(b);
     free(lg);
     return st;
 }
 
-/* Needles found, both recall models, one context of Q_NEEDLE tokens, depths 0/50/100. */
-static int part_needles(const kv_model *rm, const char *device, const char *variant, q_row *r,
-                        kv_err *err)
+/* Needles found, both recall models, one context of @p len tokens (at most Q_NEEDLE), depths
+ * 0/50/100. */
+static int part_needles(const kv_model *rm, const char *device, const char *variant, int len,
+                        q_row *r, kv_err *err)
 {
     const int depths[] = {0, 50, 100};
     static int tok[Q_NEEDLE];
@@ -167,10 +176,10 @@ static int part_needles(const kv_model *rm, const char *device, const char *vari
         kv_cache_spec spec;
         kv_backend *b = NULL;
         const int k = kind ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT;
-        int st = kv_needle_cache_spec(variant, 1, Q_NEEDLE + 8, &spec, err);
-        if (!st) st = kv_needle_build(k, Q_NEEDLE, depths, 3, 1, tok, it, err);
+        int st = kv_needle_cache_spec(variant, 1, len + 8, &spec, err);
+        if (!st) st = kv_needle_build(k, len, depths, 3, 1, tok, it, err);
         if (!st) st = kv_cli_backend(&b, device, &rm[kind], &spec, err);
-        if (!st) st = kv_needle_run(b, 0, k, tok, Q_NEEDLE, it, 3, 0, res, NULL, NULL, 0, 0, err);
+        if (!st) st = kv_needle_run(b, 0, k, tok, len, it, 3, 0, res, NULL, NULL, 0, 0, err);
         for (int i = 0; i < 3 && !st; i++) r->needles += res[i].pass;
         r->needle_cells += 3;
         if (b) kv_backend_destroy(b);
@@ -244,8 +253,10 @@ static int part_time(const kv_config *cfg, const char *device, const kv_cache_sp
 }
 
 int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int needles,
-                   const char *model_path, kv_err *err)
+                   int quick, const char *model_path, kv_err *err)
 {
+    const q_sizes *n = quick ? &q_quick : &q_full;
+    const int prompt = n->prompt, steps = n->steps;
     kv_config cfg = study_config();
     kv_model m, rm[2];
     memset(&m, 0, sizeof m);
@@ -261,13 +272,13 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
         kv_model_randomize(&m, 404);
     }
     const int V = cfg.vocab_size, d = kv_config_head_dim(&cfg);
-    if (Q_PROMPT + Q_STEPS > cfg.seq_len) {
+    if (prompt + steps > cfg.seq_len) {
         kv_model_free(&m);
         return kv_fail(err, KV_ERR_ARG, "the model's seq_len %d is below the %d tokens the study "
-                       "generates", cfg.seq_len, Q_PROMPT + Q_STEPS);
+                       "generates", cfg.seq_len, prompt + steps);
     }
-    int *text = malloc(sizeof(int) * (Q_PROMPT + Q_STEPS));
-    float *ref = malloc(sizeof(float) * Q_STEPS * V);
+    int *text = malloc(sizeof(int) * (prompt + steps));
+    float *ref = malloc(sizeof(float) * steps * V);
     if (!text || !ref) st = kv_fail(err, KV_ERR_NOMEM, "demo: memory");
     for (int kind = 0; kind < 2 && needles && !st; kind++) {
         kv_recall_opts o;
@@ -279,32 +290,32 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
     memset(&ref_cache, 0, sizeof ref_cache);
     kv_state s;
     kv_state_init(&s);
-    kv_cache_spec s32 = kv_cache_spec_default(1, Q_PROMPT + Q_STEPS);
+    kv_cache_spec s32 = kv_cache_spec_default(1, prompt + steps);
     if (!st) st = kv_cache_create(&ref_cache, &cfg, &s32, err);
     if (!st) {
         kv_rng g;
         kv_rng_seed(&g, 4);
-        for (int i = 0; i < Q_PROMPT; i++) text[i] = (int)(kv_rng_u32(&g) % (uint32_t)V);
+        for (int i = 0; i < prompt; i++) text[i] = (int)(kv_rng_u32(&g) % (uint32_t)V);
         float *lg = malloc(sizeof(float) * V);
-        kv_seq q = {0, 0, Q_PROMPT, text};
-        for (int t = 0; t < Q_STEPS && !st && lg; t++) {
+        kv_seq q = {0, 0, prompt, text};
+        for (int t = 0; t < steps && !st && lg; t++) {
             st = kv_forward(&m, &ref_cache, &s, &q, 1, lg, NULL, err);
             int best = 0;
             for (int i = 1; i < V; i++) if (lg[i] > lg[best]) best = i;
-            text[Q_PROMPT + t] = best;
-            q = (kv_seq){0, Q_PROMPT + t, 1, text + Q_PROMPT + t};
+            text[prompt + t] = best;
+            q = (kv_seq){0, prompt + t, 1, text + prompt + t};
         }
         if (!lg) st = kv_fail(err, KV_ERR_NOMEM, "demo: logits");
         free(lg);
     }
-    const int n_err = Q_PROMPT + Q_STEPS - 1; /* tokens in the reference cache */
+    const int n_err = prompt + steps - 1; /* tokens in the reference cache */
     if (!st && !csv) {
         fprintf(f, "%s: L %d, H %d, H_kv %d, d %d; %d-token prefill + %d teacher-forced "
                 "steps on %s; needles: recall models, %d tokens, depths 0/50/100 (constructed: "
                 "see README); attention time: one layer, N = %d, median of %d.\n\n",
                 model_path ? model_path : "Random model", cfg.n_layers, cfg.n_heads,
-                cfg.n_kv_heads, d, Q_PROMPT, Q_STEPS, device,
-                Q_NEEDLE, N, repeats);
+                cfg.n_kv_heads, d, prompt, steps, device,
+                n->needle, N, repeats);
         fprintf(f, "%-14s %8s %9s %9s %9s %10s %7s %7s %9s %7s\n", "format", "B/token", "K err",
                 "V err", "attn err", "KL", "top-1", "needles", "attn ms", "GB/s");
     } else if (!st) {
@@ -315,7 +326,7 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
         q_row r;
         memset(&r, 0, sizeof r);
         kv_cache_spec spec;
-        st = kv_needle_cache_spec(variants[i], 1, Q_PROMPT + Q_STEPS, &spec, err);
+        st = kv_needle_cache_spec(variants[i], 1, prompt + steps, &spec, err);
         if (st) break;
         kv_err why;
         if (kv_cache_spec_check("cache", &cfg, &spec, &why)) { /* e.g. KIVI needs 32 | d */
@@ -326,20 +337,20 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
                         kv_cache_spec_bytes_per_element(&spec, cfg.n_layers, d);
         fprintf(stderr, "  [ch04] %s ...\n", variants[i]);
         st = part_errors(&m, &ref_cache, &spec, n_err, &r, err);
-        if (!st) st = part_generation(&m, device, &spec, text, ref, i == 0, &r, err);
-        if (!st && needles) st = part_needles(rm, device, variants[i], &r, err);
+        if (!st) st = part_generation(&m, device, &spec, text, n, ref, i == 0, &r, err);
+        if (!st && needles) st = part_needles(rm, device, variants[i], n->needle, &r, err);
         if (!st) st = part_time(&cfg, device, &spec, N, repeats, &r, err);
         if (st) break;
         char nd[16] = "-";
         if (needles) snprintf(nd, sizeof nd, "%d/%d", r.needles, r.needle_cells);
         if (csv)
             fprintf(f, "%s,%.1f,%.3e,%.3e,%.3e,%.3e,%d,%d,%d,%d,%.4f,%.3f,%d\n", variants[i],
-                    r.bytes_token, r.k_err, r.v_err, r.attn_err, r.kl, r.top1, Q_STEPS, r.needles,
+                    r.bytes_token, r.k_err, r.v_err, r.attn_err, r.kl, r.top1, steps, r.needles,
                     r.needle_cells, r.time_ms, r.gbs, N);
         else
             fprintf(f, "%-14s %8.0f %9.2e %9.2e %9.2e %10.2e %3d/%-3d %7s %9.3f %7.2f\n",
                     variants[i], r.bytes_token, r.k_err, r.v_err, r.attn_err, r.kl, r.top1,
-                    Q_STEPS, nd, r.time_ms, r.gbs);
+                    steps, nd, r.time_ms, r.gbs);
     }
     if (!st && !csv)
         fprintf(f, "\nB/token = L*2*H_kv*d*b with metadata (KIVI's fp32 window and fp8's scales are "
@@ -361,5 +372,7 @@ int kv_demo_ch04(const kv_demo_ctx *ctx, kv_err *err)
     if (!ctx->csv)
         fprintf(ctx->out, "KV-cache formats against the fp32 cache (kvlab bench quant for larger N "
                 "and more repeats).\n");
-    return kv_quant_study(ctx->out, ctx->device, ctx->csv, 2048, 5, 1, NULL, err);
+    /* tour --quick: a cache of 256 tokens timed once */
+    return kv_quant_study(ctx->out, ctx->device, ctx->csv, ctx->quick ? 256 : 2048,
+                          ctx->quick ? 1 : 5, 1, ctx->quick, NULL, err);
 }

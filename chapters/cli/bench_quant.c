@@ -39,7 +39,7 @@ int kv_bench_quant(int argc, char **argv)
     int e = kv_cli_check_device(cmd, device);
     if (e) return e;
     kv_err err = {{0}};
-    int st = kv_quant_study(stdout, device, csv, N, repeats, !no_needles, model, &err);
+    int st = kv_quant_study(stdout, device, csv, N, repeats, !no_needles, 0, model, &err);
     if (st) return kv_cli_fail(cmd, "run", st, &err);
 #ifdef KV_HAVE_CUDA
     if (strcmp(device, "cpu") && kvcu_is_emulation() && !csv)

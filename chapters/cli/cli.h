@@ -145,6 +145,8 @@ typedef struct {
     FILE *out;          /**< tables go here (stdout) */
     int csv;            /**< 1: comma-separated rows instead of aligned tables */
     const char *device; /**< "cpu" or "cuda" (already checked) */
+    int quick;          /**< 1 (tour --quick): the same code paths at smaller sizes, fewer
+                         *   repeats (what the emulation build and memcheck run) */
 } kv_demo_ctx;
 
 /** A chapter demo: returns a kv_status and fills @p err. */
@@ -166,9 +168,10 @@ int kv_demo_ch10(const kv_demo_ctx *ctx, kv_err *err); /* 10-spec-tp/demo.c */
  * token, K/V and attention error, KL and top-1 over a generation, needles (when @p needles),
  * and the median decode-attention time over @p N tokens (@p repeats calls) on @p device;
  * on the checkpoint @p model_path when not NULL (default: a random d = 64 model).
+ * @p quick (tour --quick): a shorter generation and needle context, the same rows.
  */
 int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int needles,
-                   const char *model_path, kv_err *err);
+                   int quick, const char *model_path, kv_err *err);
 /** kvlab bench quant (bench_quant.c). */
 int kv_bench_quant(int argc, char **argv);
 

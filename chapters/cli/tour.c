@@ -30,12 +30,13 @@ static const int n_demos = (int)(sizeof demos / sizeof demos[0]);
 int cmd_tour(int argc, char **argv)
 {
     const char *cmd = "kvlab tour";
-    int chapter = 0, csv = 0;
+    int chapter = 0, csv = 0, quick = 0;
     const char *device = "cpu";
     kv_opt opts[] = {
         {"--chapter", KV_OPT_INT, &chapter, 1, 99, NULL, "N", "run only chapter N's demo", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
         {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "print comma-separated rows (for plots)", 0},
+        {"--quick", KV_OPT_FLAG, &quick, 0, 0, NULL, NULL, "smaller sizes and one repeat: every demo's code paths in a fraction of the time (memcheck, the emulation build); the numbers are not the chapters'", 0},
     };
     char about[1024];
     int used = snprintf(about, sizeof about,
@@ -56,11 +57,15 @@ int cmd_tour(int argc, char **argv)
     int e = kv_cli_check_device(cmd, device);
     if (e) return e;
 
-    kv_demo_ctx ctx = {stdout, csv, device};
+    kv_demo_ctx ctx = {stdout, csv, device, quick};
     for (int i = 0; i < n_demos; i++) {
         if (chapter && demos[i].chapter != chapter) continue;
-        if (!csv) printf("== chapter %02d: %s (device %s) ==\n\n", demos[i].chapter, demos[i].title, device);
-        else printf("# chapter %02d: %s (device %s)\n", demos[i].chapter, demos[i].title, device);
+        if (!csv)
+            printf("== chapter %02d: %s (device %s%s) ==\n\n", demos[i].chapter, demos[i].title,
+                   device, quick ? ", quick sizes" : "");
+        else
+            printf("# chapter %02d: %s (device %s%s)\n", demos[i].chapter, demos[i].title, device,
+                   quick ? ", quick sizes" : "");
         kv_err err = {{0}};
         int st = demos[i].run(&ctx, &err);
         if (st != KV_OK) {
