@@ -141,6 +141,8 @@ done:
 static int part_crossover(const kv_demo_ctx *ctx, kv_err *err)
 {
     static const int tiny_lens[] = {16, 64, 256, 1024};
+    /* quick: shorter measured prefills, one repeat; the modelled Llama rows cost nothing */
+    static const int quick_lens[] = {16, 32, 64, 128};
     static const int big_lens[] = {64, 512, 4096, 32768};
     kv_swap_bench sb;
     if (!ctx->csv)
@@ -148,7 +150,8 @@ static int part_crossover(const kv_demo_ctx *ctx, kv_err *err)
                 "recompute is dearer)\n\n");
     int st = kv_swap_bench_init(&sb, "tiny", NULL, CH07_B, KV_LINK_DEFAULT_BANDWIDTH * 1e-9,
                                 KV_LINK_DEFAULT_LATENCY * 1e6, KV_SWAP_DEFAULT_TFLOPS, err);
-    if (!st) st = kv_swap_bench_run(ctx->out, ctx->csv, &sb, tiny_lens, 4, 1024, 3, err);
+    if (!st) st = kv_swap_bench_run(ctx->out, ctx->csv, &sb, ctx->quick ? quick_lens : tiny_lens,
+                                    4, 1024, ctx->quick ? 1 : 3, err);
     if (!ctx->csv) fprintf(ctx->out, "\n");
     if (!st) st = kv_swap_bench_init(&sb, "llama-2-7b", NULL, CH07_B,
                                      KV_LINK_DEFAULT_BANDWIDTH * 1e-9,
@@ -160,15 +163,16 @@ static int part_crossover(const kv_demo_ctx *ctx, kv_err *err)
 /* ---- 3. a burst through a small pool ------------------------------------------------------ */
 
 #define CH07_REQUESTS 32
+#define CH07_QUICK_REQUESTS 12 /* quick: still enough for the pool to preempt in every mode */
 #define CH07_MAX_PROMPT 96
 #define CH07_MAX_OUTPUT 48
 #define CH07_BLOCKS 24
 #define CH07_TOKEN_S 1e-4 /* clock seconds per prefill token: recomputing costs time too */
 
 /* The chapter's bursty trace (bursts of normal requests, a share of high-priority ones) when
- * the generator has it, else Alpaca-like arrivals all at time 0; its first CH07_REQUESTS
+ * the generator has it, else Alpaca-like arrivals all at time 0; its first @p n_req
  * requests, lengths capped so the demo takes seconds. */
-static int demo_trace(kv_trace *t, int *burst, const char **name, kv_err *err)
+static int demo_trace(kv_trace *t, int n_req, int *burst, const char **name, kv_err *err)
 {
     kv_trace_spec ts;
     const char *what, *found = NULL;
@@ -187,7 +191,7 @@ static int demo_trace(kv_trace *t, int *burst, const char **name, kv_err *err)
     *name = found;
     *burst = strcmp(found, "bursty") != 0;
     st = kv_trace_generate(&ts, t, err);
-    if (!st && t->n > CH07_REQUESTS) t->n = CH07_REQUESTS;
+    if (!st && t->n > n_req) t->n = n_req;
     for (int i = 0; i < t->n && !st; i++) {
         kv_request *r = &t->req[i];
         if (r->prompt_len > CH07_MAX_PROMPT) r->prompt_len = CH07_MAX_PROMPT;
@@ -214,7 +218,8 @@ static int part_serve(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
     const char *trace_name = "";
     kv_sched_out outs[3] = {{0}};
     int ran[3] = {0, 0, 0};
-    int st = demo_trace(&t, &burst, &trace_name, err);
+    int st = demo_trace(&t, ctx->quick ? CH07_QUICK_REQUESTS : CH07_REQUESTS, &burst,
+                        &trace_name, err);
     for (int i = 0; i < t.n; i++) n_high += t.req[i].priority > 0;
     kv_cache_spec spec = kv_cache_spec_default(8, CH07_MAX_PROMPT + CH07_MAX_OUTPUT);
     spec.layout = KV_LAYOUT_PAGED;
