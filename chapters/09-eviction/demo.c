@@ -30,6 +30,9 @@
 #include "kv_retain.h"
 
 #define CH09_LEN 512
+/* quick: 192 tokens, still three prefill steps of 64 and still several times every budget
+ * (b32 + w8, topk 16), so every method still has to choose what to keep or read */
+#define CH09_QUICK_LEN 192
 #define CH09_CHUNK 64
 #define CH09_DEPTHS 3
 
@@ -45,7 +48,7 @@ static const char *const ch09_variants[] = {"fp32",         "l2-large/b32/w8", "
  * q buffer holds that layer's queries (RoPE applied). Answers are the planted values (the cut
  * model has no classifier worth reading). On the CPU whatever --device says: the positions are
  * the same on both (test_gpu_retain). CSV: kept,model,cache,layer,reader,position,needle */
-static int ch09_kept_csv(FILE *f, kv_err *err)
+static int ch09_kept_csv(FILE *f, int len, kv_err *err)
 {
     const int kind = KV_MODEL_RECALL_DIRECT, depths[CH09_DEPTHS] = {0, 50, 100};
     kv_recall_opts o;
@@ -61,7 +64,7 @@ static int ch09_kept_csv(FILE *f, kv_err *err)
     kv_recall_vocab_get(&voc);
     int tokens[CH09_LEN];
     kv_needle_item items[CH09_DEPTHS];
-    rc = kv_needle_build(kind, CH09_LEN, depths, CH09_DEPTHS, 9, tokens, items, err);
+    rc = kv_needle_build(kind, len, depths, CH09_DEPTHS, 9, tokens, items, err);
     int is_needle[CH09_LEN] = {0};
     for (int i = 0; i < CH09_DEPTHS && !rc; i++) {
         is_needle[items[i].pos] = 1;
@@ -76,11 +79,11 @@ static int ch09_kept_csv(FILE *f, kv_err *err)
         kv_cache c;
         kv_state s;
         kv_select_set reads = {0};
-        const int cap = CH09_LEN + 2 * CH09_DEPTHS;
+        const int cap = len + 2 * CH09_DEPTHS;
         if ((rc = kv_needle_cache_spec(name, 1, cap, &cs, err))) break;
         if ((rc = kv_cache_create(&c, &cut.config, &cs, err))) break;
         kv_state_init(&s);
-        for (int done = 0; done < CH09_LEN && !rc; done += CH09_CHUNK) {
+        for (int done = 0; done < len && !rc; done += CH09_CHUNK) {
             kv_seq q = {0, done, CH09_CHUNK, tokens + done};
             rc = kv_forward(&cut, &c, &s, &q, 1, NULL, NULL, err);
         }
@@ -88,8 +91,8 @@ static int ch09_kept_csv(FILE *f, kv_err *err)
         const int evicts = kv_select_method_evicts(c.retain->method);
         for (int j = 0; h && evicts && j < h->kept.n; j++)
             fprintf(f, "kept,%s,%s,%d,kept,%d,%d\n", kv_recall_kind_name(kind), name, layer,
-                    h->kept.pos[j], h->kept.pos[j] < CH09_LEN && is_needle[h->kept.pos[j]]);
-        int pos = CH09_LEN;
+                    h->kept.pos[j], h->kept.pos[j] < len && is_needle[h->kept.pos[j]]);
+        int pos = len;
         for (int i = 0; i < CH09_DEPTHS && !rc && !evicts; i++) {
             int qt[2];
             const int nq = kv_recall_question_tokens(&voc, kind, items[i].key, qt);
@@ -102,7 +105,7 @@ static int ch09_kept_csv(FILE *f, kv_err *err)
             for (int j = 0; j < reads.n; j++)
                 fprintf(f, "kept,%s,%s,%d,question %d%%,%d,%d\n", kv_recall_kind_name(kind), name,
                         layer, items[i].depth, reads.pos[j],
-                        reads.pos[j] < CH09_LEN && is_needle[reads.pos[j]]);
+                        reads.pos[j] < len && is_needle[reads.pos[j]]);
             pos += nq;
             int ans = voc.value0 + items[i].value;
             kv_seq a = {0, pos, 1, &ans};
@@ -123,12 +126,13 @@ int kv_demo_ch09(const kv_demo_ctx *ctx, kv_err *err)
     const char *const *variants = ch09_variants;
     const int n_var = (int)(sizeof ch09_variants / sizeof ch09_variants[0]);
     const int depths[CH09_DEPTHS] = {0, 50, 100};
+    const int len = ctx->quick ? CH09_QUICK_LEN : CH09_LEN;
     if (ctx->csv)
         fprintf(f, "part,model,cache,depth_pct,pass,margin,rows_kept,bytes_kept,bytes_exact,"
                    "rows_read,rows_full\n");
     else
         fprintf(f, "haystack %d tokens in steps of %d, needles at 0/50/100 %%, each question a "
-                   "step of its own\n%-9s %-16s %-27s %10s %12s %7s\n", CH09_LEN, CH09_CHUNK,
+                   "step of its own\n%-9s %-16s %-27s %10s %12s %7s\n", len, CH09_CHUNK,
                 "model", "cache", "needle at 0% / 50% / 100%", "rows kept", "bytes kept",
                 "read");
     int rc = KV_OK;
@@ -140,16 +144,16 @@ int kv_demo_ch09(const kv_demo_ctx *ctx, kv_err *err)
         if ((rc = kv_recall_build(&m, &o, err))) break;
         int tokens[CH09_LEN];
         kv_needle_item items[CH09_DEPTHS];
-        rc = kv_needle_build(kind, CH09_LEN, depths, CH09_DEPTHS, 9, tokens, items, err);
+        rc = kv_needle_build(kind, len, depths, CH09_DEPTHS, 9, tokens, items, err);
         for (int v = 0; v < n_var && !rc; v++) {
             kv_cache_spec cs;
             kv_backend *b = NULL;
             kv_needle_result res[CH09_DEPTHS];
-            const int cap = CH09_LEN + 2 * CH09_DEPTHS;
+            const int cap = len + 2 * CH09_DEPTHS;
             rc = kv_needle_cache_spec(variants[v], 1, cap, &cs, err);
             if (!rc) rc = kv_cli_backend(&b, ctx->device, &m, &cs, err);
             if (!rc)
-                rc = kv_needle_run(b, 0, kind, tokens, CH09_LEN, items, CH09_DEPTHS, CH09_CHUNK,
+                rc = kv_needle_run(b, 0, kind, tokens, len, items, CH09_DEPTHS, CH09_CHUNK,
                                    res, NULL, NULL, 0, 0, err);
             /* bytes: what the retention state keeps (CPU cache; "-" elsewhere), and the
              * exact cache's rows of the same tokens (kv_select_bytes_kept of every row) */
@@ -196,7 +200,7 @@ int kv_demo_ch09(const kv_demo_ctx *ctx, kv_err *err)
     }
     if (!rc && ctx->csv) {
         fprintf(f, "part,model,cache,layer,reader,position,needle\n");
-        rc = ch09_kept_csv(f, err);
+        rc = ch09_kept_csv(f, len, err);
     }
     if (!rc && !ctx->csv)
         fprintf(f, "rows kept: per layer and KV head; read: rows attention read over the whole "
