@@ -18,7 +18,8 @@
  * (checked against the counters), and the greedy tokens equal p = 1's (checked).
  *
  * On the CUDA emulation build (every GPU thread a fiber on the CPU) a step of the small model
- * takes about a second, so there the demo runs the tiny model (2 layers), same checks.
+ * takes about a second, so there the demo runs the tiny model (2 layers), same checks; so does
+ * tour --quick.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -284,7 +285,8 @@ int kv_demo_ch10(const kv_demo_ctx *ctx, kv_err *err)
 #ifdef KV_HAVE_CUDA
     emulated = strcmp(ctx->device, "cpu") != 0 && kvcu_is_emulation();
 #endif
-    const char *name = emulated ? "tiny" : "small";
+    /* quick: the tiny model too (the same code paths, a third of the layers) */
+    const char *name = emulated || ctx->quick ? "tiny" : "small";
     int st = kv_cli_default_model(&m, name, err);
     if (st) return st;
     st = kv_model_layer_prefix(&dm, &m, 1, err);
