@@ -281,6 +281,10 @@ static void test_runs(const char *cuda_mode)
     EXPECT_OK("chapter,mode,step", "tour", "--chapter", "1", "--csv");
     /* chapter 09's CSV: both tables, the second (kept positions) ending with the figure's rows */
     EXPECT_OK("kept,direct,topk/b16,2,question 100%", "tour", "--chapter", "9", "--csv");
+    /* tour --quick (what memcheck runs): every chapter's demo, its checks included, exit 0 */
+    EXPECT_OK("== chapter 10: speculative decoding: the cache writes every draft, rolls back the "
+              "rejected (device cpu, quick sizes) ==", "tour", "--quick");
+    EXPECT_BAD("--quick", "tour", "--quick", "--quick");
     EXPECT_OK("speed-up", "bench", "decode", "--steps", "8", "--repeats", "1");
     EXPECT_OK("growth exponents", "bench", "decode", "--steps", "8", "--repeats", "1");
     EXPECT_OK("last-level cache", "bench", "bandwidth", "--mib", "8", "--repeats", "1");
