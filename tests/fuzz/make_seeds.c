@@ -243,6 +243,66 @@ static void sampler_seeds(void)
     }
 }
 
+/* ---- cache specs: [variant][\0 prediction rule] (fuzz_cache_spec.c) ---------------------- */
+
+static void cache_spec_seed(const char *variant, const char *rule)
+{
+    char data[256], name[128];
+    size_t n = strlen(variant);
+    memcpy(data, variant, n);
+    if (rule) {
+        data[n++] = '\0';
+        memcpy(data + n, rule, strlen(rule));
+        n += strlen(rule);
+    }
+    /* the file name: the variant with / : and space as _ (and the rule after @) */
+    snprintf(name, sizeof name, "%s%s%s", variant[0] ? variant : "empty", rule ? "@" : "",
+             rule ? rule : "");
+    for (char *c = name; *c; c++)
+        if (*c == '/' || *c == ':' || *c == ' ') *c = '_';
+    put("cache_spec", name, data, n);
+}
+
+static void cache_spec_seeds(void)
+{
+    /* every variant the project uses: --cache defaults, chapter 04 formats and options, the
+     * needle grids (datasets/needle), chapter 09's table (ch09_variants) */
+    static const char *const used[] = {
+        "fp32", "exact", "fp16", "bf16", "int8", "int8-g32", "int8-g64", "int8-g128", "fp8",
+        "fp8-e4m3", "fp8-e5m2", "fp8-e4m3/head", "fp8-e5m2/head", "int4", "int2", "int4-kivi",
+        "int2-kivi", "int4/w32", "int4/w64/l1,3", "int4/w32/l0", "int2/w32", "int4/l0,1",
+        "int8/l1",
+        "l2-large/b16/w4", "l2-large/b32/w8", "l2-large/b64/w16", "l2-small/b32/w8",
+        "l2-small/b64/w16", "l2-small/b64/s4/w16", "l2-small/b128/w32", "h2o/b32/w8",
+        "h2o/b64/w16", "h2o/b64/w16/int8", "h2o/r0.1/w16", "h2o/b16/s8/w16", "snapkv/b32/w8",
+        "snapkv/b64/w16", "snapkv/b128/w16", "snapkv/r0.25/w8/s4", "quest/b16", "quest/b32",
+        "quest/b64", "quest/b32/d2", "quest/b64/d2", "quest/b64/int4", "topk/b16", "topk/b64",
+        "h2o/b128/w16/int8",
+        /* parsed, then refused by kv_cache_spec_check for a 2-layer model of d 64 */
+        "int8/l0,63", "fp8-e4m3/head/l0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16", NULL};
+    /* near misses, all refused: empty layer lists and items, signs, bad ratios and budgets,
+     * options of the wrong family, two formats, KIVI under a method, too long */
+    static const char *const refused[] = {
+        "", "/", "none", "int8/l", "int8/l0,", "int8/l0,,1", "int8/l64", "int8/l,0", "w+32",
+        "int4/w+32", "int4/w48", "int4/w0", "int8/head", "int8/w32", "h2o/b64/w+32", "h2o/b+64",
+        "h2o/b0", "h2o/r0", "h2o/r1.01", "h2o/rnan", "h2o/r0x1p-1", "h2o/r 0.5", "h2o/w16",
+        "h2o/b64/r0.5", "h2o/b8/w16", "h2o/b64/w16/d1", "h2o/b64/int8/fp16", "h2o/b64x",
+        "h2o/b99999999999", "snapkv/b64", "int4-kivi/h2o", "quest/b64/int4-kivi", "nosuch/b64",
+        "int8-g32/int8", "fp8-e4m3/head/l0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20",
+        NULL};
+    for (int i = 0; used[i]; i++) cache_spec_seed(used[i], NULL);
+    for (int i = 0; refused[i]; i++) cache_spec_seed(refused[i], NULL);
+    /* predictions (needle grid `variant SPEC RULE` lines) */
+    cache_spec_seed("fp32", "within:5");
+    cache_spec_seed("h2o/b64/w16", "kept:100,16");
+    cache_spec_seed("topk/b16", "atleast:3,4");
+    cache_spec_seed("quest/b16", "page-split:16");
+    cache_spec_seed("h2o/r0.1/w16", "from:40");
+    cache_spec_seed("int8", "none");
+    cache_spec_seed("fp8", "kept:1,");
+    cache_spec_seed("int2", "within:+5");
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -260,5 +320,6 @@ int main(int argc, char **argv)
     args_seeds();
     text_seeds();
     sampler_seeds();
+    cache_spec_seeds();
     return 0;
 }
