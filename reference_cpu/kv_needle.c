@@ -262,6 +262,12 @@ int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cach
     char buf[64];
     if (strlen(variant) >= sizeof buf)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%.40s...' is too long", variant);
+    /* strtok_r() skips empty parts: "int8/", "int8//head" and "/int8" are refused, not read as
+     * if the empty part were not there */
+    const size_t n = strlen(variant);
+    if (n == 0 || variant[0] == '/' || variant[n - 1] == '/' || strstr(variant, "//"))
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s' has an empty part (nothing "
+                       "before, between or after a '/')", variant);
     strcpy(buf, variant);
     char *save = NULL, *part = strtok_r(buf, "/", &save);
     /* chapter 09: METHOD/bN|rX[/wN][/sN][/dN][/FORMAT] */

@@ -389,6 +389,10 @@ static void test_loose_options(void)
     CLI_BAD("--cache|int8/l0,|ends in a comma", "generate", "--cache", "int8/l0,");
     CLI_BAD("--cache|int8/l0,,1|layer list", "generate", "--cache", "int8/l0,,1");
     CLI_BAD("--cache|int4/w+32|multiple of 32", "generate", "--cache", "int4/w+32");
+    CLI_BAD("--cache|int8/|empty part", "generate", "--cache", "int8/");
+    CLI_BAD("--cache|fp8-e4m3//head|empty part", "generate", "--cache", "fp8-e4m3//head");
+    CLI_BAD("--cache|/int8|empty part", "generate", "--cache", "/int8");
+    CLI_BAD("--cache|h2o/b32/|empty part", "generate", "--cache", "h2o/b32/");
     CLI_BAD("--cache|h2o/b+64|needs a count", "needle", "--cache", "h2o/b+64", "--csv", "o.csv");
     /* a newline in a list option would add spec lines of its own */
     CLI_BAD("--lengths|newline", "needle", "--lengths", "64\nvariant int4", "--csv", "o.csv");
