@@ -1,5 +1,5 @@
 /*
- * What the bad-input tests share (test_bad_input.c, test_bad_input2.c): a scratch folder,
+ * What the CLI tests share (test_bad_input.c, test_bad_input2.c, test_cli.c): a scratch folder,
  * files written into it, and kvlab run as a child process with its exit code, stdout and
  * stderr captured. Include after kv_test.h, with _GNU_SOURCE defined.
  */

@@ -5,89 +5,29 @@
  *
  * usage: test_cli <path to kvlab> <CUDA mode: none|cuda|emulation>
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 #include <math.h>
-#include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "kv_bench.h"
 #include "kv_test.h"
+#include "kv_test_cli.h" /* kvlab, result, run_in(): shared with the bad-input tests */
 
-extern char **environ;
-
-static const char *kvlab;
-
-typedef struct {
-    int rc;     /* exit code; 128 + signal when it crashed */
-    char *out;  /* stdout, NUL-terminated */
-    char *err;  /* stderr */
-} result;
-
-static char *slurp(int fd)
-{
-    off_t n = lseek(fd, 0, SEEK_END);
-    char *buf = malloc((size_t)(n > 0 ? n : 0) + 1);
-    lseek(fd, 0, SEEK_SET);
-    size_t got = 0;
-    while (n > 0 && got < (size_t)n) {
-        ssize_t r = read(fd, buf + got, (size_t)n - got);
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    buf[got] = '\0';
-    return buf;
-}
-
-/* Run kvlab with the NULL-terminated arguments, stdout and stderr captured in temp files. */
-static result run_v(const char *first, va_list ap)
-{
-    char *argv[64];
-    int argc = 0;
-    argv[argc++] = (char *)kvlab;
-    for (const char *a = first; a && argc < 63; a = va_arg(ap, const char *)) argv[argc++] = (char *)a;
-    argv[argc] = NULL;
-
-    char out_path[] = "/tmp/kvlab_test_out_XXXXXX", err_path[] = "/tmp/kvlab_test_err_XXXXXX";
-    int fo = mkstemp(out_path), fe = mkstemp(err_path);
-    result r = {-1, NULL, NULL};
-    if (fo < 0 || fe < 0) {
-        perror("mkstemp");
-        exit(1);
-    }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fo, 1);
-    posix_spawn_file_actions_adddup2(&fa, fe, 2);
-    pid_t pid;
-    if (posix_spawn(&pid, kvlab, &fa, NULL, argv, environ) != 0) {
-        perror("posix_spawn");
-        exit(1);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    posix_spawn_file_actions_destroy(&fa);
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    r.out = slurp(fo);
-    r.err = slurp(fe);
-    close(fo);
-    close(fe);
-    unlink(out_path);
-    unlink(err_path);
-    return r;
-}
-
+/* Run kvlab with the NULL-terminated arguments in the current folder, stdout and stderr
+ * captured (run_in()). */
 static result run(const char *first, ...)
 {
+    const char *args[64];
+    int n = 0;
     va_list ap;
     va_start(ap, first);
-    result r = run_v(first, ap);
+    for (const char *a = first; a && n < 63; a = va_arg(ap, const char *)) args[n++] = a;
     va_end(ap);
-    return r;
+    args[n] = NULL;
+    return run_in(".", args);
 }
 
 static void done(result *r)
