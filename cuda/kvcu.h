@@ -69,7 +69,7 @@ int kvcu_embed(float *out, const float *table, const int *tokens, int T, int dim
 int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out, int n_heads,
                      int n_kv_heads, int head_dim, int max_seq, int len, kv_err *err);
 /**
- * kvcu_attn_decode() with the kernel version chosen (cuda/attn_decode.cu describes them):
+ * kvcu_attn_decode() with the kernel version chosen (cuda/attention/kvcu_attention.cu describes them):
  * 1 = one block per query head, reads H·N·d·2·b bytes of cache; 2 = one block per KV head,
  * reads H_kv·N·d·2·b (groups of up to 8 heads; v2 falls back to v1 when a group's queries
  * would not fit in 48 KiB of shared memory); 3 = v2 split over partitions of 512 positions
@@ -273,7 +273,7 @@ typedef struct {
 #define KVCU_FLASH_SPLIT_KEYS 512
 
 /**
- * Attention of a job with kernel version @p version (cuda/flash.cu describes them):
+ * Attention of a job with kernel version @p version (cuda/attention/kvcu_flash.cu describes them):
  * 1 naive (scores [H][T][n_vis] in global memory, a softmax kernel, a P·V kernel; at most
  * KVCU_FLASH_V1_MAX_SCORES scores), 2 fused tiled prefill (one block per (query tile, head),
  * online softmax, causal key tiles skipped), 3 decode (one block per (query, KV head): the G

@@ -1,4 +1,4 @@
-/* The CPU attention's fast paths against its plain loops (reference_cpu/kv_attention.c).
+/* The CPU attention's fast paths against its plain loops (reference_cpu/attention/kv_attention.c).
  *
  * Predicted before measured:
  *  - the AVX2 twins of the passes do the loops' multiplies and adds, unfused, in the loops'

@@ -1,5 +1,5 @@
-/* Chapter 08 on the GPU: every version of kvcu_flash_attention() (cuda/flash.cu) against the
- * CPU reference kv_flash_naive() (reference_cpu/kv_flash.h) on the same cache contents.
+/* Chapter 08 on the GPU: every version of kvcu_flash_attention() (cuda/attention/kvcu_flash.cu) against the
+ * CPU reference kv_flash_naive() (reference_cpu/attention/kv_flash.h) on the same cache contents.
  *
  * The grid: head dim d in {64, 128}, group G in {1, 4, 8} (H_kv 2, H = 2G); cache formats
  * fp32, fp16, bf16 and int8 (int8 exercises the fused dequantization with per-row scales),

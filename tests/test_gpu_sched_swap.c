@@ -1,7 +1,7 @@
 /*
- * Chapter 07 scheduler on the CUDA backend (reference_cpu/kv_sched.h, kv_sched_tier.c over
- * cuda/forward.cu's block I/O hooks: gather / scatter kernels, pinned host tier, and the copy
- * stream + events of cuda/paged.cu's kvcu_io behind read/write_blocks_async and io_wait).
+ * Chapter 07 scheduler on the CUDA backend (reference_cpu/serve/kv_sched.h, kv_sched_tier.c over
+ * cuda/engine/kvcu_forward.cu's block I/O hooks: gather / scatter kernels, pinned host tier, and the copy
+ * stream + events of cuda/cache/kvcu_cache_paged.cu's kvcu_io behind read/write_blocks_async and io_wait).
  *
  * A trace with priorities (the one of test_sched_swap.c) runs on a CUDA paged backend whose
  * pool is small enough to force preemptions, under recompute, swap, swap + prefetch, lru and

@@ -1,4 +1,4 @@
-/* Chapter 10 on GPUs: the NCCL all-reduce of the tensor-parallel ranks (cuda/nccl/kvcu_tp.h)
+/* Chapter 10 on GPUs: the NCCL all-reduce of the tensor-parallel ranks (cuda/engine/kvcu_tp.h)
  * against the CPU group's rank-order sum (kv_tp.h).
  *
  * Needs at least 2 GPUs: exits 77 (skipped) with fewer. For p = 2, 4, 8 (as many as there are

@@ -1,5 +1,5 @@
 /*
- * Chapter 05 scheduler (reference_cpu/kv_sched.h, kv_beam.h): every request of a scheduled
+ * Chapter 05 scheduler (reference_cpu/serve/kv_sched.h, kv_beam.h): every request of a scheduled
  * trace produces exactly the tokens of its solo run (plain, parallel samples, beams, shared
  * prefixes with the prefix cache), also when a small pool forces preemptions and when the
  * token budget chunks every prompt; a request larger than the pool fails alone; every policy

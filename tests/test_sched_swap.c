@@ -1,5 +1,5 @@
 /*
- * Chapter 07 scheduler (reference_cpu/kv_sched.h, kv_sched_tier.c): priorities, preemption
+ * Chapter 07 scheduler (reference_cpu/serve/kv_sched.h, kv_sched_tier.c): priorities, preemption
  * by recompute, whole swap and lru partial swap with prefetch, and the clock model.
  *
  *  - every request of a trace with priorities produces the tokens of its solo run under

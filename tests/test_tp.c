@@ -1,4 +1,4 @@
-/* Chapter 10 on the CPU: tensor-parallel heads (reference_cpu/kv_tp.h).
+/* Chapter 10 on the CPU: tensor-parallel heads (reference_cpu/engine/kv_tp.h).
  *
  * Predicted before measured:
  *  - p = 1: one rank, its all-reduce returns its own partial sums, so the group is

@@ -2,7 +2,7 @@
  * Chapter 06 demo: a sliding-window cache with attention sinks on the embedded models.
  *
  *  1. the ring: where each position of a stream is stored with W = 8 recent + S = 4 sink rows,
- *     and which position it overwrites (kv_window_row(), pure arithmetic; reference_cpu/kv_window.h).
+ *     and which position it overwrites (kv_window_row(), pure arithmetic; reference_cpu/cache/kv_window.h).
  *  2. the stream: 12,000 tokens decoded greedily on the tiny model through W = 128 + S = 4
  *     (fp16, StreamingLLM positions), then 3,000 tokens through a full cache beside it:
  *     KV bytes held, resident memory growth and tokens/s every 1,500 tokens (kv_stream_study(),

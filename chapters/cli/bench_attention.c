@@ -6,7 +6,7 @@
  * queries over their own n keys. Each row is one algorithm of the table `algos` below:
  * the engine's decode (kv_attention(): what kv_forward() runs), the CPU reference's naive,
  * tiled and split-KV (kv_flash.h), and, in a CUDA build with --device cuda, the kernel
- * versions v1..v4 of cuda/flash.cu.
+ * versions v1..v4 of cuda/attention/kvcu_flash.cu.
  *
  * Bytes are counted, not assumed: a CPU row's bytes are kv_flash_stats of one call, summed
  *   bytes = K/V read as stored (rows read x row bytes, codes + metadata)
@@ -138,8 +138,8 @@ static int engine_time(attn_case *k, int version, int repeats, double *seconds, 
     return KV_OK;
 }
 
-/* ---- GPU rows: cuda/flash.cu ------------------------------------------------------------
- * (the CUDA twin's versions; their descriptions are at the top of cuda/flash.cu) */
+/* ---- GPU rows: cuda/attention/kvcu_flash.cu ------------------------------------------------------------
+ * (the CUDA twin's versions; their descriptions are at the top of cuda/attention/kvcu_flash.cu) */
 #ifdef KV_HAVE_CUDA
 static int gpu_time(attn_case *k, int version, int repeats, double *seconds, double *bytes,
                     kv_err *err)

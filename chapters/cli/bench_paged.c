@@ -17,7 +17,7 @@
  * read for the memory itself, before attention does anything.
  *
  * --device cuda times kernel v2 (one block per KV head) on every layout, and v3 (flash-
- * decoding partitions of 512 positions, cuda/attn_decode.cu) beside it: v3 / v2 in the same
+ * decoding partitions of 512 positions, cuda/attention/kvcu_attention.cu) beside it: v3 / v2 in the same
  * run. Before timing, each paged output is compared with the contiguous one (bit for bit
  * expected: the same values in the same order) and v3 with v2 (a different summation order:
  * max |v3 - v2| / max |v2| is printed).

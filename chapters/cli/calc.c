@@ -17,7 +17,7 @@ static const char *const about =
     "KV-cache memory = L * 2 * N * H_kv * d * b bytes (* B sequences), printed step by step\n"
     "for one model (--preset or --config), or as a table for every preset when neither is\n"
     "given. Units are binary (1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB).\n"
-    "Element bytes b include the formats' metadata (chapter 04, reference_cpu/kv_quant.h):\n"
+    "Element bytes b include the formats' metadata (chapter 04, reference_cpu/cache/kv_quant.h):\n"
     "fp32 4, fp16/bf16 2, int8 1 + 4/d (one fp32 scale per token and head), int8-gG 1 + 4/G,\n"
     "fp8 1 (+ one 4-byte scale per layer, head and K/V), int4 0.5 + 4/32, int2 0.25 + 4/32\n"
     "(KIVI: fp16 scale and zero per 32 elements, + a 128-token fp32 window per head).\n"

@@ -1,6 +1,6 @@
 /*
  * kvlab dialogue: run a multi-turn dialogue (datasets/dialogues/, .dlg files) on the recall models
- * with an incremental session (reference_cpu/kv_dialogue.h) and print every turn with its
+ * with an incremental session (reference_cpu/eval/kv_dialogue.h) and print every turn with its
  * expected and actual reply; --recompute also checks each reply against a from-scratch run of
  * the whole history. Exits 1 when a turn fails.
  */

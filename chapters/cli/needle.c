@@ -1,5 +1,5 @@
 /*
- * kvlab needle: the needle-in-a-haystack grid over the recall models (reference_cpu/kv_needle.h):
+ * kvlab needle: the needle-in-a-haystack grid over the recall models (reference_cpu/eval/kv_needle.h):
  * context lengths × needle depths × cache variants. Progress on stderr, a table per model and
  * variant on stdout, optional CSV and an SVG heatmap. Exits 1 when any cell contradicts the
  * outcome its variant predicts.

@@ -1,6 +1,6 @@
 /*
  * kvlab serve: replay a request trace through the continuous-batching scheduler
- * (reference_cpu/kv_sched.h) on a paged CPU cache, under one allocation policy, and print
+ * (reference_cpu/serve/kv_sched.h) on a paged CPU cache, under one allocation policy, and print
  * what chapter 05 measures: KV utilization, waste (internal and reserved), peak concurrency,
  * preemptions, prefix-cache hits, sharing by forks, tokens/s. --timeline writes the pool
  * occupancy of every step for the chapter's pool-over-time figure. Chapter 07: --preempt swap

@@ -2,7 +2,7 @@
  * kvlab stream: an endless stream through a sliding-window cache (chapter 06).
  *
  * A windowed cache keeps S sink tokens and the W most recent ones in S+W rows reused as a
- * ring (reference_cpu/kv_window.h), so its memory and its time per token stop growing once
+ * ring (reference_cpu/cache/kv_window.h), so its memory and its time per token stop growing once
  * it is full. This command decodes a long stream greedily on a micro model and prints, every
  * so many tokens, what the cache holds and how fast it goes; a full cache beside it (every
  * token kept) shows the growth the window removes.

@@ -1,7 +1,7 @@
 /*
  * kvlab tp: tensor-parallel heads (chapter 10) on an embedded model, p ranks as threads.
  *
- * The group (reference_cpu/kv_tp.h) splits the heads and the MLP over --ranks P; each rank
+ * The group (reference_cpu/engine/kv_tp.h) splits the heads and the MLP over --ranks P; each rank
  * caches only its KV heads and the ranks meet in an all-reduce twice per layer. The command
  * generates greedily with p = 1 (plain kv_forward) and with P ranks, and prints what each
  * rank holds, the all-reduce traffic, whether the tokens are the same (measured), and the

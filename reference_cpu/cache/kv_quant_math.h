@@ -5,7 +5,7 @@
  *
  * Everything here is a `static inline` function marked KV_HD, which is `__host__ __device__`
  * under nvcc and nothing in C (or in the emulation build, where device code is host code).
- * The CPU library (kv_quant.c), the CUDA kernels (cuda/quant.cu) and, later, the attention
+ * The CPU library (kv_quant.c), the CUDA kernels (cuda/cache/kvcu_quant.cu) and, later, the attention
  * kernels that dequantize inside their loops all call these same lines, so an int8 or int4
  * code is rounded by the same expression on both devices and the bytes match.
  *

@@ -1,8 +1,8 @@
 /*
- * KV-cache quantization on the GPU (chapter 04), twin of reference_cpu/kv_quant.c.
+ * KV-cache quantization on the GPU (chapter 04), twin of reference_cpu/cache/kv_quant.c.
  * kvcu_quant_encode / kvcu_quant_decode take kv_quant_encode / kv_quant_decode's arguments
  * as device pointers and must produce the same bytes: the integer formats round through the
- * very lines of reference_cpu/kv_quant_math.h, the float formats through the device's own
+ * very lines of reference_cpu/cache/kv_quant_math.h, the float formats through the device's own
  * conversions (cuda_fp16.h, cuda_bf16.h, cuda_fp8.h), which the CPU's software conversions
  * match bit for bit.
  *

@@ -1,6 +1,6 @@
 /*
  * Decode attention on the GPU: the device side of the one attention family
- * (reference_cpu/kv_attention.c). A query token at position pos reads cache positions
+ * (reference_cpu/attention/kv_attention.c). A query token at position pos reads cache positions
  * 0 .. pos of its sequence; query head h reads KV head h / G (G = H / H_kv: 1 is MHA,
  * H is MQA), the grouping kv_attn_kv_head() names on the CPU.
  *
@@ -45,7 +45,7 @@
  *
  * Chapter 04: every version reads the cache through kv_head_view (kv_cache.h): an fp32 layer
  *   as plain floats, any other format by the per-element decode of
- *   reference_cpu/kv_quant_math.h inline in the loops, the very lines the CPU's attention
+ *   reference_cpu/cache/kv_quant_math.h inline in the loops, the very lines the CPU's attention
  *   runs (or KIVI's fp32 window for its newest rows). Dequantization is fused: no dequantized
  *   copy of the cache is ever written, and the bytes read are the quantized ones. Per-token
  *   int8 keys meet the query rounded to 16-bit integers, as on the CPU (kv_attn_int_keys():
@@ -58,7 +58,7 @@
  * Chapter 05: on a paged cache the views are kv_cache_plane_view_paged(): a position's row is
  *   found through the slot's block table (a device copy), once per row a thread reads, and the
  *   math is unchanged, so paged and contiguous caches holding the same rows give the same bits.
- * Chapter 06 (sliding window + sinks, reference_cpu/kv_window.h): every version's index p runs
+ * Chapter 06 (sliding window + sinks, reference_cpu/cache/kv_window.h): every version's index p runs
  *   over the n = kv_window_count() positions the query retains, in position order (the sinks,
  *   then the window), and reads logical row kv_window_row() of the i-th (pass 1 computes it
  *   per strided index, pass 3 walks the list with kv_window_walk). The scores, the partitions
@@ -82,7 +82,7 @@
 #define ATTN_PARTITION 512             /* v3: positions per partition */
 
 /* attn_src, attn_view(), kv_ld() and cache_src(), the cache readers, are in
- * kvcu_internal.cuh: chapter 08's kernels (cuda/flash.cu) read through them too. */
+ * kvcu_internal.cuh: chapter 08's kernels (cuda/attention/kvcu_flash.cu) read through them too. */
 
 /* v2's and v3's shared memory: the packed queries [G][d], the reduction scratch [32], each
  * head's max and exp-sum [G] + [G] */
@@ -346,7 +346,7 @@ __global__ void attn_decode_kernel_v2(float *out, const float *q, attn_src src, 
  * passes for step row j = r0 + t over the cache positions of its list, lst = lists +
  * off[kvh][j - j0], m = cnt[kvh][j - j0] of them (off, cnt [H_kv][n] for rows j0 .. j0+n-1).
  * att [t][H][stride] keeps each head's exp(s - max) by list index (the mass kernel in
- * retain.cu reads them), sums [t][H] the exp-sum they are divided by. q, out [n][H][d]. */
+ * kvcu_retain.cu reads them), sums [t][H] the exp-sum they are divided by. q, out [n][H][d]. */
 __global__ void attn_list_kernel(float *out, const float *q, attn_src src, float *att,
                                  float *sums, const int *off, const int *cnt, const int *lists,
                                  int slot, int r0, int j0, int n, int n_heads, int n_kv_heads,

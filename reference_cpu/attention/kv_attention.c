@@ -14,7 +14,7 @@
  * Grouped-query attention (chapter 03) is which K/V rows a query head is handed: query head h
  * reads KV head kv_attn_kv_head(h) = h / G. The G heads of a group are computed together, so
  * each cached row is read from memory (and dequantized) once per KV head, not once per query
- * head, as the GPU's v2 kernel does by packing a group into one block (cuda/attn_decode.cu).
+ * head, as the GPU's v2 kernel does by packing a group into one block (cuda/attention/kvcu_attention.cu).
  * Every head still sees its own scores, exponentials and sums in the same order as if it were
  * alone, so "GQA" and "MHA whose K/V heads are duplicated across each group" give bit-identical
  * outputs (tests/test_gqa.c), and a head computed alone (kv_attention_head()) gives the bits

@@ -1,11 +1,11 @@
 /*
  * Chapter 08 on the GPU: the optimization progression of the one attention family, twin of
- * reference_cpu/kv_flash.h. A job is T queries of one cache slot (positions q_pos0 + t) over
+ * reference_cpu/attention/kv_flash.h. A job is T queries of one cache slot (positions q_pos0 + t) over
  * the slot's keys; query t sees keys k_begin <= k < n_keys and, when causal, k <= q_pos0 + t.
  * A query that sees no key outputs zeros. Query head h reads KV head h / G. Every version
- * reads K and V through the cache views of cuda/kvcu_internal.cuh (attn_view(), kv_ld():
+ * reads K and V through the cache views of cuda/core/kvcu_internal.cuh (attn_view(), kv_ld():
  * contiguous or paged rows, every storage format dequantized inside the loads), the readers
- * the decode kernels of cuda/attn_decode.cu use, so there is one reader for the whole family.
+ * the decode kernels of cuda/attention/kvcu_attention.cu use, so there is one reader for the whole family.
  *
  * flash_*_kernel_v1 (naive): three kernels, the textbook formula. Scores S = q·k / sqrt(d) for
  *   every (head, query, visible key) are written to global memory, [H][T][n_vis] floats with

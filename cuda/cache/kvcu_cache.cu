@@ -27,7 +27,7 @@
  * (kv_paged_batch_check()) and KIVI's spills, which place each 32-token group at its physical
  * row, are decided there. A spill encodes one run per block it touches (32 | B, so a group
  * never straddles two blocks), exactly the groups kv_cache_write_seq() encodes.
- * The table operations (set_blocks, fork, copy-on-write copies) are in paged.cu.
+ * The table operations (set_blocks, fork, copy-on-write copies) are in kvcu_cache_paged.cu.
  *
  * Chapter 10, rollback of a speculative step: kvcu_cache_speculate() arms a slot's undo log
  * (kv_cache.h's kv_undo, entries in device memory); kvcu_cache_write() then copies, device to

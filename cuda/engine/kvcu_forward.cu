@@ -1,8 +1,8 @@
 /*
- * The transformer step on the GPU, the twin of reference_cpu/kv_forward.c: the same batch
+ * The transformer step on the GPU, the twin of reference_cpu/engine/kv_forward.c: the same batch
  * (sequences flattened into T rows, each row knowing its slot and position), the same checks,
- * the same order of operations, each one a kvcu_ kernel from ops.cu, cache.cu and
- * attn_decode.cu. What stays on the host is bookkeeping: the batch checks, the slot lengths,
+ * the same order of operations, each one a kvcu_ kernel from kvcu_ops.cu, kvcu_cache.cu and
+ * kvcu_attention.cu. What stays on the host is bookkeeping: the batch checks, the slot lengths,
  * the work counters (kv_counters_add_step from reference_cpu, one formula for both devices).
  *
  * Per step the host uploads one small array (token ids, slots, positions, query positions,
@@ -571,7 +571,7 @@ static int cuda_write_blocks(kv_backend *b, const kv_block_copy *pairs, int n,
                                    err);
 }
 
-/* Asynchronous block I/O on the copy stream (paged.cu says why the default stream never
+/* Asynchronous block I/O on the copy stream (kvcu_cache_paged.cu says why the default stream never
  * reads the blocks of a copy in flight: they are in no table until io_wait). */
 static int cuda_read_blocks_async(kv_backend *b, const kv_block_copy *pairs, int n,
                                   uint8_t *host, size_t block_bytes, int64_t *ticket,

@@ -130,7 +130,7 @@ extern "C" int64_t kvcu_tp_allreduces(const kvcu_tp_comm *c) { return c->all_red
 extern "C" double kvcu_tp_bytes_per_rank(const kvcu_tp_comm *c) { return c->bytes; }
 
 /* ---- the group: p rank threads, one per GPU (kvcu_tp.h) -------------------------------------
- * The CPU group's shape (reference_cpu/kv_tp.c) with a device per rank: rank r's thread sets
+ * The CPU group's shape (reference_cpu/engine/kv_tp.c) with a device per rank: rank r's thread sets
  * GPU r once and waits for steps; a step runs kvcu_forward_shard() on every rank at once, and
  * the ranks meet only inside the all_reduce hook, where NCCL itself is the barrier. One thread
  * per GPU is what lets each rank call ncclAllReduce on its own communicator without a group

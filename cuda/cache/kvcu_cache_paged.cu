@@ -2,7 +2,7 @@
  * The paged device cache's own operations (chapter 05), twins of kv_cache.h's: map a slot's
  * logical blocks to physical ones, fork a slot's per-sequence state, adopt a cached prefix,
  * and copy blocks on write. The layout itself and the writes through the tables are in
- * cache.cu, the reads in attn_decode.cu.
+ * kvcu_cache.cu, the reads in kvcu_attention.cu.
  *
  * A slot's table lives on the host (the batch checks and KIVI's spill placement read it
  * there) and on the device (the kernels read it); kvcu_cache_set_blocks() writes both, so

@@ -1,5 +1,5 @@
 /* KV-cache quantization, CPU reference (kv_quant.h). The arithmetic of every element is in
- * kv_quant_math.h, shared with cuda/quant.cu; this file walks rows and groups.
+ * kv_quant_math.h, shared with cuda/cache/kvcu_quant.cu; this file walks rows and groups.
  *
  * A group's scale depends only on the group's own values (a max or min, which does not care
  * about order), and each code only on its element and the group's scale, so the result is the

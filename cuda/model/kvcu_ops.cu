@@ -1,5 +1,5 @@
 /*
- * The building blocks of the forward pass on the GPU, twins of reference_cpu/kv_ops.c.
+ * The building blocks of the forward pass on the GPU, twins of reference_cpu/model/kv_ops.c.
  * Each kvcu_x() takes the arguments of kv_x() as device pointers and returns a kv_status.
  *
  * rmsnorm_kernel: one block per row (token). The threads stride over the row summing

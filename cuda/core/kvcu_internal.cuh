@@ -55,7 +55,7 @@ struct kvcu_cache {
     int rotary_dim;      /* the model's rotary dims */
     float *d_rope_cs;    /* device [S+W][rotary_dim/2][2] cos, sin per cache index, else NULL */
     /* chapter 09: selected-set retention (kv_retain.h). The state is the CPU's, on the host,
-     * written by kvcu_retain_attend() (cuda/retain.cu), whose scratch follows it. */
+     * written by kvcu_retain_attend() (cuda/engine/kvcu_retain.cu), whose scratch follows it. */
     struct kv_retain *retain;                /* host, or NULL when spec.select is 0 */
     struct kvcu_retain_scratch *rscratch;    /* device buffers and host staging, or NULL */
     /* chapter 10: [n_slots] undo logs (kv_cache.h), host bookkeeping, rows and groups in
@@ -119,7 +119,7 @@ int kvcu_cache_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_seqs,
  * q, out [rows][H][d] device; tok_slot, tok_pos [rows] device; row_of [T] device or NULL;
  * scores: device scratch of kvcu_attention_scratch(T, ...) floats. max_len: the most
  * positions a row of the launch attends (host), which picks the kernel: v2 when it fits one
- * 512-position partition, else v3 (cuda/attn_decode.cu says why).
+ * 512-position partition, else v3 (cuda/attention/kvcu_attention.cu says why).
  */
 int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const int *tok_pos,
                    const int *row_of, const float *q, float *out, float *scores, int T,
@@ -130,7 +130,7 @@ int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const in
  * v3's partition results [T][H][ceil(capacity / 512)][d + 2]. */
 size_t kvcu_attention_scratch(int T, int n_heads, int head_dim, int capacity);
 
-/* ---- reading a layer of the cache in kernels (cuda/attn_decode.cu, cuda/flash.cu) ------
+/* ---- reading a layer of the cache in kernels (cuda/attention/kvcu_attention.cu, cuda/attention/kvcu_flash.cu) ------
  * The one attention family reads K and V through these: a layer's planes and tables passed
  * by value, a kv_head_view per (slot, KV head), and an element loader with the fused
  * dequantization of every format. */
@@ -172,7 +172,7 @@ __device__ inline float kv_ld(const kv_head_view &hv, const float *f32, int64_t 
 }
 
 /* Layer @p layer of a device cache. */
-/* Chapter 09 (cuda/retain.cu): attn_list_kernel in attn_decode.cu, the attention family's
+/* Chapter 09 (cuda/engine/kvcu_retain.cu): attn_list_kernel in kvcu_attention.cu, the attention family's
  * selected-set member, launched on grid (n_kv_heads, rows); the arguments are the kernel's. */
 void kvcu_attn_list_launch(int n_kv_heads, int rows, int threads, size_t smem, float *out,
                            const float *q, attn_src src, float *att, float *sums, const int *off,
@@ -265,9 +265,9 @@ __device__ inline int kv_int_keys(const kv_head_view &kh, const float *rope_cs)
     return !rope_cs && kh.fmt == KV_QF_INT8 && kvq_row_group(kh.fmt, kh.role, kh.d) == kh.d;
 }
 
-/* ---- chapter 07: asynchronous block I/O (paged.cu) -------------------------------------------
+/* ---- chapter 07: asynchronous block I/O (kvcu_cache_paged.cu) -------------------------------------------
  * A copy stream with up to KVCU_IO_JOBS jobs in flight, each ended by an event; the backend
- * (forward.cu) exposes them as read_blocks_async / write_blocks_async / io_wait. Tickets
+ * (kvcu_forward.cu) exposes them as read_blocks_async / write_blocks_async / io_wait. Tickets
  * increase from 1; an empty list gets ticket 0 (nothing to wait for). */
 #define KVCU_IO_JOBS 8
 typedef struct kvcu_io kvcu_io;

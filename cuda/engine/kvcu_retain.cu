@@ -1,6 +1,6 @@
 /*
  * Chapter 09 on the GPU: attention over the positions a selection method keeps or reads
- * (reference_cpu/kv_retain.h), the twin of kv_retain_attend(). The method's state lives on
+ * (reference_cpu/engine/kv_retain.h), the twin of kv_retain_attend(). The method's state lives on
  * the host and is the CPU's own code (kv_retain.c, written once); the device does what costs:
  * reading the cache and attending.
  *
@@ -13,7 +13,7 @@
  *      the list 0 .. pos0+n-1). Otherwise (Quest, top-k) the step's queries come down and
  *      kv_retain_reads() gives each row its own list, built and uploaded one chunk of rows
  *      at a time, so a long prompt's lists never exist all at once;
- *   3. attn_list_kernel (cuda/attn_decode.cu, the attention family's selected-set member),
+ *   3. attn_list_kernel (cuda/attention/kvcu_attention.cu, the attention family's selected-set member),
  *      block (KV head, row), runs v2's own passes (attn_group_span()) for the group's G query
  *      heads over the row's list: position list[i] in place of i, so the list 0 .. p gives
  *      v2's bits, and
