@@ -53,18 +53,19 @@ def parse_args():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--hidden", type=int, default=384)
     p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--batch", type=int, default=8, help="sequences per step")
-    p.add_argument("--steps", type=int, default=800, help="length of the learning-rate schedule")
+    p.add_argument("--batch", type=int, default=4, help="sequences per step")
+    p.add_argument("--steps", type=int, default=800, help="training steps")
+    p.add_argument("--decay-start", type=int, default=-1,
+                   help="step where the learning rate starts its decay (default: 80%% of --steps)")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--eval-windows", type=int, default=4, help="held-out windows per interim eval")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--stop-step", type=int, default=0,
-                   help="end training at this step (the schedule still spans --steps)")
     p.add_argument("--time-limit", type=float, default=0,
-                   help="minutes: end training at the first step past it and report that step")
+                   help="minutes: start the decay at 80%% of it and end near it (the steps are "
+                        "printed, to reproduce the run with --steps and --decay-start)")
     p.add_argument("--smoke", action="store_true", help="a tiny model for 20 steps (the train test)")
     a = p.parse_args()
     if a.smoke:
@@ -196,10 +197,15 @@ def main():
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     windows = heldout_windows(heldout, a.seq_len)
 
-    def lr_at(step):  # linear warmup, then cosine down to lr / 10
+    if a.decay_start < 0:
+        a.decay_start = int(0.8 * a.steps)
+
+    def lr_at(step):  # warmup, stable, decay: linear up, flat, then cosine down to lr / 10
         if step < a.warmup:
             return a.lr * (step + 1) / a.warmup
-        t = (step - a.warmup) / max(1, a.steps - a.warmup)
+        if step < a.decay_start:
+            return a.lr
+        t = (step - a.decay_start) / max(1, a.steps - a.decay_start)
         return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
     # 3. train
@@ -207,9 +213,10 @@ def main():
     rows, t0 = [], time.time()
     tokens_per_step = a.batch * a.seq_len
     smooth = None
-    last = a.stop_step if 0 < a.stop_step < a.steps else a.steps
-    bar, step = Progress(last), 0
-    while step < last:
+    if a.time_limit > 0:  # the schedule is fixed when the decay starts (below)
+        a.steps = a.decay_start = 10 ** 9
+    bar, step = Progress(a.steps if a.time_limit <= 0 else 1), 0
+    while step < a.steps:
         step += 1
         lr = lr_at(step - 1)
         for g in opt.param_groups:
@@ -224,17 +231,19 @@ def main():
         lv = loss.item()
         smooth = lv if smooth is None else 0.9 * smooth + 0.1 * lv
         held = ""
-        over = a.time_limit > 0 and time.time() - t0 > 60 * a.time_limit
-        if over and step < last:
-            print(f"time limit: training ends at step {step} of {a.steps} "
-                  f"(reproduce with --stop-step {step})", file=sys.stderr)
-            last = bar.total = step
-        if step % a.eval_every == 0 or step == last:
+        el = time.time() - t0
+        if a.time_limit > 0 and a.decay_start == 10 ** 9 and el > 0.8 * 60 * a.time_limit:
+            a.decay_start = step
+            a.steps = step + max(1, int(0.2 * 60 * a.time_limit / (el / step)))
+            print(f"time limit: decay from step {a.decay_start} to step {a.steps} (reproduce "
+                  f"with --steps {a.steps} --decay-start {a.decay_start})", file=sys.stderr)
+        bar.total = a.steps if a.steps < 10 ** 9 else max(step + 1, int(step * 60 * a.time_limit / el))
+        if step % a.eval_every == 0 or step == a.steps:
             held = f"{evaluate(model, windows[:a.eval_windows], device)[0]:.4f}"
         rows.append([step, step * tokens_per_step, f"{lr:.3e}", f"{lv:.4f}", held,
                      f"{time.time() - t0:.1f}"])
         bar.update(step, f"loss {smooth:.3f}" + (f" held-out {held}" if held else ""))
-        if held or step == last:
+        if held or step == a.steps:
             with open(csv_path, "w", newline="") as f:
                 w = csv.writer(f)
                 w.writerow(["step", "tokens", "lr", "train_loss", "heldout_loss", "seconds"])
@@ -257,7 +266,7 @@ def main():
         f.write(f"heldout_nll {nll:.9f}\n")
         f.write(f"heldout_ppl {math.exp(nll):.6f}\n")
         f.write(f"train_loss_last5pct {sum(tail) / len(tail):.4f}\n")
-        f.write(f"steps {last}\nschedule_steps {a.steps}\ntokens_seen {last * tokens_per_step}\n")
+        f.write(f"steps {a.steps}\ndecay_start {a.decay_start}\ntokens_seen {a.steps * tokens_per_step}\n")
         f.write(f"train_seconds {train_s:.0f}\nparameters {n_params}\n")
         f.write(f"prompt_text {PROMPT}\n")
         f.write("prompt_ids " + " ".join(str(t) for t in [len(prompt)] + prompt) + "\n")
