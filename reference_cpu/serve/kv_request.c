@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void runner_set_error(runner *r, int status, const char *fmt, ...)
+void kv_runner_set_error(runner *r, int status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -44,7 +44,7 @@ static int64_t next_pow2(int64_t x)
 /* Buffers, prompt tokens and per-sample generators of request @p idx; what a baseline policy
  * reserves for it; and, for a request that can never run, the reason (in its result: the
  * scheduler reports it instead of admitting it). */
-int runner_init(const runner_env *e, runner *r, const kv_trace *t, int idx,
+int kv_runner_init(const runner_env *e, runner *r, const kv_trace *t, int idx,
                 kv_sched_result *res, kv_err *err)
 {
     const kv_sched_opts *o = e->o;
@@ -103,19 +103,19 @@ int runner_init(const runner_env *e, runner *r, const kv_trace *t, int idx,
     }
     /* requests that can never run fail now, with the reason */
     if ((int64_t)P + O - 1 > e->b->spec.capacity)
-        runner_set_error(r, KV_ERR_CAPACITY, "request %d: %d prompt + %d output tokens exceed "
+        kv_runner_set_error(r, KV_ERR_CAPACITY, "request %d: %d prompt + %d output tokens exceed "
                          "the cache's %d tokens per sequence", idx, P, O, e->b->spec.capacity);
     else if (r->n_seq > e->n_slots)
-        runner_set_error(r, KV_ERR_CAPACITY, "request %d: %d sequences, but the backend runs "
+        kv_runner_set_error(r, KV_ERR_CAPACITY, "request %d: %d sequences, but the backend runs "
                          "at most %d at once", idx, r->n_seq, e->n_slots);
     else if (r->min_blocks > e->N)
-        runner_set_error(r, KV_ERR_CAPACITY, "request %d: needs at least %d blocks of %d "
+        kv_runner_set_error(r, KV_ERR_CAPACITY, "request %d: needs at least %d blocks of %d "
                          "tokens, the pool has %d", idx, r->min_blocks, e->B, e->N);
     else if (o->policy == KV_POLICY_MAX && (int64_t)P + O > o->max_len)
-        runner_set_error(r, KV_ERR_CAPACITY, "request %d: %d tokens exceed the max policy's "
+        kv_runner_set_error(r, KV_ERR_CAPACITY, "request %d: %d tokens exceed the max policy's "
                          "%d per sequence", idx, P + O, o->max_len);
     else if (r->res_blocks > e->N)
-        runner_set_error(r, KV_ERR_CAPACITY, "request %d: the %s policy reserves %d blocks, "
+        kv_runner_set_error(r, KV_ERR_CAPACITY, "request %d: the %s policy reserves %d blocks, "
                          "the pool has %d", idx, kv_policy_name(o->policy), r->res_blocks, e->N);
     return KV_OK;
 }
@@ -126,7 +126,7 @@ int runner_init(const runner_env *e, runner *r, const kv_trace *t, int idx,
  * alone prefills the prompt, starting after the prompt-cache hit (@p hit tokens); the others
  * wait for the fork. A preempted runner starts the same way: its tokens chosen so far are
  * kept, and are re-fed once the prompt is back. */
-int runner_start(const runner_env *e, runner *r, int *hit, kv_err *err)
+int kv_runner_start(const runner_env *e, runner *r, int *hit, kv_err *err)
 {
     r->root = -1;
     for (int i = 0, j = 0; i < r->n_seq; i++) {
@@ -306,8 +306,8 @@ static int prompt_done(const runner_env *e, runner *r, const float *logits, kv_e
 /* Sequence @p s has just fed its tokens of the step; @p logits [vocab] is the row after the
  * last one. Only a row after the whole context means anything: the prompt's end, or a
  * sequence caught up with what it chose. A beam only keeps its row: beams choose together
- * (runner_advance). A fresh beam request can enter R_DONE here (output_len 1). */
-int runner_take_logits(const runner_env *e, runner *r, seq_t *s, const float *logits,
+ * (kv_runner_advance). A fresh beam request can enter R_DONE here (output_len 1). */
+int kv_runner_take_logits(const runner_env *e, runner *r, seq_t *s, const float *logits,
                        kv_err *err)
 {
     if (r->state == R_PROMPT) {
@@ -321,7 +321,7 @@ int runner_take_logits(const runner_env *e, runner *r, seq_t *s, const float *lo
 
 /* After every row of the step was taken: beams choose once all of them hold their logits;
  * samples finish when the last one has. Either may enter R_DONE. */
-int runner_advance(const runner_env *e, runner *r, kv_err *err)
+int kv_runner_advance(const runner_env *e, runner *r, kv_err *err)
 {
     if (r->kind == K_BEAM) {
         int ready = 1;
@@ -338,7 +338,7 @@ int runner_advance(const runner_env *e, runner *r, kv_err *err)
 
 /* Empty every slot the runner's sequences hold (finished, failed or preempted); the tokens
  * chosen so far stay, for a preempted runner to resume from. */
-void runner_drop_slots(const runner_env *e, runner *r)
+void kv_runner_drop_slots(const runner_env *e, runner *r)
 {
     for (int i = 0; i < r->n_seq; i++) {
         seq_t *s = &r->seq[i];
@@ -348,7 +348,7 @@ void runner_drop_slots(const runner_env *e, runner *r)
     }
 }
 
-void runner_free(runner *r)
+void kv_runner_free(runner *r)
 {
     for (int i = 0; r->seq && i < r->n_seq; i++) {
         free(r->seq[i].gen);

@@ -1,6 +1,6 @@
 /*
- * kv_request.h — internal to the scheduler (kv_request.c, kv_sched.c, kv_sched_tier.c); not
- * part of the API.
+ * kv_request.h — internal to the scheduler (kv_request.c, kv_sched_queue.c, kv_sched_tier.c,
+ * kv_sched_metrics.c, kv_sched.c); not part of the API.
  *
  * A runner is one request of a trace (a ::kv_request row, kv_trace.h) being served: the
  * state machine of kv_sched.h's opening comment,
@@ -12,12 +12,17 @@
  * runners run, when, and what that costs the pool).
  *
  * The split of work: kv_request.c touches only its runner and the backend's slots the runner
- * owns; kv_sched.c owns the queue, the running list, the free slots, reservations and every
- * count except tokens_generated. A runner that has chosen its last token says so by entering
+ * owns; the scheduler owns the queue and the running list (kv_sched_queue.c), the free
+ * slots, reservations and every count except tokens_generated (kv_sched.c,
+ * kv_sched_metrics.c). A runner that has chosen its last token says so by entering
  * R_DONE; the scheduler then gives its slots back (kv_sched.c, finish()). Swapping a
  * preempted runner's sequences out and in is the scheduler's too (it owns the host tier,
  * kv_sched_tier.c): a runner only carries, per sequence, where its rows wait (seq_t.host).
- * The scheduler's own state (struct sched) closes this header, for its two files.
+ * The scheduler's own state (struct sched) closes this header, for its files.
+ *
+ * Calls go one way, bottom up: kv_sched_opts.c <- kv_request.c <- kv_sched_queue.c <-
+ * kv_sched_tier.c <- kv_sched.c (and kv_sched_metrics.c, which only kv_sched.c calls). A
+ * runner never calls the scheduler; the host tier never calls the step.
  */
 #ifndef KV_REQUEST_H
 #define KV_REQUEST_H
@@ -119,17 +124,17 @@ static inline int has_token(const runner *r)
 }
 
 /* kv_request.c, in the order a request meets them */
-void runner_set_error(runner *r, int status, const char *fmt, ...);
-int runner_init(const runner_env *e, runner *r, const kv_trace *t, int idx,
+void kv_runner_set_error(runner *r, int status, const char *fmt, ...);
+int kv_runner_init(const runner_env *e, runner *r, const kv_trace *t, int idx,
                 kv_sched_result *res, kv_err *err);
-int runner_start(const runner_env *e, runner *r, int *hit, kv_err *err);
-int runner_take_logits(const runner_env *e, runner *r, seq_t *s, const float *logits,
+int kv_runner_start(const runner_env *e, runner *r, int *hit, kv_err *err);
+int kv_runner_take_logits(const runner_env *e, runner *r, seq_t *s, const float *logits,
                        kv_err *err);
-int runner_advance(const runner_env *e, runner *r, kv_err *err);
-void runner_drop_slots(const runner_env *e, runner *r);
-void runner_free(runner *r);
+int kv_runner_advance(const runner_env *e, runner *r, kv_err *err);
+void kv_runner_drop_slots(const runner_env *e, runner *r);
+void kv_runner_free(runner *r);
 
-/* ---- the scheduler's state (kv_sched.c; the host tier's part in kv_sched_tier.c) ---------- */
+/* ---- the scheduler's state (kv_sched*.c; the host tier's part in kv_sched_tier.c) --------- */
 
 typedef struct {
     runner_env env;          /* backend, options, pool shape, choosing scratch, metrics */
@@ -164,23 +169,29 @@ typedef struct {
     int64_t pause_clock;     /* lru: counts pauses, for least-recently-paused order */
 } sched;
 
-/* kv_sched.c */
-void queue_push(sched *S, int ri, int preempted);
-int head_waiting(const sched *S);
-int watermark_blocks(const sched *S);
+/* The scheduler's files, bottom up: each calls only into the ones before it (and
+ * kv_request.c, kv_sched_opts.c), never back.
+ * kv_sched_queue.c: the queue and running order, the watermark */
+void kv_sched_list_remove(int *list, int *n, int v);
+void kv_sched_queue_push(sched *S, int ri, int preempted);
+int kv_sched_head_waiting(const sched *S);
+void kv_sched_running_add(sched *S, int ri);
+int kv_sched_watermark_blocks(const sched *S);
 
 /* kv_sched_tier.c: the host tier, the link model, and what swap and lru do with them */
-int tier_open(sched *S, kv_err *err);
-void tier_forget(sched *S, runner *r);
-int64_t tier_rows(const runner *r);
-void tier_recompute(sched *S, runner *r);
-int tier_pause(sched *S, runner *r, kv_err *err);
-int tier_blocks_back(const sched *S, const runner *r);
-int tier_evictable(const sched *S, int exclude);
-int tier_make_room(sched *S, int want, int exclude, int sync, int *freed, kv_err *err);
-int tier_drop_lru(sched *S, int exclude);
-int tier_resume(sched *S, runner *r, kv_err *err);
-int tier_prefetch(sched *S, int64_t need, kv_err *err);
-int tier_watermark(sched *S, int64_t need, kv_err *err);
+int kv_tier_open(sched *S, kv_err *err);
+void kv_tier_forget(sched *S, runner *r);
+int kv_tier_pause(sched *S, runner *r, kv_err *err);
+int kv_tier_blocks_back(const sched *S, const runner *r);
+int kv_tier_evictable(const sched *S, int exclude);
+int kv_tier_make_room(sched *S, int want, int exclude, int sync, int *freed, kv_err *err);
+int kv_tier_drop_lru(sched *S, int exclude);
+int kv_tier_resume(sched *S, runner *r, kv_err *err);
+int kv_tier_prefetch(sched *S, int64_t need, kv_err *err);
+int kv_tier_watermark(sched *S, int64_t need, kv_err *err);
+
+/* kv_sched_metrics.c: the pool's occupancy after a step; a finished run's percentiles */
+void kv_sched_measure(sched *S);
+void kv_sched_latency_percentiles(kv_sched_out *out);
 
 #endif

@@ -4,125 +4,26 @@
  * tier, the contiguous baselines' reservations, the clock, and the metrics.
  *
  * Read kv_request.h and kv_request.c first: a runner is one request's state machine, and
- * this file only decides when it runs. Then this file: after the policies' names and the
- * defaults, the queue and running order, the parts of a step in the order they run (a runner
- * leaving: finish, fail, preempt; plan; admission, priority preemption, resume; execute;
- * measure); run_list ties them into the loop with the clock, and the public entry points
- * close the file. What swap and lru do with a preempted runner's blocks, and the link model,
- * are in kv_sched_tier.c. */
+ * this file only decides when it runs. Then this file: the parts of a step in the order they
+ * run (a runner leaving: finish, fail, preempt; plan; admission, priority preemption, resume;
+ * execute); run_list ties them into the loop with the clock, and the public entry points
+ * close the file. Beside it, each called from here and never calling back: the policies'
+ * names and the defaults (kv_sched_opts.c), the queue and running order (kv_sched_queue.c),
+ * what swap and lru do with a preempted runner's blocks and the link model
+ * (kv_sched_tier.c), and the measurements after each step (kv_sched_metrics.c). */
 #include "kv_request.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-const char *kv_policy_name(int policy)
-{
-    static const char *const names[] = {"paged", "max", "pow2", "oracle"};
-    return policy >= 0 && policy < 4 ? names[policy] : NULL;
-}
-
-int kv_policy_by_name(const char *name)
-{
-    for (int p = 0; p < 4; p++)
-        if (name && strcmp(name, kv_policy_name(p)) == 0) return p;
-    return -1;
-}
-
-const char *kv_preempt_name(int preempt)
-{
-    static const char *const names[] = {"recompute", "swap", "lru"};
-    return preempt >= 0 && preempt < 3 ? names[preempt] : NULL;
-}
-
-int kv_preempt_by_name(const char *name)
-{
-    for (int p = 0; p < 3; p++)
-        if (name && strcmp(name, kv_preempt_name(p)) == 0) return p;
-    return -1;
-}
-
-kv_sched_opts kv_sched_opts_default(void)
-{
-    kv_sched_opts o;
-    memset(&o, 0, sizeof o);
-    o.policy = KV_POLICY_PAGED;
-    o.token_budget = 256;
-    o.max_len = 2048;
-    o.step_s = 0.02;
-    o.temperature = 0.0f;
-    o.sample_temperature = 1.0f;
-    o.top_p = 1.0f;
-    o.seed = 42;
-    o.preempt = KV_PREEMPT_RECOMPUTE;
-    o.watermark = 0.01;
-    o.link = kv_link_default();
-    return o;
-}
-
-/* ---- queue and running list ----------------------------------------------------------------- */
-
-static void list_remove(int *list, int *n, int v)
-{
-    for (int i = 0; i < *n; i++)
-        if (list[i] == v) {
-            memmove(list + i, list + i + 1, (size_t)(*n - i - 1) * sizeof(int));
-            (*n)--;
-            return;
-        }
-}
-
-/* Queue order: priority first; within a priority, preempted runners first (the latest
- * preempted at the front, as chapter 05 has always done), then by arrival. */
-void queue_push(sched *S, int ri, int preempted)
-{
-    const runner *r = &S->r[ri];
-    int at = 0;
-    while (at < S->n_queue) {
-        const runner *q = &S->r[S->queue[at]];
-        if (q->prio < r->prio) break;
-        if (q->prio == r->prio && (preempted || (q->res->preemptions == 0 &&
-                                                 q->arrival > r->arrival)))
-            break;
-        at++;
-    }
-    memmove(S->queue + at + 1, S->queue + at, (size_t)(S->n_queue - at) * sizeof(int));
-    S->queue[at] = ri;
-    S->n_queue++;
-}
-
-/* The first runner in queue order that has arrived by the step's clock, -1 none. */
-int head_waiting(const sched *S)
-{
-    for (int i = 0; i < S->n_queue; i++)
-        if (S->r[S->queue[i]].arrival <= S->now) return S->queue[i];
-    return -1;
-}
-
-/* Admitted runners run in priority order, oldest admission first within one: the planner
- * feeds them in this order and memory preempts from the end. */
-static void running_add(sched *S, int ri)
-{
-    int at = S->n_running;
-    while (at > 0 && S->r[S->running[at - 1]].prio < S->r[ri].prio) at--;
-    memmove(S->running + at + 1, S->running + at, (size_t)(S->n_running - at) * sizeof(int));
-    S->running[at] = ri;
-    S->n_running++;
-}
-
-/* Blocks kept free at admission (and, in lru mode, by background eviction). */
-int watermark_blocks(const sched *S)
-{
-    return (int)((double)S->env.N * S->env.o->watermark + 0.999999);
-}
-
 /* Give back a runner's slots (emptied) and its reservation. */
 static void runner_release(sched *S, runner *r)
 {
-    runner_drop_slots(&S->env, r);
+    kv_runner_drop_slots(&S->env, r);
     for (int i = 0; i < r->n_seq; i++) S->free_slots[S->n_free++] = r->slots[i];
     S->reserved -= r->res_blocks;
-    list_remove(S->running, &S->n_running, (int)(r - S->r));
+    kv_sched_list_remove(S->running, &S->n_running, (int)(r - S->r));
 }
 
 /* A runner entered R_DONE (its result is filled): its memory goes back at once. */
@@ -139,7 +40,7 @@ static void finish(sched *S, runner *r)
 static void fail_running(sched *S, runner *r, int status, const char *why)
 {
     runner_release(S, r);
-    runner_set_error(r, status, "request %d: %s", r->idx, why);
+    kv_runner_set_error(r, status, "request %d: %s", r->idx, why);
     r->state = R_FAILED;
     r->res->finish_step = S->step;
     r->res->finish_s = S->t;
@@ -164,14 +65,14 @@ static int64_t rows_held(const runner *r)
 static int preempt(sched *S, runner *r, kv_err *err)
 {
     const int64_t held = rows_held(r);
-    int rc = S->env.o->preempt != KV_PREEMPT_RECOMPUTE ? tier_pause(S, r, err) : KV_OK;
+    int rc = S->env.o->preempt != KV_PREEMPT_RECOMPUTE ? kv_tier_pause(S, r, err) : KV_OK;
     if (rc) return rc;
     if (!r->swapped) S->env.m->tokens_recomputed += held;
     runner_release(S, r);
     r->state = R_WAITING;
     r->res->preemptions++;
     S->env.m->preemptions++;
-    queue_push(S, (int)(r - S->r), 1);
+    kv_sched_queue_push(S, (int)(r - S->r), 1);
     return KV_OK;
 }
 
@@ -228,7 +129,7 @@ static void plan(sched *S, int64_t *need, int *budget)
  * tokens at once; admitting it into less would only preempt it again). */
 static int prompt_blocks(sched *S, const runner *r)
 {
-    if (r->swapped) return tier_blocks_back(S, r); /* swap, lru: kv_sched_tier.c */
+    if (r->swapped) return kv_tier_blocks_back(S, r); /* swap, lru: kv_sched_tier.c */
     const int P = r->rq.prompt_len, B = S->env.B;
     int64_t need = cdiv(P, B);
     int used_hits = 0;
@@ -249,8 +150,8 @@ static int resume(sched *S, int ri, int *budget, int64_t *need, kv_err *err)
 {
     runner *r = &S->r[ri];
     S->reserved += r->res_blocks;
-    running_add(S, ri);
-    int rc = tier_resume(S, r, err);
+    kv_sched_running_add(S, ri);
+    int rc = kv_tier_resume(S, r, err);
     if (rc) return rc;
     plan_runner(S, ri, need, budget);
     return KV_OK;
@@ -264,13 +165,13 @@ static int admit(sched *S, int ri, int *budget, int64_t *need, kv_err *err)
     for (int i = 0; i < r->n_seq; i++) r->slots[i] = S->free_slots[--S->n_free];
     if (r->swapped) return resume(S, ri, budget, need, err);
     int hit;
-    int rc = runner_start(&S->env, r, &hit, err);
+    int rc = kv_runner_start(&S->env, r, &hit, err);
     if (rc) return rc;
     S->env.m->prompt_tokens += r->rq.prompt_len;
     S->env.m->prefix_hit_tokens += hit;
     S->reserved += r->res_blocks;
     if (r->res->admit_step < 0) r->res->admit_step = S->step;
-    running_add(S, ri);
+    kv_sched_running_add(S, ri);
     const int64_t pending = seq_pending(r, &r->seq[r->root]);
     const int n_tok = (int)(pending < *budget ? pending : *budget);
     batch_add(S, ri, r->root, n_tok, need);
@@ -282,7 +183,7 @@ static int admit(sched *S, int ri, int *budget, int64_t *need, kv_err *err)
  * (<= 0: they are there). Slots and the baselines' reservations are checked apart. */
 static int64_t admit_short(sched *S, const runner *r, int64_t need)
 {
-    const int wm = S->env.o->policy == KV_POLICY_PAGED && S->n_running ? watermark_blocks(S) : 0;
+    const int wm = S->env.o->policy == KV_POLICY_PAGED && S->n_running ? kv_sched_watermark_blocks(S) : 0;
     /* a prompt admitted into the last free blocks would be preempted by the next step's
      * growth of the others: keep a watermark free */
     return (int64_t)prompt_blocks(S, r) + wm - ((int64_t)kv_paged_available(S->env.b) - need);
@@ -298,7 +199,7 @@ static int admit_waiting(sched *S, int *budget, int64_t *need, kv_err *err)
     const kv_sched_opts *o = S->env.o;
     const int N = S->env.N;
     while (*budget > 0) {
-        const int ri = head_waiting(S);
+        const int ri = kv_sched_head_waiting(S);
         if (ri < 0) break;
         runner *r = &S->r[ri];
         if (r->res->status != KV_OK) { /* can never run: reported, not retried */
@@ -307,20 +208,20 @@ static int admit_waiting(sched *S, int *budget, int64_t *need, kv_err *err)
             r->res->finish_s = S->t;
             S->env.m->n_failed++;
             S->n_finished++;
-            list_remove(S->queue, &S->n_queue, ri);
+            kv_sched_list_remove(S->queue, &S->n_queue, ri);
             continue;
         }
         if (S->n_free < r->n_seq) break;
         if (o->policy != KV_POLICY_PAGED && S->reserved + r->res_blocks > N) break;
         int64_t lack = admit_short(S, r, *need);
-        if (lack > 0 && lru_on(S) && tier_evictable(S, ri) >= lack) {
+        if (lack > 0 && lru_on(S) && kv_tier_evictable(S, ri) >= lack) {
             int freed;
-            int rc = tier_make_room(S, (int)lack, ri, 1, &freed, err);
+            int rc = kv_tier_make_room(S, (int)lack, ri, 1, &freed, err);
             if (rc) return rc;
             lack = admit_short(S, r, *need);
         }
         if (lack > 0) break;
-        list_remove(S->queue, &S->n_queue, ri);
+        kv_sched_list_remove(S->queue, &S->n_queue, ri);
         int rc = admit(S, ri, budget, need, err);
         if (rc) return rc;
     }
@@ -334,13 +235,13 @@ static int preempt_for_priority(sched *S, int64_t *need, int *budget, int *did, 
 {
     const kv_sched_opts *o = S->env.o;
     for (;;) {
-        const int ri = head_waiting(S);
+        const int ri = kv_sched_head_waiting(S);
         if (ri < 0 || S->n_running == 0) return KV_OK;
         runner *r = &S->r[ri];
         runner *v = &S->r[S->running[S->n_running - 1]]; /* lowest priority, youngest */
         if (r->res->status != KV_OK || v->prio >= r->prio) return KV_OK;
         int64_t lack = admit_short(S, r, *need);
-        if (lru_on(S)) lack -= tier_evictable(S, ri);
+        if (lru_on(S)) lack -= kv_tier_evictable(S, ri);
         const int fits = lack <= 0 && S->n_free >= r->n_seq &&
                          (o->policy == KV_POLICY_PAGED || S->reserved + r->res_blocks <= S->env.N);
         if (fits) return KV_OK;
@@ -367,14 +268,14 @@ static int execute(sched *S, kv_err *err)
         seq_t *s = &r->seq[S->b_seq[j]];
         s->len += S->batch[j].n_tokens;
         const float *row = S->logits + (size_t)j * e->vocab;
-        if ((rc = runner_take_logits(e, r, s, row, err))) return rc;
+        if ((rc = kv_runner_take_logits(e, r, s, row, err))) return rc;
         if (r->res->first_token_s < 0 && has_token(r)) r->res->first_token_s = S->t;
         if (r->state == R_DONE) finish(S, r); /* a fresh beam request of one token */
     }
     for (int j = 0; j < S->n_running; j++) {
         runner *r = &S->r[S->running[j]];
         if (r->state != R_DECODE) continue;
-        if ((rc = runner_advance(e, r, err))) return rc;
+        if ((rc = kv_runner_advance(e, r, err))) return rc;
         if (r->res->first_token_s < 0 && has_token(r)) r->res->first_token_s = S->t;
         if (r->state == R_DONE) {
             finish(S, r);
@@ -382,112 +283,6 @@ static int execute(sched *S, kv_err *err)
         }
     }
     return KV_OK;
-}
-
-/* Pool occupancy after a step: stored tokens, internal and reserved waste, sharing. */
-static void measure(sched *S)
-{
-    kv_paged *pg = S->env.b->paged;
-    kv_sched_metrics *m = S->env.m;
-    const int B = S->env.B;
-    int n_touched = 0, seqs = 0;
-    const int64_t key = ++S->stamp_key;
-    for (int j = 0; j < S->n_running; j++) {
-        runner *r = &S->r[S->running[j]];
-        const int64_t rkey = ++S->stamp_key;
-        int64_t distinct = 0, entries = 0;
-        for (int i = 0; i < r->n_seq; i++) {
-            if (r->seq[i].slot < 0) continue;
-            seqs++;
-            const kv_block_table *t = &pg->tables[r->seq[i].slot];
-            entries += t->n_blocks;
-            for (int e = 0; e < t->n_blocks; e++) {
-                const int blk = t->blocks[e];
-                const int f = e + 1 < t->n_blocks ? B : (int)(t->n_tokens - (int64_t)e * B);
-                if (S->stamp[blk] < key) { /* first sight this step */
-                    S->touched[n_touched++] = blk;
-                    S->fill[blk] = 0;
-                }
-                if (S->stamp[blk] != rkey) {
-                    distinct++;
-                    S->stamp[blk] = rkey;
-                }
-                if (f > S->fill[blk]) S->fill[blk] = f;
-            }
-        }
-        if (r->n_seq > 1) {
-            m->shared_blocks += distinct;
-            m->unshared_blocks += entries;
-        }
-    }
-    int64_t stored = 0;
-    for (int i = 0; i < n_touched; i++) stored += S->fill[S->touched[i]];
-    const int64_t phys = (int64_t)n_touched * B;
-    const int64_t held = (S->reserved > n_touched ? S->reserved : n_touched) * (int64_t)B;
-    S->sum_util += (double)stored / ((double)S->env.N * B);
-    S->sum_internal += (double)(phys - stored);
-    S->sum_reserved += (double)(held - phys);
-    S->sum_held += (double)held;
-    if (seqs > m->peak_seqs) m->peak_seqs = seqs;
-    if (S->n_running > m->peak_reqs) m->peak_reqs = S->n_running;
-    if (S->pool->n_used > m->peak_used_blocks) m->peak_used_blocks = S->pool->n_used;
-    if (S->sw.pool.n_used > m->peak_host_blocks) m->peak_host_blocks = S->sw.pool.n_used;
-    if (S->env.o->on_step) {
-        kv_sched_step_info info = {0};
-        info.step = S->step;
-        info.clock_s = S->now;
-        info.used_blocks = S->pool->n_used;
-        info.cached_blocks = S->pool->n_cached;
-        info.reserved_blocks = S->reserved;
-        info.running_seqs = seqs;
-        info.running_reqs = S->n_running;
-        for (int i = 0; i < S->n_queue; i++) info.waiting += S->r[S->queue[i]].arrival <= S->now;
-        info.done = S->n_finished;
-        info.total = S->n;
-        info.batch_tokens = S->batch_tokens;
-        S->env.o->on_step(S->env.o->user, &info);
-    }
-}
-
-/* ---- the run -------------------------------------------------------------------------------- */
-
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Nearest rank: the smallest value with at least p % of the values at or below it. */
-static double percentile(const double *sorted, int n, double p)
-{
-    int k = (int)(p / 100.0 * n + 0.999999);
-    return n ? sorted[(k < 1 ? 1 : k > n ? n : k) - 1] : 0.0;
-}
-
-/* p50 and p99 of first-token and end-to-end latency, per priority, over finished requests. */
-static void latency_percentiles(kv_sched_out *out)
-{
-    kv_sched_metrics *m = &out->m;
-    double *v = malloc((size_t)out->n * 2 * sizeof(double));
-    if (!v) return;
-    for (int c = 0; c < 2; c++) {
-        double *ttft = v, *e2e = v + out->n;
-        int k = 0;
-        for (int i = 0; i < out->n; i++) {
-            const kv_sched_result *r = &out->results[i];
-            if (r->status != KV_OK || r->priority != c || r->first_token_s < 0) continue;
-            ttft[k] = r->first_token_s - r->arrival_s;
-            e2e[k++] = r->finish_s - r->arrival_s;
-        }
-        qsort(ttft, (size_t)k, sizeof(double), cmp_double);
-        qsort(e2e, (size_t)k, sizeof(double), cmp_double);
-        m->n_class[c] = k;
-        m->ttft_p50[c] = percentile(ttft, k, 50);
-        m->ttft_p99[c] = percentile(ttft, k, 99);
-        m->e2e_p50[c] = percentile(e2e, k, 50);
-        m->e2e_p99[c] = percentile(e2e, k, 99);
-    }
-    free(v);
 }
 
 /* Serve the requests @p list [n] of the trace: kv_sched.h's step (plan, preempt, admit,
@@ -558,14 +353,14 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
     S.n_free = e->n_slots;
     for (int i = 0; i < n && !rc; i++) {
         out->index[i] = list[i];
-        rc = runner_init(&S.env, &S.r[i], t, list[i], &out->results[i], err);
+        rc = kv_runner_init(&S.env, &S.r[i], t, list[i], &out->results[i], err);
         S.r[i].prio = t->req[list[i]].priority > 0;
         out->results[i].priority = S.r[i].prio;
         out->results[i].arrival_s = S.r[i].arrival;
         out->results[i].first_token_s = out->results[i].finish_s = -1;
-        if (!rc) queue_push(&S, i, 0);
+        if (!rc) kv_sched_queue_push(&S, i, 0);
     }
-    if (rc || (rc = tier_open(&S, err))) goto done;
+    if (rc || (rc = kv_tier_open(&S, err))) goto done;
     const int64_t cow0 = b->paged->n_cow;
     const double t0 = kv_now();
     while (S.n_finished < n) {
@@ -581,12 +376,12 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
         while (need > kv_paged_available(b)) {
             if (lru_on(&S)) {
                 int freed = 0;
-                rc = tier_make_room(&S, (int)(need - kv_paged_available(b)), -1, 1, &freed, err);
+                rc = kv_tier_make_room(&S, (int)(need - kv_paged_available(b)), -1, 1, &freed, err);
                 if (rc) goto done;
                 if (freed > 0) continue;
             }
             runner *victim = &S.r[S.running[S.n_running - 1]];
-            if (S.n_running == 1 && tier_drop_lru(&S, -1)) continue;
+            if (S.n_running == 1 && kv_tier_drop_lru(&S, -1)) continue;
             if (S.n_running == 1) {
                 char why[160];
                 snprintf(why, sizeof why, "needs %lld blocks in one step but the pool has only "
@@ -609,12 +404,12 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
         }
         /* background transfers, overlapping the step: prefetch the queue head, keep the
          * watermark free (lru) */
-        if (S.tier && ((rc = tier_prefetch(&S, need, err)) || (rc = tier_watermark(&S, need, err))))
+        if (S.tier && ((rc = kv_tier_prefetch(&S, need, err)) || (rc = kv_tier_watermark(&S, need, err))))
             goto done;
         if (S.n_batch == 0) {
             if (S.n_finished == n) break;
             if (S.n_running == 0) {
-                const int h = head_waiting(&S);
+                const int h = kv_sched_head_waiting(&S);
                 if (h < 0) { /* idle until the next arrival */
                     double next = -1;
                     for (int i = 0; i < S.n_queue; i++)
@@ -628,12 +423,12 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
                     continue; /* the last one running just failed: admission comes next step */
                 } else if (S.r[h].res->status == KV_OK) {
                     /* paused requests hold the blocks it needs: one of them recomputes */
-                    if (tier_drop_lru(&S, h)) continue;
+                    if (kv_tier_drop_lru(&S, h)) continue;
                     /* an empty backend refused it: it cannot run (never expected) */
                     runner *r = &S.r[h];
-                    list_remove(S.queue, &S.n_queue, h);
-                    tier_forget(&S, r);
-                    runner_set_error(r, KV_ERR_CAPACITY, "request %d: cannot be admitted into "
+                    kv_sched_list_remove(S.queue, &S.n_queue, h);
+                    kv_tier_forget(&S, r);
+                    kv_runner_set_error(r, KV_ERR_CAPACITY, "request %d: cannot be admitted into "
                                      "an empty backend", r->idx);
                     r->state = R_FAILED;
                     r->res->finish_s = S.t;
@@ -677,7 +472,7 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
         e->m->prefill_s += o->token_s * S.prefill_tokens;
         S.now = S.t;
         S.step++;
-        measure(&S);
+        kv_sched_measure(&S);
     }
     kv_sched_metrics *m = &out->m;
     m->wall_s = kv_now() - t0;
@@ -699,7 +494,7 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
     m->swap_bytes_in = S.sw.stats.bytes[KV_LINK_IN];
     m->swap_seconds_out = S.sw.stats.seconds[KV_LINK_OUT];
     m->swap_seconds_in = S.sw.stats.seconds[KV_LINK_IN];
-    latency_percentiles(out);
+    kv_sched_latency_percentiles(out);
     if (S.sw.pool.n_blocks) { /* all finished: the host tier must be empty and consistent */
         m->host_leaked = kv_pool_check_leaks(&S.sw.pool, NULL, 0);
         if (!m->host_leaked && kv_pool_validate(&S.sw.pool, NULL) != KV_OK) m->host_leaked = -1;
@@ -707,9 +502,9 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
 done:
     if (rc) /* leave the backend empty even after an error */
         for (int j = S.n_running - 1; j >= 0; j--) runner_release(&S, &S.r[S.running[j]]);
-    for (int i = 0; S.r && i < n; i++) tier_forget(&S, &S.r[i]);
+    for (int i = 0; S.r && i < n; i++) kv_tier_forget(&S, &S.r[i]);
     kv_swap_free(&S.sw);
-    for (int i = 0; S.r && i < n; i++) runner_free(&S.r[i]);
+    for (int i = 0; S.r && i < n; i++) kv_runner_free(&S.r[i]);
     free(S.r);
     free(S.queue);
     free(S.running);

@@ -32,7 +32,7 @@ static int lru_mode(const sched *S) { return S->env.o->preempt == KV_PREEMPT_LRU
 /* Swap and lru modes: a host tier of opts.host_blocks blocks (0: as many as the device pool)
  * over opts.link. A cache kv_swap refuses leaves the tier off, and the reason in the metrics:
  * every preemption then recomputes, counted as a fallback. */
-int tier_open(sched *S, kv_err *err)
+int kv_tier_open(sched *S, kv_err *err)
 {
     const kv_sched_opts *o = S->env.o;
     if (o->preempt == KV_PREEMPT_RECOMPUTE) return KV_OK;
@@ -54,7 +54,7 @@ int tier_open(sched *S, kv_err *err)
 
 /* Release a runner's paused sequences in both tiers (a runner that will not come back, or
  * one that recomputes instead). */
-void tier_forget(sched *S, runner *r)
+void kv_tier_forget(sched *S, runner *r)
 {
     for (int i = 0; i < r->n_seq; i++) kv_swapped_drop(&S->sw, S->env.b, &r->seq[i].host);
     r->swapped = 0;
@@ -62,7 +62,7 @@ void tier_forget(sched *S, runner *r)
 }
 
 /* Rows its paused sequences hold: what recompute feeds again if they are dropped. */
-int64_t tier_rows(const runner *r)
+static int64_t tier_rows(const runner *r)
 {
     int64_t n = r->swap_state == R_PROMPT ? 0 : r->rq.prompt_len;
     for (int i = 0; i < r->n_seq; i++) {
@@ -73,11 +73,11 @@ int64_t tier_rows(const runner *r)
 }
 
 /* A paused runner gives its blocks up after all: it recomputes when readmitted (counted). */
-void tier_recompute(sched *S, runner *r)
+static void tier_recompute(sched *S, runner *r)
 {
     S->env.m->tokens_recomputed += tier_rows(r);
     S->env.m->recompute_fallbacks++;
-    tier_forget(S, r);
+    kv_tier_forget(S, r);
 }
 
 /* ---- a request leaves ------------------------------------------------------------------------ */
@@ -88,7 +88,7 @@ void tier_recompute(sched *S, runner *r)
  * counted fallback): no tier (kv_swap refused the cache); swap only: too few host blocks, or
  * sequences that, unshared at their final length, would not fit the device pool (copied per
  * sequence, they could never come back). Returns only errors of the run. */
-int tier_pause(sched *S, runner *r, kv_err *err)
+int kv_tier_pause(sched *S, runner *r, kv_err *err)
 {
     kv_sched_metrics *m = S->env.m;
     kv_backend *b = S->env.b;
@@ -123,7 +123,7 @@ int tier_pause(sched *S, runner *r, kv_err *err)
     link_issue(S, KV_LINK_OUT, S->sw.stats.seconds[KV_LINK_OUT] - before, 1);
     r->swap_state = r->state;
     if (rc) { /* what went out is dropped: the runner recomputes everything */
-        tier_forget(S, r);
+        kv_tier_forget(S, r);
         if (rc == KV_ERR_UNSUPPORTED) {
             S->tier = 0;
             snprintf(m->swap_refused, sizeof m->swap_refused, "%.150s", e.msg);
@@ -145,7 +145,7 @@ int tier_pause(sched *S, runner *r, kv_err *err)
  * back, the new blocks its pending tokens open (the rest of the prompt, or one token), and a
  * copy of a partial last block it still shares with a fork (copy on write). For a whole swap
  * this is ceil(target / B) per sequence, chapter 05's formula. */
-int tier_blocks_back(const sched *S, const runner *r)
+int kv_tier_blocks_back(const sched *S, const runner *r)
 {
     const int B = S->env.B;
     const kv_pool *dev = &S->env.b->paged->pool;
@@ -182,7 +182,7 @@ static int evictable(const sched *S, const runner *r)
 }
 
 /* Blocks eviction could free, over every paused runner but @p exclude. */
-int tier_evictable(const sched *S, int exclude)
+int kv_tier_evictable(const sched *S, int exclude)
 {
     if (!lru_mode(S)) return 0;
     int n = 0;
@@ -196,7 +196,7 @@ int tier_evictable(const sched *S, int exclude)
  * step needs them now and waits for the copies; else they overlap the step (the watermark).
  * A runner whose blocks find the host tier full recomputes instead (its device blocks free
  * at once). *freed = blocks the pool gained. */
-int tier_make_room(sched *S, int want, int exclude, int sync, int *freed, kv_err *err)
+int kv_tier_make_room(sched *S, int want, int exclude, int sync, int *freed, kv_err *err)
 {
     kv_backend *b = S->env.b;
     kv_sched_metrics *m = S->env.m;
@@ -236,7 +236,7 @@ int tier_make_room(sched *S, int want, int exclude, int sync, int *freed, kv_err
 /* The least recently paused runner but @p exclude that holds device blocks (kept, or brought
  * back by a prefetch) recomputes instead: when eviction cannot free what a step needs (shared
  * blocks, a prefetch in flight). Returns 1 when one did. */
-int tier_drop_lru(sched *S, int exclude)
+int kv_tier_drop_lru(sched *S, int exclude)
 {
     runner *p = NULL;
     for (int i = 0; i < S->n; i++) {
@@ -260,7 +260,7 @@ int tier_drop_lru(sched *S, int exclude)
 /* Each paused sequence goes into one of r->slots with its length: the step waits for a
  * prefetch still on the link (a hit when it is done already), then for the copy of what is
  * still on the host. Admission counted the device blocks, so a refusal is an error of the run. */
-int tier_resume(sched *S, runner *r, kv_err *err)
+int kv_tier_resume(sched *S, runner *r, kv_err *err)
 {
     kv_sched_metrics *m = S->env.m;
     if (r->prefetching) {
@@ -293,10 +293,10 @@ int tier_resume(sched *S, runner *r, kv_err *err)
  * free a little more, or lru's background eviction restores the headroom). A stricter test
  * (the watermark kept, counting the blocks of requests finishing this step) prefetched too
  * rarely to matter on datasets/traces/bursty.csv. */
-int tier_prefetch(sched *S, int64_t need, kv_err *err)
+int kv_tier_prefetch(sched *S, int64_t need, kv_err *err)
 {
     if (!S->env.o->prefetch) return KV_OK;
-    const int h = head_waiting(S);
+    const int h = kv_sched_head_waiting(S);
     if (h < 0) return KV_OK;
     runner *r = &S->r[h];
     if (!r->swapped || r->prefetching || S->n_free < r->n_seq) return KV_OK;
@@ -305,7 +305,7 @@ int tier_prefetch(sched *S, int64_t need, kv_err *err)
         on_host += r->seq[i].host.resident ? r->seq[i].host.n_on_host : 0;
     if (on_host == 0) return KV_OK;
     kv_backend *b = S->env.b;
-    if ((int64_t)kv_paged_available(b) - need < tier_blocks_back(S, r)) return KV_OK;
+    if ((int64_t)kv_paged_available(b) - need < kv_tier_blocks_back(S, r)) return KV_OK;
     kv_sched_metrics *m = S->env.m;
     const double before = S->sw.stats.seconds[KV_LINK_IN];
     const int64_t blocks0 = S->sw.stats.blocks[KV_LINK_IN];
@@ -325,11 +325,11 @@ int tier_prefetch(sched *S, int64_t need, kv_err *err)
 
 /* lru: keep opts.watermark of the pool free after this step's @p need by evicting paused
  * blocks ahead of need, in the background (a prefetched request's blocks stay: evictable()). */
-int tier_watermark(sched *S, int64_t need, kv_err *err)
+int kv_tier_watermark(sched *S, int64_t need, kv_err *err)
 {
     if (!lru_mode(S)) return KV_OK;
-    const int64_t lack = watermark_blocks(S) - ((int64_t)kv_paged_available(S->env.b) - need);
+    const int64_t lack = kv_sched_watermark_blocks(S) - ((int64_t)kv_paged_available(S->env.b) - need);
     if (lack <= 0) return KV_OK;
     int freed;
-    return tier_make_room(S, (int)lack, -1, 0, &freed, err);
+    return kv_tier_make_room(S, (int)lack, -1, 0, &freed, err);
 }
