@@ -247,7 +247,7 @@ __device__ inline attn_group group_open(float *smem, const attn_src &src, const 
  * a.mx[g], its exp-sum to a.l[g], and the weighted values to o + g·o_stride [d], divided by
  * the sum when @p normalize (v2) and left unnormalized otherwise (v3).
  */
-__device__ void attn_group_span(const attn_group &a, const attn_src &src, int64_t tpos,
+static __device__ void attn_group_span(const attn_group &a, const attn_src &src, int64_t tpos,
                                 float *att, int stride, int p0, int p1, float *o,
                                 size_t o_stride, int normalize, const int *list)
 {

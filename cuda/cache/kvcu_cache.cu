@@ -496,7 +496,7 @@ int kvcu_cache_download(const kvcu_cache *c, void *host, size_t bytes, kv_err *e
 /* The whole block writes row x [d] into pool or slot row prow of head rhead of plane p, in
  * format fmt (not KIVI): int8 groups one warp each, the other formats one element a thread.
  * Shared by the position writes below and the slot-mapping writes. */
-__device__ void write_row(int fmt, const kv_cache_plane *p, int64_t rhead, int rows,
+static __device__ void write_row(int fmt, const kv_cache_plane *p, int64_t rhead, int rows,
                           int64_t prow, const float *x, float scale, int d)
 {
     uint8_t *row = p->codes + (rhead * rows + prow) * p->row_bytes;
