@@ -106,8 +106,8 @@ int main(void)
                              "pass 1: request %d fails with a memory message: '%s'", i,
                              out.results[i].error);
             }
-            KV_CHECK(kv_pool_check_leaks(&g->paged->pool, NULL, 0) == 0 &&
-                         kv_pool_validate(&g->paged->pool, &e) == KV_OK,
+            KV_CHECK(kv_pool_check_leaks(&g->mem->paged->pool, NULL, 0) == 0 &&
+                         kv_pool_validate(&g->mem->paged->pool, &e) == KV_OK,
                      "pass %d: the pool ends empty and consistent", pass);
         }
         kv_sched_out_free(&out);

@@ -562,7 +562,8 @@ static void check_backend(int fmt, int B)
         kv_model_free(&m);
         return;
     }
-    KV_CHECK(bg->paged && bg->set_blocks && bg->copy_blocks && bg->fork_slot && bg->set_length,
+    KV_CHECK(bg->mem && bg->mem->paged && bg->mem->set_blocks && bg->mem->copy_blocks &&
+                 bg->mem->fork_slot && bg->mem->set_length,
              "the CUDA backend pages a paged spec");
     const int V = cfg.vocab_size;
     float *lc = malloc(sizeof(float) * 2 * V), *lg = malloc(sizeof(float) * 2 * V),
@@ -584,8 +585,8 @@ static void check_backend(int fmt, int B)
     for (int i = 0; i < 3 && !rc; i++) rc = bs[i]->forward(bs[i], &q, 1, ls[i], NULL, &e);
     /* fork sequence 0 into slot 1: paged backends share blocks; the contiguous one re-runs
      * the prompt in slot 1 (same tokens, same cache contents) */
-    if (!rc) rc = kv_paged_fork(bc, 1, 0, &e);
-    if (!rc) rc = kv_paged_fork(bg, 1, 0, &e);
+    if (!rc) rc = kv_paged_fork(bc->mem, 1, 0, &e);
+    if (!rc) rc = kv_paged_fork(bg->mem, 1, 0, &e);
     kv_seq q1 = {1, 0, PROMPT, prompt};
     if (!rc) rc = bgc->forward(bgc, &q1, 1, lgc + V, NULL, &e);
     int tok[3][2];
@@ -595,7 +596,7 @@ static void check_backend(int fmt, int B)
             if (ls[i][j] > ls[i][tok[i][0]]) tok[i][0] = j;
         tok[i][1] = (tok[i][0] + 1) % V; /* the fork continues with another token */
     }
-    const int64_t cow0 = bg->paged ? bg->paged->n_cow : 0;
+    const int64_t cow0 = bg->mem ? bg->mem->paged->n_cow : 0;
     for (int step = 0; step < STEPS && !rc; step++) {
         for (int i = 0; i < 3 && !rc; i++) {
             kv_seq b2[2] = {{0, PROMPT + step, 1, &tok[i][0]}, {1, PROMPT + step, 1, &tok[i][1]}};
@@ -618,9 +619,9 @@ static void check_backend(int fmt, int B)
     char what[64];
     snprintf(what, sizeof what, "backend %s B %d", kv_quant_name(fmt), B);
     KV_CHECK(rc == KV_OK, "%s: runs: %s", what, e.msg);
-    KV_CHECK(!rc && bg->paged->n_cow > cow0 && bg->paged->n_cow == bc->paged->n_cow,
+    KV_CHECK(!rc && bg->mem->paged->n_cow > cow0 && bg->mem->paged->n_cow == bc->mem->paged->n_cow,
              "%s: the fork's shared last block was copied on write (%lld copies)", what,
-             (long long)(bg->paged ? bg->paged->n_cow : 0));
+             (long long)(bg->mem ? bg->mem->paged->n_cow : 0));
     if (vs_cpu)
         KV_CHECK(!rc && close, "%s: paged CUDA logits within the fp32 tolerance of the CPU's",
                  what);
@@ -629,7 +630,7 @@ static void check_backend(int fmt, int B)
     /* reset gives the blocks back: a new prompt in slot 0 runs again */
     bg->reset(bg, 0);
     bg->reset(bg, 1);
-    KV_CHECK(kv_paged_available(bg) == sp.n_blocks, "%s: reset returns every block", what);
+    KV_CHECK(kv_paged_available(bg->mem) == sp.n_blocks, "%s: reset returns every block", what);
     free(lc); free(lg); free(lgc);
     kv_backend_destroy(bc);
     kv_backend_destroy(bg);
@@ -667,7 +668,7 @@ static void check_prefix(void)
     for (int i = 0; i < 2 && !rc; i++) {
         const kv_seq first = {0, 0, PROMPT, prompt};
         rc = b[i]->forward(b[i], &first, 1, l0 + i * V, NULL, &e);
-        if (!rc) rc = kv_paged_match_prefix(b[i], 1, prompt, PROMPT, &hit[i], &e);
+        if (!rc) rc = kv_paged_match_prefix(b[i]->mem, 1, prompt, PROMPT, &hit[i], &e);
         const kv_seq rest = {1, hit[i], PROMPT - hit[i], prompt + hit[i]};
         if (!rc) rc = b[i]->forward(b[i], &rest, 1, l1 + i * V, NULL, &e);
     }

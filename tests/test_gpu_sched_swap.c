@@ -1,6 +1,6 @@
 /*
  * Chapter 07 scheduler on the CUDA backend (reference_cpu/serve/kv_sched.h, kv_sched_tier.c over
- * cuda/engine/kvcu_forward.cu's block I/O hooks: gather / scatter kernels, pinned host tier, and the copy
+ * cuda/engine/kvcu_backend.cu's block I/O hooks: gather / scatter kernels, pinned host tier, and the copy
  * stream + events of cuda/cache/kvcu_cache_paged.cu's kvcu_io behind read/write_blocks_async and io_wait).
  *
  * A trace with priorities (the one of test_sched_swap.c) runs on a CUDA paged backend whose
@@ -60,7 +60,7 @@ static void check_mode(const kv_model *m, const kv_trace *t, const kv_sched_out 
     int rc = kvcu_backend_create(&g, m, &spec, &err);
     KV_CHECK(rc == KV_OK, "%s: cuda backend: %s", name, rc ? err.msg : "");
     if (rc) return;
-    KV_CHECK(g->read_blocks_async && g->write_blocks_async && g->io_wait,
+    KV_CHECK(g->mem && g->mem->read_blocks_async && g->mem->write_blocks_async && g->mem->io_wait,
              "%s: the CUDA backend has asynchronous block I/O", name);
     kv_sched_opts o = kv_sched_opts_default();
     o.max_len = 64;
@@ -69,7 +69,7 @@ static void check_mode(const kv_model *m, const kv_trace *t, const kv_sched_out 
     o.prefetch = prefetch;
     o.step_s = 0.01;
     o.token_s = 1e-4;
-    const int64_t bb = (int64_t)g->block_bytes(g);
+    const int64_t bb = (int64_t)g->mem->block_bytes(g->mem);
     o.link.bandwidth = (double)bb / 1e-3; /* a block a millisecond */
     kv_sched_out out;
     memset(&out, 0, sizeof out);
@@ -87,8 +87,8 @@ static void check_mode(const kv_model *m, const kv_trace *t, const kv_sched_out 
         same += ok;
     }
     KV_CHECK(same == t->n, "%s: %d of %d requests equal their CPU solo run", name, same, t->n);
-    KV_CHECK(kv_pool_check_leaks(&g->paged->pool, NULL, 0) == 0 &&
-                 kv_pool_validate(&g->paged->pool, &err) == KV_OK,
+    KV_CHECK(kv_pool_check_leaks(&g->mem->paged->pool, NULL, 0) == 0 &&
+                 kv_pool_validate(&g->mem->paged->pool, &err) == KV_OK,
              "%s: device pool empty and consistent", name);
     const kv_sched_metrics *x = &out.m;
     /* the scheduler's decisions depend only on the pool, the trace and the clock: the CPU
@@ -98,8 +98,8 @@ static void check_mode(const kv_model *m, const kv_trace *t, const kv_sched_out 
     memset(&ref, 0, sizeof ref);
     rc = kv_backend_cpu(&cpu, m, &spec, &err);
     if (!rc) {
-        KV_CHECK((int64_t)cpu->block_bytes(cpu) == bb, "%s: CPU and GPU blocks are %lld bytes",
-                 name, (long long)bb);
+        KV_CHECK((int64_t)cpu->mem->block_bytes(cpu->mem) == bb,
+                 "%s: CPU and GPU blocks are %lld bytes", name, (long long)bb);
         rc = kv_sched_run(cpu, t, t->n, &o, &ref, &err);
     }
     KV_CHECK(rc == KV_OK, "%s: CPU run: %s", name, rc ? err.msg : "");

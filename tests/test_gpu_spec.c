@@ -107,8 +107,8 @@ done:
  * the same length. */
 static int paged_image(kv_backend *b, kv_cache *h, kv_err *e)
 {
-    const kv_block_table *t = &b->paged->tables[0];
-    const size_t bb = b->block_bytes(b);
+    const kv_block_table *t = &b->mem->paged->tables[0];
+    const size_t bb = b->mem->block_bytes(b->mem);
     kv_block_copy *up = malloc(sizeof *up * (size_t)(t->n_blocks + 1));
     kv_block_copy *down = malloc(sizeof *down * (size_t)(t->n_blocks + 1));
     uint8_t *host = malloc(bb * (size_t)(t->n_blocks + 1));
@@ -117,7 +117,7 @@ static int paged_image(kv_backend *b, kv_cache *h, kv_err *e)
         up[i] = (kv_block_copy){t->blocks[i], i};
         down[i] = (kv_block_copy){i, t->blocks[i]};
     }
-    if (!rc) rc = b->read_blocks(b, up, t->n_blocks, host, bb, e);
+    if (!rc) rc = b->mem->read_blocks(b->mem, up, t->n_blocks, host, bb, e);
     if (!rc) rc = kv_cache_write_blocks(h, down, t->n_blocks, host, bb, e);
     if (!rc) rc = kv_cache_set_blocks(h, 0, t->blocks, t->n_blocks, e);
     if (!rc) h->len[0] = b->length(b, 0);
@@ -272,9 +272,9 @@ static void test_greedy(const kv_model *m, const kv_model *dm, int paged, int dt
         accepted += st.accepted;
         if (paged) { /* exactly the blocks the cached rows need, and a plain run's rows */
             const int need = (L + B - 1) / B, dneed = (d->length(d, 0) + B - 1) / B;
-            KV_CHECK(t->paged->pool.n_used == need && d->paged->pool.n_used == dneed,
+            KV_CHECK(t->mem->paged->pool.n_used == need && d->mem->paged->pool.n_used == dneed,
                      "%s k=%d: pools hold %d and %d blocks, the rows need %d and %d", what, k,
-                     t->paged->pool.n_used, d->paged->pool.n_used, need, dneed);
+                     t->mem->paged->pool.n_used, d->mem->paged->pool.n_used, need, dneed);
             kv_cache_reset(&hx, 0);
             ok = paged_image(t, &hx, &e) == KV_OK;
             KV_CHECK(ok, "%s k=%d: image: %s", what, k, e.msg);
@@ -289,9 +289,9 @@ static void test_greedy(const kv_model *m, const kv_model *dm, int paged, int dt
     if (paged) {
         t->reset(t, 0);
         d->reset(d, 0);
-        KV_CHECK(t->paged->pool.n_used == 0 && d->paged->pool.n_used == 0,
-                 "%s: blocks leaked after reset (%d, %d)", what, t->paged->pool.n_used,
-                 d->paged->pool.n_used);
+        KV_CHECK(t->mem->paged->pool.n_used == 0 && d->mem->paged->pool.n_used == 0,
+                 "%s: blocks leaked after reset (%d, %d)", what, t->mem->paged->pool.n_used,
+                 d->mem->paged->pool.n_used);
     }
 done:
     kv_cache_free(&hx);
@@ -340,10 +340,13 @@ static void test_refusals(const kv_model *m, const kv_model *dm)
     const kv_cache_spec s = kv_cache_spec_default(1, CAP);
     t = NULL;
     if (kvcu_backend_create(&t, m, &s, &e) == KV_OK) {
-        KV_CHECK(t->truncate != NULL, "the CUDA backend has no truncate hook");
-        if (t->truncate) {
-            KV_CHECK(t->truncate(t, 0, 1, &e) == KV_ERR_ARG, "truncate past the length accepted");
-            KV_CHECK(t->truncate(t, 3, 0, &e) == KV_ERR_ARG, "truncate of slot 3 accepted");
+        KV_CHECK(t->rollback && t->rollback->truncate && t->rollback->speculate,
+                 "the CUDA backend has no truncate hook");
+        if (t->rollback) {
+            KV_CHECK(t->rollback->truncate(t, 0, 1, &e) == KV_ERR_ARG,
+                     "truncate past the length accepted");
+            KV_CHECK(t->rollback->truncate(t, 3, 0, &e) == KV_ERR_ARG,
+                     "truncate of slot 3 accepted");
         }
     } else {
         KV_CHECK(0, "backend: %s", e.msg);
@@ -358,14 +361,15 @@ static void test_refusals(const kv_model *m, const kv_model *dm)
         const kv_seq s2 = {0, P, 2, PROMPT};  /* 9 tokens: block 0 is full and registered */
         KV_CHECK(t->forward(t, &s1, 1, NULL, NULL, &e) == KV_OK &&
                  t->forward(t, &s2, 1, NULL, NULL, &e) == KV_OK, "prefix: %s", e.msg);
-        KV_CHECK(t->truncate(t, 0, 8, &e) == KV_OK, "prefix: truncating after the registered "
-                 "block refused: %s", e.msg);
-        KV_CHECK(t->truncate(t, 0, 5, &e) == KV_ERR_UNSUPPORTED,
+        KV_CHECK(t->rollback->truncate(t, 0, 8, &e) == KV_OK,
+                 "prefix: truncating after the registered block refused: %s", e.msg);
+        KV_CHECK(t->rollback->truncate(t, 0, 5, &e) == KV_ERR_UNSUPPORTED,
                  "prefix: cutting into a registered block accepted");
         KV_CHECK(t->length(t, 0) == 8, "prefix: a refused truncate changed the length to %d",
                  t->length(t, 0));
-        KV_CHECK(t->paged->pool.n_used == 1, "prefix: %d blocks in use after truncating to one "
-                 "full block", t->paged->pool.n_used);
+        KV_CHECK(t->mem->paged->pool.n_used == 1,
+                 "prefix: %d blocks in use after truncating to one full block",
+                 t->mem->paged->pool.n_used);
     } else {
         KV_CHECK(0, "prefix backend: %s", e.msg);
     }

@@ -171,8 +171,8 @@ static int is_swap_point(int len)
  * swap in lands elsewhere and a byte it failed to bring back shows as NaN. */
 static void poison_free_blocks(kv_backend *b, uint64_t seed)
 {
-    kv_pool *p = &b->paged->pool;
-    const size_t bb = b->block_bytes(b);
+    kv_pool *p = &b->mem->paged->pool;
+    const size_t bb = b->mem->block_bytes(b->mem);
     int *ids = malloc((size_t)p->n_blocks * sizeof(int));              /* [N] */
     kv_block_copy *pairs = malloc((size_t)p->n_blocks * sizeof *pairs); /* [N] */
     uint8_t *junk = malloc(bb);                                         /* [block_bytes] */
@@ -183,7 +183,7 @@ static void poison_free_blocks(kv_backend *b, uint64_t seed)
         pairs[n] = (kv_block_copy){0, ids[n]};
         n++;
     }
-    KV_CHECK(b->write_blocks(b, pairs, n, junk, bb, &e) == KV_OK, "poison: %s", e.msg);
+    KV_CHECK(b->mem->write_blocks(b->mem, pairs, n, junk, bb, &e) == KV_OK, "poison: %s", e.msg);
     kv_rng r;
     kv_rng_seed(&r, seed);
     for (int i = n - 1; i > 0; i--) {
@@ -211,11 +211,11 @@ static int evicted, in_flight; /* what run() saw */
 static int take_out(kv_swap *sw, kv_backend *b, int mode, int sa, int i, kv_swapped *h,
                     kv_err *e)
 {
-    if (mode == WHOLE) return kv_swap_out(sw, b, sa, h, e);
-    const int n = b->paged->tables[sa].n_blocks;
-    int rc = kv_swap_detach(sw, b, sa, h, e), moved = 0;
+    if (mode == WHOLE) return kv_swap_out(sw, b->mem, sa, h, e);
+    const int n = b->mem->paged->tables[sa].n_blocks;
+    int rc = kv_swap_detach(sw, b->mem, sa, h, e), moved = 0;
     if (rc || mode == DETACH) return rc;
-    rc = kv_swap_evict(sw, b, h, evict_k(i), &moved, e);
+    rc = kv_swap_evict(sw, b->mem, h, evict_k(i), &moved, e);
     const int want = evict_k(i) < n ? evict_k(i) : n;
     KV_CHECK(rc == KV_OK && moved == want, "evict %d of %d blocks: moved %d (%s)", evict_k(i),
              n, moved, rc ? e->msg : "");
@@ -252,7 +252,7 @@ static int run(kv_backend *b, kv_swap *sw, int mode, float *logits, kv_err *e)
             int rc = take_out(sw, b, mode == PREFETCH ? EVICT : mode, sa, i, &h, e);
             if (!rc) poison_free_blocks(b, 900 + (uint64_t)pa);
             if (!rc && mode == PREFETCH) {
-                rc = kv_swap_prefetch(sw, b, &h, e);
+                rc = kv_swap_prefetch(sw, b->mem, &h, e);
                 in_flight += h.ticket > 0;
             }
             i++;
@@ -267,7 +267,7 @@ static int run(kv_backend *b, kv_swap *sw, int mode, float *logits, kv_err *e)
         st++;
         if (sw) {
             sa = sa == 0 ? 2 : 0;
-            int rc = kv_swap_in(sw, b, sa, &h, e);
+            int rc = kv_swap_in(sw, b->mem, sa, &h, e);
             KV_CHECK(rc == KV_OK && b->length(b, sa) == pa, "%s: in at length %d: %s",
                      MODE_NAME[mode], pa, rc ? e->msg : "wrong length");
             if (rc) return -1;
@@ -280,9 +280,10 @@ static void check_tiers(kv_backend *b, kv_swap *sw, const char *what)
 {
     for (int s = 0; s < N_SLOTS; s++) b->reset(b, s);
     kv_err e;
-    int n = kv_pool_check_leaks(&b->paged->pool, NULL, 0);
+    int n = kv_pool_check_leaks(&b->mem->paged->pool, NULL, 0);
     KV_CHECK(n == 0, "%s: %d device blocks leaked", what, n);
-    KV_CHECK(kv_pool_validate(&b->paged->pool, &e) == KV_OK, "%s: device pool: %s", what, e.msg);
+    KV_CHECK(kv_pool_validate(&b->mem->paged->pool, &e) == KV_OK, "%s: device pool: %s", what,
+             e.msg);
     n = kv_pool_check_leaks(&sw->pool, NULL, 0);
     KV_CHECK(n == 0, "%s: %d host blocks leaked", what, n);
     KV_CHECK(kv_pool_validate(&sw->pool, &e) == KV_OK, "%s: host pool: %s", what, e.msg);
@@ -305,7 +306,7 @@ static void check_roundtrip(const kv_model *m, const char *variant)
     kv_backend_destroy(b);
     b = NULL;
     rc = kvcu_backend_create(&b, m, &ps, &e);
-    if (!rc) rc = kv_swap_init(&sw, b, 8, NULL, &e);
+    if (!rc) rc = kv_swap_init(&sw, b->mem, 8, NULL, &e);
     KV_CHECK(rc == KV_OK, "%s: CUDA backend and host tier: %s", variant, e.msg);
     for (int mode = 0; mode < N_MODES && !rc && n_ref > 0; mode++) {
         /* the host-side bookkeeping of detach and evict is test_swap's; here fp32 runs every
@@ -363,7 +364,7 @@ static void check_cross(const kv_model *m, const char *variant, int gpu_to_cpu)
     if (!rc) rc = gpu_to_cpu ? kvcu_backend_create(&ref, m, &ps, &e)
                              : kv_backend_cpu(&ref, m, &ps, &e);
     kv_backend *from = gpu_to_cpu ? gpu : cpu, *to = gpu_to_cpu ? cpu : gpu;
-    if (!rc) rc = kv_swap_init(&sw, from, 4, NULL, &e);
+    if (!rc) rc = kv_swap_init(&sw, from->mem, 4, NULL, &e);
     KV_CHECK(rc == KV_OK, "%s cross: setup: %s", variant, e.msg);
     const int V = m->config.vocab_size;
     float *lg = calloc(2 * (size_t)V, sizeof(float)), *lr = lg + V;
@@ -374,8 +375,8 @@ static void check_cross(const kv_model *m, const char *variant, int gpu_to_cpu)
     kv_seq q = {0, 0, 21, tok}; /* 21 tokens: 2 blocks of 16, the last one partial */
     if (!rc) rc = from->forward(from, &q, 1, lg, NULL, &e);
     if (!rc) rc = ref->forward(ref, &q, 1, lr, NULL, &e);
-    if (!rc) rc = kv_swap_out(&sw, from, 0, &h, &e);
-    if (!rc) rc = kv_swap_in(&sw, to, 1, &h, &e); /* another device, another slot */
+    if (!rc) rc = kv_swap_out(&sw, from->mem, 0, &h, &e);
+    if (!rc) rc = kv_swap_in(&sw, to->mem, 1, &h, &e); /* another device, another slot */
     KV_CHECK(rc == KV_OK && to->length(to, 1) == 21 && from->length(from, 0) == 0,
              "%s cross (%s -> %s): %s", variant, from->name, to->name, rc ? e.msg : "lengths");
     kv_seq q1 = {1, 21, 1, tok + 21}, q0 = {0, 21, 1, tok + 21};
@@ -391,10 +392,10 @@ static void check_cross(const kv_model *m, const char *variant, int gpu_to_cpu)
     if (cpu && gpu) {
         check_tiers(to, &sw, variant);
         for (int s = 0; s < N_SLOTS; s++) from->reset(from, s);
-        KV_CHECK(kv_pool_check_leaks(&from->paged->pool, NULL, 0) == 0, "%s cross: blocks left "
-                 "in the source backend", variant);
+        KV_CHECK(kv_pool_check_leaks(&from->mem->paged->pool, NULL, 0) == 0,
+                 "%s cross: blocks left in the source backend", variant);
     }
-    kv_swapped_drop(&sw, to, &h);
+    kv_swapped_drop(&sw, to->mem, &h);
     free(lg);
     kv_swap_free(&sw);
     kv_backend_destroy(cpu);

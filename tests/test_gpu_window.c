@@ -509,9 +509,9 @@ static void test_forward(void)
         KV_CHECK(rc == KV_OK && same && close, "backend stream (fp32 paged B 16, W 24 S 4, "
                  "cache positions): %d greedy tokens after a %d-token prompt, CUDA == CPU, "
                  "logits within the fp32 tolerance (%s)", GEN, PROMPT, rc ? e.msg : "");
-        KV_CHECK(bg->paged && bg->paged->pool.n_used == 2 && bg->length(bg, 0) == PROMPT + GEN,
+        KV_CHECK(bg->mem && bg->mem->paged->pool.n_used == 2 && bg->length(bg, 0) == PROMPT + GEN,
                  "the CUDA backend's table stopped at ceil((S+W)/B) = 2 blocks (%d used, %d "
-                 "positions)", bg->paged ? bg->paged->pool.n_used : -1, bg->length(bg, 0));
+                 "positions)", bg->mem ? bg->mem->paged->pool.n_used : -1, bg->length(bg, 0));
         free(a);
         free(b);
     }

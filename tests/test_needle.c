@@ -110,7 +110,7 @@ static int make_paged(kv_backend **out, const kv_model *m, const kv_cache_spec *
     s.n_blocks = s.n_slots * ((s.capacity + s.block_size - 1) / s.block_size);
     int rc = kv_backend_cpu(out, m, &s, err);
     if (rc) return rc;
-    kv_pool *p = &(*out)->paged->pool;
+    kv_pool *p = &(*out)->mem->paged->pool;
     int *ids = malloc((size_t)p->n_blocks * sizeof(int)), n = 0; /* [N] */
     while (ids && n < p->n_blocks && kv_pool_alloc(p, &ids[n], err) == KV_OK) n++;
     kv_rng r;

@@ -95,7 +95,7 @@ static int run_schedule(kv_backend *b, float *logits, kv_err *e)
  * free stack is LIFO), so tables built afterwards are not 0, 1, 2, ... */
 static void scramble(kv_backend *b, uint64_t seed)
 {
-    kv_pool *p = &b->paged->pool;
+    kv_pool *p = &b->mem->paged->pool;
     int *ids = malloc((size_t)p->n_blocks * sizeof(int)); /* [N] */
     kv_err e;
     int n = 0;
@@ -114,8 +114,8 @@ static void scramble(kv_backend *b, uint64_t seed)
 /* 1 when some slot's table is not a run of consecutive ids. */
 static int scrambled(const kv_backend *b)
 {
-    for (int s = 0; s < b->paged->n_slots; s++) {
-        const kv_block_table *t = &b->paged->tables[s];
+    for (int s = 0; s < b->mem->paged->n_slots; s++) {
+        const kv_block_table *t = &b->mem->paged->tables[s];
         for (int i = 1; i < t->n_blocks; i++)
             if (t->blocks[i] != t->blocks[i - 1] + 1) return 1;
     }
@@ -128,9 +128,9 @@ static void check_released(kv_backend *b, const char *what)
     for (int s = 0; s < b->spec.n_slots; s++) b->reset(b, s);
     kv_err e;
     int leaked[4];
-    int n = kv_pool_check_leaks(&b->paged->pool, leaked, 4);
+    int n = kv_pool_check_leaks(&b->mem->paged->pool, leaked, 4);
     KV_CHECK(n == 0, "%s: %d blocks still referenced after reset (first %d)", what, n, leaked[0]);
-    KV_CHECK(kv_pool_validate(&b->paged->pool, &e) == KV_OK, "%s: pool: %s", what, e.msg);
+    KV_CHECK(kv_pool_validate(&b->mem->paged->pool, &e) == KV_OK, "%s: pool: %s", what, e.msg);
 }
 
 static kv_cache_spec paged(kv_cache_spec s, int B, int extra)
@@ -333,14 +333,14 @@ static void check_fork(const char *model_name, const kv_model *m, const char *va
     scramble(b, 3);
     kv_seq q = {0, 0, p, par};
     rc = b->forward(b, &q, 1, got, NULL, &e);
-    if (!rc) rc = kv_paged_fork(b, 1, 0, &e);
+    if (!rc) rc = kv_paged_fork(b->mem, 1, 0, &e);
     KV_CHECK(rc == KV_OK && b->length(b, 1) == p, "fork %s: %s", variant, rc ? e.msg : "length");
-    const kv_block_table *t0 = &b->paged->tables[0], *t1 = &b->paged->tables[1];
+    const kv_block_table *t0 = &b->mem->paged->tables[0], *t1 = &b->mem->paged->tables[1];
     int shared = t0->n_blocks == t1->n_blocks;
     for (int i = 0; shared && i < t0->n_blocks; i++)
-        shared = t0->blocks[i] == t1->blocks[i] && b->paged->pool.refcount[t0->blocks[i]] == 2;
+        shared = t0->blocks[i] == t1->blocks[i] && b->mem->paged->pool.refcount[t0->blocks[i]] == 2;
     KV_CHECK(shared, "fork %s: the child does not share every block at refcount 2", variant);
-    const int64_t cow0 = b->paged->n_cow;
+    const int64_t cow0 = b->mem->paged->n_cow;
     int bad_p = 0, bad_c = 0;
     for (int st = 0; st < STEPS && !rc; st++) {
         kv_seq two[2] = {{0, p + st, 1, par + p + st}, {1, p + st, 1, chi + p + st}};
@@ -353,8 +353,8 @@ static void check_fork(const char *model_name, const kv_model *m, const char *va
              model_name, variant, B, p, bad_p, STEPS);
     KV_CHECK(bad_c == 0, "fork %s %s B=%d p=%d: the child differs from its solo run in %d of %d "
              "steps", model_name, variant, B, p, bad_c, STEPS);
-    KV_CHECK(b->paged->n_cow - cow0 == expect_cow, "fork %s B=%d p=%d: %lld copies on write, "
-             "expected %d", variant, B, p, (long long)(b->paged->n_cow - cow0), expect_cow);
+    KV_CHECK(b->mem->paged->n_cow - cow0 == expect_cow, "fork %s B=%d p=%d: %lld copies on write, "
+             "expected %d", variant, B, p, (long long)(b->mem->paged->n_cow - cow0), expect_cow);
     check_released(b, "fork");
 out:
     kv_backend_destroy(b);
@@ -396,7 +396,7 @@ static void check_prefix(const kv_model *m, const char *variant, int B)
     for (int i = 0; i < 4 && !rc; i++) rc = b->forward(b, &a[i], 1, got, NULL, &e);
     KV_CHECK(rc == KV_OK, "prefix %s request A: %s", variant, e.msg);
     /* request B shares 2B + 3 tokens: two full blocks to adopt, the rest to prefill */
-    rc = kv_paged_match_prefix(b, 1, Q, NQ - 3, &hit, &e);
+    rc = kv_paged_match_prefix(b->mem, 1, Q, NQ - 3, &hit, &e);
     if (adoptable) {
         KV_CHECK(rc == KV_OK && hit == 2 * B && b->length(b, 1) == 2 * B, "prefix %s B=%d: "
                  "rc %d, hit %d tokens (expected %d), length %d: %s", variant, B, rc, hit, 2 * B,
@@ -406,9 +406,9 @@ static void check_prefix(const kv_model *m, const char *variant, int B)
                      strstr(e.msg, kv_quant_name(cs.dtype)),
                  "prefix %s: adoption not refused with its reason: rc %d, '%s'", variant, rc,
                  rc ? e.msg : "");
-        KV_CHECK(b->length(b, 1) == 0 && b->paged->tables[1].n_blocks == 0,
+        KV_CHECK(b->length(b, 1) == 0 && b->mem->paged->tables[1].n_blocks == 0,
                  "prefix %s: a refused adoption left slot 1 holding %d blocks", variant,
-                 b->paged->tables[1].n_blocks);
+                 b->mem->paged->tables[1].n_blocks);
         hit = 0;
     }
     rc = KV_OK;
@@ -428,7 +428,7 @@ static void check_prefix(const kv_model *m, const char *variant, int B)
         b->reset(b, 0);
         b->reset(b, 1);
         const int want = (NQ - 4) / B * B;
-        rc = kv_paged_match_prefix(b, 0, Q, NQ - 3, &hit, &e);
+        rc = kv_paged_match_prefix(b->mem, 0, Q, NQ - 3, &hit, &e);
         KV_CHECK(rc == KV_OK && hit == want, "prefix %s B=%d after release: hit %d, expected %d %s",
                  variant, B, hit, want, rc ? e.msg : "");
         kv_seq c = {0, hit, NQ - 3 - hit, Q + hit};
@@ -454,13 +454,13 @@ typedef struct {
 static void snap(const kv_backend *b, pool_snap *s)
 {
     memset(s, 0, sizeof *s);
-    const kv_pool *p = &b->paged->pool;
+    const kv_pool *p = &b->mem->paged->pool;
     s->n_free = p->n_free;
     s->n_used = p->n_used;
     s->n_cached = p->n_cached;
     for (int i = 0; i < p->n_blocks && i < 8; i++) s->refcount[i] = p->refcount[i];
     for (int k = 0; k < 2; k++) {
-        const kv_block_table *t = &b->paged->tables[k];
+        const kv_block_table *t = &b->mem->paged->tables[k];
         s->len[k] = b->length((kv_backend *)b, k);
         s->n_blocks[k] = t->n_blocks;
         s->n_tokens[k] = t->n_tokens;
@@ -485,10 +485,10 @@ static void check_exhaustion(const kv_model *m)
     if (!rc) rc = r->forward(r, &a, 1, ref, NULL, &e);
     KV_CHECK(rc == KV_OK, "exhaustion prefill: %s", e.msg);
     /* slot 0 +10 (to 30: one more block), slot 1 +20 (three): 4 blocks, 2 available */
-    KV_CHECK(kv_paged_blocks_needed(b, 0, 10) == 1 && kv_paged_blocks_needed(b, 1, 20) == 3 &&
-                 kv_paged_available(b) == 2, "blocks needed %d + %d, available %d",
-             kv_paged_blocks_needed(b, 0, 10), kv_paged_blocks_needed(b, 1, 20),
-             kv_paged_available(b));
+    KV_CHECK(kv_paged_blocks_needed(b->mem, 0, 10) == 1 &&
+                 kv_paged_blocks_needed(b->mem, 1, 20) == 3 && kv_paged_available(b->mem) == 2,
+             "blocks needed %d + %d, available %d", kv_paged_blocks_needed(b->mem, 0, 10),
+             kv_paged_blocks_needed(b->mem, 1, 20), kv_paged_available(b->mem));
     pool_snap s0, s1;
     snap(b, &s0);
     kv_seq big[2] = {{0, 20, 10, TOK[0] + 20}, {1, 0, 20, TOK[1]}};
@@ -497,11 +497,11 @@ static void check_exhaustion(const kv_model *m)
              "exhaustion: rc %d, message without the numbers: '%s'", rc, rc ? e.msg : "");
     snap(b, &s1);
     KV_CHECK(!memcmp(&s0, &s1, sizeof s0), "a refused step changed the tables or the pool");
-    KV_CHECK(kv_pool_validate(&b->paged->pool, &e) == KV_OK, "pool after refusal: %s", e.msg);
+    KV_CHECK(kv_pool_validate(&b->mem->paged->pool, &e) == KV_OK, "pool after refusal: %s", e.msg);
     /* the next, smaller step fits (slot 0 +4 stays in its third block, slot 1 +9 takes two) */
     kv_seq small[2] = {{0, 20, 4, TOK[0] + 20}, {1, 0, 9, TOK[1]}};
     rc = b->forward(b, small, 2, got, NULL, &e);
-    KV_CHECK(rc == KV_OK && kv_paged_available(b) == 0, "the smaller step: %s",
+    KV_CHECK(rc == KV_OK && kv_paged_available(b->mem) == 0, "the smaller step: %s",
              rc ? e.msg : "pool not full");
     if (!rc) rc = r->forward(r, small, 2, ref, NULL, &e);
     KV_CHECK(rc == KV_OK && !memcmp(got, ref, (size_t)2 * V * sizeof(float)),
@@ -514,8 +514,8 @@ static void check_exhaustion(const kv_model *m)
     KV_CHECK(b->forward(b, &fits, 1, got, NULL, &e) == KV_OK, "filling slot 1's last block: %s",
              e.msg);
     check_released(b, "exhaustion");
-    KV_CHECK(kv_paged_available(b) == 5, "after reset %d of 5 blocks available",
-             kv_paged_available(b));
+    KV_CHECK(kv_paged_available(b->mem) == 5, "after reset %d of 5 blocks available",
+             kv_paged_available(b->mem));
     kv_backend_destroy(b);
     kv_backend_destroy(r);
     free(got);
@@ -539,13 +539,13 @@ static void check_shared_step(const kv_model *m)
     float *got = malloc((size_t)2 * V * sizeof(float)), *ref = malloc((size_t)2 * V * sizeof(float));
     kv_seq a = {0, 0, 12, TOK[0]};
     int rc = b->forward(b, &a, 1, got, NULL, &e);
-    if (!rc) rc = kv_paged_fork(b, 1, 0, &e);
+    if (!rc) rc = kv_paged_fork(b->mem, 1, 0, &e);
     kv_seq a1 = {1, 0, 12, TOK[0]};
     if (!rc) rc = r->forward(r, &a, 1, ref, NULL, &e);
     if (!rc) rc = r->forward(r, &a1, 1, ref, NULL, &e);
     KV_CHECK(rc == KV_OK, "shared step setup: %s", rc ? e.msg : "");
-    KV_CHECK(kv_paged_available(b) == 1, "after the fork %d blocks free, expected 1",
-             kv_paged_available(b));
+    KV_CHECK(kv_paged_available(b->mem) == 1, "after the fork %d blocks free, expected 1",
+             kv_paged_available(b->mem));
     kv_seq both[2] = {{0, 12, 1, TOK[0] + 12}, {1, 12, 1, TOK[1] + 12}};
     rc = b->forward(b, both, 2, got, NULL, &e);
     KV_CHECK(rc == KV_OK, "both sharers appending in one step with one free block: %s",
@@ -553,8 +553,8 @@ static void check_shared_step(const kv_model *m)
     if (!rc) rc = r->forward(r, both, 2, ref, NULL, &e);
     KV_CHECK(rc == KV_OK && !memcmp(got, ref, (size_t)2 * V * sizeof(float)),
              "shared step: logits differ from contiguous");
-    KV_CHECK(b->paged->n_cow == 1, "shared step: %lld copies, expected 1",
-             (long long)b->paged->n_cow);
+    KV_CHECK(b->mem->paged->n_cow == 1, "shared step: %lld copies, expected 1",
+             (long long)b->mem->paged->n_cow);
     check_released(b, "shared step");
     kv_backend_destroy(b);
     kv_backend_destroy(r);
@@ -711,13 +711,13 @@ static void check_bad_input(const kv_model *m)
     kv_seq a = {0, 0, 5, TOK[0]};
     float *lg = malloc((size_t)m->config.vocab_size * sizeof(float));
     KV_CHECK(b->forward(b, &a, 1, lg, NULL, &e) == KV_OK, "forward: %s", e.msg);
-    KV_CHECK(kv_paged_fork(b, 0, 0, &e) == KV_ERR_ARG, "fork onto itself refused");
-    KV_CHECK(kv_paged_fork(b, 2, 0, &e) == KV_ERR_ARG, "fork to slot 2 of 2 refused");
-    KV_CHECK(kv_paged_fork(b, 1, 0, &e) == KV_OK, "fork: %s", e.msg);
-    rc = kv_paged_fork(b, 1, 0, &e);
+    KV_CHECK(kv_paged_fork(b->mem, 0, 0, &e) == KV_ERR_ARG, "fork onto itself refused");
+    KV_CHECK(kv_paged_fork(b->mem, 2, 0, &e) == KV_ERR_ARG, "fork to slot 2 of 2 refused");
+    KV_CHECK(kv_paged_fork(b->mem, 1, 0, &e) == KV_OK, "fork: %s", e.msg);
+    rc = kv_paged_fork(b->mem, 1, 0, &e);
     KV_CHECK(rc == KV_ERR_ARG && strstr(e.msg, "in use"), "fork into a used slot: '%s'", e.msg);
     int hit = -1;
-    KV_CHECK(kv_paged_match_prefix(b, 1, TOK[0], 5, &hit, &e) == KV_OK && hit == 0,
+    KV_CHECK(kv_paged_match_prefix(b->mem, 1, TOK[0], 5, &hit, &e) == KV_OK && hit == 0,
              "prefix match with prefix caching off: hit %d", hit);
     kv_seq wrong = {0, 3, 1, TOK[0]};
     KV_CHECK(b->forward(b, &wrong, 1, lg, NULL, &e) == KV_ERR_ARG, "pos 3 on a slot of 5 tokens");

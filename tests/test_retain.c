@@ -745,7 +745,8 @@ static void test_refusals(const kv_model *m)
         kv_cache *c = kv_backend_cpu_cache(be);
         if (round == 0) {
             memset(&e, 0, sizeof e);
-            KV_CHECK(be->truncate(be, 0, 20, &e) == KV_ERR_UNSUPPORTED && strstr(e.msg, "retention"),
+            KV_CHECK(be->rollback->truncate(be, 0, 20, &e) == KV_ERR_UNSUPPORTED &&
+                         strstr(e.msg, "retention"),
                      "backend truncate: %s", e.msg);
             memset(&e, 0, sizeof e);
             KV_CHECK(kv_cache_fork_slot(c, 0, 0, &e) == KV_ERR_UNSUPPORTED && strstr(e.msg, "retention"),

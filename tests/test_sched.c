@@ -62,8 +62,8 @@ static kv_backend *paged_backend(const kv_model *m, int n_blocks, int block_size
 static void check_pool(kv_backend *b, const char *what)
 {
     kv_err err;
-    KV_CHECK(kv_pool_check_leaks(&b->paged->pool, NULL, 0) == 0, "%s: blocks leaked", what);
-    KV_CHECK(kv_pool_validate(&b->paged->pool, &err) == KV_OK, "%s: pool: %s", what, err.msg);
+    KV_CHECK(kv_pool_check_leaks(&b->mem->paged->pool, NULL, 0) == 0, "%s: blocks leaked", what);
+    KV_CHECK(kv_pool_validate(&b->mem->paged->pool, &err) == KV_OK, "%s: pool: %s", what, err.msg);
 }
 
 static int preempted_multi; /* requests with n > 1 or beams preempted in the last run */
@@ -210,7 +210,7 @@ static void check_swap(const kv_model *m, const kv_trace *t, const kv_sched_out 
 
     /* swap, host tier as large as the pool: every request fits the 24 blocks unshared */
     b = paged_backend(m, 24, 4, 0);
-    const int64_t bb = (int64_t)b->block_bytes(b);
+    const int64_t bb = (int64_t)b->mem->block_bytes(b->mem);
     kv_sched_metrics ms = run_and_compare("swap, 24 blocks", b, t, &so, solo);
     KV_CHECK(ms.preemptions > 0 && ms.swap_preemptions == ms.preemptions &&
                  ms.recompute_fallbacks == 0 && preempted_multi > 0,

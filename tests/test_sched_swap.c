@@ -66,8 +66,8 @@ static kv_sched_metrics run_check(const char *what, kv_backend *b, const kv_trac
         same += ok;
     }
     KV_CHECK(same == t->n, "%s: %d of %d requests equal their solo run", what, same, t->n);
-    KV_CHECK(kv_pool_check_leaks(&b->paged->pool, NULL, 0) == 0 &&
-                 kv_pool_validate(&b->paged->pool, &err) == KV_OK,
+    KV_CHECK(kv_pool_check_leaks(&b->mem->paged->pool, NULL, 0) == 0 &&
+                 kv_pool_validate(&b->mem->paged->pool, &err) == KV_OK,
              "%s: device pool empty and consistent", what);
     KV_CHECK(out.m.host_leaked == 0, "%s: host tier empty (%d held)", what, out.m.host_leaked);
     m = out.m;
@@ -110,7 +110,7 @@ static void check_modes(const kv_model *m, const kv_trace *t, const kv_sched_out
         o.step_s = 0.01;
         o.token_s = 1e-4;
         kv_backend *b = paged_backend(m, 20, 4);
-        const int64_t bb = (int64_t)b->block_bytes(b);
+        const int64_t bb = (int64_t)b->mem->block_bytes(b->mem);
         o.link.bandwidth = (double)bb / 1e-3; /* a block a millisecond */
         kv_sched_metrics x = run_check(runs[k].name, b, t, &o, solo, NULL);
         KV_CHECK(x.preemptions > 0 && x.tokens_processed - x.tokens_recomputed == base,
@@ -241,7 +241,7 @@ static void check_latency(const kv_model *m)
     kv_backend_destroy(big);
     kv_backend *b = paged_backend(m, 25, 4);
     const double blk = 1e-3;
-    o.link.bandwidth = (double)b->block_bytes(b) / blk;
+    o.link.bandwidth = (double)b->mem->block_bytes(b->mem) / blk;
     o.link.latency = 0;
     double ttft[3] = {0, 0, 0};
     kv_sched_metrics x[3];

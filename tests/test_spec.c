@@ -132,18 +132,18 @@ static void test_greedy(const kv_model *m, const kv_model *dm, int paged, int dt
         if (paged) { /* exactly the blocks the cached rows need, in each pool */
             const int need = (L + spec.block_size - 1) / spec.block_size;
             const int dneed = (d->length(d, 0) + spec.block_size - 1) / spec.block_size;
-            KV_CHECK(t->paged->pool.n_used == need && d->paged->pool.n_used == dneed,
+            KV_CHECK(t->mem->paged->pool.n_used == need && d->mem->paged->pool.n_used == dneed,
                      "%s k=%d: pools hold %d and %d blocks, the rows need %d and %d", what, k,
-                     t->paged->pool.n_used, d->paged->pool.n_used, need, dneed);
+                     t->mem->paged->pool.n_used, d->mem->paged->pool.n_used, need, dneed);
         }
     }
     KV_CHECK(accepted > 0, "%s: the draft never agreed: the rollback path alone was tested", what);
     if (paged) {
         t->reset(t, 0);
         d->reset(d, 0);
-        KV_CHECK(t->paged->pool.n_used == 0 && d->paged->pool.n_used == 0,
-                 "%s: blocks leaked after reset (%d, %d)", what, t->paged->pool.n_used,
-                 d->paged->pool.n_used);
+        KV_CHECK(t->mem->paged->pool.n_used == 0 && d->mem->paged->pool.n_used == 0,
+                 "%s: blocks leaked after reset (%d, %d)", what, t->mem->paged->pool.n_used,
+                 d->mem->paged->pool.n_used);
     }
 done:
     kv_backend_destroy(plain);
@@ -278,10 +278,11 @@ static void test_refusals(const kv_model *m, const kv_model *dm)
         KV_CHECK(kv_spec_generate(t, d, PROMPT, P, &o, out, NULL, &e) == KV_ERR_CAPACITY,
                  "capacity overflow accepted");
         o.n_tokens = 4;
-        d->truncate = NULL;
+        d->rollback = NULL;
         KV_CHECK(kv_spec_generate(t, d, PROMPT, P, &o, out, NULL, &e) == KV_ERR_UNSUPPORTED,
                  "a backend without truncate accepted");
-        KV_CHECK(t->truncate(t, 0, 1, &e) == KV_ERR_ARG, "truncate past the length accepted");
+        KV_CHECK(t->rollback->truncate(t, 0, 1, &e) == KV_ERR_ARG,
+                 "truncate past the length accepted");
         KV_CHECK(kv_model_layer_prefix(&(kv_model){0}, m, 3, &e) == KV_ERR_ARG,
                  "a 3-layer prefix of a 2-layer model accepted");
     }
@@ -295,9 +296,9 @@ static void test_refusals(const kv_model *m, const kv_model *dm)
         const kv_seq s2 = {0, P, 2, PROMPT}; /* 9 tokens: block 0 is full and registered */
         KV_CHECK(t->forward(t, &s, 1, NULL, NULL, &e) == KV_OK &&
                  t->forward(t, &s2, 1, NULL, NULL, &e) == KV_OK, "prefix: %s", e.msg);
-        KV_CHECK(t->truncate(t, 0, 8, &e) == KV_OK, "prefix: truncating after the registered "
-                 "block refused: %s", e.msg);
-        KV_CHECK(t->truncate(t, 0, 5, &e) == KV_ERR_UNSUPPORTED,
+        KV_CHECK(t->rollback->truncate(t, 0, 8, &e) == KV_OK,
+                 "prefix: truncating after the registered block refused: %s", e.msg);
+        KV_CHECK(t->rollback->truncate(t, 0, 5, &e) == KV_ERR_UNSUPPORTED,
                  "prefix: cutting into a registered block accepted");
         KV_CHECK(t->length(t, 0) == 8, "prefix: a refused truncate changed the length to %d",
                  t->length(t, 0));

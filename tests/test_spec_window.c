@@ -107,7 +107,7 @@ static void test_rounds(const kv_model *m, const wcase *w, int paged, int np)
         const int acc = (int)((r >> 33) % (uint64_t)(k + 1));
         for (int j = 0; j < k; j++) ctx[n + j] = (int)((r >> (j * 3 + 5)) % (uint64_t)V);
         const int tlen = t->length(t, 0);
-        ok = t->speculate(t, 0, k, &e) == KV_OK;
+        ok = t->rollback->speculate(t, 0, k, &e) == KV_OK;
         for (int a = tlen, b; a < n + k && ok; a = b) { /* kv_spec's cut of a KIVI step */
             for (b = a + 1; b < n + k && seen(&spec, np, b) == seen(&spec, np, a);) b++;
             const kv_seq s = {0, a, b - a, ctx + a};
@@ -117,11 +117,11 @@ static void test_rounds(const kv_model *m, const wcase *w, int paged, int np)
         if (!ok) break;
         if (rounds == 3) { /* the refusals, which must change nothing */
             const int have = t->length(t, 0);
-            KV_CHECK(t->truncate(t, 0, tlen - 1, &e) == KV_ERR_UNSUPPORTED,
+            KV_CHECK(t->rollback->truncate(t, 0, tlen - 1, &e) == KV_ERR_UNSUPPORTED,
                      "%s: truncating below the armed length accepted", what);
             KV_CHECK(t->length(t, 0) == have, "%s: a refused truncate changed the length", what);
         }
-        ok = t->truncate(t, 0, n + acc, &e) == KV_OK;
+        ok = t->rollback->truncate(t, 0, n + acc, &e) == KV_OK;
         KV_CHECK(ok, "%s round %d: truncate to %d: %s", what, rounds, n + acc, e.msg);
         if (!ok) break;
         n += acc;
@@ -140,17 +140,17 @@ static void test_rounds(const kv_model *m, const wcase *w, int paged, int np)
              rounds);
     /* the log holds k positions: dropping more, or anything unarmed, is refused */
     const int have = t->length(t, 0);
-    KV_CHECK(t->truncate(t, 0, have - 1, &e) == KV_ERR_UNSUPPORTED, "%s: an unarmed truncate "
-             "accepted", what);
-    if (t->speculate(t, 0, 2, &e) == KV_OK) {
+    KV_CHECK(t->rollback->truncate(t, 0, have - 1, &e) == KV_ERR_UNSUPPORTED,
+             "%s: an unarmed truncate accepted", what);
+    if (t->rollback->speculate(t, 0, 2, &e) == KV_OK) {
         const kv_seq s = {0, have, 4, ctx};
         KV_CHECK(t->forward(t, &s, 1, NULL, NULL, &e) == KV_OK, "%s: %s", what, e.msg);
-        KV_CHECK(t->truncate(t, 0, have + 1, &e) == KV_ERR_UNSUPPORTED,
+        KV_CHECK(t->rollback->truncate(t, 0, have + 1, &e) == KV_ERR_UNSUPPORTED,
                  "%s: dropping 3 tokens with a 2-token log accepted", what);
         KV_CHECK(t->length(t, 0) == have + 4, "%s: a refused truncate changed the length", what);
-        KV_CHECK(t->truncate(t, 0, have + 2, &e) == KV_OK, "%s: %s", what, e.msg);
-        KV_CHECK(t->truncate(t, 0, have + 2, &e) == KV_OK, "%s: a no-op truncate refused: %s",
-                 what, e.msg);
+        KV_CHECK(t->rollback->truncate(t, 0, have + 2, &e) == KV_OK, "%s: %s", what, e.msg);
+        KV_CHECK(t->rollback->truncate(t, 0, have + 2, &e) == KV_OK,
+                 "%s: a no-op truncate refused: %s", what, e.msg);
     }
 done:
     kv_backend_destroy(t);

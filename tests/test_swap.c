@@ -68,10 +68,10 @@ static kv_cache_spec paged_spec(const char *variant, int extra, kv_err *e, int *
 static int relocated;
 static void poison_free_blocks(kv_backend *b, uint64_t seed)
 {
-    kv_pool *p = &b->paged->pool;
+    kv_pool *p = &b->mem->paged->pool;
     int *ids = malloc((size_t)p->n_blocks * sizeof(int));              /* [N] */
     kv_block_copy *pairs = malloc((size_t)p->n_blocks * sizeof *pairs); /* [N] */
-    const size_t bb = b->block_bytes(b);
+    const size_t bb = b->mem->block_bytes(b->mem);
     uint8_t *junk = malloc(bb);                                         /* [block_bytes] */
     memset(junk, 0xFF, bb);
     kv_err e;
@@ -80,7 +80,7 @@ static void poison_free_blocks(kv_backend *b, uint64_t seed)
         pairs[n] = (kv_block_copy){0, ids[n]};
         n++;
     }
-    KV_CHECK(b->write_blocks(b, pairs, n, junk, bb, &e) == KV_OK, "poison: %s", e.msg);
+    KV_CHECK(b->mem->write_blocks(b->mem, pairs, n, junk, bb, &e) == KV_OK, "poison: %s", e.msg);
     kv_rng r;
     kv_rng_seed(&r, seed);
     for (int i = n - 1; i > 0; i--) {
@@ -112,11 +112,11 @@ static int relocated, evicted, in_flight; /* what run() saw, for the checks afte
 static int take_out(kv_swap *sw, kv_backend *b, int mode, int sa, int i, kv_swapped *h,
                     kv_err *e)
 {
-    if (mode == WHOLE) return kv_swap_out(sw, b, sa, h, e);
-    const int n = b->paged->tables[sa].n_blocks;
-    int rc = kv_swap_detach(sw, b, sa, h, e), moved = 0;
+    if (mode == WHOLE) return kv_swap_out(sw, b->mem, sa, h, e);
+    const int n = b->mem->paged->tables[sa].n_blocks;
+    int rc = kv_swap_detach(sw, b->mem, sa, h, e), moved = 0;
     if (rc || mode == DETACH) return rc;
-    rc = kv_swap_evict(sw, b, h, evict_k(i), &moved, e);
+    rc = kv_swap_evict(sw, b->mem, h, evict_k(i), &moved, e);
     const int want = evict_k(i) < n ? evict_k(i) : n;
     KV_CHECK(rc == KV_OK && moved == want && h->n_on_host == want, "evict %d of %d blocks: "
              "moved %d (%s)", evict_k(i), n, moved, rc ? e->msg : "");
@@ -157,16 +157,16 @@ static int run(kv_backend *b, kv_swap *sw, int mode, float *logits, kv_err *e)
         kv_swapped h;
         int old[CAP / B + 1], n_old = 0;
         if (sw) {
-            n_old = b->paged->tables[sa].n_blocks;
-            memcpy(old, b->paged->tables[sa].blocks, (size_t)n_old * sizeof(int));
+            n_old = b->mem->paged->tables[sa].n_blocks;
+            memcpy(old, b->mem->paged->tables[sa].blocks, (size_t)n_old * sizeof(int));
             int rc = take_out(sw, b, mode, sa, i_swap++, &h, e);
             KV_CHECK(rc == KV_OK, "%s: out at length %d: %s", MODE_NAME[mode], pa, e->msg);
             if (rc) return -1;
-            KV_CHECK(b->length(b, sa) == 0 && b->paged->tables[sa].n_blocks == 0,
+            KV_CHECK(b->length(b, sa) == 0 && b->mem->paged->tables[sa].n_blocks == 0,
                      "slot %d still holds %d tokens after the swap out", sa, b->length(b, sa));
             poison_free_blocks(b, 900 + (uint64_t)pa);
             if (mode == PREFETCH) {
-                rc = kv_swap_prefetch(sw, b, &h, e);
+                rc = kv_swap_prefetch(sw, b->mem, &h, e);
                 KV_CHECK(rc == KV_OK, "prefetch at length %d: %s", pa, e->msg);
                 if (rc) return -1;
                 in_flight += h.ticket > 0;
@@ -180,12 +180,13 @@ static int run(kv_backend *b, kv_swap *sw, int mode, float *logits, kv_err *e)
         st++;
         if (sw) {
             sa = sa == 0 ? 2 : 0;
-            int rc = kv_swap_in(sw, b, sa, &h, e);
+            int rc = kv_swap_in(sw, b->mem, sa, &h, e);
             KV_CHECK(rc == KV_OK, "%s: in at length %d: %s", MODE_NAME[mode], pa, e->msg);
             if (rc) return -1;
             KV_CHECK(b->length(b, sa) == pa && !h.resident, "swap in: slot %d holds %d of %d",
                      sa, b->length(b, sa), pa);
-            relocated += memcmp(old, b->paged->tables[sa].blocks, (size_t)n_old * sizeof(int)) != 0;
+            relocated +=
+                memcmp(old, b->mem->paged->tables[sa].blocks, (size_t)n_old * sizeof(int)) != 0;
         }
     }
     return st;
@@ -195,9 +196,10 @@ static void check_tiers(kv_backend *b, kv_swap *sw, const char *what)
 {
     for (int s = 0; s < N_SLOTS; s++) b->reset(b, s);
     kv_err e;
-    int n = kv_pool_check_leaks(&b->paged->pool, NULL, 0);
+    int n = kv_pool_check_leaks(&b->mem->paged->pool, NULL, 0);
     KV_CHECK(n == 0, "%s: %d device blocks leaked", what, n);
-    KV_CHECK(kv_pool_validate(&b->paged->pool, &e) == KV_OK, "%s: device pool: %s", what, e.msg);
+    KV_CHECK(kv_pool_validate(&b->mem->paged->pool, &e) == KV_OK, "%s: device pool: %s", what,
+             e.msg);
     n = kv_pool_check_leaks(&sw->pool, NULL, 0);
     KV_CHECK(n == 0, "%s: %d host blocks leaked", what, n);
     KV_CHECK(kv_pool_validate(&sw->pool, &e) == KV_OK, "%s: host pool: %s", what, e.msg);
@@ -280,10 +282,10 @@ static void check_variant(const kv_model *m, const char *variant)
     memset(&sw, 0, sizeof sw);
     rc = kv_backend_cpu(&b, m, &ps, &e);
     KV_CHECK(rc == KV_OK, "%s: swap backend: %s", variant, e.msg);
-    if (!rc) rc = kv_swap_init(&sw, b, 8, NULL, &e);
+    if (!rc) rc = kv_swap_init(&sw, b->mem, 8, NULL, &e);
     KV_CHECK(rc == KV_OK, "%s: host tier: %s", variant, e.msg);
     if (rc || n_ref <= 0) goto done;
-    const size_t bb = b->block_bytes(b);
+    const size_t bb = b->mem->block_bytes(b->mem);
     KV_CHECK(bb == expected_block_bytes(&m->config, variant) && sw.pool.block_bytes == bb &&
                  sw.pool.block_size == B,
              "%s: block bytes %zu (host tier %zu), the formula says %zu", variant, bb,
@@ -316,7 +318,7 @@ static void check_exhaustion(const kv_model *m)
     memset(&sw, 0, sizeof sw);
     if (!rc) rc = kv_backend_cpu(&b, m, &ps, &e);
     if (!rc) rc = kv_backend_cpu(&r, m, &ps, &e);
-    if (!rc) rc = kv_swap_init(&sw, b, 2, NULL, &e);
+    if (!rc) rc = kv_swap_init(&sw, b->mem, 2, NULL, &e);
     KV_CHECK(rc == KV_OK, "exhaustion setup: %s", e.msg);
     if (rc) goto done;
     const int V = m->config.vocab_size;
@@ -328,13 +330,13 @@ static void check_exhaustion(const kv_model *m)
     if (!rc) rc = r->forward(r, &q, 1, lr, NULL, &e);
     KV_CHECK(rc == KV_OK, "exhaustion prefill: %s", e.msg);
     int before[3];
-    memcpy(before, b->paged->tables[0].blocks, sizeof before);
+    memcpy(before, b->mem->paged->tables[0].blocks, sizeof before);
     kv_swapped h;
-    rc = kv_swap_out(&sw, b, 0, &h, &e);
+    rc = kv_swap_out(&sw, b->mem, 0, &h, &e);
     KV_CHECK(rc == KV_ERR_CAPACITY && strstr(e.msg, "3 blocks") && strstr(e.msg, "2 free of 2"),
              "host tier of 2 blocks, sequence of 3: rc %d, '%s'", rc, rc ? e.msg : "");
-    KV_CHECK(b->length(b, 0) == 21 && b->paged->tables[0].n_blocks == 3 &&
-                 !memcmp(before, b->paged->tables[0].blocks, sizeof before),
+    KV_CHECK(b->length(b, 0) == 21 && b->mem->paged->tables[0].n_blocks == 3 &&
+                 !memcmp(before, b->mem->paged->tables[0].blocks, sizeof before),
              "the refused swap out changed the device sequence (length %d)", b->length(b, 0));
     KV_CHECK(sw.stats.copies[KV_LINK_OUT] == 0 && sw.pool.n_used == 0,
              "the refused swap out moved %lld copies, holds %d host blocks",
@@ -349,22 +351,22 @@ static void check_exhaustion(const kv_model *m)
     kv_seq q1 = {1, 0, 9, tok};
     rc = b->forward(b, &q1, 1, lb, NULL, &e);
     KV_CHECK(rc == KV_OK, "second sequence: %s", e.msg);
-    rc = kv_swap_out(&sw, b, 1, &h, &e);
+    rc = kv_swap_out(&sw, b->mem, 1, &h, &e);
     KV_CHECK(rc == KV_OK && h.n_blocks == 2, "swap out of 2 blocks: %s", rc ? e.msg : "");
     if (rc) {
         free(lb);
         goto done;
     }
     int hog[64], n_hog = 0;
-    while (n_hog < 64 && kv_pool_alloc(&b->paged->pool, &hog[n_hog], &e) == KV_OK) n_hog++;
-    rc = kv_swap_in(&sw, b, 1, &h, &e);
+    while (n_hog < 64 && kv_pool_alloc(&b->mem->paged->pool, &hog[n_hog], &e) == KV_OK) n_hog++;
+    rc = kv_swap_in(&sw, b->mem, 1, &h, &e);
     KV_CHECK(rc == KV_ERR_CAPACITY && strstr(e.msg, "2 blocks") && strstr(e.msg, "0 free"),
              "full device pool: swap in rc %d, '%s'", rc, rc ? e.msg : "");
     KV_CHECK(h.resident && h.n_blocks == 2 && sw.pool.n_used == 2 && b->length(b, 1) == 0 &&
-                 b->paged->tables[1].n_blocks == 0,
+                 b->mem->paged->tables[1].n_blocks == 0,
              "the refused swap in lost the sequence or left blocks behind");
-    for (int i = 0; i < n_hog; i++) kv_pool_unref(&b->paged->pool, hog[i], NULL);
-    rc = kv_swap_in(&sw, b, 1, &h, &e);
+    for (int i = 0; i < n_hog; i++) kv_pool_unref(&b->mem->paged->pool, hog[i], NULL);
+    rc = kv_swap_in(&sw, b->mem, 1, &h, &e);
     KV_CHECK(rc == KV_OK && b->length(b, 1) == 9, "swap in after the pool drained: %s",
              rc ? e.msg : "wrong length");
     kv_seq q2 = {1, 9, 1, tok + 9}, q2r = {1, 0, 10, tok};
@@ -408,7 +410,7 @@ static void check_partial(const kv_model *m)
     memset(&sw, 0, sizeof sw);
     if (!rc) rc = kv_backend_cpu(&b, m, &ps, &e);
     if (!rc) rc = kv_backend_cpu(&r, m, &ps, &e);
-    if (!rc) rc = kv_swap_init(&sw, b, 3, NULL, &e);
+    if (!rc) rc = kv_swap_init(&sw, b->mem, 3, NULL, &e);
     KV_CHECK(rc == KV_OK, "partial setup: %s", e.msg);
     if (rc) goto done;
     const int V = m->config.vocab_size;
@@ -418,28 +420,28 @@ static void check_partial(const kv_model *m)
     kv_seq q = {0, 0, 21, tok}; /* 21 tokens: 3 blocks, the last one partial */
     rc = b->forward(b, &q, 1, lb, NULL, &e);
     if (!rc) rc = r->forward(r, &q, 1, lr, NULL, &e);
-    if (!rc) rc = kv_paged_fork(b, 1, 0, &e); /* slot 1 shares all 3 blocks */
+    if (!rc) rc = kv_paged_fork(b->mem, 1, 0, &e); /* slot 1 shares all 3 blocks */
     KV_CHECK(rc == KV_OK, "partial prefill and fork: %s", e.msg);
-    kv_pool *dev = &b->paged->pool;
+    kv_pool *dev = &b->mem->paged->pool;
 
     /* shared blocks: evicting them would free nothing, so none moves */
     kv_swapped h;
     int moved = -1, shared[3];
-    memcpy(shared, b->paged->tables[0].blocks, sizeof shared);
-    rc = kv_swap_detach(&sw, b, 0, &h, &e);
-    if (!rc) rc = kv_swap_evict(&sw, b, &h, 100, &moved, &e);
+    memcpy(shared, b->mem->paged->tables[0].blocks, sizeof shared);
+    rc = kv_swap_detach(&sw, b->mem, 0, &h, &e);
+    if (!rc) rc = kv_swap_evict(&sw, b->mem, &h, 100, &moved, &e);
     KV_CHECK(rc == KV_OK && moved == 0 && h.n_on_host == 0 && sw.stats.copies[KV_LINK_OUT] == 0,
              "evict of 3 shared blocks: rc %d, moved %d (%s)", rc, moved, rc ? e.msg : "");
     KV_CHECK(dev->refcount[shared[0]] == 2 && dev->refcount[shared[2]] == 2, "detach kept %d "
              "references on a shared block, expected 2", dev->refcount[shared[0]]);
     /* the fork appends: its partial last block is copied on write, A's is A's alone now */
     same_step(b, 1, r, 21, tok, lb, lr, "the fork beside a detached sequence");
-    rc = kv_swap_evict(&sw, b, &h, 100, &moved, &e);
+    rc = kv_swap_evict(&sw, b->mem, &h, 100, &moved, &e);
     KV_CHECK(rc == KV_OK && moved == 1 && h.host_blocks[2] >= 0 && h.dev_blocks[0] == shared[0],
              "evict after the copy on write: moved %d, want only logical block 2 (%s)", moved,
              rc ? e.msg : "");
     b->reset(b, 1); /* the fork finishes: blocks 0 and 1 are A's alone */
-    rc = kv_swap_evict(&sw, b, &h, 1, &moved, &e);
+    rc = kv_swap_evict(&sw, b->mem, &h, 1, &moved, &e);
     KV_CHECK(rc == KV_OK && moved == 1 && h.host_blocks[1] >= 0 && h.dev_blocks[0] >= 0 &&
                  h.n_on_host == 2,
              "evict 1 more: moved %d, want logical block 1 (%s)", moved, rc ? e.msg : "");
@@ -449,18 +451,18 @@ static void check_partial(const kv_model *m)
     kv_swapped g;
     kv_seq q1 = {2, 0, 16, tok}; /* 16 tokens: 2 full blocks */
     rc = b->forward(b, &q1, 1, lb, NULL, &e);
-    if (!rc) rc = kv_swap_detach(&sw, b, 2, &g, &e);
-    if (!rc) rc = kv_swap_evict(&sw, b, &g, 2, &moved, &e);
+    if (!rc) rc = kv_swap_detach(&sw, b->mem, 2, &g, &e);
+    if (!rc) rc = kv_swap_evict(&sw, b->mem, &g, 2, &moved, &e);
     KV_CHECK(rc == KV_OK && moved == 1 && g.host_blocks[1] >= 0 && g.dev_blocks[0] >= 0,
              "evict into a tier with 1 free block: moved %d (%s)", moved, rc ? e.msg : "");
     const int keep = g.dev_blocks[0];
-    rc = kv_swap_evict(&sw, b, &g, 2, &moved, &e);
+    rc = kv_swap_evict(&sw, b->mem, &g, 2, &moved, &e);
     KV_CHECK(rc == KV_ERR_CAPACITY && moved == 0 && strstr(e.msg, "host tier is full") &&
                  g.dev_blocks[0] == keep && g.n_on_host == 1 && dev->refcount[keep] == 1,
              "evict into a full tier: rc %d, moved %d, '%s'", rc, moved, rc ? e.msg : "");
     /* drop of a partly evicted sequence: both tiers get their blocks back */
     const int used_dev = dev->n_used, used_host = sw.pool.n_used;
-    kv_swapped_drop(&sw, b, &g);
+    kv_swapped_drop(&sw, b->mem, &g);
     KV_CHECK(dev->n_used == used_dev - 1 && sw.pool.n_used == used_host - 1 && !g.resident,
              "drop: device %d -> %d, host %d -> %d blocks", used_dev, dev->n_used, used_host,
              sw.pool.n_used);
@@ -468,35 +470,35 @@ static void check_partial(const kv_model *m)
     /* prefetch into a full device pool: refused, nothing changes; then it goes */
     int hog[64], n_hog = 0;
     while (n_hog < 64 && kv_pool_alloc(dev, &hog[n_hog], &e) == KV_OK) n_hog++;
-    rc = kv_swap_prefetch(&sw, b, &h, &e);
+    rc = kv_swap_prefetch(&sw, b->mem, &h, &e);
     KV_CHECK(rc == KV_ERR_CAPACITY && h.ticket == 0 && h.pre_blocks[1] < 0 &&
                  h.pre_blocks[2] < 0 && h.n_on_host == 2,
              "prefetch into a full pool: rc %d, '%s'", rc, rc ? e.msg : "");
-    rc = kv_swap_in(&sw, b, 0, &h, &e);
-    KV_CHECK(rc == KV_ERR_CAPACITY && h.resident && b->paged->tables[0].n_blocks == 0 &&
+    rc = kv_swap_in(&sw, b->mem, 0, &h, &e);
+    KV_CHECK(rc == KV_ERR_CAPACITY && h.resident && b->mem->paged->tables[0].n_blocks == 0 &&
                  b->length(b, 0) == 0 && dev->refcount[h.dev_blocks[0]] == 1,
              "swap in into a full pool: rc %d, '%s'", rc, rc ? e.msg : "");
     for (int i = 0; i < n_hog; i++) kv_pool_unref(dev, hog[i], NULL);
-    rc = kv_swap_prefetch(&sw, b, &h, &e);
+    rc = kv_swap_prefetch(&sw, b->mem, &h, &e);
     KV_CHECK(rc == KV_OK && h.ticket > 0 && h.pre_blocks[1] >= 0 && h.pre_blocks[2] >= 0,
              "prefetch: rc %d, ticket %lld (%s)", rc, (long long)h.ticket, rc ? e.msg : "");
     int pre = h.pre_blocks[2];
-    rc = kv_swap_prefetch(&sw, b, &h, &e); /* again: nothing to do */
+    rc = kv_swap_prefetch(&sw, b->mem, &h, &e); /* again: nothing to do */
     KV_CHECK(rc == KV_OK && h.pre_blocks[2] == pre, "a second prefetch changed the first");
-    rc = kv_swap_evict(&sw, b, &h, 100, &moved, &e); /* on its way back: left alone */
+    rc = kv_swap_evict(&sw, b->mem, &h, 100, &moved, &e); /* on its way back: left alone */
     KV_CHECK(rc == KV_OK && moved == 0, "evict of a prefetching sequence moved %d", moved);
-    rc = kv_swap_in(&sw, b, 0, &h, &e);
-    KV_CHECK(rc == KV_OK && b->length(b, 0) == 21 && b->paged->tables[0].blocks[2] == pre,
+    rc = kv_swap_in(&sw, b->mem, 0, &h, &e);
+    KV_CHECK(rc == KV_OK && b->length(b, 0) == 21 && b->mem->paged->tables[0].blocks[2] == pre,
              "swap in after a prefetch: %s", rc ? e.msg : "table");
     same_step(b, 0, r, 21, tok, lb, lr, "a shared, then partly evicted, prefetched sequence");
 
     /* drop while a prefetch is in flight: it waits, then both tiers are clean */
-    rc = kv_swap_detach(&sw, b, 0, &h, &e);
-    if (!rc) rc = kv_swap_evict(&sw, b, &h, 100, &moved, &e);
-    if (!rc) rc = kv_swap_prefetch(&sw, b, &h, &e);
+    rc = kv_swap_detach(&sw, b->mem, 0, &h, &e);
+    if (!rc) rc = kv_swap_evict(&sw, b->mem, &h, 100, &moved, &e);
+    if (!rc) rc = kv_swap_prefetch(&sw, b->mem, &h, &e);
     KV_CHECK(rc == KV_OK && moved == 3 && h.ticket > 0, "evict all then prefetch: %s",
              rc ? e.msg : "moved");
-    kv_swapped_drop(&sw, b, &h);
+    kv_swapped_drop(&sw, b->mem, &h);
     check_tiers(b, &sw, "partial");
     free(lb);
 done:
@@ -514,7 +516,7 @@ static void check_refusals_and_link(const kv_model *m)
     kv_swap sw;
     memset(&sw, 0, sizeof sw);
     if (!rc) rc = kv_backend_cpu(&b, m, &ps, &e);
-    if (!rc) rc = kv_swap_init(&sw, b, 4, NULL, &e);
+    if (!rc) rc = kv_swap_init(&sw, b->mem, 4, NULL, &e);
     KV_CHECK(rc == KV_OK, "fp8 setup: %s", e.msg);
     if (!rc) {
         int tok[4] = {5, 6, 7, 8};
@@ -523,14 +525,14 @@ static void check_refusals_and_link(const kv_model *m)
         rc = b->forward(b, &q, 1, lg, NULL, &e);
         free(lg);
         kv_swapped h;
-        rc = rc ? rc : kv_swap_out(&sw, b, 0, &h, &e);
+        rc = rc ? rc : kv_swap_out(&sw, b->mem, 0, &h, &e);
         KV_CHECK(rc == KV_ERR_UNSUPPORTED && strstr(e.msg, "fp8") && b->length(b, 0) == 4,
                  "fp8 swap: rc %d, '%s'", rc, rc ? e.msg : "");
         check_tiers(b, &sw, "fp8");
     }
     kv_swap_free(&sw);
     kv_link bad = {0, 1e-6, 0};
-    KV_CHECK(b && kv_swap_init(&sw, b, 4, &bad, &e) == KV_ERR_ARG, "a link of 0 B/s accepted");
+    KV_CHECK(b && kv_swap_init(&sw, b->mem, 4, &bad, &e) == KV_ERR_ARG, "a link of 0 B/s accepted");
     kv_swap_free(&sw);
     kv_backend_destroy(b);
 
@@ -539,7 +541,7 @@ static void check_refusals_and_link(const kv_model *m)
     cs.layout = KV_LAYOUT_CONTIGUOUS;
     b = NULL;
     rc = kv_backend_cpu(&b, m, &cs, &e);
-    KV_CHECK(rc == KV_OK && !b->read_blocks && kv_swap_init(&sw, b, 4, NULL, &e) == KV_ERR_ARG,
+    KV_CHECK(rc == KV_OK && !b->mem && kv_swap_init(&sw, b->mem, 4, NULL, &e) == KV_ERR_ARG,
              "a host tier over a contiguous backend accepted");
     kv_swap_free(&sw);
     kv_backend_destroy(b);

@@ -53,43 +53,44 @@ static int on_turn(void *user, kv_session *s, int t, kv_err *err)
     memcpy(h->logits + (size_t)t * h->V, s->logits, sizeof(float) * (size_t)h->V);
     if (h->mode == MODE_NONE) return KV_OK;
     kv_backend *b = s->b;
-    const int used = b->paged->pool.n_used, held = b->paged->tables[s->slot].n_blocks;
+    const int used = b->mem->paged->pool.n_used, held = b->mem->paged->tables[s->slot].n_blocks;
     kv_swapped out = {0};
     int rc;
     if (h->mode == MODE_WHOLE) {
-        rc = kv_swap_out(h->sw, b, s->slot, &out, err);
+        rc = kv_swap_out(h->sw, b->mem, s->slot, &out, err);
         if (rc) return rc;
-        h->emptied &= b->length(b, s->slot) == 0 && b->paged->pool.n_used == used - held &&
+        h->emptied &= b->length(b, s->slot) == 0 && b->mem->paged->pool.n_used == used - held &&
                       out.n_tokens == s->n_history;
     } else {
-        rc = kv_swap_detach(h->sw, b, s->slot, &out, err);
+        rc = kv_swap_detach(h->sw, b->mem, s->slot, &out, err);
         int moved = 0;
-        if (!rc) rc = kv_swap_evict(h->sw, b, &out, (held + 1) / 2, &moved, err);
+        if (!rc) rc = kv_swap_evict(h->sw, b->mem, &out, (held + 1) / 2, &moved, err);
         if (!rc) {
             h->evicted += moved;
             h->emptied &= b->length(b, s->slot) == 0 && moved == (held + 1) / 2 &&
-                          b->paged->pool.n_used == used - moved;
-            rc = kv_swap_prefetch(h->sw, b, &out, err);
+                          b->mem->paged->pool.n_used == used - moved;
+            rc = kv_swap_prefetch(h->sw, b->mem, &out, err);
         }
         if (rc) {
-            kv_swapped_drop(h->sw, b, &out);
+            kv_swapped_drop(h->sw, b->mem, &out);
             return rc;
         }
     }
     /* Freed blocks keep their bytes and the pool hands the last freed out first, so a swap-in
      * that copied nothing could still read the old rows: overwrite every free block first. */
-    for (int blk = 0; blk < b->paged->pool.n_blocks; blk++) {
+    for (int blk = 0; blk < b->mem->paged->pool.n_blocks; blk++) {
         kv_block_copy poison = {0, blk};
-        if (b->paged->pool.refcount[blk] == 0 &&
-            (rc = b->write_blocks(b, &poison, 1, h->garbage, h->sw->pool.block_bytes, err))) {
-            kv_swapped_drop(h->sw, b, &out);
+        if (b->mem->paged->pool.refcount[blk] == 0 &&
+            (rc = b->mem->write_blocks(b->mem, &poison, 1, h->garbage, h->sw->pool.block_bytes,
+                                       err))) {
+            kv_swapped_drop(h->sw, b->mem, &out);
             return rc;
         }
     }
     s->slot = 1 - s->slot; /* come back into the other slot */
-    rc = kv_swap_in(h->sw, b, s->slot, &out, err);
+    rc = kv_swap_in(h->sw, b->mem, s->slot, &out, err);
     if (rc) {
-        kv_swapped_drop(h->sw, b, &out);
+        kv_swapped_drop(h->sw, b->mem, &out);
         return rc;
     }
     h->swaps++;
@@ -113,7 +114,7 @@ static int run(const kv_model *m, const kv_dialogue *d, int kind, const char *va
         sp.n_blocks = sp.n_slots * ((sp.capacity + B - 1) / B);
         rc = kv_backend_cpu(&b, m, &sp, e);
     }
-    if (!rc) rc = kv_swap_init(&sw, b, sp.n_blocks, NULL, e);
+    if (!rc) rc = kv_swap_init(&sw, b->mem, sp.n_blocks, NULL, e);
     memset(h, 0, sizeof *h);
     h->mode = mode;
     h->sw = &sw;
@@ -133,8 +134,8 @@ static int run(const kv_model *m, const kv_dialogue *d, int kind, const char *va
         b->reset(b, 0);
         b->reset(b, 1);
         int leaks[4];
-        KV_CHECK(kv_pool_check_leaks(&b->paged->pool, leaks, 4) == 0 &&
-                     kv_pool_validate(&b->paged->pool, e) == KV_OK,
+        KV_CHECK(kv_pool_check_leaks(&b->mem->paged->pool, leaks, 4) == 0 &&
+                     kv_pool_validate(&b->mem->paged->pool, e) == KV_OK,
                  "%s %s: device pool leaks or is inconsistent", d->name, MODE_NAMES[mode]);
         KV_CHECK(sw.pool.n_used == 0 && kv_pool_validate(&sw.pool, e) == KV_OK,
                  "%s %s: host tier holds %d blocks after the run", d->name, MODE_NAMES[mode],

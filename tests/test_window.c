@@ -434,10 +434,10 @@ static void test_forward(void)
             KV_CHECK(rc == KV_OK && !memcmp(a, b2, sizeof(float) * V),
                      "%s %s: paged logits == contiguous, bit for bit (%s)", fn, sn,
                      rc ? e.msg : "");
-            KV_CHECK(pg->paged->pool.n_used == (48 + 4 + 7) / 8 &&
-                         pg->paged->tables[0].n_blocks == (48 + 4 + 7) / 8,
+            KV_CHECK(pg->mem->paged->pool.n_used == (48 + 4 + 7) / 8 &&
+                         pg->mem->paged->tables[0].n_blocks == (48 + 4 + 7) / 8,
                      "%s %s: the table stopped at ceil((S+W)/B) = 7 blocks (%d used)", fn, sn,
-                     pg->paged->pool.n_used);
+                     pg->mem->paged->pool.n_used);
             if (fmts[f] != KV_QF_FP8_E4M3) {
                 rc = run_stream(tk, tok, N, single, 1, b2, &e);
                 KV_CHECK(rc == KV_OK && !memcmp(a, b2, sizeof(float) * V),
@@ -474,11 +474,11 @@ static void test_forward(void)
     if (!kv_backend_cpu(&pg, &m, &sp, &e)) {
         kv_seq s = {0, 0, 40, tok};
         KV_CHECK(pg->forward(pg, &s, 1, NULL, NULL, &e) == KV_OK, "paged window step: %s", e.msg);
-        KV_CHECK(kv_paged_fork(pg, 1, 0, &e) == KV_ERR_UNSUPPORTED && strstr(e.msg, "window"),
+        KV_CHECK(kv_paged_fork(pg->mem, 1, 0, &e) == KV_ERR_UNSUPPORTED && strstr(e.msg, "window"),
                  "fork refused: %s", e.msg);
         int hit = 0;
         kv_backend_enable_prefix_cache(pg, &e);
-        KV_CHECK(kv_paged_match_prefix(pg, 1, tok, 40, &hit, &e) == KV_ERR_UNSUPPORTED,
+        KV_CHECK(kv_paged_match_prefix(pg->mem, 1, tok, 40, &hit, &e) == KV_ERR_UNSUPPORTED,
                  "prefix cache refused: %s", e.msg);
         kv_backend_destroy(pg);
     }
@@ -546,10 +546,11 @@ static void test_drift(long n_tokens)
     }
     KV_CHECK(bad == 0 && checks > 0, "after %ld streamed tokens: %ld of %ld checks differ from a "
              "fresh cache holding only the %d retained tokens", n_tokens, bad, checks, K);
-    KV_CHECK(st->paged->pool.n_used == (K + 15) / 16, "still %d blocks after %ld tokens",
-             st->paged->pool.n_used, n_tokens);
+    KV_CHECK(st->mem->paged->pool.n_used == (K + 15) / 16, "still %d blocks after %ld tokens",
+             st->mem->paged->pool.n_used, n_tokens);
     printf("stream of %ld tokens (window %d, %d sinks, cache positions): %.0f tokens/s, %d "
-           "blocks held\n", n_tokens, W, S, n_tokens / (kv_now() - t0), st->paged->pool.n_used);
+           "blocks held\n",
+           n_tokens, W, S, n_tokens / (kv_now() - t0), st->mem->paged->pool.n_used);
     free(ring);
     free(a);
     free(b);

@@ -106,7 +106,7 @@ static int part_walk(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
     } else {
         fprintf(f, "part,step,pos,logical_block,offset,physical_block,slot,table,used,free\n");
     }
-    const kv_paged *pg = pb->paged;
+    const kv_paged *pg = pb->mem->paged;
     int len[2] = {0, 0}, n_in[2] = {P0, P1}, live1 = 1, identical = 1;
     for (int step = 0; len[0] < LEN0 && !st; step++) {
         kv_seq q[2];
@@ -284,11 +284,11 @@ static int mem_run(const kv_demo_ctx *ctx, const kv_model *m, const kv_request *
             for (int p = 0; p < N_POL; p++) reserved[p] += res_bytes[i][p];
             blocks_needed += (len[i] + B - 1) / B;
             /* internal waste of a paged sequence: at most B - 1 slots, all in its last block */
-            if (kv_block_table_unused_slots(&b->paged->tables[i]) > B - 1)
+            if (kv_block_table_unused_slots(&b->mem->paged->tables[i]) > B - 1)
                 st = kv_fail(err, -1, "request %d holds %lld unused slots with B = %d", i,
-                             (long long)kv_block_table_unused_slots(&b->paged->tables[i]), B);
+                             (long long)kv_block_table_unused_slots(&b->mem->paged->tables[i]), B);
         }
-        const kv_pool *pool = &b->paged->pool;
+        const kv_pool *pool = &b->mem->paged->pool;
         if (!st && pool->n_used != blocks_needed) /* nothing shared: used = sum of ceil(len/B) */
             st = kv_fail(err, -1, "pool holds %d blocks, the tables need %lld", pool->n_used,
                          (long long)blocks_needed);
@@ -301,9 +301,9 @@ static int mem_run(const kv_demo_ctx *ctx, const kv_model *m, const kv_request *
                 n_live--;
             }
     }
-    if (!st && b->paged->pool.n_used != 0)
+    if (!st && b->mem->paged->pool.n_used != 0)
         st = kv_fail(err, -1, "%d blocks still used after every request finished",
-                     b->paged->pool.n_used);
+                     b->mem->paged->pool.n_used);
     kv_backend_destroy(b);
     for (int i = 0; i < nr; i++) free(tok[i]);
     free(lg);
@@ -440,9 +440,9 @@ static int part_sharing(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
     kv_seq q[NS];
     q[0] = (kv_seq){0, 0, P, prompt};
     if (!st) st = b->forward(b, q, 1, l0, NULL, err); /* the prompt, once */
-    for (int s = 1; s < NS && !st; s++) st = kv_paged_fork(b, s, 0, err);
+    for (int s = 1; s < NS && !st; s++) st = kv_paged_fork(b->mem, s, 0, err);
     if (st) goto done;
-    const kv_paged *pg = b->paged;
+    const kv_paged *pg = b->mem->paged;
     const kv_block_table *t0 = &pg->tables[0];
     if (!ctx->csv) {
         fprintf(f, "3. Sharing: a %d-token prompt, prefilled once, forked into %d samples "
@@ -544,7 +544,7 @@ static int run_request(kv_backend *b, int slot, const int *prompt, int n, float 
     const int V = b->config->vocab_size;
     int toks[CH05_GEN + 1];
     *hit = 0;
-    int st = b->paged ? kv_paged_match_prefix(b, slot, prompt, n, hit, err) : KV_OK;
+    int st = b->mem ? kv_paged_match_prefix(b->mem, slot, prompt, n, hit, err) : KV_OK;
     kv_seq q = {slot, *hit, n - *hit, prompt + *hit};
     if (!st) st = b->forward(b, &q, 1, out, NULL, err);
     for (int t = 0; t < CH05_GEN && !st; t++) {
@@ -576,7 +576,7 @@ static int part_prefix(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
     if (!st) st = kv_cli_backend(&ref, dev, m, &cs, err);
     if (!st) st = run_request(b, 0, a, NA, la, &hit_a, err);
     if (st) goto done;
-    const kv_paged *pg = b->paged;
+    const kv_paged *pg = b->mem->paged;
     const int full_a = pg->tables[0].n_tokens / B;
     b->reset(b, 0); /* request A finishes: its full blocks stay, CACHED, on the LRU list */
     const int cached = pg->pool.n_cached;

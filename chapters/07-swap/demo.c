@@ -65,17 +65,17 @@ static int part_roundtrip(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err
     float *lg = malloc(sizeof(float) * 2 * (size_t)V); /* [2][V]: slot 0 swapped, slot 1 not */
     int st = lg ? paged_backend(ctx, m, &spec, &b, &dev, err)
                 : kv_fail(err, KV_ERR_NOMEM, "demo: logits");
-    if (!st) st = kv_swap_init(&sw, b, per_seq, NULL, err);
+    if (!st) st = kv_swap_init(&sw, b->mem, per_seq, NULL, err);
     if (st) goto done;
     kv_demo_prompt(tok[0], CH07_PROMPT, V);
     memcpy(tok[1], tok[0], sizeof(int) * CH07_PROMPT);
     kv_seq q[2] = {{0, 0, CH07_PROMPT, tok[0]}, {1, 0, CH07_PROMPT, tok[1]}};
     st = b->forward(b, q, 2, lg, NULL, err);
     if (st) goto done;
-    const int used0 = b->paged->pool.n_used;
-    st = kv_swap_out(&sw, b, 0, &s, err);
+    const int used0 = b->mem->paged->pool.n_used;
+    st = kv_swap_out(&sw, b->mem, 0, &s, err);
     if (st) goto done;
-    const int used_out = b->paged->pool.n_used;
+    const int used_out = b->mem->paged->pool.n_used;
     const kv_link_stats out = sw.stats;
     /* while it is out, a third sequence takes the freed blocks and writes its own rows there,
      * then finishes: what comes back can only be what the swap copied */
@@ -83,11 +83,11 @@ static int part_roundtrip(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err
     kv_seq other = {2, 0, CH07_PROMPT, tok[2]};
     st = b->forward(b, &other, 1, NULL, NULL, err);
     if (st) goto done;
-    const int used_other = b->paged->pool.n_used;
+    const int used_other = b->mem->paged->pool.n_used;
     b->reset(b, 2);
-    st = kv_swap_in(&sw, b, 0, &s, err);
+    st = kv_swap_in(&sw, b->mem, 0, &s, err);
     if (st) goto done;
-    const int used_in = b->paged->pool.n_used;
+    const int used_in = b->mem->paged->pool.n_used;
     /* decode greedily in both slots; the swapped one must match the one left in place */
     int identical = 1;
     for (int i = 0; i < CH07_DECODE && !st; i++) {
@@ -129,7 +129,7 @@ static int part_roundtrip(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err
     if (!identical) st = -kv_fail(err, KV_ERR_ARG, "chapter 07: a swapped sequence's logits "
                                   "differ from the one left in place");
 done:
-    kv_swapped_drop(&sw, b, &s);
+    kv_swapped_drop(&sw, b->mem, &s);
     kv_swap_free(&sw);
     kv_backend_destroy(b);
     free(lg);

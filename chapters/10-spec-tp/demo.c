@@ -127,12 +127,12 @@ static int ch10_rows(const kv_demo_ctx *ctx, const char *name, const kv_model *m
 /* Part 2: one row of the trace. */
 static void ch10_trace_row(FILE *f, int csv, const char *stage, kv_backend *t)
 {
-    const kv_pool *p = &t->paged->pool;
+    const kv_pool *p = &t->mem->paged->pool;
     const int len = t->length(t, 0);
     if (csv)
-        fprintf(f, "%s,%d,%d,%d\n", stage, len, t->paged->tables[0].n_blocks, p->n_free);
+        fprintf(f, "%s,%d,%d,%d\n", stage, len, t->mem->paged->tables[0].n_blocks, p->n_free);
     else
-        fprintf(f, "  %-34s %7d %12d %10d\n", stage, len, t->paged->tables[0].n_blocks,
+        fprintf(f, "  %-34s %7d %12d %10d\n", stage, len, t->mem->paged->tables[0].n_blocks,
                 p->n_free);
 }
 
@@ -177,16 +177,18 @@ static int ch10_trace(const kv_demo_ctx *ctx, const kv_model *m, const kv_model 
     ch10_trace_row(f, ctx->csv, "verification step wrote 1 + k", t);
     int acc = 0;
     while (acc < K && kv_argmax(tl + (size_t)acc * V, V) == ctxt[n + acc]) acc++;
-    st = t->truncate(t, 0, n + acc, err); /* keep the context minus the target's own token */
+    /* keep the context minus the target's own token */
+    st = t->rollback->truncate(t, 0, n + acc, err);
     if (st) goto done;
     char stage[64];
     snprintf(stage, sizeof stage, "rolled back to %d accepted", acc);
     ch10_trace_row(f, ctx->csv, stage, t);
     /* the pool's books: what the table holds is exactly what the cached tokens need */
     const int need = (n + acc + CH10_BLOCK - 1) / CH10_BLOCK;
-    if (t->paged->tables[0].n_blocks != need || t->paged->pool.n_free != ts.n_blocks - need)
+    if (t->mem->paged->tables[0].n_blocks != need ||
+        t->mem->paged->pool.n_free != ts.n_blocks - need)
         st = kv_fail(err, -1, "after rollback the table holds %d blocks, %d free; expected %d",
-                     t->paged->tables[0].n_blocks, t->paged->pool.n_free, need);
+                     t->mem->paged->tables[0].n_blocks, t->mem->paged->pool.n_free, need);
     if (!st && !ctx->csv)
         fprintf(f, "\nThe verification step cached all %d drafts; the rollback (kv_paged_truncate) "
                 "returned the blocks that held only rejected tokens.\n", K);

@@ -143,7 +143,7 @@ static int measure_rows(const kv_swap_bench *sb, kv_swap_row *rows, int n_rows, 
     spec.capacity = max_n;
     spec.n_blocks = (max_n + sb->block_size - 1) / sb->block_size;
     if (!st) st = kv_backend_cpu(&b, &m, &spec, err);
-    if (!st) st = kv_swap_init(&sw, b, spec.n_blocks, &sb->link, err);
+    if (!st) st = kv_swap_init(&sw, b->mem, spec.n_blocks, &sb->link, err);
     int *tokens = kv_calloc((size_t)max_n * sizeof(int));           /* [max_n] */
     float *logits = kv_calloc((size_t)m.config.vocab_size * sizeof(float)); /* [vocab] */
     double *t = kv_calloc((size_t)repeats * sizeof(double));         /* [repeats] */
@@ -168,9 +168,9 @@ static int measure_rows(const kv_swap_bench *sb, kv_swap_row *rows, int n_rows, 
         r->cpu_s = kv_median(t, repeats);
         kv_swapped s = {0};
         const kv_link_stats before = sw.stats;
-        st = kv_swap_out(&sw, b, 0, &s, err);
-        if (!st) st = kv_swap_in(&sw, b, 0, &s, err);
-        kv_swapped_drop(&sw, b, &s);
+        st = kv_swap_out(&sw, b->mem, 0, &s, err);
+        if (!st) st = kv_swap_in(&sw, b->mem, 0, &s, err);
+        kv_swapped_drop(&sw, b->mem, &s);
         if (st) break;
         r->moved = sw.stats.bytes[KV_LINK_OUT] - before.bytes[KV_LINK_OUT];
         if (r->moved != r->bytes || sw.stats.bytes[KV_LINK_IN] - before.bytes[KV_LINK_IN] != r->bytes)

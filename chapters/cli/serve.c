@@ -226,7 +226,7 @@ int cmd_serve(int argc, char **argv)
            model_arg, desc, budget, max_seqs, max_len, step_ms, burst ? ", burst arrivals" : "");
     printf("clock model: %.1f us per prefill token; link %.4g GB/s, %.1f us per copy; "
            "block %zu bytes; watermark %.3g\n\n", token_us, link_gbps, link_us,
-           b->block_bytes ? b->block_bytes(b) : (size_t)0, watermark);
+           b->mem ? b->mem->block_bytes(b->mem) : (size_t)0, watermark);
     printf("  %-34s %8d / %d\n", "requests done / failed", x->n_done, x->n_failed);
     printf("  %-34s %8lld   (%.1f s simulated)\n", "steps", (long long)x->steps, x->clock_s);
     pct_row("KV utilization (mean over steps)", x->utilization);
@@ -284,13 +284,13 @@ int cmd_serve(int argc, char **argv)
             printf("  %-24s %8d   %10.3f / %-10.3f   %10.3f / %-10.3f\n", cls[c], x->n_class[c],
                    x->ttft_p50[c], x->ttft_p99[c], x->e2e_p50[c], x->e2e_p99[c]);
     if (outs[1].f) write_latency_csv(outs[1].f, &out, &t);
-    int leaked = kv_pool_check_leaks(&b->paged->pool, NULL, 0);
+    int leaked = kv_pool_check_leaks(&b->mem->paged->pool, NULL, 0);
     if (leaked) kv_fail(&err, KV_ERR_CAPACITY, "%d blocks still in use", leaked);
     if (!leaked && x->host_leaked) {
         leaked = 1;
         kv_fail(&err, KV_ERR_CAPACITY, "the host tier still holds blocks (%d)", x->host_leaked);
     }
-    if (leaked || kv_pool_validate(&b->paged->pool, &err) != KV_OK) {
+    if (leaked || kv_pool_validate(&b->mem->paged->pool, &err) != KV_OK) {
         rc = kv_cli_fail(cmd, "pool check after the run", KV_ERR_CAPACITY, &err);
         goto done;
     }

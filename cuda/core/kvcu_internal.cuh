@@ -267,7 +267,7 @@ __device__ inline int kv_int_keys(const kv_head_view &kh, const float *rope_cs)
 
 /* ---- chapter 07: asynchronous block I/O (kvcu_cache_paged.cu) -------------------------------------------
  * A copy stream with up to KVCU_IO_JOBS jobs in flight, each ended by an event; the backend
- * (kvcu_forward.cu) exposes them as read_blocks_async / write_blocks_async / io_wait. Tickets
+ * (kvcu_backend.cu) exposes them as read_blocks_async / write_blocks_async / io_wait. Tickets
  * increase from 1; an empty list gets ticket 0 (nothing to wait for). */
 #define KVCU_IO_JOBS 8
 typedef struct kvcu_io kvcu_io;

@@ -1,5 +1,6 @@
-/* The CPU backend (kv_backend.h): kv_forward() over a borrowed model and an owned cache, and
- * a background thread for the asynchronous block I/O of a host tier (chapter 07). */
+/* The CPU backend (kv_backend.h): kv_forward() over a borrowed model and an owned cache; for
+ * a paged cache, its cache-memory services (kv_paged.h's kv_cache_mem), with a background
+ * thread for the asynchronous block I/O of a host tier (chapter 07). */
 #include "kv_backend.h"
 
 #include <pthread.h>
@@ -36,55 +37,48 @@ typedef struct {
     const kv_model *model; /* borrowed */
     kv_cache cache;
     kv_state state;
+    kv_cache_mem mem;      /* paged: the services below (b->mem points here) */
     cpu_io io;
 } cpu_impl;
+
+/* ---- the engine ------------------------------------------------------------------------------ */
 
 static int cpu_forward(kv_backend *b, const kv_seq *seqs, int n_seqs, float *logits,
                        kv_counters *cnt, kv_err *err)
 {
     cpu_impl *p = b->impl;
-    int rc = b->paged ? kv_paged_prepare(b, seqs, n_seqs, err) : KV_OK;
+    int rc = b->mem ? kv_paged_prepare(b->mem, seqs, n_seqs, err) : KV_OK;
     if (rc) return rc;
     rc = kv_forward(p->model, &p->cache, &p->state, seqs, n_seqs, logits, cnt, err);
-    if (rc && b->paged) kv_paged_rollback(b, seqs, n_seqs, NULL); /* retryable, smaller */
-    else if (b->paged) rc = kv_paged_commit(b, seqs, n_seqs, err);
+    if (rc && b->mem) kv_paged_rollback(b->mem, seqs, n_seqs, NULL); /* retryable, smaller */
+    else if (b->mem) rc = kv_paged_commit(b->mem, seqs, n_seqs, err);
     return rc;
 }
 
 static void cpu_reset(kv_backend *b, int slot)
 {
-    if (b->paged) kv_paged_release(b, slot, NULL);
-    kv_cache_reset(&((cpu_impl *)b->impl)->cache, slot);
+    if (b->mem) kv_paged_release(b->mem, slot, NULL); /* the table, then the cache's slot */
+    else kv_cache_reset(&((cpu_impl *)b->impl)->cache, slot);
 }
 
-static int cpu_set_blocks(kv_backend *b, int slot, const int *blocks, int n, kv_err *err)
+static int cache_length(const kv_cache *c, int slot)
 {
-    return kv_cache_set_blocks(&((cpu_impl *)b->impl)->cache, slot, blocks, n, err);
+    return (slot >= 0 && slot < c->spec.n_slots) ? c->len[slot] : -1;
 }
 
-static int cpu_copy_blocks(kv_backend *b, const kv_block_copy *pairs, int n, kv_err *err)
+static int cpu_length(kv_backend *b, int slot)
 {
-    return kv_cache_copy_blocks(&((cpu_impl *)b->impl)->cache, pairs, n, err);
-}
-
-static int cpu_fork_slot(kv_backend *b, int dst, int src, kv_err *err)
-{
-    return kv_cache_fork_slot(&((cpu_impl *)b->impl)->cache, dst, src, err);
-}
-
-static int cpu_set_length(kv_backend *b, int slot, int len, kv_err *err)
-{
-    return kv_cache_set_length(&((cpu_impl *)b->impl)->cache, slot, len, err);
+    return cache_length(&((cpu_impl *)b->impl)->cache, slot);
 }
 
 /* Rollback after speculative verification: the cache's length first, then the table
  * (kv_paged_truncate_check / kv_paged_truncate, shared with the CUDA backend). */
 static int cpu_truncate(kv_backend *b, int slot, int len, kv_err *err)
 {
-    int rc = b->paged ? kv_paged_truncate_check(b, slot, len, err) : KV_OK;
+    int rc = b->mem ? kv_paged_truncate_check(b->mem, slot, len, err) : KV_OK;
     if (!rc) rc = kv_cache_truncate(&((cpu_impl *)b->impl)->cache, slot, len, err);
-    if (rc || !b->paged) return rc;
-    return kv_paged_truncate(b, slot, len, err);
+    if (rc || !b->mem) return rc;
+    return kv_paged_truncate(b->mem, slot, len, err);
 }
 
 static int cpu_speculate(kv_backend *b, int slot, int max_tokens, kv_err *err)
@@ -92,22 +86,61 @@ static int cpu_speculate(kv_backend *b, int slot, int max_tokens, kv_err *err)
     return kv_cache_speculate(&((cpu_impl *)b->impl)->cache, slot, max_tokens, err);
 }
 
-static size_t cpu_block_bytes(kv_backend *b)
+static const kv_rollback cpu_rollback = {cpu_truncate, cpu_speculate};
+
+/* ---- the cache-memory services of a paged cache (kv_cache_mem) ------------------------------ */
+
+static kv_cache *mem_cache(const kv_cache_mem *m) { return &((cpu_impl *)m->dev)->cache; }
+
+static int mem_length(const kv_cache_mem *m, int slot) { return cache_length(mem_cache(m), slot); }
+
+static void mem_reset(kv_cache_mem *m, int slot) { kv_cache_reset(mem_cache(m), slot); }
+
+static int mem_set_blocks(kv_cache_mem *m, int slot, const int *blocks, int n, kv_err *err)
 {
-    return kv_cache_block_bytes(&((cpu_impl *)b->impl)->cache);
+    return kv_cache_set_blocks(mem_cache(m), slot, blocks, n, err);
 }
 
-static int cpu_read_blocks(kv_backend *b, const kv_block_copy *pairs, int n, uint8_t *host,
+static int mem_copy_blocks(kv_cache_mem *m, const kv_block_copy *pairs, int n, kv_err *err)
+{
+    return kv_cache_copy_blocks(mem_cache(m), pairs, n, err);
+}
+
+static int mem_fork_slot(kv_cache_mem *m, int dst, int src, kv_err *err)
+{
+    return kv_cache_fork_slot(mem_cache(m), dst, src, err);
+}
+
+static int mem_set_length(kv_cache_mem *m, int slot, int len, kv_err *err)
+{
+    return kv_cache_set_length(mem_cache(m), slot, len, err);
+}
+
+static size_t mem_block_bytes(const kv_cache_mem *m) { return kv_cache_block_bytes(mem_cache(m)); }
+
+static int mem_read_blocks(kv_cache_mem *m, const kv_block_copy *pairs, int n, uint8_t *host,
                            size_t block_bytes, kv_err *err)
 {
-    return kv_cache_read_blocks(&((cpu_impl *)b->impl)->cache, pairs, n, host, block_bytes, err);
+    return kv_cache_read_blocks(mem_cache(m), pairs, n, host, block_bytes, err);
 }
 
-static int cpu_write_blocks(kv_backend *b, const kv_block_copy *pairs, int n,
+static int mem_write_blocks(kv_cache_mem *m, const kv_block_copy *pairs, int n,
                             const uint8_t *host, size_t block_bytes, kv_err *err)
 {
-    return kv_cache_write_blocks(&((cpu_impl *)b->impl)->cache, pairs, n, host, block_bytes,
-                                 err);
+    return kv_cache_write_blocks(mem_cache(m), pairs, n, host, block_bytes, err);
+}
+
+/* A host tier on the CPU is plain memory: there is no link to pin it for. */
+static void *mem_host_alloc(kv_cache_mem *m, size_t bytes)
+{
+    (void)m;
+    return kv_calloc(bytes);
+}
+
+static void mem_host_free(kv_cache_mem *m, void *p)
+{
+    (void)m;
+    kv_free(p);
 }
 
 /* ---- asynchronous block I/O ------------------------------------------------------------------
@@ -121,8 +154,7 @@ static int cpu_write_blocks(kv_backend *b, const kv_block_copy *pairs, int n,
 
 static void *io_main(void *arg)
 {
-    kv_backend *b = arg;
-    cpu_impl *p = b->impl;
+    cpu_impl *p = arg;
     cpu_io *io = &p->io;
     pthread_mutex_lock(&io->mu);
     for (;;) {
@@ -151,10 +183,9 @@ static void *io_main(void *arg)
 }
 
 /* Queue one copy for the I/O thread (started on first use); *ticket = its ticket. */
-static int io_submit(kv_backend *b, int to_host, const kv_block_copy *pairs, int n,
+static int io_submit(cpu_impl *p, int to_host, const kv_block_copy *pairs, int n,
                      uint8_t *host, size_t block_bytes, int64_t *ticket, kv_err *err)
 {
-    cpu_impl *p = b->impl;
     cpu_io *io = &p->io;
     /* the checks now, so a bad list fails the call, not a later io_wait */
     int rc = to_host ? kv_cache_read_blocks(&p->cache, pairs, 0, host, block_bytes, err)
@@ -181,7 +212,7 @@ static int io_submit(kv_backend *b, int to_host, const kv_block_copy *pairs, int
     *j = (io_job){to_host, copy, n, host, block_bytes, 0, NULL};
     pthread_mutex_lock(&io->mu);
     if (!io->started) {
-        if (pthread_create(&io->thread, NULL, io_main, b) != 0) {
+        if (pthread_create(&io->thread, NULL, io_main, p) != 0) {
             pthread_mutex_unlock(&io->mu);
             free(copy);
             free(j);
@@ -198,25 +229,25 @@ static int io_submit(kv_backend *b, int to_host, const kv_block_copy *pairs, int
     return KV_OK;
 }
 
-static int cpu_read_blocks_async(kv_backend *b, const kv_block_copy *pairs, int n,
+static int mem_read_blocks_async(kv_cache_mem *m, const kv_block_copy *pairs, int n,
                                  uint8_t *host, size_t block_bytes, int64_t *ticket,
                                  kv_err *err)
 {
-    return io_submit(b, 1, pairs, n, host, block_bytes, ticket, err);
+    return io_submit(m->dev, 1, pairs, n, host, block_bytes, ticket, err);
 }
 
-static int cpu_write_blocks_async(kv_backend *b, const kv_block_copy *pairs, int n,
+static int mem_write_blocks_async(kv_cache_mem *m, const kv_block_copy *pairs, int n,
                                   const uint8_t *host, size_t block_bytes, int64_t *ticket,
                                   kv_err *err)
 {
     /* the thread only reads host: the cast drops a const the job struct does not carry */
-    return io_submit(b, 0, pairs, n, (uint8_t *)host, block_bytes, ticket, err);
+    return io_submit(m->dev, 0, pairs, n, (uint8_t *)host, block_bytes, ticket, err);
 }
 
 /* Wait until ticket (and every earlier one) is done; report a copy that failed meanwhile. */
-static int cpu_io_wait(kv_backend *b, int64_t ticket, kv_err *err)
+static int mem_io_wait(kv_cache_mem *m, int64_t ticket, kv_err *err)
 {
-    cpu_io *io = &((cpu_impl *)b->impl)->io;
+    cpu_io *io = &((cpu_impl *)m->dev)->io;
     pthread_mutex_lock(&io->mu);
     if (ticket > io->issued) {
         pthread_mutex_unlock(&io->mu);
@@ -245,18 +276,14 @@ static void io_shutdown(cpu_io *io)
     pthread_mutex_destroy(&io->mu);
 }
 
-static int cpu_length(kv_backend *b, int slot)
-{
-    const kv_cache *c = &((cpu_impl *)b->impl)->cache;
-    return (slot >= 0 && slot < c->spec.n_slots) ? c->len[slot] : -1;
-}
+/* ---- creation -------------------------------------------------------------------------------- */
 
 static void cpu_destroy(kv_backend *b)
 {
     cpu_impl *p = b->impl;
-    kv_paged_destroy(b->paged);
     if (p) {
-        if (b->io_wait) io_shutdown(&p->io); /* before the cache it copies into goes */
+        kv_paged_destroy(p->mem.paged);
+        if (b->mem) io_shutdown(&p->io); /* before the cache it copies into goes */
         kv_cache_free(&p->cache);
         kv_state_free(&p->state);
         free(p);
@@ -292,23 +319,22 @@ int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec 
     b->reset = cpu_reset;
     b->length = cpu_length;
     b->destroy = cpu_destroy;
-    b->truncate = cpu_truncate;
-    b->speculate = cpu_speculate;
+    b->rollback = &cpu_rollback;
     if (spec->layout == KV_LAYOUT_PAGED) {
-        b->set_blocks = cpu_set_blocks;
-        b->copy_blocks = cpu_copy_blocks;
-        b->fork_slot = cpu_fork_slot;
-        b->set_length = cpu_set_length;
-        b->block_bytes = cpu_block_bytes;
-        b->read_blocks = cpu_read_blocks;
-        b->write_blocks = cpu_write_blocks; /* host tier memory: kv_calloc (hooks NULL) */
+        p->mem = (kv_cache_mem){
+            .dev = p, .config = &model->config, .spec = *spec,
+            .length = mem_length, .reset = mem_reset, .set_blocks = mem_set_blocks,
+            .copy_blocks = mem_copy_blocks, .fork_slot = mem_fork_slot,
+            .set_length = mem_set_length, .block_bytes = mem_block_bytes,
+            .read_blocks = mem_read_blocks, .write_blocks = mem_write_blocks,
+            .host_alloc = mem_host_alloc, .host_free = mem_host_free,
+            .read_blocks_async = mem_read_blocks_async,
+            .write_blocks_async = mem_write_blocks_async, .io_wait = mem_io_wait};
         pthread_mutex_init(&p->io.mu, NULL);
         pthread_cond_init(&p->io.work, NULL);
         pthread_cond_init(&p->io.done, NULL);
-        b->read_blocks_async = cpu_read_blocks_async;
-        b->write_blocks_async = cpu_write_blocks_async;
-        b->io_wait = cpu_io_wait;
-        rc = kv_paged_create(&b->paged, spec, 0, err);
+        b->mem = &p->mem;
+        rc = kv_paged_create(&p->mem.paged, spec, 0, err);
         if (rc) {
             cpu_destroy(b);
             return rc;
@@ -325,11 +351,12 @@ kv_cache *kv_backend_cpu_cache(kv_backend *b)
 
 int kv_backend_enable_prefix_cache(kv_backend *b, kv_err *err)
 {
-    if (!b || !b->paged)
+    if (!b || !b->mem)
         return kv_fail(err, KV_ERR_ARG, "prefix caching needs a paged cache (--layout paged)");
-    if (b->paged->prefix_caching) return KV_OK;
-    int rc = kv_prefix_init(&b->paged->prefix, &b->paged->pool, err);
-    if (!rc) b->paged->prefix_caching = 1;
+    kv_paged *pg = b->mem->paged;
+    if (pg->prefix_caching) return KV_OK;
+    int rc = kv_prefix_init(&pg->prefix, &pg->pool, err);
+    if (!rc) pg->prefix_caching = 1;
     return rc;
 }
 

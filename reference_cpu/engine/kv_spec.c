@@ -10,7 +10,7 @@
  *   accept: a prefix d_0 .. d_{acc-1}, then one token of the target's own at n + acc
  *   roll back: the target cached n + kr tokens and keeps n + acc (the context minus its new
  *           last token); the draft keeps at most as many. A window or KIVI cache copies back
- *           what the round overwrote from the undo log armed (speculate hook) before it.
+ *           what the round overwrote from the undo log armed (rollback->speculate) before it.
  * The first round's target step is also the prompt's prefill. */
 #include "kv_spec.h"
 #include "kv_sampler.h"
@@ -82,7 +82,7 @@ static int roll_back(kv_backend *b, int slot, int len, double *bytes, kv_err *er
 {
     const int have = b->length(b, slot);
     if (len >= have) return KV_OK;
-    int rc = b->truncate(b, slot, len, err);
+    int rc = b->rollback->truncate(b, slot, len, err);
     if (!rc) *bytes += (have - len) * token_bytes(b);
     return rc;
 }
@@ -115,9 +115,9 @@ static int check(const kv_backend *t, const kv_backend *d, const int *prompt, in
     if (t->config->vocab_size != d->config->vocab_size)
         return kv_fail(err, KV_ERR_ARG, "kv_spec_generate: target vocabulary %d, draft %d",
                        t->config->vocab_size, d->config->vocab_size);
-    if (!t->truncate || !d->truncate)
+    if (!t->rollback || !d->rollback)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_spec_generate: the %s backend cannot "
-                       "roll its cache back (no truncate)", !t->truncate ? t->name : d->name);
+                       "roll its cache back (no truncate)", !t->rollback ? t->name : d->name);
     const kv_backend *bs[2] = {t, d};
     for (int i = 0; i < 2; i++) {
         if (o->slot < 0 || o->slot >= bs[i]->spec.n_slots)
@@ -166,8 +166,8 @@ int kv_spec_generate(kv_backend *target, kv_backend *draft, const int *prompt, i
         const int left = o->n_tokens - emitted - 1, kr = K < left ? K : left;
         /* a window's ring and KIVI's spills overwrite rows: log them before this round
          * writes, so the rollback below can copy them back (at most K tokens are dropped) */
-        if (target->speculate) rc = target->speculate(target, slot, K, err);
-        if (!rc && draft->speculate) rc = draft->speculate(draft, slot, K, err);
+        rc = target->rollback->speculate(target, slot, K, err);
+        if (!rc) rc = draft->rollback->speculate(draft, slot, K, err);
         if (rc) break;
         for (int j = 0; j < kr && !rc; j++) { /* the draft proposes, one token per call */
             const int dlen = draft->length(draft, slot);

@@ -5,10 +5,10 @@
  * A cheap draft model proposes k tokens one at a time; the target model then runs all of
  * them in one step (kv_seq.all_logits gives its logits after every one) and keeps the longest
  * prefix it agrees with, plus one token of its own. Every drafted token's K/V entered both
- * caches; the rejected tail is rolled back (kv_backend.truncate: the length reset, and on a
- * paged cache the blocks past it returned to the pool; a window's ring rows and KIVI's fp32
- * window and spilled groups copied back from the undo log kv_backend.speculate armed before
- * the round), so only verified tokens stay cached, byte for byte as in a plain run.
+ * caches; the rejected tail is rolled back (kv_backend.rollback->truncate: the length reset,
+ * and on a paged cache the blocks past it returned to the pool; a window's ring rows and
+ * KIVI's fp32 window and spilled groups copied back from the undo log rollback->speculate
+ * armed before the round), so only verified tokens stay cached, byte for byte as in a plain run.
  *
  * Acceptance:
  *  - greedy (temperature 0): draft token d_j is kept while it equals the target's argmax at
@@ -67,9 +67,10 @@ int kv_model_layer_prefix(kv_model *view, const kv_model *m, int n_layers, kv_er
  * Emit @p o->n_tokens tokens after @p prompt [n_prompt >= 1] into out [n_tokens], the target
  * verifying the draft's proposals. Both slots are reset first; afterwards each cache holds
  * exactly the verified tokens it has processed (the target: prompt + out minus the last,
- * as after kv_generate()). The two backends must share the vocabulary and implement
- * truncate (KV_ERR_UNSUPPORTED otherwise); a window or KIVI cache also needs the speculate
- * hook, which arms its undo log for k tokens before each round (kv_cache_speculate()). A
+ * as after kv_generate()). The two backends must share the vocabulary and roll back
+ * (kv_backend.rollback; KV_ERR_UNSUPPORTED without): truncate drops the rejected tail, and
+ * speculate arms a window's or KIVI cache's undo log for k tokens before each round
+ * (kv_cache_speculate()). A
  * KIVI target verifies in one step per stretch of rows that read the same quantized count
  * (a new 32-token group is spilled at most once per 32 tokens), so each row reads what a
  * one-token step reads and greedy output stays the target's. The target must

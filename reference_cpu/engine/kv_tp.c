@@ -356,6 +356,19 @@ static int tp_truncate(kv_backend *b, int slot, int len, kv_err *err)
     return KV_OK;
 }
 
+/* Every rank arms its own shard's undo log: a windowed or KIVI cache rolls back on each. */
+static int tp_speculate(kv_backend *b, int slot, int max_tokens, kv_err *err)
+{
+    kv_tp *g = b->impl;
+    for (int r = 0; r < g->p; r++) {
+        int rc = kv_cache_speculate(&g->cache[r], slot, max_tokens, err);
+        if (rc) return rc;
+    }
+    return KV_OK;
+}
+
+static const kv_rollback tp_rollback = {tp_truncate, tp_speculate};
+
 static void tp_destroy(kv_backend *b)
 {
     kv_tp_destroy(b->impl);
@@ -383,7 +396,7 @@ int kv_tp_backend(kv_backend **out, const kv_model *m, int p, const kv_cache_spe
     b->reset = tp_reset;
     b->length = tp_length;
     b->destroy = tp_destroy;
-    b->truncate = tp_truncate;
+    b->rollback = &tp_rollback;
     *out = b;
     return KV_OK;
 }

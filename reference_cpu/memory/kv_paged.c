@@ -1,7 +1,7 @@
 /* Paging for a backend (kv_paged.h): pool, tables, copy-on-write and prefix cache on the
- * host; the bytes move on whatever device the backend's cache lives on. */
+ * host; the bytes move on whatever device the backend's cache lives on, through its
+ * cache-memory services (kv_cache_mem). */
 #include "kv_paged.h"
-#include "kv_backend.h"
 
 #include <string.h>
 
@@ -64,27 +64,27 @@ static int reserve_tokens(kv_paged *pg, int s, int64_t n, kv_err *err)
     return KV_OK;
 }
 
-static int push_table(kv_backend *b, int s, kv_err *err)
+static int push_table(kv_cache_mem *m, int s, kv_err *err)
 {
-    const kv_block_table *t = &b->paged->tables[s];
-    return b->set_blocks(b, s, t->blocks, t->n_blocks, err);
+    const kv_block_table *t = &m->paged->tables[s];
+    return m->set_blocks(m, s, t->blocks, t->n_blocks, err);
 }
 
 /* Chapter 06: a windowed slot's table holds its rows, min(length, S+W), not its positions:
  * it stops growing once the ring is mapped, and the ring reuses those blocks. */
-static int64_t slot_held(kv_backend *b, int s)
+static int64_t slot_held(const kv_cache_mem *m, int s)
 {
-    return b->spec.window > 0 ? b->length(b, s) : b->paged->tables[s].n_tokens;
+    return m->spec.window > 0 ? m->length(m, s) : m->paged->tables[s].n_tokens;
 }
-static int64_t rows_to_add(kv_backend *b, int s, int64_t pos, int n)
+static int64_t rows_to_add(const kv_cache_mem *m, int s, int64_t pos, int n)
 {
-    if (b->spec.window == 0) return n;
-    return kv_window_rows(b->spec.window, b->spec.n_sinks, pos + n) - b->paged->tables[s].n_tokens;
+    if (m->spec.window == 0) return n;
+    return kv_window_rows(m->spec.window, m->spec.n_sinks, pos + n) - m->paged->tables[s].n_tokens;
 }
 
-int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
+int kv_paged_prepare(kv_cache_mem *m, const kv_seq *seqs, int n_seqs, kv_err *err)
 {
-    kv_paged *pg = b->paged;
+    kv_paged *pg = m->paged;
     /* check everything first, so a refused step changes no table */
     int64_t need = 0;
     for (int i = 0; i < n_seqs; i++) {
@@ -92,18 +92,18 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
         if (s < 0 || s >= pg->n_slots)
             return kv_fail(err, KV_ERR_ARG, "paged cache: sequence %d: slot %d is outside "
                            "[0, %d)", i, s, pg->n_slots);
-        if (seqs[i].n_tokens < 1 || seqs[i].pos != slot_held(b, s))
+        if (seqs[i].n_tokens < 1 || seqs[i].pos != slot_held(m, s))
             return kv_fail(err, KV_ERR_ARG, "paged cache: sequence %d: pos %d, %d tokens, but "
                            "slot %d holds %lld", i, seqs[i].pos, seqs[i].n_tokens, s,
-                           (long long)slot_held(b, s));
-        if ((int64_t)seqs[i].pos + seqs[i].n_tokens > b->spec.capacity)
+                           (long long)slot_held(m, s));
+        if ((int64_t)seqs[i].pos + seqs[i].n_tokens > m->spec.capacity)
             return kv_fail(err, KV_ERR_CAPACITY, "paged cache: sequence %d: pos %d + %d tokens "
                            "exceeds the capacity %d", i, seqs[i].pos, seqs[i].n_tokens,
-                           b->spec.capacity);
+                           m->spec.capacity);
         for (int t = 0; seqs[i].tokens && t < seqs[i].n_tokens; t++)
-            if (seqs[i].tokens[t] < 0 || seqs[i].tokens[t] >= b->config->vocab_size)
+            if (seqs[i].tokens[t] < 0 || seqs[i].tokens[t] >= m->config->vocab_size)
                 return kv_fail(err, KV_ERR_ARG, "paged cache: sequence %d: token %d is %d, "
-                               "outside [0, %d)", i, t, seqs[i].tokens[t], b->config->vocab_size);
+                               "outside [0, %d)", i, t, seqs[i].tokens[t], m->config->vocab_size);
         if (!seqs[i].tokens)
             return kv_fail(err, KV_ERR_ARG, "paged cache: sequence %d: tokens is NULL", i);
         for (int j = 0; j < i; j++)
@@ -111,7 +111,7 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
                 return kv_fail(err, KV_ERR_ARG, "paged cache: sequences %d and %d both use "
                                "slot %d", j, i, s);
         const kv_block_table *t = &pg->tables[s];
-        const int64_t add = rows_to_add(b, s, seqs[i].pos, seqs[i].n_tokens);
+        const int64_t add = rows_to_add(m, s, seqs[i].pos, seqs[i].n_tokens);
         int n = kv_block_table_blocks_needed(t, &pg->pool, add);
         /* Sharers of one partly filled last block that all append in this step: each but the
          * last copies it; the last finds itself alone (refcount 1) and keeps the original. */
@@ -121,7 +121,7 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
             for (int j = 0; j < i; j++) {
                 const kv_block_table *u = &pg->tables[seqs[j].slot];
                 earlier += u->n_blocks > 0 && u->blocks[u->n_blocks - 1] == last &&
-                           rows_to_add(b, seqs[j].slot, seqs[j].pos, seqs[j].n_tokens) > 0;
+                           rows_to_add(m, seqs[j].slot, seqs[j].pos, seqs[j].n_tokens) > 0;
             }
             if (r > 1 && earlier == r - 1) n--;
         }
@@ -134,13 +134,13 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
     kv_copy_list_clear(&pg->copies);
     for (int i = 0; i < n_seqs; i++) {
         const int s = seqs[i].slot;
-        if (b->spec.window > 0) { /* no token record: a window has no prefix cache */
-            const int64_t add = rows_to_add(b, s, seqs[i].pos, seqs[i].n_tokens);
+        if (m->spec.window > 0) { /* no token record: a window has no prefix cache */
+            const int64_t add = rows_to_add(m, s, seqs[i].pos, seqs[i].n_tokens);
             int rc = add > 0 ? kv_block_table_append(&pg->tables[s], &pg->pool, add, NULL,
                                                      &pg->copies, err)
                              : KV_OK;
             if (rc) {
-                kv_paged_rollback(b, seqs, i, NULL);
+                kv_paged_rollback(m, seqs, i, NULL);
                 return rc;
             }
             continue;
@@ -149,7 +149,7 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
         if (!rc) rc = kv_block_table_append(&pg->tables[s], &pg->pool, seqs[i].n_tokens, NULL,
                                             &pg->copies, err);
         if (rc) {
-            kv_paged_rollback(b, seqs, i, NULL);
+            kv_paged_rollback(m, seqs, i, NULL);
             return rc;
         }
         memcpy(pg->tokens[s] + seqs[i].pos, seqs[i].tokens, (size_t)seqs[i].n_tokens * sizeof(int));
@@ -157,25 +157,25 @@ int kv_paged_prepare(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
     pg->n_cow += pg->copies.n;
     if (pg->pool.n_used > pg->peak_used) pg->peak_used = pg->pool.n_used;
     /* the copies first (every sharer still reads the old block), then the new tables */
-    int rc = pg->copies.n ? b->copy_blocks(b, pg->copies.pairs, pg->copies.n, err) : KV_OK;
-    for (int i = 0; i < n_seqs && !rc; i++) rc = push_table(b, seqs[i].slot, err);
-    if (rc) kv_paged_rollback(b, seqs, n_seqs, NULL);
+    int rc = pg->copies.n ? m->copy_blocks(m, pg->copies.pairs, pg->copies.n, err) : KV_OK;
+    for (int i = 0; i < n_seqs && !rc; i++) rc = push_table(m, seqs[i].slot, err);
+    if (rc) kv_paged_rollback(m, seqs, n_seqs, NULL);
     return rc;
 }
 
-int kv_paged_rollback(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
+int kv_paged_rollback(kv_cache_mem *m, const kv_seq *seqs, int n_seqs, kv_err *err)
 {
-    kv_paged *pg = b->paged;
+    kv_paged *pg = m->paged;
     int st = KV_OK;
     for (int i = 0; i < n_seqs; i++) {
         const int s = seqs[i].slot;
         /* the rows the slot held before the step: its positions, or its ring's rows */
-        const int64_t before = b->spec.window > 0
-                                   ? kv_window_rows(b->spec.window, b->spec.n_sinks, seqs[i].pos)
+        const int64_t before = m->spec.window > 0
+                                   ? kv_window_rows(m->spec.window, m->spec.n_sinks, seqs[i].pos)
                                    : seqs[i].pos;
         if (before >= pg->tables[s].n_tokens) continue; /* not appended (yet) */
         int rc = kv_block_table_truncate(&pg->tables[s], &pg->pool, before, err);
-        if (!rc) rc = push_table(b, s, err);
+        if (!rc) rc = push_table(m, s, err);
         if (rc && st == KV_OK) st = rc;
     }
     return st;
@@ -184,10 +184,10 @@ int kv_paged_rollback(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err
 /* Chapter 10: a block the prefix cache has hashed holds exactly its tokens; cutting into one
  * would let the next step overwrite rows another sequence may adopt. A slot out of range is
  * left for the cache's truncate to name. */
-int kv_paged_truncate_check(const kv_backend *b, int slot, int len, kv_err *err)
+int kv_paged_truncate_check(const kv_cache_mem *m, int slot, int len, kv_err *err)
 {
-    if (slot < 0 || slot >= b->spec.n_slots) return KV_OK;
-    if ((int64_t)len < (int64_t)b->paged->tables[slot].n_hashed * b->spec.block_size)
+    if (slot < 0 || slot >= m->spec.n_slots) return KV_OK;
+    if ((int64_t)len < (int64_t)m->paged->tables[slot].n_hashed * m->spec.block_size)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "truncate: slot %d: %d tokens cuts into a "
                        "block the prefix cache has registered", slot, len);
     return KV_OK;
@@ -195,16 +195,16 @@ int kv_paged_truncate_check(const kv_backend *b, int slot, int len, kv_err *err)
 
 /* The table follows the cache's new length through the path that undoes a failed step:
  * rollback keeps the rows before a sequence's pos. */
-int kv_paged_truncate(kv_backend *b, int slot, int len, kv_err *err)
+int kv_paged_truncate(kv_cache_mem *m, int slot, int len, kv_err *err)
 {
     const kv_seq at = {slot, len, 1, NULL};
-    return kv_paged_rollback(b, &at, 1, err);
+    return kv_paged_rollback(m, &at, 1, err);
 }
 
-int kv_paged_commit(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
+int kv_paged_commit(kv_cache_mem *m, const kv_seq *seqs, int n_seqs, kv_err *err)
 {
-    kv_paged *pg = b->paged;
-    if (!pg->prefix_caching || b->spec.window > 0) return KV_OK;
+    kv_paged *pg = m->paged;
+    if (!pg->prefix_caching || m->spec.window > 0) return KV_OK;
     for (int i = 0; i < n_seqs; i++) {
         const int s = seqs[i].slot;
         int rc = kv_prefix_register(&pg->prefix, &pg->tables[s], pg->tokens[s], err);
@@ -213,53 +213,53 @@ int kv_paged_commit(kv_backend *b, const kv_seq *seqs, int n_seqs, kv_err *err)
     return KV_OK;
 }
 
-int kv_paged_blocks_needed(const kv_backend *b, int slot, int64_t n_new)
+int kv_paged_blocks_needed(const kv_cache_mem *m, int slot, int64_t n_new)
 {
-    if (b->spec.window > 0) { /* a window's table grows only until its ring is mapped */
-        kv_backend *mb = (kv_backend *)b; /* length() takes a mutable backend; it only reads */
-        n_new = kv_window_rows(b->spec.window, b->spec.n_sinks, mb->length(mb, slot) + n_new) -
-                b->paged->tables[slot].n_tokens;
-    }
-    return kv_block_table_blocks_needed(&b->paged->tables[slot], &b->paged->pool, n_new);
+    if (m->spec.window > 0) /* a window's table grows only until its ring is mapped */
+        n_new = kv_window_rows(m->spec.window, m->spec.n_sinks, m->length(m, slot) + n_new) -
+                m->paged->tables[slot].n_tokens;
+    return kv_block_table_blocks_needed(&m->paged->tables[slot], &m->paged->pool, n_new);
 }
 
-int kv_paged_available(const kv_backend *b) { return kv_pool_available(&b->paged->pool); }
+int kv_paged_available(const kv_cache_mem *m) { return kv_pool_available(&m->paged->pool); }
 
-int kv_paged_fork(kv_backend *b, int dst, int src, kv_err *err)
+int kv_paged_fork(kv_cache_mem *m, int dst, int src, kv_err *err)
 {
-    kv_paged *pg = b->paged;
+    kv_paged *pg = m->paged;
     if (dst < 0 || dst >= pg->n_slots || src < 0 || src >= pg->n_slots || dst == src)
         return kv_fail(err, KV_ERR_ARG, "paged cache: fork %d -> %d: bad slots (%d slots)", src,
                        dst, pg->n_slots);
     if (pg->tables[dst].n_blocks)
         return kv_fail(err, KV_ERR_ARG, "paged cache: fork into slot %d, which is in use", dst);
-    if (b->spec.window > 0)
+    if (m->spec.window > 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "paged cache: fork of a sliding-window "
                        "sequence (its ring rewrites shared blocks in place)");
     int rc = reserve_tokens(pg, dst, pg->tables[src].n_tokens, err);
     if (!rc) rc = kv_block_table_fork(&pg->tables[dst], &pg->tables[src], &pg->pool, err);
     if (rc) return rc;
     memcpy(pg->tokens[dst], pg->tokens[src], (size_t)pg->tables[src].n_tokens * sizeof(int));
-    rc = push_table(b, dst, err);
-    return rc ? rc : b->fork_slot(b, dst, src, err);
+    rc = push_table(m, dst, err);
+    return rc ? rc : m->fork_slot(m, dst, src, err);
 }
 
-int kv_paged_release(kv_backend *b, int slot, kv_err *err)
+int kv_paged_release(kv_cache_mem *m, int slot, kv_err *err)
 {
-    kv_paged *pg = b->paged;
+    kv_paged *pg = m->paged;
     if (slot < 0 || slot >= pg->n_slots)
         return kv_fail(err, KV_ERR_ARG, "paged cache: release of slot %d (%d slots)", slot,
                        pg->n_slots);
-    return kv_block_table_release(&pg->tables[slot], &pg->pool, err);
+    const int rc = kv_block_table_release(&pg->tables[slot], &pg->pool, err);
+    m->reset(m, slot);
+    return rc;
 }
 
-int kv_paged_match_prefix(kv_backend *b, int slot, const int *tokens, int n, int *n_hit,
+int kv_paged_match_prefix(kv_cache_mem *m, int slot, const int *tokens, int n, int *n_hit,
                           kv_err *err)
 {
-    kv_paged *pg = b->paged;
+    kv_paged *pg = m->paged;
     *n_hit = 0;
     if (!pg->prefix_caching) return KV_OK;
-    if (b->spec.window > 0)
+    if (m->spec.window > 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "paged cache: prefix caching with a sliding "
                        "window (a ring's blocks do not hold a prefix for long)");
     if (slot < 0 || slot >= pg->n_slots || pg->tables[slot].n_blocks)
@@ -270,8 +270,8 @@ int kv_paged_match_prefix(kv_backend *b, int slot, const int *tokens, int n, int
     if (!rc) rc = kv_prefix_match(&pg->prefix, tokens, n, &pg->tables[slot], &hit, err);
     if (rc || hit == 0) return rc;
     memcpy(pg->tokens[slot], tokens, (size_t)hit * sizeof(int));
-    rc = push_table(b, slot, err);
-    if (!rc) rc = b->set_length(b, slot, (int)hit, err);
+    rc = push_table(m, slot, err);
+    if (!rc) rc = m->set_length(m, slot, (int)hit, err);
     if (rc) {
         kv_block_table_release(&pg->tables[slot], &pg->pool, NULL);
         return rc;

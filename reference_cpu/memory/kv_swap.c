@@ -43,24 +43,23 @@ void kv_swap_link_account(kv_swap *sw, int dir, int n, size_t block_bytes)
 
 /* ---- the host tier -------------------------------------------------------------------------- */
 
-int kv_swap_init(kv_swap *sw, kv_backend *b, int n_host_blocks, const kv_link *link,
+int kv_swap_init(kv_swap *sw, kv_cache_mem *m, int n_host_blocks, const kv_link *link,
                  kv_err *err)
 {
     memset(sw, 0, sizeof *sw);
-    if (!b || !b->paged || !b->block_bytes || !b->read_blocks || !b->write_blocks)
-        return kv_fail(err, KV_ERR_ARG, "kv_swap_init: needs a paged backend with block I/O");
-    const size_t block_bytes = b->block_bytes(b);
+    if (!m) return kv_fail(err, KV_ERR_ARG, "kv_swap_init: needs a paged backend with block I/O");
+    const size_t block_bytes = m->block_bytes(m);
     if (block_bytes == 0)
         return kv_fail(err, KV_ERR_ARG, "kv_swap_init: blocks of 0 bytes");
     sw->link = link ? *link : kv_link_default();
     if (!(sw->link.bandwidth > 0) || !(sw->link.latency >= 0))
         return kv_fail(err, KV_ERR_ARG, "kv_swap_init: link of %g B/s and %g s latency",
                        sw->link.bandwidth, sw->link.latency);
-    int rc = kv_pool_init(&sw->pool, n_host_blocks, b->paged->pool.block_size, block_bytes, err);
+    int rc = kv_pool_init(&sw->pool, n_host_blocks, m->paged->pool.block_size, block_bytes, err);
     if (rc) return rc;
     const size_t bytes = (size_t)n_host_blocks * block_bytes;
-    sw->owner = b;
-    sw->mem = b->host_alloc ? b->host_alloc(b, bytes) : kv_calloc(bytes);
+    sw->owner = m;
+    sw->mem = m->host_alloc(m, bytes);
     if (!sw->mem) {
         kv_pool_free(&sw->pool);
         memset(sw, 0, sizeof *sw);
@@ -74,8 +73,7 @@ void kv_swap_free(kv_swap *sw)
 {
     if (!sw) return;
     kv_pool_free(&sw->pool);
-    if (sw->owner && sw->owner->host_free) sw->owner->host_free(sw->owner, sw->mem);
-    else kv_free(sw->mem);
+    if (sw->owner) sw->owner->host_free(sw->owner, sw->mem);
     memset(sw, 0, sizeof *sw);
 }
 
@@ -96,12 +94,12 @@ static int swapped_alloc(kv_swapped *s, int n, int64_t n_tokens)
     return KV_OK;
 }
 
-void kv_swapped_drop(kv_swap *sw, kv_backend *b, kv_swapped *s)
+void kv_swapped_drop(kv_swap *sw, kv_cache_mem *m, kv_swapped *s)
 {
     if (!s) return;
     /* a prefetch still writing into pre_blocks must end before they can be handed out again */
-    if (s->ticket && b && b->io_wait) b->io_wait(b, s->ticket, NULL);
-    kv_pool *dev = b && b->paged ? &b->paged->pool : NULL;
+    if (s->ticket && m) m->io_wait(m, s->ticket, NULL);
+    kv_pool *dev = m ? &m->paged->pool : NULL;
     for (int i = 0; s->resident && i < s->n_blocks; i++) {
         if (s->host_blocks && s->host_blocks[i] >= 0 && sw)
             kv_pool_unref(&sw->pool, s->host_blocks[i], NULL);
@@ -117,28 +115,27 @@ void kv_swapped_drop(kv_swap *sw, kv_backend *b, kv_swapped *s)
     memset(s, 0, sizeof *s);
 }
 
-int kv_swap_check(const kv_swap *sw, kv_backend *b, int slot, const char *who, kv_err *err)
+int kv_swap_check(const kv_swap *sw, kv_cache_mem *m, int slot, const char *who, kv_err *err)
 {
-    if (!sw || !sw->mem || !b || !b->paged || !b->block_bytes || !b->read_blocks ||
-        !b->write_blocks)
+    if (!sw || !sw->mem || !m)
         return kv_fail(err, KV_ERR_ARG, "%s: needs a host tier and a paged backend with "
                        "block I/O", who);
-    if (slot < 0 || slot >= b->paged->n_slots)
+    if (slot < 0 || slot >= m->paged->n_slots)
         return kv_fail(err, KV_ERR_ARG, "%s: slot %d outside [0, %d)", who, slot,
-                       b->paged->n_slots);
-    const size_t bb = b->block_bytes(b);
-    if (bb != sw->pool.block_bytes || b->paged->pool.block_size != sw->pool.block_size)
+                       m->paged->n_slots);
+    const size_t bb = m->block_bytes(m);
+    if (bb != sw->pool.block_bytes || m->paged->pool.block_size != sw->pool.block_size)
         return kv_fail(err, KV_ERR_ARG, "%s: device blocks of %d tokens, %zu bytes but host "
-                       "blocks of %d tokens, %zu bytes", who, b->paged->pool.block_size, bb,
+                       "blocks of %d tokens, %zu bytes", who, m->paged->pool.block_size, bb,
                        sw->pool.block_size, sw->pool.block_bytes);
-    if (b->spec.window > 0)
+    if (m->spec.window > 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: a sliding-window sequence (its ring "
                        "position is per sequence state this version does not save)", who);
-    if (b->paged->prefix_caching)
+    if (m->paged->prefix_caching)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: with prefix caching on (a swapped-in "
                        "table would have to be re-registered)", who);
-    for (int l = 0; l < b->config->n_layers; l++) {
-        const int f = kv_cache_spec_layer_dtype(&b->spec, l);
+    for (int l = 0; l < m->config->n_layers; l++) {
+        const int f = kv_cache_spec_layer_dtype(&m->spec, l);
         if (kvq_is_fp8(f) || kvq_is_kivi(f))
             return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: layer %d stores %s, whose per-sequence "
                            "scales or fp32 window this version does not save", who, l,
@@ -154,13 +151,13 @@ static void record_tokens(const kv_paged *pg, int slot, kv_swapped *s)
         memcpy(s->tokens, pg->tokens[slot], (size_t)s->n_tokens * sizeof(int));
 }
 
-int kv_swap_out(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err *err)
+int kv_swap_out(kv_swap *sw, kv_cache_mem *m, int slot, kv_swapped *out, kv_err *err)
 {
     if (!out) return kv_fail(err, KV_ERR_ARG, "kv_swap_out: NULL argument");
     memset(out, 0, sizeof *out);
-    int rc = kv_swap_check(sw, b, slot, "kv_swap_out", err);
+    int rc = kv_swap_check(sw, m, slot, "kv_swap_out", err);
     if (rc) return rc;
-    kv_paged *pg = b->paged;
+    kv_paged *pg = m->paged;
     const kv_block_table *t = &pg->tables[slot];
     const int n = t->n_blocks;
     if (n > kv_pool_available(&sw->pool))
@@ -179,7 +176,7 @@ int kv_swap_out(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err *e
         pairs[i] = (kv_block_copy){t->blocks[i], out->host_blocks[i]};
     }
     /* one pass over the block list: a single batched copy, a single link latency */
-    if (!rc && n) rc = b->read_blocks(b, pairs, n, sw->mem, sw->pool.block_bytes, err);
+    if (!rc && n) rc = m->read_blocks(m, pairs, n, sw->mem, sw->pool.block_bytes, err);
     kv_free(pairs);
     if (rc) {
         kv_swapped_drop(sw, NULL, out);
@@ -188,17 +185,17 @@ int kv_swap_out(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err *e
     kv_swap_link_account(sw, KV_LINK_OUT, n, sw->pool.block_bytes);
     out->n_on_host = n;
     record_tokens(pg, slot, out);
-    b->reset(b, slot);
+    kv_paged_release(m, slot, NULL);
     return KV_OK;
 }
 
-int kv_swap_detach(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err *err)
+int kv_swap_detach(kv_swap *sw, kv_cache_mem *m, int slot, kv_swapped *out, kv_err *err)
 {
     if (!out) return kv_fail(err, KV_ERR_ARG, "kv_swap_detach: NULL argument");
     memset(out, 0, sizeof *out);
-    int rc = kv_swap_check(sw, b, slot, "kv_swap_detach", err);
+    int rc = kv_swap_check(sw, m, slot, "kv_swap_detach", err);
     if (rc) return rc;
-    kv_paged *pg = b->paged;
+    kv_paged *pg = m->paged;
     const kv_block_table *t = &pg->tables[slot];
     if (swapped_alloc(out, t->n_blocks, t->n_tokens)) {
         kv_swapped_drop(sw, NULL, out);
@@ -211,10 +208,10 @@ int kv_swap_detach(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err
         if (!rc) out->dev_blocks[i] = t->blocks[i];
     }
     if (rc) {
-        kv_swapped_drop(sw, b, out);
+        kv_swapped_drop(sw, m, out);
         return rc;
     }
     record_tokens(pg, slot, out);
-    b->reset(b, slot);
+    kv_paged_release(m, slot, NULL);
     return KV_OK;
 }

@@ -19,11 +19,12 @@
  * The host tier is a second kv_pool of host blocks whose bytes are one device block each:
  * every layer, K and V, codes and metadata of the block's B rows, in the order
  *   [L][K, V][H_kv] ( codes [B][row_bytes], meta [entries of B rows] )
- * (kv_cache_block_bytes()). The bytes move through the backend's block I/O (kv_backend.h):
- * b->read_blocks and b->write_blocks, one batched copy each over a list of (src, dst) block
- * pairs: memcpy on the CPU; on CUDA a gather or scatter kernel plus one cudaMemcpyAsync per
- * run of consecutive host blocks (one, for a swap's list). The tier's memory comes from
- * b->host_alloc (pinned host memory on CUDA), else kv_calloc. Every
+ * (kv_cache_block_bytes()). The bytes move through the cache-memory services of a paged
+ * backend (::kv_cache_mem, kv_paged.h; kv_backend.mem): m->read_blocks and m->write_blocks,
+ * one batched copy each over a list of (src, dst) block pairs: memcpy on the CPU; on CUDA a
+ * gather or scatter kernel plus one cudaMemcpyAsync per run of consecutive host blocks (one,
+ * for a swap's list). The tier's memory comes from m->host_alloc (pinned host memory on
+ * CUDA, kv_calloc on the CPU). Every
  * device lays a host block out the same way, so a tier filled through one backend can be
  * swapped into another built with the same spec.
  *
@@ -37,7 +38,7 @@
 #ifndef KV_SWAP_H
 #define KV_SWAP_H
 
-#include "kv_backend.h"
+#include "kv_paged.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -75,7 +76,7 @@ typedef struct {
     uint8_t *mem;       /* [n_blocks][block_bytes] */
     kv_link link;
     kv_link_stats stats;
-    kv_backend *owner;  /* the backend whose host_alloc made mem (its host_free frees it) */
+    kv_cache_mem *owner; /* the services whose host_alloc made mem (their host_free frees it) */
 } kv_swap;
 
 /**
@@ -99,32 +100,32 @@ typedef struct {
 } kv_swapped;
 
 /**
- * A host tier of @p n_host_blocks blocks shaped as the blocks of paged backend @p b (its
- * block size, b->block_bytes() bytes each), memory from b->host_alloc (else kv_calloc), over
- * link @p link (NULL: kv_link_default()). KV_ERR_ARG for a backend without block I/O or a bad
- * link, KV_ERR_NOMEM.
+ * A host tier of @p n_host_blocks blocks shaped as the blocks of the paged cache behind @p m
+ * (a paged backend's kv_backend.mem: its block size, m->block_bytes() bytes each), memory from
+ * m->host_alloc, over link @p link (NULL: kv_link_default()). KV_ERR_ARG for m NULL (a
+ * contiguous backend has no block I/O) or a bad link, KV_ERR_NOMEM.
  */
-int kv_swap_init(kv_swap *sw, kv_backend *b, int n_host_blocks, const kv_link *link,
+int kv_swap_init(kv_swap *sw, kv_cache_mem *m, int n_host_blocks, const kv_link *link,
                  kv_err *err);
 /** Free the host tier (a zeroed struct is fine); before the backend that made it goes, after
  * its paused sequences are dropped or swapped in (a prefetch in flight reads its memory). */
 void kv_swap_free(kv_swap *sw);
 
 /**
- * Swap @p slot of paged backend @p b out, whole: take host blocks for all its blocks (all or
- * nothing), copy their bytes in one batched copy, record its length and tokens in @p out,
- * then release the slot (b->reset). Shared blocks are copied too: the sequence comes back
- * unshared. KV_ERR_CAPACITY when the host tier lacks blocks: the slot is untouched.
- * KV_ERR_UNSUPPORTED for fp8, KIVI, windows, prefix caching.
+ * Swap @p slot of the paged cache behind @p m out, whole: take host blocks for all its
+ * blocks (all or nothing), copy their bytes in one batched copy, record its length and tokens
+ * in @p out, then release the slot (kv_paged_release()). Shared blocks are copied too: the
+ * sequence comes back unshared. KV_ERR_CAPACITY when the host tier lacks blocks: the slot is
+ * untouched. KV_ERR_UNSUPPORTED for fp8, KIVI, windows, prefix caching.
  */
-int kv_swap_out(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err *err);
+int kv_swap_out(kv_swap *sw, kv_cache_mem *m, int slot, kv_swapped *out, kv_err *err);
 
 /**
  * Pause @p slot without moving a byte: record its blocks (a reference kept on each, so they
  * stay on the device with their bytes, shared ones still shared), length and tokens in
  * @p out, then release the slot. Same refusals as kv_swap_out().
  */
-int kv_swap_detach(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err *err);
+int kv_swap_detach(kv_swap *sw, kv_cache_mem *m, int slot, kv_swapped *out, kv_err *err);
 
 /**
  * Move up to @p max_blocks of @p s's device blocks to the host tier in one batched copy
@@ -134,31 +135,32 @@ int kv_swap_detach(kv_swap *sw, kv_backend *b, int slot, kv_swapped *out, kv_err
  * a sequence with a prefetch started, which is on its way back). At most as many as the host
  * tier has free; KV_ERR_CAPACITY only when it has no free block at all.
  */
-int kv_swap_evict(kv_swap *sw, kv_backend *b, kv_swapped *s, int max_blocks, int *moved,
+int kv_swap_evict(kv_swap *sw, kv_cache_mem *m, kv_swapped *s, int max_blocks, int *moved,
                   kv_err *err);
 
 /**
  * Start bringing @p s's host blocks back: take device blocks for them (all or nothing) and
- * start one batched copy, asynchronous when the backend has write_blocks_async (else done
- * now). kv_swap_in() finishes it. KV_ERR_CAPACITY when the device pool lacks blocks: nothing
- * changes. A sequence with no host blocks, or one already prefetching: KV_OK, nothing to do.
+ * start one batched asynchronous copy (m->write_blocks_async: the CPU's I/O thread, CUDA's
+ * copy stream). kv_swap_in() finishes it. KV_ERR_CAPACITY when the device pool lacks
+ * blocks: nothing changes. A sequence with no host blocks, or one already prefetching:
+ * KV_OK, nothing to do.
  */
-int kv_swap_prefetch(kv_swap *sw, kv_backend *b, kv_swapped *s, kv_err *err);
+int kv_swap_prefetch(kv_swap *sw, kv_cache_mem *m, kv_swapped *s, kv_err *err);
 
 /**
- * Put @p s back into the empty @p slot of @p b: wait for its prefetch (if any), copy what is
- * still on the host in one batched copy (taking device blocks for it, all or nothing),
- * rebuild the slot's table from its blocks in logical order, token record and length, and
- * release its host blocks. KV_ERR_CAPACITY when the device pool lacks blocks: @p s is
- * unchanged. @p b may be another backend than the one @p s left, built with the same spec
+ * Put @p s back into the empty @p slot of the cache behind @p m: wait for its prefetch (if
+ * any), copy what is still on the host in one batched copy (taking device blocks for it, all
+ * or nothing), rebuild the slot's table from its blocks in logical order, token record and
+ * length, and release its host blocks. KV_ERR_CAPACITY when the device pool lacks blocks: @p s is
+ * unchanged. @p m may be another backend's than the one @p s left, built with the same spec
  * (a tier filled on the CPU swaps into CUDA), for a sequence with every block on the host.
  */
-int kv_swap_in(kv_swap *sw, kv_backend *b, int slot, kv_swapped *s, kv_err *err);
+int kv_swap_in(kv_swap *sw, kv_cache_mem *m, int slot, kv_swapped *s, kv_err *err);
 
 /** Forget a paused sequence: wait for a prefetch in flight, release its blocks in both
- * tiers (a zeroed one is fine). @p b: the backend whose device blocks it holds (may be NULL
- * when every block is on the host). */
-void kv_swapped_drop(kv_swap *sw, kv_backend *b, kv_swapped *s);
+ * tiers (a zeroed one is fine). @p m: the services of the cache whose device blocks it holds
+ * (may be NULL when every block is on the host). */
+void kv_swapped_drop(kv_swap *sw, kv_cache_mem *m, kv_swapped *s);
 
 #ifdef __cplusplus
 }

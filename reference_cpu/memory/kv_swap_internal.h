@@ -7,8 +7,8 @@
 /* Account one batched copy of n blocks in direction dir (and sleep for it if asked). */
 void kv_swap_link_account(kv_swap *sw, int dir, int n, size_t block_bytes);
 
-/* What this version can swap: a host tier shaped as b's blocks, a slot of b, per-token
+/* What this version can swap: a host tier shaped as m's blocks, a slot of m, per-token
  * formats, no window, no prefix cache. */
-int kv_swap_check(const kv_swap *sw, kv_backend *b, int slot, const char *who, kv_err *err);
+int kv_swap_check(const kv_swap *sw, kv_cache_mem *m, int slot, const char *who, kv_err *err);
 
 #endif

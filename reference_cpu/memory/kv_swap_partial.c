@@ -6,11 +6,11 @@
 
 #include <string.h>
 
-int kv_swap_evict(kv_swap *sw, kv_backend *b, kv_swapped *s, int max_blocks, int *moved,
+int kv_swap_evict(kv_swap *sw, kv_cache_mem *m, kv_swapped *s, int max_blocks, int *moved,
                   kv_err *err)
 {
     if (moved) *moved = 0;
-    int rc = kv_swap_check(sw, b, 0, "kv_swap_evict", err);
+    int rc = kv_swap_check(sw, m, 0, "kv_swap_evict", err);
     if (rc) return rc;
     if (!s || !s->resident)
         return kv_fail(err, KV_ERR_ARG, "kv_swap_evict: not a paused sequence");
@@ -18,7 +18,7 @@ int kv_swap_evict(kv_swap *sw, kv_backend *b, kv_swapped *s, int max_blocks, int
     if (s->ticket) return KV_OK;
     for (int i = 0; i < s->n_blocks; i++)
         if (s->pre_blocks[i] >= 0) return KV_OK;
-    kv_pool *dev = &b->paged->pool;
+    kv_pool *dev = &m->paged->pool;
     int want = 0; /* candidates: held by this sequence alone (a shared block frees nothing) */
     for (int i = s->n_blocks - 1; i >= 0 && want < max_blocks; i--)
         if (s->dev_blocks[i] >= 0 && dev->refcount[s->dev_blocks[i]] == 1) want++;
@@ -46,7 +46,7 @@ int kv_swap_evict(kv_swap *sw, kv_backend *b, kv_swapped *s, int max_blocks, int
         logical[k] = i;
         pairs[k++] = (kv_block_copy){s->dev_blocks[i], h};
     }
-    if (!rc) rc = b->read_blocks(b, pairs, k, sw->mem, sw->pool.block_bytes, err);
+    if (!rc) rc = m->read_blocks(m, pairs, k, sw->mem, sw->pool.block_bytes, err);
     if (rc) { /* nothing moved: give the host blocks back */
         for (int j = 0; j < k; j++) kv_pool_unref(&sw->pool, pairs[j].dst, NULL);
     } else {
@@ -67,10 +67,10 @@ int kv_swap_evict(kv_swap *sw, kv_backend *b, kv_swapped *s, int max_blocks, int
 /* Take device blocks for the host blocks of s that have none yet, into got[i] (-1 elsewhere),
  * and list the (host, device) pairs to copy. All or nothing: KV_ERR_CAPACITY leaves the pool as
  * it was. *n = pairs listed. */
-static int take_device_blocks(kv_backend *b, const kv_swapped *s, int *got,
+static int take_device_blocks(kv_cache_mem *m, const kv_swapped *s, int *got,
                               kv_block_copy *pairs, int *n, const char *who, kv_err *err)
 {
-    kv_pool *dev = &b->paged->pool;
+    kv_pool *dev = &m->paged->pool;
     int need = 0;
     for (int i = 0; i < s->n_blocks; i++)
         if (s->host_blocks[i] >= 0 && s->pre_blocks[i] < 0) need++;
@@ -93,9 +93,9 @@ static int take_device_blocks(kv_backend *b, const kv_swapped *s, int *got,
     return KV_OK;
 }
 
-int kv_swap_prefetch(kv_swap *sw, kv_backend *b, kv_swapped *s, kv_err *err)
+int kv_swap_prefetch(kv_swap *sw, kv_cache_mem *m, kv_swapped *s, kv_err *err)
 {
-    int rc = kv_swap_check(sw, b, 0, "kv_swap_prefetch", err);
+    int rc = kv_swap_check(sw, m, 0, "kv_swap_prefetch", err);
     if (rc) return rc;
     if (!s || !s->resident)
         return kv_fail(err, KV_ERR_ARG, "kv_swap_prefetch: not a paused sequence");
@@ -104,17 +104,14 @@ int kv_swap_prefetch(kv_swap *sw, kv_backend *b, kv_swapped *s, kv_err *err)
     kv_block_copy *pairs = kv_calloc((size_t)(n > 0 ? n : 1) * sizeof *pairs);     /* [n] */
     int k = 0;
     if (!got || !pairs) rc = kv_fail(err, KV_ERR_NOMEM, "kv_swap_prefetch: out of memory");
-    if (!rc) rc = take_device_blocks(b, s, got, pairs, &k, "kv_swap_prefetch", err);
+    if (!rc) rc = take_device_blocks(m, s, got, pairs, &k, "kv_swap_prefetch", err);
     if (!rc && k) {
         /* the new blocks are in no table until kv_swap_in(), so nothing reads them while the
          * copy runs: it may overlap the steps of the other sequences */
         int64_t ticket = 0;
-        if (b->write_blocks_async && b->io_wait)
-            rc = b->write_blocks_async(b, pairs, k, sw->mem, sw->pool.block_bytes, &ticket, err);
-        else
-            rc = b->write_blocks(b, pairs, k, sw->mem, sw->pool.block_bytes, err);
+        rc = m->write_blocks_async(m, pairs, k, sw->mem, sw->pool.block_bytes, &ticket, err);
         if (rc) {
-            for (int j = 0; j < k; j++) kv_pool_unref(&b->paged->pool, pairs[j].dst, NULL);
+            for (int j = 0; j < k; j++) kv_pool_unref(&m->paged->pool, pairs[j].dst, NULL);
         } else {
             kv_swap_link_account(sw, KV_LINK_IN, k, sw->pool.block_bytes);
             for (int i = 0; i < n; i++)
@@ -127,23 +124,21 @@ int kv_swap_prefetch(kv_swap *sw, kv_backend *b, kv_swapped *s, kv_err *err)
     return rc;
 }
 
-int kv_swap_in(kv_swap *sw, kv_backend *b, int slot, kv_swapped *s, kv_err *err)
+int kv_swap_in(kv_swap *sw, kv_cache_mem *m, int slot, kv_swapped *s, kv_err *err)
 {
-    int rc = kv_swap_check(sw, b, slot, "kv_swap_in", err);
+    int rc = kv_swap_check(sw, m, slot, "kv_swap_in", err);
     if (rc) return rc;
-    kv_paged *pg = b->paged;
+    kv_paged *pg = m->paged;
     kv_block_table *t = &pg->tables[slot];
     if (!s || !s->resident)
         return kv_fail(err, KV_ERR_ARG, "kv_swap_in: not a paused sequence");
-    if (t->n_blocks || b->length(b, slot))
+    if (t->n_blocks || m->length(m, slot))
         return kv_fail(err, KV_ERR_ARG, "kv_swap_in: slot %d is in use", slot);
-    if ((int64_t)s->n_tokens > b->spec.capacity)
+    if ((int64_t)s->n_tokens > m->spec.capacity)
         return kv_fail(err, KV_ERR_CAPACITY, "kv_swap_in: %lld tokens exceed the capacity %d",
-                       (long long)s->n_tokens, b->spec.capacity);
+                       (long long)s->n_tokens, m->spec.capacity);
     if (s->ticket) { /* the prefetch's copy must land before the table points at its blocks */
-        rc = b->io_wait ? b->io_wait(b, s->ticket, err)
-                        : kv_fail(err, KV_ERR_ARG, "kv_swap_in: a prefetch ticket on a backend "
-                                  "without io_wait");
+        rc = m->io_wait(m, s->ticket, err);
         s->ticket = 0;
         if (rc) { /* the prefetched bytes are not to be trusted: the host still has them */
             for (int i = 0; i < s->n_blocks; i++)
@@ -167,7 +162,7 @@ int kv_swap_in(kv_swap *sw, kv_backend *b, int slot, kv_swapped *s, kv_err *err)
     kv_block_copy *pairs = kv_calloc((size_t)(n > 0 ? n : 1) * sizeof *pairs); /* [n] */
     int k = 0;
     if (!got || !pairs) rc = kv_fail(err, KV_ERR_NOMEM, "kv_swap_in: out of memory");
-    if (!rc) rc = take_device_blocks(b, s, got, pairs, &k, "kv_swap_in", err);
+    if (!rc) rc = take_device_blocks(m, s, got, pairs, &k, "kv_swap_in", err);
     if (rc) {
         kv_free(got);
         kv_free(pairs);
@@ -188,20 +183,20 @@ int kv_swap_in(kv_swap *sw, kv_backend *b, int slot, kv_swapped *s, kv_err *err)
         if (!rc) got[i] = -1; /* the table holds it now */
     }
     /* one batched copy of what is still only on the host */
-    if (!rc && k) rc = b->write_blocks(b, pairs, k, sw->mem, sw->pool.block_bytes, err);
-    if (!rc) rc = b->set_blocks(b, slot, t->blocks, t->n_blocks, err);
-    if (!rc && s->n_tokens) rc = b->set_length(b, slot, (int)s->n_tokens, err);
+    if (!rc && k) rc = m->write_blocks(m, pairs, k, sw->mem, sw->pool.block_bytes, err);
+    if (!rc) rc = m->set_blocks(m, slot, t->blocks, t->n_blocks, err);
+    if (!rc && s->n_tokens) rc = m->set_length(m, slot, (int)s->n_tokens, err);
     for (int i = 0; i < n; i++) /* blocks taken but never pushed (a failed push) */
         if (got[i] >= 0) kv_pool_unref(&pg->pool, got[i], NULL);
     kv_free(got);
     kv_free(pairs);
     if (rc) { /* the table's references go back; the sequence keeps its own, unchanged */
-        b->reset(b, slot);
+        kv_paged_release(m, slot, NULL);
         return rc;
     }
     kv_swap_link_account(sw, KV_LINK_IN, k, sw->pool.block_bytes);
     if (s->n_tokens) memcpy(pg->tokens[slot], s->tokens, (size_t)s->n_tokens * sizeof(int));
     if (pg->pool.n_used > pg->peak_used) pg->peak_used = pg->pool.n_used;
-    kv_swapped_drop(sw, b, s); /* its own device references and its host blocks */
+    kv_swapped_drop(sw, m, s); /* its own device references and its host blocks */
     return KV_OK;
 }

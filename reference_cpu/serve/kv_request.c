@@ -140,7 +140,7 @@ int kv_runner_start(const runner_env *e, runner *r, int *hit, kv_err *err)
     }
     seq_t *root = &r->seq[r->root];
     *hit = 0;
-    int rc = kv_paged_match_prefix(e->b, root->slot, r->prompt, r->rq.prompt_len, hit, err);
+    int rc = kv_paged_match_prefix(e->b->mem, root->slot, r->prompt, r->rq.prompt_len, hit, err);
     if (rc) return rc;
     root->len = *hit;
     r->state = R_PROMPT;
@@ -192,7 +192,7 @@ static int fork_into(const runner_env *e, runner *r, seq_t *dst, const seq_t *sr
     int slot = spare_slot(r);
     if (slot < 0)
         return kv_fail(err, KV_ERR_ARG, "scheduler: request %d has no spare slot", r->idx);
-    int rc = kv_paged_fork(e->b, slot, src->slot, err);
+    int rc = kv_paged_fork(e->b->mem, slot, src->slot, err);
     if (rc) return rc;
     dst->slot = slot;
     dst->len = src->len;
@@ -255,7 +255,7 @@ static int beam_step(const runner_env *e, runner *r, kv_err *err)
             kids[p] = -kids[p];
         } else {
             slot_of[c] = spare[--n_spare];
-            int rc = kv_paged_fork(e->b, slot_of[c], par->slot, err);
+            int rc = kv_paged_fork(e->b->mem, slot_of[c], par->slot, err);
             if (rc) return rc;
         }
     }

@@ -92,7 +92,7 @@ static void batch_add(sched *S, int ri, int si, int n_tok, int64_t *need)
     S->n_batch++;
     S->batch_tokens += n_tok;
     if (r->state == R_PROMPT || n_tok > 1) S->prefill_tokens += n_tok; /* else a decode */
-    *need += kv_paged_blocks_needed(S->env.b, s->slot, n_tok);
+    *need += kv_paged_blocks_needed(S->env.b->mem, s->slot, n_tok);
 }
 
 /* Feed what runner @p ri's sequences have pending, within the budget. */
@@ -138,7 +138,7 @@ static int prompt_blocks(sched *S, const runner *r)
         for (int i = 0; i < r->n_seq; i++)
             if (is_live(r, i)) need += cdiv(P + r->seq[i].n_gen, B) - P / B;
     }
-    kv_paged *pg = S->env.b->paged;
+    kv_paged *pg = S->env.b->mem->paged;
     if (pg->prefix_caching) kv_prefix_probe(&pg->prefix, r->prompt, P, &used_hits);
     return (int)(need - used_hits);
 }
@@ -186,7 +186,7 @@ static int64_t admit_short(sched *S, const runner *r, int64_t need)
     const int wm = S->env.o->policy == KV_POLICY_PAGED && S->n_running ? kv_sched_watermark_blocks(S) : 0;
     /* a prompt admitted into the last free blocks would be preempted by the next step's
      * growth of the others: keep a watermark free */
-    return (int64_t)prompt_blocks(S, r) + wm - ((int64_t)kv_paged_available(S->env.b) - need);
+    return (int64_t)prompt_blocks(S, r) + wm - ((int64_t)kv_paged_available(S->env.b->mem) - need);
 }
 
 static int lru_on(const sched *S) { return S->env.o->preempt == KV_PREEMPT_LRU && S->tier; }
@@ -291,7 +291,7 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
                     const kv_sched_opts *o, kv_sched_out *out, kv_err *err)
 {
     memset(out, 0, sizeof *out);
-    if (!b || !t || !o || n < 1 || !b->paged)
+    if (!b || !t || !o || n < 1 || !b->mem)
         return kv_fail(err, KV_ERR_ARG, "scheduler: needs a paged backend, a trace and >= 1 "
                        "request");
     if (o->policy < 0 || o->policy > KV_POLICY_ORACLE || o->token_budget < 1 || o->max_len < 1 ||
@@ -305,7 +305,7 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
                        o->policy, o->token_budget, o->max_len, (double)o->sample_temperature,
                        o->preempt, o->host_blocks, o->watermark, o->token_s, o->prefetch);
     for (int s = 0; s < b->spec.n_slots; s++)
-        if (b->paged->tables[s].n_blocks)
+        if (b->mem->paged->tables[s].n_blocks)
             return kv_fail(err, KV_ERR_ARG, "scheduler: slot %d is not empty", s);
     sched S;
     memset(&S, 0, sizeof S);
@@ -313,7 +313,7 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
     runner_env *e = &S.env;
     e->b = b;
     e->o = o;
-    S.pool = &b->paged->pool;
+    S.pool = &b->mem->paged->pool;
     e->B = S.pool->block_size;
     e->N = S.pool->n_blocks;
     e->vocab = b->config->vocab_size;
@@ -361,7 +361,7 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
         if (!rc) kv_sched_queue_push(&S, i, 0);
     }
     if (rc || (rc = kv_tier_open(&S, err))) goto done;
-    const int64_t cow0 = b->paged->n_cow;
+    const int64_t cow0 = b->mem->paged->n_cow;
     const double t0 = kv_now();
     while (S.n_finished < n) {
         int64_t need;
@@ -373,10 +373,11 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
          * priority; alone and still short, a paused request holding device blocks (shared by
          * its forks, or prefetched) recomputes; else the one running cannot run */
         int preempted = 0;
-        while (need > kv_paged_available(b)) {
+        while (need > kv_paged_available(b->mem)) {
             if (lru_on(&S)) {
                 int freed = 0;
-                rc = kv_tier_make_room(&S, (int)(need - kv_paged_available(b)), -1, 1, &freed, err);
+                rc = kv_tier_make_room(&S, (int)(need - kv_paged_available(b->mem)), -1, 1, &freed,
+                                       err);
                 if (rc) goto done;
                 if (freed > 0) continue;
             }
@@ -386,7 +387,7 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
                 char why[160];
                 snprintf(why, sizeof why, "needs %lld blocks in one step but the pool has only "
                          "%d of %d blocks free while it runs alone", (long long)need,
-                         kv_paged_available(b), e->N);
+                         kv_paged_available(b->mem), e->N);
                 fail_running(&S, victim, KV_ERR_CAPACITY, why);
             } else {
                 if ((rc = preempt(&S, victim, err))) goto done;
@@ -487,7 +488,7 @@ static int run_list(kv_backend *b, const kv_trace *t, const int *list, int n,
     m->sharing_saving = m->unshared_blocks
                             ? 1.0 - (double)m->shared_blocks / (double)m->unshared_blocks
                             : 0;
-    m->cow_copies = b->paged->n_cow - cow0;
+    m->cow_copies = b->mem->paged->n_cow - cow0;
     m->swap_blocks_out = S.sw.stats.blocks[KV_LINK_OUT];
     m->swap_blocks_in = S.sw.stats.blocks[KV_LINK_IN];
     m->swap_bytes_out = S.sw.stats.bytes[KV_LINK_OUT];

@@ -9,7 +9,7 @@
 /* Pool occupancy after a step: stored tokens, internal and reserved waste, sharing. */
 void kv_sched_measure(sched *S)
 {
-    kv_paged *pg = S->env.b->paged;
+    kv_paged *pg = S->env.b->mem->paged;
     kv_sched_metrics *m = S->env.m;
     const int B = S->env.B;
     int n_touched = 0, seqs = 0;

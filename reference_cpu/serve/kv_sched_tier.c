@@ -39,9 +39,8 @@ int kv_tier_open(sched *S, kv_err *err)
     kv_backend *b = S->env.b;
     const int n = o->host_blocks > 0 ? o->host_blocks : S->env.N;
     kv_err e;
-    int rc = !b->read_blocks || !b->write_blocks || !b->block_bytes
-                 ? kv_fail(&e, KV_ERR_UNSUPPORTED, "swap: the backend has no block I/O")
-                 : kv_swap_init(&S->sw, b, n, o->link.bandwidth > 0 ? &o->link : NULL, &e);
+    int rc = !b->mem ? kv_fail(&e, KV_ERR_UNSUPPORTED, "swap: the backend has no block I/O")
+             : kv_swap_init(&S->sw, b->mem, n, o->link.bandwidth > 0 ? &o->link : NULL, &e);
     if (rc == KV_ERR_UNSUPPORTED) {
         snprintf(S->env.m->swap_refused, sizeof S->env.m->swap_refused, "%.150s", e.msg);
         return KV_OK;
@@ -56,7 +55,7 @@ int kv_tier_open(sched *S, kv_err *err)
  * one that recomputes instead). */
 void kv_tier_forget(sched *S, runner *r)
 {
-    for (int i = 0; i < r->n_seq; i++) kv_swapped_drop(&S->sw, S->env.b, &r->seq[i].host);
+    for (int i = 0; i < r->n_seq; i++) kv_swapped_drop(&S->sw, S->env.b->mem, &r->seq[i].host);
     r->swapped = 0;
     r->prefetching = 0;
 }
@@ -95,7 +94,7 @@ int kv_tier_pause(sched *S, runner *r, kv_err *err)
     const int lru = S->env.o->preempt == KV_PREEMPT_LRU;
     int fits = S->tier;
     if (fits && !lru) {
-        const kv_paged *pg = b->paged;
+        const kv_paged *pg = b->mem->paged;
         int64_t host = 0; /* every sequence's table, shared blocks once per sequence */
         for (int i = 0; i < r->n_seq; i++)
             if (r->seq[i].slot >= 0) host += pg->tables[r->seq[i].slot].n_blocks;
@@ -113,8 +112,8 @@ int kv_tier_pause(sched *S, runner *r, kv_err *err)
     for (int i = 0; i < r->n_seq && !rc; i++) {
         seq_t *s = &r->seq[i];
         if (s->slot < 0) continue;
-        rc = lru ? kv_swap_detach(&S->sw, b, s->slot, &s->host, &e)
-                 : kv_swap_out(&S->sw, b, s->slot, &s->host, &e);
+        rc = lru ? kv_swap_detach(&S->sw, b->mem, s->slot, &s->host, &e)
+                 : kv_swap_out(&S->sw, b->mem, s->slot, &s->host, &e);
         if (!rc) { /* the slot is empty now */
             s->slot = -1;
             n++;
@@ -148,7 +147,7 @@ int kv_tier_pause(sched *S, runner *r, kv_err *err)
 int kv_tier_blocks_back(const sched *S, const runner *r)
 {
     const int B = S->env.B;
-    const kv_pool *dev = &S->env.b->paged->pool;
+    const kv_pool *dev = &S->env.b->mem->paged->pool;
     int64_t n = 0;
     for (int i = 0; i < r->n_seq; i++) {
         const kv_swapped *h = &r->seq[i].host;
@@ -171,7 +170,7 @@ int kv_tier_blocks_back(const sched *S, const runner *r)
 static int evictable(const sched *S, const runner *r)
 {
     if (!r->swapped || r->state != R_WAITING || r->prefetching) return 0;
-    const kv_pool *dev = &S->env.b->paged->pool;
+    const kv_pool *dev = &S->env.b->mem->paged->pool;
     int n = 0;
     for (int i = 0; i < r->n_seq; i++) {
         const kv_swapped *h = &r->seq[i].host;
@@ -208,16 +207,16 @@ int kv_tier_make_room(sched *S, int want, int exclude, int sync, int *freed, kv_
                 (!p || S->r[i].paused_at < p->paused_at))
                 p = &S->r[i];
         if (!p) break;
-        const int avail0 = kv_paged_available(b);
+        const int avail0 = kv_paged_available(b->mem);
         const double before = S->sw.stats.seconds[KV_LINK_OUT];
         int full = 0;
         for (int i = p->n_seq - 1; i >= 0 && !full; i--) {
-            const int left = want - *freed - (kv_paged_available(b) - avail0);
+            const int left = want - *freed - (kv_paged_available(b->mem) - avail0);
             if (left <= 0) break;
             if (!p->seq[i].host.resident) continue;
             int moved = 0;
             kv_err e;
-            int rc = kv_swap_evict(&S->sw, b, &p->seq[i].host, left, &moved, &e);
+            int rc = kv_swap_evict(&S->sw, b->mem, &p->seq[i].host, left, &moved, &e);
             if (rc == KV_ERR_CAPACITY) full = 1;
             else if (rc) return kv_fail(err, rc, "request %d: evict: %s", p->idx, e.msg);
             if (moved) {
@@ -228,7 +227,7 @@ int kv_tier_make_room(sched *S, int want, int exclude, int sync, int *freed, kv_
         }
         link_issue(S, KV_LINK_OUT, S->sw.stats.seconds[KV_LINK_OUT] - before, sync);
         if (full) tier_recompute(S, p);
-        *freed += kv_paged_available(b) - avail0;
+        *freed += kv_paged_available(b->mem) - avail0;
     }
     return KV_OK;
 }
@@ -273,7 +272,7 @@ int kv_tier_resume(sched *S, runner *r, kv_err *err)
         seq_t *s = &r->seq[i];
         if (!s->host.resident) continue;
         const int64_t len = s->host.n_tokens;
-        int rc = kv_swap_in(&S->sw, S->env.b, r->slots[j], &s->host, &e);
+        int rc = kv_swap_in(&S->sw, S->env.b->mem, r->slots[j], &s->host, &e);
         if (rc) return kv_fail(err, rc, "request %d: swap in: %s", r->idx, e.msg);
         s->slot = r->slots[j++];
         s->len = len;
@@ -305,14 +304,14 @@ int kv_tier_prefetch(sched *S, int64_t need, kv_err *err)
         on_host += r->seq[i].host.resident ? r->seq[i].host.n_on_host : 0;
     if (on_host == 0) return KV_OK;
     kv_backend *b = S->env.b;
-    if ((int64_t)kv_paged_available(b) - need < kv_tier_blocks_back(S, r)) return KV_OK;
+    if ((int64_t)kv_paged_available(b->mem) - need < kv_tier_blocks_back(S, r)) return KV_OK;
     kv_sched_metrics *m = S->env.m;
     const double before = S->sw.stats.seconds[KV_LINK_IN];
     const int64_t blocks0 = S->sw.stats.blocks[KV_LINK_IN];
     kv_err e;
     int rc = KV_OK;
     for (int i = 0; i < r->n_seq && !rc; i++)
-        if (r->seq[i].host.resident) rc = kv_swap_prefetch(&S->sw, b, &r->seq[i].host, &e);
+        if (r->seq[i].host.resident) rc = kv_swap_prefetch(&S->sw, b->mem, &r->seq[i].host, &e);
     if (rc && rc != KV_ERR_CAPACITY)
         return kv_fail(err, rc, "request %d: prefetch: %s", r->idx, e.msg);
     if (S->sw.stats.blocks[KV_LINK_IN] == blocks0) return KV_OK;
@@ -328,7 +327,8 @@ int kv_tier_prefetch(sched *S, int64_t need, kv_err *err)
 int kv_tier_watermark(sched *S, int64_t need, kv_err *err)
 {
     if (!lru_mode(S)) return KV_OK;
-    const int64_t lack = kv_sched_watermark_blocks(S) - ((int64_t)kv_paged_available(S->env.b) - need);
+    const int64_t lack =
+        kv_sched_watermark_blocks(S) - ((int64_t)kv_paged_available(S->env.b->mem) - need);
     if (lack <= 0) return KV_OK;
     int freed;
     return kv_tier_make_room(S, (int)lack, -1, 0, &freed, err);
