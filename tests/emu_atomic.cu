@@ -7,7 +7,7 @@
  * build blocks run on several OS threads at once, so these are real races for real atomics.
  */
 #include "kv_cuda.cuh"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 struct counters {
     int add;

@@ -8,7 +8,7 @@
  * Then memcpy (all kinds), memset, streams and events, as an engine uses them.
  */
 #include "kv_cuda.cuh"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include <string.h>
 

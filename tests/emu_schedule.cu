@@ -12,7 +12,7 @@
  * 4. Prints the cost of a fiber switch and of an emulated thread.
  */
 #include "kv_cuda.cuh"
-#include "kv_test.h"
+#include "common/kv_test.h"
 #include "kvemu.h"
 
 #include <string.h>

@@ -8,7 +8,7 @@
  * checks that the fiber scheduler opens barriers only when the whole block has arrived.
  */
 #include "kv_cuda.cuh"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include <stdlib.h>
 

@@ -7,7 +7,7 @@
  * host from the CUDA definitions, so the same test checks a GPU and the emulator.
  */
 #include "kv_cuda.cuh"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #define NOUT 10 /* results per thread */
 

@@ -19,7 +19,7 @@
  *    0 for -inf and below -87 (under 2^-125); NaN stays NaN; the sum is the plain sum of the
  *    exponentials in order; max = -inf gives zeros and 0.
  */
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include "kv_attention.h"
 #include "kv_ops.h"

@@ -19,8 +19,8 @@
 #include "kv_needle.h"
 #include "kv_tokenizer.h"
 #include "kv_trace.h"
-#include "kv_test.h"
-#include "kv_test_cli.h"
+#include "common/kv_test.h"
+#include "common/kv_test_cli.h"
 
 #include <fcntl.h>
 #include <math.h>

@@ -13,7 +13,7 @@
  *    out by hand below, times 4. */
 #include "kv_bench.h"
 #include "kv_config.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include <omp.h>
 #include <string.h>

@@ -5,7 +5,7 @@
  */
 #define _GNU_SOURCE
 #include "kv_checkpoint.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include <dirent.h>
 #include <limits.h>

@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "kv_bench.h"
-#include "kv_test.h"
-#include "kv_test_cli.h" /* kvlab, result, run_in(): shared with the bad-input tests */
+#include "common/kv_test.h"
+#include "common/kv_test_cli.h" /* kvlab, result, run_in(): shared with the bad-input tests */
 
 /* Run kvlab with the NULL-terminated arguments in the current folder, stdout and stderr
  * captured (run_in()). */

@@ -1,6 +1,6 @@
 /* Config: validation messages, parameter counts, embedded defaults, published-model presets. */
 #include "kv_config.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include <math.h>
 #include <string.h>

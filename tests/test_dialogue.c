@@ -6,7 +6,7 @@
  * int8), each turn equal bit for bit to the same run on a contiguous cache.
  *
  *   test_dialogue DATASETS/dialogues  */
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include "kv_dialogue.h"
 #include "kv_needle.h"

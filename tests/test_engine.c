@@ -11,7 +11,7 @@
 #include "kv_generate.h"
 #include "kv_model.h"
 #include "kv_ops.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include <omp.h>
 #include <stdlib.h>

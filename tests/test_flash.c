@@ -3,7 +3,7 @@
  * Predicted before measured:
  *  - naive == kv_attention() bit for bit for a decode query (the same passes in the same
  *    order), so the naive reference is the attention family's;
- *  - tiled and split == naive within KV_TOL_F32 (tests/kv_test.h) on the grid d in {64, 128},
+ *  - tiled and split == naive within KV_TOL_F32 (tests/common/kv_test.h) on the grid d in {64, 128},
  *    G in {1, 4, 8}, lengths 1, 17, 4097 (decode everywhere, prefill 4097 in a few cells: it
  *    is O(T·n·d)), causal and not, caches fp32 / fp16 / bf16 / int8 (and int4-KIVI),
  *    contiguous and paged with B = 16 and B = 24. The cache's format does not enter the
@@ -21,7 +21,7 @@
  *
  *   test_flash [slow]     slow adds a causal prefill of 32768 tokens (tiled vs split, and
  *                         naive on sampled rows) */
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include "kv_attention.h"
 #include "kv_flash.h"

@@ -14,7 +14,7 @@
 #include "kv_generate.h"
 #include "kv_model.h"
 #include "kv_sampler.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 #include "kvcu.h"
 
 #include <string.h>

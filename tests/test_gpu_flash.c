@@ -36,7 +36,7 @@
 #include "kv_flash.h"
 #include "kv_quant.h"
 #include "kv_rng.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 #include "kvcu.h"
 #ifdef KV_CUDA_EMULATION
 #include "kvemu.h"

@@ -13,7 +13,7 @@
 #include "kv_attention.h"
 #include "kv_convert.h"
 #include "kv_rng.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 #include "kvcu.h"
 
 #include <string.h>

@@ -5,20 +5,14 @@
  * few dozen tokens: a needle grid of 24 and 48 tokens and a five-turn dialogue.
  *
  *   test_gpu_needle DATASETS  */
-#include "kv_test.h"
+#include "common/kv_test.h"
+#include "common/kv_test_backend.h"
 
 #include "kv_dialogue.h"
 #include "kv_needle.h"
 #include "kvcu.h"
 
 #include <string.h>
-
-static int make_cpu(kv_backend **out, const kv_model *m, const kv_cache_spec *spec, void *user,
-                    kv_err *err)
-{
-    (void)user;
-    return kv_backend_cpu(out, m, spec, err);
-}
 
 static int make_gpu(kv_backend **out, const kv_model *m, const kv_cache_spec *spec, void *user,
                     kv_err *err)
@@ -44,7 +38,7 @@ static void test_grid(const char *dir, int emulated)
     kv_needle_result *rc_cpu = NULL, *rc_gpu = NULL;
     int n1 = 0, n2 = 0;
     double t0 = kv_now();
-    KV_CHECK(kv_needle_grid(&s, make_cpu, NULL, NULL, NULL, &rc_cpu, &n1, &e) == KV_OK, "cpu: %s", e.msg);
+    KV_CHECK(kv_needle_grid(&s, kv_test_make_cpu, NULL, NULL, NULL, &rc_cpu, &n1, &e) == KV_OK, "cpu: %s", e.msg);
     double t1 = kv_now();
     KV_CHECK(kv_needle_grid(&s, make_gpu, NULL, NULL, NULL, &rc_gpu, &n2, &e) == KV_OK, "gpu: %s", e.msg);
     double t2 = kv_now();

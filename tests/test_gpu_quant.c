@@ -1,6 +1,6 @@
 /* Chapter 04 formats on the GPU against the CPU reference: quantization must match bit for
- * bit (DESIGN.md §4), so codes and metadata are compared as bytes and decoded values as fp32
- * bit patterns (any NaN equals any NaN: a NaN's payload is not part of the format).
+ * bit (docs/design.md §8), so codes and metadata are compared as bytes and decoded values as
+ * fp32 bit patterns (any NaN equals any NaN: a NaN's payload is not part of the format).
  *
  *  - every format and role, head_dim 64 and 128, on random rows with outlier channels and
  *    injected specials (NaN, +-inf, +-0, subnormals, 65504 / 65520 / 70000, ties, all-zero,
@@ -14,7 +14,7 @@
  * Exits 77 (skipped) without a usable device. */
 #include "kv_quant.h"
 #include "kv_rng.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 #include "kvcu.h"
 
 #include <string.h>

@@ -3,7 +3,7 @@
  *  - every format: the same K/V rows (a prefill chunk, then single tokens) written by
  *    kv_cache_write_seq() and kvcu_cache_write_seq() leave the same bytes: codes and
  *    metadata of every written row, fp8 scales, the KIVI window rows in use, and every
- *    dequantized element bit for bit (quantization rounding matches exactly, DESIGN.md §4);
+ *    dequantized element bit for bit (quantization rounding matches exactly, docs/design.md §8);
  *  - attention over the two caches (fused dequantization in both) within the fp32
  *    tolerance: they read identical values and differ only in summation order;
  *  - the engine end to end with each format on both devices (finite logits; top-1 agreement
@@ -14,7 +14,7 @@
 #include "kv_model.h"
 #include "kv_quant.h"
 #include "kv_rng.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 #include "kvcu.h"
 
 #include <stdlib.h>

@@ -46,7 +46,7 @@
 #include "kv_quant.h"
 #include "kv_retain.h"
 #include "kv_rng.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 #include "kvcu.h"
 
 #include <stdlib.h>

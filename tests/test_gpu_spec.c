@@ -20,8 +20,8 @@
  *  - refusals as on the CPU: an unarmed KIVI truncate, len outside [0, length], a slot out of
  *    range, cutting into a block the prefix cache registered (length unchanged).
  * Exits 77 (skipped) without a usable device. */
-#include "kv_test.h"
-#include "test_spec_common.h"
+#include "common/kv_test.h"
+#include "common/test_spec_common.h"
 
 #include "kv_generate.h"
 #include "kv_sampler.h"

@@ -16,8 +16,8 @@
  *    run: CPU and GPU sum in different orders, see test_gpu_spec);
  *  - refusals in the CPU's words: unarmed, below the armed length, beyond max_tokens.
  * Exits 77 (skipped) without a usable device. */
-#include "kv_test.h"
-#include "test_spec_common.h"
+#include "common/kv_test.h"
+#include "common/test_spec_common.h"
 
 #include "kv_generate.h"
 #include "kv_spec.h"

@@ -22,8 +22,9 @@
  *    CUDA run that never swapped; the asynchronous hooks move the synchronous ones' bytes;
  *  - no block leaks in either tier (kv_pool_check_leaks + kv_pool_validate).
  * Exits 77 (skipped) without a usable device. */
-#include "kv_test.h"
-#include "test_swap_io.h"
+#include "common/kv_test.h"
+#include "common/kv_test_backend.h"
+#include "common/test_swap_io.h"
 
 #include "kv_needle.h"
 #include "kv_rng.h"
@@ -167,36 +168,6 @@ static int is_swap_point(int len)
     return 0;
 }
 
-/* Fill every free device block with 0xFF and shuffle the free stack (test_swap.c's trick): a
- * swap in lands elsewhere and a byte it failed to bring back shows as NaN. */
-static void poison_free_blocks(kv_backend *b, uint64_t seed)
-{
-    kv_pool *p = &b->mem->paged->pool;
-    const size_t bb = b->mem->block_bytes(b->mem);
-    int *ids = malloc((size_t)p->n_blocks * sizeof(int));              /* [N] */
-    kv_block_copy *pairs = malloc((size_t)p->n_blocks * sizeof *pairs); /* [N] */
-    uint8_t *junk = malloc(bb);                                         /* [block_bytes] */
-    memset(junk, 0xFF, bb);
-    kv_err e;
-    int n = 0;
-    while (n < p->n_blocks && kv_pool_alloc(p, &ids[n], &e) == KV_OK) {
-        pairs[n] = (kv_block_copy){0, ids[n]};
-        n++;
-    }
-    KV_CHECK(b->mem->write_blocks(b->mem, pairs, n, junk, bb, &e) == KV_OK, "poison: %s", e.msg);
-    kv_rng r;
-    kv_rng_seed(&r, seed);
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(kv_rng_u32(&r) % (uint32_t)(i + 1)), t = ids[i];
-        ids[i] = ids[j];
-        ids[j] = t;
-    }
-    for (int i = 0; i < n; i++) kv_pool_unref(p, ids[i], &e);
-    free(ids);
-    free(pairs);
-    free(junk);
-}
-
 /* How A leaves its slot at a swap point (test_swap.c's modes): WHOLE kv_swap_out; DETACH
  * kv_swap_detach (no byte moves); EVICT detach + kv_swap_evict of 1, 2 or all blocks, copied
  * back by kv_swap_in; PREFETCH the same, brought back by kv_swap_prefetch on the copy stream
@@ -250,7 +221,7 @@ static int run(kv_backend *b, kv_swap *sw, int mode, float *logits, kv_err *e)
         if (sw) {
             /* poisoned before a prefetch takes its blocks: the prefetch must fill them */
             int rc = take_out(sw, b, mode == PREFETCH ? EVICT : mode, sa, i, &h, e);
-            if (!rc) poison_free_blocks(b, 900 + (uint64_t)pa);
+            if (!rc) kv_test_pool_poison(b->mem, 900 + (uint64_t)pa);
             if (!rc && mode == PREFETCH) {
                 rc = kv_swap_prefetch(sw, b->mem, &h, e);
                 in_flight += h.ticket > 0;

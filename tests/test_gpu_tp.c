@@ -13,8 +13,8 @@
  * tokens equal the one-GPU kvcu_forward's and the CPU group's of the same p (only the order
  * of the Wo and W2 additions differs; margins far above it), last logits within the fp32
  * tolerance of both, 2 L all-reduces per step. */
-#include "kv_test.h"
-#include "test_tp_common.h"
+#include "common/kv_test.h"
+#include "common/test_tp_common.h"
 
 #include "kv_generate.h"
 #include "kv_rng.h"

@@ -20,8 +20,8 @@
  *  - 2 L all-reduces per step per rank; retention (chapter 09) on a shard is refused.
  * Exits 77 (skipped) without a usable device. */
 #define _POSIX_C_SOURCE 200809L
-#include "kv_test.h"
-#include "test_tp_common.h"
+#include "common/kv_test.h"
+#include "common/test_tp_common.h"
 
 #include "kv_generate.h"
 #include "kv_retain.h"

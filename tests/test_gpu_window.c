@@ -31,7 +31,7 @@
 #include "kv_quant.h"
 #include "kv_rng.h"
 #include "kv_sampler.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 #include "kvcu.h"
 
 #include <stdlib.h>

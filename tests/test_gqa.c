@@ -11,7 +11,7 @@
  *    random readers with no output): G = 2 leaves the logits bit-identical and every needle
  *    found; G = 4 pools the retrieval K/V with two random heads, halving the retrieved value
  *    below the "ok" threshold, so every needle is lost; G = 8 likewise. */
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include "kv_attention.h"
 #include "kv_checkpoint.h"

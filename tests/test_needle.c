@@ -5,7 +5,8 @@
  *
  *   test_needle DATASETS/needle          the fast grid (fast.needle)
  *   test_needle DATASETS/needle slow     the full grid (full.needle; label slow)  */
-#include "kv_test.h"
+#include "common/kv_test.h"
+#include "common/kv_test_backend.h"
 
 #include "kv_needle.h"
 #include "kv_quant.h"
@@ -92,13 +93,6 @@ static void test_build(void)
     KV_CHECK(kv_needle_expect(&v, &r) == -1, "any: not asserted");
 }
 
-static int make_cpu(kv_backend **out, const kv_model *m, const kv_cache_spec *spec, void *user,
-                    kv_err *err)
-{
-    (void)user;
-    return kv_backend_cpu(out, m, spec, err);
-}
-
 /* Chapter 05: the same cache spec, paged with blocks of *user tokens, the pool's blocks handed
  * out in a shuffled order (all allocated, then freed shuffled: the free stack is LIFO). */
 static int make_paged(kv_backend **out, const kv_model *m, const kv_cache_spec *spec, void *user,
@@ -111,16 +105,9 @@ static int make_paged(kv_backend **out, const kv_model *m, const kv_cache_spec *
     int rc = kv_backend_cpu(out, m, &s, err);
     if (rc) return rc;
     kv_pool *p = &(*out)->mem->paged->pool;
-    int *ids = malloc((size_t)p->n_blocks * sizeof(int)), n = 0; /* [N] */
-    while (ids && n < p->n_blocks && kv_pool_alloc(p, &ids[n], err) == KV_OK) n++;
-    kv_rng r;
-    kv_rng_seed(&r, (uint64_t)n);
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(kv_rng_u32(&r) % (uint32_t)(i + 1)), t = ids[i];
-        ids[i] = ids[j];
-        ids[j] = t;
-    }
-    for (int i = 0; i < n; i++) kv_pool_unref(p, ids[i], err);
+    int *ids = malloc((size_t)p->n_blocks * sizeof(int)); /* [N] */
+    const int n = kv_test_pool_take_all(p, ids);
+    kv_test_pool_free_shuffled(p, ids, n, (uint64_t)n);
     free(ids);
     return KV_OK;
 }
@@ -141,7 +128,7 @@ static void run_paged(int slow)
     }
     kv_needle_result *ref = NULL;
     int n_ref = 0;
-    int rc = kv_needle_grid(&s, make_cpu, NULL, NULL, NULL, &ref, &n_ref, &e);
+    int rc = kv_needle_grid(&s, kv_test_make_cpu, NULL, NULL, NULL, &ref, &n_ref, &e);
     KV_CHECK(rc == KV_OK, "contiguous grid: %s", e.msg);
     for (int B = 8; B <= 32 && !rc; B *= 4) { /* 8 and 32 */
         kv_needle_result *res = NULL;
@@ -177,7 +164,7 @@ static void run_grid(const char *path)
     double t0 = kv_now();
     kv_needle_result *res;
     int n;
-    int rc = kv_needle_grid(&s, make_cpu, NULL, NULL, NULL, &res, &n, &e);
+    int rc = kv_needle_grid(&s, kv_test_make_cpu, NULL, NULL, NULL, &res, &n, &e);
     KV_CHECK(rc == KV_OK, "grid %s: %s", s.name, e.msg);
     if (rc) return;
     int pass = 0;

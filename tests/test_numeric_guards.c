@@ -20,7 +20,7 @@
 #include "kv_model.h"
 #include "kv_ops.h"
 #include "kv_rng.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include <math.h>
 #include <string.h>

@@ -3,7 +3,7 @@
 #include "kv_attention.h"
 #include "kv_ops.h"
 #include "kv_rng.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include <math.h>
 #include <omp.h>

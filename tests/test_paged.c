@@ -12,7 +12,8 @@
  *  - pool exhaustion refuses a step whole (nothing changes) and names the numbers;
  *  - bad input to the paged calls is refused with KV_ERR_ARG.
  * After every run all slots are reset and the pool must hold no referenced block. */
-#include "kv_test.h"
+#include "common/kv_test.h"
+#include "common/kv_test_backend.h"
 
 #include "kv_backend.h"
 #include "kv_needle.h"
@@ -91,26 +92,6 @@ static int run_schedule(kv_backend *b, float *logits, kv_err *e)
     return KV_OK;
 }
 
-/* Hand out the pool's blocks in a shuffled order: allocate them all, free them shuffled (the
- * free stack is LIFO), so tables built afterwards are not 0, 1, 2, ... */
-static void scramble(kv_backend *b, uint64_t seed)
-{
-    kv_pool *p = &b->mem->paged->pool;
-    int *ids = malloc((size_t)p->n_blocks * sizeof(int)); /* [N] */
-    kv_err e;
-    int n = 0;
-    while (n < p->n_blocks && kv_pool_alloc(p, &ids[n], &e) == KV_OK) n++;
-    kv_rng r;
-    kv_rng_seed(&r, seed);
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(kv_rng_u32(&r) % (uint32_t)(i + 1)), t = ids[i];
-        ids[i] = ids[j];
-        ids[j] = t;
-    }
-    for (int i = 0; i < n; i++) kv_pool_unref(p, ids[i], &e);
-    free(ids);
-}
-
 /* 1 when some slot's table is not a run of consecutive ids. */
 static int scrambled(const kv_backend *b)
 {
@@ -166,7 +147,7 @@ static void check_equivalence(const char *model_name, const kv_model *m, const c
         int rc2 = kv_backend_cpu(&b, m, &ps, &e);
         KV_CHECK(rc2 == KV_OK, "%s %s paged B=%d: %s", model_name, variant, Bs[bi], e.msg);
         if (rc2) continue;
-        scramble(b, 77 + (uint64_t)bi);
+        kv_test_pool_shuffle(&b->mem->paged->pool, 77 + (uint64_t)bi);
         memset(got, 0, n_logits * sizeof(float));
         rc2 = run_schedule(b, got, &e);
         KV_CHECK(rc2 == KV_OK, "%s %s paged B=%d run: %s", model_name, variant, Bs[bi], e.msg);
@@ -330,7 +311,7 @@ static void check_fork(const char *model_name, const kv_model *m, const char *va
     if (!rc) rc = kv_backend_cpu(&b, m, &ps, &e);
     KV_CHECK(rc == KV_OK, "fork %s %s: %s", model_name, variant, e.msg);
     if (rc) goto out;
-    scramble(b, 3);
+    kv_test_pool_shuffle(&b->mem->paged->pool, 3);
     kv_seq q = {0, 0, p, par};
     rc = b->forward(b, &q, 1, got, NULL, &e);
     if (!rc) rc = kv_paged_fork(b->mem, 1, 0, &e);

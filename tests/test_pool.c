@@ -22,7 +22,7 @@
 #include "kv_pool.h"
 #include "kv_prefix.h"
 #include "kv_rng.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #define MAX_SEQS 16
 #define MAX_LEN 40

@@ -10,7 +10,7 @@
 #include "kv_block_table.h"
 #include "kv_pool.h"
 #include "kv_prefix.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #define B 4
 #define NB 16

@@ -6,7 +6,7 @@
  *  - a re-positioning bug (keys rotated by the wrong position) breaks the induction model but
  *    not the direct one; swapping cached rows with their rotation does not (attention is a
  *    sum over a set), swapping keys alone does. */
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include "kv_checkpoint.h"
 #include "kv_forward.h"

@@ -19,7 +19,7 @@
  *  - rows run in parallel but are summed in order: 1 and 2 threads give the same bits;
  *  - refusals (paged, KIVI, window, bad fields, truncate / fork / set_length) name the
  *    problem, and a reset slot starts again as a fresh one. */
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include "kv_attention.h"
 #include "kv_backend.h"

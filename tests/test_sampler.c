@@ -7,7 +7,7 @@
  * test is deterministic. A wrong temperature or a missing renormalization moves frequencies
  * by far more than 5 sigma at N = 200000. */
 #include "kv_sampler.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include <math.h>
 #include <string.h>

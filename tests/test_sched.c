@@ -22,8 +22,8 @@
 #include "kv_generate.h"
 #include "kv_sched.h"
 #include "kv_swap.h"
-#include "kv_test.h"
-#include "test_sched_common.h"
+#include "common/kv_test.h"
+#include "common/test_sched_common.h"
 
 /* A small trace in memory: {arrival, prompt, output, n, beam, prefix, priority}. */
 static const kv_request REQS[] = {

@@ -18,8 +18,8 @@
 #include "kv_backend.h"
 #include "kv_sched.h"
 #include "kv_swap.h"
-#include "kv_test.h"
-#include "test_sched_common.h"
+#include "common/kv_test.h"
+#include "common/test_sched_common.h"
 
 /* {arrival, prompt, output, n, beam, prefix, priority}: plain, samples and beams, a third of
  * them high priority, arriving over 0.1 s */

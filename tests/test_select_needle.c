@@ -9,7 +9,8 @@
  *
  * Every needle question is a forward step of its own and the haystack arrives in chunks, so
  * each method has evicted before a question is asked (eviction happens at step ends). */
-#include "kv_test.h"
+#include "common/kv_test.h"
+#include "common/kv_test_backend.h"
 
 #include "kv_dialogue.h"
 #include "kv_needle.h"
@@ -88,13 +89,6 @@ static void test_variants(void)
 
 /* ---- the needle grid ---------------------------------------------------------------------- */
 
-static int make_cpu(kv_backend **out, const kv_model *m, const kv_cache_spec *spec, void *user,
-                    kv_err *err)
-{
-    (void)user;
-    return kv_backend_cpu(out, m, spec, err);
-}
-
 static void run_grid(const char *dir, int slow)
 {
     char path[1024];
@@ -112,7 +106,7 @@ static void run_grid(const char *dir, int slow)
     const double t0 = kv_now();
     kv_needle_result *res = NULL;
     int n = 0;
-    if (kv_needle_grid(&s, make_cpu, NULL, NULL, NULL, &res, &n, &e)) {
+    if (kv_needle_grid(&s, kv_test_make_cpu, NULL, NULL, NULL, &res, &n, &e)) {
         KV_CHECK(0, "grid: %s", e.msg);
         return;
     }

@@ -18,8 +18,8 @@
  *    bytes); cutting into a
  *    block the prefix cache registered, and kv_spec_generate refuses a backend without the
  *    truncate hook. */
-#include "kv_test.h"
-#include "test_spec_common.h"
+#include "common/kv_test.h"
+#include "common/test_spec_common.h"
 
 #include "kv_generate.h"
 #include "kv_spec.h"

@@ -15,8 +15,8 @@
  *    kept rows);
  *  - truncating without an armed log, below the length it was armed at, or by more than its
  *    max_tokens is refused (KV_ERR_UNSUPPORTED) and changes nothing. */
-#include "kv_test.h"
-#include "test_spec_common.h"
+#include "common/kv_test.h"
+#include "common/test_spec_common.h"
 
 #include "kv_generate.h"
 #include "kv_spec.h"

@@ -23,8 +23,9 @@
  *    a prefetch or swap-in into a full device pool is KV_ERR_CAPACITY and changes nothing;
  *  - dropping a partly evicted sequence, or one whose prefetch is in flight, frees both tiers;
  *  - the asynchronous hooks move the bytes the synchronous ones do, tickets in order. */
-#include "kv_test.h"
-#include "test_swap_io.h"
+#include "common/kv_test.h"
+#include "common/kv_test_backend.h"
+#include "common/test_swap_io.h"
 
 #include "kv_needle.h"
 #include "kv_rng.h"
@@ -62,37 +63,7 @@ static kv_cache_spec paged_spec(const char *variant, int extra, kv_err *e, int *
     return s;
 }
 
-/* Overwrite every free device block with 0xFF bytes (NaN in fp32, fp16 and int8 scales) and
- * put them back on the free stack in a shuffled order: a swap in lands on other blocks than
- * the swap out left, and a byte it failed to bring back shows. */
 static int relocated;
-static void poison_free_blocks(kv_backend *b, uint64_t seed)
-{
-    kv_pool *p = &b->mem->paged->pool;
-    int *ids = malloc((size_t)p->n_blocks * sizeof(int));              /* [N] */
-    kv_block_copy *pairs = malloc((size_t)p->n_blocks * sizeof *pairs); /* [N] */
-    const size_t bb = b->mem->block_bytes(b->mem);
-    uint8_t *junk = malloc(bb);                                         /* [block_bytes] */
-    memset(junk, 0xFF, bb);
-    kv_err e;
-    int n = 0;
-    while (n < p->n_blocks && kv_pool_alloc(p, &ids[n], &e) == KV_OK) {
-        pairs[n] = (kv_block_copy){0, ids[n]};
-        n++;
-    }
-    KV_CHECK(b->mem->write_blocks(b->mem, pairs, n, junk, bb, &e) == KV_OK, "poison: %s", e.msg);
-    kv_rng r;
-    kv_rng_seed(&r, seed);
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(kv_rng_u32(&r) % (uint32_t)(i + 1)), t = ids[i];
-        ids[i] = ids[j];
-        ids[j] = t;
-    }
-    for (int i = 0; i < n; i++) kv_pool_unref(p, ids[i], &e);
-    free(ids);
-    free(pairs);
-    free(junk);
-}
 
 /* How A leaves its slot at a swap point and comes back:
  *  WHOLE     kv_swap_out, then kv_swap_in (every block through the host);
@@ -164,7 +135,7 @@ static int run(kv_backend *b, kv_swap *sw, int mode, float *logits, kv_err *e)
             if (rc) return -1;
             KV_CHECK(b->length(b, sa) == 0 && b->mem->paged->tables[sa].n_blocks == 0,
                      "slot %d still holds %d tokens after the swap out", sa, b->length(b, sa));
-            poison_free_blocks(b, 900 + (uint64_t)pa);
+            kv_test_pool_poison(b->mem, 900 + (uint64_t)pa);
             if (mode == PREFETCH) {
                 rc = kv_swap_prefetch(sw, b->mem, &h, e);
                 KV_CHECK(rc == KV_OK, "prefetch at length %d: %s", pa, e->msg);

@@ -19,7 +19,7 @@
  * (fp32) and 8 (int8) tokens. At the end no block is held in either tier.
  *
  *   test_swap_dialogue DATASETS/dialogues  */
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include "kv_dialogue.h"
 #include "kv_needle.h"

@@ -6,7 +6,7 @@
 #define _GNU_SOURCE
 #include "kv_tokenizer.h"
 #include "kv_rng.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -26,8 +26,8 @@
  *  - counters: 2·L all-reduces per step; each rank reads 2·(p-1)/p·T·dim·4 bytes per
  *    all-reduce (ring all-reduce data movement) when p divides T·dim.
  */
-#include "kv_test.h"
-#include "test_tp_common.h"
+#include "common/kv_test.h"
+#include "common/test_tp_common.h"
 
 #include "kv_generate.h"
 #include "kv_tp.h"

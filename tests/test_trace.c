@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv_test.h"
+#include "common/kv_test.h"
 #include "kv_trace.h"
 
 /* comment block of every shipped file */

@@ -17,7 +17,7 @@
  *    bytes never change. `test_window slow` streams 1M tokens.
  *
  *   test_window [slow]  */
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include "kv_attention.h"
 #include "kv_backend.h"

@@ -9,7 +9,7 @@
  */
 #define _DEFAULT_SOURCE
 #include "fuzz_common.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include <dirent.h>
 #include <fcntl.h>

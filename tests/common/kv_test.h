@@ -3,8 +3,8 @@
  * What every kvlab test program shares: pass/fail counting, the closing line
  * "N passed, M failed", array comparison with per-dtype tolerances, and the GPU skip code.
  *
- * Compare rule (DESIGN.md §4): |got - ref| <= atol + rtol * |ref|, first mismatches printed
- * with their index. Tolerances live here, once; fp32 paths stay strict.
+ * Compare rule (docs/design.md §8, §11): |got - ref| <= atol + rtol * |ref|, first mismatches
+ * printed with their index. Tolerances live here, once; fp32 paths stay strict.
  */
 #ifndef KV_TEST_H
 #define KV_TEST_H

@@ -1,0 +1,83 @@
+/*
+ * kv_test_backend.h: backend fixtures the tests share.
+ *
+ *  - kv_test_make_cpu: the factory kv_needle_grid() and kv_dialogue_run() call to build the CPU
+ *    backend for a cell (the needle, dialogue and quantized-grid tests);
+ *  - kv_test_pool_shuffle: every free block of a pool allocated, then freed in a shuffled order;
+ *    the free stack is LIFO, so tables built afterwards are not 0, 1, 2, ... and a paged path
+ *    that assumed consecutive blocks shows;
+ *  - kv_test_pool_poison: the same after filling every free block of a cache's memory with 0xFF
+ *    bytes (NaN in fp32, fp16 and int8 scales): a swap in lands on other blocks than the swap out left,
+ *    and a byte it failed to bring back shows.
+ * Include after kv_test.h.
+ */
+#ifndef KV_TEST_BACKEND_H
+#define KV_TEST_BACKEND_H
+
+#include "kv_backend.h"
+#include "kv_paged.h"
+#include "kv_pool.h"
+#include "kv_rng.h"
+#include "kv_test.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline int kv_test_make_cpu(kv_backend **out, const kv_model *m, const kv_cache_spec *spec,
+                                   void *user, kv_err *err)
+{
+    (void)user;
+    return kv_backend_cpu(out, m, spec, err);
+}
+
+/* Takes every free block of p into ids [p->n_blocks]; returns how many. */
+static inline int kv_test_pool_take_all(kv_pool *p, int *ids)
+{
+    kv_err e;
+    int n = 0;
+    while (ids && n < p->n_blocks && kv_pool_alloc(p, &ids[n], &e) == KV_OK) n++;
+    return n;
+}
+
+/* Frees ids [n] in an order shuffled by seed (Fisher-Yates). */
+static inline void kv_test_pool_free_shuffled(kv_pool *p, int *ids, int n, uint64_t seed)
+{
+    kv_err e;
+    kv_rng r;
+    kv_rng_seed(&r, seed);
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(kv_rng_u32(&r) % (uint32_t)(i + 1)), t = ids[i];
+        ids[i] = ids[j];
+        ids[j] = t;
+    }
+    for (int i = 0; i < n; i++) kv_pool_unref(p, ids[i], &e);
+}
+
+static inline void kv_test_pool_shuffle(kv_pool *p, uint64_t seed)
+{
+    int *ids = (int *)malloc((size_t)p->n_blocks * sizeof(int)); /* [N] */
+    const int n = kv_test_pool_take_all(p, ids);
+    kv_test_pool_free_shuffled(p, ids, n, seed);
+    free(ids);
+}
+
+static inline void kv_test_pool_poison(kv_cache_mem *mem, uint64_t seed)
+{
+    kv_pool *p = &mem->paged->pool;
+    const size_t bb = mem->block_bytes(mem);
+    int *ids = (int *)malloc((size_t)p->n_blocks * sizeof(int));                            /* [N] */
+    kv_block_copy *pairs = (kv_block_copy *)malloc((size_t)p->n_blocks * sizeof *pairs); /* [N] */
+    uint8_t *junk = (uint8_t *)malloc(bb);                                                   /* [block_bytes] */
+    memset(junk, 0xFF, bb);
+    const int n = kv_test_pool_take_all(p, ids);
+    for (int i = 0; i < n; i++) pairs[i] = (kv_block_copy){0, ids[i]};
+    kv_err e;
+    KV_CHECK(mem->write_blocks(mem, pairs, n, junk, bb, &e) == KV_OK, "poison: %s", e.msg);
+    kv_test_pool_free_shuffled(p, ids, n, seed);
+    free(ids);
+    free(pairs);
+    free(junk);
+}
+
+#endif
