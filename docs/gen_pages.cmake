@@ -2,7 +2,8 @@
 #
 # Writes three Doxygen pages from the tree as it is when the docs are built:
 #   chapters.md  every chapters/NN-name/README.md, as subpages in chapter order
-#   notes.md     docs/*.md (errata, interview, references, figures, ...) and the map below
+#   notes.md     docs/*.md (design, errata, interview, references, figures, ...), the reading
+#                guides reference_cpu/README.md and cuda/README.md, and the map below
 #   cpu-cuda.md  each public kvcu_x() of cuda/kvcu.h beside its CPU twin kv_x(), and each
 #                CUDA source file beside the CPU files that hold those twins (source links)
 # A page label is the one Doxygen gives a Markdown file: md_ + its path with every
@@ -39,7 +40,7 @@ endforeach()
 file(WRITE ${OUT}/chapters.md.new "${t}")
 
 # ---- notes.md ----------------------------------------------------------------------------
-set(preferred errata interview references figures recall-models)
+set(preferred design errata interview references figures recall-models)
 file(GLOB doc_mds RELATIVE ${SRC}/docs ${SRC}/docs/*.md)
 set(ordered "")
 foreach(p ${preferred})
@@ -54,11 +55,19 @@ foreach(m ${doc_mds})
   endif()
 endforeach()
 set(t "# Notes {#notes}\n\n")
-string(APPEND t "Pages that serve every chapter: corrections of common claims, the interview guide,\n")
-string(APPEND t "the sources, how each figure is made, and the map between the CPU and CUDA code.\n\n")
+string(APPEND t "Pages that serve every chapter: the design of the code and the two libraries' reading\n")
+string(APPEND t "guides, corrections of common claims, the interview guide, the sources, how each figure\n")
+string(APPEND t "is made, and the map between the CPU and CUDA code.\n\n")
 foreach(m ${ordered})
   kv_md_label("docs/${m}" label)
   string(APPEND t "- \\subpage ${label}\n")
+endforeach()
+# the two libraries' reading guides (one line per file, in reading order)
+foreach(r reference_cpu/README.md cuda/README.md)
+  if(EXISTS ${SRC}/${r})
+    kv_md_label(${r} label)
+    string(APPEND t "- \\subpage ${label}\n")
+  endif()
 endforeach()
 string(APPEND t "- \\subpage cpu_cuda\n")
 file(WRITE ${OUT}/notes.md.new "${t}")

@@ -1,6 +1,6 @@
 /*
  * kvlab bench: timing runs, reported as medians of repeats and as ratios measured in the
- * same run (DESIGN.md §6). `bench decode`: naive recompute vs the KV cache.
+ * same run (docs/design.md §12). `bench decode`: naive recompute vs the KV cache.
  * `bench attention-gqa`: one decode-attention call per group size G (chapter 03).
  */
 #include <stdint.h>

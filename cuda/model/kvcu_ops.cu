@@ -18,7 +18,7 @@
  *   partial sums, one per column of the tile, and adds them in the end in the butterfly order
  *   of v1's shuffles: the two versions produce the same bits for the same row (both write
  *   acc += x * w, which the compiler turns into the same fused multiply-add). That makes a
- *   sequence's result independent of who shares its step (batched vs solo, DESIGN.md §4).
+ *   sequence's result independent of who shares its step (batched vs solo, docs/design.md §8).
  * Both take W's row stride ldw (>= in) apart from in: a tensor-parallel rank (chapter 10)
  *   multiplies a column slice of Wo and W2 in place (kvcu_matmul_strided); kvcu_matmul is
  *   ldw = in.

@@ -1,7 +1,7 @@
 /**
  * @file kv_bench.h
- * What the benchmarks measure the machine with (DESIGN.md §6): its last-level cache and its
- * sustained read bandwidth, and the bytes a decode step must read, so every benchmark can
+ * What the benchmarks measure the machine with (docs/design.md §12): its last-level cache and
+ * its sustained read bandwidth, and the bytes a decode step must read, so every benchmark can
  * state its time as a fraction of the memory roofline measured in the same run.
  */
 #ifndef KV_BENCH_H

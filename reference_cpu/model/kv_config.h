@@ -2,7 +2,7 @@
  * @file kv_config.h
  * Model configuration: the llama2.c checkpoint header fields plus what kvlab adds.
  *
- * Symbols (DESIGN.md §3): L = n_layers, H = n_heads, H_kv = n_kv_heads, G = H / H_kv,
+ * Symbols (docs/design.md §2): L = n_layers, H = n_heads, H_kv = n_kv_heads, G = H / H_kv,
  * d = head_dim = dim / H.
  */
 #ifndef KV_CONFIG_H

@@ -8,7 +8,7 @@
  * The paper then uptrains the pooled model for a few percent of its pre-training; kvlab does
  * not train, so the output change measured here is the change *before* uptraining.
  *
- * Symbols (DESIGN.md §3): H query heads, H_kv KV heads, G = H / H_kv, d head dim.
+ * Symbols (docs/design.md §2): H query heads, H_kv KV heads, G = H / H_kv, d head dim.
  */
 #ifndef KV_CONVERT_H
 #define KV_CONVERT_H
