@@ -35,6 +35,7 @@
 #include "kv_quant.h"
 #include "kv_rng.h"
 #include "common/kv_test.h"
+#include "common/kv_test_backend.h"
 #include "kvcu.h"
 
 #include <stdlib.h>
@@ -49,22 +50,7 @@ static const int formats[] = {KV_QF_F32,      KV_QF_F16,      KV_QF_BF16,      K
                               KV_QF_FP8_E5M2, KV_QF_INT4_KIVI, KV_QF_INT2_KIVI};
 #define N_FORMATS (int)(sizeof formats / sizeof formats[0])
 
-static kv_config shape(int d, int L)
-{
-    kv_config c;
-    memset(&c, 0, sizeof c);
-    c.dim = H * d;
-    c.hidden_dim = 2 * c.dim;
-    c.n_layers = L;
-    c.n_heads = H;
-    c.n_kv_heads = HKV;
-    c.vocab_size = 64;
-    c.seq_len = 4096;
-    c.rope_theta = 10000.0f;
-    c.rotary_dim = d;
-    c.norm_eps = 1e-5f;
-    return c;
-}
+static kv_config shape(int d, int L) { return kv_test_config(L, H, HKV, d, 4096); }
 
 /* The smallest head dim a format's groups allow (int8-g64 / g128 need 64 / 128). */
 static int head_dim_for(int fmt)

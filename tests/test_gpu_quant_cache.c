@@ -15,6 +15,7 @@
 #include "kv_quant.h"
 #include "kv_rng.h"
 #include "common/kv_test.h"
+#include "common/kv_test_backend.h"
 #include "kvcu.h"
 
 #include <stdlib.h>
@@ -26,22 +27,7 @@ static const int formats[] = {KV_QF_F32, KV_QF_F16, KV_QF_BF16, KV_QF_INT8, KV_Q
                               KV_QF_FP8_E4M3, KV_QF_FP8_E5M2, KV_QF_INT4_KIVI, KV_QF_INT2_KIVI};
 #define N_FORMATS (int)(sizeof formats / sizeof formats[0])
 
-static kv_config small_config(int L, int H, int Hkv, int d)
-{
-    kv_config c;
-    memset(&c, 0, sizeof c);
-    c.dim = H * d;
-    c.hidden_dim = 2 * c.dim;
-    c.n_layers = L;
-    c.n_heads = H;
-    c.n_kv_heads = Hkv;
-    c.vocab_size = 64;
-    c.seq_len = 512;
-    c.rope_theta = 10000.0f;
-    c.rotary_dim = d;
-    c.norm_eps = 1e-5f;
-    return c;
-}
+static kv_config small_config(int L, int H, int Hkv, int d) { return kv_test_config(L, H, Hkv, d, 512); }
 
 static void *upload(const void *h, size_t bytes)
 {

@@ -22,6 +22,7 @@
 #include "kv_quant_math.h"
 #include "kv_rng.h"
 #include "common/kv_test.h"
+#include "common/kv_test_backend.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -85,22 +86,7 @@ static double attn_bound(double q_l1, double dk, double kq, double dv, double vm
     return (exp(2.0 * eps) - 1.0) * vmax + dv + len * 0x1p-23 * vmax;
 }
 
-static kv_config small_config(int L, int H, int Hkv, int d)
-{
-    kv_config c;
-    memset(&c, 0, sizeof c);
-    c.dim = H * d;
-    c.hidden_dim = 2 * c.dim;
-    c.n_layers = L;
-    c.n_heads = H;
-    c.n_kv_heads = Hkv;
-    c.vocab_size = 64;
-    c.seq_len = 1024;
-    c.rope_theta = 10000.0f;
-    c.rotary_dim = d;
-    c.norm_eps = 1e-5f;
-    return c;
-}
+static kv_config small_config(int L, int H, int Hkv, int d) { return kv_test_config(L, H, Hkv, d, 1024); }
 
 static const int all_formats[] = {KV_QF_F16, KV_QF_BF16, KV_QF_INT8, KV_QF_INT8_G32,
                                   KV_QF_INT8_G64, KV_QF_FP8_E4M3, KV_QF_FP8_E5M2,

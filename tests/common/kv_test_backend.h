@@ -1,6 +1,8 @@
 /*
  * kv_test_backend.h: backend fixtures the tests share.
  *
+ *  - kv_test_config: the small random-weight model shape of the cache and attention tests
+ *    (hidden 2·H·d, 64 tokens of vocabulary, full rotary dims);
  *  - kv_test_make_cpu: the factory kv_needle_grid() and kv_dialogue_run() call to build the CPU
  *    backend for a cell (the needle, dialogue and quantized-grid tests);
  *  - kv_test_pool_shuffle: every free block of a pool allocated, then freed in a shuffled order;
@@ -23,6 +25,23 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+static inline kv_config kv_test_config(int L, int H, int Hkv, int d, int seq_len)
+{
+    kv_config c;
+    memset(&c, 0, sizeof c);
+    c.dim = H * d;
+    c.hidden_dim = 2 * c.dim;
+    c.n_layers = L;
+    c.n_heads = H;
+    c.n_kv_heads = Hkv;
+    c.vocab_size = 64;
+    c.seq_len = seq_len;
+    c.rope_theta = 10000.0f;
+    c.rotary_dim = d;
+    c.norm_eps = 1e-5f;
+    return c;
+}
 
 static inline int kv_test_make_cpu(kv_backend **out, const kv_model *m, const kv_cache_spec *spec,
                                    void *user, kv_err *err)
