@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "kv_config.h"
 #include "kv_convert.h"
+#include "kv_heads.h"
 #include "kv_needle.h"
 #include "kv_rng.h"
 #ifdef KV_HAVE_CUDA
@@ -53,7 +54,8 @@ static int part_equivalence(const kv_demo_ctx *ctx, kv_err *err)
         const kv_config *c = &gqa.config;
         const int d = kv_config_head_dim(c);
         fprintf(f, "\n2. GQA = MHA with each K/V head copied across its group (tiny-gqa, H %d, "
-                "H_kv %d, G %d)\n", c->n_heads, c->n_kv_heads, c->n_heads / c->n_kv_heads);
+                "H_kv %d, G %d)\n", c->n_heads, c->n_kv_heads,
+                kv_heads_group(c->n_heads, c->n_kv_heads));
         fprintf(f, "   predicted: identical logits (each query head reads the same numbers)\n");
         fprintf(f, "   measured over %d tokens: %s (max |diff| %g); cache per token %s (GQA) vs "
                 "%s (its MHA twin)\n", df.positions, df.identical ? "bit-identical" : "DIFFERENT",

@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "kv_config.h"
+#include "kv_heads.h"
 #include "kv_quant.h"
 
 static const char *const about =
@@ -106,7 +107,7 @@ static void explain(const char *name, const kv_config *c, int window, int sinks,
     char u1[32], u2[32], u3[32], u4[32], g[32];
 
     printf("KV-cache memory of %s: L %d, H %d, H_kv %d (G = H/H_kv = %d), d %d; dtype %s, b = %g bytes\n\n",
-           name, L, H, Hkv, H / Hkv, d, dt, b);
+           name, L, H, Hkv, kv_heads_group(H, Hkv), d, dt, b);
     printf("  bytes = L * 2 * N * H_kv * d * b   (2: one K and one V vector per KV head; * B sequences)\n");
     printf("  binary units: 1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB\n\n");
     char e1[64], e2[64], e3[64], e4[64], v[4][40];

@@ -10,6 +10,7 @@
 #include "kv_checkpoint.h"
 #include "kv_convert.h"
 #include "kv_file.h"
+#include "kv_heads.h"
 #include "kv_rng.h"
 
 static const char *const formats[] = {"kvlab", "llama2c", NULL};
@@ -57,8 +58,9 @@ int cmd_convert(int argc, char **argv)
     }
     const int d = kv_config_head_dim(c);
     printf("convert: H %d, H_kv %d (G %d) -> H_kv %d (G %d), d %d: each new K/V head is the mean "
-           "of %d old ones\n", c->n_heads, c->n_kv_heads, c->n_heads / c->n_kv_heads, kv_heads,
-           c->n_heads / kv_heads, d, c->n_kv_heads / kv_heads);
+           "of %d old ones\n", c->n_heads, c->n_kv_heads,
+           kv_heads_group(c->n_heads, c->n_kv_heads), kv_heads,
+           kv_heads_group(c->n_heads, kv_heads), d, c->n_kv_heads / kv_heads);
     char a[32], b[32];
     printf("cache per token (fp32, L %d): %s -> %s (L*2*H_kv*d*4 bytes)\n", c->n_layers,
            kv_fmt_bytes((double)c->n_layers * 2 * c->n_kv_heads * d * 4, a, sizeof a),

@@ -1193,7 +1193,7 @@ static size_t thread_floats(int G, int d, int64_t max_len)
 
 size_t kv_attention_scratch(const kv_cache *c, int n_heads, int64_t max_len)
 {
-    const int G = n_heads / c->n_kv_heads;
+    const int G = kv_heads_group(n_heads, c->n_kv_heads);
     return (size_t)omp_get_max_threads() * thread_floats(G, c->head_dim, max_len);
 }
 
@@ -1220,7 +1220,7 @@ void kv_attention_rows(const kv_cache *c, int layer, int n, const int *rows, con
                        const int *pos, const float *q, float *out, size_t stride, int n_heads,
                        int64_t max_len, float *scratch)
 {
-    const int Hkv = c->n_kv_heads, G = n_heads / Hkv, d = c->head_dim;
+    const int Hkv = c->n_kv_heads, G = kv_heads_group(n_heads, Hkv), d = c->head_dim;
     const size_t per = thread_floats(G, d, max_len);
     const int64_t groups = (int64_t)n * Hkv;
     const int par = kv_parallel_worth(groups * G * max_len * d);
@@ -1287,7 +1287,7 @@ int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
     if (n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads || head_dim < 1 || len < 1 ||
         len > max_seq)
         return KV_ERR_ARG;
-    const int G = n_heads / n_kv_heads, d = head_dim;
+    const int G = kv_heads_group(n_heads, n_kv_heads), d = head_dim;
     const size_t per = thread_floats(G, d, len);
     float *scratch = kv_calloc((size_t)omp_get_max_threads() * per * sizeof(float));
     if (!scratch) return KV_ERR_NOMEM;

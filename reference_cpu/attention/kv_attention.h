@@ -11,22 +11,11 @@
 #define KV_ATTENTION_H
 
 #include "kv_cache.h"
+#include "kv_heads.h" /* kv_attn_kv_head(), kv_heads_group(): the G rule */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/**
- * The KV head query head @p h reads (chapter 03): heads are grouped in order, G = H / H_kv
- * consecutive query heads per KV head, so h reads h / G. G = 1 is multi-head attention (MHA),
- * 1 < G < H grouped-query attention (GQA), G = H multi-query attention (MQA, H_kv = 1).
- * Every attention path, CPU and CUDA, maps heads through this rule; a checkpoint's Wk/Wv rows
- * must be ordered the same way (llama2.c and Llama-2/3 checkpoints are).
- */
-static inline int kv_attn_kv_head(int h, int n_heads, int n_kv_heads)
-{
-    return h / (n_heads / n_kv_heads);
-}
 
 /**
  * Attention of one query token over a contiguous cache.

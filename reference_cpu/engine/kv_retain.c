@@ -129,7 +129,7 @@ int kv_retain_create(kv_retain **out, const kv_cache_spec *spec, int n_layers, i
     r->n_layers = n_layers;
     r->n_kv_heads = n_kv_heads;
     r->head_dim = d;
-    r->group = n_heads / n_kv_heads;
+    r->group = kv_heads_group(n_heads, n_kv_heads);
     r->budget = spec->select_budget;
     r->ratio = spec->select_ratio;
     r->window = spec->select_window;

@@ -10,6 +10,7 @@
  * the same cores. */
 #define _POSIX_C_SOURCE 200809L
 #include "kv_tp.h"
+#include "kv_heads.h"
 
 #include <omp.h>
 #include <pthread.h>
@@ -69,7 +70,7 @@ int kv_tp_check(const kv_config *cfg, int p, kv_err *err)
 
 void kv_tp_shard_of(const kv_config *cfg, int p, int rank, kv_shard *sh)
 {
-    const int H = cfg->n_heads, Hkv = cfg->n_kv_heads, G = H / Hkv;
+    const int H = cfg->n_heads, Hkv = cfg->n_kv_heads, G = kv_heads_group(H, Hkv);
     memset(sh, 0, sizeof *sh);
     sh->rank = rank;
     sh->n_q_heads = H / p;
