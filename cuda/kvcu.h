@@ -269,7 +269,8 @@ typedef struct {
 /** Most score floats (H·T·(n_keys - k_begin)) kvcu_flash_attention() version 1
  * materializes: 2^28 (1 GiB); larger jobs are refused (KV_ERR_UNSUPPORTED). */
 #define KVCU_FLASH_V1_MAX_SCORES ((int64_t)1 << 28)
-/** Keys per range of version 4 (split-KV): a range is one block per (query, KV head). */
+/** Keys per range of the GPU's one split-KV decode: version 4 here and the engine's v3
+ * partitions (kvcu_attention.cu); a range is one block per (query, KV head). */
 #define KVCU_FLASH_SPLIT_KEYS 512
 
 /**

@@ -8,13 +8,19 @@
  *  - an MQA group too large for v2's shared memory (H 128, d 128) falls back to v1 and is
  *    still right; version 3 is refused;
  *  - the engine (kvcu_forward, v2 inside) matches kv_forward() on an H = 8 model pooled to
- *    G = 4 and G = 8, over a prefill of 150 tokens and 4 decode steps.
+ *    G = 4 and G = 8, over a prefill of 150 tokens and 4 decode steps;
+ *  - (emulation) a device too full for a version's scratch: KV_ERR_NOMEM, and once memory is
+ *    free again the same call succeeds with the bits of a run that never failed (a failed
+ *    cudaMalloc must not stay behind as the runtime's last error for the next launch check).
  * Exits 77 (skipped) without a usable device. */
 #include "kv_attention.h"
 #include "kv_convert.h"
 #include "kv_rng.h"
 #include "common/kv_test.h"
 #include "kvcu.h"
+#ifdef KV_CUDA_EMULATION
+#include "kvemu.h"
+#endif
 
 #include <string.h>
 
@@ -173,6 +179,45 @@ static void test_engine_pooled(void)
     kv_model_free(&mha);
 }
 
+#ifdef KV_CUDA_EMULATION
+/* Each version on a full device, then again after the memory is freed: NOMEM, then the bits
+ * of a run that never failed. */
+static void test_nomem_then_retry(void)
+{
+    const int H = 8, Hkv = 2, d = 64, n = 600; /* 600 > 512: v3 has two partitions */
+    kv_rng r;
+    kv_rng_seed(&r, 31);
+    float *q = kv_calloc((size_t)H * d * 4), *k = kv_calloc((size_t)Hkv * n * d * 4);
+    float *v = kv_calloc((size_t)Hkv * n * d * 4);
+    float *o1 = kv_calloc((size_t)H * d * 4), *o2 = kv_calloc((size_t)H * d * 4);
+    fill(q, (size_t)H * d, &r);
+    fill(k, (size_t)Hkv * n * d, &r);
+    fill(v, (size_t)Hkv * n * d, &r);
+    kv_err e;
+    dev_bufs a;
+    int rc = upload(&a, q, k, v, H, Hkv, d, n, &e);
+    KV_CHECK(rc == KV_OK, "nomem: upload: %s", e.msg);
+    for (int ver = 1; ver <= 3 && !rc; ver++) {
+        rc = kvcu_attn_decode_version(ver, a.q, a.k, a.v, a.out, NULL, H, Hkv, d, n, n, &e);
+        if (!rc) rc = kvcu_download(o1, a.out, (size_t)H * d * 4, &e);
+        KV_CHECK(rc == KV_OK, "v%d: %s", ver, e.msg);
+        if (rc) break;
+        kvemu_set_mem_limit(kvemu_mem_in_use() + 64); /* no room for the scores scratch */
+        const int full = kvcu_attn_decode_version(ver, a.q, a.k, a.v, a.out, NULL, H, Hkv, d, n,
+                                                  n, &e);
+        kvemu_set_mem_limit(0);
+        KV_CHECK(full == KV_ERR_NOMEM, "v%d, device full: KV_ERR_NOMEM (got %d)", ver, full);
+        rc = kvcu_attn_decode_version(ver, a.q, a.k, a.v, a.out, NULL, H, Hkv, d, n, n, &e);
+        if (!rc) rc = kvcu_download(o2, a.out, (size_t)H * d * 4, &e);
+        KV_CHECK(rc == KV_OK, "v%d after the device is freed: %s", ver, e.msg);
+        KV_CHECK(!rc && memcmp(o1, o2, (size_t)H * d * 4) == 0,
+                 "v%d after a failed allocation == before, bit for bit", ver);
+    }
+    release(&a);
+    kv_free(q); kv_free(k); kv_free(v); kv_free(o1); kv_free(o2);
+}
+#endif
+
 int main(void)
 {
     kv_err e;
@@ -183,5 +228,8 @@ int main(void)
     test_attention_grid();
     test_gpu_gqa_equals_duplicated();
     test_engine_pooled();
+#ifdef KV_CUDA_EMULATION
+    test_nomem_then_retry();
+#endif
     return kv_test_finish();
 }

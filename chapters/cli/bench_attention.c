@@ -56,6 +56,7 @@ typedef struct {
 #ifdef KV_HAVE_CUDA
     kvcu_cache *g;           /* the same rows on the device */
     float *dq, *dout;        /* [T][H][d] device */
+    float *ref, *got;        /* [T][H][d] host: kv_flash_naive's output (once), a GPU row's */
 #endif
 } attn_case;
 
@@ -141,6 +142,37 @@ static int engine_time(attn_case *k, int version, int repeats, double *seconds, 
 /* ---- GPU rows: cuda/attention/kvcu_flash.cu ------------------------------------------------------------
  * (the CUDA twin's versions; their descriptions are at the top of cuda/attention/kvcu_flash.cu) */
 #ifdef KV_HAVE_CUDA
+#define ATTN_GPU_TOL 1e-4f /* |GPU - CPU reference|: outputs are averages of values in [-1, 1] */
+
+/* A version is validated before it is timed (llm.c's rule): one call against the CPU
+ * reference kv_flash_naive() (computed once per case), every output within ATTN_GPU_TOL. */
+static int gpu_check(attn_case *k, const kvcu_flash_job *j, int version, kv_err *err)
+{
+    const size_t n = (size_t)k->T * k->H * k->d;
+    if (!k->ref) {
+        kv_flash_job cj = job_of(k);
+        k->ref = kv_calloc(n * sizeof(float));
+        k->got = kv_calloc(n * sizeof(float));
+        if (!k->ref || !k->got) return kv_fail(err, KV_ERR_NOMEM, "bench attention: outputs");
+        cj.out = k->ref;
+        const int e = kv_flash_naive(&cj, NULL, err);
+        if (e) return e;
+    }
+    int e = kvcu_flash_attention(version, j, NULL, err);
+    if (!e) e = kvcu_download(k->got, k->dout, n * sizeof(float), err);
+    if (e) return e;
+    float worst = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        const float d = fabsf(k->got[i] - k->ref[i]);
+        if (!(d <= worst)) worst = d; /* NaN too */
+    }
+    if (!(worst <= ATTN_GPU_TOL))
+        return kv_fail(err, KV_ERR_DEVICE, "gpu v%d at N %lld, T %d: max |diff| %.3g from "
+                       "kv_flash_naive (bound %.0e): not timed", version, (long long)k->n, k->T,
+                       worst, ATTN_GPU_TOL);
+    return KV_OK;
+}
+
 static int gpu_time(attn_case *k, int version, int repeats, double *seconds, double *bytes,
                     kv_err *err)
 {
@@ -157,6 +189,8 @@ static int gpu_time(attn_case *k, int version, int repeats, double *seconds, dou
     }
     if (e) return e;
     *bytes = (double)(s.kv_bytes + s.q_bytes + s.out_bytes + s.score_bytes);
+    e = gpu_check(k, &j, version, err);
+    if (e) return e;
     return kvcu_flash_time(version, &j, NULL, repeats, seconds, err);
 }
 #endif
@@ -210,6 +244,8 @@ static void case_close(attn_case *k)
     kvcu_cache_free(k->g);
     kvcu_free(k->dq);
     kvcu_free(k->dout);
+    kv_free(k->ref);
+    kv_free(k->got);
 #endif
     memset(k, 0, sizeof *k);
 }
@@ -379,7 +415,8 @@ int cmd_bench_attention(int argc, char **argv)
                           "  x N: written, read for the max, rewritten as exp, read for P V).\n"
                           "GPU rows (--device cuda): the same formulas on each kernel version's work\n"
                           "  split (kvcu_flash_bytes): v1/v2 read K/V once per query head, v3/v4 once\n"
-                          "  per KV head; v1 adds its score passes.",
+                          "  per KV head; v1 adds its score passes. Each version is checked against\n"
+                          "  kv_flash_naive (max |diff| <= 1e-4) before it is timed.",
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;

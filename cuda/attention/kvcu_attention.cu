@@ -2,7 +2,8 @@
  * Decode attention on the GPU: the device side of the one attention family
  * (reference_cpu/attention/kv_attention.c). A query token at position pos reads cache positions
  * 0 .. pos of its sequence; query head h reads KV head h / G (G = H / H_kv: 1 is MHA,
- * H is MQA), the grouping kv_attn_kv_head() names on the CPU.
+ * H is MQA): kv_attn_kv_head() and kv_heads_group() of reference_cpu/core/kv_heads.h, the
+ * lines the CPU runs.
  *
  * Versions 1 and 2 compute the CPU reference's three-pass softmax in fp32, scores in a global
  * scratch of [T][H][capacity] floats (a 32k-token context needs 128 KiB of scores per head,
@@ -13,9 +14,8 @@
  *       multiplied once by 1/sum.
  *
  * attn_decode_kernel_v1: one block per (query token, query head). Every query head streams
- *   its KV head's rows from memory on its own, so a group of G heads reads the same K and V
- *   G times: H·N·d·2·b bytes per token per layer, whatever H_kv is. Pass 1 reads K one row
- *   per thread, which is simple rather than fast.
+ *   its KV head's rows on its own, so a group of G heads reads the same K and V G times:
+ *   H·N·d·2·b bytes per token per layer, whatever H_kv is.
  *
  * attn_decode_kernel_v2 (chapter 03): one block per (query token, KV head). The group's G
  *   query heads are packed together in shared memory; each thread loads a K row (pass 1) or
@@ -26,52 +26,47 @@
  *   The group takes G·(d + 2) + 32 floats of shared memory; past 48 KiB (G·(d+2) > 12256,
  *   e.g. MQA with 96 heads of d = 128) the launchers run v1 instead.
  *
- * attn_decode_kernel_v3 + attn_combine_kernel (chapter 05, flash-decoding): v2 gives one
+ * attn_decode_kernel_v3 + attn_merge_kernel (chapter 05, flash-decoding): v2 gives one
  *   decode token H_kv blocks, far fewer than a GPU has multiprocessors, and each of them walks
- *   the whole context alone. v3 splits a token's positions into partitions of ATTN_PARTITION
- *   (512) positions and gives each (KV head, partition) its own block, which runs v2's three
- *   passes over its span but does not normalize: it writes its local max m_j, its exp-sum
- *   l_j = sum exp(s - m_j) and its unnormalized output o_j = sum exp(s - m_j) v. The combine
+ *   the whole context alone. v3 splits a token's positions into partitions of 512
+ *   (KVCU_FLASH_SPLIT_KEYS), a block per (KV head, partition), which runs v2's three passes
+ *   over its span but does not normalize: it writes its local max m_j, its exp-sum
+ *   l_j = sum exp(s - m_j) and its unnormalized output o_j = sum exp(s - m_j) v. The merge
  *   kernel, one block per (token, query head), rescales the partitions to their common max
- *   M = max_j m_j:  out = (sum_j o_j e^(m_j - M)) / (sum_j l_j e^(m_j - M)).
- *   This is the same softmax summed in another order, so it is not bit-identical to the CPU
- *   (the tests allow the fp32 tolerance). With one partition it is bit-identical to v2 by
- *   construction: the partition runs v2's code (attn_group_span()) on v2's positions with
- *   v2's thread assignment, and the combine multiplies by e^0 = 1 and divides as v2 does.
- *   Extra scratch: [T][H][n_parts][d + 2] floats of partition results.
- *   The engine (kvcu_attention()) runs v2 when the step's longest row fits one partition and
- *   v3 otherwise; rows of a v3 launch that fit one partition get v2's bits, so a sequence's
- *   result never depends on what else is in its batch.
+ *   M = max_j m_j:  out = (sum_j o_j e^(m_j - M)) / (sum_j l_j e^(m_j - M)). The same
+ *   softmax summed in another order: not the CPU's bits (the tests allow the fp32 tolerance),
+ *   but with one partition v2's by construction (v2's code, attn_group_span(), on v2's
+ *   positions and threads; the merge multiplies by e^0 = 1 and divides as v2 does). Extra
+ *   scratch: [T][H][n_parts][d + 2] floats of partition results. The engine
+ *   (kvcu_attention()) runs v2 when the step's longest row fits one partition, else v3, whose
+ *   one-partition rows get v2's bits: a sequence's result never depends on its batch.
+ *   This is the GPU's one split-KV decode: chapter 08's v4 (cuda/attention/kvcu_flash.cu)
+ *   cuts its keys into the same ranges (attn_split_span()) and ends in this merge kernel.
  *
  * Chapter 04: every version reads the cache through kv_head_view (kv_cache.h): an fp32 layer
- *   as plain floats, any other format by the per-element decode of
- *   reference_cpu/cache/kv_quant_math.h inline in the loops, the very lines the CPU's attention
- *   runs (or KIVI's fp32 window for its newest rows). Dequantization is fused: no dequantized
- *   copy of the cache is ever written, and the bytes read are the quantized ones. Per-token
- *   int8 keys meet the query rounded to 16-bit integers, as on the CPU (kv_attn_int_keys():
- *   group_open() and v1 round the query in shared memory, kvq_q16_round_query()). The CPU,
- *   short of arithmetic rather than of bandwidth, then takes the integer dot product of the
- *   codes and applies a row's scale once per score and per weight (kv_attn_row_factored());
- *   here every element is decoded, code · scale, and multiplied into the rounded query in
- *   floats, as the GPU has arithmetic to spare. The tests compare the two within fp32
- *   tolerance.
+ *   as plain floats, any other format by the per-element decode of kv_quant_math.h inline in
+ *   the loops, the lines the CPU runs (or KIVI's fp32 window for its newest rows): no
+ *   dequantized copy is written, the bytes read are the quantized ones. Per-token int8 keys
+ *   meet the query rounded to 16-bit integers, as on the CPU (kv_attn_int_keys(); group_open()
+ *   and v1 round it, kvq_q16_round_query()); where the CPU takes the integer dot product of
+ *   the codes (kv_attn_row_factored()), every element is decoded here and multiplied in
+ *   floats, the GPU having arithmetic to spare: within fp32 tolerance of the CPU.
  * Chapter 05: on a paged cache the views are kv_cache_plane_view_paged(): a position's row is
  *   found through the slot's block table (a device copy), once per row a thread reads, and the
  *   math is unchanged, so paged and contiguous caches holding the same rows give the same bits.
- * Chapter 06 (sliding window + sinks, reference_cpu/cache/kv_window.h): every version's index p runs
- *   over the n = kv_window_count() positions the query retains, in position order (the sinks,
- *   then the window), and reads logical row kv_window_row() of the i-th (pass 1 computes it
- *   per strided index, pass 3 walks the list with kv_window_walk). The scores, the partitions
- *   of v3 and the reductions see exactly the list the CPU's group passes see, so the scratch
- *   stride is the cache's span, S+W, not its capacity. Under KV_POS_CACHE the keys
- *   are stored before RoPE; key_ld() rotates each by its index p with the CPU cache's cos/sin
- *   table and rotate_row()'s unfused arithmetic: the rotated rows are the CPU's, bit for bit.
+ * Chapter 06 (sliding window + sinks, kv_window.h): every version's index p runs over the
+ *   n = kv_window_count() positions the query retains, in position order (sinks, then window),
+ *   reading logical row kv_window_row() of the i-th (pass 1 per strided index, pass 3 by
+ *   kv_window_walk): the list the CPU's passes see, so the scratch stride is the cache's span
+ *   S+W. Under KV_POS_CACHE keys are stored before RoPE; key_ld() rotates each by its index
+ *   with the CPU cache's cos/sin table and rotate_row()'s unfused arithmetic: the CPU's bits.
  *
  * kvcu_attn_decode() is the plain-array twin of kv_attn_decode() and runs v2;
  * kvcu_attn_decode_version() picks the version (the tests hold each against the CPU, the
  * bench times them). kvcu_attention() runs a step's tokens over one layer of a kvcu_cache,
  * as kv_forward() calls kv_attention().
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "kvcu_internal.cuh"
@@ -79,10 +74,9 @@
 #define ATTN_THREADS 128
 #define ATTN_GROUP_REGS 8              /* v2, v3: query heads one thread applies a K/V load to */
 #define ATTN_SMEM_MAX (48 * 1024)      /* default dynamic shared memory per block */
-#define ATTN_PARTITION 512             /* v3: positions per partition */
 
-/* attn_src, attn_view(), kv_ld() and cache_src(), the cache readers, are in
- * kvcu_internal.cuh: chapter 08's kernels (cuda/attention/kvcu_flash.cu) read through them too. */
+/* The cache readers (attn_src, attn_view(), kv_ld()) and the rows of a launch (attn_rows) are
+ * in kvcu_internal.cuh: chapter 08's kernels (kvcu_flash.cu) use them too. */
 
 /* v2's and v3's shared memory: the packed queries [G][d], the reduction scratch [32], each
  * head's max and exp-sum [G] + [G] */
@@ -131,24 +125,23 @@ __device__ inline float key_ld(const kv_head_view &kh, const float *kf, int64_t 
                    : __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
 }
 
-/* A launch's block t handles token row tr = row_of[t] (a prefill wave lists its rows) or t;
- * tok_slot NULL = one token (slot0, query position len - 1). tpos: the query's position;
- * n: how many positions it attends (t + 1, or min(t + 1, S+W) with a window). */
+/* A launch's block t handles the row attn_span_of() names (kvcu_internal.cuh): token row tr
+ * of slot `slot`, its query at tpos; n: how many positions it attends (t + 1, or
+ * min(t + 1, S+W) with a window). The engine's rows start at index 0. */
 #define ATTN_TOKEN(t)                                                                 \
-    const int tr = row_of ? row_of[t] : (t);                                          \
-    const int slot = tok_slot ? tok_slot[tr] : slot0;                                 \
-    const int64_t tpos = tok_slot ? tok_pos[tr] : (int64_t)len - 1;                   \
-    const int n = (int)kv_window_count(src.keep_w, src.keep_s, tpos)
+    const attn_span row_ = attn_span_of(src, rows, (t));                                \
+    const int tr = row_.tr, slot = row_.slot;                                         \
+    const int64_t tpos = row_.tpos;                                                   \
+    const int n = (int)row_.p1
 
 __global__ void attn_decode_kernel_v1(float *out, const float *q, attn_src src, float *scores,
-                                      const int *tok_slot, const int *tok_pos,
-                                      const int *row_of, int slot0, int len, int n_heads,
-                                      int n_kv_heads, int head_dim, int stride)
+                                      attn_rows rows, int n_heads, int n_kv_heads, int head_dim,
+                                      int stride)
 {
     KV_DYNAMIC_SMEM(float, red); /* [32] block reduction scratch, then the query [d] */
     const int h = blockIdx.x, t = blockIdx.y;
     ATTN_TOKEN(t);
-    const int kvh = h / (n_heads / n_kv_heads); /* kv_attn_kv_head(): h / G */
+    const int kvh = kv_attn_kv_head(h, n_heads, n_kv_heads);
     const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
     const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
     const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
@@ -218,7 +211,7 @@ __device__ inline attn_group group_open(float *smem, const attn_src &src, const 
                                         int head_dim)
 {
     attn_group a;
-    a.G = n_heads / n_kv_heads;
+    a.G = kv_heads_group(n_heads, n_kv_heads);
     a.d = head_dim;
     a.qs = smem;
     a.red = smem + (size_t)a.G * head_dim;
@@ -328,9 +321,8 @@ static __device__ void attn_group_span(const attn_group &a, const attn_src &src,
 
 /* Block (kvh, t) computes query heads kvh·G .. kvh·G + G - 1 over all n positions. */
 __global__ void attn_decode_kernel_v2(float *out, const float *q, attn_src src, float *scores,
-                                      const int *tok_slot, const int *tok_pos,
-                                      const int *row_of, int slot0, int len, int n_heads,
-                                      int n_kv_heads, int head_dim, int stride)
+                                      attn_rows rows, int n_heads, int n_kv_heads, int head_dim,
+                                      int stride)
 {
     KV_DYNAMIC_SMEM(float, smem);
     const int kvh = blockIdx.x, t = blockIdx.y;
@@ -374,63 +366,66 @@ void kvcu_attn_list_launch(int n_kv_heads, int rows, int threads, size_t smem, f
               off, cnt, lists, slot, r0, j0, n, n_heads, n_kv_heads, head_dim, stride);
 }
 
-/* Where v3's partition results live, after the scores in the same scratch:
- * pm, pl [T][H][n_parts] the max and exp-sum of each partition, po [T][H][n_parts][d] its
- * unnormalized output. */
-#define V3_PARTS(scores, T, n_heads, head_dim, stride, n_parts)                               \
-    float *pm = (scores) + (size_t)(T) * (n_heads) * (stride);                                 \
-    float *pl = pm + (size_t)(T) * (n_heads) * (n_parts);                                      \
-    float *po = pl + (size_t)(T) * (n_heads) * (n_parts);                                      \
-    (void)po; (void)pl; (void)pm
-
-/* Block (kvh, part, t): v2's passes over partition `part` of token t, unnormalized. */
-__global__ void attn_decode_kernel_v3(const float *q, attn_src src, float *scores,
-                                      const int *tok_slot, const int *tok_pos,
-                                      const int *row_of, int slot0, int len, int T, int n_heads,
-                                      int n_kv_heads, int head_dim, int stride, int n_parts)
+/* Block (kvh, part, t): v2's passes over partition `part` of token t, unnormalized, into
+ * the partition results that follow the scores [T][H][stride] in the same scratch. */
+__global__ void attn_decode_kernel_v3(const float *q, attn_src src, float *scores, attn_rows rows,
+                                      int T, int n_heads, int n_kv_heads, int head_dim,
+                                      int stride, int n_parts)
 {
     KV_DYNAMIC_SMEM(float, smem);
     const int kvh = blockIdx.x, part = blockIdx.y, t = blockIdx.z;
-    ATTN_TOKEN(t);
-    const int p0 = part * ATTN_PARTITION;
-    if (p0 >= n) return; /* the token is shorter than this partition: the whole block leaves */
-    const int p1 = n - p0 < ATTN_PARTITION ? n : p0 + ATTN_PARTITION;
-    V3_PARTS(scores, T, n_heads, head_dim, stride, n_parts);
-    const attn_group a = group_open(smem, src, q, tr, slot, kvh, n_heads, n_kv_heads, head_dim);
+    const attn_span r = attn_span_of(src, rows, t);
+    int64_t lo, hi;
+    if (!attn_split_span(r, part, &lo, &hi)) return; /* the token is shorter: the block leaves */
+    const attn_parts pp =
+        attn_parts_at(scores + (size_t)T * n_heads * stride, T, n_heads, n_parts);
+    const attn_group a =
+        group_open(smem, src, q, r.tr, r.slot, kvh, n_heads, n_kv_heads, head_dim);
     const int h0 = kvh * a.G;
     float *att = scores + ((size_t)t * n_heads + h0) * stride;     /* [G][stride] */
     const size_t ph = ((size_t)t * n_heads + h0) * n_parts + part; /* head h0's entry */
-    attn_group_span(a, src, tpos, att, stride, p0, p1, po + ph * head_dim,
+    attn_group_span(a, src, r.tpos, att, stride, (int)lo, (int)hi, pp.po + ph * head_dim,
                     (size_t)n_parts * head_dim, 0, NULL);
     for (int g = threadIdx.x; g < a.G; g += blockDim.x) {
-        pm[ph + (size_t)g * n_parts] = a.mx[g];
-        pl[ph + (size_t)g * n_parts] = a.l[g];
+        pp.pm[ph + (size_t)g * n_parts] = a.mx[g];
+        pp.pl[ph + (size_t)g * n_parts] = a.l[g];
     }
 }
 
-/* Block (h, t): token t's query head h from its ceil(n / 512) partitions,
- * out = sum_j o_j e^(m_j - M) / sum_j l_j e^(m_j - M), M = max_j m_j. The first partition
- * starts the sums (no 0 + x), so one partition gives o_0 · (1 / l_0): v2's bits. */
-__global__ void attn_combine_kernel(float *out, float *scores, attn_src src, const int *tok_slot,
-                                    const int *tok_pos, const int *row_of, int len, int T,
-                                    int n_heads, int head_dim, int stride, int n_parts)
+/* Block (t, h): launch row t's query head h from the partial states of its ranges (the
+ * ceil(n / 512) that attn_split_span() gives it), out = sum_j o_j e^(m_j - M) / sum_j l_j
+ * e^(m_j - M), M = max_j m_j. The first range starts the sums (no 0 + x), so one range gives
+ * o_0 · (1 / l_0): v2's bits. A row that sees no key (chapter 08's masked rows) gets zeros. */
+__global__ void attn_merge_kernel(float *out, attn_src src, attn_rows rows, attn_parts pp,
+                                  int n_heads, int head_dim)
 {
-    const int h = blockIdx.x, t = blockIdx.y, slot0 = 0;
-    ATTN_TOKEN(t);
-    (void)slot;
-    const int np = (n + ATTN_PARTITION - 1) / ATTN_PARTITION;
-    V3_PARTS(scores, T, n_heads, head_dim, stride, n_parts);
-    const size_t ph = ((size_t)t * n_heads + h) * n_parts; /* [n_parts] of this head */
-    float M = pm[ph];
-    for (int j = 1; j < np; j++) M = fmaxf(M, pm[ph + j]);
-    float L = pl[ph] * expf(pm[ph] - M);
-    for (int j = 1; j < np; j++) L += pl[ph + j] * expf(pm[ph + j] - M);
+    const int t = blockIdx.x, h = blockIdx.y;
+    const attn_span r = attn_span_of(src, rows, t);
+    const int np = attn_n_splits(r.p1 - r.p0);
+    const size_t ph = ((size_t)t * n_heads + h) * pp.n_parts; /* [n_parts] of this head */
+    const float *pm = pp.pm + ph, *pl = pp.pl + ph, *po = pp.po + ph * head_dim;
+    float *oh = out + ((size_t)r.tr * n_heads + h) * head_dim; /* [d] */
+    float M = np > 0 ? pm[0] : -INFINITY;
+    for (int j = 1; j < np; j++) M = fmaxf(M, pm[j]);
+    if (M == -INFINITY) { /* no key, or (a row of one range) every score -inf */
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) oh[i] = 0.0f;
+        return;
+    }
+    float L = pl[0] * expf(pm[0] - M);
+    for (int j = 1; j < np; j++) L += pl[j] * expf(pm[j] - M);
     const float inv = 1.0f / L;
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-        float acc = po[ph * head_dim + i] * expf(pm[ph] - M);
-        for (int j = 1; j < np; j++) acc += po[(ph + j) * head_dim + i] * expf(pm[ph + j] - M);
-        out[((size_t)tr * n_heads + h) * head_dim + i] = acc * inv;
+        float acc = po[i] * expf(pm[0] - M);
+        for (int j = 1; j < np; j++) acc += po[(size_t)j * head_dim + i] * expf(pm[j] - M);
+        oh[i] = acc * inv;
     }
+}
+
+void kvcu_attn_merge_launch(float *out, const attn_src &src, const attn_rows &rows,
+                            const attn_parts &parts, int T, int n_heads, int head_dim)
+{
+    KV_LAUNCH(attn_merge_kernel, dim3(T, n_heads), ATTN_THREADS, 0, 0, out, src, rows, parts,
+              n_heads, head_dim);
 }
 
 static int check_heads(const char *who, int n_heads, int n_kv_heads, int head_dim, kv_err *err)
@@ -441,12 +436,10 @@ static int check_heads(const char *who, int n_heads, int n_kv_heads, int head_di
     return KV_OK;
 }
 
-static int n_partitions(int positions) { return (positions + ATTN_PARTITION - 1) / ATTN_PARTITION; }
-
 static size_t scratch_floats(int T, int version, int n_heads, int head_dim, int stride)
 {
     size_t f = (size_t)T * n_heads * stride;
-    if (version == 3) f += (size_t)T * n_heads * n_partitions(stride) * (head_dim + 2);
+    if (version == 3) f += (size_t)T * n_heads * attn_n_splits(stride) * (head_dim + 2);
     return f;
 }
 
@@ -460,34 +453,63 @@ size_t kvcu_attn_decode_scratch(int version, int n_heads, int head_dim, int max_
     return scratch_floats(1, version, n_heads, head_dim, max_seq);
 }
 
+/* The rows of an engine launch: a batch's tokens (tok_slot, tok_pos, row_of), or with
+ * tok_slot NULL one query at position pos of slot `slot`; all from index 0. */
+static attn_rows engine_rows(const int *tok_slot, const int *tok_pos, const int *row_of,
+                             int slot, int64_t pos)
+{
+    attn_rows r = {tok_slot, tok_pos, row_of, slot, 0, pos, 0, INT64_MAX};
+    return r;
+}
+
 /* Launch version @p version (1, 2 or 3; 2 and 3 fall back to 1 when the group's shared memory
  * would not fit) over T tokens whose longest sees max_len positions. stride: positions per
  * head of the scores scratch (>= max_len); v3's partition results follow them. */
 static void launch(int version, float *out, const float *q, const attn_src &src, float *scores,
-                   const int *tok_slot, const int *tok_pos, const int *row_of, int slot0,
-                   int len, int max_len, int T, int n_heads, int n_kv_heads, int head_dim,
-                   int stride)
+                   const attn_rows &rows, int max_len, int T, int n_heads, int n_kv_heads,
+                   int head_dim, int stride)
 {
-    const size_t smem = group_smem(n_heads / n_kv_heads, head_dim);
+    const size_t smem = group_smem(kv_heads_group(n_heads, n_kv_heads), head_dim);
     if (version == 3 && smem <= ATTN_SMEM_MAX) {
-        const int n_parts = n_partitions(stride);
-        dim3 grid(n_kv_heads, n_partitions(max_len), T);
-        KV_LAUNCH(attn_decode_kernel_v3, grid, ATTN_THREADS, smem, 0, q, src, scores, tok_slot,
-                  tok_pos, row_of, slot0, len, T, n_heads, n_kv_heads, head_dim, stride,
-                  n_parts);
-        dim3 grid2(n_heads, T);
-        KV_LAUNCH(attn_combine_kernel, grid2, ATTN_THREADS, 0, 0, out, scores, src, tok_slot,
-                  tok_pos, row_of, len, T, n_heads, head_dim, stride, n_parts);
+        const int n_parts = attn_n_splits(stride);
+        dim3 grid(n_kv_heads, attn_n_splits(max_len), T);
+        KV_LAUNCH(attn_decode_kernel_v3, grid, ATTN_THREADS, smem, 0, q, src, scores, rows, T,
+                  n_heads, n_kv_heads, head_dim, stride, n_parts);
+        float *parts = scores + (size_t)T * n_heads * stride; /* after the scores */
+        kvcu_attn_merge_launch(out, src, rows, attn_parts_at(parts, T, n_heads, n_parts), T,
+                               n_heads, head_dim);
     } else if (version >= 2 && smem <= ATTN_SMEM_MAX) {
         dim3 grid(n_kv_heads, T);
-        KV_LAUNCH(attn_decode_kernel_v2, grid, ATTN_THREADS, smem, 0, out, q, src, scores,
-                  tok_slot, tok_pos, row_of, slot0, len, n_heads, n_kv_heads, head_dim, stride);
+        KV_LAUNCH(attn_decode_kernel_v2, grid, ATTN_THREADS, smem, 0, out, q, src, scores, rows,
+                  n_heads, n_kv_heads, head_dim, stride);
     } else {
         dim3 grid(n_heads, T);
         const size_t smem1 = (KV_WARP + (size_t)head_dim) * sizeof(float); /* red, query */
-        KV_LAUNCH(attn_decode_kernel_v1, grid, ATTN_THREADS, smem1, 0, out, q, src, scores,
-                  tok_slot, tok_pos, row_of, slot0, len, n_heads, n_kv_heads, head_dim, stride);
+        KV_LAUNCH(attn_decode_kernel_v1, grid, ATTN_THREADS, smem1, 0, out, q, src, scores, rows,
+                  n_heads, n_kv_heads, head_dim, stride);
     }
+}
+
+/* One query at position pos of slot `slot` (n positions), with the caller's scratch or, when
+ * @p scores is NULL, kvcu_attn_decode_scratch() floats allocated and freed here (cudaFree
+ * waits for the kernels); the first error of the launch or of the free. */
+static int launch_one(int version, float *out, const float *q, const attn_src &src,
+                      float *scores, int slot, int64_t pos, int n, int n_heads, int n_kv_heads,
+                      int head_dim, int stride, kv_err *err)
+{
+    float *own = NULL;
+    if (!scores) {
+        const size_t f = kvcu_attn_decode_scratch(version, n_heads, head_dim, stride);
+        const int st = kvcu_device_alloc((void **)&own, f * sizeof(float), err);
+        if (st) return st;
+        scores = own;
+    }
+    launch(version, out, q, src, scores, engine_rows(NULL, NULL, NULL, slot, pos), n, 1, n_heads,
+           n_kv_heads, head_dim, stride);
+    cudaError_t e = cudaGetLastError(), f = own ? cudaFree(own) : cudaSuccess;
+    KV_CUDA_TRY(e, err);
+    KV_CUDA_TRY(f, err);
+    return KV_OK;
 }
 
 /* fp32 arrays [H_kv][max_seq][d] as a layer: what the plain-array entry points read. */
@@ -517,19 +539,8 @@ int kvcu_attn_decode_version(int version, const float *q, const float *k, const 
     if (len <= 0 || len > max_seq)
         return kv_fail(err, KV_ERR_ARG, "kvcu_attn_decode: len %d outside 1..max_seq %d", len,
                        max_seq);
-    float *own = NULL; /* kvcu_attn_decode_scratch() floats when the caller gave no scratch */
-    if (!scores) {
-        KV_CUDA_TRY(cudaMalloc(&own, kvcu_attn_decode_scratch(version, n_heads, head_dim, max_seq) *
-                                         sizeof(float)), err);
-        scores = own;
-    }
-    launch(version, out, q, f32_src(k, v, head_dim, max_seq), scores, NULL, NULL, NULL, 0, len,
-           len, 1, n_heads, n_kv_heads, head_dim, max_seq);
-    cudaError_t e = cudaGetLastError();
-    cudaError_t f = own ? cudaFree(own) : cudaSuccess; /* cudaFree waits for the kernel */
-    KV_CUDA_TRY(e, err);
-    KV_CUDA_TRY(f, err);
-    return KV_OK;
+    return launch_one(version, out, q, f32_src(k, v, head_dim, max_seq), scores, 0, len - 1,
+                      len, n_heads, n_kv_heads, head_dim, max_seq, err);
 }
 
 int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out, int n_heads,
@@ -546,10 +557,14 @@ int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const in
     int st = check_heads("kvcu_attention", n_heads, c->n_kv_heads, c->head_dim, err);
     if (st) return st;
     if (T == 0) return KV_OK;
+    if (T > 65535) /* the rows are a grid dimension (y, or z for v3) */
+        return kv_fail(err, KV_ERR_ARG, "kvcu_attention: %d rows in one launch, more than the "
+                       "65535 a grid dimension holds; split the step into waves", T);
     /* one partition: v2; longer rows: v3, whose one-partition rows equal v2's bits */
-    const int version = max_len > ATTN_PARTITION ? 3 : 2;
-    launch(version, out, q, cache_src(c, layer), scores, tok_slot, tok_pos, row_of, 0, 0,
-           max_len, T, n_heads, c->n_kv_heads, c->head_dim, c->span);
+    const int version = max_len > KVCU_FLASH_SPLIT_KEYS ? 3 : 2;
+    launch(version, out, q, cache_src(c, layer), scores,
+           engine_rows(tok_slot, tok_pos, row_of, 0, 0), max_len, T, n_heads, c->n_kv_heads,
+           c->head_dim, c->span);
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
 }
@@ -573,21 +588,9 @@ int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, in
                        "its %d mapped blocks", pos, slot, c->n_mapped[slot]);
     int st = check_heads("kvcu_cache_attention", n_heads, c->n_kv_heads, c->head_dim, err);
     if (st) return st;
-    if (version == 0) version = n > ATTN_PARTITION ? 3 : 2;
-    float *own = NULL; /* kvcu_attn_decode_scratch() floats, when the caller gave none */
-    if (!scratch) {
-        KV_CUDA_TRY(cudaMalloc(&own, kvcu_attn_decode_scratch(version, n_heads, c->head_dim,
-                                                              c->span) * sizeof(float)),
-                    err);
-        scratch = own;
-    }
-    launch(version, out, q, cache_src(c, layer), scratch, NULL, NULL, NULL, slot, pos + 1, n, 1,
-           n_heads, c->n_kv_heads, c->head_dim, c->span);
-    cudaError_t e = cudaGetLastError();
-    cudaError_t f = own ? cudaFree(own) : cudaSuccess; /* cudaFree waits for the kernel */
-    KV_CUDA_TRY(e, err);
-    KV_CUDA_TRY(f, err);
-    return KV_OK;
+    if (version == 0) version = n > KVCU_FLASH_SPLIT_KEYS ? 3 : 2;
+    return launch_one(version, out, q, cache_src(c, layer), scratch, slot, pos, n, n_heads,
+                      c->n_kv_heads, c->head_dim, c->span, err);
 }
 
 int kvcu_cache_attention(const kvcu_cache *c, int layer, int slot, int pos, const float *q,

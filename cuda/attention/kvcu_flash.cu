@@ -1,52 +1,51 @@
 /*
  * Chapter 08 on the GPU: the optimization progression of the one attention family, twin of
- * reference_cpu/attention/kv_flash.h. A job is T queries of one cache slot (positions q_pos0 + t) over
- * the slot's keys; query t sees keys k_begin <= k < n_keys and, when causal, k <= q_pos0 + t.
- * A query that sees no key outputs zeros. Query head h reads KV head h / G. Every version
- * reads K and V through the cache views of cuda/core/kvcu_internal.cuh (attn_view(), kv_ld():
- * contiguous or paged rows, every storage format dequantized inside the loads), the readers
- * the decode kernels of cuda/attention/kvcu_attention.cu use, so there is one reader for the whole family.
+ * reference_cpu/attention/kv_flash.c, in numbered versions as llm.c's dev/cuda has them: each
+ * paragraph below says what changed from the version before; tests/test_gpu_flash.c holds
+ * every version against the CPU reference (kv_flash_naive()) and `kvlab bench attention
+ * --device cuda` times them (cuda/eval/kvcu_bench.cu). A job is T queries of one cache slot
+ * (positions q_pos0 + t); query t sees keys k_begin <= k < n_keys and, when causal,
+ * k <= q_pos0 + t; a query that sees no key outputs zeros. The job's queries are the
+ * attention family's rows (attn_rows, flash_args_of()); query head h reads KV head
+ * kv_attn_kv_head(h) = h / G. Every version reads K and V through the readers of
+ * cuda/core/kvcu_internal.cuh (attn_view(), kv_ld(): contiguous or paged rows, every storage
+ * format dequantized inside the loads), the engine's readers (cuda/attention/kvcu_attention.cu).
  *
- * flash_*_kernel_v1 (naive): three kernels, the textbook formula. Scores S = q·k / sqrt(d) for
- *   every (head, query, visible key) are written to global memory, [H][T][n_vis] floats with
- *   n_vis = n_keys - k_begin (keys the causal mask hides: -inf); a softmax kernel reads each
- *   row back for its max, then again to rewrite it as exp(s - max) and sum it; the P·V kernel
- *   reads P once more and divides by the sum. The scores cost 5·4·H·T·n_vis bytes of traffic
- *   (written, read, read and rewritten, read: kv_flash.c's count for kv_flash_naive), which
- *   at prefill sizes dwarfs the cache itself: the traffic the fused versions remove. The
+ * v1, naive (flash_scores_kernel_v1, flash_softmax_kernel_v1, flash_pv_kernel_v1): the
+ *   textbook formula in three kernels. Scores S = q·k / sqrt(d) for every (head, query,
+ *   visible key) go to global memory, [H][T][n_vis] floats (n_vis = n_keys - k_begin; masked
+ *   keys -inf); a softmax kernel reads each row for its max, then rewrites it as exp(s - max)
+ *   and sums it; the P·V kernel reads P once more and divides. The scores cost 5·4·H·T·n_vis
+ *   bytes (kv_flash.c's count for kv_flash_naive), which at prefill dwarfs the cache. The
  *   wrapper refuses jobs of more than KVCU_FLASH_V1_MAX_SCORES scores.
  *
- * flash_kernel_v2 (fused tiled prefill): one block per (tile of BQ queries, query head). The
- *   block keeps its queries in shared memory and walks the keys BK at a time: the K and V rows
- *   of a tile are read once from the cache into shared memory, the BQ x BK scores are formed
+ * v2, fused tiled prefill (flash_kernel_v2): S never leaves the chip. One block per (tile of
+ *   BQ queries, query head) keeps its queries in shared memory and walks the keys BK at a
+ *   time: a tile's K and V rows are read once into shared memory, the BQ x BK scores formed
  *   there, and each query row keeps a running max m, a running sum l of exp(s - m) and an
- *   unnormalized accumulator acc. When a tile raises a row's max, l and acc are rescaled by
- *   exp(m_old - m_new); the division by l happens once at the end, and S never leaves the
- *   chip. m and l live in the registers of the row's lanes (128 / BQ threads reduce a row
- *   with warp shuffles), acc in the registers of the threads owning its (row, dim) pairs.
- *   Key tiles entirely in the causal future of the last query of the block are never
- *   visited (the loop stops at that query's last key). This is FlashAttention-2's split:
- *   queries are the outer, parallel dimension and each block owns its output rows outright,
- *   so no two blocks write the same output and no merge is needed. Each head of a group
- *   re-reads its KV head's rows (G times the bytes of v3 at decode).
+ *   unnormalized accumulator acc, rescaled by exp(m_old - m_new) when a tile raises the max;
+ *   one division at the end. m and l live in the registers of the row's lanes (warp
+ *   shuffles), acc in those of the threads owning its (row, dim) pairs (flash_rows(), the
+ *   body v3 and v4 reuse). Key tiles in the causal future of the block's last query are
+ *   skipped. FlashAttention-2's split: queries are the parallel dimension, each block owns
+ *   its output rows, no merge. Each head of a group re-reads its KV head's rows.
  *
- * flash_kernel_v3 (decode): one block per (query, KV head). Its rows are the G query heads of
- *   the group instead of a tile of queries: each K/V tile is read from the cache once and
- *   used by all G heads (chapter 03's grouping, attn_decode_kernel_v2, done with v2's online
- *   softmax instead of a score array in global memory), so a decode step reads
- *   H_kv·n·d·2·b bytes. Groups too large for the registers (G·d > 4096) run as several blocks
- *   of up to 4096 / d heads, each re-reading the tiles. The body is v2's (flash_rows()).
+ * v3, decode (flash_kernel_v3): the rows of a block become the G query heads of one KV group
+ *   instead of a tile of queries, so each K/V tile is read once for all G heads (chapter 03's
+ *   grouping, attn_decode_kernel_v2, with v2's online softmax in place of its score array): a
+ *   decode step reads H_kv·n·d·2·b bytes, G times fewer than v2. Groups whose accumulators do
+ *   not fit the registers (G·d > 4096) run as several blocks of up to 4096 / d heads.
  *
- * flash_kernel_v4 + flash_merge_kernel (split-KV, flash-decoding): v3 gives a decode step
- *   only H_kv blocks, each walking the whole context alone, while a GPU has ~100+ SMs. v4 cuts
- *   the keys into ranges of KVCU_FLASH_SPLIT_KEYS (512) and gives every (query, KV head,
- *   range) its own block, which runs v3's body over its range and writes, per head, the
- *   partial result (m_j, l_j, acc_j) unnormalized to the scratch. The merge kernel, one block
- *   per (query, head), combines them by log-sum-exp: M = max_j m_j,
- *   out = sum_j acc_j e^(m_j - M) / sum_j l_j e^(m_j - M) (kv_flash_merge(), in range order;
- *   empty ranges have m = -inf and weigh nothing). Same bytes of K/V as v3, plus the
- *   partials written and read back, 2·(d + 2) floats per (query, head, range); in exchange a
- *   32k-key decode with H_kv = 8 runs as 8·64 = 512 blocks instead of 8.
+ * v4, split-KV (flash_kernel_v3 over ranges + attn_merge_kernel): v3 gives a decode step
+ *   only H_kv blocks, each walking the whole context alone, on a GPU of 100+ SMs. v4 launches
+ *   v3's kernel once per range of KVCU_FLASH_SPLIT_KEYS (512) keys, the ranges the engine's
+ *   split-KV decode cuts (attn_split_span()); each block leaves its heads' partial state
+ *   (m_j, l_j, acc_j) in the scratch, and the engine's merge kernel (kvcu_attention.cu)
+ *   combines each head's ranges: M = max_j m_j, out = sum_j acc_j e^(m_j - M) /
+ *   sum_j l_j e^(m_j - M) (kv_flash_merge() on the CPU). Same K/V bytes as v3, plus the
+ *   partials, 2·(d + 2) floats per (query, head, range); a 32k-key decode with H_kv = 8 runs
+ *   as 8·64 = 512 blocks instead of 8. There is one split-KV and one merge on the GPU: v4 is
+ *   the engine's (kvcu_attention() v3) with chapter 08's online body in each range.
  *
  * None of the versions is bit-identical to the CPU (another summation order; the tests use
  * the fp32 tolerance). Windowed caches (chapter 06) are refused, as on the CPU.
@@ -54,10 +53,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvcu_internal.cuh"
+#include "kvcu_flash.cuh"
 
 #define FLASH_THREADS 128
-#define FLASH_ACC 32               /* acc registers per thread: a block's rows·d <= 128·32 */
 #define FLASH_MAX_BQ 16            /* v2: queries per tile */
 #define FLASH_MAX_D 1024           /* head dims the tiles are sized for */
 #define FLASH_SMEM_MAX (48 * 1024) /* default dynamic shared memory per block */
@@ -65,29 +63,23 @@
 /* What every kernel of a job needs, passed by value. */
 typedef struct {
     attn_src src;          /* the layer's planes, tables, format */
+    attn_rows rows;        /* the job's queries as the attention family's rows (flash_rows_of()) */
     const float *q;        /* [T][H][d] */
     float *out;            /* [T][H][d] */
     int T, H, H_kv, d, slot;
-    int64_t q_pos0, k_begin, n_keys;
-    int causal;
+    int64_t k_begin;       /* first key a query may see */
     float scale;           /* 1 / sqrt(d) */
 } flash_args;
 
-/* End (exclusive) of the keys query t sees; k_begin when it sees none or does not exist. */
+/* End (exclusive) of the keys query t sees (attn_span_of()); k_begin when it sees none or does
+ * not exist. */
 __device__ inline int64_t flash_end(const flash_args &a, int t)
 {
     if (t < 0 || t >= a.T) return a.k_begin;
-    int64_t e = a.n_keys;
-    if (a.causal && a.q_pos0 + t + 1 < e) e = a.q_pos0 + t + 1;
-    return e > a.k_begin ? e : a.k_begin;
+    return attn_span_of(a.src, a.rows, t).p1;
 }
 
-/* K and V views of KV head kvh of the job's slot, and the plain floats of an fp32 layer. */
-typedef struct {
-    kv_head_view kh, vh;
-    const float *kf, *vf;
-} flash_kv;
-
+/* K and V views of KV head kvh of the job's slot (flash_kv, kvcu_flash.cuh). */
 __device__ inline flash_kv flash_views(const flash_args &a, int kvh)
 {
     flash_kv v;
@@ -111,8 +103,8 @@ typedef struct {
 __global__ void flash_scores_kernel_v1(flash_args a, flash_scores sc)
 {
     KV_DYNAMIC_SMEM(float, qh); /* [d] the query, rounded where int8 keys meet it */
-    const int t = blockIdx.x, h = blockIdx.y, G = a.H / a.H_kv;
-    const flash_kv kv = flash_views(a, h / G);
+    const int t = blockIdx.x, h = blockIdx.y;
+    const flash_kv kv = flash_views(a, kv_attn_kv_head(h, a.H, a.H_kv));
     const float *q = a.q + ((size_t)t * a.H + h) * a.d; /* [d] */
     for (int i = threadIdx.x; i < a.d; i += blockDim.x) qh[i] = q[i];
     __syncthreads();
@@ -158,8 +150,8 @@ __global__ void flash_softmax_kernel_v1(flash_args a, flash_scores sc)
 /* Block (t, h): out = (P V) / sum over the visible keys, thread i taking output dim i. */
 __global__ void flash_pv_kernel_v1(flash_args a, flash_scores sc)
 {
-    const int t = blockIdx.x, h = blockIdx.y, G = a.H / a.H_kv;
-    const flash_kv kv = flash_views(a, h / G);
+    const int t = blockIdx.x, h = blockIdx.y;
+    const flash_kv kv = flash_views(a, kv_attn_kv_head(h, a.H, a.H_kv));
     const float *row = sc.S + ((size_t)h * a.T + t) * sc.n_vis; /* [n_vis] */
     const float sum = sc.rowsum[(size_t)h * a.T + t];
     float *oh = a.out + ((size_t)t * a.H + h) * a.d;             /* [d] */
@@ -170,143 +162,6 @@ __global__ void flash_pv_kernel_v1(flash_args a, flash_scores sc)
             acc += row[k - a.k_begin] * kv_ld(kv.vh, kv.vf, k, kv_view_row(&kv.vh, k), c);
         oh[c] = sum > 0.0f ? acc / sum : 0.0f;
     }
-}
-
-/* ---- v2, v3, v4: the fused body --------------------------------------------------------- */
-
-/* A block's shared memory, carved from the dynamic allocation (flash_smem_bytes()):
- * R rows that read the same KV head, key tiles of BK. */
-typedef struct {
-    int64_t *end; /* [R] each row's end of visible keys */
-    float *qs;    /* [R][d+1] the rows' queries (padded: no bank conflicts in the dots) */
-    float *ks;    /* [BK][d+1] the tile's keys, dequantized */
-    float *vs;    /* [BK][d] the tile's values, dequantized */
-    float *s;     /* [R][BK] scores, then exp(s - m) */
-    float *alpha; /* [R] this tile's rescale of each row, exp(m_old - m_new) */
-    float *m, *l; /* [R] each row's final max and exp-sum */
-} flash_smem;
-
-static size_t flash_smem_bytes(int R, int d, int BK)
-{
-    return (size_t)R * sizeof(int64_t) +
-           ((size_t)R * (d + 1) + (size_t)BK * (2 * d + 1) + (size_t)R * BK + 3 * (size_t)R) *
-               sizeof(float);
-}
-
-__device__ inline flash_smem flash_carve(void *base, int R, int d, int BK)
-{
-    flash_smem sm;
-    sm.end = (int64_t *)base;
-    sm.qs = (float *)(sm.end + R);
-    sm.ks = sm.qs + (size_t)R * (d + 1);
-    sm.vs = sm.ks + (size_t)BK * (d + 1);
-    sm.s = sm.vs + (size_t)BK * d;
-    sm.alpha = sm.s + (size_t)R * BK;
-    sm.m = sm.alpha + R;
-    sm.l = sm.m + R;
-    return sm;
-}
-
-/* Lanes that share one row's softmax: the largest power of two <= 32 with R·P <= blockDim.x,
- * so each thread serves at most one row and a row's lanes sit in one warp. */
-__device__ inline int flash_row_lanes(int R)
-{
-    int P = 1;
-    while (P < KV_WARP && 2 * P * R <= (int)blockDim.x) P *= 2;
-    return P;
-}
-
-/* Max and sum over the P lanes of a row (xor butterfly inside aligned groups of P lanes;
- * every lane of the warp takes part, so the whole block calls these together). */
-__device__ inline float flash_group_max(float v, int P)
-{
-    for (int off = P / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-    return v;
-}
-
-__device__ inline float flash_group_sum(float v, int P)
-{
-    for (int off = P / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
-
-/*
- * The fused loop of one block: R rows (sm.qs, sm.end filled and synchronized by the caller)
- * over keys [k0, k1), BK at a time, all reading the KV head of @p kv. Row r's softmax is kept
- * by its P lanes (threads r·P .. r·P + P - 1): its running max m and sum l sit in their
- * registers, the same value in each. acc[c] (registers) is the unnormalized output of pair
- * e = threadIdx.x + c·blockDim.x, row e / d, dim e % d. On return sm.m, sm.l hold each row's
- * final max and exp-sum (m = -inf, l = 0 for a row that saw no key), visible to the block.
- */
-__device__ inline void flash_rows(const flash_kv &kv, const flash_smem &sm, int R, int d,
-                                  int BK, int64_t k0, int64_t k1, float scale, float *acc)
-{
-    const int tid = threadIdx.x, nt = blockDim.x;
-    const int P = flash_row_lanes(R), row = tid / P, lane = tid % P; /* this thread's row */
-    float m = -INFINITY, l = 0.0f; /* the row's running max and sum (row < R) */
-    KV_UNROLL
-    for (int c = 0; c < FLASH_ACC; c++) acc[c] = 0.0f;
-    for (int64_t kt = k0; kt < k1; kt += BK) {
-        const int nk = k1 - kt < BK ? (int)(k1 - kt) : BK;
-        /* the tile's K and V rows, read from the cache once for all R rows */
-        for (int e = tid; e < nk * d; e += nt) {
-            const int j = e / d, i = e % d;
-            const int64_t p = kt + j;
-            sm.ks[(size_t)j * (d + 1) + i] = kv_ld(kv.kh, kv.kf, p, kv_view_row(&kv.kh, p), i);
-            sm.vs[(size_t)j * d + i] = kv_ld(kv.vh, kv.vf, p, kv_view_row(&kv.vh, p), i);
-        }
-        __syncthreads();
-        /* scores of every (row, key) pair of the tile; masked pairs -inf */
-        for (int e = tid; e < R * BK; e += nt) {
-            const int r = e / BK, j = e % BK;
-            float s = -INFINITY;
-            if (j < nk && kt + j < sm.end[r]) {
-                const float *qr = sm.qs + (size_t)r * (d + 1), *kj = sm.ks + (size_t)j * (d + 1);
-                float dot = 0.0f;
-                for (int i = 0; i < d; i++) dot += qr[i] * kj[i];
-                s = dot * scale;
-            }
-            sm.s[e] = s;
-        }
-        __syncthreads();
-        /* online softmax of each row by its lanes: the new max, the rescale of what was
-         * summed so far, exp of the tile's scores and their sum */
-        float *sr = sm.s + (size_t)(row < R ? row : 0) * BK;
-        float mt = -INFINITY;
-        if (row < R)
-            for (int j = lane; j < nk; j += P) mt = fmaxf(mt, sr[j]);
-        const float mn = fmaxf(m, flash_group_max(mt, P));
-        const float a = mn == -INFINITY ? 1.0f : expf(m - mn); /* exp(-inf) = 0: first tile */
-        float sum = 0.0f;
-        if (row < R)
-            for (int j = lane; j < nk; j += P) {
-                const float p = mn == -INFINITY ? 0.0f : expf(sr[j] - mn);
-                sr[j] = p;
-                sum += p;
-            }
-        l = l * a + flash_group_sum(sum, P);
-        m = mn;
-        if (row < R && lane == 0) sm.alpha[row] = a;
-        __syncthreads();
-        /* acc = acc · alpha + P V for the pairs this thread owns */
-        KV_UNROLL
-        for (int c = 0; c < FLASH_ACC; c++) {
-            const int e = tid + c * nt;
-            if (e < R * d) {
-                const int r = e / d, i = e % d;
-                const float *pr = sm.s + (size_t)r * BK;
-                float x = acc[c] * sm.alpha[r];
-                for (int j = 0; j < nk; j++) x += pr[j] * sm.vs[(size_t)j * d + i];
-                acc[c] = x;
-            }
-        }
-        __syncthreads(); /* the next tile overwrites ks, vs, s */
-    }
-    if (row < R && lane == 0) {
-        sm.m[row] = m;
-        sm.l[row] = l;
-    }
-    __syncthreads();
 }
 
 /* Rows' queries into shared memory: row r <- q_row(r) [d], zeros for r >= n (unused rows);
@@ -346,9 +201,9 @@ __global__ void flash_kernel_v2(flash_args a, int BQ, int BK)
 {
     KV_DYNAMIC_SMEM(unsigned char, base);
     const flash_smem sm = flash_carve(base, BQ, a.d, BK);
-    const int t0 = blockIdx.x * BQ, h = blockIdx.y, G = a.H / a.H_kv;
+    const int t0 = blockIdx.x * BQ, h = blockIdx.y;
     const int n = a.T - t0 < BQ ? a.T - t0 : BQ; /* queries of this tile */
-    const flash_kv kv = flash_views(a, h / G);
+    const flash_kv kv = flash_views(a, kv_attn_kv_head(h, a.H, a.H_kv));
     const size_t stride = (size_t)a.H * a.d; /* from one query's row of head h to the next */
     flash_load_rows(sm, a, kv, a.q + ((size_t)t0 * a.H + h) * a.d, stride, n, BQ, a.d);
     for (int r = threadIdx.x; r < BQ; r += blockDim.x) sm.end[r] = flash_end(a, t0 + r);
@@ -361,95 +216,47 @@ __global__ void flash_kernel_v2(flash_args a, int BQ, int BK)
 
 /* The heads of the (query, KV head, chunk) a v3/v4 block computes: heads h0 .. h0 + n - 1. */
 #define FLASH_GROUP_BLOCK(a, t, kvh_chunk, GC)                                                \
-    const int G = (a).H / (a).H_kv, n_chunks = (G + (GC) - 1) / (GC);                         \
+    const int G = kv_heads_group((a).H, (a).H_kv), n_chunks = (G + (GC) - 1) / (GC);          \
     const int kvh = (kvh_chunk) / n_chunks, chunk = (kvh_chunk) % n_chunks;                   \
     const int h0 = kvh * G + chunk * (GC);                                                    \
     const int n = G - chunk * (GC) < (GC) ? G - chunk * (GC) : (GC)
 
-/* Block (t, kvh·n_chunks + chunk): query t's heads of the group (chunk), every visible key. */
-__global__ void flash_kernel_v3(flash_args a, int GC, int BK)
+/* Block (t·per_t + kvh·n_chunks + chunk, part), per_t = H_kv·n_chunks: query t's heads of
+ * the group (chunk). v3 (parts.po NULL, one part): every key the query sees, normalized into
+ * out. v4: the keys of range `part` (attn_split_span(), the engine's ranges), left
+ * unnormalized as the partial state (m, l, acc) of each head that attn_merge_kernel merges. */
+__global__ void flash_kernel_v3(flash_args a, attn_parts parts, int GC, int BK)
 {
     KV_DYNAMIC_SMEM(unsigned char, base);
     const flash_smem sm = flash_carve(base, GC, a.d, BK);
-    const int t = blockIdx.x;
-    FLASH_GROUP_BLOCK(a, t, blockIdx.y, GC);
-    const flash_kv kv = flash_views(a, kvh);
-    flash_load_rows(sm, a, kv, a.q + ((size_t)t * a.H + h0) * a.d, a.d, n, GC, a.d);
-    const int64_t end = flash_end(a, t);
-    for (int r = threadIdx.x; r < GC; r += blockDim.x) sm.end[r] = r < n ? end : a.k_begin;
-    __syncthreads();
-    float acc[FLASH_ACC];
-    flash_rows(kv, sm, GC, a.d, BK, a.k_begin, end, a.scale, acc);
-    flash_store_rows(sm, acc, a.out + ((size_t)t * a.H + h0) * a.d, a.d, n, a.d);
-}
-
-/* v4's partial results in the scratch: pm, pl [T][H][n_splits], pacc [T][H][n_splits][d]. */
-typedef struct {
-    float *pm, *pl, *pacc;
-} flash_parts;
-
-static flash_parts flash_parts_of(float *scratch, int T, int H, int n_splits)
-{
-    flash_parts p;
-    const size_t n = (size_t)T * H * n_splits;
-    p.pm = scratch;
-    p.pl = scratch + n;
-    p.pacc = scratch + 2 * n;
-    return p;
-}
-
-/* Block (t·(H_kv·n_chunks) + kvh·n_chunks + chunk, split): v3's body over key range `split`,
- * left unnormalized in the partial results. */
-__global__ void flash_kernel_v4(flash_args a, flash_parts parts, int n_splits, int GC, int BK)
-{
-    KV_DYNAMIC_SMEM(unsigned char, base);
-    const flash_smem sm = flash_carve(base, GC, a.d, BK);
-    const int G0 = a.H / a.H_kv, per_t = a.H_kv * ((G0 + GC - 1) / GC);
-    const int t = blockIdx.x / per_t, split = blockIdx.y;
+    const int G0 = kv_heads_group(a.H, a.H_kv), per_t = a.H_kv * ((G0 + GC - 1) / GC);
+    const int t = blockIdx.x / per_t, part = blockIdx.y;
     FLASH_GROUP_BLOCK(a, t, blockIdx.x % per_t, GC);
+    const attn_span row = attn_span_of(a.src, a.rows, t);
+    int64_t lo = row.p0, hi = row.p1; /* this block's keys */
+    if (parts.po && !attn_split_span(row, part, &lo, &hi)) return; /* the merge skips it */
     const flash_kv kv = flash_views(a, kvh);
-    /* this block's range, cut to what query t sees */
-    const int64_t lo = a.k_begin + (int64_t)split * KVCU_FLASH_SPLIT_KEYS;
-    const int64_t end = flash_end(a, t);
-    const int64_t hi = lo + KVCU_FLASH_SPLIT_KEYS < end ? lo + KVCU_FLASH_SPLIT_KEYS : end;
     flash_load_rows(sm, a, kv, a.q + ((size_t)t * a.H + h0) * a.d, a.d, n, GC, a.d);
     for (int r = threadIdx.x; r < GC; r += blockDim.x) sm.end[r] = r < n ? hi : a.k_begin;
     __syncthreads();
     float acc[FLASH_ACC];
-    flash_rows(kv, sm, GC, a.d, BK, lo, hi, a.scale, acc); /* lo >= hi: no tile, empty parts */
-    const size_t p0 = ((size_t)t * a.H + h0) * n_splits + split; /* head h0's entry */
+    flash_rows(kv, sm, GC, a.d, BK, lo, hi, a.scale, acc);
+    if (!parts.po) {
+        flash_store_rows(sm, acc, a.out + ((size_t)t * a.H + h0) * a.d, a.d, n, a.d);
+        return;
+    }
+    const size_t p0 = ((size_t)t * a.H + h0) * parts.n_parts + part; /* head h0's entry */
     for (int r = threadIdx.x; r < n; r += blockDim.x) {
-        parts.pm[p0 + (size_t)r * n_splits] = sm.m[r];
-        parts.pl[p0 + (size_t)r * n_splits] = sm.l[r];
+        parts.pm[p0 + (size_t)r * parts.n_parts] = sm.m[r];
+        parts.pl[p0 + (size_t)r * parts.n_parts] = sm.l[r];
     }
     KV_UNROLL
     for (int c = 0; c < FLASH_ACC; c++) {
         const int e = threadIdx.x + c * blockDim.x;
         if (e < n * a.d) {
             const int r = e / a.d, i = e % a.d;
-            parts.pacc[(p0 + (size_t)r * n_splits) * a.d + i] = acc[c];
+            parts.po[(p0 + (size_t)r * parts.n_parts) * a.d + i] = acc[c];
         }
-    }
-}
-
-/* Block (t, h): out = sum_j acc_j e^(m_j - M) / sum_j l_j e^(m_j - M), M = max_j m_j, in
- * range order; zeros when every range was empty (M = -inf). */
-__global__ void flash_merge_kernel(flash_args a, flash_parts parts, int n_splits)
-{
-    const int t = blockIdx.x, h = blockIdx.y;
-    const size_t p0 = ((size_t)t * a.H + h) * n_splits; /* [n_splits] of this head */
-    float *oh = a.out + ((size_t)t * a.H + h) * a.d;    /* [d] */
-    float M = -INFINITY;
-    for (int j = 0; j < n_splits; j++) M = fmaxf(M, parts.pm[p0 + j]);
-    float L = 0.0f;
-    if (M != -INFINITY)
-        for (int j = 0; j < n_splits; j++) L += parts.pl[p0 + j] * expf(parts.pm[p0 + j] - M);
-    for (int i = threadIdx.x; i < a.d; i += blockDim.x) {
-        float acc = 0.0f;
-        if (M != -INFINITY)
-            for (int j = 0; j < n_splits; j++)
-                acc += parts.pacc[(p0 + j) * a.d + i] * expf(parts.pm[p0 + j] - M);
-        oh[i] = L > 0.0f ? acc / L : 0.0f;
     }
 }
 
@@ -484,10 +291,11 @@ static int64_t flash_n_vis(const kvcu_flash_job *j)
     return j->n_keys > j->k_begin ? j->n_keys - j->k_begin : 0;
 }
 
+/* v4's ranges (the scratch keeps at least one). */
 static int flash_splits(const kvcu_flash_job *j)
 {
-    const int64_t n = flash_n_vis(j);
-    return n == 0 ? 1 : (int)((n + KVCU_FLASH_SPLIT_KEYS - 1) / KVCU_FLASH_SPLIT_KEYS);
+    const int n = attn_n_splits(flash_n_vis(j));
+    return n > 0 ? n : 1;
 }
 
 size_t kvcu_flash_scratch(int version, const kvcu_flash_job *j)
@@ -553,10 +361,12 @@ static flash_args flash_args_of(const kvcu_flash_job *j)
     a.H_kv = j->c->n_kv_heads;
     a.d = j->c->head_dim;
     a.slot = j->slot;
-    a.q_pos0 = j->q_pos0;
     a.k_begin = j->k_begin;
-    a.n_keys = j->n_keys;
-    a.causal = j->causal;
+    /* query t at q_pos0 + t when causal (it sees up to itself), else every query as if at
+     * n_keys - 1; keys from k_begin, never past n_keys */
+    const attn_rows rows = {NULL, NULL, NULL, j->slot, j->causal ? 1 : 0,
+                            j->causal ? j->q_pos0 : j->n_keys - 1, j->k_begin, j->n_keys};
+    a.rows = rows;
     a.scale = 1.0f / sqrtf((float)a.d);
     return a;
 }
@@ -565,7 +375,7 @@ static flash_args flash_args_of(const kvcu_flash_job *j)
 static cudaError_t flash_launch(int version, const kvcu_flash_job *j, float *scratch)
 {
     const flash_args a = flash_args_of(j);
-    const int G = a.H / a.H_kv;
+    const int G = kv_heads_group(a.H, a.H_kv);
     cudaError_t e = cudaSuccess;
     if (version == 1) {
         flash_scores sc;
@@ -592,29 +402,15 @@ static cudaError_t flash_launch(int version, const kvcu_flash_job *j, float *scr
     const int GC = flash_group_rows(G, a.d), BK = flash_tile_keys(GC, a.d);
     const int per_t = a.H_kv * (int)kv_ceil_div(G, GC); /* blocks of one query */
     const size_t smem = flash_smem_bytes(GC, a.d, BK);
-    if (version == 3) {
-        dim3 grid(a.T, per_t);
-        KV_LAUNCH(flash_kernel_v3, grid, FLASH_THREADS, smem, 0, a, GC, BK);
-        return cudaGetLastError();
-    }
-    const int n_splits = flash_splits(j);
-    const flash_parts parts = flash_parts_of(scratch, a.T, a.H, n_splits);
+    /* v3: one part, normalized in place; v4: the ranges, then the engine's merge */
+    const int n_splits = version == 4 ? flash_splits(j) : 1;
+    attn_parts parts = {NULL, NULL, NULL, 1};
+    if (version == 4) parts = attn_parts_at(scratch, a.T, a.H, n_splits);
     dim3 grid((unsigned)((int64_t)a.T * per_t), n_splits);
-    KV_LAUNCH(flash_kernel_v4, grid, FLASH_THREADS, smem, 0, a, parts, n_splits, GC, BK);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    dim3 grid2(a.T, a.H);
-    KV_LAUNCH(flash_merge_kernel, grid2, FLASH_THREADS, 0, 0, a, parts, n_splits);
+    KV_LAUNCH(flash_kernel_v3, grid, FLASH_THREADS, smem, 0, a, parts, GC, BK);
+    if ((e = cudaGetLastError()) != cudaSuccess || version == 3) return e;
+    kvcu_attn_merge_launch(a.out, a.src, a.rows, parts, a.T, a.H, a.d);
     return cudaGetLastError();
-}
-
-/* cudaMalloc as a status. A failed allocation is also recorded as the runtime's last error;
- * it is cleared here, or the next launch check would report it again. */
-static int flash_alloc(void **p, size_t bytes, kv_err *err)
-{
-    cudaError_t e = cudaMalloc(p, bytes);
-    if (e != cudaSuccess) (void)cudaGetLastError();
-    KV_CUDA_TRY(e, err);
-    return KV_OK;
 }
 
 int kvcu_flash_attention(int version, const kvcu_flash_job *j, float *scratch, kv_err *err)
@@ -622,18 +418,19 @@ int kvcu_flash_attention(int version, const kvcu_flash_job *j, float *scratch, k
     int st = flash_check(version, j, err);
     if (st) return st;
     if (j->T == 0) return KV_OK;
-    if (version == 4 && (int64_t)j->T * j->c->n_kv_heads *
-                                kv_ceil_div(j->n_heads / j->c->n_kv_heads,
-                                            flash_group_rows(j->n_heads / j->c->n_kv_heads,
-                                                             j->c->head_dim)) >= ((int64_t)1 << 31))
-        return kv_fail(err, KV_ERR_ARG, "kvcu_flash_attention: v4 grid too large (T %d)", j->T);
+    const int G = kv_heads_group(j->n_heads, j->c->n_kv_heads);
+    if (version >= 3 && (int64_t)j->T * j->c->n_kv_heads *
+                                kv_ceil_div(G, flash_group_rows(G, j->c->head_dim)) >=
+                            ((int64_t)1 << 31))
+        return kv_fail(err, KV_ERR_ARG, "kvcu_flash_attention: v%d grid too large (T %d)",
+                       version, j->T);
     if (flash_splits(j) > 65535)
         return kv_fail(err, KV_ERR_ARG, "kvcu_flash_attention: %lld keys need more than 65535 "
                        "ranges of %d", (long long)(j->n_keys - j->k_begin), KVCU_FLASH_SPLIT_KEYS);
     const size_t need = kvcu_flash_scratch(version, j);
     float *own = NULL; /* the scratch, when the caller gave none */
     if (need && !scratch) {
-        st = flash_alloc((void **)&own, need * sizeof(float), err);
+        st = kvcu_device_alloc((void **)&own, need * sizeof(float), err);
         if (st) return st;
         scratch = own;
     }
@@ -672,7 +469,8 @@ int kvcu_flash_bytes(int version, const kvcu_flash_job *j, kv_flash_stats *st, k
     int s = flash_check(version, j, err);
     if (s) return s;
     memset(st, 0, sizeof *st);
-    const int H = j->n_heads, Hkv = j->c->n_kv_heads, G = H / Hkv, d = j->c->head_dim, T = j->T;
+    const int H = j->n_heads, Hkv = j->c->n_kv_heads, G = kv_heads_group(H, Hkv);
+    const int d = j->c->head_dim, T = j->T;
     const int64_t n_vis = flash_n_vis(j);
     double kv = 0.0;
     st->q_bytes = (int64_t)T * H * d * 4;
@@ -702,143 +500,5 @@ int kvcu_flash_bytes(int version, const kvcu_flash_job *j, kv_flash_stats *st, k
             st->out_bytes = (int64_t)H * T * (2 * (int64_t)flash_splits(j) * (d + 2) + d) * 4;
     }
     st->kv_bytes = (int64_t)llround(kv);
-    return KV_OK;
-}
-
-/* ---- timing ---------------------------------------------------------------------------------- */
-
-static int cmp_double(const void *x, const void *y)
-{
-    const double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
-}
-
-/* Median of @p repeats event-timed runs of fn(arg) after one warm-up; 0 or a status. */
-typedef int (*flash_timed_fn)(void *arg, kv_err *err);
-
-static int time_events(flash_timed_fn fn, void *arg, int repeats, double *seconds, kv_err *err)
-{
-    if (repeats < 1)
-        return kv_fail(err, KV_ERR_ARG, "timing: repeats %d (at least 1)", repeats);
-    double *t = (double *)malloc((size_t)repeats * sizeof(double));
-    if (!t) return kv_fail(err, KV_ERR_NOMEM, "timing: %d repeats", repeats);
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    cudaError_t ce = cudaEventCreate(&e0);
-    if (ce == cudaSuccess) ce = cudaEventCreate(&e1);
-    int st = ce == cudaSuccess ? fn(arg, err) : KV_OK; /* warm-up */
-    for (int r = 0; r < repeats && ce == cudaSuccess && !st; r++) {
-        float ms = 0.0f;
-        ce = cudaEventRecord(e0, 0);
-        if (ce == cudaSuccess) st = fn(arg, err);
-        if (ce == cudaSuccess && !st) ce = cudaEventRecord(e1, 0);
-        if (ce == cudaSuccess && !st) ce = cudaEventSynchronize(e1);
-        if (ce == cudaSuccess && !st) ce = cudaEventElapsedTime(&ms, e0, e1);
-        t[r] = ms * 1e-3;
-    }
-    if (ce == cudaSuccess && !st) {
-        qsort(t, (size_t)repeats, sizeof(double), cmp_double);
-        *seconds = repeats % 2 ? t[repeats / 2] : 0.5 * (t[repeats / 2 - 1] + t[repeats / 2]);
-    }
-    free(t);
-    cudaError_t d0 = e0 ? cudaEventDestroy(e0) : cudaSuccess;
-    cudaError_t d1 = e1 ? cudaEventDestroy(e1) : cudaSuccess;
-    if (st) return st;
-    KV_CUDA_TRY(ce, err);
-    KV_CUDA_TRY(d0, err);
-    KV_CUDA_TRY(d1, err);
-    return KV_OK;
-}
-
-typedef struct {
-    int version;
-    const kvcu_flash_job *j;
-    float *scratch;
-} flash_call;
-
-static int flash_call_fn(void *arg, kv_err *err)
-{
-    const flash_call *c = (const flash_call *)arg;
-    return kvcu_flash_attention(c->version, c->j, c->scratch, err);
-}
-
-int kvcu_flash_time(int version, const kvcu_flash_job *j, float *scratch, int repeats,
-                    double *seconds, kv_err *err)
-{
-    int st = flash_check(version, j, err);
-    if (st) return st;
-    const size_t need = kvcu_flash_scratch(version, j);
-    float *own = NULL; /* allocated once here, so cudaMalloc is not what is timed */
-    if (need && !scratch) {
-        st = flash_alloc((void **)&own, need * sizeof(float), err);
-        if (st) return st;
-        scratch = own;
-    }
-    flash_call c = {version, j, scratch};
-    st = time_events(flash_call_fn, &c, repeats, seconds, err);
-    cudaError_t f = own ? cudaFree(own) : cudaSuccess;
-    if (st) return st;
-    KV_CUDA_TRY(f, err);
-    return KV_OK;
-}
-
-/* Each thread sums float4s with a grid stride; the block's sum goes to sink[block] so the
- * loads cannot be optimized away. */
-__global__ void read_bandwidth_kernel(const float4 *x, size_t n, float *sink)
-{
-    KV_DYNAMIC_SMEM(float, red); /* [32] */
-    float s = 0.0f;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        const float4 v = x[i];
-        s += (v.x + v.y) + (v.z + v.w);
-    }
-    s = kv_block_sum(s, red);
-    if (threadIdx.x == 0) sink[blockIdx.x] = s;
-}
-
-typedef struct {
-    const float4 *x;
-    size_t n;
-    float *sink;
-    int blocks;
-} read_call;
-
-static int read_call_fn(void *arg, kv_err *err)
-{
-    const read_call *c = (const read_call *)arg;
-    KV_LAUNCH(read_bandwidth_kernel, c->blocks, 256, KV_WARP * sizeof(float), 0, c->x, c->n,
-              c->sink);
-    KV_CUDA_TRY_LAUNCH(err);
-    return KV_OK;
-}
-
-int kvcu_read_bandwidth(size_t bytes, int repeats, double *bytes_per_s, kv_err *err)
-{
-    if (bytes == 0) bytes = (size_t)1 << 30;
-    const size_t n = bytes / sizeof(float4);
-    if (n == 0) return kv_fail(err, KV_ERR_ARG, "kvcu_read_bandwidth: %zu bytes", bytes);
-    int sms = 0;
-    KV_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), err);
-    read_call c;
-    c.n = n;
-    c.blocks = (sms > 0 ? sms : 1) * 8;
-    float4 *x = NULL;
-    float *sink = NULL;
-    int st = flash_alloc((void **)&x, n * sizeof(float4), err);
-    if (st) return st;
-    st = flash_alloc((void **)&sink, (size_t)c.blocks * sizeof(float), err);
-    cudaError_t ce = st ? cudaSuccess : cudaMemset(x, 0, n * sizeof(float4));
-    double sec = 0.0;
-    if (!st && ce == cudaSuccess) {
-        c.x = x;
-        c.sink = sink;
-        st = time_events(read_call_fn, &c, repeats, &sec, err);
-    }
-    cudaError_t f0 = cudaFree(x), f1 = sink ? cudaFree(sink) : cudaSuccess;
-    if (st) return st;
-    KV_CUDA_TRY(ce, err);
-    KV_CUDA_TRY(f0, err);
-    KV_CUDA_TRY(f1, err);
-    *bytes_per_s = sec > 0.0 ? (double)(n * sizeof(float4)) / sec : 0.0;
     return KV_OK;
 }

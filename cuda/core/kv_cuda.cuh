@@ -40,6 +40,17 @@
                            cudaGetErrorString(kv_e_));                                      \
     } while (0)
 
+/** cudaMalloc as a status. A failed allocation is also recorded as the runtime's last error;
+ * it is cleared here, or the next launch check would report it (and a retry after the
+ * memory is freed would fail) again. */
+static inline int kvcu_device_alloc(void **p, size_t bytes, kv_err *err)
+{
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    KV_CUDA_TRY(e, err);
+    return KV_OK;
+}
+
 /** After KV_LAUNCH: check the launch configuration was accepted. */
 #define KV_CUDA_TRY_LAUNCH(err) KV_CUDA_TRY(cudaGetLastError(), err)
 

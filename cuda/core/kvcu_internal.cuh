@@ -12,6 +12,7 @@
 
 #include "kv_cuda.cuh"
 #include "kvcu.h"
+#include "kv_heads.h"
 
 /* The device cache: the same spec and the same layout as the CPU's kv_cache (planes placed
  * by kv_cache_layout()), so a chapter's figure of the memory holds for both. Slot lengths
@@ -130,7 +131,7 @@ int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const in
  * v3's partition results [T][H][ceil(capacity / 512)][d + 2]. */
 size_t kvcu_attention_scratch(int T, int n_heads, int head_dim, int capacity);
 
-/* ---- reading a layer of the cache in kernels (cuda/attention/kvcu_attention.cu, cuda/attention/kvcu_flash.cu) ------
+/* ---- reading a layer of the cache in kernels (cuda/attention/kvcu_attention.cu, kvcu_flash.cu)
  * The one attention family reads K and V through these: a layer's planes and tables passed
  * by value, a kv_head_view per (slot, KV head), and an element loader with the fused
  * dequantization of every format. */
@@ -171,14 +172,85 @@ __device__ inline float kv_ld(const kv_head_view &hv, const float *f32, int64_t 
     return kvq_decode_element(hv.fmt, hv.role, hv.codes, hv.meta, r, i, hv.d, hv.scale);
 }
 
-/* Layer @p layer of a device cache. */
-/* Chapter 09 (cuda/engine/kvcu_retain.cu): attn_list_kernel in kvcu_attention.cu, the attention family's
- * selected-set member, launched on grid (n_kv_heads, rows); the arguments are the kernel's. */
+/* Chapter 09 (cuda/engine/kvcu_retain.cu): attn_list_kernel in kvcu_attention.cu, the attention
+ * family's selected-set member, launched on grid (n_kv_heads, rows); the arguments are the
+ * kernel's. */
 void kvcu_attn_list_launch(int n_kv_heads, int rows, int threads, size_t smem, float *out,
                            const float *q, attn_src src, float *att, float *sums, const int *off,
                            const int *cnt, const int *lists, int slot, int r0, int j0, int n,
                            int n_heads, int head_dim, int stride);
 
+/* ---- the rows of a launch, and the split-KV decode's ranges (kvcu_attention.cu, kvcu_flash.cu)
+ * Launch row t computes token row tr = row_of[t] (a prefill wave lists its rows), or t. Its
+ * query sits at position tok_pos[tr] of slot tok_slot[tr] (a batch of sequences), or, with
+ * tok_slot NULL, at pos0 + t·step of slot slot0 (one decode token: step 0; chapter 08's job
+ * of consecutive queries: step 1). It attends the indices [k_begin, min(n, n_keys)) of the
+ * positions it retains, n = kv_window_count(): the engine's rows take them all (k_begin 0,
+ * n_keys unbounded); a chapter 08 job starts at its k_begin and stops at its n_keys. */
+typedef struct {
+    const int *tok_slot, *tok_pos; /* device [rows], or NULL */
+    const int *row_of;             /* device [T], or NULL */
+    int slot0, step;
+    int64_t pos0, k_begin, n_keys;
+} attn_rows;
+
+/* What launch row t computes: token row tr of slot `slot`, query position tpos, retained
+ * indices p0 .. p1 - 1 (p1 == p0: no key; its output is zeros). */
+typedef struct {
+    int tr, slot;
+    int64_t tpos, p0, p1;
+} attn_span;
+
+__device__ inline attn_span attn_span_of(const attn_src &src, const attn_rows &rs, int t)
+{
+    attn_span r;
+    r.tr = rs.row_of ? rs.row_of[t] : t;
+    r.slot = rs.tok_slot ? rs.tok_slot[r.tr] : rs.slot0;
+    r.tpos = rs.tok_slot ? (int64_t)rs.tok_pos[r.tr] : rs.pos0 + (int64_t)t * rs.step;
+    const int64_t n = kv_window_count(src.keep_w, src.keep_s, r.tpos);
+    r.p0 = rs.k_begin;
+    r.p1 = n < rs.n_keys ? n : rs.n_keys;
+    if (r.p1 < r.p0) r.p1 = r.p0;
+    return r;
+}
+
+/* Split-KV (flash-decoding): a row's indices are cut into ranges of KVCU_FLASH_SPLIT_KEYS,
+ * one block per (row, KV head, range), each leaving its heads' partial state (max m, exp-sum
+ * l, unnormalized output o) in an attn_parts; attn_merge_kernel (kvcu_attention.cu) then
+ * combines each head's ranges. The engine's v3 and chapter 08's v4 both end there. */
+static inline KV_HD int attn_n_splits(int64_t n)
+{
+    return n > 0 ? (int)((n + KVCU_FLASH_SPLIT_KEYS - 1) / KVCU_FLASH_SPLIT_KEYS) : 0;
+}
+
+/* Range @p part of row r: [*lo, *hi); 0 when the row has no such range. */
+__device__ inline int attn_split_span(const attn_span &r, int part, int64_t *lo, int64_t *hi)
+{
+    *lo = r.p0 + (int64_t)part * KVCU_FLASH_SPLIT_KEYS;
+    *hi = r.p1 - *lo < KVCU_FLASH_SPLIT_KEYS ? r.p1 : *lo + KVCU_FLASH_SPLIT_KEYS;
+    return *lo < r.p1;
+}
+
+/* The partial states of a split launch of T rows: pm, pl [T][H][n_parts] each range's max
+ * and exp-sum, po [T][H][n_parts][d] its unnormalized output, at @p base. */
+typedef struct {
+    float *pm, *pl, *po;
+    int n_parts;
+} attn_parts;
+
+static inline KV_HD attn_parts attn_parts_at(float *base, int T, int n_heads, int n_parts)
+{
+    const size_t n = (size_t)T * n_heads * n_parts;
+    attn_parts p = {base, base + n, base + 2 * n, n_parts};
+    return p;
+}
+
+/* The merge, on grid (T, H): out [rows][H][d] of each launch row from its ranges' partial
+ * states (attn_merge_kernel). */
+void kvcu_attn_merge_launch(float *out, const attn_src &src, const attn_rows &rows,
+                            const attn_parts &parts, int T, int n_heads, int head_dim);
+
+/* Layer @p layer of a device cache. */
 static inline attn_src cache_src(const kvcu_cache *c, int layer)
 {
     attn_src s;
@@ -265,7 +337,7 @@ __device__ inline int kv_int_keys(const kv_head_view &kh, const float *rope_cs)
     return !rope_cs && kh.fmt == KV_QF_INT8 && kvq_row_group(kh.fmt, kh.role, kh.d) == kh.d;
 }
 
-/* ---- chapter 07: asynchronous block I/O (kvcu_cache_paged.cu) -------------------------------------------
+/* ---- chapter 07: asynchronous block I/O (kvcu_cache_paged.cu) --------------------------------
  * A copy stream with up to KVCU_IO_JOBS jobs in flight, each ended by an event; the backend
  * (kvcu_backend.cu) exposes them as read_blocks_async / write_blocks_async / io_wait. Tickets
  * increase from 1; an empty list gets ticket 0 (nothing to wait for). */
