@@ -6,7 +6,7 @@
  *    the fp32 tolerances of kv_test.h;
  *  - GQA on the GPU equals the GPU's own duplicated-MHA run (v2 with G > 1 vs v1 on copies);
  *  - an MQA group too large for v2's shared memory (H 128, d 128) falls back to v1 and is
- *    still right; version 3 is refused;
+ *    still right; version 4 is refused;
  *  - the engine (kvcu_forward, v2 inside) matches kv_forward() on an H = 8 model pooled to
  *    G = 4 and G = 8, over a prefill of 150 tokens and 4 decode steps;
  *  - (emulation) a device too full for a version's scratch: KV_ERR_NOMEM, and once memory is
