@@ -27,6 +27,17 @@ int cmd_stream(int argc, char **argv);   /* stream.c */
 int cmd_serve(int argc, char **argv);    /* serve.c */
 int cmd_spec(int argc, char **argv);     /* spec.c */
 int cmd_tp(int argc, char **argv);       /* tp.c */
+int cmd_eval(int argc, char **argv);     /* eval.c */
+
+/* `--model trained` (trained.c): datasets/models/kjv.*, checked against its SHA256SUMS */
+#define KV_CLI_PATH_MAX 4096
+#define KV_TRAINED_NAME "kjv"
+typedef struct {
+    char model[KV_CLI_PATH_MAX + 64], tokenizer[KV_CLI_PATH_MAX + 64], heldout[KV_CLI_PATH_MAX + 64];
+} kv_cli_trained_files;
+/** Find the shipped model (under $KVLAB_DATASETS, else the source tree's datasets/) and check
+ *  the checkpoint's and the tokenizer's SHA-256: KV_ERR_FORMAT names a corrupt file. */
+int kv_cli_trained(kv_cli_trained_files *t, kv_err *err);
 
 /** Exit code for a library status: bad input (ARG, IO, FORMAT, UNSUPPORTED) 2, else 1. */
 int kv_cli_exit_code(int status);

@@ -34,7 +34,7 @@ int cmd_generate(int argc, char **argv)
     kv_cli_layout lo = {"contiguous", 0, 0};
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
-        {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint", 0},
+        {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint, or `trained`: the model kvlab ships (datasets/models/, with its tokenizer)", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded model (default tiny)", 0},
         {"--tokenizer", KV_OPT_STRING, &tok_path, 0, 0, NULL, "FILE", "llama2.c tokenizer.bin (defaults: the embedded byte tokenizer)", 0},
         {"--prompt", KV_OPT_STRING, &text, 0, 0, NULL, "TEXT", "prompt text (needs a tokenizer; default: BOS only)", 0},
@@ -57,6 +57,14 @@ int cmd_generate(int argc, char **argv)
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     if (model_path && def) return kv_args_bad(cmd, "--model", "give either --model or --default, not both");
+    kv_cli_trained_files trained;
+    if (model_path && strcmp(model_path, "trained") == 0) {
+        kv_err terr = {{0}};
+        int ts = kv_cli_trained(&trained, &terr);
+        if (ts) return kv_cli_fail(cmd, "--model trained", ts, &terr);
+        model_path = trained.model;
+        if (!tok_path) tok_path = trained.tokenizer;
+    }
     if (!model_path && !def) def = "tiny";
     if (text && !tok_path && model_path)
         return kv_args_bad(cmd, "--prompt", "a model file needs --tokenizer FILE to encode the prompt");

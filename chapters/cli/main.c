@@ -31,6 +31,7 @@ static const kv_subcommand commands[] = {
     {"stream", cmd_stream, "an endless stream through a sliding-window cache: memory and tokens/s stay flat"},
     {"spec", cmd_spec, "speculative decoding: draft k tokens, verify in one step, roll back the rejected K/V"},
     {"tp", cmd_tp, "tensor-parallel heads: P ranks as threads, per-rank cache, all-reduces per layer"},
+    {"eval", cmd_eval, "perplexity of a model over a text file under any cache (eval ppl)"},
     /* a new subcommand: its own file, and one row here */
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);

@@ -1,0 +1,302 @@
+/*
+ * The shipped trained model (datasets/models/, trained by tools/train/train.py) against what
+ * the trainer recorded at export (kjv.check, kjv.logits), and the `--model trained` path:
+ *
+ *   tokenizer   kvlab encodes the fixed prompt to exactly the trainer's ids (the trainer's
+ *               ids are kvlab's: tools/train/tokenizer.py)
+ *   logits      kv_forward's logits after every prompt token equal PyTorch's fp32 logits within
+ *               |diff| <= 1e-4 + 1e-4 |ref|: two fp32 evaluations of the same math, differing in
+ *               summation order only (logits of magnitude ~10, sums of a few hundred products)
+ *   perplexity  kv_eval_ppl over the held-out text (windows of seq_len, stride seq_len - 1, as
+ *               the trainer defines it) equals the trainer's own fp32 value within 1e-3
+ *               relative, over the same number of predicted tokens
+ *   caches      on the first 300 held-out tokens (windows of 100): naive recompute, cached in
+ *               chunks of 1 and of 64, paged, and a sliding window W >= the window length all
+ *               give the same perplexity within 1e-6 relative (the engine promises equal
+ *               logits for each row; only the order of the NLL sum could differ)
+ *   CLI         `kvlab generate --model trained` prints words; a flipped byte or a truncated
+ *               checkpoint, a corrupt tokenizer, and a missing SHA256SUMS each give exit 2 and
+ *               a message naming the problem (the SHA-256 is checked before anything is read)
+ *
+ * Usage: test_trained <kvlab> <datasets dir>
+ *        test_trained <kvlab> --smoke <python3> <tools/train/train.py>   (label `train`):
+ *        a 20-step run of the trainer, then the same checks on what it wrote (no CLI part);
+ *        exit 77 (skipped) when python3 lacks torch/sentencepiece or `bible` is missing
+ */
+#define _GNU_SOURCE
+#include "kv_backend.h"
+#include "kv_checkpoint.h"
+#include "kv_eval.h"
+#include "kv_file.h"
+#include "kv_test.h"
+#include "kv_test_cli.h"
+#include "kv_tokenizer.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <string.h>
+
+static char models[PATH_MAX + 16];
+
+static const char *model_file(const char *name)
+{
+    static char p[2][PATH_MAX + 96];
+    static int k = 0;
+    k ^= 1;
+    snprintf(p[k], sizeof p[k], "%s/%s", models, name);
+    return p[k];
+}
+
+/* what the trainer recorded (kjv.check) */
+typedef struct {
+    long heldout_tokens;
+    double heldout_nll;
+    char prompt_text[512];
+    int prompt_ids[256], n_prompt;
+} check_values;
+
+static int read_check(check_values *c)
+{
+    memset(c, 0, sizeof *c);
+    FILE *f = fopen(model_file("kjv.check"), "r");
+    if (!f) return 0;
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "heldout_tokens %ld", &c->heldout_tokens) == 1) continue;
+        if (sscanf(line, "heldout_nll %lf", &c->heldout_nll) == 1) continue;
+        if (strncmp(line, "prompt_text ", 12) == 0) {
+            snprintf(c->prompt_text, sizeof c->prompt_text, "%.500s", line + 12);
+            c->prompt_text[strcspn(c->prompt_text, "\n")] = '\0';
+        } else if (strncmp(line, "prompt_ids ", 11) == 0) {
+            char *p = line + 11, *end;
+            c->n_prompt = (int)strtol(p, &end, 10);
+            if (c->n_prompt < 1 || c->n_prompt > 256) c->n_prompt = 0;
+            for (int i = 0; i < c->n_prompt; i++) c->prompt_ids[i] = (int)strtol(p = end, &end, 10);
+        }
+    }
+    fclose(f);
+    return c->heldout_tokens > 0 && c->n_prompt > 0 && c->prompt_text[0];
+}
+
+static void test_logits(const kv_model *m, const kv_tokenizer *tok, const check_values *c)
+{
+    int ids[600], n = 0;
+    kv_err err = {{0}};
+    KV_CHECK(kv_tokenizer_encode(tok, c->prompt_text, 1, 0, ids, &n, &err) == KV_OK, "%s", err.msg);
+    int same = n == c->n_prompt;
+    for (int i = 0; same && i < n; i++) same = ids[i] == c->prompt_ids[i];
+    KV_CHECK(same, "kvlab encodes the prompt to %d ids, the trainer recorded %d (or they differ)",
+             n, c->n_prompt);
+
+    const int V = m->config.vocab_size, T = c->n_prompt;
+    size_t bytes = 0;
+    float *ref = (float *)slurp(model_file("kjv.logits"), &bytes); /* [T][V] */
+    KV_CHECK(ref && bytes == sizeof(float) * (size_t)T * (size_t)V,
+             "kjv.logits holds %zu bytes, expected %d x %d floats", bytes, T, V);
+    float *got = malloc(sizeof(float) * (size_t)T * (size_t)V); /* [T][V] */
+    kv_cache_spec spec = kv_cache_spec_default(1, m->config.seq_len);
+    kv_backend *b = NULL;
+    if (ref && got && bytes == sizeof(float) * (size_t)T * (size_t)V &&
+        kv_backend_cpu(&b, m, &spec, &err) == KV_OK) {
+        kv_seq s = {0, 0, T, c->prompt_ids, got};
+        KV_CHECK(b->forward(b, &s, 1, NULL, NULL, &err) == KV_OK, "forward: %s", err.msg);
+        KV_CHECK(kv_test_compare("logits", got, ref, (long)T * V, 1e-4, 1e-4) == 0,
+                 "kvlab's logits differ from the trainer's");
+        float worst = 0.0f;
+        for (long i = 0; i < (long)T * V; i++) worst = fmaxf(worst, fabsf(got[i] - ref[i]));
+        printf("logits: %d tokens x %d, max |kvlab - PyTorch| = %.3g\n", T, V, (double)worst);
+    }
+    kv_backend_destroy(b);
+    free(got);
+    free(ref);
+}
+
+/* perplexity of ids[0..n) under spec, with o */
+static double ppl_of(const kv_model *m, kv_cache_spec spec, const int *ids, long n,
+                     kv_ppl_opts o, long *predicted)
+{
+    kv_backend *b = NULL;
+    kv_err err = {{0}};
+    kv_ppl_result r = {0};
+    int st = kv_backend_cpu(&b, m, &spec, &err);
+    if (!st) st = kv_eval_ppl(b, ids, n, &o, &r, &err);
+    KV_CHECK(st == KV_OK, "kv_eval_ppl: %s", err.msg);
+    kv_backend_destroy(b);
+    if (predicted) *predicted = r.n_predicted;
+    return st ? NAN : r.ppl;
+}
+
+static void test_ppl(const kv_model *m, const kv_tokenizer *tok, const check_values *c)
+{
+    char *text = NULL;
+    size_t len = 0;
+    kv_err err = {{0}};
+    if (kv_file_read_text(model_file("kjv-heldout.txt"), 1 << 24, &text, &len, &err)) {
+        KV_CHECK(0, "held-out text: %s", err.msg);
+        return;
+    }
+    int *ids = malloc(sizeof(int) * (len + 3)), n = 0;
+    KV_CHECK(kv_tokenizer_encode(tok, text, 1, 0, ids, &n, &err) == KV_OK, "%s", err.msg);
+    const int T = m->config.seq_len;
+
+    /* the shipped number: every held-out token, as the trainer evaluated it */
+    long predicted = 0;
+    double t0 = kv_now();
+    double ppl = ppl_of(m, kv_cache_spec_default(1, T), ids, n, (kv_ppl_opts){T, 64, 0, 0, NULL, NULL},
+                        &predicted);
+    double want = exp(c->heldout_nll);
+    printf("held-out perplexity: kvlab %.6f, trainer %.6f (%ld tokens, %.1f s)\n", ppl, want,
+           predicted, kv_now() - t0);
+    KV_CHECK(predicted == c->heldout_tokens, "kvlab predicted %ld held-out tokens, the trainer %ld",
+             predicted, c->heldout_tokens);
+    KV_CHECK(fabs(ppl - want) <= 1e-3 * want, "held-out perplexity %.6f vs the trainer's %.6f",
+             ppl, want);
+
+    /* cached = naive = paged = a window that never evicts, on a short stretch */
+    const long N = 300;
+    const int W = 100;
+    kv_ppl_opts cached = {W, 64, 0, 0, NULL, NULL}, one = {W, 1, 0, 0, NULL, NULL},
+                naive = {W, 1, 1, 0, NULL, NULL};
+    kv_cache_spec contiguous = kv_cache_spec_default(1, W), paged = contiguous, window = contiguous;
+    paged.layout = KV_LAYOUT_PAGED;
+    paged.block_size = 16;
+    paged.n_blocks = (W + 15) / 16;
+    window.window = W;
+    double base = ppl_of(m, contiguous, ids, N, cached, NULL);
+    struct { const char *name; double v; } alt[] = {
+        {"naive recompute", ppl_of(m, contiguous, ids, N, naive, NULL)},
+        {"cached, one token per step", ppl_of(m, contiguous, ids, N, one, NULL)},
+        {"paged, blocks of 16", ppl_of(m, paged, ids, N, cached, NULL)},
+        {"sliding window W = T", ppl_of(m, window, ids, N, cached, NULL)},
+    };
+    for (int i = 0; i < 4; i++)
+        KV_CHECK(fabs(alt[i].v - base) <= 1e-6 * base, "%s: perplexity %.9f, cached %.9f",
+                 alt[i].name, alt[i].v, base);
+    printf("first %ld tokens, windows of %d: perplexity %.6f cached = naive = paged = window\n",
+           N, W, base);
+    free(ids);
+    free(text);
+}
+
+/* copy the shipped files into dir/datasets/models, with kjv.bin or the tokenizer damaged */
+static void copy_models(const char *damage)
+{
+    char cmd[8 * PATH_MAX];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/datasets' && mkdir -p '%s/datasets/models' && "
+             "cp '%s'/kjv.bin '%s'/kjv-tokenizer.bin '%s'/SHA256SUMS '%s/datasets/models/'%s%s",
+             dir, dir, models, models, models, dir, damage[0] ? " && " : "", damage);
+    KV_CHECK(system(cmd) == 0, "could not copy the model: %s", cmd);
+}
+
+static void test_cli(const char *datasets)
+{
+    /* the shipped model from the real datasets/ folder */
+    setenv("KVLAB_DATASETS", datasets, 1);
+    result r = run_in(dir, (const char *const[]){"generate", "--model", "trained", "--prompt",
+                                                 "And God said", "--steps", "24", NULL});
+    int letters = 0;
+    for (const char *p = r.out; p && *p; p++) letters += isalpha((unsigned char)*p) != 0;
+    KV_CHECK(r.rc == 0 && r.out && strncmp(r.out, "And God said", 12) == 0 && letters > 30,
+             "generate --model trained: exit %d, stdout '%s', stderr %s", r.rc, r.out, r.err);
+    if (r.rc == 0) printf("generate --model trained: %s", r.out);
+    free(r.out);
+    free(r.err);
+
+    /* damaged copies: the checksum names the file before the reader sees it */
+    char scratch[PATH_MAX];
+    snprintf(scratch, sizeof scratch, "%s/datasets", dir);
+    setenv("KVLAB_DATASETS", scratch, 1);
+    copy_models("");
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/models/kjv.bin", scratch);
+    FILE *f = fopen(path, "r+b"); /* one byte inside the weights, inverted */
+    int byte = f && fseek(f, 4096, SEEK_SET) == 0 ? fgetc(f) : EOF;
+    KV_CHECK(byte != EOF && fseek(f, 4096, SEEK_SET) == 0 && fputc(~byte & 0xff, f) != EOF,
+             "could not damage %s", path);
+    if (f) fclose(f);
+    char cmd[PATH_MAX + 256];
+    CLI_BAD("kjv.bin|corrupt or truncated|SHA-256", "generate", "--model", "trained");
+    CLI_BAD("kjv.bin|corrupt or truncated", "eval", "ppl", "--model", "trained");
+    snprintf(cmd, sizeof cmd, "truncate -s -4 '%s/datasets/models/kjv.bin'", dir);
+    copy_models(cmd);
+    CLI_BAD("kjv.bin|corrupt or truncated", "generate", "--model", "trained");
+    snprintf(cmd, sizeof cmd, "printf 'x' >> '%s/datasets/models/kjv-tokenizer.bin'", dir);
+    copy_models(cmd);
+    CLI_BAD("kjv-tokenizer.bin|corrupt or truncated", "generate", "--model", "trained");
+    snprintf(cmd, sizeof cmd, "rm '%s/datasets/models/SHA256SUMS'", dir);
+    copy_models(cmd);
+    CLI_BAD("SHA256SUMS|KVLAB_DATASETS", "generate", "--model", "trained");
+    /* an intact copy works from anywhere: nothing but the three files is needed */
+    copy_models("");
+    r = run_in(dir, (const char *const[]){"generate", "--model", "trained", "--steps", "4", NULL});
+    KV_CHECK(r.rc == 0, "an intact copy: exit %d, stderr %s", r.rc, r.err);
+    free(r.out);
+    free(r.err);
+    unsetenv("KVLAB_DATASETS");
+}
+
+/* --smoke: train 20 steps of a tiny model into the scratch folder (laid out as datasets/),
+ * then hold what the trainer wrote to the same checks; 77 (skip) without its tools */
+static int smoke(const char *python, const char *train_py, char *datasets, size_t n)
+{
+    char cmd[8 * PATH_MAX];
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import torch, sentencepiece, numpy' 2>/dev/null", python);
+    if (system(cmd) != 0) {
+        printf("skipped: '%s' lacks torch, sentencepiece or numpy (tools/train/README.md)\n", python);
+        return KV_TEST_SKIP;
+    }
+    if (system("command -v bible >/dev/null 2>&1") != 0) {
+        printf("skipped: the `bible` program (Debian bible-kjv, bible-kjv-text) is missing\n");
+        return KV_TEST_SKIP;
+    }
+    snprintf(datasets, n, "%s/smoke", dir);
+    snprintf(cmd, sizeof cmd, "'%s' '%s' --smoke --out '%s/models' && cp '%s/models/build-train/"
+             "heldout.txt' '%s/models/kjv-heldout.txt'", python, train_py, datasets, datasets, datasets);
+    fflush(stdout);
+    int rc = system(cmd);
+    KV_CHECK(rc == 0, "the smoke run failed (exit %d): %s", rc, cmd);
+    return rc == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    int is_smoke = argc >= 5 && strcmp(argv[2], "--smoke") == 0;
+    if (argc < 3 || (strcmp(argv[2], "--smoke") == 0 && !is_smoke)) {
+        fprintf(stderr, "usage: %s <kvlab> <datasets dir>\n"
+                        "       %s <kvlab> --smoke <python3> <tools/train/train.py>\n", argv[0], argv[0]);
+        return 2;
+    }
+    kv_test_cli_init(argc, argv);
+    char datasets[PATH_MAX];
+    snprintf(datasets, sizeof datasets, "%s", argv[2]);
+    if (is_smoke) {
+        int rc = smoke(argv[3], argv[4], datasets, sizeof datasets);
+        if (rc) {
+            cleanup();
+            return rc == KV_TEST_SKIP ? rc : kv_test_finish();
+        }
+    }
+    snprintf(models, sizeof models, "%s/models", datasets);
+    check_values c;
+    kv_model m = {0};
+    kv_tokenizer tok;
+    memset(&tok, 0, sizeof tok);
+    kv_err err = {{0}};
+    KV_CHECK(read_check(&c), "cannot read %s", model_file("kjv.check"));
+    int ok = kv_checkpoint_read(model_file("kjv.bin"), &m, &err) == KV_OK;
+    KV_CHECK(ok, "%s", err.msg);
+    ok = ok && kv_tokenizer_read(model_file("kjv-tokenizer.bin"), m.config.vocab_size, &tok, &err) == KV_OK;
+    KV_CHECK(ok, "%s", err.msg);
+    if (ok && c.n_prompt) {
+        char desc[160];
+        kv_config_describe(&m.config, desc, sizeof desc);
+        printf("model: %s, %lld parameters\n", desc, (long long)kv_config_param_count(&m.config));
+        test_logits(&m, &tok, &c);
+        test_ppl(&m, &tok, &c);
+        if (!is_smoke) test_cli(datasets); /* a 20-step model's text is not words yet */
+    }
+    kv_tokenizer_free(&tok);
+    kv_model_free(&m);
+    cleanup();
+    return kv_test_finish();
+}
