@@ -267,8 +267,8 @@ int main(int argc, char **argv)
         return 2;
     }
     kv_test_cli_init(argc, argv);
-    char datasets[PATH_MAX];
-    snprintf(datasets, sizeof datasets, "%s", argv[2]);
+    char datasets[PATH_MAX]; /* absolute: kvlab runs in the scratch folder */
+    if (!realpath(argv[2], datasets)) snprintf(datasets, sizeof datasets, "%s", argv[2]);
     if (is_smoke) {
         int rc = smoke(argv[3], argv[4], datasets, sizeof datasets);
         if (rc) {
