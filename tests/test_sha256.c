@@ -6,7 +6,7 @@
  * kv_sha256_file on a written file equals the in-memory digest, a missing file is KV_ERR_IO.
  */
 #include "kv_sha256.h"
-#include "kv_test.h"
+#include "common/kv_test.h"
 
 #include <string.h>
 #include <unistd.h>

@@ -28,8 +28,8 @@
 #include "kv_checkpoint.h"
 #include "kv_eval.h"
 #include "kv_file.h"
-#include "kv_test.h"
-#include "kv_test_cli.h"
+#include "common/kv_test.h"
+#include "common/kv_test_cli.h"
 #include "kv_tokenizer.h"
 
 #include <ctype.h>
