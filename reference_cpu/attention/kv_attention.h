@@ -1,6 +1,6 @@
 /**
  * @file kv_attention.h
- * The one attention family (DESIGN.md §2), CPU reference.
+ * The one attention family (docs/design.md §5), CPU reference.
  *
  * kv_attn_decode() is the math on plain arrays; kv_attention() reads a ::kv_cache through
  * its spec and calls the right member of the family: fp32 rows directly, any chapter 04
