@@ -123,10 +123,18 @@ int kvcu_cache_speculate(kvcu_cache *c, int slot, int max_tokens, kv_err *err);
  * does after a step and a CPU caller does by assigning c->len[slot]. KV_ERR_ARG for a slot
  * out of range or len outside [0, capacity]. */
 int kvcu_cache_commit_length(kvcu_cache *c, int slot, int len, kv_err *err);
-/** Chapter 09: the host-side selection state of a cache built with spec.select != 0
- * (kv_retain.h), or NULL. Written by kvcu_forward() exactly as kv_forward() writes the CPU
- * cache's c->retain. */
+/** Chapter 09: the host-side selection state of a cache built by kvcu_retain_cache_create()
+ * with spec.select != 0 (kv_retain.h), or NULL. Written by kvcu_forward() exactly as
+ * kv_forward() writes the CPU cache's c->retain. */
 struct kv_retain *kvcu_cache_retain(const kvcu_cache *c);
+/** kv_retain_cache_create() on the device: kvcu_cache_create(), and when the spec selects the
+ * host-side retention state beside it (the engine composes the two; the cache knows nothing
+ * of eviction). Nothing left allocated on an error. */
+int kvcu_retain_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spec *spec,
+                             kv_err *err);
+/** Free a cache from kvcu_retain_cache_create(): its retention state and scratch, then the
+ * cache (NULL is fine). */
+void kvcu_retain_cache_free(kvcu_cache *c);
 /**
  * kv_retain_attend() on the device (chapter 09): steps 1-5 of kv_retain.h for one sequence of
  * a step, every KV head of @p layer, after its rows were written to @p c. q [n][H][d] and

@@ -190,10 +190,10 @@ static void test_attend(const kv_config *cfg, int dtype, const method_case *mc)
     float *q = malloc(sizeof(float) * UP * H * d), *oc = malloc(sizeof(float) * UP * H * d);
     float *og = malloc(sizeof(float) * UP * H * d);
     float *dk = NULL, *dv = NULL, *dq = NULL, *dout = NULL;
-    int ok = kv_cache_create(&c, cfg, &spec, &e) == KV_OK;
+    int ok = kv_retain_cache_create(&c, cfg, &spec, &e) == KV_OK;
     KV_CHECK(ok, "%s: kv_cache_create: %s", what, e.msg);
     if (!ok) goto out;
-    ok = kvcu_cache_create(&g, cfg, &spec, &e) == KV_OK &&
+    ok = kvcu_retain_cache_create(&g, cfg, &spec, &e) == KV_OK &&
          kvcu_malloc((void **)&dk, sizeof(float) * UP * HK * d, &e) == KV_OK &&
          kvcu_malloc((void **)&dv, sizeof(float) * UP * HK * d, &e) == KV_OK &&
          kvcu_malloc((void **)&dq, sizeof(float) * UP * H * d, &e) == KV_OK &&
@@ -250,8 +250,8 @@ done:
     kvcu_free(dv);
     kvcu_free(dq);
     kvcu_free(dout);
-    kvcu_cache_free(g);
-    kv_cache_free(&c);
+    kvcu_retain_cache_free(g);
+    kv_retain_cache_free(&c);
 out:
     free(k);
     free(v);
@@ -274,10 +274,10 @@ static void test_stream(const kv_model *m, const kvcu_model *gm, int dtype, cons
     kv_state_init(&st);
     kvcu_cache *g = NULL;
     kvcu_state *gs = NULL;
-    int ok = kv_cache_create(&c, &m->config, &spec, &e) == KV_OK;
+    int ok = kv_retain_cache_create(&c, &m->config, &spec, &e) == KV_OK;
     KV_CHECK(ok, "%s: kv_cache_create: %s", what, e.msg);
     if (!ok) return;
-    ok = kvcu_cache_create(&g, &m->config, &spec, &e) == KV_OK &&
+    ok = kvcu_retain_cache_create(&g, &m->config, &spec, &e) == KV_OK &&
          kvcu_state_create(&gs, &e) == KV_OK;
     KV_CHECK(ok, "%s: device cache: %s", what, e.msg);
     const kv_retain *rc = c.retain, *rg = ok ? kvcu_cache_retain(g) : NULL;
@@ -349,9 +349,9 @@ static void test_stream(const kv_model *m, const kvcu_model *gm, int dtype, cons
         KV_CHECK(steps == DEC + 1, "%s: every step compared (%d of %d)", what, steps, DEC + 1);
 done:
     kv_state_free(&st);
-    kv_cache_free(&c);
+    kv_retain_cache_free(&c);
     kvcu_state_free(gs);
-    kvcu_cache_free(g);
+    kvcu_retain_cache_free(g);
 }
 
 /* ---- a batch of two sequences == each alone ------------------------------------------------ */
@@ -375,7 +375,7 @@ static void test_batch(const kvcu_model *gm, const kv_config *cfg, const method_
     kvcu_cache *gb = NULL, *ga[2] = {NULL, NULL};
     kvcu_state *gs = NULL;
     float lb[2 * 2 * V], la[2 * 2 * V]; /* [step][seq][V] */
-    int ok = kvcu_cache_create(&gb, cfg, &two, &e) == KV_OK && kvcu_state_create(&gs, &e) == KV_OK;
+    int ok = kvcu_retain_cache_create(&gb, cfg, &two, &e) == KV_OK && kvcu_state_create(&gs, &e) == KV_OK;
     const int len[2] = {N0, N1};
     for (int step = 0; ok && step < 2; step++) {
         const kv_seq b[2] = {{0, step ? N0 : 0, step ? 1 : N0, tok[0] + (step ? N0 : 0)},
@@ -383,7 +383,7 @@ static void test_batch(const kvcu_model *gm, const kv_config *cfg, const method_
         ok = kvcu_forward(gm, gb, gs, b, 2, lb + (size_t)step * 2 * V, NULL, &e) == KV_OK;
     }
     for (int i = 0; ok && i < 2; i++) {
-        ok = kvcu_cache_create(&ga[i], cfg, &one, &e) == KV_OK;
+        ok = kvcu_retain_cache_create(&ga[i], cfg, &one, &e) == KV_OK;
         for (int step = 0; ok && step < 2; step++) {
             const int p0 = step ? len[i] : 0;
             const kv_seq a = {0, p0, step ? 1 : len[i], tok[i] + p0};
@@ -411,9 +411,9 @@ static void test_batch(const kvcu_model *gm, const kv_config *cfg, const method_
         KV_CHECK(same, "%s: each slot's kept lists == its sequence's alone", what);
         KV_CHECK(evicted == 2, "%s: both sequences evicted", what);
     }
-    kvcu_cache_free(gb);
-    kvcu_cache_free(ga[0]);
-    kvcu_cache_free(ga[1]);
+    kvcu_retain_cache_free(gb);
+    kvcu_retain_cache_free(ga[0]);
+    kvcu_retain_cache_free(ga[1]);
     kvcu_state_free(gs);
 }
 
@@ -426,7 +426,7 @@ static int gpu_logits(const kvcu_model *gm, const kv_config *cfg, const kv_cache
 {
     kvcu_cache *g = NULL;
     kvcu_state *gs = NULL;
-    int rc = kvcu_cache_create(&g, cfg, spec, e);
+    int rc = kvcu_retain_cache_create(&g, cfg, spec, e);
     if (!rc) rc = kvcu_state_create(&gs, e);
     for (int step = 0, pos = 0; !rc && step <= DEC; step++) {
         const int n = step ? 1 : P;
@@ -435,7 +435,7 @@ static int gpu_logits(const kvcu_model *gm, const kv_config *cfg, const kv_cache
         pos += n;
     }
     kvcu_state_free(gs);
-    kvcu_cache_free(g);
+    kvcu_retain_cache_free(g);
     return rc;
 }
 
@@ -505,10 +505,10 @@ static void test_refusals(const kv_config *cfg)
         kv_err ec, eg;
         kv_cache c;
         kvcu_cache *g = NULL;
-        const int a = kv_cache_create(&c, cfg, &bad[i].s, &ec);
-        if (a == KV_OK) kv_cache_free(&c);
-        const int b = kvcu_cache_create(&g, cfg, &bad[i].s, &eg);
-        kvcu_cache_free(g);
+        const int a = kv_retain_cache_create(&c, cfg, &bad[i].s, &ec);
+        if (a == KV_OK) kv_retain_cache_free(&c);
+        const int b = kvcu_retain_cache_create(&g, cfg, &bad[i].s, &eg);
+        kvcu_retain_cache_free(g);
         same_refusal(bad[i].what, a, &ec, b, &eg);
     }
 
@@ -517,10 +517,10 @@ static void test_refusals(const kv_config *cfg)
     kv_cache c;
     kvcu_cache *g = NULL;
     kv_err ec, eg;
-    int ok = kv_cache_create(&c, cfg, &s, &ec) == KV_OK;
+    int ok = kv_retain_cache_create(&c, cfg, &s, &ec) == KV_OK;
     KV_CHECK(ok, "retention cache: %s", ec.msg);
     if (!ok) return;
-    ok = kvcu_cache_create(&g, cfg, &s, &eg) == KV_OK;
+    ok = kvcu_retain_cache_create(&g, cfg, &s, &eg) == KV_OK;
     KV_CHECK(ok, "device retention cache: %s", eg.msg);
     if (ok) {
         int a = kv_cache_truncate(&c, 0, 0, &ec), b = kvcu_cache_truncate(g, 0, 0, &eg);
@@ -532,18 +532,18 @@ static void test_refusals(const kv_config *cfg)
         b = kvcu_cache_set_length(g, 0, 0, &eg);
         same_refusal("set_length", a, &ec, b, &eg);
     }
-    kvcu_cache_free(g);
-    kv_cache_free(&c);
+    kvcu_retain_cache_free(g);
+    kv_retain_cache_free(&c);
 
     /* kvcu_retain_attend on a cache without retention */
     const kv_cache_spec plain = retain_spec(KV_QF_F32, NULL);
     g = NULL;
-    ok = kvcu_cache_create(&g, cfg, &plain, &eg) == KV_OK;
+    ok = kvcu_retain_cache_create(&g, cfg, &plain, &eg) == KV_OK;
     KV_CHECK(ok && kvcu_cache_retain(g) == NULL, "plain device cache has no retention state");
     if (ok)
         KV_CHECK(kvcu_retain_attend(g, 0, 0, 0, 1, NULL, NULL, &eg) == KV_ERR_ARG,
                  "kvcu_retain_attend without retention is KV_ERR_ARG");
-    kvcu_cache_free(g);
+    kvcu_retain_cache_free(g);
 }
 
 int main(void)

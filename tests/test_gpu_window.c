@@ -15,6 +15,8 @@
  *    table. Against the CPU's kv_attention() it agrees within kv_test.h's fp32 tolerance (the
  *    dot products and sums run in another order on the GPU, as in every GPU-vs-CPU test);
  *  - v3 past one 512-position partition (S+W = 604) the same, and within tolerance of v2;
+ *  - one write of more tokens than the ring holds (two land in one ring row): the device keeps
+ *    the later token's row, as the CPU's in-order write does, byte for byte;
  *  - the forward pass: kvcu_forward with prefill chunks longer than S+W (waves) equals itself
  *    fed token by token and the paged device cache equals the contiguous one, bit for bit
  *    (per-row arithmetic that does not depend on the batch); its logits are within the fp32
@@ -294,6 +296,41 @@ static void test_grid(void)
     check_case(KV_QF_INT8, 1, 16, 600, 4, KV_POS_ORIGINAL, lens, 5);
 }
 
+/* One write of more tokens than the window holds: positions p and p + W of the launch share a
+ * ring row. The CPU writes in order, so the later token's row (its codes and, for int8, its
+ * scales) is what stays; the device skips the superseded token instead of letting two blocks
+ * race for the row, and holds the same bytes. */
+static void test_wide_write(void)
+{
+    const kv_config cfg = attn_config();
+    const int W = 5, S = 2, n = 3 * W + S + 2;
+    const int fmts[] = {KV_QF_F32, KV_QF_INT8};
+    float *k = malloc(sizeof(float) * (size_t)n * HKV * D), *v = malloc(sizeof(float) * (size_t)n * HKV * D);
+    for (long i = 0; i < (long)n * HKV * D; i++) {
+        k[i] = kv_rng_normal(&rng);
+        v[i] = kv_rng_normal(&rng);
+    }
+    float *dk = dev_floats(k, (size_t)n * HKV * D), *dv = dev_floats(v, (size_t)n * HKV * D);
+    for (int f = 0; f < 2 && dk && dv; f++)
+        for (int paged = 0; paged < 2; paged++) {
+            const kv_cache_spec s = window_spec(fmts[f], paged, 4, W, S, KV_POS_ORIGINAL, 64);
+            kv_err e;
+            pair p;
+            int rc = pair_create(&p, &cfg, &s, &e);
+            if (!rc) rc = kv_cache_write_seq(&p.cpu, 0, 0, 0, n, k, v, &e);
+            if (!rc) rc = kvcu_cache_write_seq(p.gpu, 0, 0, 0, n, dk, dv, &e);
+            KV_CHECK(!rc && same_bytes(&p, "one write past the window"),
+                     "%s %s: %d tokens in one write through a ring of %d + %d sinks: device "
+                     "bytes == CPU bytes (%s)", kv_quant_name(fmts[f]),
+                     paged ? "paged" : "contiguous", n, W, S, rc ? e.msg : "ok");
+            pair_free(&p);
+        }
+    kvcu_free(dk);
+    kvcu_free(dv);
+    free(k);
+    free(v);
+}
+
 /* Specs and refusals: the device takes what the CPU takes, refuses what it refuses. */
 static void test_specs(void)
 {
@@ -531,6 +568,7 @@ int main(void)
     const double t0 = kv_now();
     test_specs();
     test_grid();
+    test_wide_write();
     const double t1 = kv_now();
     test_forward();
     printf("test_gpu_window: %.1f s (caches and kernels %.1f s, engine %.1f s)\n",

@@ -99,7 +99,7 @@ static int run(const kv_model *m, const kv_cache_spec *spec, int n_prompt, int c
     kv_cache c;
     kv_state s;
     kv_err e;
-    if (kv_cache_create(&c, &m->config, spec, &e)) {
+    if (kv_retain_cache_create(&c, &m->config, spec, &e)) {
         KV_CHECK(0, "kv_cache_create: %s", e.msg);
         return -1;
     }
@@ -117,7 +117,7 @@ static int run(const kv_model *m, const kv_cache_spec *spec, int n_prompt, int c
     if (rc) KV_CHECK(0, "kv_forward: %s", e.msg);
     kv_state_free(&s);
     if (keep) *keep = c;
-    else kv_cache_free(&c);
+    else kv_retain_cache_free(&c);
     return rc ? -1 : steps;
 }
 
@@ -183,7 +183,7 @@ static int synth_make(synth *s, const kv_cache_spec *spec, int L, int cap, uint6
     g->seq_len = cap;
     kv_config_set_defaults(g);
     kv_err e;
-    if (kv_cache_create(&s->c, g, spec, &e)) {
+    if (kv_retain_cache_create(&s->c, g, spec, &e)) {
         KV_CHECK(0, "synth cache: %s", e.msg);
         return 0;
     }
@@ -197,7 +197,7 @@ static int synth_make(synth *s, const kv_cache_spec *spec, int L, int cap, uint6
 
 static void synth_free(synth *s)
 {
-    kv_cache_free(&s->c);
+    kv_retain_cache_free(&s->c);
     free(s->k);
     free(s->v);
     free(s->q);
@@ -536,7 +536,7 @@ static void test_poison(const kv_model *m)
         for (long j = 0; n2 > 0 && j < (long)n2 * V; j++) finite &= isfinite(b[j]) != 0;
         if (n2 > 0) {
             for (int p = 0; p < c.len[0]; p++) poisoned += isnan(kv_cache_k(&c, 1, 0, 1)[p * c.head_dim]);
-            kv_cache_free(&c);
+            kv_retain_cache_free(&c);
         }
         KV_CHECK(n1 > 0 && n1 == n2 && finite && poisoned > 20 &&
                      !memcmp(a, b, (size_t)n1 * V * sizeof(float)),
@@ -576,7 +576,7 @@ static void test_bytes(const kv_model *m)
                      "bytes after eviction: %lld rows, %lld bytes; the heads' sum %lld, %lld",
                      (long long)got.rows, (long long)got.total, (long long)want.rows,
                      (long long)want.total);
-            kv_cache_free(&c);
+            kv_retain_cache_free(&c);
         }
     }
     /* nothing evicted, the slot full: codes and scales = the slot's share of the cache */
@@ -594,7 +594,7 @@ static void test_bytes(const kv_model *m)
                  "%s: a full slot's kept bytes %lld - %lld != half of kv_cache_bytes %zu",
                  kv_dtype_name(dtypes[i]), (long long)got.total, (long long)got.index_bytes,
                  kv_cache_bytes(&c));
-        kv_cache_free(&c);
+        kv_retain_cache_free(&c);
     }
     free(lg);
 }
@@ -632,8 +632,8 @@ static void test_threads(const kv_model *m)
                      kv_select_method_name(meth), (long long)x->rows_read,
                      (long long)x->rows_full);
         }
-        if (n1 > 0) kv_cache_free(&ca);
-        if (n2 > 0) kv_cache_free(&cb);
+        if (n1 > 0) kv_retain_cache_free(&ca);
+        if (n2 > 0) kv_retain_cache_free(&cb);
     }
     omp_set_num_threads(threads);
     kv_parallel_ignore_load(0);
@@ -649,10 +649,10 @@ static void expect_refused(const kv_model *m, kv_cache_spec s, int want, const c
     kv_cache c;
     kv_err e;
     memset(&e, 0, sizeof e);
-    const int rc = kv_cache_create(&c, &m->config, &s, &e);
+    const int rc = kv_retain_cache_create(&c, &m->config, &s, &e);
     KV_CHECK(rc == want && strstr(e.msg, word), "%s: got %d (%s), want %d naming \"%s\"", what,
              rc, e.msg, want, word);
-    if (!rc) kv_cache_free(&c);
+    if (!rc) kv_retain_cache_free(&c);
 }
 
 static void test_refusals(const kv_model *m)

@@ -81,7 +81,7 @@ static int ch09_kept_csv(FILE *f, int len, kv_err *err)
         kv_select_set reads = {0};
         const int cap = len + 2 * CH09_DEPTHS;
         if ((rc = kv_needle_cache_spec(name, 1, cap, &cs, err))) break;
-        if ((rc = kv_cache_create(&c, &cut.config, &cs, err))) break;
+        if ((rc = kv_retain_cache_create(&c, &cut.config, &cs, err))) break;
         kv_state_init(&s);
         for (int done = 0; done < len && !rc; done += CH09_CHUNK) {
             kv_seq q = {0, done, CH09_CHUNK, tokens + done};
@@ -114,7 +114,7 @@ static int ch09_kept_csv(FILE *f, int len, kv_err *err)
         }
         kv_select_set_free(&reads);
         kv_state_free(&s);
-        kv_cache_free(&c);
+        kv_retain_cache_free(&c);
     }
     kv_model_free(&m);
     return rc;

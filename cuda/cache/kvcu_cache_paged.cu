@@ -20,8 +20,7 @@
 #include <string.h>
 
 #include "kv_quant.h"
-#include "kv_retain.h"
-#include "kvcu_internal.cuh"
+#include "kvcu_cache_internal.cuh"
 
 #define COPY_THREADS 128
 
@@ -53,7 +52,7 @@ int kvcu_cache_set_blocks(kvcu_cache *c, int slot, const int *blocks, int n, kv_
 
 int kvcu_cache_fork_slot(kvcu_cache *c, int dst, int src, kv_err *err)
 {
-    if (c && c->retain) /* chapter 09: kv_cache_fork_slot()'s refusal, in its words */
+    if (c && c->spec.select) /* chapter 09: kv_cache_fork_slot()'s refusal, in its words */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_fork_slot: a cache with %s "
                        "retention keeps per-sequence selection state that a fork would not "
                        "copy", kv_select_method_name(c->spec.select));
@@ -86,7 +85,7 @@ int kvcu_cache_fork_slot(kvcu_cache *c, int dst, int src, kv_err *err)
 
 int kvcu_cache_set_length(kvcu_cache *c, int slot, int len, kv_err *err)
 {
-    if (c && c->retain) /* chapter 09: kv_cache_set_length()'s refusal, in its words */
+    if (c && c->spec.select) /* chapter 09: kv_cache_set_length()'s refusal, in its words */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_set_length: a cache with %s "
                        "retention would adopt rows its selection state never saw",
                        kv_select_method_name(c->spec.select));
@@ -511,4 +510,37 @@ int kvcu_cache_write_blocks_async(kvcu_cache *c, kvcu_io *io, const kv_block_cop
 {
     return io_issue(c, io, pairs, n, (uint8_t *)host, block_bytes, 0, ticket,
                     "kvcu_cache_write_blocks_async", err);
+}
+
+int kvcu_cache_write_slots(kvcu_cache *c, int layer, const int64_t *slots, int n, const float *k,
+                           const float *v, kv_err *err)
+{
+    if (!c || !c->tables)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_slots: the cache is not paged");
+    if (layer < 0 || layer >= c->n_layers || n < 0 || (n > 0 && (!slots || !k || !v)))
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_slots: layer %d, %d tokens", layer, n);
+    const int fmt = c->fmt[layer];
+    if (kvq_is_fp8(fmt) || kvq_is_kivi(fmt)) /* the CPU's refusal, in its words */
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_write_slots: layer %d stores %s, "
+                       "whose scales or window belong to a sequence, not to a slot",
+                       layer, kv_quant_name(fmt));
+    for (int i = 0; i < n; i++)
+        if (slots[i] >= c->rows)
+            return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_slots: token %d goes to slot %lld, "
+                           "outside the pool's %d rows", i, (long long)slots[i], c->rows);
+    if (n == 0) return KV_OK;
+    int64_t *ds = NULL; /* [n] the mapping, on the device */
+    cudaError_t e = cudaMalloc(&ds, (size_t)n * sizeof(int64_t));
+    if (e == cudaSuccess) e = cudaMemcpy(ds, slots, (size_t)n * sizeof(int64_t), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        cudaFree(ds);
+        return kv_fail(err, e == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE,
+                       "kvcu_cache_write_slots: %s", cudaGetErrorString(e));
+    }
+    const int rc = kvcu_cache_encode_slots(c, layer, ds, n, k, v, err);
+    e = cudaFree(ds); /* waits for the kernel */
+    if (rc) return rc;
+    return e == cudaSuccess ? KV_OK
+                            : kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_write_slots: %s",
+                                      cudaGetErrorString(e));
 }

@@ -271,7 +271,7 @@ static inline attn_src cache_src(const kvcu_cache *c, int layer)
     return s;
 }
 
-/** Free kvcu_retain_attend()'s scratch (NULL is fine); kvcu_cache_free() calls it. */
+/** Free kvcu_retain_attend()'s scratch (NULL is fine); kvcu_retain_cache_free() calls it. */
 void kvcu_retain_scratch_free(struct kvcu_retain_scratch *s);
 
 /* ---- reductions ------------------------------------------------------------------------

@@ -8,6 +8,7 @@
  */
 #include <stdlib.h>
 
+#include "kv_retain.h"
 #include "kvcu_internal.cuh"
 
 typedef struct {
@@ -36,8 +37,10 @@ static int cuda_forward(kv_backend *b, const kv_seq *seqs, int n_seqs, float *lo
 
 static void cuda_reset(kv_backend *b, int slot)
 {
+    kvcu_cache *c = ((cuda_impl *)b->impl)->cache;
     if (b->mem) kv_paged_release(b->mem, slot, NULL); /* the table, then the cache's slot */
-    else kvcu_cache_reset(((cuda_impl *)b->impl)->cache, slot);
+    else kvcu_cache_reset(c, slot);
+    kv_retain_reset_slot(kvcu_cache_retain(c), slot); /* chapter 09's state, beside the cache */
 }
 
 static int cuda_length(kv_backend *b, int slot)
@@ -159,7 +162,7 @@ static void cuda_destroy(kv_backend *b)
         kv_paged_destroy(p->mem.paged);
         kvcu_io_free(p->io); /* waits for copies in flight into the cache */
         kvcu_state_free(p->state);
-        kvcu_cache_free(p->cache);
+        kvcu_retain_cache_free(p->cache);
         kvcu_model_free(p->model);
         free(p);
     }
@@ -185,7 +188,7 @@ int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_
     b->impl = p;
     b->destroy = cuda_destroy;
     if ((rc = kvcu_model_upload(&p->model, model, err)) ||
-        (rc = kvcu_cache_create(&p->cache, &model->config, spec, err)) ||
+        (rc = kvcu_retain_cache_create(&p->cache, &model->config, spec, err)) ||
         (rc = kvcu_state_create(&p->state, err))) {
         cuda_destroy(b);
         return rc;

@@ -306,9 +306,13 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
                             c->head_dim, c->len, seqs, n_seqs, &T, err));
     if (c->tables) /* paged: every row written must fall in the slot's mapped blocks */
         KVCU_TRY(kvcu_paged_rows_check("kvcu_forward", c, seqs, n_seqs, err));
-    if (c->retain && sh) /* chapter 09's state is sized by the whole model's heads */
+    if (c->spec.select && sh) /* chapter 09's state is sized by the whole model's heads */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_forward: %s retention on a "
                        "tensor-parallel shard is not supported",
+                       kv_select_method_name(c->spec.select));
+    if (c->spec.select && !c->retain) /* the engine composes the two */
+        return kv_fail(err, KV_ERR_ARG, "kvcu_forward: the cache's spec selects with %s but it "
+                       "has no retention state (build it with kvcu_retain_cache_create())",
                        kv_select_method_name(c->spec.select));
     int logit_rows = n_seqs; /* rows of device logits: the last rows, or an all_logits chunk */
     for (int i = 0; i < n_seqs; i++)

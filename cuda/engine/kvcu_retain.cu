@@ -143,6 +143,31 @@ __global__ void retain_mass_kernel(double *mass, const float *att, const float *
 
 struct kv_retain *kvcu_cache_retain(const kvcu_cache *c) { return c ? c->retain : NULL; }
 
+int kvcu_retain_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spec *spec,
+                             kv_err *err)
+{
+    int rc = kvcu_cache_create(out, cfg, spec, err);
+    if (rc || spec->select == KV_SELECT_NONE) return rc;
+    kvcu_cache *c = *out;
+    rc = kv_retain_create(&c->retain, spec, c->n_layers, cfg->n_heads, c->n_kv_heads,
+                          c->head_dim, err);
+    if (rc) {
+        kvcu_cache_free(c);
+        *out = NULL;
+    }
+    return rc;
+}
+
+void kvcu_retain_cache_free(kvcu_cache *c)
+{
+    if (!c) return;
+    kv_retain_free(c->retain);
+    c->retain = NULL;
+    kvcu_retain_scratch_free(c->rscratch);
+    c->rscratch = NULL;
+    kvcu_cache_free(c);
+}
+
 
 /* Entries of the ascending @p pos [n] that are <= p. */
 static int count_upto(const int *pos, int n, int p)

@@ -67,87 +67,11 @@
 #include <stdint.h>
 
 #include "kv_block_table.h"
-#include "kv_config.h"
-#include "kv_quant_math.h"
-#include "kv_window.h"
+#include "kv_cache_spec.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/** Where a sequence's K/V rows live. */
-typedef enum {
-    KV_LAYOUT_CONTIGUOUS = 0, /**< one [capacity][d] row block per (layer, slot, kv head) */
-    KV_LAYOUT_PAGED = 1       /**< chapter 05: rows in a pool of blocks, found by block tables */
-} kv_layout;
-/** How a cached element is stored: the values are the ::kv_qformat formats of kv_quant.h. */
-typedef enum {
-    KV_DTYPE_F32 = KV_QF_F32 /**< fp32, b = 4; any other ::kv_qformat value is a quantized cache */
-} kv_dtype;
-
-/** How a cache is built: chosen by the caller, checked by kv_cache_create(). */
-typedef struct {
-    int layout;   /**< ::kv_layout */
-    int dtype;    /**< ::kv_qformat (KV_DTYPE_F32 = fp32) */
-    int n_slots;  /**< sequences the cache holds at once (the batch) */
-    int capacity; /**< tokens per sequence slot (N max); with a window, positions per slot
-                   *   (the stream's length bound), storage being min(capacity, S+W) rows */
-    /** Selective layers (chapter 04): bit l set = layer l stores @c dtype, the others fp16;
-     * 0 = every layer stores @c dtype. Models with more than 64 layers need 0. */
-    uint64_t dtype_layers;
-    int fp8_per_head; /**< fp8: 1 = one scale per kv head, 0 = one per tensor (layer's K or V) */
-    int kivi_window;  /**< KIVI: fp32 window of newest tokens, a multiple of 32; 0 = 128 */
-    int block_size;   /**< paged: tokens per block B (KIVI needs a multiple of 32) */
-    int n_blocks;     /**< paged: blocks in the pool N */
-    /* chapter 06: retention (kv_window.h). window 0 keeps every token (chapters 02-05). */
-    int window;     /**< W: recent tokens kept per sequence; 0 = keep all */
-    int n_sinks;    /**< S: first tokens kept forever (attention sinks); needs window > 0 */
-    int pos_scheme; /**< ::kv_pos_scheme: RoPE by original position (0) or cache index (1) */
-    /* chapter 09: selected-set retention (kv_retain.h). select 0 keeps and reads every token.
-     * Appended last: positional initializers of the fields above leave these 0. */
-    int select;              /**< ::kv_select_method */
-    int select_budget;       /**< B in tokens per (layer, KV head), or 0 to use select_ratio */
-    double select_ratio;     /**< B = ceil(ratio · n) of the n positions seen, when budget is 0 */
-    int select_window;       /**< W: recent positions always kept (SnapKV: observation window) */
-    int select_sinks;        /**< S: first positions always kept */
-    int select_dense_layers; /**< Quest, top-k: layers 0 .. this-1 read every position */
-} kv_cache_spec;
-
-/** Bytes one stored element takes (b), metadata included, at head dim @p d
- * (kv_quant_bytes_per_element()); 4 for fp32. */
-double kv_dtype_bytes_d(int dtype, int d);
-/** Whole bytes of one stored fp element (4 fp32, 2 fp16/bf16); 0 for the quantized formats,
- * whose b is fractional (use kv_dtype_bytes_d()). */
-size_t kv_dtype_bytes(int dtype);
-/** Name of a dtype ("fp32", "int8", "int4-kivi", ...). */
-const char *kv_dtype_name(int dtype);
-/** The format layer @p layer of a cache built from @p spec stores. */
-int kv_cache_spec_layer_dtype(const kv_cache_spec *spec, int layer);
-/** Average bytes per cached element over the @p n_layers layers of @p spec (selective layers
- * mix formats), metadata included: b of the memory formula. */
-double kv_cache_spec_bytes_per_element(const kv_cache_spec *spec, int n_layers, int d);
-/**
- * Why @p spec cannot be built for @p cfg: KV_ERR_UNSUPPORTED (layout, dtype, or a dtype's
- * shape rule such as KIVI's 32 | d, named) or KV_ERR_ARG; KV_OK when it can. Shared by the
- * CPU and CUDA caches so both refuse the same specs with the same words (@p who prefixes).
- * A cache that does not implement retention yet calls this one: a windowed spec
- * (window > 0) is refused with KV_ERR_UNSUPPORTED. kv_cache_spec_check_caps() with
- * KV_CACHE_CAN_WINDOW accepts it.
- */
-int kv_cache_spec_check(const char *who, const kv_config *cfg, const kv_cache_spec *spec,
-                        kv_err *err);
-
-/** Capabilities a cache implementation declares to kv_cache_spec_check_caps(). */
-#define KV_CACHE_CAN_WINDOW 1 /**< sliding window + sinks, both position schemes (chapter 06) */
-
-/**
- * kv_cache_spec_check() for a cache that implements the capabilities @p caps (a mask of
- * KV_CACHE_CAN_*): the CPU cache passes KV_CACHE_CAN_WINDOW. Window rules: window >= 0,
- * 0 <= n_sinks, sinks and the cache scheme need a window, S+W within the capacity limit;
- * KIVI with a window is KV_ERR_UNSUPPORTED.
- */
-int kv_cache_spec_check_caps(const char *who, const kv_config *cfg, const kv_cache_spec *spec,
-                             int caps, kv_err *err);
 
 /** One tensor (K or V) of one layer, quantized layout (see the file comment). Pointers are
  * host memory in a kv_cache and device memory in the CUDA twin. */
@@ -207,8 +131,10 @@ typedef struct {
     int rotary_dim;    /* the model's rotary dims (KV_POS_CACHE rotates keys at attention) */
     float *rope_cs;    /* KV_POS_CACHE: [S+W][rotary_dim/2][2] cos, sin of each cache index,
                         * computed as kv_rope() does; else NULL */
-    struct kv_retain *retain; /* chapter 09: what each (slot, layer, KV head) keeps and reads
-                               * (kv_retain.h), or NULL when spec.select is 0 */
+    struct kv_retain *retain; /* chapter 09: what each (slot, layer, KV head) keeps and reads,
+                               * owned by the engine (kv_retain_cache_create() in kv_retain.h
+                               * sets it, kv_retain_cache_free() frees it); the cache never
+                               * reads it; NULL otherwise */
     kv_undo *undo;     /* chapter 10: [n_slots] undo logs, allocated by the first
                         * kv_cache_speculate() of a windowed or KIVI cache, else NULL */
 } kv_cache;
@@ -291,8 +217,6 @@ static inline KV_HD kv_head_view kv_cache_plane_view_paged(const kv_cache_plane 
     return h;
 }
 
-/** A spec for @p n_slots sequences of @p capacity tokens, contiguous fp32. */
-kv_cache_spec kv_cache_spec_default(int n_slots, int capacity);
 
 /** Allocate a cache for a model config; unsupported spec -> KV_ERR_UNSUPPORTED, named. */
 int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec, kv_err *err);
@@ -368,6 +292,12 @@ size_t kv_cache_bytes(const kv_cache *c);
  */
 size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, int d,
                        uint8_t *base, kv_cache_plane *kp, kv_cache_plane *vp);
+
+/** Chapter 06, KV_POS_CACHE: cos and sin of every cache index 0 .. S+W-1 of @p spec's window,
+ * [S+W][rotary_dim/2][2] floats (kv_calloc()'ed, kv_free() it; *bytes its size), computed as
+ * kv_rope() computes them. Shared with the CUDA cache, so both rotate keys with the same bits.
+ * NULL when out of memory. */
+float *kv_cache_rope_table(const kv_config *cfg, const kv_cache_spec *spec, size_t *bytes);
 
 /** The view attention reads for (layer, slot, kv head), K (@p role KV_QROLE_KEY) or V. */
 kv_head_view kv_cache_view(const kv_cache *c, int layer, int slot, int kvh, int role);

@@ -1,5 +1,10 @@
-/* Chapter 05's operations on a paged KV cache (kv_cache.h, KV_LAYOUT_PAGED): the layout and
- * the writes are kv_cache.c's; here is what the block manager asks of the cache itself.
+/* Chapter 05's part of the cache (kv_cache.h, KV_LAYOUT_PAGED): rows in a pool of blocks.
+ *
+ * The pool's planes are laid out by kv_cache_layout() (kv_cache.c), head-major; a slot owns no
+ * rows, only its block table, and kv_cache_paged_row() is the layout's row locator: logical row
+ * r of a slot is pool row tables[r / B]·B + r % B. Every write goes through it
+ * (kv_cache_locate()), so each storage format, window and undo log works on pages unchanged.
+ * The rest is what the block manager asks of the cache itself:
  *
  *   kv_cache_set_blocks   map a slot's logical blocks to pool blocks (its block table)
  *   kv_cache_fork_slot    a second slot that reads the same blocks (parallel samples, beams)
@@ -11,11 +16,16 @@
  *
  * A block is B rows of every (layer, K/V, head) plane, so each operation is per-slot metadata
  * or, for the copy, B rows of codes and their metadata per plane. Read kv_cache.c first. */
-#include "kv_cache.h"
+#include "kv_cache_internal.h"
 #include "kv_quant.h"
-#include "kv_retain.h"
 
 #include <string.h>
+
+int64_t kv_cache_paged_row(const kv_cache *c, int slot, int64_t r)
+{
+    const int B = c->spec.block_size;
+    return (int64_t)c->tables[(size_t)slot * c->max_blocks + r / B] * B + r % B;
+}
 
 /* Every operation here needs a paged cache and a slot inside it. */
 static int paged_slot(const kv_cache *c, const char *who, int slot, kv_err *err)
@@ -62,7 +72,7 @@ int kv_cache_set_blocks(kv_cache *c, int slot, const int *blocks, int n, kv_err 
 
 int kv_cache_fork_slot(kv_cache *c, int dst, int src, kv_err *err)
 {
-    if (c && c->retain) /* chapter 09: the kept sets are per sequence, not per block */
+    if (c && c->spec.select) /* chapter 09: the kept sets are per sequence, not per block */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_fork_slot: a cache with %s "
                        "retention keeps per-sequence selection state that a fork would not "
                        "copy", kv_select_method_name(c->spec.select));
@@ -112,7 +122,7 @@ int kv_cache_check_length(const char *who, const kv_cache_spec *spec, const int 
 
 int kv_cache_set_length(kv_cache *c, int slot, int len, kv_err *err)
 {
-    if (c && c->retain) /* chapter 09: adopted rows were never seen by the selection */
+    if (c && c->spec.select) /* chapter 09: adopted rows were never seen by the selection */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_set_length: a cache with %s "
                        "retention would adopt rows its selection state never saw",
                        kv_select_method_name(c->spec.select));
@@ -277,11 +287,8 @@ int kv_cache_write_slots(kv_cache *c, int layer, const int64_t *slots, int n, co
             const int role = r ? KV_QROLE_VALUE : KV_QROLE_KEY;
             for (int h = 0; h < Hkv; h++) {
                 const float *x = (r ? v : k) + ((size_t)i * Hkv + h) * d;          /* [d] */
-                uint8_t *codes = p->codes + ((int64_t)h * c->rows + slots[i]) * p->row_bytes;
-                uint8_t *meta = p->meta ? (uint8_t *)p->meta + ((int64_t)h * p->meta_entries +
-                                          kvq_meta_index(fmt, role, slots[i], 0, d)) * 4
-                                        : NULL;
-                int rc = kv_quant_encode(fmt, role, x, 1, d, 1.0f, codes, meta, err);
+                const kv_row_loc at = {h, h, slots[i]}; /* no per-sequence scale to find */
+                int rc = kv_cache_row_encode(c, layer, p, role, at, x, err);
                 if (rc) return rc;
             }
         }

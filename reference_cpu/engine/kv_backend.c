@@ -2,6 +2,7 @@
  * a paged cache, its cache-memory services (kv_paged.h's kv_cache_mem), with a background
  * thread for the asynchronous block I/O of a host tier (chapter 07). */
 #include "kv_backend.h"
+#include "kv_retain.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -57,8 +58,10 @@ static int cpu_forward(kv_backend *b, const kv_seq *seqs, int n_seqs, float *log
 
 static void cpu_reset(kv_backend *b, int slot)
 {
+    kv_cache *c = &((cpu_impl *)b->impl)->cache;
     if (b->mem) kv_paged_release(b->mem, slot, NULL); /* the table, then the cache's slot */
-    else kv_cache_reset(&((cpu_impl *)b->impl)->cache, slot);
+    else kv_cache_reset(c, slot);
+    kv_retain_reset_slot(c->retain, slot); /* chapter 09's state, composed with the cache */
 }
 
 static int cache_length(const kv_cache *c, int slot)
@@ -284,7 +287,7 @@ static void cpu_destroy(kv_backend *b)
     if (p) {
         kv_paged_destroy(p->mem.paged);
         if (b->mem) io_shutdown(&p->io); /* before the cache it copies into goes */
-        kv_cache_free(&p->cache);
+        kv_retain_cache_free(&p->cache);
         kv_state_free(&p->state);
         free(p);
     }
@@ -303,7 +306,8 @@ int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec 
         free(p);
         return kv_fail(err, KV_ERR_NOMEM, "kv_backend_cpu: out of memory");
     }
-    int rc = kv_cache_create(&p->cache, &model->config, spec, err);
+    /* the engine composes the cache with chapter 09's retention state, when the spec asks */
+    int rc = kv_retain_cache_create(&p->cache, &model->config, spec, err);
     if (rc) {
         free(b);
         free(p);

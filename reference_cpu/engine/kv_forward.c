@@ -219,9 +219,13 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
         rc = kv_paged_batch_check("kv_forward", c->n_mapped, c->spec.block_size, seqs, n_seqs, err);
     if (!rc && c->tables && c->spec.window > 0)
         rc = window_paged_check(c, seqs, n_seqs, err);
-    if (!rc && c->retain && sh) /* chapter 09's state is sized by the whole model's heads */
+    if (!rc && c->spec.select && sh) /* chapter 09's state is sized by the whole model's heads */
         rc = kv_fail(err, KV_ERR_UNSUPPORTED, "kv_forward: %s retention on a tensor-parallel "
                      "shard is not supported", kv_select_method_name(c->spec.select));
+    if (!rc && c->spec.select && !c->retain) /* the engine composes the two */
+        rc = kv_fail(err, KV_ERR_ARG, "kv_forward: the cache's spec selects with %s but it has "
+                     "no retention state (build it with kv_retain_cache_create())",
+                     kv_select_method_name(c->spec.select));
     if (rc) return rc;
     rc = state_reserve(s, &m->config, T, n_seqs, err);
     if (rc) return rc;

@@ -20,86 +20,6 @@
 /* Rows of one step attended together before their probabilities are summed, in order. */
 #define RETAIN_CHUNK 32
 
-static const char *method_names[] = {"none", "l2-large", "l2-small", "h2o",
-                                     "snapkv", "quest", "topk"};
-
-const char *kv_select_method_name(int method)
-{
-    return method >= 0 && method <= KV_SELECT_TOPK ? method_names[method] : "unknown";
-}
-
-int kv_select_method_parse(const char *name)
-{
-    for (int i = 0; name && i <= KV_SELECT_TOPK; i++)
-        if (!strcmp(name, method_names[i])) return i;
-    return -1;
-}
-
-int kv_select_method_evicts(int method)
-{
-    return method == KV_SELECT_L2_LARGE || method == KV_SELECT_L2_SMALL ||
-           method == KV_SELECT_H2O || method == KV_SELECT_SNAPKV;
-}
-
-/* ---- the spec ----------------------------------------------------------------------------- */
-
-int kv_retain_spec_check(const char *who, const kv_cache_spec *spec, int n_layers, kv_err *err)
-{
-    (void)n_layers;
-    const int m = spec->select;
-    if (m == KV_SELECT_NONE) {
-        if (spec->select_budget || spec->select_ratio != 0.0 || spec->select_window ||
-            spec->select_sinks || spec->select_dense_layers)
-            return kv_fail(err, KV_ERR_ARG, "%s: selection fields set (budget %d, ratio %g, "
-                           "window %d, sinks %d, dense layers %d) without a selection method",
-                           who, spec->select_budget, spec->select_ratio, spec->select_window,
-                           spec->select_sinks, spec->select_dense_layers);
-        return KV_OK;
-    }
-    if (m < 0 || m > KV_SELECT_TOPK)
-        return kv_fail(err, KV_ERR_ARG, "%s: selection method %d is unknown (1 l2-large .. "
-                       "%d topk)", who, m, KV_SELECT_TOPK);
-    const char *name = kv_select_method_name(m);
-    if (spec->layout != KV_LAYOUT_CONTIGUOUS)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: %s retention on a paged cache: the kept "
-                       "set is per (layer, KV head), a block table per sequence (use the "
-                       "contiguous layout)", who, name);
-    if (spec->window > 0)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: %s retention with a sliding window "
-                       "(window %d): the ring overwrites rows the selection may keep (use "
-                       "select_window and select_sinks instead)", who, name, spec->window);
-    if (kvq_is_kivi(spec->dtype))
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: %s retention with %s: KIVI groups 32 rows "
-                       "that never move, a kept set evicts rows from the middle (use a "
-                       "per-token format)", who, name, kv_quant_name(spec->dtype));
-    if ((spec->select_budget > 0) == (spec->select_ratio != 0.0) || spec->select_budget < 0)
-        return kv_fail(err, KV_ERR_ARG, "%s: %s needs one budget: select_budget >= 1 tokens "
-                       "or 0 < select_ratio <= 1 (got %d and %g)", who, name,
-                       spec->select_budget, spec->select_ratio);
-    if (spec->select_budget == 0 && !(spec->select_ratio > 0.0 && spec->select_ratio <= 1.0))
-        return kv_fail(err, KV_ERR_ARG, "%s: %s ratio %g is outside (0, 1]", who, name,
-                       spec->select_ratio);
-    if (spec->select_window < 0 || spec->select_sinks < 0)
-        return kv_fail(err, KV_ERR_ARG, "%s: %s window %d and sinks %d must be >= 0", who,
-                       name, spec->select_window, spec->select_sinks);
-    if (spec->select_budget > 0 &&
-        (int64_t)spec->select_window + spec->select_sinks > spec->select_budget)
-        return kv_fail(err, KV_ERR_ARG, "%s: %s keeps %d sinks + %d recent positions, more "
-                       "than its budget of %d", who, name, spec->select_sinks,
-                       spec->select_window, spec->select_budget);
-    if (spec->select_dense_layers < 0)
-        return kv_fail(err, KV_ERR_ARG, "%s: %s dense layers %d must be >= 0", who, name,
-                       spec->select_dense_layers);
-    if (spec->select_dense_layers > 0 && kv_select_method_evicts(m))
-        return kv_fail(err, KV_ERR_ARG, "%s: %s evicts; dense layers (%d) apply to the "
-                       "query-aware methods only (quest, topk)", who, name,
-                       spec->select_dense_layers);
-    if (m == KV_SELECT_SNAPKV && spec->select_window < 1)
-        return kv_fail(err, KV_ERR_ARG, "%s: snapkv needs an observation window "
-                       "(select_window >= 1): its last queries vote", who);
-    return KV_OK;
-}
-
 /* ---- the state ---------------------------------------------------------------------------- */
 
 static int keeps_keys(int method) { return method == KV_SELECT_QUEST || method == KV_SELECT_TOPK; }
@@ -168,6 +88,25 @@ void kv_retain_reset_slot(kv_retain *r, int slot)
             hd->step_pos0 = hd->step_n = 0;
         }
     memset(&r->stats[slot], 0, sizeof r->stats[slot]);
+}
+
+int kv_retain_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec,
+                           kv_err *err)
+{
+    int rc = kv_cache_create(c, cfg, spec, err);
+    if (rc || spec->select == KV_SELECT_NONE) return rc;
+    rc = kv_retain_create(&c->retain, spec, c->n_layers, cfg->n_heads, c->n_kv_heads,
+                          c->head_dim, err);
+    if (rc) kv_cache_free(c);
+    return rc;
+}
+
+void kv_retain_cache_free(kv_cache *c)
+{
+    if (!c) return;
+    kv_retain_free(c->retain);
+    c->retain = NULL;
+    kv_cache_free(c);
 }
 
 int kv_retain_budget(const kv_retain *r, int n)

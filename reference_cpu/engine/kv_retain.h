@@ -3,8 +3,10 @@
  * Chapter 09: "selected set" retention — a cache whose attention reads, per (layer, KV head),
  * only the positions a selection method keeps (kv_select.h), inside the real forward pass.
  *
- * A spec with select != KV_SELECT_NONE (kv_cache_spec's chapter 09 fields) gives the cache a
- * ::kv_retain: host-side state per (slot, layer, KV head), written once here and used by the
+ * A spec with select != KV_SELECT_NONE (kv_cache_spec's chapter 09 fields; their names and
+ * rules, kv_select_method_name() and kv_retain_spec_check(), are the spec's: kv_cache_spec.h)
+ * asks the engine for a ::kv_retain beside the cache (kv_retain_cache_create()): host-side state
+ * per (slot, layer, KV head), written once here and used by the
  * CPU forward (kv_forward()) and the CUDA forward (kvcu_forward()) alike. Only the attention
  * over a list of positions differs by device (kv_retain_attend() here, kvcu_retain_attend() in
  * cuda/kvcu.h: same arguments, same state changes).
@@ -66,37 +68,8 @@
 extern "C" {
 #endif
 
-/** Selection methods of a cache spec (kv_cache_spec.select). */
-typedef enum {
-    KV_SELECT_NONE = 0,     /**< keep and read every position (chapters 02-08) */
-    KV_SELECT_L2_LARGE = 1, /**< keep the largest key norms */
-    KV_SELECT_L2_SMALL = 2, /**< keep the smallest key norms */
-    KV_SELECT_H2O = 3,      /**< heavy hitters: accumulated attention mass */
-    KV_SELECT_SNAPKV = 4,   /**< prefill selection by the prompt's last queries */
-    KV_SELECT_QUEST = 5,    /**< query-aware pages: nothing evicted, few pages read */
-    KV_SELECT_TOPK = 6      /**< exact top-k keys per query: the reference for Quest */
-} kv_select_method;
-
 /** SnapKV's max-pooling kernel along the kept positions (odd; SnapKV's default order). */
 #define KV_RETAIN_SNAPKV_KERNEL 7
-
-/** "l2-large", "l2-small", "h2o", "snapkv", "quest", "topk", "none". */
-const char *kv_select_method_name(int method);
-/** The method a name means, or -1. */
-int kv_select_method_parse(const char *name);
-/** 1 for the methods that evict (L2, H2O, SnapKV), 0 for the query-aware ones and none. */
-int kv_select_method_evicts(int method);
-
-/**
- * Chapter 09's rules on a spec (called by kv_cache_spec_check_caps(), so the CPU and CUDA
- * caches refuse the same specs with the same words): a known method; a budget, select_budget
- * >= 1 or 0 < select_ratio <= 1 (not both); S, W >= 0 with S + W <= select_budget when the
- * budget is in tokens; select_dense_layers >= 0 and 0 for the evicting methods (it is a
- * query-aware option); for SnapKV W >= 1 (the observation window);
- * contiguous layout, no window, no KIVI (KV_ERR_UNSUPPORTED, named). With select 0 the other
- * select fields must be 0. KV_OK, KV_ERR_ARG or KV_ERR_UNSUPPORTED.
- */
-int kv_retain_spec_check(const char *who, const kv_cache_spec *spec, int n_layers, kv_err *err);
 
 /** One (slot, layer, KV head): what the method keeps and knows. */
 typedef struct {
@@ -132,8 +105,20 @@ int kv_retain_create(kv_retain **out, const kv_cache_spec *spec, int n_layers, i
                      int n_kv_heads, int d, kv_err *err);
 /** Free the state (NULL is fine). */
 void kv_retain_free(kv_retain *r);
-/** Forget a slot: no positions, no scores, zero stats (what kv_cache_reset() calls). */
+/** Forget a slot: no positions, no scores, zero stats (the engine calls it beside
+ * kv_cache_reset()). */
 void kv_retain_reset_slot(kv_retain *r, int slot);
+/**
+ * A cache of @p spec for a model @p cfg (kv_cache_create()) with, when the spec selects
+ * (select != 0), chapter 09's state beside it: c->retain, which kv_retain_attend() reads and
+ * writes. The cache stores rows and knows nothing of which are read; the engine composes the
+ * two (kv_backend_cpu does it here, kvcu_retain_cache_create() on the device). KV_OK, or
+ * kv_cache_create()'s and kv_retain_create()'s errors (nothing left allocated).
+ */
+int kv_retain_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec,
+                           kv_err *err);
+/** Free a cache from kv_retain_cache_create(): its retention state, then the cache. */
+void kv_retain_cache_free(kv_cache *c);
 /** The head state of (slot, layer, kvh). */
 static inline kv_retain_head *kv_retain_at(const kv_retain *r, int slot, int layer, int kvh)
 {

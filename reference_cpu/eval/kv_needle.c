@@ -3,11 +3,9 @@
 #include "kv_needle.h"
 #include "kv_file.h"
 #include "kv_quant.h"
-#include "kv_retain.h"
 #include "kv_rng.h"
 #include "kv_sampler.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,18 +32,6 @@ void kv_needle_spec_default(kv_needle_spec *s)
     s->model_seed = 1;
 }
 
-static int parse_long(const char *w, long lo, long hi, long *out)
-{
-    char *end;
-    /* digits only: strtol also takes " 32", "+32" and "-0" */
-    if (!(w[0] >= '0' && w[0] <= '9')) return -1;
-    errno = 0;
-    long v = strtol(w, &end, 10);
-    if (errno || end == w || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
 int kv_needle_variant_parse(const char *spec, const char *rule, kv_needle_variant *v, kv_err *err)
 {
     memset(v, 0, sizeof *v);
@@ -58,7 +44,7 @@ int kv_needle_variant_parse(const char *spec, const char *rule, kv_needle_varian
     else if (!strcmp(rule, "any")) v->rule = KV_EXPECT_ANY;
     else if (!strncmp(rule, "within:", 7)) {
         v->rule = KV_EXPECT_WITHIN;
-        if (parse_long(rule + 7, 0, 1L << 30, &v->arg))
+        if (kv_parse_count(rule + 7, 0, 1L << 30, &v->arg))
             return kv_fail(err, KV_ERR_ARG, "cache variant '%s': bad distance in '%s'", spec, rule);
     } else if (!strncmp(rule, "kept:", 5) || !strncmp(rule, "atleast:", 8)) {
         /* chapter 09: "kept:E,W" -- before position E or within W tokens of the question */
@@ -70,18 +56,18 @@ int kv_needle_variant_parse(const char *spec, const char *rule, kv_needle_varian
         comma = strchr(a, ',');
         if (comma) *comma = 0;
         v->rule = kept ? KV_EXPECT_KEPT : KV_EXPECT_ATLEAST;
-        if (!comma || parse_long(a, 0, 1L << 30, &v->arg) ||
-            parse_long(comma + 1, 0, 1L << 30, &v->arg2))
+        if (!comma || kv_parse_count(a, 0, 1L << 30, &v->arg) ||
+            kv_parse_count(comma + 1, 0, 1L << 30, &v->arg2))
             return kv_fail(err, KV_ERR_ARG, "cache variant '%s': '%s' needs two numbers E,W",
                            spec, rule);
     } else if (!strncmp(rule, "from:", 5)) {
         v->rule = KV_EXPECT_FROM;
-        if (parse_long(rule + 5, 0, 1L << 30, &v->arg))
+        if (kv_parse_count(rule + 5, 0, 1L << 30, &v->arg))
             return kv_fail(err, KV_ERR_ARG, "cache variant '%s': bad position in '%s'", spec,
                            rule);
     } else if (!strncmp(rule, "page-split:", 11)) {
         v->rule = KV_EXPECT_PAGE_SPLIT;
-        if (parse_long(rule + 11, 1, 1L << 20, &v->arg))
+        if (kv_parse_count(rule + 11, 1, 1L << 20, &v->arg))
             return kv_fail(err, KV_ERR_ARG, "cache variant '%s': bad page size in '%s'", spec,
                            rule);
     } else
@@ -141,7 +127,7 @@ int kv_needle_spec_parse(const char *text, kv_needle_spec *s, kv_err *err)
             for (int i = 1; i < nw; i++) {
                 long v;
                 const long lo = is_len ? 16 : 0, hi = is_len ? (1L << 24) : is_depth ? 100 : (1L << 30);
-                if (parse_long(words[i], lo, hi, &v))
+                if (kv_parse_count(words[i], lo, hi, &v))
                     return kv_fail(err, KV_ERR_FORMAT, "line %d: %s: '%s' is not an integer in "
                                    "[%ld, %ld]", line_no, key, words[i], lo, hi);
                 if (is_len) s->lengths[i - 1] = (int)v;
@@ -156,7 +142,7 @@ int kv_needle_spec_parse(const char *text, kv_needle_spec *s, kv_err *err)
             if (nw > 2)
                 return kv_fail(err, KV_ERR_FORMAT, "line %d: model-seed takes one number, not %d "
                                "words", line_no, nw - 1);
-            if (parse_long(words[1], 0, 1L << 30, &v))
+            if (kv_parse_count(words[1], 0, 1L << 30, &v))
                 return kv_fail(err, KV_ERR_FORMAT, "line %d: bad model-seed '%s'", line_no, words[1]);
             s->model_seed = (uint64_t)v;
         } else if (!strcmp(key, "chunk")) {
@@ -164,7 +150,7 @@ int kv_needle_spec_parse(const char *text, kv_needle_spec *s, kv_err *err)
             if (nw > 2)
                 return kv_fail(err, KV_ERR_FORMAT, "line %d: chunk takes one number, not %d words",
                                line_no, nw - 1);
-            if (parse_long(words[1], 1, 1L << 24, &v))
+            if (kv_parse_count(words[1], 1, 1L << 24, &v))
                 return kv_fail(err, KV_ERR_FORMAT, "line %d: bad chunk '%s' (tokens per "
                                "prefill step, >= 1)", line_no, words[1]);
             s->chunk = (int)v;
@@ -198,129 +184,6 @@ int kv_needle_spec_read(const char *path, kv_needle_spec *s, kv_err *err)
     rc = kv_needle_spec_parse(buf, s, &e2);
     free(buf);
     if (rc) return kv_fail(err, rc, "%s: %s", path, e2.msg);
-    return KV_OK;
-}
-
-/* Chapter 09: the options after a method name (strtok_r state @p save over a copy of
- * @p variant): the budget in tokens or as a ratio, window, sinks, dense layers, a format. */
-static int select_spec(const char *variant, int method, char *save, int n_slots, int capacity,
-                       kv_cache_spec *out, kv_err *err)
-{
-    kv_cache_spec s = kv_cache_spec_default(n_slots, capacity);
-    s.select = method;
-    int have_fmt = 0;
-    char *part;
-    while ((part = strtok_r(NULL, "/", &save))) {
-        char *end = NULL;
-        long v = 0;
-        const int fmt = kv_quant_parse(part);
-        if (part[0] == 'r' && part[1]) {
-            errno = 0;
-            const double x = strtod(part + 1, &end);
-            /* plain decimals only: strtod also reads " 0.5", "0x1p-1" and "nan" */
-            if (errno || *end || !strchr("0123456789.", part[1]) || strpbrk(part + 1, "xX") ||
-                !(x > 0.0 && x <= 1.0))
-                return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': ratio '%s' must be "
-                               "a number in (0, 1]", variant, part + 1);
-            s.select_ratio = x;
-        } else if (strchr("bwsd", part[0]) && part[1] && fmt < 0) {
-            if (parse_long(part + 1, 0, 1L << 30, &v))
-                return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': option '%s' needs "
-                               "a count after '%c'", variant, part, part[0]);
-            if (part[0] == 'b') s.select_budget = (int)v;
-            else if (part[0] == 'w') s.select_window = (int)v;
-            else if (part[0] == 's') s.select_sinks = (int)v;
-            else s.select_dense_layers = (int)v;
-        } else if (fmt >= 0 && !have_fmt) {
-            s.dtype = fmt; /* the per-token storage format of the kept rows */
-            have_fmt = 1;
-        } else {
-            return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': option '%s' is not "
-                           "known for %s (bN or rX budget, wN window, sN sinks, dN dense layers, "
-                           "one storage format such as int8)", variant, part,
-                           kv_select_method_name(method));
-        }
-    }
-    if (!s.select_budget && s.select_ratio == 0.0)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': %s needs a budget, bN "
-                       "(tokens) or rX (ratio)", variant, kv_select_method_name(method));
-    kv_err e2;
-    const int rc = kv_retain_spec_check("cache variant", &s, 0, &e2);
-    if (rc) return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': %s", variant, e2.msg);
-    *out = s;
-    return KV_OK;
-}
-
-int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cache_spec *out,
-                         kv_err *err)
-{
-    /* the exact cache of chapter 02; chapters add their variants here */
-    if (!strcmp(variant, "fp32") || !strcmp(variant, "exact")) {
-        *out = kv_cache_spec_default(n_slots, capacity);
-        return KV_OK;
-    }
-    char buf[64];
-    if (strlen(variant) >= sizeof buf)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%.40s...' is too long", variant);
-    /* strtok_r() skips empty parts: "int8/", "int8//head" and "/int8" are refused, not read as
-     * if the empty part were not there */
-    const size_t n = strlen(variant);
-    if (n == 0 || variant[0] == '/' || variant[n - 1] == '/' || strstr(variant, "//"))
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s' has an empty part (nothing "
-                       "before, between or after a '/')", variant);
-    strcpy(buf, variant);
-    char *save = NULL, *part = strtok_r(buf, "/", &save);
-    /* chapter 09: METHOD/bN|rX[/wN][/sN][/dN][/FORMAT] */
-    const int method = part ? kv_select_method_parse(part) : -1;
-    if (method > KV_SELECT_NONE)
-        return select_spec(variant, method, save, n_slots, capacity, out, err);
-    /* chapter 04: FORMAT[/head][/wR][/lA,B,...] (kv_needle.h) */
-    const int fmt = part ? kv_quant_parse(part) : -1;
-    if (fmt < 0)
-        return kv_fail(err, KV_ERR_UNSUPPORTED,
-                       "cache variant '%s' is not known (known: fp32, or a format fp16 bf16 int8 "
-                       "int8-g32 int8-g64 int8-g128 fp8-e4m3 fp8-e5m2 int4 int2, with options "
-                       "/head /wR /lA,B; or a method l2-large l2-small h2o snapkv quest topk "
-                       "with /bN or /rX, /wN /sN /dN)", variant);
-    kv_cache_spec s = kv_cache_spec_default(n_slots, capacity);
-    s.dtype = fmt;
-    while ((part = strtok_r(NULL, "/", &save))) {
-        if (!strcmp(part, "head") && kvq_is_fp8(fmt)) {
-            s.fp8_per_head = 1;
-        } else if (part[0] == 'w' && kvq_is_kivi(fmt)) {
-            long w = 0;
-            if (parse_long(part + 1, 32, 1L << 20, &w) || w % 32)
-                return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': window '%s' must "
-                               "be a multiple of 32", variant, part + 1);
-            s.kivi_window = (int)w;
-        } else if (part[0] == 'l') {
-            /* one number per comma-separated item: "l" (no layer) and "l0," (an empty item)
-             * are refused, not read as "every layer" or "layer 0" */
-            const char *p = part + 1;
-            do {
-                char item[8];
-                const size_t k = strcspn(p, ",");
-                long l = -1;
-                if (k < sizeof item) {
-                    memcpy(item, p, k);
-                    item[k] = 0;
-                }
-                if (k >= sizeof item || parse_long(item, 0, 63, &l))
-                    return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': layer list "
-                                   "'%s' (numbers 0..63 separated by commas)", variant, part + 1);
-                s.dtype_layers |= (uint64_t)1 << l;
-                p += k + (p[k] == ',');
-                if (p[-1] == ',' && !*p) /* a trailing comma: an empty last item */
-                    return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': layer list "
-                                   "'%s' ends in a comma", variant, part + 1);
-            } while (*p);
-        } else {
-            return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': option '%s' is not "
-                           "known for %s (/head for fp8, /wR for int4/int2, /lA,B for any)",
-                           variant, part, kv_quant_name(fmt));
-        }
-    }
-    *out = s;
     return KV_OK;
 }
 

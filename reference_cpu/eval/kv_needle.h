@@ -98,24 +98,7 @@ int kv_needle_spec_read(const char *path, kv_needle_spec *s, kv_err *err);
  * "atleast:E,W" | "page-split:P" | "from:E"). */
 int kv_needle_variant_parse(const char *spec, const char *rule, kv_needle_variant *v, kv_err *err);
 
-/**
- * The cache a variant spec string means, for @p n_slots sequences of @p capacity tokens.
- * "fp32" (alias "exact"): contiguous fp32. Chapter 04: a storage format as kv_quant_parse()
- * reads it ("fp16", "int8", "int8-g32", "fp8-e4m3", "fp8", "int4", "int2", ...), then options
- * separated by '/': "head" (fp8: per-head scales; default per tensor), "wR" (KIVI: fp32
- * window of R tokens, a multiple of 32; default 128), "lA,B,..." (selective layers: only
- * layers A, B, ... use the format, the others fp16). E.g. "int4/w64", "fp8-e5m2/head",
- * "int8/l0". Chapter 09: a selection method (kv_select_method_parse(): l2-large, l2-small,
- * h2o, snapkv, quest, topk) with a budget "bN" (N tokens per layer and KV head) or "rX" (a
- * ratio 0 < X <= 1 of the positions seen), then options "wN" (recent window: always kept;
- * SnapKV's observation window), "sN" (sinks: the first N positions always kept), "dN" (Quest,
- * top-k: layers 0 .. N-1 read everything) and at most one per-token storage format (fp16,
- * int8, fp8-e4m3, ...), e.g. "h2o/b128/w16", "snapkv/r0.1/w16/int8", "quest/b64/d2". The
- * spec is checked by kv_retain_spec_check(). Unknown -> KV_ERR_UNSUPPORTED naming the known
- * ones (an unknown option is named in the message).
- */
-int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cache_spec *out,
-                         kv_err *err);
+/* The cache a variant's spec string means: kv_needle_cache_spec() (kv_cache_spec.h). */
 
 /** One needle in a haystack. */
 typedef struct {

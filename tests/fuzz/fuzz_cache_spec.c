@@ -1,5 +1,5 @@
 /*
- * Fuzz target: cache-spec strings (kv_needle_cache_spec, what --cache and the needle grids'
+ * Fuzz target: cache-spec strings (kv_needle_cache_spec in kv_cache_spec.c, what --cache and the needle grids'
  * `variant` lines take: "fp32", "int8-g32", "fp8-e4m3/head", "int4/w64", "int8/l0,1",
  * "h2o/b64/w16", "snapkv/r0.1/w16/int8", "quest/b64/d2", ...), and beside it the other small
  * text parsers of reference_cpu/ no other target reaches on their own: a needle variant's
@@ -19,9 +19,10 @@
  *    no KIVI) or are all 0 without a method;
  *  - kv_cache_spec_check() against two small models (d 64, L 2 and d 16, L 64) returns KV_OK
  *    or an error with a message, the same as kv_cache_spec_check_caps(KV_CACHE_CAN_WINDOW)
- *    (the spec has no window); when it is OK, kv_cache_create() builds the cache for a tiny
- *    capacity (its memory bounded: a KIVI window of 2^20 rows is only checked) and
- *    kv_cache_free() releases it (LeakSanitizer sees the rest);
+ *    (the spec has no window); when it is OK, kv_retain_cache_create() builds the cache for a
+ *    tiny capacity (its memory bounded: a KIVI window of 2^20 rows is only checked), with the
+ *    engine's retention state exactly when the spec selects, and kv_retain_cache_free()
+ *    releases both (LeakSanitizer sees the rest);
  *  - the rule parser returns KV_OK with the spec copied and a known rule, or KV_ERR_ARG with
  *    a message; a name lookup returns -1 or a value whose name parses back to it.
  */
@@ -126,8 +127,8 @@ static void check_build(const char *v, const kv_cache_spec *s, const kv_config *
     if (ring > (1 << 21)) return;
     kv_cache c;
     memset(&c, 0, sizeof c);
-    const int cr = kv_cache_create(&c, cfg, s, &e);
-    FUZZ_REQUIRE(cr == KV_OK, "'%s' passed the check but kv_cache_create says %d: %s", v, cr,
+    const int cr = kv_retain_cache_create(&c, cfg, s, &e); /* the cache, and the engine's state */
+    FUZZ_REQUIRE(cr == KV_OK, "'%s' passed the check but kv_retain_cache_create says %d: %s", v, cr,
                  e.msg);
     FUZZ_REQUIRE(c.n_layers == cfg->n_layers && c.head_dim == kv_config_head_dim(cfg) &&
                      c.rows == s->capacity && c.spec.dtype == s->dtype && c.fmt && c.len,
@@ -137,7 +138,7 @@ static void check_build(const char *v, const kv_cache_spec *s, const kv_config *
                      l, c.fmt[l]);
     FUZZ_REQUIRE((s->select != KV_SELECT_NONE) == (c.retain != NULL), "'%s': retain state %p", v,
                  (void *)c.retain);
-    kv_cache_free(&c);
+    kv_retain_cache_free(&c);
 }
 
 static void check_rule(const char *spec, const char *rule)
