@@ -1,11 +1,15 @@
 /**
  * @file kv_attention.h
- * The one attention family (docs/design.md §5), CPU reference.
+ * The one attention family on the CPU (docs/design.md §5): a reference and a fast path.
  *
- * kv_attn_decode() is the math on plain arrays; kv_attention() reads a ::kv_cache through
- * its spec and calls the right member of the family: fp32 rows directly, any chapter 04
- * storage format dequantized row by row inside the loops (kv_attn_row()). Later chapters add layouts, dtypes and
- * retention to kv_attention(), never a private copy.
+ * kv_attention_ref() is the math as written (kv_attention_ref.c: three passes over
+ * kv_cache_elem(), in double): the oracle. kv_attention() and kv_attention_rows() are the
+ * fast path the engine runs (kv_attention_fast.c, with AVX2 twins in kv_attention_avx2.c):
+ * the same math in float, arranged for speed, held to the reference by a stated error bound
+ * (tests/test_attn_fast.c). Both read a ::kv_cache through its spec: fp32 rows directly, any
+ * chapter 04 storage format dequantized row by row (kv_attn_row()), paged or contiguous,
+ * windowed or not. Later chapters add layouts, dtypes and retention to this family, never a
+ * private copy. kv_attn_decode() is the fast path on plain arrays.
  */
 #ifndef KV_ATTENTION_H
 #define KV_ATTENTION_H
@@ -36,7 +40,18 @@ int kv_attn_decode(const float *q, const float *k, const float *v, float *out,
                    int n_heads, int n_kv_heads, int head_dim, int max_seq, int len);
 
 /**
- * Attention of one query token at position @p pos of @p slot over cache positions 0..pos of
+ * The reference: attention of one query token at position @p pos of @p slot, exactly what
+ * kv_attention() computes, written as the math (scores and their max, exponentials and their
+ * sum, weighted values), every element read with kv_cache_elem(), in double, one query head
+ * at a time. Slow; for tests, and for any path that needs the oracle. q [H][d] as for
+ * kv_attention(), which also gives the positions attended; out [H][d]. KV_OK, or
+ * KV_ERR_NOMEM (out untouched).
+ */
+int kv_attention_ref(const kv_cache *c, int layer, int slot, int pos, const float *q,
+                     float *out, int n_heads);
+
+/**
+ * The fast path: attention of one query token at position @p pos of @p slot over cache positions 0..pos of
  * @p layer (causal: the token sees itself and everything before it), or, with a window
  * (chapter 06), over the positions the cache retains: the sinks and the last W positions, in
  * position order (kv_window.h). q [H][d] (rotated by RoPE at the position the spec's scheme
@@ -77,8 +92,8 @@ void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, i
                        const float *qh, float *oh, float *att);
 
 /**
- * Pass 2 of every softmax over cached rows: x[i] = exp(x[i] - max) for i < n, and their sum.
- * exp by kv_attention.c's own vectorizable routine (~1 ulp of expf, 0 below e^-87), the sum
+ * Pass 2 of the fast path's softmax over cached rows: x[i] = exp(x[i] - max) for i < n, and
+ * their sum. exp by the fast path's own vectorizable routine (kv_attn_exp_le0()) (~1 ulp of expf, 0 below e^-87), the sum
  * in position order (a masked position's exact 0 changes nothing), so every caller
  * (kv_attention(), chapter 08's naive kv_flash, chapter 09's kv_select_attend) gets the same
  * bits for the same scores. max = -inf (nothing visible): every x[i] = 0, sum 0.
@@ -86,13 +101,24 @@ void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, i
 float kv_attn_exp_sum(float *x, int64_t n, float max);
 
 /**
- * Which code runs the attention passes: the portable loops, or their AVX2 twin (x86-64 CPUs
- * that have AVX2, found at run time; the default there). Both give the same bits
- * (tests/test_attn_simd.c); the switch exists so a test or a benchmark can run both.
+ * Which code runs the fast path's passes: the portable loops (kv_attention_fast.c), or their
+ * AVX2 twins (kv_attention_avx2.c: x86-64 CPUs that have AVX2, F16C and FMA, found at run
+ * time; the default there). Both give the same bits (tests/test_attn_fast.c); the switch
+ * exists so a test or a benchmark can run both.
  * @p mode 0: the loops, 1: the twin where the CPU has it, -1: only ask. Returns 1 when the
  * twin is in use. Not to be flipped while another thread is attending.
  */
 int kv_attn_simd(int mode);
+
+/**
+ * A CPU technique of the fast path, on by default: per-token int8 keys met by the query
+ * rounded to 16-bit integers (kv_attn_int_keys()), so a score is an integer dot product the
+ * CPU computes exactly with a third of the instructions of a float one. Off, int8 keys are
+ * scored in floats like every other format. The reference never rounds the query; a GPU
+ * kernel need not either. @p mode 0: off, 1: on, -1: only ask. Returns the setting. Not to
+ * be flipped while another thread is attending.
+ */
+int kv_attn_q16(int mode);
 
 /**
  * Row @p t of a cache head view dequantized into out [d] (chapter 04): equal, bit for bit,
@@ -124,17 +150,19 @@ float kv_attn_row_factored(const kv_head_view *h, int64_t t, float *out);
 void kv_attn_add_row(const kv_head_view *vh, float *o, float w, const float *row, int n);
 
 /**
- * Whether attention rounds the query to 16-bit integers before it meets this view's keys:
- * per-token int8 rows (KV_QF_INT8, one scale per row). The view cannot tell whether its keys
- * are stored before RoPE: under KV_POS_CACHE (the cache's rope_cs set) kv_attention() rotates
- * each key in floats and meets it with the query as it is, so a caller checks that too.
+ * Whether the fast path rounds the query to 16-bit integers before it meets this view's keys:
+ * per-token int8 rows (KV_QF_INT8, one scale per row), while kv_attn_q16() is on (the
+ * default). The view cannot tell whether its keys are stored before RoPE: under KV_POS_CACHE
+ * (the cache's rope_cs set) kv_attention() rotates each key in floats and meets it with the
+ * query as it is, so a caller checks that too.
  * Against a key c·s (codes c, scale s) the score s·(q · c) then becomes s·step·(Q · c), Q =
  * the query's 16-bit codes (kv_quant_math.h: kvq_q16_encode()), an integer dot product the
  * CPU computes exactly with a third of the instructions of a float one (int8 attention is
  * bound by its arithmetic; docs/performance.md §7). The rounding, up to 2^-16 of the query's
- * largest element, is some 250 times finer than the keys' own (2^-8 of the row's); every
- * path, CPU and GPU, rounds the query the same way (kv_attn_query_rounded()), so they agree
- * within fp32 tolerance, and chapter 04 measures the int8 cache with it.
+ * largest element, is some 250 times finer than the keys' own (2^-8 of the row's). The
+ * paths that promise kv_attention()'s numbers (kv_flash, kv_select, a GPU kernel compared
+ * with kv_attention()) round the query the same way (kv_attn_query_rounded()), and chapter 04
+ * measures the int8 cache with it; the reference (kv_attention_ref()) does not round.
  */
 int kv_attn_int_keys(const kv_head_view *kh);
 

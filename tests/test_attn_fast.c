@@ -1,23 +1,56 @@
-/* The CPU attention's fast paths against its plain loops (reference_cpu/attention/kv_attention.c).
+/* The CPU attention's fast path (kv_attention_fast.c, kv_attention_avx2.c) held to its
+ * reference (kv_attention_ref.c), and its parts to themselves.
  *
  * Predicted before measured:
+ *  - the fast path is attention: for every storage format, head dim (tails past a multiple of
+ *    16 and of 8 included), group size G, layout (contiguous; paged with scrambled blocks of
+ *    a power-of-two size and of another size), window and position scheme, with the AVX2 twins
+ *    and with the portable loops, with the 16-bit query for int8 keys and without, every output
+ *    is within the forward-error bound derived below of kv_attention_ref() (with the 16-bit
+ *    query: the reference fed the rounded query, kv_attn_query_rounded(), since rounding the
+ *    query is the technique's choice, not an error of the arithmetic). Also, as before, within
+ *    the fp32 tolerance of the reference fed the query as it is.
  *  - the AVX2 twins of the passes do the loops' multiplies and adds, unfused, in the loops'
  *    order, so kv_attention() gives the same bits with kv_attn_simd(1) and kv_attn_simd(0),
- *    for every storage format (int8 keys' integer scores: exact in any order), head dim
- *    (tails past a multiple of 16 and of 8 included), group size G (the twins take heads
- *    four at a time, then rows four at a time), layout (paged with scrambled blocks of a
- *    power-of-two size and of another size), window and position scheme. fp32 rows take
- *    the loops in both runs (the twins are for rows that need decoding; an fp32 window under
- *    KV_POS_CACHE too). On a CPU without AVX2 both runs take the loops: the check still
- *    holds, trivially, and the line printed says so.
+ *    with the 16-bit query on or off (int8 keys' integer scores: exact in any order). fp32
+ *    rows take the loops in both runs (the twins are for rows that need decoding; an fp32
+ *    window under KV_POS_CACHE too). On a CPU without AVX2 both runs take the loops: the check
+ *    still holds, trivially, and the line printed says so.
  *  - a group's passes split over the team (kv_attention_rows() when there are fewer groups
  *    than threads) give the bits of one thread doing them; a head alone (kv_attention_head())
  *    gives the bits of the same head inside its group.
- *  - the result is attention: within the fp32 tolerance of a double-precision softmax over
- *    kv_cache_elem() (which also catches a fast path and loops that agree on a wrong answer).
  *  - kv_attn_exp_sum(): every exponential within 2 ulp of exp() on [-87, 0]; exactly 1 at 0;
  *    0 for -inf and below -87 (under 2^-125); NaN stays NaN; the sum is the plain sum of the
  *    exponentials in order; max = -inf gives zeros and 0.
+ *
+ * The bound. u = 2^-24 (float's unit roundoff); for one query head over N retained rows, the
+ * exact attention of the stored rows (kv_cache_elem()'s values) o = Σ_i p_i v_i with
+ * p_i = exp(s_i) / Σ exp(s), s_i = q · k_i / √d. Let S = max_i Σ_j |q_j|·|k_ij| / √d (under
+ * KV_POS_CACHE, |k_ij| of a rotated pair is the pair's norm: rotation keeps it) and
+ * V = max_ij |v_ij|. To first order in u:
+ *  (a) a score: kv_dot16() takes each product through one rounding, at most ⌊d/16⌋ lane
+ *      adds, 4 fold adds and 15 tail adds: γ_m Σ|q k| with m = ⌊d/16⌋ + 20; then the row's
+ *      factor and 1/√d (3 more). An int8 row read as codes times its scale is c·s where the
+ *      reference reads fl(c·s) (1); a rotation in float, 2u of |a·cos| + |b·sin| <= 3u of
+ *      the pair's norm (3). So |ŝ_i - s_i| <= (⌊d/16⌋ + 28)·u·S. (The 16-bit query's score
+ *      is an exact integer dot product, then 6 roundings, and the reference's fl(Q·step) 1:
+ *      fewer.)
+ *  (b) the exponentials: ŝ_i - max rounded (2u·S, |ŝ| <= S), exp within 2 ulp (4u): each
+ *      weight exp(s_i - m + η_i) with |η_i| <= Δ = u·((⌊d/16⌋ + 30)·S + 4). Perturbing every
+ *      log-weight by at most Δ moves each p_i by a factor in [e^-2Δ, e^2Δ], so
+ *      Σ|p̂_i - p_i| <= expm1(2Δ), and the output, a convex mix of the rows, by at most
+ *      expm1(2Δ)·V. (Weights flushed to 0 below e^-87 weigh under N·2^-125: nothing.)
+ *  (c) the values and the sum: running sums in position order (the fast path keeps that
+ *      order so a window is full attention under a mask, bit for bit, and thread count does not
+ *      matter): Σ ŵ_i v_ij within (N + 3)·u·Σ ŵ_i |v_ij| (N adds, the weight times its
+ *      factor, the product or the fused multiply-add, an int8 row's c·s), Σ ŵ_i within
+ *      (N - 1)·u, then the reciprocal and the multiply (2): (2N + 4)·u·V; and the reference's
+ *      own rounding to a float (u·V; its double arithmetic adds ~1e-16, nothing).
+ * So  |ô - o| <= 1.01·(expm1(2Δ) + (2N + 5)·u)·V, ~ u·(c₁·S + c₂·N + c₃)·V with
+ * c₁ = 2(⌊d/16⌋ + 30), c₂ = 2, c₃ = 13, the 1.01 for the second-order terms. Linear in N,
+ * not log₂N: a running sum's worst case grows with its length (a pairwise sum's would grow as
+ * log₂N, at the price of the position order). A worst case: random data meets it far from
+ * its edge, and the test prints how far (max |err| / bound).
  */
 #include "common/kv_test.h"
 
@@ -99,85 +132,120 @@ static int make_cache(kv_cache *c, const kv_config *cfg, int dtype, int B, int W
     return rc;
 }
 
-/* Attention over the retained positions in double, elements through kv_cache_elem(). Keys
- * rotated by their cache index under KV_POS_CACHE, as kv_attention() does. */
-static void reference(const kv_cache *c, const kv_config *cfg, int pos, const float *q,
-                      float *out)
-{
-    const int H = cfg->n_heads, d = c->head_dim, W = c->spec.window, S = c->spec.n_sinks;
-    const int64_t n = kv_window_count(W, S, pos);
-    static double sc[MAX_LEN];
-    static float kr[512];
-    for (int h = 0; h < H; h++) {
-        const int kvh = kv_attn_kv_head(h, H, c->n_kv_heads);
-        const kv_head_view kh = kv_cache_view(c, 0, 0, kvh, KV_QROLE_KEY);
-        const kv_head_view vh = kv_cache_view(c, 0, 0, kvh, KV_QROLE_VALUE);
-        double mx = -INFINITY, sum = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t row = kv_window_row(W, S, kv_window_pos(W, S, pos, i));
-            for (int j = 0; j < d; j++) kr[j] = kv_cache_elem(&kh, row, j);
-            if (c->spec.window && c->spec.pos_scheme == KV_POS_CACHE) {
-                const int ii = (int)i;
-                kv_rope(kr, &ii, 1, 1, d, cfg->rotary_dim, cfg->rope_theta);
-            }
-            double s = 0.0;
-            for (int j = 0; j < d; j++) s += (double)q[h * d + j] * kr[j];
-            sc[i] = s / sqrt((double)d);
-            if (sc[i] > mx) mx = sc[i];
-        }
-        for (int64_t i = 0; i < n; i++) sum += (sc[i] = exp(sc[i] - mx));
-        for (int j = 0; j < d; j++) {
-            double o = 0.0;
-            for (int64_t i = 0; i < n; i++)
-                o += sc[i] * kv_cache_elem(&vh, kv_window_row(W, S, kv_window_pos(W, S, pos, i)), j);
-            out[h * d + j] = (float)(o / sum);
-        }
-    }
-}
-
 typedef struct {
     int H, Hkv, d;
 } shape;
+
+/* The bound of the top of the file for head h of the query at pos: what the reference
+ * reads (kv_cache_elem(), keys rotated under KV_POS_CACHE) gives S and V. */
+static double bound_of(const kv_cache *c, int pos, int h, int H, const float *qh)
+{
+    const int d = c->head_dim, W = c->spec.window, S = c->spec.n_sinks, kvh = kv_attn_kv_head(h, H, c->n_kv_heads);
+    const int rd = c->rope_cs ? c->rotary_dim / 2 * 2 : 0; /* dims rotated at attention */
+    const kv_head_view kh = kv_cache_view(c, 0, 0, kvh, KV_QROLE_KEY);
+    const kv_head_view vh = kv_cache_view(c, 0, 0, kvh, KV_QROLE_VALUE);
+    const int64_t n = kv_window_count(W, S, pos);
+    double smax = 0.0, vmax = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t row = kv_window_row(W, S, kv_window_pos(W, S, pos, i));
+        double sq = 0.0;
+        for (int j = 0; j < d; j++) {
+            double a = fabs(kv_cache_elem(&kh, row, j));
+            if (j < rd) a = hypot(kv_cache_elem(&kh, row, j & ~1), kv_cache_elem(&kh, row, j | 1));
+            sq += fabs(qh[j]) * a;
+            vmax = fmax(vmax, fabs(kv_cache_elem(&vh, row, j)));
+        }
+        smax = fmax(smax, sq / sqrt((double)d));
+    }
+    const double u = 0x1p-24, delta = u * ((d / 16 + 30) * smax + 4);
+    return 1.01 * (expm1(2 * delta) + (2.0 * (double)n + 5) * u) * vmax;
+}
+
+/* The largest |err| / bound seen, over every comparison (how tight the bound is). */
+static double worst_ratio;
+
+/* Outputs got [H][d] against the reference ref [H][d] within the bound (reference query qr):
+ * the number of heads outside it, the first few printed with their bound. */
+static long outside_bound(const char *what, const kv_cache *c, int pos, int H, const float *qr,
+                          const float *got, const float *ref)
+{
+    const int d = c->head_dim;
+    long bad = 0;
+    for (int h = 0; h < H; h++) {
+        const double b = bound_of(c, pos, h, H, qr + (size_t)h * d);
+        double err = 0.0;
+        int at = 0;
+        for (int j = 0; j < d; j++) {
+            const double e = fabs((double)got[h * d + j] - ref[h * d + j]);
+            if (!(e <= err)) err = e, at = j; /* a NaN is the worst */
+        }
+        worst_ratio = fmax(worst_ratio, err / b);
+        if (!(err <= b) && bad++ < 3)
+            printf("  %s pos %d head %d: |err| %.3g at [%d] (got %.9g, ref %.9g) > bound %.3g\n",
+                   what, pos, h, err, at, got[h * d + at], ref[h * d + at], b);
+    }
+    return bad;
+}
 
 /* One cache: every check of the top of the file at a few query positions. */
 static void check_cache(const char *what, const kv_config *cfg, kv_cache *c, int len,
                         kv_rng *r, int have_simd)
 {
     const int H = cfg->n_heads, d = c->head_dim;
-    float *q = malloc((size_t)H * d * sizeof(float));
-    float *fast = malloc((size_t)H * d * sizeof(float)), *plain = malloc((size_t)H * d * 4);
-    float *alone = malloc((size_t)H * d * sizeof(float)), *one = malloc((size_t)H * d * 4);
-    float *ref = malloc((size_t)H * d * sizeof(float)), *att = malloc(MAX_LEN * sizeof(float));
+    const size_t hd = (size_t)H * d;
+    float *q = malloc(hd * 4), *qr = malloc(hd * 4); /* [H][d] the query, and as rounded */
+    float *out[2][2];                                /* [q16][simd] [H][d] the fast path */
+    for (int a = 0; a < 4; a++) out[a / 2][a % 2] = malloc(hd * 4);
+    float *alone = malloc(hd * 4), *one = malloc(hd * 4); /* [H][d] */
+    float *ref = malloc(hd * 4), *refr = malloc(hd * 4);  /* [H][d] reference of q, of qr */
+    float *att = malloc(MAX_LEN * sizeof(float));
     const int positions[3] = {0, len / 2, len - 1};
-    long bad_simd = 0, bad_team = 0, bad_head = 0, bad_ref = 0;
+    const kv_head_view kh0 = kv_cache_view(c, 0, 0, 0, KV_QROLE_KEY);
+    const int q16_keys = kv_attn_int_keys(&kh0) && !c->rope_cs; /* with kv_attn_q16(1) */
+    long bad_simd = 0, bad_team = 0, bad_head = 0, bad_ref = 0, bad_bound = 0, bad_call = 0;
     for (int pi = 0; pi < 3; pi++) {
         const int pos = positions[pi];
         if (c->spec.window && pos != len - 1) continue; /* a window keeps the newest only */
-        for (int i = 0; i < H * d; i++) q[i] = kv_rng_uniform(r, -1.5f, 1.5f);
-        kv_attn_simd(1);
-        kv_attention(c, 0, 0, pos, q, fast, H);
-        kv_attn_simd(0);
-        kv_attention(c, 0, 0, pos, q, plain, H);
+        for (size_t i = 0; i < hd; i++) q[i] = kv_rng_uniform(r, -1.5f, 1.5f);
+        for (int h = 0; h < H; h++)
+            if (q16_keys) kv_attn_query_rounded(q + h * d, d, qr + h * d);
+            else memcpy(qr + h * d, q + h * d, (size_t)d * 4);
+        bad_call += kv_attention_ref(c, 0, 0, pos, q, ref, H) != KV_OK;
+        bad_call += kv_attention_ref(c, 0, 0, pos, qr, refr, H) != KV_OK;
+        for (int q16 = 0; q16 < 2; q16++)
+            for (int simd = 0; simd < 2; simd++) {
+                kv_attn_q16(q16);
+                kv_attn_simd(simd);
+                bad_call += kv_attention(c, 0, 0, pos, q, out[q16][simd], H) != KV_OK;
+                bad_bound += outside_bound(what, c, pos, H, q16 ? qr : q, out[q16][simd],
+                                           q16 ? refr : ref);
+            }
+        kv_attn_q16(1); /* the default again */
         kv_attn_simd(have_simd);
-        bad_simd += memcmp(fast, plain, (size_t)H * d * 4) != 0;
+        for (int q16 = 0; q16 < 2; q16++)
+            bad_simd += memcmp(out[q16][1], out[q16][0], hd * 4) != 0;
+        const float *fast = out[1][have_simd]; /* what the engine runs */
         /* one thread against the team (the team splits a group when groups < threads) */
         const int nt = omp_get_max_threads();
         omp_set_num_threads(1);
         kv_attention(c, 0, 0, pos, q, one, H);
         omp_set_num_threads(nt);
-        bad_team += memcmp(fast, one, (size_t)H * d * 4) != 0;
+        bad_team += memcmp(fast, one, hd * 4) != 0;
         for (int h = 0; h < H; h++)
             kv_attention_head(c, 0, 0, pos, h, H, q + h * d, alone + h * d, att);
-        bad_head += memcmp(fast, alone, (size_t)H * d * 4) != 0;
-        reference(c, cfg, pos, q, ref);
-        bad_ref += kv_test_compare(what, fast, ref, (long)H * d, KV_TOL_F32_ATOL,
+        bad_head += memcmp(fast, alone, hd * 4) != 0;
+        bad_ref += kv_test_compare(what, fast, ref, (long)hd, KV_TOL_F32_ATOL,
                                    KV_TOL_F32_RTOL) != 0;
     }
-    KV_CHECK(!bad_simd, "%s: AVX2 twin != loops, bit for bit", what);
+    KV_CHECK(!bad_call, "%s: every call KV_OK", what);
+    KV_CHECK(!bad_bound, "%s: %ld heads outside the bound of the reference (twins and loops, "
+             "16-bit query on and off)", what, bad_bound);
+    KV_CHECK(!bad_simd, "%s: AVX2 twin != loops, bit for bit (16-bit query on and off)", what);
     KV_CHECK(!bad_team, "%s: team split != one thread, bit for bit", what);
     KV_CHECK(!bad_head, "%s: kv_attention_head != its group, bit for bit", what);
-    KV_CHECK(!bad_ref, "%s: outside the fp32 tolerance of the double softmax", what);
-    free(q), free(fast), free(plain), free(alone), free(one), free(ref), free(att);
+    KV_CHECK(!bad_ref, "%s: outside the fp32 tolerance of the reference", what);
+    free(q), free(qr), free(alone), free(one), free(ref), free(refr), free(att);
+    for (int a = 0; a < 4; a++) free(out[a / 2][a % 2]);
 }
 
 static void test_formats(int have_simd)
@@ -227,11 +295,13 @@ static void test_formats(int have_simd)
                 kv_cache_free(&c);
                 cases++;
             }
-    printf("%d caches compared (%s)\n", cases,
-           have_simd ? "AVX2 twin against the loops" : "no AVX2 on this CPU: loops both times");
+    printf("%d caches compared (%s); max |err| / bound %.3g\n", cases,
+           have_simd ? "AVX2 twin against the loops" : "no AVX2 on this CPU: loops both times",
+           worst_ratio);
 }
 
-/* A long cache whose group count is below the thread count: the team split of one group. */
+/* A long cache whose group count is below the thread count: the team split of one group,
+ * and the bound at N = 4096. */
 static void test_team_long(int have_simd)
 {
     const kv_config cfg = make_config(8, 1, 128);
@@ -259,6 +329,10 @@ static void test_team_long(int have_simd)
         kv_parallel_ignore_load(0);
         KV_CHECK(!memcmp(a, b, sizeof a), "MQA 4096 positions: team of %d != one thread",
                  nt > 1 ? nt : 2);
+        float ref[8 * 128];
+        KV_CHECK(kv_attention_ref(&c, 0, 0, 4095, q, ref, 8) == KV_OK &&
+                 !outside_bound("MQA 4096 positions", &c, 4095, 8, q, a, ref),
+                 "MQA 4096 positions: within the bound of the reference");
     }
     (void)have_simd;
     free(k);
