@@ -140,7 +140,8 @@ typedef struct {
  * reads (kv_cache_elem(), keys rotated under KV_POS_CACHE) gives S and V. */
 static double bound_of(const kv_cache *c, int pos, int h, int H, const float *qh)
 {
-    const int d = c->head_dim, W = c->spec.window, S = c->spec.n_sinks, kvh = kv_attn_kv_head(h, H, c->n_kv_heads);
+    const int d = c->head_dim, W = c->spec.window, S = c->spec.n_sinks;
+    const int kvh = kv_attn_kv_head(h, H, c->n_kv_heads);
     const int rd = c->rope_cs ? c->rotary_dim / 2 * 2 : 0; /* dims rotated at attention */
     const kv_head_view kh = kv_cache_view(c, 0, 0, kvh, KV_QROLE_KEY);
     const kv_head_view vh = kv_cache_view(c, 0, 0, kvh, KV_QROLE_VALUE);

@@ -247,7 +247,7 @@ static void check_format(int fmt, int per_head, int d, int H, int Hkv, int n, in
 }
 
 /* kv_attn_row() = kv_cache_elem() bit for bit over every code: the row decoder reads fp16 and
- * fp8 through tables (kv_attention.c), so each of the 65536 fp16 / bf16 patterns and the 256
+ * fp8 through tables (kv_attention_fast.c), so each of the 65536 fp16 / bf16 patterns and the 256
  * patterns of each fp8 format (NaN and infinity included) is decoded both ways, fp8 under
  * several scales, and the KIVI scale and zero (binary16) under every pattern too. */
 static long rows_differ(const kv_head_view *hv, int64_t n)

@@ -181,8 +181,9 @@ static int make_cache(kv_cache *c, const kv_config *cfg, int dtype, int paged, i
 }
 
 /* Full attention of one head over positions 0..t with the window's mask: masked scores are
- * -inf, then the three passes of kv_attention.c (its exponentials: kv_attn_exp_sum(), its
- * rows: kv_attn_row_factored(), its scores: kv_attn_score()). kv [Hkv][*] views. */
+ * -inf, then the fast path's three passes (kv_attention_fast.c; its exponentials:
+ * kv_attn_exp_sum(), its rows: kv_attn_row_factored(), its scores: kv_attn_score()).
+ * kv [Hkv][*] views. */
 static void masked_ref(const float *qh, const kv_head_view *kh, const kv_head_view *vh, int W,
                        int S, int t, float *oh)
 {

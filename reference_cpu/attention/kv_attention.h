@@ -51,11 +51,11 @@ int kv_attention_ref(const kv_cache *c, int layer, int slot, int pos, const floa
                      float *out, int n_heads);
 
 /**
- * The fast path: attention of one query token at position @p pos of @p slot over cache positions 0..pos of
- * @p layer (causal: the token sees itself and everything before it), or, with a window
- * (chapter 06), over the positions the cache retains: the sinks and the last W positions, in
- * position order (kv_window.h). q [H][d] (rotated by RoPE at the position the spec's scheme
- * gives it: kv_window_query_pos()), out [H][d].
+ * The fast path: attention of one query token at position @p pos of @p slot over cache
+ * positions 0..pos of @p layer (causal: the token sees itself and everything before it), or,
+ * with a window (chapter 06), over the positions the cache retains: the sinks and the last W
+ * positions, in position order (kv_window.h). q [H][d] (rotated by RoPE at the position the
+ * spec's scheme gives it: kv_window_query_pos()), out [H][d].
  * Allocates its scratch (kv_attention_scratch()): KV_OK, or KV_ERR_NOMEM.
  */
 int kv_attention(const kv_cache *c, int layer, int slot, int pos, const float *q, float *out,
@@ -93,8 +93,9 @@ void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, i
 
 /**
  * Pass 2 of the fast path's softmax over cached rows: x[i] = exp(x[i] - max) for i < n, and
- * their sum. exp by the fast path's own vectorizable routine (kv_attn_exp_le0()) (~1 ulp of expf, 0 below e^-87), the sum
- * in position order (a masked position's exact 0 changes nothing), so every caller
+ * their sum. exp by the fast path's own vectorizable routine (kv_attn_exp_le0(): ~1 ulp of
+ * expf, 0 below e^-87), the sum in position order (a masked position's exact 0 changes
+ * nothing), so every caller
  * (kv_attention(), chapter 08's naive kv_flash, chapter 09's kv_select_attend) gets the same
  * bits for the same scores. max = -inf (nothing visible): every x[i] = 0, sum 0.
  */

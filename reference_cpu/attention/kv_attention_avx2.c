@@ -1,31 +1,29 @@
-/* The CPU fast path, x86 part: the scores and values passes of kv_attention_fast.c (its
- * kv_attn_group_scores() and kv_attn_group_values()) and its exponentials written with AVX2,
- * F16C and FMA intrinsics, the prefetches that feed them, and the run-time check of what the
- * CPU has (kv_attn_cpu_detect(): the library is built for any x86-64, these functions carry
- * their instruction sets as target attributes and run only where the CPU has them).
+/* The CPU fast path, x86 part: kv_attention_fast.c's scores and values passes and its
+ * exponentials as AVX2, F16C and FMA intrinsics, the prefetches that feed them, and the
+ * run-time check of what the CPU has (the library is built for any x86-64: these functions
+ * carry their instruction sets as target attributes and run only where the CPU has them).
  *
- * The loops are what the compiler is handed; it vectorizes each, but a dot product per head
- * per row leaves most of the work in dependent adds and horizontal folds, and a quantized row
- * makes a round trip through the scratch. The twins below do the same operations on the same
- * values in the same order (so the same bits: tests/test_attn_fast.c compares them on every
- * format), arranged for the machine:
+ * The compiler vectorizes the loops, but a dot product per head per row leaves most of the
+ * work in dependent adds and horizontal folds, and a quantized row makes a round trip through
+ * the scratch. The twins below do the same operations on the same values in the same order
+ * (so the same bits: tests/test_attn_fast.c compares them on every format), arranged for the
+ * machine:
  *  - rows in blocks of KV_ATTN_ROWS; fp16, bf16, per-token int8 and fp8 rows read as stored,
- *    each eight elements decoded in a register right where the dot product or the value sum
- *    needs them (binary16 and bfloat16 -> binary32 are exact, fp8 goes by way of binary16,
- *    exact too; an fp8 element is value · scale, one rounding, as kv_quant_math.h and the
- *    decode tables; an int8 element is its code, the row's scale its factor, see
- *    kv_attn_row_at()); other formats (KIVI, int8 with group scales) decoded into the scratch
- *    first. A paged view's blocks lie anywhere, a pattern the hardware prefetchers cannot
- *    guess, so each block of rows asks for the next one's bytes.
- *    A contiguous view is read in address order, which they follow; only the value pass of
- *    a binary16 or bfloat16 cache, whose arithmetic outruns the memory, asks as well, four
- *    blocks ahead (its runs of 32 columns visit a block's rows in a stride the prefetchers
- *    follow less well). Measured at 32k tokens, H 32: fp16 30.7 -> 35 GB/s; the same
- *    prefetch cost an int8 cache, whose arithmetic is the limit, 7-11 %. Per row only the
- *    address is computed, the row's size a constant of the pass: these loops are bound by
- *    instructions issued, and a format switch and a prefetch loop per row had cost 15 % of the
- *    time with the cache in the LLC (int8, H 32, one thread). fp32 rows need no decode, and
- *    the loops stream them faster than this arrangement does: they stay with the loops;
+ *    each eight elements decoded in a register where the dot product or the value sum needs
+ *    them (binary16 and bfloat16 -> binary32 are exact, fp8 goes by way of binary16, exact
+ *    too, then times its scale, one rounding, as kv_quant_math.h; an int8 element is its
+ *    code, the row's scale its factor, see kv_attn_row_at()); other formats (KIVI, int8 with
+ *    group scales) decoded into the scratch first. fp32 rows need no decode, and the loops
+ *    stream them faster than this arrangement does: they stay with the loops;
+ *  - prefetches (prefetch_rows()) only where they pay: a paged view's blocks lie anywhere, a
+ *    pattern the hardware prefetchers cannot guess, so each block of rows asks for the next
+ *    one's bytes; a contiguous view is read in address order, which they follow, and only
+ *    the value pass of a binary16 or bfloat16 cache asks as well, four blocks ahead (measured
+ *    at 32k tokens, H 32: fp16 30.7 -> 35 GB/s; the same cost int8, bound by its arithmetic,
+ *    7-11 %; docs/performance.md §7);
+ *  - per row only its address is computed, the row's size a constant of the pass: these loops
+ *    are bound by instructions issued (a format switch and a prefetch loop per row had cost
+ *    15 % of the time with the cache in the LLC, int8, H 32, one thread);
  *  - scores: four heads per K row (8 independent vector sums instead of 2), or, for the heads
  *    left over, four rows per head; kv_dot16's 16 lanes as two 8-float vectors and its tree
  *    fold as three vector adds;
@@ -66,14 +64,6 @@ void kv_attn_cpu_detect(int *f16c, int *fma, int *avx2)
     *avx2 = *fma && __builtin_cpu_supports("avx2");
 }
 
-/* Element j of an fp16 row through the decode table. */
-static inline float f16_at(const uint8_t *row, int j)
-{
-    uint16_t b;
-    memcpy(&b, row + (size_t)j * 2, 2);
-    return kv_attn_f16_table[b];
-}
-
 /* An fp16 row eight elements per instruction (x86 F16C). binary16 -> binary32 is exact, so
  * every finite value and infinity is the table's float; only NaN payloads could differ, so a
  * group of eight holding an all-ones exponent (Inf or NaN) takes the table instead, and the
@@ -87,11 +77,11 @@ __attribute__((target("avx,f16c"))) void kv_attn_f16_row_f16c(const uint8_t *row
         const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(row + (size_t)j * 2));
         const __m128i special = _mm_cmpeq_epi16(_mm_and_si128(h, exp_mask), exp_mask);
         if (_mm_movemask_epi8(special))
-            for (int u = j; u < j + 8; u++) out[u] = f16_at(row, u);
+            kv_attn_f16_row_table(row + (size_t)j * 2, out + j, 8);
         else
             _mm256_storeu_ps(out + j, _mm256_cvtph_ps(h));
     }
-    for (; j < d; j++) out[j] = f16_at(row, j);
+    kv_attn_f16_row_table(row + (size_t)j * 2, out + j, d - j);
 }
 
 /* The int8 value rows' fused loop (kv_attention_fast.c, add_row()) compiled for CPUs with FMA:
@@ -103,12 +93,15 @@ __attribute__((target("fma"))) void kv_attn_add_row_fma(float *o, float w, const
     for (int j = 0; j < n; j++) o[j] = fmaf(w, row[j], o[j]);
 }
 
+/* this file's short names for the fast path's group and integer query (kv_attention_fast.h) */
+typedef kv_attn_group group;
+typedef kv_attn_qint qint;
+
 #define KV_AVX2 __attribute__((target("avx2,f16c")))
 #define KV_INLINE __attribute__((always_inline)) KV_AVX2 static inline
-/* the value pass, which fuses the multiply-adds of int8 rows (add_row()) and nothing else:
- * the compiler may use FMA instructions only where the code asks (-ffp-contract=off), but
- * GCC's vectorizer has been seen to fuse a rotation's a·c - b·s (rotate_row()) all the same,
- * so the other passes are compiled without FMA */
+/* the value pass, which fuses the multiply-adds of int8 rows and nothing else: the compiler
+ * may use FMA instructions only where the code asks (-ffp-contract=off), but GCC's vectorizer
+ * has been seen to fuse a rotation's a·c - b·s all the same, so no other pass may use FMA */
 #define KV_AVX2_FMA __attribute__((target("avx2,f16c,fma")))
 #define KV_INLINE_FMA __attribute__((always_inline)) KV_AVX2_FMA static inline
 
@@ -120,7 +113,7 @@ enum { ROW_F32, ROW_F16, ROW_BF16, ROW_I8, ROW_E4M3, ROW_E5M2 };
 typedef struct {
     const void *p; /* the row's first element */
     float s;       /* fp8: the head's scale, applied per element */
-    float f;       /* the row's factor (kv_attn_row_at()): ROW_I8 its scale, ROW_F32 kv_attn_row_at()'s, else 1 */
+    float f;       /* the row's factor (kv_attn_row_at()): ROW_I8 its scale, ROW_F32 as read */
 } rowref;
 
 /* Eight fp8 codes as floats, kvq_fp8_to_f32()'s values, by way of binary16 (a table lookup
@@ -144,7 +137,8 @@ KV_INLINE __m256 fp8x8(int e5m2, const uint8_t *p)
 KV_INLINE __m256 load8(int f, rowref r, int j)
 {
     if (f == ROW_F16)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)r.p + j)));
+        return _mm256_cvtph_ps(
+            _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)r.p + j)));
     if (f == ROW_BF16) /* the 16 bits are a float's upper half */
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
             _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)r.p + j))), 16));
@@ -179,7 +173,7 @@ KV_INLINE float fold16(__m256 a0, __m256 a1)
 
 /* A score: kv_dot16's lanes a, b, then its tail, times the row's factor and the scale;
  * stored, the max raised. */
-KV_INLINE void score_out(const kv_attn_group *g, int h, int64_t i, __m256 a, __m256 b, int f, rowref k,
+KV_INLINE void score_out(const group *g, int h, int64_t i, __m256 a, __m256 b, int f, rowref k,
                          const float *q, int d16, float scale, float *mx)
 {
     float x = fold16(a, b);
@@ -191,7 +185,7 @@ KV_INLINE void score_out(const kv_attn_group *g, int h, int64_t i, __m256 a, __m
 }
 
 /* kv_dot16(q_h, k, d) · scale for the NH heads h0 .. h0+NH-1 (NH = 4 or 1) against row i. */
-KV_INLINE void dots(const kv_attn_group *g, int h0, int nh, int f, rowref k, int64_t i, float scale,
+KV_INLINE void dots(const group *g, int h0, int nh, int f, rowref k, int64_t i, float scale,
                     float *mx)
 {
     const int d = g->d, d16 = d / KV_DOT_LANES * KV_DOT_LANES;
@@ -212,7 +206,7 @@ KV_INLINE void dots(const kv_attn_group *g, int h0, int nh, int f, rowref k, int
 }
 
 /* The same for one head h against four rows i .. i+3: four rows give the 8 vector sums. */
-KV_INLINE void dots_rows(const kv_attn_group *g, int h, int f, const rowref *k, int64_t i, float scale,
+KV_INLINE void dots_rows(const group *g, int h, int f, const rowref *k, int64_t i, float scale,
                          float *mx)
 {
     const int d = g->d, d16 = d / KV_DOT_LANES * KV_DOT_LANES;
@@ -229,7 +223,7 @@ KV_INLINE void dots_rows(const kv_attn_group *g, int h, int f, const rowref *k, 
     for (int c = 0; c < 4; c++) score_out(g, h, i + c, a[c], b[c], f, k[c], q, d16, scale, mx);
 }
 
-/* Integer scores of int8 rows (the section above kv_attn_group_scores()): the dot products Q · c of
+/* Integer scores of int8 rows (kv_attention_fast.c, kv_attn_int_keys()): the dot products Q · c of
  * one head's query against rows 0 .. n-1 (n a multiple of 4), four rows at a time, 16
  * columns a step: the codes widened to 16 bits, one vpmaddwd (16 products of 16-bit
  * integers, added in pairs) and one add of 32-bit integers, where a float dot product takes
@@ -256,7 +250,7 @@ KV_INLINE void dots_q16(const int16_t *q, const rowref *k, int n, int d, int32_t
 
 /* Pass 1 over a block of n int8 rows b .. b+n-1: each head against four rows at a time (the
  * rows are in L1 after the first head), the rows left over one by one. */
-KV_INLINE void scores_block_q16(const kv_attn_group *g, const kv_attn_qint *qi, const rowref *k, int n,
+KV_INLINE void scores_block_q16(const group *g, const qint *qi, const rowref *k, int n,
                                 int64_t b, float *mx)
 {
     const int d = g->d, n4 = n / 4 * 4;
@@ -275,7 +269,7 @@ KV_INLINE void scores_block_q16(const kv_attn_group *g, const kv_attn_qint *qi, 
 
 /* Pass 1 over a block of n rows b .. b+n-1 read as f: four heads per row, then the heads
  * left over four rows at a time. */
-KV_INLINE void scores_block(const kv_attn_group *g, int f, const rowref *k, int n, int64_t b,
+KV_INLINE void scores_block(const group *g, int f, const rowref *k, int n, int64_t b,
                             float scale, float *mx)
 {
     int h = 0;
@@ -334,7 +328,7 @@ KV_INLINE rowref row_ref(const kv_head_view *h, int f, int64_t rb, int64_t t, in
  * is its row (no window) and the format has whole bytes per element. The prefetches are asm
  * statements: GCC takes _mm_prefetch() for a call without effects and, this function having
  * no other, drops every call to it. */
-KV_AVX2 static void prefetch_rows(const kv_attn_group *g, const kv_head_view *h, int64_t i, int n,
+KV_AVX2 static void prefetch_rows(const group *g, const kv_head_view *h, int64_t i, int n,
                                   int j0, int j1)
 {
     if (g->w.window || h->fmt == KV_QF_INT4_KIVI || h->fmt == KV_QF_INT2_KIVI) return;
@@ -370,8 +364,8 @@ KV_INLINE void walk_rows(kv_window_walk *k, int n, int64_t *t)
 
 /* kv_attn_group_scores() over rows [i0, i1) read as f, in blocks of KV_ATTN_ROWS rows (f a constant
  * where inlined: each row's reference is then an address and a scale, no format switch). */
-KV_INLINE void scores_rows(const kv_attn_group *g, int f, int64_t i0, int64_t i1, float *mx,
-                           float *rows, const kv_attn_qint *qi)
+KV_INLINE void scores_rows(const group *g, int f, int64_t i0, int64_t i1, float *mx,
+                           float *rows, const qint *qi)
 {
     const int d = g->d;
     const float scale = 1.0f / sqrtf((float)d);
@@ -401,10 +395,10 @@ KV_INLINE void scores_rows(const kv_attn_group *g, int f, int64_t i0, int64_t i1
     }
 }
 
-/* kv_attn_group_scores() read as the key view's kind; @p qi for integer-scored int8 keys, whose rows
- * are ROW_I8 unless d is not a multiple of 16: those go to the loops. */
-KV_AVX2 void kv_attn_group_scores_avx2(const kv_attn_group *g, int64_t i0, int64_t i1, float *mx,
-                                      float *rows, const kv_attn_qint *qi)
+/* kv_attn_group_scores() read as the key view's kind; @p qi for integer-scored int8 keys, whose
+ * rows are ROW_I8 unless d is not a multiple of 16: those go to the loops. */
+KV_AVX2 void kv_attn_group_scores_avx2(const group *g, int64_t i0, int64_t i1, float *mx,
+                                      float *rows, const qint *qi)
 {
     const int kind = g->w.rope_cs ? ROW_F32 : row_kind(&g->kh);
     if (qi && kind != ROW_I8) {
@@ -467,7 +461,7 @@ KV_INLINE_FMA void values_run8(float *const *o, const float *const *w, int nhh, 
 /* Pass 3 over a block of n rows read as f, columns [j0, j1): heads in pairs, runs of 32
  * columns in registers, then runs of 8, the last columns one at a time, rows in order; each
  * weight times its row's factor first, as kv_attn_group_values() does. */
-KV_INLINE_FMA void values_block(const kv_attn_group *g, int f, const rowref *vp, const float *fac, int n,
+KV_INLINE_FMA void values_block(const group *g, int f, const rowref *vp, const float *fac, int n,
                             int64_t i0, int j0, int j1)
 {
     const int G = g->G, d = g->d;
@@ -502,7 +496,7 @@ KV_INLINE_FMA void values_block(const kv_attn_group *g, int f, const rowref *vp,
 
 /* kv_attn_group_values() read as f, in blocks of KV_ATTN_ROWS rows (f a constant where inlined, as
  * in scores_rows()). rows [KV_ATTN_ROWS][d] scratch. */
-KV_INLINE_FMA void values_rows(const kv_attn_group *g, int f, int j0, int j1, float *sum, float *rows)
+KV_INLINE_FMA void values_rows(const group *g, int f, int j0, int j1, float *sum, float *rows)
 {
     const int G = g->G, d = g->d;
     const int64_t rb = kind_row_bytes(f, d);
@@ -540,7 +534,8 @@ KV_INLINE_FMA void values_rows(const kv_attn_group *g, int f, int j0, int j1, fl
 
 /* kv_attn_group_values() read as the value view's kind; int8 rows the kind does not read as codes
  * (d not a multiple of 16) go to the loops, which fuse their multiply-adds (add_row()). */
-KV_AVX2_FMA void kv_attn_group_values_avx2(const kv_attn_group *g, int j0, int j1, float *sum, float *rows)
+KV_AVX2_FMA void kv_attn_group_values_avx2(const group *g, int j0, int j1, float *sum,
+                                           float *rows)
 {
     const int kind = row_kind(&g->vh);
     if (kv_attn_int8_per_row(&g->vh) && kind != ROW_I8) {

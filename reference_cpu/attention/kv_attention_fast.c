@@ -25,7 +25,6 @@
 
 #include <math.h>
 #include <omp.h>
-#include <pthread.h>
 
 /* ---- decode tables ---------------------------------------------------------------------------
  * fp16 and fp8 codes have few enough patterns to decode each one once. A lookup returns the
@@ -37,9 +36,9 @@
 float kv_attn_f16_table[65536];
 float kv_attn_fp8_table[2][256];
 kv_attn_cpu kv_attn_machine;
-static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+pthread_once_t kv_attn_init_once = PTHREAD_ONCE_INIT;
 
-static void init(void)
+void kv_attn_init(void)
 {
     for (uint32_t h = 0; h < 65536u; h++) kv_attn_f16_table[h] = kvq_f16_to_f32((uint16_t)h);
     for (int e5 = 0; e5 < 2; e5++)
@@ -51,10 +50,8 @@ static void init(void)
     kv_attn_machine = m;
 }
 
-void kv_attn_fast_init(void) { pthread_once(&init_once, init); }
-
 /* An fp16 row through the table: one lookup per element (the portable path). */
-static void f16_row_table(const uint8_t *row, float *out, int d)
+void kv_attn_f16_row_table(const uint8_t *row, float *out, int d)
 {
     for (int j = 0; j < d; j++) {
         uint16_t b;
@@ -90,7 +87,7 @@ void kv_attn_row_part(const kv_head_view *h, int64_t t, int j0, int j1, float *o
             return;
         }
 #endif
-        f16_row_table(row + (size_t)j0 * 2, out + j0, n);
+        kv_attn_f16_row_table(row + (size_t)j0 * 2, out + j0, n);
         return;
     case KV_QF_BF16: /* kvq_bf16_to_f32() is a shift: no table needed */
         for (int j = j0; j < j1; j++) {
@@ -187,29 +184,7 @@ float kv_attn_exp_sum(float *x, int64_t n, float max)
     return s;
 }
 
-/* ---- reading rows --------------------------------------------------------------------------
- * Why a per-token int8 row's scale stays outside: q · (c·s) element by element costs a
- * multiply per element, (q · c)·s one per row, and int8 attention is bound by its
- * arithmetic, not by the memory (docs/performance.md §7). The same math, rounded differently
- * (the reference reads c·s rounded to a float; the fast path multiplies by s once, later). A
- * paged fp32 cache reads its rows in their blocks at the speed of the contiguous one; the
- * KIVI fp32 window in its ring. */
-const float *kv_attn_row_at(const kv_head_view *h, int64_t t, int j0, int j1, float *scratch,
-                            float *factor)
-{
-    *factor = 1.0f;
-    if (t >= h->q) return h->ring + (t % h->window) * h->d;
-    if (h->fmt == KV_QF_F32)
-        return (const float *)(const void *)h->codes + kv_view_row(h, t) * h->d;
-    if (kv_attn_int8_per_row(h)) {
-        const int8_t *c = kv_attn_int8_row(h, t, factor);
-        for (int j = j0; j < j1; j++) scratch[j] = (float)c[j];
-        return scratch;
-    }
-    kv_attn_row_part(h, t, j0, j1, scratch);
-    return scratch;
-}
-
+/* ---- reading rows (kv_attn_row_at(), kv_attention_fast.h) ---------------------------------- */
 float kv_attn_row_factored(const kv_head_view *h, int64_t t, float *out)
 {
     float f;
@@ -290,8 +265,8 @@ void kv_attn_add_row(const kv_head_view *vh, float *o, float w, const float *row
 
 /* Under KV_POS_CACHE always a copy, dequantized whole and rotated (the rotation mixes
  * elements, factor 1). */
-const float *kv_attn_key_row(const kv_attn_group *g, int64_t r, int64_t i, float *row,
-                             float *factor)
+static inline const float *key_row(const kv_attn_group *g, int64_t r, int64_t i, float *row,
+                                   float *factor)
 {
     *factor = 1.0f;
     if (g->k) return g->k + (size_t)i * g->d;
@@ -301,6 +276,12 @@ const float *kv_attn_key_row(const kv_attn_group *g, int64_t r, int64_t i, float
         return row;
     }
     return kv_attn_row_at(&g->kh, r, 0, g->d, row, factor);
+}
+
+const float *kv_attn_key_row(const kv_attn_group *g, int64_t r, int64_t i, float *row,
+                             float *factor)
+{
+    return key_row(g, r, i, row, factor);
 }
 
 /* Pass 1 over retained rows [i0, i1): att[h][i] = q_h · k_i / √d for the G heads, each K row
@@ -325,7 +306,7 @@ void kv_attn_group_scores(const kv_attn_group *g, int64_t i0, int64_t i1, float 
             }
             continue;
         }
-        const float *kr = kv_attn_key_row(g, k.row, i, row, &f);
+        const float *kr = key_row(g, k.row, i, row, &f);
         for (int h = 0; h < G; h++) {
             const float s = kv_dot16(g->q + (size_t)h * d, kr, d) * f * scale;
             g->att[(size_t)h * g->len + i] = s;

@@ -13,6 +13,7 @@
 #include "kv_ops.h"
 #include "kv_window.h"
 
+#include <pthread.h>
 #include <string.h>
 
 /* x86-64 with GCC or Clang: the AVX2 twins may be compiled (kv_attention_avx2.c); whether they
@@ -37,7 +38,12 @@ typedef struct {
     int q16;             /* int8 keys meet the 16-bit query (default 1) */
 } kv_attn_cpu;
 extern kv_attn_cpu kv_attn_machine;
-void kv_attn_fast_init(void); /* the tables and kv_attn_machine, once (pthread_once) */
+extern pthread_once_t kv_attn_init_once;
+void kv_attn_init(void);
+
+/* The decode tables and kv_attn_machine, filled once, by whichever thread first needs them
+ * (attention decodes rows from inside an OpenMP loop). Inline: it is asked once per row. */
+static inline void kv_attn_fast_init(void) { pthread_once(&kv_attn_init_once, kv_attn_init); }
 
 /* fp16 and fp8 codes decoded once each (kv_attention_fast.c): [code] kvq_f16_to_f32(code),
  * [e5m2][code] kvq_fp8_to_f32(code, e5m2) */
@@ -150,12 +156,10 @@ static inline float kv_attn_exp_le0(float x)
 
 /* ---- kv_attention_fast.c: the portable loops ---------------------------------------------- */
 
+/* An fp16 row [d] through the table: one lookup per element (the portable path). */
+void kv_attn_f16_row_table(const uint8_t *row, float *out, int d);
 /* Columns [j0, j1) of row t decoded into out[j0 .. j1) (kv_cache_elem()'s values). */
 void kv_attn_row_part(const kv_head_view *h, int64_t t, int j0, int j1, float *out);
-/* Columns [j0, j1) of row t for reading, and its factor: fp32 rows where they lie, a per-token
- * int8 row as its codes (factor its scale), any other row decoded into @p scratch. */
-const float *kv_attn_row_at(const kv_head_view *h, int64_t t, int j0, int j1, float *scratch,
-                            float *factor);
 /* Key i of the walk (stored row r) and its factor, rotated under KV_POS_CACHE. */
 const float *kv_attn_key_row(const kv_attn_group *g, int64_t r, int64_t i, float *row,
                              float *factor);
@@ -170,6 +174,32 @@ void kv_attn_group_run_team(kv_attn_group *g, float *scratch, size_t stride);
 /* Floats of the row scratch of one group's passes: rows [KV_ATTN_ROWS][d], then for
  * integer-scored keys the queries' codes [G][d] int16 and steps [G]. */
 size_t kv_attn_row_floats(int G, int d);
+
+/* Columns [j0, j1) of row t for reading, and the factor the caller applies to the row
+ * (kv_attn_row_factored()): fp32 rows where they lie (a paged fp32 cache reads its rows in
+ * their blocks at the speed of the contiguous one; the KIVI fp32 window in its ring); a
+ * per-token int8 row as its codes converted to floats, factor its scale; any other row
+ * decoded into @p scratch. Indexed by column: p[j], j0 <= j < j1. Inline: a call per row
+ * would cost the loops a tenth of an fp32 cache's time.
+ * Why the int8 scale stays outside: q · (c·s) element by element costs a multiply per
+ * element, (q · c)·s one per row, and int8 attention is bound by its arithmetic, not by the
+ * memory (docs/performance.md §7). The same math, rounded differently (the reference reads
+ * c·s rounded to a float; the fast path multiplies by s once, later). */
+static inline const float *kv_attn_row_at(const kv_head_view *h, int64_t t, int j0, int j1,
+                                          float *scratch, float *factor)
+{
+    *factor = 1.0f;
+    if (t >= h->q) return h->ring + (t % h->window) * h->d;
+    if (h->fmt == KV_QF_F32)
+        return (const float *)(const void *)h->codes + kv_view_row(h, t) * h->d;
+    if (kv_attn_int8_per_row(h)) {
+        const int8_t *c = kv_attn_int8_row(h, t, factor);
+        for (int j = j0; j < j1; j++) scratch[j] = (float)c[j];
+        return scratch;
+    }
+    kv_attn_row_part(h, t, j0, j1, scratch);
+    return scratch;
+}
 
 /* ---- kv_attention_avx2.c: the twins (x86-64 only) ----------------------------------------- */
 

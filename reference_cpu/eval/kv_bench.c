@@ -132,7 +132,7 @@ int kv_read_bandwidth_chunks(kv_bandwidth *out, size_t buffer_bytes, size_t chun
             #pragma omp parallel for schedule(static) reduction(+ : s)
             for (size_t c = 0; c < nc; c++) {
                 if (c + 1 < nc) { /* the next chunk asked for while this one is summed, as a
-                                   * careful reader of scattered blocks does (kv_attention.c) */
+                                   * careful reader of scattered blocks does (kv_attention_avx2.c) */
                     const char *next = (const char *)(x + order[c + 1] * cw);
                     for (size_t o = 0; o < chunk_bytes; o += 64) __builtin_prefetch(next + o);
                 }
