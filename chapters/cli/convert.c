@@ -1,6 +1,6 @@
 /*
  * kvlab convert: MHA → GQA/MQA by mean-pooling the K/V projection heads of each group
- * (Ainslie et al. 2023; reference_cpu/model/kv_convert.h), written out as a new checkpoint, with the
+ * (Ainslie et al. 2023; reference_cpu/engine/kv_convert.h), written out as a new checkpoint, with the
  * change it makes to the model's next-token distributions measured on the way.
  */
 #include <stdio.h>

@@ -66,12 +66,17 @@
 
 #include <stdint.h>
 
-#include "kv_block_table.h"
 #include "kv_cache_spec.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/** One block copy of a paged cache: every layer, K and V, of block src into dst. The memory
+ * layer records them (kv_block_table.h); the cache performs them (kv_cache_copy_blocks()). */
+typedef struct {
+    int src, dst;
+} kv_block_copy;
 
 /** One tensor (K or V) of one layer, quantized layout (see the file comment). Pointers are
  * host memory in a kv_cache and device memory in the CUDA twin. */

@@ -18,22 +18,11 @@
 
 #include "kv_model.h"
 #include "kv_cache.h"
+#include "kv_seq.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/** One sequence's part of a step. */
-typedef struct {
-    int slot;          /**< cache slot of the sequence */
-    int pos;           /**< position of tokens[0]; must equal the slot's cached length */
-    int n_tokens;      /**< tokens to process this step (>= 1) */
-    const int *tokens; /**< [n_tokens] */
-    /** Chapter 10 (speculative verification): NULL, or [n_tokens][vocab] host memory that
-     *  receives the logits after every token of the step, not only the last. Last so every
-     *  positional initializer {slot, pos, n, tokens} leaves it NULL. */
-    float *all_logits;
-} kv_seq;
 
 /** Work done by steps, counted from shapes (the same formulas for CPU and CUDA). */
 typedef struct {

@@ -19,6 +19,7 @@
 #ifndef KV_BLOCK_TABLE_H
 #define KV_BLOCK_TABLE_H
 
+#include "kv_cache.h"
 #include "kv_common.h"
 #include "kv_pool.h"
 
@@ -26,11 +27,7 @@
 extern "C" {
 #endif
 
-/** One block copy the cache must perform: every layer, K and V, of block src into dst. */
-typedef struct {
-    int src, dst;
-} kv_block_copy;
-
+/* kv_block_copy, one copy the cache performs, is the cache's type (kv_cache.h). */
 /**
  * A batch of block copies. Perform them in list order, after the appends of a step and
  * before its writes and before any release of that step (a released src could be handed

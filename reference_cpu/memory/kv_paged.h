@@ -21,7 +21,7 @@
 #define KV_PAGED_H
 
 #include "kv_block_table.h"
-#include "kv_forward.h"
+#include "kv_seq.h"
 #include "kv_pool.h"
 #include "kv_prefix.h"
 
