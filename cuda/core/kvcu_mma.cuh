@@ -1,0 +1,143 @@
+/**
+ * @file kvcu_mma.cuh
+ * Tensor cores from CUDA C++: the warp-wide mma.sync.m16n8k16 (fp16 or bf16 inputs, fp32
+ * accumulators) and ldmatrix (m8n8 .x1/.x2/.x4, plain and .trans), the two instructions the
+ * tensor-core kernels are built of (flash prefill, cuda/attention/kvcu_prefill.cu; the
+ * projections' GEMM, cuda/model/kvcu_ops.cu). On a GPU each helper is one inline PTX
+ * instruction; in the emulation build (cuda/emu/mma.cpp) the warp meets, each lane reads the
+ * fragment registers of the others where the PTX ISA puts them and computes its own, so a
+ * kernel holding an element in the wrong register fails there as it would on the device.
+ *
+ * Fragments of one m16n8k16 product D = A·B + C (PTX ISA, "Matrix Fragments for
+ * mma.m16n8k16"; g = lane / 4, t = lane % 4; each 32-bit register holds two 16-bit elements,
+ * the lower column (or row, for B) in the low half):
+ *
+ *          A 16x16 (row major)                 B 16x8               C, D 16x8 (fp32)
+ *        cols 0..7      cols 8..15          col g                  cols 2t, 2t+1
+ *   row g    a[0]: 2t,2t+1  a[2]: 2t+8,2t+9   rows 2t,2t+1:   b[0]    row g:     c[0], c[1]
+ *   row g+8  a[1]: 2t,2t+1  a[3]: 2t+8,2t+9   rows 2t+8,2t+9: b[1]    row g + 8: c[2], c[3]
+ *
+ * ldmatrix gives these without shuffles: lanes 8i .. 8i+7 point at the 8 rows (16 bytes each,
+ * 16-byte aligned, shared memory) of 8x8 matrix i, and lane l receives row l/4, elements
+ * 2(l%4), 2(l%4)+1 of matrix i in register i; with .trans, of its transpose. So .x4 over a
+ * row-major 16x16 tile (lane l -> row l % 16, column 8·(l / 16)) yields a[0..3] in order; an
+ * [n][k] tile (K rows: S = Q·Kᵀ) read plainly yields B; a [k][n] tile (V rows: O = P·V) read
+ * with .trans yields B; and two adjacent C fragments of a 16x16 block, packed to 16 bits, are
+ * an A fragment (FlashAttention-2 keeps P in registers that way).
+ */
+#ifndef KVCU_MMA_CUH
+#define KVCU_MMA_CUH
+
+#include <stdint.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kv_cuda.cuh"
+
+#ifdef KV_CUDA_EMULATION
+#include "kvemu_mma.h"
+#endif
+
+/* Two floats as one register of two 16-bit elements: lo in the low half. */
+__device__ inline uint32_t kvcu_pack_f16(float lo, float hi)
+{
+    return (uint32_t)__half_as_ushort(__float2half_rn(lo)) |
+           (uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16;
+}
+
+__device__ inline uint32_t kvcu_pack_bf16(float lo, float hi)
+{
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16;
+}
+
+/* The pack of the element type: BF16 1 for bf16, 0 for fp16. */
+template <int BF16>
+__device__ inline uint32_t kvcu_pack2(float lo, float hi)
+{
+    return BF16 ? kvcu_pack_bf16(lo, hi) : kvcu_pack_f16(lo, hi);
+}
+
+/* One 16-bit element of the type as its bits. */
+template <int BF16>
+__device__ inline uint16_t kvcu_bits16(float x)
+{
+    return BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x))
+                : __half_as_ushort(__float2half_rn(x));
+}
+
+/* The instruction for input type TY ("f16" or "bf16"), accumulating into c in place. */
+#define KVCU_MMA_ASM(TY)                                                                       \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 "                    \
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                    \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                              \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+
+/** c += A·B on the warp's tensor cores: fp16 inputs, fp32 accumulators. */
+__device__ inline void kvcu_mma_f16(float c[4], const uint32_t a[4], const uint32_t b[2])
+{
+#ifdef KV_CUDA_EMULATION
+    kvemu_mma_m16n8k16(0, c, a, b);
+#else
+    KVCU_MMA_ASM("f16");
+#endif
+}
+
+/** c += A·B with bf16 inputs, fp32 accumulators. */
+__device__ inline void kvcu_mma_bf16(float c[4], const uint32_t a[4], const uint32_t b[2])
+{
+#ifdef KV_CUDA_EMULATION
+    kvemu_mma_m16n8k16(1, c, a, b);
+#else
+    KVCU_MMA_ASM("bf16");
+#endif
+}
+
+/* The mma of the element type. */
+template <int BF16>
+__device__ inline void kvcu_mma(float c[4], const uint32_t a[4], const uint32_t b[2])
+{
+    if (BF16) kvcu_mma_bf16(c, a, b);
+    else kvcu_mma_f16(c, a, b);
+}
+
+#ifndef KV_CUDA_EMULATION
+/* ldmatrix's operand: the 32-bit shared-window address of a generic pointer into shared. */
+__device__ inline uint32_t kvcu_smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+#endif
+
+/* One ldmatrix helper: @p row is this lane's row address (lanes 8i .. 8i+7: matrix i).
+ * PTX: the instruction text, then the "=r" operands of r[0 .. N-1]. */
+#ifdef KV_CUDA_EMULATION
+#define KVCU_LDMATRIX_FN(name, N, TRANS, PTX, ...)                                             \
+    __device__ inline void name(uint32_t r[N], const void *row) { kvemu_ldmatrix(N, TRANS, r, row); }
+#else
+#define KVCU_LDMATRIX_FN(name, N, TRANS, PTX, ...)                                             \
+    __device__ inline void name(uint32_t r[N], const void *row)                                \
+    {                                                                                          \
+        asm volatile(PTX : __VA_ARGS__ : "r"(kvcu_smem_addr(row)));                            \
+    }
+#endif
+
+/** .x1: lanes 0-7 give the rows of one 8x8 matrix; .x2: lanes 0-15, two; .x4: all lanes,
+ * four. The _trans forms give each lane elements of the transposed matrices. */
+KVCU_LDMATRIX_FN(kvcu_ldmatrix_x1, 1, 0, "ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];",
+                 "=r"(r[0]))
+KVCU_LDMATRIX_FN(kvcu_ldmatrix_x2, 2, 0,
+                 "ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];", "=r"(r[0]), "=r"(r[1]))
+KVCU_LDMATRIX_FN(kvcu_ldmatrix_x4, 4, 0,
+                 "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];", "=r"(r[0]),
+                 "=r"(r[1]), "=r"(r[2]), "=r"(r[3]))
+KVCU_LDMATRIX_FN(kvcu_ldmatrix_x1_trans, 1, 1,
+                 "ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];", "=r"(r[0]))
+KVCU_LDMATRIX_FN(kvcu_ldmatrix_x2_trans, 2, 1,
+                 "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];", "=r"(r[0]),
+                 "=r"(r[1]))
+KVCU_LDMATRIX_FN(kvcu_ldmatrix_x4_trans, 4, 1,
+                 "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];",
+                 "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]))
+
+#endif
