@@ -98,7 +98,7 @@ foreach(p ${presets})
   math(EXPR i "${i} + 1")
 endforeach()
 kv_plot(memory-vs-context "
-set title 'KV-cache bytes of one sequence, fp16 (kvlab calc; Mistral-7B stops at its 4096-token window)'
+set title 'KV-cache bytes of one sequence, fp16 (kvlab calc; Mistral-7B v0.1 stops at its 4096-token window)'
 set xlabel 'tokens in the cache N'
 set ylabel 'GiB'
 set logscale xy 2

@@ -90,7 +90,8 @@ int kv_demo_ch01(const kv_demo_ctx *ctx, kv_err *err)
                "  KV bytes written %.3e, read %.3e\n",
             steps, kv_run_total_median(&log), (long long)log.sum.tokens, log.sum.flops_proj,
             log.sum.flops_attn, log.sum.kv_bytes_written, log.sum.kv_bytes_read);
-    fprintf(f, "  (FLOPs: 2 per multiply-add; proj = Q,K,V,O, MLP and classifier, attn = 4*L*H*d per\n"
+    fprintf(f, "  (FLOPs and KV bytes are counted from the shapes, kv_counters_add_step; only time is\n"
+               "   measured. FLOPs: 2 per multiply-add; proj = Q,K,V,O, MLP and classifier, attn = 4*L*H*d per\n"
                "   (query, key) pair; KV bytes = L*2*H_kv*d*4 per token written or per pair read)\n");
 done:
     kv_run_log_free(&log);

@@ -245,7 +245,7 @@ void kv_calc_table(FILE *f, const char *dt, int64_t seq, int64_t batch)
         fprintf(f, " %12s\n", kv_fmt_bytes((double)kv_config_param_count(c) * dtype_bytes(dt, kv_config_head_dim(c)), u, sizeof u));
     }
     if (capped)
-        fprintf(f, "\n* sliding window: the cache holds at most the window (Mistral-7B: 4096 tokens).\n");
+        fprintf(f, "\n* sliding window: the cache holds at most the window (Mistral-7B v0.1: 4096 tokens; v0.2 on has none).\n");
     fprintf(f, "\nweights = parameter count * b, for scale. 'kvlab calc --preset NAME' explains one row.\n");
 }
 
