@@ -600,9 +600,14 @@ static int part_prefix(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
         fprintf(f, "   request B: %d prompt tokens, %d blocks hit = %d tokens, %d prefilled: "
                 "%.0f %% of its prefill saved\n", NB, hit_b / B, hit_b, NB - hit_b,
                 100.0 * hit_b / NB);
-        fprintf(f, "   (the system prompt is %d tokens = %d full blocks; block %d mixes system "
-                "and user tokens, so its hash differs).\n", CH05_SYSTEM, CH05_SYSTEM / B,
-                CH05_SYSTEM / B);
+        if (CH05_SYSTEM % B == 0) /* the prompt ends on a block boundary */
+            fprintf(f, "   (the system prompt is %d tokens = %d full blocks; block %d holds only user "
+                    "tokens, and A's and B's differ, so its hash differs).\n", CH05_SYSTEM,
+                    CH05_SYSTEM / B, CH05_SYSTEM / B);
+        else
+            fprintf(f, "   (the system prompt is %d tokens = %d full blocks + %d; block %d mixes "
+                    "system and user tokens, so its hash differs).\n", CH05_SYSTEM,
+                    CH05_SYSTEM / B, CH05_SYSTEM % B, CH05_SYSTEM / B);
         fprintf(f, "   prefix cache: %lld blocks looked up, %lld hit (every hit verified token "
                 "by token and by parent).\n", lookups, hits);
         fprintf(f, "   B's logits (last prompt token + %d steps) vs B alone on a contiguous "
