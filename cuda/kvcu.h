@@ -124,7 +124,7 @@ int kvcu_cache_speculate(kvcu_cache *c, int slot, int max_tokens, kv_err *err);
  * out of range or len outside [0, capacity]. */
 int kvcu_cache_commit_length(kvcu_cache *c, int slot, int len, kv_err *err);
 /** Chapter 09: the host-side selection state of a cache built by kvcu_retain_cache_create()
- * with spec.select != 0 (kv_retain.h), or NULL. Written by kvcu_forward() exactly as
+ * with spec.retain.select != 0 (kv_retain.h), or NULL. Written by kvcu_forward() exactly as
  * kv_forward() writes the CPU cache's c->retain. */
 struct kv_retain *kvcu_cache_retain(const kvcu_cache *c);
 /** kv_retain_cache_create() on the device: kvcu_cache_create(), and when the spec selects the

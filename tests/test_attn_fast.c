@@ -93,14 +93,14 @@ static int make_cache(kv_cache *c, const kv_config *cfg, int dtype, int B, int W
 {
     kv_err e;
     kv_cache_spec s = kv_cache_spec_default(1, MAX_LEN);
-    s.dtype = dtype;
-    s.window = W;
-    s.n_sinks = S;
-    s.pos_scheme = scheme;
+    s.quant.dtype = dtype;
+    s.window.size = W;
+    s.window.n_sinks = S;
+    s.window.pos_scheme = scheme;
     if (B) {
-        s.layout = KV_LAYOUT_PAGED;
-        s.block_size = B;
-        s.n_blocks = MAX_LEN / B + 4;
+        s.layout.kind = KV_LAYOUT_PAGED;
+        s.layout.block_size = B;
+        s.layout.n_blocks = MAX_LEN / B + 4;
     }
     int rc = kv_cache_create(c, cfg, &s, &e);
     if (rc) {
@@ -109,7 +109,7 @@ static int make_cache(kv_cache *c, const kv_config *cfg, int dtype, int B, int W
     }
     if (B) {
         int blocks[1024];
-        for (int i = 0; i < c->max_blocks; i++) blocks[i] = s.n_blocks - 1 - i;
+        for (int i = 0; i < c->max_blocks; i++) blocks[i] = s.layout.n_blocks - 1 - i;
         if ((rc = kv_cache_set_blocks(c, 0, blocks, c->max_blocks, &e))) {
             printf("  blocks: %s\n", e.msg);
             return rc;
@@ -140,7 +140,7 @@ typedef struct {
  * reads (kv_cache_elem(), keys rotated under KV_POS_CACHE) gives S and V. */
 static double bound_of(const kv_cache *c, int pos, int h, int H, const float *qh)
 {
-    const int d = c->head_dim, W = c->spec.window, S = c->spec.n_sinks;
+    const int d = c->head_dim, W = c->spec.window.size, S = c->spec.window.n_sinks;
     const int kvh = kv_attn_kv_head(h, H, c->n_kv_heads);
     const int rd = c->rope_cs ? c->rotary_dim / 2 * 2 : 0; /* dims rotated at attention */
     const kv_head_view kh = kv_cache_view(c, 0, 0, kvh, KV_QROLE_KEY);
@@ -206,7 +206,7 @@ static void check_cache(const char *what, const kv_config *cfg, kv_cache *c, int
     long bad_simd = 0, bad_team = 0, bad_head = 0, bad_ref = 0, bad_bound = 0, bad_call = 0;
     for (int pi = 0; pi < 3; pi++) {
         const int pos = positions[pi];
-        if (c->spec.window && pos != len - 1) continue; /* a window keeps the newest only */
+        if (c->spec.window.size && pos != len - 1) continue; /* a window keeps the newest only */
         for (size_t i = 0; i < hd; i++) q[i] = kv_rng_uniform(r, -1.5f, 1.5f);
         for (int h = 0; h < H; h++)
             if (q16_keys) kv_attn_query_rounded(q + h * d, d, qr + h * d);
@@ -311,7 +311,7 @@ static void test_team_long(int have_simd)
     kv_cache c;
     kv_err e;
     kv_cache_spec s = kv_cache_spec_default(1, 4096);
-    s.dtype = KV_QF_F16;
+    s.quant.dtype = KV_QF_F16;
     int rc = kv_cache_create(&c, &cfg, &s, &e);
     float *k = malloc((size_t)4096 * 128 * sizeof(float)), *v = malloc((size_t)4096 * 128 * 4);
     for (int i = 0; i < 4096 * 128; i++) k[i] = kv_rng_uniform(&r, -1, 1), v[i] = kv_rng_uniform(&r, -1, 1);

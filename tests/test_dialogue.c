@@ -157,9 +157,9 @@ static int run_variant(const kv_model *m, const kv_dialogue *d, int kind, const 
     kv_backend *b;
     int rc = kv_needle_cache_spec(variant, 2, kv_dialogue_length(d, kind), &sp, e);
     if (!rc && B) {
-        sp.layout = KV_LAYOUT_PAGED;
-        sp.block_size = B;
-        sp.n_blocks = sp.n_slots * ((sp.capacity + B - 1) / B);
+        sp.layout.kind = KV_LAYOUT_PAGED;
+        sp.layout.block_size = B;
+        sp.layout.n_blocks = sp.n_slots * ((sp.capacity + B - 1) / B);
     }
     if (!rc) rc = kv_backend_cpu(&b, m, &sp, e);
     if (rc) return rc;
@@ -267,14 +267,14 @@ static void test_window_dialogues(const char *dir, const kv_model *m)
             for (int w = 0; w < 4; w++) {
                 const int W = Ws[w];
                 kv_cache_spec sp = kv_cache_spec_default(2, need);
-                sp.dtype = w % 2 ? KV_QF_INT8 : KV_QF_F16;
-                sp.window = W;
-                sp.n_sinks = S;
-                sp.pos_scheme = scheme;
+                sp.quant.dtype = w % 2 ? KV_QF_INT8 : KV_QF_F16;
+                sp.window.size = W;
+                sp.window.n_sinks = S;
+                sp.window.pos_scheme = scheme;
                 if (w >= 2) { /* paged for the larger windows */
-                    sp.layout = KV_LAYOUT_PAGED;
-                    sp.block_size = 16;
-                    sp.n_blocks = 2 * ((W + S + 15) / 16);
+                    sp.layout.kind = KV_LAYOUT_PAGED;
+                    sp.layout.block_size = 16;
+                    sp.layout.n_blocks = 2 * ((W + S + 15) / 16);
                 }
                 kv_backend *b = NULL;
                 kv_dlg_result *res = calloc(d.n_turns, sizeof *res);

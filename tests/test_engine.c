@@ -304,10 +304,10 @@ static void test_refusals(void)
     /* specs kv_cache_create cannot build */
     kv_cache bad;
     kv_cache_spec bs = kv_cache_spec_default(1, 16);
-    bs.layout = 9;
+    bs.layout.kind = 9;
     expect(kv_cache_create(&bad, &m.config, &bs, &e), KV_ERR_UNSUPPORTED, &e, "layout", "layout 9");
     bs = kv_cache_spec_default(1, 16);
-    bs.dtype = 99;
+    bs.quant.dtype = 99;
     expect(kv_cache_create(&bad, &m.config, &bs, &e), KV_ERR_UNSUPPORTED, &e, "dtype", "dtype 99");
     bs = kv_cache_spec_default(0, 16);
     expect(kv_cache_create(&bad, &m.config, &bs, &e), KV_ERR_ARG, &e, "n_slots", "0 slots");

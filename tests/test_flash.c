@@ -51,11 +51,11 @@ static int make_cache(cache_case *cc, int d, int H, int Hkv, int dtype, int B, i
     g->seq_len = n > 1 ? n : 1;
     kv_config_set_defaults(g);
     kv_cache_spec s = kv_cache_spec_default(1, n > 1 ? n : 1);
-    s.dtype = dtype;
+    s.quant.dtype = dtype;
     if (B) {
-        s.layout = KV_LAYOUT_PAGED;
-        s.block_size = B;
-        s.n_blocks = (s.capacity + B - 1) / B + 3; /* a few spare blocks: the table skips them */
+        s.layout.kind = KV_LAYOUT_PAGED;
+        s.layout.block_size = B;
+        s.layout.n_blocks = (s.capacity + B - 1) / B + 3; /* a few spare blocks: the table skips them */
     }
     kv_err e;
     if (kv_cache_create(&cc->c, g, &s, &e)) {
@@ -66,7 +66,7 @@ static int make_cache(cache_case *cc, int d, int H, int Hkv, int dtype, int B, i
     if (B) { /* the blocks in reverse: no logical neighbours are physical neighbours */
         const size_t nb = ((size_t)s.capacity + B - 1) / (size_t)B; /* >= 1 */
         int *t = malloc(nb * sizeof(int));
-        for (size_t i = 0; i < nb; i++) t[i] = s.n_blocks - 1 - (int)i;
+        for (size_t i = 0; i < nb; i++) t[i] = s.layout.n_blocks - 1 - (int)i;
         int rc = kv_cache_set_blocks(&cc->c, 0, t, (int)nb, &e);
         free(t);
         if (rc) {
@@ -409,7 +409,7 @@ static void test_masked(void)
 
     /* a sliding-window cache is refused, by name */
     kv_cache_spec s = kv_cache_spec_default(1, 64);
-    s.window = 16;
+    s.window.size = 16;
     kv_cache wc;
     if (kv_cache_create(&wc, &cc.cfg, &s, &e) == KV_OK) {
         float qq[4 * 64] = {0};

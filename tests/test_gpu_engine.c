@@ -310,7 +310,7 @@ static void test_refusals(void)
     kvcu_cache *c = NULL;
     kv_err e;
     kv_cache_spec spec = kv_cache_spec_default(1, 16);
-    spec.dtype = 99; /* no such dtype */
+    spec.quant.dtype = 99; /* no such dtype */
     KV_CHECK(kvcu_cache_create(&c, &m.config, &spec, &e) == KV_ERR_UNSUPPORTED && !c,
              "an unknown dtype is KV_ERR_UNSUPPORTED");
     spec = kv_cache_spec_default(65536, 1 << 24); /* 2 x 256 TiB of K/V */

@@ -116,12 +116,12 @@ static int twin_make(twin *w, int fmt, int paged, int d, int G, int n)
     const int cap = paged ? nb * BLOCK : n + 3;
     w->cfg = shape(d, G, cap);
     kv_cache_spec s = kv_cache_spec_default(N_SLOTS, cap);
-    s.dtype = fmt;
-    s.kivi_window = 32; /* KIVI: rows past the newest 32 are quantized, older ones spill */
+    s.quant.dtype = fmt;
+    s.quant.kivi_window = 32; /* KIVI: rows past the newest 32 are quantized, older ones spill */
     if (paged) {
-        s.layout = KV_LAYOUT_PAGED;
-        s.block_size = BLOCK;
-        s.n_blocks = nb;
+        s.layout.kind = KV_LAYOUT_PAGED;
+        s.layout.block_size = BLOCK;
+        s.layout.n_blocks = nb;
     }
     kv_err e = {{0}};
     if (kv_cache_create(&w->c, &w->cfg, &s, &e) || kvcu_cache_create(&w->g, &w->cfg, &s, &e)) {
@@ -319,7 +319,7 @@ static void check_contract(void)
     /* a windowed cache is refused */
     kv_config cfg = shape(64, 1, 64);
     kv_cache_spec s = kv_cache_spec_default(1, 64);
-    s.window = 16;
+    s.window.size = 16;
     kvcu_cache *g = NULL;
     st = kvcu_cache_create(&g, &cfg, &s, &e);
     KV_CHECK(st == KV_OK, "windowed cache: %s", e.msg);

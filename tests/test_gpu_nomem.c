@@ -29,9 +29,9 @@ static const kv_request REQS[N_REQ] = {
 static kv_cache_spec paged_spec(void)
 {
     kv_cache_spec s = kv_cache_spec_default(8, 256);
-    s.layout = KV_LAYOUT_PAGED;
-    s.block_size = 16;
-    s.n_blocks = 96;
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.layout.block_size = 16;
+    s.layout.n_blocks = 96;
     return s;
 }
 

@@ -168,14 +168,14 @@ static void check_cache(int fmt, int B)
     snprintf(name, sizeof name, "%s B %d", kv_quant_name(fmt), B);
 
     kv_cache_spec s = kv_cache_spec_default(3, N * B); /* slot 2: the poison writer */
-    s.layout = KV_LAYOUT_PAGED;
-    s.dtype = fmt;
-    s.block_size = B;
-    s.n_blocks = N;
-    s.kivi_window = WINDOW;
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.quant.dtype = fmt;
+    s.layout.block_size = B;
+    s.layout.n_blocks = N;
+    s.quant.kivi_window = WINDOW;
     kv_cache_spec sc = kv_cache_spec_default(2, L1);
-    sc.dtype = fmt;
-    sc.kivi_window = WINDOW;
+    sc.quant.dtype = fmt;
+    sc.quant.kivi_window = WINDOW;
     trio t;
     memset(&t, 0, sizeof t);
     t.L = N_LAYERS;
@@ -295,14 +295,14 @@ static void check_long(int fmt)
     const int nb = (n + B - 1) / B;
     const kv_config cfg = shape(d, 1);
     kv_cache_spec s = kv_cache_spec_default(1, n);
-    s.layout = KV_LAYOUT_PAGED;
-    s.dtype = fmt;
-    s.block_size = B;
-    s.n_blocks = nb + 5;
-    s.kivi_window = WINDOW;
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.quant.dtype = fmt;
+    s.layout.block_size = B;
+    s.layout.n_blocks = nb + 5;
+    s.quant.kivi_window = WINDOW;
     kv_cache_spec sc = kv_cache_spec_default(1, n);
-    sc.dtype = fmt;
-    sc.kivi_window = WINDOW;
+    sc.quant.dtype = fmt;
+    sc.quant.kivi_window = WINDOW;
     char name[64];
     snprintf(name, sizeof name, "%s long (%d positions, B %d)", kv_quant_name(fmt), n, B);
     trio t;
@@ -389,11 +389,11 @@ static void check_copy_lists(int fmt)
     const int d = head_dim_for(fmt), B = 32, N = 10;
     const kv_config cfg = shape(d, N_LAYERS);
     kv_cache_spec s = kv_cache_spec_default(1, N * B);
-    s.layout = KV_LAYOUT_PAGED;
-    s.dtype = fmt;
-    s.block_size = B;
-    s.n_blocks = N;
-    s.kivi_window = WINDOW;
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.quant.dtype = fmt;
+    s.layout.block_size = B;
+    s.layout.n_blocks = N;
+    s.quant.kivi_window = WINDOW;
     kv_cache c;
     kvcu_cache *g = NULL;
     kv_err e;
@@ -463,10 +463,10 @@ static void check_write_slots(int fmt)
     const int d = head_dim_for(fmt), B = 8, N = 6, n = 2 * (N * B) / 3; /* 32 tokens */
     const kv_config cfg = shape(d, N_LAYERS);
     kv_cache_spec s = kv_cache_spec_default(1, N * B);
-    s.layout = KV_LAYOUT_PAGED;
-    s.dtype = fmt;
-    s.block_size = B;
-    s.n_blocks = N;
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.quant.dtype = fmt;
+    s.layout.block_size = B;
+    s.layout.n_blocks = N;
     kv_cache c, ref;
     kvcu_cache *g = NULL;
     kv_err e;
@@ -533,12 +533,12 @@ static void check_backend(int fmt, int B)
     kv_model_randomize(&m, 505);
     enum { PROMPT = 21, STEPS = 10, CAP = 40 };
     kv_cache_spec sp = kv_cache_spec_default(2, CAP);
-    sp.dtype = fmt;
-    sp.layout = KV_LAYOUT_PAGED;
-    sp.block_size = B;
-    sp.n_blocks = 2 * ((CAP + B - 1) / B);
+    sp.quant.dtype = fmt;
+    sp.layout.kind = KV_LAYOUT_PAGED;
+    sp.layout.block_size = B;
+    sp.layout.n_blocks = 2 * ((CAP + B - 1) / B);
     kv_cache_spec sc = kv_cache_spec_default(2, CAP);
-    sc.dtype = fmt;
+    sc.quant.dtype = fmt;
     kv_backend *bc = NULL, *bg = NULL, *bgc = NULL;
     if (kv_backend_cpu(&bc, &m, &sp, &e) || kvcu_backend_create(&bg, &m, &sp, &e) ||
         kvcu_backend_create(&bgc, &m, &sc, &e)) {
@@ -616,7 +616,7 @@ static void check_backend(int fmt, int B)
     /* reset gives the blocks back: a new prompt in slot 0 runs again */
     bg->reset(bg, 0);
     bg->reset(bg, 1);
-    KV_CHECK(kv_paged_available(bg->mem) == sp.n_blocks, "%s: reset returns every block", what);
+    KV_CHECK(kv_paged_available(bg->mem) == sp.layout.n_blocks, "%s: reset returns every block", what);
     free(lc); free(lg); free(lgc);
     kv_backend_destroy(bc);
     kv_backend_destroy(bg);
@@ -640,9 +640,9 @@ static void check_prefix(void)
     kv_model_randomize(&m, 707);
     enum { PROMPT = 21, B = 8 };
     kv_cache_spec sp = kv_cache_spec_default(2, 32);
-    sp.layout = KV_LAYOUT_PAGED;
-    sp.block_size = B;
-    sp.n_blocks = 10;
+    sp.layout.kind = KV_LAYOUT_PAGED;
+    sp.layout.block_size = B;
+    sp.layout.n_blocks = 10;
     kv_backend *b[2] = {NULL, NULL}; /* CPU, CUDA */
     int rc = kv_backend_cpu(&b[0], &m, &sp, &e);
     if (!rc) rc = kvcu_backend_create(&b[1], &m, &sp, &e);
@@ -689,9 +689,9 @@ static void check_engine_long(void)
     kv_model_randomize(&m, 606);
     enum { LONG = 600, SHORT = 30, CAP = 640 };
     kv_cache_spec sp = kv_cache_spec_default(2, CAP);
-    sp.layout = KV_LAYOUT_PAGED;
-    sp.block_size = 16;
-    sp.n_blocks = 2 * CAP / 16;
+    sp.layout.kind = KV_LAYOUT_PAGED;
+    sp.layout.block_size = 16;
+    sp.layout.n_blocks = 2 * CAP / 16;
     kv_cache_spec sc = kv_cache_spec_default(2, CAP);
     kv_backend *bc = NULL, *bg = NULL, *solo = NULL;
     if (kv_backend_cpu(&bc, &m, &sp, &e) || kvcu_backend_create(&bg, &m, &sp, &e) ||

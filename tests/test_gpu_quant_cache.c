@@ -47,9 +47,9 @@ static void check_format(int fmt, int per_head, int d, int H, int Hkv, int n, in
 {
     const kv_config cfg = small_config(2, H, Hkv, d);
     kv_cache_spec s = kv_cache_spec_default(2, n);
-    s.dtype = fmt;
-    s.fp8_per_head = per_head;
-    s.kivi_window = 64;
+    s.quant.dtype = fmt;
+    s.quant.fp8_per_head = per_head;
+    s.quant.kivi_window = 64;
     const char *name = kv_quant_name(fmt);
     kv_cache c, g; /* g: the device cache's bytes, viewed through a CPU cache of the same spec */
     kvcu_cache *dc = NULL;
@@ -136,8 +136,8 @@ static void check_engine(void)
     for (int fi = 0; fi < N_FORMATS; fi++) {
         const int fmt = formats[fi];
         kv_cache_spec s = kv_cache_spec_default(1, PROMPT + STEPS);
-        s.dtype = fmt;
-        s.kivi_window = 32; /* the prompt spills, and so do some decode steps */
+        s.quant.dtype = fmt;
+        s.quant.kivi_window = 32; /* the prompt spills, and so do some decode steps */
         kv_backend *bc = NULL, *bg = NULL;
         if (kv_backend_cpu(&bc, &m, &s, &e) || kvcu_backend_create(&bg, &m, &s, &e)) {
             KV_CHECK(0, "%s: backends: %s", kv_quant_name(fmt), e.msg);

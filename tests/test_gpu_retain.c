@@ -93,17 +93,17 @@ static kv_cache_spec retain_spec(int dtype, const method_case *mc)
 {
     kv_cache_spec s;
     memset(&s, 0, sizeof s);
-    s.layout = KV_LAYOUT_CONTIGUOUS;
-    s.dtype = dtype;
+    s.layout.kind = KV_LAYOUT_CONTIGUOUS;
+    s.quant.dtype = dtype;
     s.n_slots = 1;
     s.capacity = CAP;
     if (mc) {
-        s.select = mc->method;
-        s.select_budget = mc->budget;
-        s.select_ratio = mc->ratio;
-        s.select_window = mc->window;
-        s.select_sinks = mc->sinks;
-        s.select_dense_layers = mc->dense;
+        s.retain.select = mc->method;
+        s.retain.budget = mc->budget;
+        s.retain.ratio = mc->ratio;
+        s.retain.window = mc->window;
+        s.retain.sinks = mc->sinks;
+        s.retain.dense_layers = mc->dense;
     }
     return s;
 }
@@ -489,18 +489,18 @@ static void test_refusals(const kv_config *cfg)
     } bad[5];
     for (int i = 0; i < 5; i++) bad[i].s = retain_spec(KV_QF_F32, &h2o);
     bad[0].what = "paged";
-    bad[0].s.layout = KV_LAYOUT_PAGED;
-    bad[0].s.block_size = 16;
-    bad[0].s.n_blocks = 32;
+    bad[0].s.layout.kind = KV_LAYOUT_PAGED;
+    bad[0].s.layout.block_size = 16;
+    bad[0].s.layout.n_blocks = 32;
     bad[1].what = "window";
-    bad[1].s.window = 32;
-    bad[1].s.n_sinks = 4;
+    bad[1].s.window.size = 32;
+    bad[1].s.window.n_sinks = 4;
     bad[2].what = "KIVI";
-    bad[2].s.dtype = KV_QF_INT4_KIVI;
+    bad[2].s.quant.dtype = KV_QF_INT4_KIVI;
     bad[3].what = "no budget";
-    bad[3].s.select_budget = 0;
+    bad[3].s.retain.budget = 0;
     bad[4].what = "unknown method";
-    bad[4].s.select = 99;
+    bad[4].s.retain.select = 99;
     for (int i = 0; i < 5; i++) {
         kv_err ec, eg;
         kv_cache c;

@@ -41,9 +41,9 @@ static const kv_request REQS[] = {
 static kv_cache_spec paged_spec(int n_blocks)
 {
     kv_cache_spec s = kv_cache_spec_default(16, 128);
-    s.layout = KV_LAYOUT_PAGED;
-    s.block_size = 4;
-    s.n_blocks = n_blocks;
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.layout.block_size = 4;
+    s.layout.n_blocks = n_blocks;
     return s;
 }
 

@@ -308,7 +308,7 @@ static void test_refusals(const kv_model *m, const kv_model *dm)
     kv_err e;
     /* a window: the undo log rolls the ring back (test_gpu_spec_window checks the bytes) */
     kv_cache_spec w = kv_cache_spec_default(1, CAP);
-    w.window = 16;
+    w.window.size = 16;
     kv_backend *t = NULL, *d = NULL;
     if (kvcu_backend_create(&t, m, &w, &e) == KV_OK &&
         kvcu_backend_create(&d, dm, &w, &e) == KV_OK) {
@@ -326,8 +326,8 @@ static void test_refusals(const kv_model *m, const kv_model *dm)
     c.n_heads = c.n_kv_heads = 2;
     c.rotary_dim = 32;
     kv_cache_spec kivi = kv_cache_spec_default(1, CAP);
-    kivi.dtype = KV_QF_INT4_KIVI;
-    kivi.kivi_window = 32;
+    kivi.quant.dtype = KV_QF_INT4_KIVI;
+    kivi.quant.kivi_window = 32;
     kvcu_cache *kc = NULL;
     if (kvcu_cache_create(&kc, &c, &kivi, &e) == KV_OK)
         KV_CHECK(kvcu_cache_commit_length(kc, 0, 5, &e) == KV_OK &&

@@ -45,9 +45,9 @@ static uint32_t next(void)
 static kv_cache_spec case_spec(const wcase *w)
 {
     kv_cache_spec s = spec_cache_spec(w->paged, w->dtype, CAP, 32);
-    s.window = w->window;
-    s.n_sinks = w->sinks;
-    s.kivi_window = w->kivi_window;
+    s.window.size = w->window;
+    s.window.n_sinks = w->sinks;
+    s.quant.kivi_window = w->kivi_window;
     return s;
 }
 
@@ -90,7 +90,7 @@ static void test_rounds(const kv_config *cfg, const wcase *w)
              kvcu_cache_speculate(gc, 0, k, &e) == KV_OK;
         /* in the forward pass's waves: a ring row is never written twice by one launch */
         for (int o = 0, w8; o < n && ok; o += w8) {
-            w8 = kv_window_chunk(spec.window, spec.n_sinks, len + o, n - o);
+            w8 = kv_window_chunk(spec.window.size, spec.window.n_sinks, len + o, n - o);
             const size_t a = o * kvdim, b = (n + o) * kvdim;
             for (int l = 0; l < L && ok; l++)
                 ok = kv_cache_write_seq(&hc, l, 0, len + o, w8, hk + a, hk + b, &e) == KV_OK &&
@@ -121,7 +121,7 @@ static void test_rounds(const kv_config *cfg, const wcase *w)
     /* beyond the log and unarmed: refused by both, nothing changed */
     ok = kv_cache_speculate(&hc, 0, 2, &e) == KV_OK && kvcu_cache_speculate(gc, 0, 2, &e) == KV_OK;
     for (int o = 0, w8; o < 4 && ok; o += w8) {
-        w8 = kv_window_chunk(spec.window, spec.n_sinks, len + o, 4 - o);
+        w8 = kv_window_chunk(spec.window.size, spec.window.n_sinks, len + o, 4 - o);
         for (int l = 0; l < L && ok; l++)
             ok = kv_cache_write_seq(&hc, l, 0, len + o, w8, hk + o * kvdim,
                                     hk + (4 + o) * kvdim, &e) == KV_OK &&

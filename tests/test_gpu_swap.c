@@ -50,9 +50,9 @@ static kv_cache_spec paged_spec(const char *variant, int B, kv_err *e, int *rc)
 {
     kv_cache_spec s;
     *rc = kv_needle_cache_spec(variant, N_SLOTS, CAP, &s, e);
-    s.layout = KV_LAYOUT_PAGED;
-    s.block_size = B;
-    s.n_blocks = 2 * ((CAP + B - 1) / B);
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.layout.block_size = B;
+    s.layout.n_blocks = 2 * ((CAP + B - 1) / B);
     return s;
 }
 
@@ -74,7 +74,7 @@ static void check_bytes(const kv_config *cfg, const char *variant, int B)
         kvcu_cache_free(gc);
         return;
     }
-    const int N = ps.n_blocks, Hkv = cfg->n_kv_heads, d = cfg->dim / cfg->n_heads;
+    const int N = ps.layout.n_blocks, Hkv = cfg->n_kv_heads, d = cfg->dim / cfg->n_heads;
     const size_t bb = kv_cache_block_bytes(&cc);
     KV_CHECK(bb > 0 && kvcu_cache_block_bytes(gc) == bb, "%s B%d: block bytes CPU %zu, GPU %zu",
              variant, B, bb, kvcu_cache_block_bytes(gc));

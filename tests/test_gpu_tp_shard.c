@@ -451,7 +451,7 @@ static void test_batch(const kv_model *m, int p, int window, const char *what)
     kv_err e;
     const int V = m->config.vocab_size;
     kv_cache_spec spec = kv_cache_spec_default(2, CAP);
-    spec.window = window;
+    spec.window.size = window;
     kv_backend *cpu = NULL, *sh = NULL;
     int ok = kv_tp_backend(&cpu, m, p, &spec, &e) == KV_OK &&
              group_create(&sh, m, p, &spec, &e) == KV_OK;
@@ -510,8 +510,8 @@ static void test_refusals(const kv_model *m)
         kv_config shape = m->config;
         shape.n_kv_heads = sh.n_kv_heads;
         kv_cache_spec rs = spec;
-        rs.select = KV_SELECT_L2_LARGE;
-        rs.select_budget = 16;
+        rs.retain.select = KV_SELECT_L2_LARGE;
+        rs.retain.budget = 16;
         if (kvcu_cache_create(&ret, &shape, &rs, &e) == KV_OK) {
             const int rc2 = kvcu_forward_shard(dm, ret, ds, &sh, &s, 1, NULL, NULL, &e);
             KV_CHECK(rc2 == KV_ERR_UNSUPPORTED && strstr(e.msg, "tensor-parallel"),

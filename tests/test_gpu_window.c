@@ -64,14 +64,14 @@ static kv_cache_spec window_spec(int dtype, int paged, int B, int W, int S, int 
                                  int capacity)
 {
     kv_cache_spec s = kv_cache_spec_default(1, capacity);
-    s.dtype = dtype;
-    s.window = W;
-    s.n_sinks = S;
-    s.pos_scheme = scheme;
+    s.quant.dtype = dtype;
+    s.window.size = W;
+    s.window.n_sinks = S;
+    s.window.pos_scheme = scheme;
     if (paged) {
-        s.layout = KV_LAYOUT_PAGED;
-        s.block_size = B;
-        s.n_blocks = (S + W + B - 1) / B + 3;
+        s.layout.kind = KV_LAYOUT_PAGED;
+        s.layout.block_size = B;
+        s.layout.n_blocks = (S + W + B - 1) / B + 3;
     }
     return s;
 }
@@ -100,9 +100,9 @@ static int pair_create(pair *p, const kv_config *cfg, const kv_cache_spec *s, kv
     memset(p, 0, sizeof *p);
     int rc = kv_cache_create(&p->cpu, cfg, s, e);
     if (!rc) rc = kvcu_cache_create(&p->gpu, cfg, s, e);
-    if (!rc && s->layout == KV_LAYOUT_PAGED) {
+    if (!rc && s->layout.kind == KV_LAYOUT_PAGED) {
         int blocks[64];
-        for (int i = 0; i < p->cpu.max_blocks; i++) blocks[i] = (s->n_blocks - 1 - i);
+        for (int i = 0; i < p->cpu.max_blocks; i++) blocks[i] = (s->layout.n_blocks - 1 - i);
         rc = kv_cache_set_blocks(&p->cpu, 0, blocks, p->cpu.max_blocks, e);
         if (!rc) rc = kvcu_cache_set_blocks(p->gpu, 0, blocks, p->cpu.max_blocks, e);
     }
@@ -142,7 +142,7 @@ static int same_bytes(const pair *p, const char *what)
  * KV_POS_CACHE: what the windowed kernels must see. Returns n. */
 static int gather(const kv_cache *c, const kv_config *cfg, int t, float *k, float *v)
 {
-    const int W = c->spec.window, S = c->spec.n_sinks;
+    const int W = c->spec.window.size, S = c->spec.window.n_sinks;
     const int n = (int)kv_window_count(W, S, t);
     for (int h = 0; h < HKV; h++) {
         const kv_head_view kh = kv_cache_view(c, 0, 0, h, KV_QROLE_KEY);
@@ -152,7 +152,7 @@ static int gather(const kv_cache *c, const kv_config *cfg, int t, float *k, floa
             float *kr = k + ((size_t)h * n + i) * D;
             kv_attn_row(&kh, row, kr);
             kv_attn_row(&vh, row, v + ((size_t)h * n + i) * D);
-            if (c->spec.pos_scheme == KV_POS_CACHE)
+            if (c->spec.window.pos_scheme == KV_POS_CACHE)
                 kv_rope(kr, &i, 1, 1, D, cfg->rotary_dim, cfg->rope_theta);
         }
     }
@@ -164,7 +164,7 @@ static int gather(const kv_cache *c, const kv_config *cfg, int t, float *k, floa
 static int check_query(pair *p, const kv_config *cfg, int t, const char *what)
 {
     kv_err e;
-    const int span = p->cpu.spec.window + p->cpu.spec.n_sinks;
+    const int span = p->cpu.spec.window.size + p->cpu.spec.window.n_sinks;
     float q[H * D], ref[H * D], got[H * D], plain[H * D];
     for (int i = 0; i < H * D; i++) q[i] = kv_rng_normal(&rng);
     float *kg = malloc(sizeof(float) * HKV * span * D), *vg = malloc(sizeof(float) * HKV * span * D);
@@ -347,7 +347,7 @@ static void test_specs(void)
     kvcu_cache_free(g);
     kv_cache_free(&c);
     g = NULL;
-    s.dtype = KV_QF_INT4_KIVI;
+    s.quant.dtype = KV_QF_INT4_KIVI;
     KV_CHECK(kvcu_cache_create(&g, &cfg, &s, &e) == KV_ERR_UNSUPPORTED && strstr(e.msg, "int4"),
              "KIVI + window refused on the device, named: %s", e.msg);
     kvcu_cache_free(g);
@@ -399,10 +399,11 @@ static int gpu_stream(const kvcu_model *gm, const kv_config *cfg, const kv_cache
     kvcu_state *st = NULL;
     int rc = kvcu_cache_create(&c, cfg, s, e);
     if (!rc) rc = kvcu_state_create(&st, e);
-    if (!rc && s->layout == KV_LAYOUT_PAGED) {
-        const int nb = (s->window + s->n_sinks + s->block_size - 1) / s->block_size;
+    if (!rc && s->layout.kind == KV_LAYOUT_PAGED) {
+        const int nb =
+            (s->window.size + s->window.n_sinks + s->layout.block_size - 1) / s->layout.block_size;
         int blocks[64];
-        for (int i = 0; i < nb; i++) blocks[i] = s->n_blocks - 1 - i; /* scrambled */
+        for (int i = 0; i < nb; i++) blocks[i] = s->layout.n_blocks - 1 - i; /* scrambled */
         rc = kvcu_cache_set_blocks(c, 0, blocks, nb, e);
     }
     for (int pos = 0, k = 0; !rc && pos < n;) {
@@ -521,7 +522,7 @@ static void test_forward(void)
 
     /* a greedy stream through the backends, paged, with the table bounded by the window */
     kv_cache_spec sp = window_spec(KV_QF_F32, 1, 16, 24, 4, KV_POS_CACHE, 1 << 20);
-    sp.n_blocks = 8;
+    sp.layout.n_blocks = 8;
     kv_backend *bc = NULL, *bg = NULL;
     if (kv_backend_cpu(&bc, &m, &sp, &e) || kvcu_backend_create(&bg, &m, &sp, &e)) {
         KV_CHECK(0, "backends: %s", e.msg);

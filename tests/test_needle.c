@@ -99,9 +99,9 @@ static int make_paged(kv_backend **out, const kv_model *m, const kv_cache_spec *
                       kv_err *err)
 {
     kv_cache_spec s = *spec;
-    s.layout = KV_LAYOUT_PAGED;
-    s.block_size = *(const int *)user;
-    s.n_blocks = s.n_slots * ((s.capacity + s.block_size - 1) / s.block_size);
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.layout.block_size = *(const int *)user;
+    s.layout.n_blocks = s.n_slots * ((s.capacity + s.layout.block_size - 1) / s.layout.block_size);
     int rc = kv_backend_cpu(out, m, &s, err);
     if (rc) return rc;
     kv_pool *p = &(*out)->mem->paged->pool;
@@ -223,14 +223,14 @@ static void run_window(void)
     for (int v = 0; v < 5; v++) {
         const int scheme = variants[v][0], S = variants[v][1];
         kv_cache_spec sp = kv_cache_spec_default(1, LEN + 2 * n_depths);
-        sp.dtype = variants[v][2];
-        sp.window = W;
-        sp.n_sinks = S;
-        sp.pos_scheme = scheme;
+        sp.quant.dtype = variants[v][2];
+        sp.window.size = W;
+        sp.window.n_sinks = S;
+        sp.window.pos_scheme = scheme;
         if (variants[v][3]) {
-            sp.layout = KV_LAYOUT_PAGED;
-            sp.block_size = 16;
-            sp.n_blocks = (W + S + 15) / 16 + 2;
+            sp.layout.kind = KV_LAYOUT_PAGED;
+            sp.layout.block_size = 16;
+            sp.layout.n_blocks = (W + S + 15) / 16 + 2;
         }
         kv_backend *b = NULL;
         int rc = kv_backend_cpu(&b, &m, &sp, &e);
@@ -244,7 +244,7 @@ static void run_window(void)
             const int predicted = r->distance <= W || in_sinks;
             KV_CHECK(r->pass == predicted, "%s W %d S %d %s%s: needle at %d (distance %ld) %s, "
                      "predicted %s (margin %.3f)", kv_window_scheme_name(scheme), W, S,
-                     kv_quant_name(sp.dtype), variants[v][3] ? " paged" : "", r->position,
+                     kv_quant_name(sp.quant.dtype), variants[v][3] ? " paged" : "", r->position,
                      r->distance, r->pass ? "retrieved" : "lost", predicted ? "retrieved" : "lost",
                      r->margin);
             inside += r->pass && r->distance <= W;
@@ -256,7 +256,7 @@ static void run_window(void)
                  "variant %d covers inside (%d), lost (%d) and sink (%d) cells", v, inside, lost,
                  sunk);
         printf("  %-8s S %d %-5s %-10s  inside retrieved %d, beyond lost %d, in sinks kept %d\n",
-               kv_window_scheme_name(scheme), S, kv_quant_name(sp.dtype),
+               kv_window_scheme_name(scheme), S, kv_quant_name(sp.quant.dtype),
                variants[v][3] ? "paged" : "contiguous", inside, lost, sunk);
         kv_backend_destroy(b);
     }

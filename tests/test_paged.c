@@ -116,9 +116,9 @@ static void check_released(kv_backend *b, const char *what)
 
 static kv_cache_spec paged(kv_cache_spec s, int B, int extra)
 {
-    s.layout = KV_LAYOUT_PAGED;
-    s.block_size = B;
-    s.n_blocks = s.n_slots * ((s.capacity + B - 1) / B) + extra;
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.layout.block_size = B;
+    s.layout.n_blocks = s.n_slots * ((s.capacity + B - 1) / B) + extra;
     return s;
 }
 
@@ -140,7 +140,7 @@ static void check_equivalence(const char *model_name, const kv_model *m, const c
     if (!rc) rc = run_schedule(b, ref, &e);
     kv_backend_destroy(b);
     KV_CHECK(rc == KV_OK, "%s %s contiguous: %s", model_name, variant, e.msg);
-    const int kivi = kvq_is_kivi(cs.dtype);
+    const int kivi = kvq_is_kivi(cs.quant.dtype);
     const int Bs[3] = {8, 16, 32};
     for (int bi = kivi ? 2 : 0; bi < 3 && !rc; bi++) {
         kv_cache_spec ps = paged(cs, Bs[bi], 5);
@@ -191,9 +191,9 @@ static void check_copy_blocks(const kv_config *cfg, const char *variant)
         KV_CHECK(0, "%s: %s", variant, e.msg);
         return;
     }
-    const int B = kvq_is_kivi(s.dtype) ? 32 : 16, N = 6, d = kv_config_head_dim(cfg);
+    const int B = kvq_is_kivi(s.quant.dtype) ? 32 : 16, N = 6, d = kv_config_head_dim(cfg);
     s = paged(s, B, 0);
-    s.n_blocks = N;
+    s.layout.n_blocks = N;
     kv_cache c;
     if (kv_cache_create(&c, cfg, &s, &e)) {
         KV_CHECK(0, "copy_blocks %s: %s", variant, e.msg);
@@ -356,7 +356,7 @@ static void check_prefix(const kv_model *m, const char *variant, int B)
     }
     /* A's prompt: 3B + 5 tokens; B's: the first 2B + 3 of them, then 20 of its own */
     const int V = m->config.vocab_size, np = 3 * B + 5, shared = 2 * B + 3, NQ = shared + 20;
-    const int adoptable = !kvq_is_fp8(cs.dtype) && !kvq_is_kivi(cs.dtype);
+    const int adoptable = !kvq_is_fp8(cs.quant.dtype) && !kvq_is_kivi(cs.quant.dtype);
     int P[2 * CAP], Q[2 * CAP];
     memcpy(P, TOK[2], sizeof TOK[2]);
     memcpy(P + CAP, TOK[0], sizeof TOK[0]);
@@ -384,7 +384,7 @@ static void check_prefix(const kv_model *m, const char *variant, int B)
                  b->length(b, 1), rc ? e.msg : "");
     } else {
         KV_CHECK(rc == KV_ERR_UNSUPPORTED && hit == 0 && strstr(e.msg, "cannot be adopted") &&
-                     strstr(e.msg, kv_quant_name(cs.dtype)),
+                     strstr(e.msg, kv_quant_name(cs.quant.dtype)),
                  "prefix %s: adoption not refused with its reason: rc %d, '%s'", variant, rc,
                  rc ? e.msg : "");
         KV_CHECK(b->length(b, 1) == 0 && b->mem->paged->tables[1].n_blocks == 0,
@@ -454,7 +454,7 @@ static void check_exhaustion(const kv_model *m)
     kv_err e;
     const int V = m->config.vocab_size;
     kv_cache_spec cs = kv_cache_spec_default(2, 64), ps = paged(cs, 8, 0);
-    ps.n_blocks = 5;
+    ps.layout.n_blocks = 5;
     kv_backend *b, *r;
     if (kv_backend_cpu(&b, m, &ps, &e) || kv_backend_cpu(&r, m, &cs, &e)) {
         KV_CHECK(0, "exhaustion: %s", e.msg);
@@ -511,7 +511,7 @@ static void check_shared_step(const kv_model *m)
     kv_err e;
     const int V = m->config.vocab_size;
     kv_cache_spec cs = kv_cache_spec_default(2, 64), ps = paged(cs, 8, 0);
-    ps.n_blocks = 3; /* 12 tokens take 2 blocks, 1 left: one copy-on-write, no more */
+    ps.layout.n_blocks = 3; /* 12 tokens take 2 blocks, 1 left: one copy-on-write, no more */
     kv_backend *b, *r;
     if (kv_backend_cpu(&b, m, &ps, &e) || kv_backend_cpu(&r, m, &cs, &e)) {
         KV_CHECK(0, "shared step: %s", e.msg);
@@ -583,7 +583,7 @@ static void check_write_slots(const kv_config *cfg, const char *variant)
         memcpy(vp + (size_t)t * kvdim, v + (size_t)i * kvdim, sizeof(float) * kvdim);
         t++;
     }
-    const int fmt = s.dtype;
+    const int fmt = s.quant.dtype;
     const int refuse = kvq_is_fp8(fmt) || kvq_is_kivi(fmt);
     int rc = kv_cache_set_blocks(&ref, 0, table, 6, &e);
     for (int l = 0; l < cfg->n_layers && !rc; l++) {
@@ -601,7 +601,7 @@ static void check_write_slots(const kv_config *cfg, const char *variant)
         KV_CHECK(!rc && !memcmp(c.mem, ref.mem, c.mem_bytes),
                  "write slots %s: bytes == writing by position through the table", variant);
     }
-    const int64_t out[1] = {(int64_t)s.n_blocks * 8};
+    const int64_t out[1] = {(int64_t)s.layout.n_blocks * 8};
     KV_CHECK(kv_cache_write_slots(&c, 0, out, 1, k, v, &e) != KV_OK,
              "write slots %s: a slot outside the pool is refused", variant);
     kv_cache_free(&c);
@@ -623,19 +623,19 @@ static void check_bad_input(const kv_model *m)
     kv_err e;
     kv_cache c, cc;
     kv_cache_spec s = paged(kv_cache_spec_default(2, 32), 8, 0); /* 4 table entries, 8 blocks */
-    s.block_size = 0;
+    s.layout.block_size = 0;
     int rc = kv_cache_create(&c, &m->config, &s, &e);
     KV_CHECK(rc == KV_ERR_ARG && strstr(e.msg, "block size 0"), "block_size 0: rc %d '%s'", rc,
              rc ? e.msg : "");
-    s.block_size = 8;
-    s.n_blocks = 0;
+    s.layout.block_size = 8;
+    s.layout.n_blocks = 0;
     rc = kv_cache_create(&c, &m->config, &s, &e);
     KV_CHECK(rc == KV_ERR_ARG && strstr(e.msg, "0 blocks"), "n_blocks 0: rc %d '%s'", rc,
              rc ? e.msg : "");
     kv_backend *b = NULL;
     rc = kv_backend_cpu(&b, m, &s, &e);
     KV_CHECK(rc == KV_ERR_ARG && !b, "backend with n_blocks 0: rc %d", rc);
-    s.n_blocks = 8;
+    s.layout.n_blocks = 8;
     kv_cache_spec cs = kv_cache_spec_default(2, 32);
     if (kv_cache_create(&c, &m->config, &s, &e) || kv_cache_create(&cc, &m->config, &cs, &e)) {
         KV_CHECK(0, "bad input caches: %s", e.msg);
@@ -684,7 +684,7 @@ static void check_bad_input(const kv_model *m)
     kv_cache_free(&cc);
 
     /* backend-level paging calls */
-    s.n_blocks = 8;
+    s.layout.n_blocks = 8;
     if (kv_backend_cpu(&b, m, &s, &e)) {
         KV_CHECK(0, "backend: %s", e.msg);
         return;

@@ -101,9 +101,9 @@ static void check_format(int fmt, int per_head, int d, int H, int Hkv, int n, in
 {
     const kv_config cfg = small_config(2, H, Hkv, d);
     kv_cache_spec s = kv_cache_spec_default(2, n), s32 = s;
-    s.dtype = fmt;
-    s.fp8_per_head = per_head;
-    s.kivi_window = window;
+    s.quant.dtype = fmt;
+    s.quant.fp8_per_head = per_head;
+    s.quant.kivi_window = window;
     kv_cache c, r;
     kv_err e;
     int rc = kv_cache_create(&c, &cfg, &s, &e);
@@ -326,8 +326,8 @@ static void check_kivi_window(int fmt)
     const int d = 64, Hkv = 2, R = 64, n = 200;
     const kv_config cfg = small_config(1, 2, Hkv, d);
     kv_cache_spec s = kv_cache_spec_default(1, n);
-    s.dtype = fmt;
-    s.kivi_window = R;
+    s.quant.dtype = fmt;
+    s.quant.kivi_window = R;
     kv_cache a, b;
     kv_err e;
     KV_CHECK(kv_cache_create(&a, &cfg, &s, &e) == KV_OK && kv_cache_create(&b, &cfg, &s, &e) == KV_OK,
@@ -407,8 +407,8 @@ static void check_fp8_scales(void)
     k[5] = NAN; /* skipped by calibration */
     for (int ph = 0; ph < 2; ph++) {
         kv_cache_spec s = kv_cache_spec_default(1, n);
-        s.dtype = KV_QF_FP8_E4M3;
-        s.fp8_per_head = ph;
+        s.quant.dtype = KV_QF_FP8_E4M3;
+        s.quant.fp8_per_head = ph;
         kv_cache c;
         kv_err e;
         kv_cache_create(&c, &cfg, &s, &e);
@@ -438,17 +438,17 @@ static void check_spec_rules(void)
     kv_cache c;
     kv_err e;
     kv_cache_spec s = kv_cache_spec_default(1, 64);
-    s.dtype = KV_QF_INT4_KIVI; /* d = 48 is not a multiple of 32 */
+    s.quant.dtype = KV_QF_INT4_KIVI; /* d = 48 is not a multiple of 32 */
     KV_CHECK(kv_cache_create(&c, &cfg, &s, &e) == KV_ERR_UNSUPPORTED && strstr(e.msg, "int4-kivi"),
              "KIVI with d = 48 refused, named: %s", e.msg);
-    s.dtype = KV_QF_INT8_G32;
+    s.quant.dtype = KV_QF_INT8_G32;
     KV_CHECK(kv_cache_create(&c, &cfg, &s, &e) == KV_ERR_UNSUPPORTED && strstr(e.msg, "int8-g32"),
              "int8-g32 with d = 48 refused: %s", e.msg);
-    s.dtype = KV_QF_INT8;
-    s.dtype_layers = 1u << 4; /* the model has layers 0..3 */
+    s.quant.dtype = KV_QF_INT8;
+    s.quant.dtype_layers = 1u << 4; /* the model has layers 0..3 */
     KV_CHECK(kv_cache_create(&c, &cfg, &s, &e) == KV_ERR_ARG, "dtype_layers beyond L refused");
     cfg = small_config(4, 4, 2, 64);
-    s.dtype_layers = 0x5; /* layers 0 and 2 int8, 1 and 3 fp16 */
+    s.quant.dtype_layers = 0x5; /* layers 0 and 2 int8, 1 and 3 fp16 */
     KV_CHECK(kv_cache_create(&c, &cfg, &s, &e) == KV_OK, "selective create: %s", e.msg);
     KV_CHECK(c.fmt[0] == KV_QF_INT8 && c.fmt[1] == KV_QF_F16 && c.fmt[2] == KV_QF_INT8 &&
                  c.fmt[3] == KV_QF_F16 && !c.k, "selective layers: int8 on 0 and 2, fp16 else");
@@ -458,11 +458,11 @@ static void check_spec_rules(void)
     KV_CHECK(kv_cache_bytes(&c) == (size_t)(4 * 2 * 64 * 2 * 64 * b + 0.5),
              "kv_cache_bytes = L*2*N*H_kv*d*b (%zu)", kv_cache_bytes(&c));
     kv_cache_free(&c);
-    s.dtype_layers = 0;
-    s.dtype = KV_QF_INT2_KIVI;
-    s.kivi_window = 48;
+    s.quant.dtype_layers = 0;
+    s.quant.dtype = KV_QF_INT2_KIVI;
+    s.quant.kivi_window = 48;
     KV_CHECK(kv_cache_create(&c, &cfg, &s, &e) == KV_ERR_ARG, "window 48 refused: %s", e.msg);
-    s.kivi_window = 0;
+    s.quant.kivi_window = 0;
     KV_CHECK(kv_cache_create(&c, &cfg, &s, &e) == KV_OK && c.window == KV_KIVI_WINDOW,
              "window defaults to 128");
     /* int2 KIVI per (slot, head): codes d/4 + meta 4·d/32 per token, plus 2 rings of R·d·4 */
@@ -471,9 +471,10 @@ static void check_spec_rules(void)
     kv_cache_free(&c);
     kv_cache_spec cs;
     KV_CHECK(kv_needle_cache_spec("int4/w64/l1,3", 1, 10, &cs, &e) == KV_OK &&
-                 cs.dtype == KV_QF_INT4_KIVI && cs.kivi_window == 64 && cs.dtype_layers == 0xa,
+                 cs.quant.dtype == KV_QF_INT4_KIVI && cs.quant.kivi_window == 64 &&
+                     cs.quant.dtype_layers == 0xa,
              "variant int4/w64/l1,3");
-    KV_CHECK(kv_needle_cache_spec("fp8-e5m2/head", 1, 10, &cs, &e) == KV_OK && cs.fp8_per_head,
+    KV_CHECK(kv_needle_cache_spec("fp8-e5m2/head", 1, 10, &cs, &e) == KV_OK && cs.quant.fp8_per_head,
              "variant fp8-e5m2/head");
     KV_CHECK(kv_needle_cache_spec("int8/head", 1, 10, &cs, &e) == KV_ERR_UNSUPPORTED,
              "/head is for fp8 only: %s", e.msg);
@@ -505,8 +506,8 @@ static void check_engine(void)
     for (int fi = -1; fi < N_FORMATS; fi++) {
         const int fmt = fi < 0 ? KV_QF_F32 : all_formats[fi];
         kv_cache_spec s = kv_cache_spec_default(1, cap);
-        s.dtype = fmt;
-        s.kivi_window = 64;
+        s.quant.dtype = fmt;
+        s.quant.kivi_window = 64;
         kv_cache c;
         kv_state st;
         kv_state_init(&st);

@@ -63,11 +63,11 @@ static int make_model(kv_model *m)
 static kv_cache_spec sel_spec(int cap, int dtype, int method, int budget, int window, int sinks)
 {
     kv_cache_spec s = kv_cache_spec_default(1, cap);
-    s.dtype = dtype;
-    s.select = method;
-    s.select_budget = budget;
-    s.select_window = window;
-    s.select_sinks = sinks;
+    s.quant.dtype = dtype;
+    s.retain.select = method;
+    s.retain.budget = budget;
+    s.retain.window = window;
+    s.retain.sinks = sinks;
     return s;
 }
 
@@ -130,13 +130,13 @@ static void test_full_budget(const kv_model *m)
     float *ref = malloc((size_t)64 * V * sizeof(float)), *got = malloc((size_t)64 * V * sizeof(float));
     for (int di = 0; di < 2; di++) {
         kv_cache_spec plain = kv_cache_spec_default(1, cap);
-        plain.dtype = dtypes[di];
+        plain.quant.dtype = dtypes[di];
         const int steps = run(m, &plain, n_prompt, 13, n_dec, ref, 0, NULL);
         for (int mi = 0; mi < N_METHODS; mi++) {
             const int meth = METHODS[mi];
             kv_cache_spec s = sel_spec(cap, dtypes[di], meth, cap, meth == KV_SELECT_SNAPKV ? 4 : 2,
                                        meth == KV_SELECT_SNAPKV ? 0 : 1);
-            if (meth == KV_SELECT_QUEST || meth == KV_SELECT_TOPK) s.select_window = s.select_sinks = 0;
+            if (meth == KV_SELECT_QUEST || meth == KV_SELECT_TOPK) s.retain.window = s.retain.sinks = 0;
             memset(got, 0, (size_t)64 * V * sizeof(float));
             const int st = run(m, &s, n_prompt, 13, n_dec, got, 0, NULL);
             KV_CHECK(st == steps && steps > 0 &&
@@ -146,7 +146,7 @@ static void test_full_budget(const kv_model *m)
         }
         /* and a ratio of 1: every position, whatever the length */
         kv_cache_spec s = sel_spec(cap, dtypes[di], KV_SELECT_H2O, 0, 0, 0);
-        s.select_ratio = 1.0;
+        s.retain.ratio = 1.0;
         const int st = run(m, &s, n_prompt, 40, n_dec, got, 0, NULL);
         const int st2 = run(m, &plain, n_prompt, 40, n_dec, ref, 0, NULL);
         KV_CHECK(st == st2 && st > 0 && !memcmp(got, ref, (size_t)st * V * sizeof(float)),
@@ -457,7 +457,7 @@ static void test_query_aware(int meth)
 {
     const int B = meth == KV_SELECT_QUEST ? 16 : 9, cap = 80;
     kv_cache_spec spec = sel_spec(cap, KV_QF_F32, meth, B, 0, 0);
-    spec.select_dense_layers = 1;
+    spec.retain.dense_layers = 1;
     synth s;
     if (!synth_make(&s, &spec, 2, cap, 41 + meth)) return;
     const int d = s.d;
@@ -557,7 +557,7 @@ static void test_bytes(const kv_model *m)
     /* evicting: per head kv_select_bytes_kept of the kept rows, each layer in its format */
     {
         kv_cache_spec s = sel_spec(64, KV_QF_INT8, KV_SELECT_L2_SMALL, 9, 2, 1);
-        s.dtype_layers = 1; /* layer 0 int8, layer 1 fp16 */
+        s.quant.dtype_layers = 1; /* layer 0 int8, layer 1 fp16 */
         kv_cache c;
         if (run(m, &s, 30, 30, 5, lg, 0, &c) > 0) {
             kv_select_bytes got, want = {0}, one;
@@ -584,8 +584,8 @@ static void test_bytes(const kv_model *m)
     for (int i = 0; i < 4; i++) {
         kv_cache_spec s = sel_spec(48, dtypes[i], KV_SELECT_QUEST, 16, 0, 0);
         s.n_slots = 2;
-        s.fp8_per_head = 1;
-        if (i == 3) s.dtype_layers = 2;
+        s.quant.fp8_per_head = 1;
+        if (i == 3) s.quant.dtype_layers = 2;
         kv_cache c;
         if (run(m, &s, 40, 40, 8, lg, 0, &c) <= 0) continue;
         kv_select_bytes got;
@@ -659,55 +659,55 @@ static void test_refusals(const kv_model *m)
 {
     const kv_cache_spec ok = sel_spec(64, KV_QF_F32, KV_SELECT_H2O, 8, 2, 1);
     kv_cache_spec s = ok;
-    s.layout = KV_LAYOUT_PAGED;
-    s.block_size = 16;
-    s.n_blocks = 8;
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.layout.block_size = 16;
+    s.layout.n_blocks = 8;
     expect_refused(m, s, KV_ERR_UNSUPPORTED, "paged", "paged");
     s = ok;
-    s.dtype = KV_QF_INT4_KIVI;
+    s.quant.dtype = KV_QF_INT4_KIVI;
     expect_refused(m, s, KV_ERR_UNSUPPORTED, "KIVI", "kivi");
     s = ok;
-    s.window = 16;
+    s.window.size = 16;
     expect_refused(m, s, KV_ERR_UNSUPPORTED, "window", "window");
     s = ok;
-    s.select_budget = 0;
+    s.retain.budget = 0;
     expect_refused(m, s, KV_ERR_ARG, "budget", "no budget");
     s = ok;
-    s.select_ratio = 0.5;
+    s.retain.ratio = 0.5;
     expect_refused(m, s, KV_ERR_ARG, "budget", "budget and ratio");
     s = ok;
-    s.select_budget = 0;
-    s.select_ratio = 1.5;
+    s.retain.budget = 0;
+    s.retain.ratio = 1.5;
     expect_refused(m, s, KV_ERR_ARG, "ratio", "ratio 1.5");
     s = ok;
-    s.select_budget = -3;
+    s.retain.budget = -3;
     expect_refused(m, s, KV_ERR_ARG, "budget", "negative budget");
     s = ok;
-    s.select_window = 6;
-    s.select_sinks = 3;
+    s.retain.window = 6;
+    s.retain.sinks = 3;
     expect_refused(m, s, KV_ERR_ARG, "budget", "sinks + window over the budget");
     s = ok;
-    s.select_window = -1;
+    s.retain.window = -1;
     expect_refused(m, s, KV_ERR_ARG, "window", "negative window");
     s = ok;
-    s.select_sinks = -1;
+    s.retain.sinks = -1;
     expect_refused(m, s, KV_ERR_ARG, "sinks", "negative sinks");
     s = ok;
-    s.select = KV_SELECT_SNAPKV;
-    s.select_window = 0;
+    s.retain.select = KV_SELECT_SNAPKV;
+    s.retain.window = 0;
     expect_refused(m, s, KV_ERR_ARG, "window", "snapkv without a window");
     s = ok;
-    s.select_dense_layers = -1;
+    s.retain.dense_layers = -1;
     expect_refused(m, s, KV_ERR_ARG, "dense", "negative dense layers");
     s = ok;
-    s.select = KV_SELECT_H2O;
-    s.select_dense_layers = 1;
+    s.retain.select = KV_SELECT_H2O;
+    s.retain.dense_layers = 1;
     expect_refused(m, s, KV_ERR_ARG, "query-aware", "dense layers on an evicting method");
     s = ok;
-    s.select = 17;
+    s.retain.select = 17;
     expect_refused(m, s, KV_ERR_ARG, "unknown", "unknown method");
     s = kv_cache_spec_default(1, 64);
-    s.select_budget = 8;
+    s.retain.budget = 8;
     expect_refused(m, s, KV_ERR_ARG, "without a selection", "fields without a method");
     s = ok;
     kv_err e;

@@ -38,10 +38,10 @@ static kv_backend *paged_backend_dtype(const kv_model *m, int n_blocks, int bloc
                                       int prefix, int dtype)
 {
     kv_cache_spec spec = kv_cache_spec_default(16, 128);
-    spec.dtype = dtype;
-    spec.layout = KV_LAYOUT_PAGED;
-    spec.block_size = block_size;
-    spec.n_blocks = n_blocks;
+    spec.quant.dtype = dtype;
+    spec.layout.kind = KV_LAYOUT_PAGED;
+    spec.layout.block_size = block_size;
+    spec.layout.n_blocks = n_blocks;
     kv_backend *b = NULL;
     kv_err err;
     int rc = kv_backend_cpu(&b, m, &spec, &err);

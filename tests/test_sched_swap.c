@@ -34,9 +34,9 @@ static const kv_request REQS[] = {
 static kv_backend *paged_backend(const kv_model *m, int n_blocks, int block_size)
 {
     kv_cache_spec spec = kv_cache_spec_default(16, 128);
-    spec.layout = KV_LAYOUT_PAGED;
-    spec.block_size = block_size;
-    spec.n_blocks = n_blocks;
+    spec.layout.kind = KV_LAYOUT_PAGED;
+    spec.layout.block_size = block_size;
+    spec.layout.n_blocks = n_blocks;
     kv_backend *b = NULL;
     kv_err err;
     if (kv_backend_cpu(&b, m, &spec, &err)) {

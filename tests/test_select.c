@@ -113,8 +113,8 @@ static void test_plan_bytes(void)
             g.seq_len = n;
             kv_config_set_defaults(&g);
             kv_cache_spec s = kv_cache_spec_default(1, n);
-            s.dtype = fmts[fi];
-            s.dtype_layers = sel ? 2 : 0; /* selective: layer 1 in dtype, layer 0 fp16 */
+            s.quant.dtype = fmts[fi];
+            s.quant.dtype_layers = sel ? 2 : 0; /* selective: layer 1 in dtype, layer 0 fp16 */
             kv_cache c;
             kv_err e;
             if (kv_cache_create(&c, &g, &s, &e)) {

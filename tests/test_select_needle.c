@@ -29,18 +29,18 @@ static void test_variants(void)
     kv_cache_spec cs;
     kv_err e;
     KV_CHECK(kv_needle_cache_spec("h2o/b128/w16/int8", 1, 512, &cs, &e) == KV_OK &&
-                 cs.select == KV_SELECT_H2O && cs.select_budget == 128 &&
-                 cs.select_window == 16 && cs.dtype == KV_QF_INT8 && cs.capacity == 512,
+                 cs.retain.select == KV_SELECT_H2O && cs.retain.budget == 128 &&
+                 cs.retain.window == 16 && cs.quant.dtype == KV_QF_INT8 && cs.capacity == 512,
              "h2o/b128/w16/int8: %s", e.msg);
     KV_CHECK(kv_needle_cache_spec("snapkv/r0.25/w8/s4", 1, 512, &cs, &e) == KV_OK &&
-                 cs.select == KV_SELECT_SNAPKV && cs.select_budget == 0 &&
-                 cs.select_ratio == 0.25 && cs.select_sinks == 4 && cs.select_window == 8,
+                 cs.retain.select == KV_SELECT_SNAPKV && cs.retain.budget == 0 &&
+                 cs.retain.ratio == 0.25 && cs.retain.sinks == 4 && cs.retain.window == 8,
              "snapkv/r0.25/w8/s4: %s", e.msg);
     KV_CHECK(kv_needle_cache_spec("quest/b64/d2", 1, 512, &cs, &e) == KV_OK &&
-                 cs.select == KV_SELECT_QUEST && cs.select_dense_layers == 2 &&
-                 cs.dtype == KV_QF_F32, "quest/b64/d2: %s", e.msg);
+                 cs.retain.select == KV_SELECT_QUEST && cs.retain.dense_layers == 2 &&
+                 cs.quant.dtype == KV_QF_F32, "quest/b64/d2: %s", e.msg);
     KV_CHECK(kv_needle_cache_spec("l2-small/b8", 1, 512, &cs, &e) == KV_OK &&
-                 cs.select == KV_SELECT_L2_SMALL, "l2-small/b8: %s", e.msg);
+                 cs.retain.select == KV_SELECT_L2_SMALL, "l2-small/b8: %s", e.msg);
     /* refusals name what is wrong */
     static const struct { const char *v, *word; } bad[] = {
         {"h2o/b64/x3", "x3"},         {"h2o/w16", "budget"},  {"topk/b16/r0.5", "topk/b16/r0.5"},
@@ -166,8 +166,8 @@ static void test_bytes(const kv_model *m)
         if (!rc) rc = kv_retain_bytes(kv_backend_cpu_cache(b)->retain, &cs, 0, &got, &e);
         KV_CHECK(rc == KV_OK, "%s: %s", variants[i], e.msg);
         const int L = m->config.n_layers, d = kv_config_head_dim(&m->config);
-        const int64_t rows = cs.select == KV_SELECT_QUEST ? 1024 + 6 : 64; /* Quest keeps all */
-        kv_select_bytes_kept(cs.dtype, d, rows, &one, &e);
+        const int64_t rows = cs.retain.select == KV_SELECT_QUEST ? 1024 + 6 : 64; /* Quest keeps all */
+        kv_select_bytes_kept(cs.quant.dtype, d, rows, &one, &e);
         KV_CHECK(!rc && got.rows == rows * L && got.total == one.total * L, "%s: %lld rows, %lld "
                  "bytes (want %lld rows, %lld bytes)", variants[i], (long long)got.rows,
                  (long long)got.total, (long long)(rows * L), (long long)(one.total * L));

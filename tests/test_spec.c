@@ -130,8 +130,8 @@ static void test_greedy(const kv_model *m, const kv_model *dm, int paged, int dt
                             "%s k=%d: rejections but nothing rolled back", what, k);
         accepted += st.accepted;
         if (paged) { /* exactly the blocks the cached rows need, in each pool */
-            const int need = (L + spec.block_size - 1) / spec.block_size;
-            const int dneed = (d->length(d, 0) + spec.block_size - 1) / spec.block_size;
+            const int need = (L + spec.layout.block_size - 1) / spec.layout.block_size;
+            const int dneed = (d->length(d, 0) + spec.layout.block_size - 1) / spec.layout.block_size;
             KV_CHECK(t->mem->paged->pool.n_used == need && d->mem->paged->pool.n_used == dneed,
                      "%s k=%d: pools hold %d and %d blocks, the rows need %d and %d", what, k,
                      t->mem->paged->pool.n_used, d->mem->paged->pool.n_used, need, dneed);
@@ -227,10 +227,10 @@ static void test_refusals(const kv_model *m, const kv_model *dm)
 {
     kv_err e;
     kv_cache_spec w = kv_cache_spec_default(1, CAP);
-    w.window = 16;
+    w.window.size = 16;
     kv_cache_spec kivi = kv_cache_spec_default(1, CAP);
-    kivi.dtype = KV_QF_INT4_KIVI;
-    kivi.kivi_window = 32;
+    kivi.quant.dtype = KV_QF_INT4_KIVI;
+    kivi.quant.kivi_window = 32;
     const kv_cache_spec *specs[2] = {&w, &kivi};
     for (int i = 0; i < 2; i++) {
         kv_backend *t = NULL, *d = NULL;

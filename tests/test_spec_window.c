@@ -38,10 +38,10 @@ typedef struct {
 static kv_cache_spec case_spec(const wcase *w, int paged)
 {
     kv_cache_spec s = spec_cache_spec(paged, w->dtype, CAP, 32);
-    s.window = w->window;
-    s.n_sinks = w->sinks;
-    s.pos_scheme = w->scheme;
-    s.kivi_window = w->kivi_window;
+    s.window.size = w->window;
+    s.window.n_sinks = w->sinks;
+    s.window.pos_scheme = w->scheme;
+    s.quant.kivi_window = w->kivi_window;
     return s;
 }
 
@@ -63,7 +63,7 @@ static long cache_differ(const kv_cache *x, const kv_cache *y)
     long bad = x->len[0] != y->len[0];
     for (int l = 0; l < x->n_layers; l++) bad += x->qlen[l * x->spec.n_slots] != y->qlen[l * y->spec.n_slots];
     if (!x->tables) return bad + (memcmp(x->mem, y->mem, x->mem_bytes) != 0);
-    const int rows = (int)kv_window_rows(x->spec.window, x->spec.n_sinks, x->len[0]);
+    const int rows = (int)kv_window_rows(x->spec.window.size, x->spec.window.n_sinks, x->len[0]);
     bad += rows_differ(x, y, rows);
     for (int l = 0; l < x->n_layers; l++) /* KIVI: the whole fp32 window, dead rows too */
         for (int r = 0; r < 2; r++) {
@@ -78,9 +78,9 @@ static long cache_differ(const kv_cache *x, const kv_cache *y)
 /* KIVI: the quantized count a plain run's row t reads (the prompt's rows: the prompt's). */
 static int seen(const kv_cache_spec *s, int np, int t)
 {
-    if (!kvq_is_kivi(s->dtype)) return 0;
+    if (!kvq_is_kivi(s->quant.dtype)) return 0;
     const int e = t + 1 > np ? t + 1 : np;
-    return e > s->kivi_window ? (e - s->kivi_window + 31) / 32 * 32 : 0;
+    return e > s->quant.kivi_window ? (e - s->quant.kivi_window + 31) / 32 * 32 : 0;
 }
 
 /* ---- rounds with random drafts and acceptances vs one-token steps ---------------------- */

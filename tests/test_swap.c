@@ -57,9 +57,9 @@ static kv_cache_spec paged_spec(const char *variant, int extra, kv_err *e, int *
 {
     kv_cache_spec s;
     *rc = kv_needle_cache_spec(variant, N_SLOTS, CAP, &s, e);
-    s.layout = KV_LAYOUT_PAGED;
-    s.block_size = B;
-    s.n_blocks = 2 * ((CAP + B - 1) / B) + extra;
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.layout.block_size = B;
+    s.layout.n_blocks = 2 * ((CAP + B - 1) / B) + extra;
     return s;
 }
 
@@ -509,7 +509,7 @@ static void check_refusals_and_link(const kv_model *m)
 
     /* a contiguous backend has no blocks to swap */
     kv_cache_spec cs = ps;
-    cs.layout = KV_LAYOUT_CONTIGUOUS;
+    cs.layout.kind = KV_LAYOUT_CONTIGUOUS;
     b = NULL;
     rc = kv_backend_cpu(&b, m, &cs, &e);
     KV_CHECK(rc == KV_OK && !b->mem && kv_swap_init(&sw, b->mem, 4, NULL, &e) == KV_ERR_ARG,

@@ -109,12 +109,12 @@ static int run(const kv_model *m, const kv_dialogue *d, int kind, const char *va
     kv_swap sw = {0};
     int rc = kv_needle_cache_spec(variant, 2, kv_dialogue_length(d, kind), &sp, e);
     if (!rc) {
-        sp.layout = KV_LAYOUT_PAGED;
-        sp.block_size = B;
-        sp.n_blocks = sp.n_slots * ((sp.capacity + B - 1) / B);
+        sp.layout.kind = KV_LAYOUT_PAGED;
+        sp.layout.block_size = B;
+        sp.layout.n_blocks = sp.n_slots * ((sp.capacity + B - 1) / B);
         rc = kv_backend_cpu(&b, m, &sp, e);
     }
-    if (!rc) rc = kv_swap_init(&sw, b->mem, sp.n_blocks, NULL, e);
+    if (!rc) rc = kv_swap_init(&sw, b->mem, sp.layout.n_blocks, NULL, e);
     memset(h, 0, sizeof *h);
     h->mode = mode;
     h->sw = &sw;

@@ -188,8 +188,8 @@ static void test_batch(const kv_model *m, int p, int window, int dtype, const ch
     kv_err e;
     const int V = m->config.vocab_size;
     kv_cache_spec spec = kv_cache_spec_default(2, CAP);
-    spec.dtype = dtype;
-    spec.window = window;
+    spec.quant.dtype = dtype;
+    spec.window.size = window;
     kv_backend *ref = NULL;
     kv_tp *g = NULL;
     int ok = !kv_backend_cpu(&ref, m, &spec, &e) && !kv_tp_create(&g, m, p, &spec, &e);
@@ -252,7 +252,7 @@ static void test_refusals(const kv_model *mha, const kv_model *gqa)
     c.hidden_dim = 2;
     expect_refusal(kv_tp_check(&c, 4, &e), KV_ERR_ARG, &e, "hidden units", "hidden < p");
     kv_cache_spec paged = spec;
-    paged.layout = KV_LAYOUT_PAGED, paged.block_size = 16, paged.n_blocks = 8;
+    paged.layout.kind = KV_LAYOUT_PAGED, paged.layout.block_size = 16, paged.layout.n_blocks = 8;
     expect_refusal(kv_tp_create(&g, gqa, 2, &paged, &e), KV_ERR_UNSUPPORTED, &e, "paged",
                    "paged cache");
     KV_CHECK(g == NULL, "a refused group is not returned");

@@ -158,10 +158,10 @@ static void test_ppl(const kv_model *m, const kv_tokenizer *tok, const check_val
     kv_ppl_opts cached = {W, 64, 0, 0, NULL, NULL}, one = {W, 1, 0, 0, NULL, NULL},
                 naive = {W, 1, 1, 0, NULL, NULL};
     kv_cache_spec contiguous = kv_cache_spec_default(1, W), paged = contiguous, window = contiguous;
-    paged.layout = KV_LAYOUT_PAGED;
-    paged.block_size = 16;
-    paged.n_blocks = (W + 15) / 16;
-    window.window = W;
+    paged.layout.kind = KV_LAYOUT_PAGED;
+    paged.layout.block_size = 16;
+    paged.layout.n_blocks = (W + 15) / 16;
+    window.window.size = W;
     double base = ppl_of(m, contiguous, ids, N, cached, NULL);
     struct { const char *name; double v; } alt[] = {
         {"naive recompute", ppl_of(m, contiguous, ids, N, naive, NULL)},

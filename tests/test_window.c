@@ -115,12 +115,12 @@ static void test_specs(void)
     kv_err e;
     kv_cache c;
     kv_cache_spec s = kv_cache_spec_default(2, 1 << 22); /* 4M positions: a position bound */
-    s.window = 100;
-    s.n_sinks = 4;
-    s.dtype = KV_QF_F16;
+    s.window.size = 100;
+    s.window.n_sinks = 4;
+    s.quant.dtype = KV_QF_F16;
     KV_CHECK(kv_cache_create(&c, &cfg, &s, &e) == KV_OK, "windowed cache: %s", e.msg);
     kv_cache_spec f = kv_cache_spec_default(2, 104);
-    f.dtype = KV_QF_F16;
+    f.quant.dtype = KV_QF_F16;
     kv_cache full;
     KV_CHECK(kv_cache_create(&full, &cfg, &f, &e) == KV_OK, "full cache: %s", e.msg);
     KV_CHECK(kv_cache_bytes(&c) == kv_cache_bytes(&full) && c.rows == 104,
@@ -135,15 +135,15 @@ static void test_specs(void)
     KV_CHECK(kv_cache_spec_check_caps("cpu", &cfg, &s, KV_CACHE_CAN_WINDOW, &e) == KV_OK,
              "caps accept: %s", e.msg);
     kv_cache_spec k = s;
-    k.dtype = KV_QF_INT4_KIVI;
+    k.quant.dtype = KV_QF_INT4_KIVI;
     KV_CHECK(kv_cache_create(&c, &cfg, &k, &e) == KV_ERR_UNSUPPORTED && strstr(e.msg, "int4"),
              "KIVI + window refused, named: %s", e.msg);
     const int bad[][3] = {{-1, 0, 0}, {0, 4, 0}, {0, 0, 1}, {10, -1, 0}, {10, 0, 7}};
     for (int i = 0; i < 5; i++) {
         kv_cache_spec b = kv_cache_spec_default(1, 64);
-        b.window = bad[i][0];
-        b.n_sinks = bad[i][1];
-        b.pos_scheme = bad[i][2];
+        b.window.size = bad[i][0];
+        b.window.n_sinks = bad[i][1];
+        b.window.pos_scheme = bad[i][2];
         KV_CHECK(kv_cache_create(&c, &cfg, &b, &e) == KV_ERR_ARG, "bad window spec %d refused "
                  "(%s)", i, e.msg);
     }
@@ -156,15 +156,15 @@ static int make_cache(kv_cache *c, const kv_config *cfg, int dtype, int paged, i
 {
     kv_err e;
     kv_cache_spec s = kv_cache_spec_default(1, capacity);
-    s.dtype = dtype;
-    s.window = W;
-    s.n_sinks = S;
-    s.pos_scheme = scheme;
+    s.quant.dtype = dtype;
+    s.window.size = W;
+    s.window.n_sinks = S;
+    s.window.pos_scheme = scheme;
     const int64_t rows = W ? (S + W < capacity ? S + W : capacity) : capacity;
     if (paged) {
-        s.layout = KV_LAYOUT_PAGED;
-        s.block_size = B;
-        s.n_blocks = (int)((rows + B - 1) / B) + 3;
+        s.layout.kind = KV_LAYOUT_PAGED;
+        s.layout.block_size = B;
+        s.layout.n_blocks = (int)((rows + B - 1) / B) + 3;
     }
     int rc = kv_cache_create(c, cfg, &s, &e);
     if (rc) {
@@ -173,7 +173,7 @@ static int make_cache(kv_cache *c, const kv_config *cfg, int dtype, int paged, i
     }
     if (paged) { /* a scrambled table: logical block i is physical block n-1-i */
         int blocks[4096];
-        for (int i = 0; i < c->max_blocks; i++) blocks[i] = s.n_blocks - 1 - i;
+        for (int i = 0; i < c->max_blocks; i++) blocks[i] = s.layout.n_blocks - 1 - i;
         rc = kv_cache_set_blocks(c, 0, blocks, c->max_blocks, &e);
         if (rc) printf("  blocks: %s\n", e.msg);
     }
@@ -370,14 +370,14 @@ static kv_config model_config(int n_layers)
 static kv_cache_spec window_spec(int dtype, int paged, int B, int W, int S, int scheme, int cap)
 {
     kv_cache_spec s = kv_cache_spec_default(1, cap);
-    s.dtype = dtype;
-    s.window = W;
-    s.n_sinks = S;
-    s.pos_scheme = scheme;
+    s.quant.dtype = dtype;
+    s.window.size = W;
+    s.window.n_sinks = S;
+    s.window.pos_scheme = scheme;
     if (paged) {
-        s.layout = KV_LAYOUT_PAGED;
-        s.block_size = B;
-        s.n_blocks = 64;
+        s.layout.kind = KV_LAYOUT_PAGED;
+        s.layout.block_size = B;
+        s.layout.n_blocks = 64;
     }
     return s;
 }

@@ -197,7 +197,7 @@ static int part_time(const kv_config *cfg, const char *device, const kv_cache_sp
     spec.capacity = N;
     kv_config one = *cfg;
     one.n_layers = 1;
-    spec.dtype_layers = spec0->dtype_layers & 1; /* the one layer's format as in layer 0 */
+    spec.quant.dtype_layers = spec0->quant.dtype_layers & 1; /* the one layer's format as in layer 0 */
     float *k = malloc(sizeof(float) * N * Hkv * d), *v = malloc(sizeof(float) * N * Hkv * d);
     float *q = malloc(sizeof(float) * H * d), *o = malloc(sizeof(float) * H * d);
     double *ts = malloc(sizeof(double) * repeats);

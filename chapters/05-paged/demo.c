@@ -41,9 +41,9 @@ static void seeded_tokens(int *t, int n, int vocab, uint64_t seed)
 static kv_cache_spec paged_spec(int n_slots, int capacity, int B, int n_blocks)
 {
     kv_cache_spec s = kv_cache_spec_default(n_slots, capacity);
-    s.layout = KV_LAYOUT_PAGED;
-    s.block_size = B;
-    s.n_blocks = n_blocks;
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.layout.block_size = B;
+    s.layout.n_blocks = n_blocks;
     return s;
 }
 

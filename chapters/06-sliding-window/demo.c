@@ -86,10 +86,10 @@ static int demo_needles(FILE *f, int csv, int quick, kv_err *err)
     int wrong = 0;
     for (int v = 0; v < 4 && !rc; v++) {
         kv_cache_spec sp = kv_cache_spec_default(1, LEN + 6);
-        sp.dtype = KV_QF_F16;
-        sp.window = vs[v].window;
-        sp.n_sinks = vs[v].sinks;
-        sp.pos_scheme = vs[v].scheme;
+        sp.quant.dtype = KV_QF_F16;
+        sp.window.size = vs[v].window;
+        sp.window.n_sinks = vs[v].sinks;
+        sp.window.pos_scheme = vs[v].scheme;
         kv_backend *b = NULL;
         rc = kv_backend_cpu(&b, &m, &sp, err);
         if (!rc) rc = kv_needle_run(b, 0, KV_MODEL_RECALL_INDUCTION, tokens, LEN, items, 3, 0, res,
@@ -128,10 +128,10 @@ int kv_demo_ch06(const kv_demo_ctx *ctx, kv_err *err)
     int rc = kv_cli_default_model(&m, "tiny", err);
     if (rc) return rc;
     kv_cache_spec spec = kv_cache_spec_default(1, 1 << 20);
-    spec.dtype = KV_QF_F16;
-    spec.window = 128;
-    spec.n_sinks = KV_WINDOW_DEFAULT_SINKS;
-    spec.pos_scheme = KV_POS_CACHE;
+    spec.quant.dtype = KV_QF_F16;
+    spec.window.size = 128;
+    spec.window.n_sinks = KV_WINDOW_DEFAULT_SINKS;
+    spec.window.pos_scheme = KV_POS_CACHE;
     /* quick: 1,200 tokens still pass the S + W = 132 rows many times over (the KV held stops
      * growing after the first report), and 300 tokens of the full cache still give 8 reports */
     if (ctx->quick) rc = kv_stream_study(ctx->out, ctx->csv, &m, &spec, 1200, 300, 150, err);

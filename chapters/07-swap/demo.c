@@ -54,9 +54,9 @@ static int part_roundtrip(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err
     const int V = m->config.vocab_size, cap = CH07_PROMPT + CH07_DECODE;
     const int per_seq = (cap + CH07_B - 1) / CH07_B;
     kv_cache_spec spec = kv_cache_spec_default(3, cap);
-    spec.layout = KV_LAYOUT_PAGED;
-    spec.block_size = CH07_B;
-    spec.n_blocks = 2 * per_seq; /* room for two sequences of the three slots */
+    spec.layout.kind = KV_LAYOUT_PAGED;
+    spec.layout.block_size = CH07_B;
+    spec.layout.n_blocks = 2 * per_seq; /* room for two sequences of the three slots */
     kv_backend *b = NULL;
     kv_swap sw = {0};
     kv_swapped s = {0};
@@ -121,7 +121,7 @@ static int part_roundtrip(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err
                 out.seconds[KV_LINK_OUT] * 1e6, sw.stats.seconds[KV_LINK_IN] * 1e6);
         fprintf(f, "   device pool blocks used (of %d): %d with two sequences, %d while one is "
                 "on the host,\n   %d while a third %d-token sequence writes into the freed "
-                "blocks (then finishes), %d after\n   the first returns\n", spec.n_blocks, used0,
+                "blocks (then finishes), %d after\n   the first returns\n", spec.layout.n_blocks, used0,
                 used_out, used_other, CH07_PROMPT, used_in);
         fprintf(f, "   %d tokens decoded after the swap: logits %s the sequence that stayed "
                 "(bit for bit)\n", CH07_DECODE, identical ? "identical to" : "DIFFER from");
@@ -222,9 +222,9 @@ static int part_serve(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
                         &trace_name, err);
     for (int i = 0; i < t.n; i++) n_high += t.req[i].priority > 0;
     kv_cache_spec spec = kv_cache_spec_default(8, CH07_MAX_PROMPT + CH07_MAX_OUTPUT);
-    spec.layout = KV_LAYOUT_PAGED;
-    spec.block_size = CH07_B;
-    spec.n_blocks = CH07_BLOCKS;
+    spec.layout.kind = KV_LAYOUT_PAGED;
+    spec.layout.block_size = CH07_B;
+    spec.layout.n_blocks = CH07_BLOCKS;
     for (int k = 0; k < 3 && !st; k++) {
         const int mode = kv_preempt_by_name(modes[k]);
         if (mode < 0) continue; /* a mode this scheduler does not have */

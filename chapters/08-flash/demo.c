@@ -43,7 +43,7 @@ static int ch08_cache(kv_cache *c, kv_config *g, int n, int H, kv_err *err)
     g->seq_len = n;
     kv_config_set_defaults(g);
     kv_cache_spec s = kv_cache_spec_default(1, n);
-    s.dtype = KV_QF_F16;
+    s.quant.dtype = KV_QF_F16;
     int e = kv_cache_create(c, g, &s, err);
     if (e) return e;
     const size_t m = (size_t)n * 2 * 64;

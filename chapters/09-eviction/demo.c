@@ -160,7 +160,7 @@ int kv_demo_ch09(const kv_demo_ctx *ctx, kv_err *err)
             const kv_cache *c = b && !rc ? kv_backend_cpu_cache(b) : NULL;
             kv_select_bytes kept = {0}, exact = {0};
             long long rows = -1, bytes = -1, rows_read = -1, rows_full = -1;
-            if (!rc) rc = kv_select_bytes_kept(cs.dtype, kv_config_head_dim(&m.config), cap, &exact,
+            if (!rc) rc = kv_select_bytes_kept(cs.quant.dtype, kv_config_head_dim(&m.config), cap, &exact,
                                                err);
             if (!rc && c && c->retain && !(rc = kv_retain_bytes(c->retain, &cs, 0, &kept, err))) {
                 rows = kept.rows / m.config.n_layers;

@@ -144,9 +144,9 @@ static int ch10_trace(const kv_demo_ctx *ctx, const kv_model *m, const kv_model 
     int ctxt[CH10_TRACE_PROMPT + CH10_TRACE_K];   /* prompt, then the drafts */
     kv_demo_prompt(ctxt, n, V);
     kv_cache_spec ts = kv_cache_spec_default(1, 64), ds = ts;
-    ts.layout = KV_LAYOUT_PAGED;
-    ts.block_size = CH10_BLOCK;
-    ts.n_blocks = 64 / CH10_BLOCK;
+    ts.layout.kind = KV_LAYOUT_PAGED;
+    ts.layout.block_size = CH10_BLOCK;
+    ts.layout.n_blocks = 64 / CH10_BLOCK;
     float *dl = malloc(sizeof(float) * V);               /* [V] draft logits */
     float *tl = malloc(sizeof(float) * (size_t)(K + 1) * V); /* [K+1][V] target, every row */
     kv_backend *t = NULL, *d = NULL;
@@ -158,7 +158,7 @@ static int ch10_trace(const kv_demo_ctx *ctx, const kv_model *m, const kv_model 
         fprintf(f, "\nstage,target_cached_tokens,blocks_held,pool_free_blocks\n");
     else
         fprintf(f, "\none round on a paged target (blocks of %d tokens, pool of %d), k = %d:\n"
-                "  %-34s %7s %12s %10s\n", CH10_BLOCK, ts.n_blocks, K, "stage", "cached",
+                "  %-34s %7s %12s %10s\n", CH10_BLOCK, ts.layout.n_blocks, K, "stage", "cached",
                 "blocks held", "pool free");
     /* the prompt minus its last token is cached; the last is processed by the round */
     const kv_seq pre = {0, 0, n - 1, ctxt};
@@ -186,7 +186,7 @@ static int ch10_trace(const kv_demo_ctx *ctx, const kv_model *m, const kv_model 
     /* the pool's books: what the table holds is exactly what the cached tokens need */
     const int need = (n + acc + CH10_BLOCK - 1) / CH10_BLOCK;
     if (t->mem->paged->tables[0].n_blocks != need ||
-        t->mem->paged->pool.n_free != ts.n_blocks - need)
+        t->mem->paged->pool.n_free != ts.layout.n_blocks - need)
         st = kv_fail(err, -1, "after rollback the table holds %d blocks, %d free; expected %d",
                      t->mem->paged->tables[0].n_blocks, t->mem->paged->pool.n_free, need);
     if (!st && !ctx->csv)

@@ -265,7 +265,7 @@ static int case_open(attn_case *k, int H, int Hkv, int d, int dtype, int64_t n, 
     g->seq_len = (int)n;
     kv_config_set_defaults(g);
     kv_cache_spec s = kv_cache_spec_default(1, (int)n);
-    s.dtype = dtype;
+    s.quant.dtype = dtype;
     int e = kv_cache_create(&k->c, g, &s, err);
     if (e) return e;
     k->H = H, k->Hkv = Hkv, k->d = d, k->T = T, k->n = n, k->causal = 1;

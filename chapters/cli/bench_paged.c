@@ -62,11 +62,11 @@ static int layout_ok(int layout, int dtype)
 static kv_cache_spec layout_spec(int layout, int N, int dtype)
 {
     kv_cache_spec s = kv_cache_spec_default(1, N);
-    s.dtype = dtype;
+    s.quant.dtype = dtype;
     if (paged_blocks[layout]) {
-        s.layout = KV_LAYOUT_PAGED;
-        s.block_size = paged_blocks[layout];
-        s.n_blocks = (N + s.block_size - 1) / s.block_size;
+        s.layout.kind = KV_LAYOUT_PAGED;
+        s.layout.block_size = paged_blocks[layout];
+        s.layout.n_blocks = (N + s.layout.block_size - 1) / s.layout.block_size;
     }
     return s;
 }
@@ -132,24 +132,24 @@ static int set_build(paged_set *ps, int gpu, const kv_config *cfg, int N, int dt
     for (int L = 0; L < PAGED_LAYOUTS && !st; L++) {
         if (!layout_ok(L, dtype)) continue;
         const kv_cache_spec s = layout_spec(L, N, dtype);
-        if (s.layout == KV_LAYOUT_PAGED) {
-            shuffled(table, s.n_blocks, r);
+        if (s.layout.kind == KV_LAYOUT_PAGED) {
+            shuffled(table, s.layout.n_blocks, r);
             if (table_in_order)
-                for (int i = 0; i < s.n_blocks; i++) table[i] = i;
+                for (int i = 0; i < s.layout.n_blocks; i++) table[i] = i;
         }
         if (!gpu) {
             st = kv_cache_create(&ps->c[L], cfg, &s, err);
             ps->n_layouts = L + 1;
-            if (!st && s.layout == KV_LAYOUT_PAGED)
-                st = kv_cache_set_blocks(&ps->c[L], 0, table, s.n_blocks, err);
+            if (!st && s.layout.kind == KV_LAYOUT_PAGED)
+                st = kv_cache_set_blocks(&ps->c[L], 0, table, s.layout.n_blocks, err);
             if (!st) st = kv_cache_write_seq(&ps->c[L], 0, 0, 0, N, k, v, err);
         }
 #ifdef KV_HAVE_CUDA
         else {
             st = kvcu_cache_create(&ps->g[L], cfg, &s, err);
             ps->n_layouts = L + 1;
-            if (!st && s.layout == KV_LAYOUT_PAGED)
-                st = kvcu_cache_set_blocks(ps->g[L], 0, table, s.n_blocks, err);
+            if (!st && s.layout.kind == KV_LAYOUT_PAGED)
+                st = kvcu_cache_set_blocks(ps->g[L], 0, table, s.layout.n_blocks, err);
             if (!st) st = kvcu_cache_write_seq(ps->g[L], 0, 0, 0, N, dk, dv, err);
         }
 #endif

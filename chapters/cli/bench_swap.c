@@ -99,10 +99,10 @@ int kv_swap_bench_init(kv_swap_bench *sb, const char *model, const char *dtype, 
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_swap does not move %s caches (their "
                        "per-sequence scales or windows are not in the blocks)", dtype);
     sb->spec = kv_cache_spec_default(1, 1 << 20);
-    sb->spec.dtype = fmt;
-    sb->spec.layout = KV_LAYOUT_PAGED;
-    sb->spec.block_size = block_size;
-    sb->spec.n_blocks = 1;
+    sb->spec.quant.dtype = fmt;
+    sb->spec.layout.kind = KV_LAYOUT_PAGED;
+    sb->spec.layout.block_size = block_size;
+    sb->spec.layout.n_blocks = 1;
     sb->block_size = block_size;
     sb->link.bandwidth = link_gbps * 1e9;
     sb->link.latency = link_us * 1e-6;
@@ -141,9 +141,9 @@ static int measure_rows(const kv_swap_bench *sb, kv_swap_row *rows, int n_rows, 
     int st = kv_cli_default_model(&m, sb->name, err);
     kv_cache_spec spec = sb->spec;
     spec.capacity = max_n;
-    spec.n_blocks = (max_n + sb->block_size - 1) / sb->block_size;
+    spec.layout.n_blocks = (max_n + sb->block_size - 1) / sb->block_size;
     if (!st) st = kv_backend_cpu(&b, &m, &spec, err);
-    if (!st) st = kv_swap_init(&sw, b->mem, spec.n_blocks, &sb->link, err);
+    if (!st) st = kv_swap_init(&sw, b->mem, spec.layout.n_blocks, &sb->link, err);
     int *tokens = kv_calloc((size_t)max_n * sizeof(int));           /* [max_n] */
     float *logits = kv_calloc((size_t)m.config.vocab_size * sizeof(float)); /* [vocab] */
     double *t = kv_calloc((size_t)repeats * sizeof(double));         /* [repeats] */
@@ -232,7 +232,7 @@ int kv_swap_bench_run(FILE *f, int csv, const kv_swap_bench *sb, const int *lens
                 "cpu_over_swap,gpu_over_swap\n");
         for (int i = 0; i < n_lens; i++) {
             const kv_swap_row *r = &rows[i];
-            fprintf(f, "%s,%s,%d,%d,%lld,%lld,%.6e,%.6e,", sb->name, kv_dtype_name(sb->spec.dtype),
+            fprintf(f, "%s,%s,%d,%d,%lld,%lld,%.6e,%.6e,", sb->name, kv_dtype_name(sb->spec.quant.dtype),
                     sb->block_size, r->n, (long long)r->blocks, (long long)r->bytes, r->swap_s,
                     r->flops);
             if (r->cpu_s >= 0) fprintf(f, "%.6e,", r->cpu_s);
@@ -250,7 +250,7 @@ int kv_swap_bench_run(FILE *f, int csv, const kv_swap_bench *sb, const int *lens
     fprintf(f, "swap vs recompute: %s '%s' (%s)\n", sb->embedded ? "embedded model" : "preset",
             sb->name, desc);
     fprintf(f, "KV %s, blocks of %d tokens = %s each (kv_cache_block_bytes: B*L*2*H_kv*d*b, "
-            "b = %g)\n", kv_dtype_name(sb->spec.dtype), sb->block_size,
+            "b = %g)\n", kv_dtype_name(sb->spec.quant.dtype), sb->block_size,
             kv_fmt_bytes((double)sb->block_bytes, u, sizeof u),
             kv_cache_spec_bytes_per_element(&sb->spec, c->n_layers, d));
     fprintf(f, "link (kv_link): %.3g GB/s each way, %.3g us per batched copy; swap = out + in = "

@@ -109,9 +109,9 @@ static int cmd_eval_ppl(int argc, char **argv)
         rc = kv_cli_fail(cmd, "--cache", st, &err);
         goto done;
     }
-    spec.window = recent;
-    spec.n_sinks = sinks;
-    spec.pos_scheme = recent ? kv_window_scheme_parse(scheme) : 0;
+    spec.window.size = recent;
+    spec.window.n_sinks = sinks;
+    spec.window.pos_scheme = recent ? kv_window_scheme_parse(scheme) : 0;
     kv_cli_layout_apply(&lo, &spec);
     if ((st = kv_cli_backend(&b, device, &m, &spec, &err))) {
         rc = kv_cli_fail(cmd, "backend", st, &err);

@@ -246,7 +246,7 @@ int cmd_needle(int argc, char **argv)
         size_t k = strlen(text);
         /* int2's outcome is measured, not predicted (chapters/04-quantization/README.md) */
         kv_cache_spec cs;
-        const int selects = !kv_needle_cache_spec(cache, 1, 16, &cs, &err) && cs.select;
+        const int selects = !kv_needle_cache_spec(cache, 1, 16, &cs, &err) && cs.retain.select;
         snprintf(text + k, sizeof text - k, "variant %s %s\n", cache,
                  !strncmp(cache, "int2", 4) || selects ? "any" : "all");
     }

@@ -168,9 +168,9 @@ int cmd_serve(int argc, char **argv)
     if (!max_len) max_len = m.config.seq_len;
 
     kv_cache_spec spec = kv_cache_spec_default(max_seqs, m.config.seq_len > max_len ? m.config.seq_len : max_len);
-    spec.layout = KV_LAYOUT_PAGED;
-    spec.block_size = block_size;
-    spec.n_blocks = n_blocks;
+    spec.layout.kind = KV_LAYOUT_PAGED;
+    spec.layout.block_size = block_size;
+    spec.layout.n_blocks = n_blocks;
     if ((st = kv_cli_backend(&b, device, &m, &spec, &err)) ||
         (prefix && (st = kv_backend_enable_prefix_cache(b, &err)))) {
         rc = kv_cli_fail(cmd, "backend", st, &err);

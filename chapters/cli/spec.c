@@ -46,7 +46,8 @@ static double snapshot_bytes(kv_backend *b)
                 total += (double)c->window * c->head_dim * sizeof(float) + off[1] + off[3];
             } else {
                 kv_cache_span(p, c->fmt[l], role, 0, 0, 0, 1, c->head_dim, off);
-                total += (double)kv_window_keep(c->spec.window, c->spec.n_sinks) * (off[1] + off[3]);
+                total += (double)kv_window_keep(c->spec.window.size, c->spec.window.n_sinks) *
+                         (off[1] + off[3]);
             }
         }
     return total * c->n_kv_heads;
@@ -249,15 +250,15 @@ int cmd_spec(int argc, char **argv)
                            head_dim);
     }
     kv_cache_spec spec = kv_cache_spec_default(1, prompt + tokens);
-    spec.dtype = fmt;
-    spec.window = window; /* a window or KIVI rolls back through the undo log (kv_cache.h) */
-    spec.n_sinks = sinks;
-    spec.pos_scheme = pos_scheme;
-    spec.kivi_window = kivi_window;
+    spec.quant.dtype = fmt;
+    spec.window.size = window; /* a window or KIVI rolls back through the undo log (kv_cache.h) */
+    spec.window.n_sinks = sinks;
+    spec.window.pos_scheme = pos_scheme;
+    spec.quant.kivi_window = kivi_window;
     if (!strcmp(layout, "paged")) {
-        spec.layout = KV_LAYOUT_PAGED;
-        spec.block_size = block;
-        spec.n_blocks = (prompt + tokens + block - 1) / block;
+        spec.layout.kind = KV_LAYOUT_PAGED;
+        spec.layout.block_size = block;
+        spec.layout.n_blocks = (prompt + tokens + block - 1) / block;
     }
     st = spec_table(&m, def, device, draft_layers, &spec, prompt, tokens, max_k, temperature, (uint64_t)seed,
                     csv, &err);

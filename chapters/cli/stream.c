@@ -81,7 +81,7 @@ static int stream_one(FILE *f, int csv, const char *label, const kv_model *m,
         if ((p + 1) % every && p + 1 != tokens) continue;
         const double now = kv_now(), rss = rss_bytes();
         const double tps = (double)(p + 1 - at_last) / (now - t_last);
-        const int64_t rows = kv_window_rows(spec->window, spec->n_sinks, p + 1);
+        const int64_t rows = kv_window_rows(spec->window.size, spec->window.n_sinks, p + 1);
         const double kv = (double)rows * per_token;
         const double grown = rss >= 0 && rss0 >= 0 ? rss - rss0 : -1.0;
         if (reports == 0) {
@@ -119,17 +119,17 @@ int kv_stream_study(FILE *f, int csv, const kv_model *m, const kv_cache_spec *wi
                     long tokens, long full_tokens, long every, kv_err *err)
 {
     char u1[32], u2[32], u3[32], u4[32];
-    const int W = win->window, S = win->n_sinks;
+    const int W = win->window.size, S = win->window.n_sinks;
     if (csv) fprintf(f, "run,tokens,rows,kv_bytes,rss_growth_bytes,tokens_per_s\n");
     else
         fprintf(f, "stream on a %d-layer model (dim %d, H %d, H_kv %d, vocab %d), greedy, one token "
                 "per step, cache %s%s\nwindow: W = %d recent + S = %d sink tokens, positions by %s "
                 "(%s)%s\n\n%-10s %10s %8s %12s %14s %12s\n",
                 m->config.n_layers, m->config.dim, m->config.n_heads, m->config.n_kv_heads,
-                m->config.vocab_size, kv_dtype_name(win->dtype),
-                win->layout == KV_LAYOUT_PAGED ? ", paged" : "", W, S,
-                win->pos_scheme == KV_POS_CACHE ? "cache index" : "original position",
-                win->pos_scheme == KV_POS_CACHE ? "StreamingLLM" : "Mistral",
+                m->config.vocab_size, kv_dtype_name(win->quant.dtype),
+                win->layout.kind == KV_LAYOUT_PAGED ? ", paged" : "", W, S,
+                win->window.pos_scheme == KV_POS_CACHE ? "cache index" : "original position",
+                win->window.pos_scheme == KV_POS_CACHE ? "StreamingLLM" : "Mistral",
                 full_tokens > 0 ? "; full: every token kept" : "", "run", "tokens",
                 "rows", "KV held", "RSS growth", "tokens/s");
     stream_summary sw, sf;
@@ -137,10 +137,11 @@ int kv_stream_study(FILE *f, int csv, const kv_model *m, const kv_cache_spec *wi
     int rc = stream_one(f, csv, "window", m, win, tokens, every, &sw, err);
     if (!rc && full_tokens > 0) {
         kv_cache_spec full = *win;
-        full.window = full.n_sinks = full.pos_scheme = 0;
+        full.window.size = full.window.n_sinks = full.window.pos_scheme = 0;
         full.capacity = (int)full_tokens;
-        if (full.layout == KV_LAYOUT_PAGED)
-            full.n_blocks = (int)((full_tokens + full.block_size - 1) / full.block_size);
+        if (full.layout.kind == KV_LAYOUT_PAGED)
+            full.layout.n_blocks =
+                (int)((full_tokens + full.layout.block_size - 1) / full.layout.block_size);
         /* at least 8 reports over the (shorter) full run, to show its slope */
         const long full_every = every < full_tokens / 8 || full_tokens < 8 ? every : full_tokens / 8;
         rc = stream_one(f, csv, "full", m, &full, full_tokens, full_every, &sf, err);
@@ -209,14 +210,16 @@ int cmd_stream(int argc, char **argv)
     int st = kv_cli_default_model(&m, def, &err);
     if (st) return kv_cli_fail(cmd, def, st, &err);
     kv_cache_spec spec = kv_cache_spec_default(1, (int)tokens);
-    spec.dtype = fmt;
-    spec.window = window;
-    spec.pos_scheme = kv_window_scheme_parse(scheme);
-    spec.n_sinks = sinks >= 0 ? sinks : spec.pos_scheme == KV_POS_CACHE ? KV_WINDOW_DEFAULT_SINKS : 0;
+    spec.quant.dtype = fmt;
+    spec.window.size = window;
+    spec.window.pos_scheme = kv_window_scheme_parse(scheme);
+    spec.window.n_sinks = sinks >= 0                                ? sinks
+                          : spec.window.pos_scheme == KV_POS_CACHE ? KV_WINDOW_DEFAULT_SINKS
+                                                                   : 0;
     if (!strcmp(layout, "paged")) {
-        spec.layout = KV_LAYOUT_PAGED;
-        spec.block_size = block;
-        spec.n_blocks = (int)((kv_window_keep(window, spec.n_sinks) + block - 1) / block);
+        spec.layout.kind = KV_LAYOUT_PAGED;
+        spec.layout.block_size = block;
+        spec.layout.n_blocks = (int)((kv_window_keep(window, spec.window.n_sinks) + block - 1) / block);
     }
     if (every <= 0) every = tokens / 16 > 0 ? tokens / 16 : 1;
     st = kv_stream_study(stdout, csv, &m, &spec, tokens, full_tokens, every, &err);

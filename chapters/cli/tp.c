@@ -70,7 +70,7 @@ static int tp_run(const kv_model *m, const char *name, int p, const char *cache,
     const kv_config *c = &m->config;
     const int L = c->n_layers, H = c->n_heads, Hkv = c->n_kv_heads, d = kv_config_head_dim(c);
     kv_cache_spec spec = kv_cache_spec_default(1, n_prompt + n_tokens);
-    spec.dtype = kv_quant_parse(cache);
+    spec.quant.dtype = kv_quant_parse(cache);
     int *prompt = malloc(sizeof(int) * (size_t)n_prompt);
     int *want = malloc(sizeof(int) * (size_t)n_tokens), *got = malloc(sizeof(int) * (size_t)n_tokens);
     kv_backend *one = NULL, *tpb = NULL;

@@ -95,19 +95,19 @@ int kv_cli_layout_check(const char *cmd, const kv_cli_layout *lo)
 void kv_cli_layout_apply(const kv_cli_layout *lo, kv_cache_spec *spec)
 {
     if (!lo->layout || strcmp(lo->layout, "paged")) return;
-    const int B = lo->block_size ? lo->block_size : kvq_is_kivi(spec->dtype) ? KV_KIVI_GROUP : 16;
-    spec->layout = KV_LAYOUT_PAGED;
-    spec->block_size = B;
+    const int B = lo->block_size ? lo->block_size : kvq_is_kivi(spec->quant.dtype) ? KV_KIVI_GROUP : 16;
+    spec->layout.kind = KV_LAYOUT_PAGED;
+    spec->layout.block_size = B;
     /* the default pool reserves as much as the contiguous cache: no step can run out */
-    spec->n_blocks = lo->n_blocks ? lo->n_blocks
+    spec->layout.n_blocks = lo->n_blocks ? lo->n_blocks
                                   : spec->n_slots * ((spec->capacity + B - 1) / B);
 }
 
 const char *kv_cli_layout_name(const kv_cache_spec *spec, char *buf, size_t n)
 {
-    if (spec->layout != KV_LAYOUT_PAGED) snprintf(buf, n, "contiguous");
+    if (spec->layout.kind != KV_LAYOUT_PAGED) snprintf(buf, n, "contiguous");
     else
-        snprintf(buf, n, "paged, blocks of %d tokens, %d blocks", spec->block_size,
-                 spec->n_blocks);
+        snprintf(buf, n, "paged, blocks of %d tokens, %d blocks", spec->layout.block_size,
+                 spec->layout.n_blocks);
     return buf;
 }

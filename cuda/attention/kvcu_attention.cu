@@ -581,9 +581,9 @@ int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, in
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_attention: version %d (0 = the engine's "
                        "choice, 1, 2, 3)", version);
     /* the rows the query reads: positions 0 .. pos, or with a window min(pos + 1, S+W) */
-    const int n = (int)kv_window_count(c->spec.window, c->spec.n_sinks, pos);
-    if (c->tables && (int64_t)kv_window_rows(c->spec.window, c->spec.n_sinks, (int64_t)pos + 1) >
-                         (int64_t)c->n_mapped[slot] * c->spec.block_size)
+    const int n = (int)kv_window_count(c->spec.window.size, c->spec.window.n_sinks, pos);
+    if (c->tables && (int64_t)kv_window_rows(c->spec.window.size, c->spec.window.n_sinks, (int64_t)pos + 1) >
+                         (int64_t)c->n_mapped[slot] * c->spec.layout.block_size)
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_attention: position %d of slot %d is past "
                        "its %d mapped blocks", pos, slot, c->n_mapped[slot]);
     int st = check_heads("kvcu_cache_attention", n_heads, c->n_kv_heads, c->head_dim, err);

@@ -316,9 +316,9 @@ static int flash_check(int version, const kvcu_flash_job *j, kv_err *err)
     if (!j || !j->c)
         return kv_fail(err, KV_ERR_ARG, "%s: no job or no cache", who);
     const kvcu_cache *c = j->c;
-    if (c->spec.window > 0)
+    if (c->spec.window.size > 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: the cache keeps a sliding window (W %d); "
-                       "the chapter 08 kernels read full caches only", who, c->spec.window);
+                       "the chapter 08 kernels read full caches only", who, c->spec.window.size);
     if (j->layer < 0 || j->layer >= c->n_layers || j->slot < 0 || j->slot >= c->spec.n_slots)
         return kv_fail(err, KV_ERR_ARG, "%s: layer %d of %d, slot %d of %d", who, j->layer,
                        c->n_layers, j->slot, c->spec.n_slots);
@@ -332,7 +332,7 @@ static int flash_check(int version, const kvcu_flash_job *j, kv_err *err)
         return kv_fail(err, KV_ERR_ARG, "%s: k_begin %lld, n_keys %lld (neither may be "
                        "negative)", who, (long long)j->k_begin, (long long)j->n_keys);
     /* the rows the keys occupy must exist: the slot's capacity, or its mapped blocks */
-    const int64_t rows = c->tables ? (int64_t)c->n_mapped[j->slot] * c->spec.block_size
+    const int64_t rows = c->tables ? (int64_t)c->n_mapped[j->slot] * c->spec.layout.block_size
                                    : (int64_t)c->spec.capacity;
     if (j->n_keys > rows)
         return kv_fail(err, KV_ERR_ARG, "%s: n_keys %lld but slot %d holds %lld rows%s", who,

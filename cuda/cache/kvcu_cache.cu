@@ -30,11 +30,11 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
     *out = NULL;
     int st = kv_cache_spec_check_caps("kvcu_cache_create", cfg, spec, KV_CACHE_CAN_WINDOW, err);
     if (st) return st;
-    const int paged = spec->layout == KV_LAYOUT_PAGED;
+    const int paged = spec->layout.kind == KV_LAYOUT_PAGED;
     const int L = cfg->n_layers, d = kv_config_head_dim(cfg);
     /* a window keeps S+W rows per slot however many positions the capacity allows */
-    const int span = (int)kv_window_rows(spec->window, spec->n_sinks, spec->capacity);
-    const int rows = paged ? spec->n_blocks * spec->block_size : span;
+    const int span = (int)kv_window_rows(spec->window.size, spec->window.n_sinks, spec->capacity);
+    const int rows = paged ? spec->layout.n_blocks * spec->layout.block_size : span;
     /* elements of K (and of V) as fp32, checked for overflow; a paged pool's rows belong to
      * no slot, so its heads are the H_kv of one pool */
     const size_t factors[5] = {(size_t)L, paged ? (size_t)1 : (size_t)spec->n_slots,
@@ -55,10 +55,10 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
         c->rows = rows;
         c->span = span;
         if (paged) {
-            c->max_blocks = (span + spec->block_size - 1) / spec->block_size;
+            c->max_blocks = (span + spec->layout.block_size - 1) / spec->layout.block_size;
             c->tables = (int *)calloc((size_t)spec->n_slots * c->max_blocks, sizeof(int));
             c->n_mapped = (int *)calloc((size_t)spec->n_slots, sizeof(int));
-            c->seg_mark = (int *)calloc(2 * (size_t)spec->n_blocks, sizeof(int));
+            c->seg_mark = (int *)calloc(2 * (size_t)spec->layout.n_blocks, sizeof(int));
         }
     }
     if (!c || !c->len || !c->fmt || !c->kp || !c->vp || !c->qlen ||
@@ -75,7 +75,7 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
         c->fmt[l] = kv_cache_spec_layer_dtype(spec, l);
         all_f32 &= c->fmt[l] == KV_QF_F32;
         if (kvq_is_kivi(c->fmt[l]))
-            c->window = spec->kivi_window ? spec->kivi_window : KV_KIVI_WINDOW;
+            c->window = spec->quant.kivi_window ? spec->quant.kivi_window : KV_KIVI_WINDOW;
     }
     const size_t total = kv_cache_layout(spec, L, c->n_kv_heads, d, NULL, c->kp, c->vp);
     const size_t n_table = (size_t)spec->n_slots * c->max_blocks;
@@ -128,7 +128,7 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
         kvcu_cache_free(c);
         return st;
     }
-    if (all_f32 && !paged && spec->window == 0) { /* chapter 02's arrays: contiguous, no ring */
+    if (all_f32 && !paged && spec->window.size == 0) { /* chapter 02's arrays: contiguous, no ring */
         c->k = (float *)(void *)c->kp[0].codes;
         c->v = (float *)(void *)c->vp[0].codes;
     }

@@ -140,9 +140,9 @@ int kvcu_cache_codec_begin(kvcu_cache *c, int layer, const kv_seq *seqs, int n_s
         const size_t smem = (KV_WARP + (size_t)Hkv) * sizeof(float);
         float *sk = kp->scale + (size_t)seqs[i].slot * Hkv, *sv = vp->scale + (size_t)seqs[i].slot * Hkv;
         KV_LAUNCH(fp8_calibrate_kernel, 1, KVCU_CACHE_THREADS, smem, 0, fmt, k + t * kvdim,
-                  seqs[i].n_tokens, Hkv, d, c->spec.fp8_per_head, sk);
+                  seqs[i].n_tokens, Hkv, d, c->spec.quant.fp8_per_head, sk);
         KV_LAUNCH(fp8_calibrate_kernel, 1, KVCU_CACHE_THREADS, smem, 0, fmt, v + t * kvdim,
-                  seqs[i].n_tokens, Hkv, d, c->spec.fp8_per_head, sv);
+                  seqs[i].n_tokens, Hkv, d, c->spec.quant.fp8_per_head, sv);
         KV_CUDA_TRY_LAUNCH(err);
     }
     return KV_OK;
@@ -154,7 +154,8 @@ int kvcu_cache_encode_rows(kvcu_cache *c, int layer, const int *tok_slot, const 
     dim3 grid(T, c->n_kv_heads, 2);
     KV_LAUNCH(cache_write_kernel, grid, KVCU_CACHE_THREADS, 0, 0, c->fmt[layer], c->kp[layer],
               c->vp[layer], k, v, tok_slot, tok_pos, c->n_kv_heads, c->head_dim, c->rows,
-              c->d_tables, c->max_blocks, c->spec.block_size, c->spec.window, c->spec.n_sinks);
+              c->d_tables, c->max_blocks, c->spec.layout.block_size, c->spec.window.size,
+              c->spec.window.n_sinks);
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
 }

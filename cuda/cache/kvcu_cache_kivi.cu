@@ -79,7 +79,7 @@ int kvcu_cache_kivi_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_se
         KV_CUDA_TRY_LAUNCH(err);
         /* contiguous: one run q0 .. q1-1; paged: one run per block it touches, each at
          * its physical rows (32 | B: a group never straddles two blocks) */
-        const int B = c->tables ? c->spec.block_size : q1;
+        const int B = c->tables ? c->spec.layout.block_size : q1;
         const int *table = c->tables ? c->tables + (size_t)slot * c->max_blocks : NULL;
         for (int g = q0; g < q1;) {
             const int end = (g / B + 1) * B < q1 ? (g / B + 1) * B : q1;

@@ -52,14 +52,14 @@ int kvcu_cache_set_blocks(kvcu_cache *c, int slot, const int *blocks, int n, kv_
 
 int kvcu_cache_fork_slot(kvcu_cache *c, int dst, int src, kv_err *err)
 {
-    if (c && c->spec.select) /* chapter 09: kv_cache_fork_slot()'s refusal, in its words */
+    if (c && c->spec.retain.select) /* chapter 09: kv_cache_fork_slot()'s refusal, in its words */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_fork_slot: a cache with %s "
                        "retention keeps per-sequence selection state that a fork would not "
-                       "copy", kv_select_method_name(c->spec.select));
+                       "copy", kv_select_method_name(c->spec.retain.select));
     int rc = paged_slot(c, "kvcu_cache_fork_slot", dst, err);
     if (!rc) rc = paged_slot(c, "kvcu_cache_fork_slot", src, err);
     if (rc || dst == src) return rc;
-    if (c->spec.window > 0) /* the ring would overwrite rows the other sequence still reads */
+    if (c->spec.window.size > 0) /* the ring would overwrite rows the other sequence still reads */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_fork_slot: a sliding-window "
                        "sequence cannot share its blocks (its ring rewrites them in place)");
     const size_t Hkv = (size_t)c->n_kv_heads, d = (size_t)c->head_dim, ns = (size_t)c->spec.n_slots;
@@ -85,10 +85,10 @@ int kvcu_cache_fork_slot(kvcu_cache *c, int dst, int src, kv_err *err)
 
 int kvcu_cache_set_length(kvcu_cache *c, int slot, int len, kv_err *err)
 {
-    if (c && c->spec.select) /* chapter 09: kv_cache_set_length()'s refusal, in its words */
+    if (c && c->spec.retain.select) /* chapter 09: kv_cache_set_length()'s refusal, in its words */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_set_length: a cache with %s "
                        "retention would adopt rows its selection state never saw",
-                       kv_select_method_name(c->spec.select));
+                       kv_select_method_name(c->spec.retain.select));
     int rc = paged_slot(c, "kvcu_cache_set_length", slot, err);
     if (!rc)
         rc = kv_cache_check_length("kvcu_cache_set_length", &c->spec, c->fmt, c->n_layers,
@@ -141,7 +141,7 @@ int kvcu_cache_copy_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, kv_
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_copy_blocks: the cache is not paged");
     if (n < 0 || (n > 0 && !pairs))
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_copy_blocks: %d pairs", n);
-    const int N = c->spec.n_blocks;
+    const int N = c->spec.layout.n_blocks;
     for (int i = 0; i < n; i++)
         if (pairs[i].src < 0 || pairs[i].src >= N || pairs[i].dst < 0 || pairs[i].dst >= N)
             return kv_fail(err, KV_ERR_ARG, "kvcu_cache_copy_blocks: pair %d (%d -> %d) is "
@@ -166,7 +166,7 @@ int kvcu_cache_copy_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, kv_
         if (cut && i > start) {
             dim3 grid(i - start, 2 * c->n_layers, c->n_kv_heads);
             KV_LAUNCH(copy_blocks_kernel, grid, COPY_THREADS, 0, 0, c->d_pairs + start,
-                      c->d_planes, c->d_fmt, c->n_layers, c->rows, c->spec.block_size,
+                      c->d_planes, c->d_fmt, c->n_layers, c->rows, c->spec.layout.block_size,
                       c->head_dim);
             for (int j = start; j < i; j++) wrote[pairs[j].dst] = read[pairs[j].src] = 0;
             start = i;
@@ -209,7 +209,7 @@ size_t kvcu_cache_block_bytes(const kvcu_cache *c)
             n += (size_t)c->n_kv_heads *
                  (size_t)head_block_bytes(role ? &c->vp[l] : &c->kp[l], c->fmt[l],
                                           role ? KV_QROLE_VALUE : KV_QROLE_KEY,
-                                          c->spec.block_size, c->head_dim);
+                                          c->spec.layout.block_size, c->head_dim);
     return n;
 }
 
@@ -255,7 +255,7 @@ static int block_io_check(kvcu_cache *c, const kv_block_copy *pairs, int n, cons
     if (block_bytes != kvcu_cache_block_bytes(c))
         return kv_fail(err, KV_ERR_ARG, "%s: host blocks of %zu bytes but the cache's blocks "
                        "are %zu bytes", who, block_bytes, kvcu_cache_block_bytes(c));
-    const int N = c->spec.n_blocks;
+    const int N = c->spec.layout.n_blocks;
     int rc = KV_OK;
     for (int i = 0; i < n && !rc; i++) {
         const int dev = dev_is_src ? pairs[i].src : pairs[i].dst;
@@ -317,7 +317,7 @@ int kvcu_cache_read_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, uin
     KV_CUDA_TRY(cudaMalloc(&stage, (size_t)n * block_bytes), err);
     dim3 grid(n, 2 * c->n_layers, c->n_kv_heads);
     KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, 0, c->d_pairs, c->d_planes, c->d_fmt,
-              c->n_layers, c->n_kv_heads, c->rows, c->spec.block_size, c->head_dim, stage,
+              c->n_layers, c->n_kv_heads, c->rows, c->spec.layout.block_size, c->head_dim, stage,
               (int64_t)block_bytes, 1);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) e = copy_runs(stage, host, pairs, n, block_bytes, 1, 0);
@@ -338,7 +338,7 @@ int kvcu_cache_write_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n,
     if (e == cudaSuccess) {
         dim3 grid(n, 2 * c->n_layers, c->n_kv_heads);
         KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, 0, c->d_pairs, c->d_planes, c->d_fmt,
-                  c->n_layers, c->n_kv_heads, c->rows, c->spec.block_size, c->head_dim, stage,
+                  c->n_layers, c->n_kv_heads, c->rows, c->spec.layout.block_size, c->head_dim, stage,
                   (int64_t)block_bytes, 0);
         e = cudaGetLastError();
     }
@@ -485,7 +485,7 @@ static int io_issue(kvcu_cache *c, kvcu_io *io, const kv_block_copy *pairs, int 
     if (!to_host) e = copy_runs(j->stage, host, pairs, n, block_bytes, 0, s);
     if (e == cudaSuccess) {
         KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, s, j->d_pairs, c->d_planes, c->d_fmt,
-                  c->n_layers, c->n_kv_heads, c->rows, c->spec.block_size, c->head_dim,
+                  c->n_layers, c->n_kv_heads, c->rows, c->spec.layout.block_size, c->head_dim,
                   j->stage, (int64_t)block_bytes, to_host);
         e = cudaGetLastError();
     }

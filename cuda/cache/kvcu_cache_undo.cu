@@ -67,7 +67,7 @@ static cudaError_t span_copy(const kvcu_cache *c, int layer, const kv_cache_plan
 static int64_t phys_row(const kvcu_cache *c, int slot, int64_t r)
 {
     if (!c->tables) return r;
-    const int B = c->spec.block_size;
+    const int B = c->spec.layout.block_size;
     return (int64_t)c->tables[(size_t)slot * c->max_blocks + r / B] * B + r % B;
 }
 
@@ -91,7 +91,7 @@ int kvcu_cache_speculate(kvcu_cache *c, int slot, int max_tokens, kv_err *err)
     if (!u->qlen0) u->qlen0 = (int *)calloc((size_t)c->n_layers, sizeof(int));
     if (!u->qlen0) return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_speculate: host memory");
     const size_t bytes = kv_undo_plan(u, c->kp, c->vp, c->fmt, c->n_layers, c->n_kv_heads,
-                                      c->head_dim, c->spec.window, max_tokens);
+                                      c->head_dim, c->spec.window.size, max_tokens);
     if (bytes > u->alloc_bytes) {
         cudaFree(u->rows);
         u->rows = NULL;
@@ -115,9 +115,9 @@ int kvcu_cache_undo_rows(kvcu_cache *c, int layer, const kv_seq *s, int t0, cons
     if (!u) return KV_OK;
     const int fmt = c->fmt[layer], Hkv = c->n_kv_heads, d = c->head_dim, R = c->window;
     const int kivi = kvq_is_kivi(fmt);
-    if (!kivi && c->spec.window <= 0) return KV_OK;
+    if (!kivi && c->spec.window.size <= 0) return KV_OK;
     for (int t = undo_from(u, s->pos, s->n_tokens); t < s->pos + s->n_tokens; t++) {
-        const int64_t prow = phys_row(c, s->slot, kv_window_row(c->spec.window, c->spec.n_sinks, t));
+        const int64_t prow = phys_row(c, s->slot, kv_window_row(c->spec.window.size, c->spec.window.n_sinks, t));
         for (int kv = 0; kv < 2; kv++) {
             const kv_cache_plane *p = kv ? &c->vp[layer] : &c->kp[layer];
             for (int h = 0; h < Hkv; h++) {
@@ -171,9 +171,9 @@ static cudaError_t undo_restore(kvcu_cache *c, kv_undo *u, int slot, int len)
                     for (int64_t t = u->end - 1; t >= len && e == cudaSuccess; t--)
                         e = cudaMemcpy(p->ring + (head * R + t % R) * d, undo_row(c, u, l, kv, h, t),
                                        (size_t)d * sizeof(float), cudaMemcpyDeviceToDevice);
-                } else if (c->spec.window > 0) {
+                } else if (c->spec.window.size > 0) {
                     for (int64_t t = u->end - 1; t >= len && e == cudaSuccess; t--) {
-                        const int64_t lr = kv_window_row(c->spec.window, c->spec.n_sinks, t);
+                        const int64_t lr = kv_window_row(c->spec.window.size, c->spec.window.n_sinks, t);
                         e = span_copy(c, l, p, role, rhead, phys_row(c, slot, lr), 1,
                                       undo_row(c, u, l, kv, h, t), 0);
                     }
@@ -198,10 +198,10 @@ int kvcu_cache_truncate(kvcu_cache *c, int slot, int len, kv_err *err)
     if (len < 0 || len > c->len[slot])
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_truncate: %d tokens but slot %d holds %d",
                        len, slot, c->len[slot]);
-    if (c->spec.select) /* chapter 09: kv_cache_truncate()'s refusal, in its words */
+    if (c->spec.retain.select) /* chapter 09: kv_cache_truncate()'s refusal, in its words */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_truncate: %s retention already "
                        "observed and evicted with the rejected tokens; its kept sets cannot "
-                       "be rolled back", kv_select_method_name(c->spec.select));
+                       "be rolled back", kv_select_method_name(c->spec.retain.select));
     if (len < c->len[slot] && kv_cache_needs_undo(&c->spec, c->fmt, c->n_layers)) {
         kv_undo *u = c->undo ? &c->undo[slot] : NULL;
         int rc = kv_undo_check("kvcu_cache_truncate", u, slot, len, c->len[slot], err);

@@ -14,12 +14,12 @@
 int kvcu_cache_window_create(kvcu_cache *c, const kv_config *cfg, kv_err *err)
 {
     c->rotary_dim = cfg->rotary_dim;
-    if (c->spec.window == 0 || c->spec.pos_scheme != KV_POS_CACHE) return KV_OK;
+    if (c->spec.window.size == 0 || c->spec.window.pos_scheme != KV_POS_CACHE) return KV_OK;
     size_t bytes = 0;
     float *cs = kv_cache_rope_table(cfg, &c->spec, &bytes); /* the host's lines, same libm */
     if (!cs)
         return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_create: RoPE table of %d positions",
-                       c->spec.n_sinks + c->spec.window);
+                       c->spec.window.n_sinks + c->spec.window.size);
     cudaError_t e = cudaMalloc(&c->d_rope_cs, bytes);
     if (e == cudaSuccess) e = cudaMemcpy(c->d_rope_cs, cs, bytes, cudaMemcpyHostToDevice);
     kv_free(cs);

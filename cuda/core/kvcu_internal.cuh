@@ -36,7 +36,7 @@ struct kvcu_cache {
     size_t mem_bytes;
     float *stage;        /* device scratch of a KIVI spill: [2][H_kv][rows][d] */
     size_t stage_bytes;
-    /* chapter 05, paged layout (spec.layout KV_LAYOUT_PAGED); contiguous: rows = capacity,
+    /* chapter 05, paged layout (spec.layout.kind KV_LAYOUT_PAGED); contiguous: rows = capacity,
      * the rest 0 / NULL. The tables live twice: the host copy answers the batch checks and
      * places KIVI spills, the device copy is what the write and attention kernels read. */
     int rows;            /* rows per head of a plane: span (contiguous), or N·B pool rows */
@@ -57,7 +57,7 @@ struct kvcu_cache {
     float *d_rope_cs;    /* device [S+W][rotary_dim/2][2] cos, sin per cache index, else NULL */
     /* chapter 09: selected-set retention (kv_retain.h). The state is the CPU's, on the host,
      * written by kvcu_retain_attend() (cuda/engine/kvcu_retain.cu), whose scratch follows it. */
-    struct kv_retain *retain;                /* host, or NULL when spec.select is 0 */
+    struct kv_retain *retain;                /* host, or NULL when spec.retain.select is 0 */
     struct kvcu_retain_scratch *rscratch;    /* device buffers and host staging, or NULL */
     /* chapter 10: [n_slots] undo logs (kv_cache.h), host bookkeeping, rows and groups in
      * device memory; NULL until the first kvcu_cache_speculate() of a window or KIVI cache */
@@ -81,12 +81,12 @@ __device__ inline int64_t kvcu_slot_row(const int *tables, int max_blocks, int b
 static inline int kvcu_paged_rows_check(const char *who, const kvcu_cache *c, const kv_seq *seqs,
                                         int n_seqs, kv_err *err)
 {
-    if (c->spec.window == 0)
-        return kv_paged_batch_check(who, c->n_mapped, c->spec.block_size, seqs, n_seqs, err);
+    if (c->spec.window.size == 0)
+        return kv_paged_batch_check(who, c->n_mapped, c->spec.layout.block_size, seqs, n_seqs, err);
     for (int i = 0; i < n_seqs; i++) {
-        const int64_t rows = kv_window_rows(c->spec.window, c->spec.n_sinks,
+        const int64_t rows = kv_window_rows(c->spec.window.size, c->spec.window.n_sinks,
                                             (int64_t)seqs[i].pos + seqs[i].n_tokens);
-        const int64_t mapped = (int64_t)c->n_mapped[seqs[i].slot] * c->spec.block_size;
+        const int64_t mapped = (int64_t)c->n_mapped[seqs[i].slot] * c->spec.layout.block_size;
         if (rows > mapped)
             return kv_fail(err, KV_ERR_CAPACITY, "%s: sequence %d: its window needs %lld rows "
                            "but slot %d has %d blocks (%lld rows) mapped", who, i,
@@ -263,9 +263,9 @@ static inline attn_src cache_src(const kvcu_cache *c, int layer)
     s.rows = c->rows;
     s.tables = c->d_tables;
     s.max_blocks = c->max_blocks;
-    s.block_size = c->spec.block_size;
-    s.keep_w = c->spec.window;
-    s.keep_s = c->spec.n_sinks;
+    s.block_size = c->spec.layout.block_size;
+    s.keep_w = c->spec.window.size;
+    s.keep_s = c->spec.window.n_sinks;
     s.rope_cs = c->d_rope_cs;
     s.rotary_dim = c->rotary_dim;
     return s;

@@ -201,7 +201,7 @@ int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_
     b->reset = cuda_reset;
     b->length = cuda_length;
     b->rollback = &cuda_rollback;
-    if (spec->layout == KV_LAYOUT_PAGED) { /* the host pages, the device moves the bytes */
+    if (spec->layout.kind == KV_LAYOUT_PAGED) { /* the host pages, the device moves the bytes */
         kv_cache_mem *m = &p->mem;
         m->dev = p;
         m->config = b->config;

@@ -306,14 +306,14 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
                             c->head_dim, c->len, seqs, n_seqs, &T, err));
     if (c->tables) /* paged: every row written must fall in the slot's mapped blocks */
         KVCU_TRY(kvcu_paged_rows_check("kvcu_forward", c, seqs, n_seqs, err));
-    if (c->spec.select && sh) /* chapter 09's state is sized by the whole model's heads */
+    if (c->spec.retain.select && sh) /* chapter 09's state is sized by the whole model's heads */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_forward: %s retention on a "
                        "tensor-parallel shard is not supported",
-                       kv_select_method_name(c->spec.select));
-    if (c->spec.select && !c->retain) /* the engine composes the two */
+                       kv_select_method_name(c->spec.retain.select));
+    if (c->spec.retain.select && !c->retain) /* the engine composes the two */
         return kv_fail(err, KV_ERR_ARG, "kvcu_forward: the cache's spec selects with %s but it "
                        "has no retention state (build it with kvcu_retain_cache_create())",
-                       kv_select_method_name(c->spec.select));
+                       kv_select_method_name(c->spec.retain.select));
     int logit_rows = n_seqs; /* rows of device logits: the last rows, or an all_logits chunk */
     for (int i = 0; i < n_seqs; i++)
         if (seqs[i].all_logits && seqs[i].n_tokens > logit_rows) logit_rows = seqs[i].n_tokens;
@@ -327,8 +327,8 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
     const int q0 = sh ? sh->q_head0 : 0, kv0 = sh ? sh->kv_head0 : 0;
     const int f0 = sh ? sh->hidden0 : 0, fs = sh ? sh->n_hidden : hidden;
     const int qs = Hs * d, kvs = KVs * d;
-    const int W = c->spec.window, S = c->spec.n_sinks;
-    const int keys_at_cache_pos = W > 0 && c->spec.pos_scheme == KV_POS_CACHE;
+    const int W = c->spec.window.size, S = c->spec.window.n_sinks;
+    const int keys_at_cache_pos = W > 0 && c->spec.window.pos_scheme == KV_POS_CACHE;
     /* attention rows per launch: all of them, unless their scores would pass KVCU_SCORES_MAX
      * (or the rows would pass the grid's 65535 limit in y) */
     const size_t per_row = kvcu_attention_scratch(1, H, d, span);
@@ -355,7 +355,7 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
             tok[t] = seqs[i].tokens[j];
             slot[t] = seqs[i].slot;
             pos[t] = seqs[i].pos + j;
-            q_pos[t] = (int)kv_window_query_pos(W, S, c->spec.pos_scheme, seqs[i].pos + j);
+            q_pos[t] = (int)kv_window_query_pos(W, S, c->spec.window.pos_scheme, seqs[i].pos + j);
         }
         last[i] = t - 1;
     }

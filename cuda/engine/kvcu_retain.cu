@@ -147,7 +147,7 @@ int kvcu_retain_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_ca
                              kv_err *err)
 {
     int rc = kvcu_cache_create(out, cfg, spec, err);
-    if (rc || spec->select == KV_SELECT_NONE) return rc;
+    if (rc || spec->retain.select == KV_SELECT_NONE) return rc;
     kvcu_cache *c = *out;
     rc = kv_retain_create(&c->retain, spec, c->n_layers, cfg->n_heads, c->n_kv_heads,
                           c->head_dim, err);
@@ -264,7 +264,7 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
 {
     if (!c || !c->retain)
         return kv_fail(err, KV_ERR_ARG, "kvcu_retain_attend: the cache has no retention "
-                       "(spec.select is 0)");
+                       "(spec.retain.select is 0)");
     kv_retain *r = c->retain;
     if (layer < 0 || layer >= c->n_layers || slot < 0 || slot >= c->spec.n_slots || n < 0 ||
         pos0 < 0 || (int64_t)pos0 + n > c->spec.capacity)

@@ -269,10 +269,10 @@ extern "C" int kvcu_tp_create(kvcu_tp **out, const kv_model *m, int p, const kv_
     if (rc) return rc;
     if (p > KV_TP_GPU_MAX)
         return kv_fail(err, KV_ERR_ARG, "kvcu_tp_create: %d ranks (at most %d)", p, KV_TP_GPU_MAX);
-    if (spec->layout == KV_LAYOUT_PAGED)
+    if (spec->layout.kind == KV_LAYOUT_PAGED)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_tp_create: a paged cache is not supported "
                        "(every rank's block tables would have to move in step); use contiguous");
-    if (spec->select != 0)
+    if (spec->retain.select != 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_tp_create: selected-set retention "
                        "(chapter 09) is not supported with tensor-parallel ranks");
     kvcu_tp *g = (kvcu_tp *)calloc(1, sizeof *g);

@@ -57,14 +57,15 @@ static void group_of_cache(kv_attn_group *g, const kv_cache *c, int layer, int s
     memset(g, 0, sizeof *g);
     g->G = G;
     g->d = d;
-    g->len = kv_window_count(c->spec.window, c->spec.n_sinks, pos);
+    g->len = kv_window_count(c->spec.window.size, c->spec.window.n_sinks, pos);
     g->q = q + (size_t)kvh * G * d;
     g->out = out + (size_t)kvh * G * d;
     g->att = blk;
     g->sum = blk + (size_t)G * max_len;
     g->kh = kv_cache_view(c, layer, slot, kvh, KV_QROLE_KEY);
     g->vh = kv_cache_view(c, layer, slot, kvh, KV_QROLE_VALUE);
-    const kv_attn_retained w = {c->spec.window, c->spec.n_sinks, pos, c->rope_cs, c->rotary_dim};
+    const kv_attn_retained w = {c->spec.window.size, c->spec.window.n_sinks, pos, c->rope_cs,
+                                c->rotary_dim};
     g->w = w;
 }
 
@@ -105,7 +106,7 @@ void kv_attention_rows(const kv_cache *c, int layer, int n, const int *rows, con
 int kv_attention(const kv_cache *c, int layer, int slot, int pos, const float *q, float *out,
                  int n_heads)
 {
-    const int64_t len = kv_window_count(c->spec.window, c->spec.n_sinks, pos);
+    const int64_t len = kv_window_count(c->spec.window.size, c->spec.window.n_sinks, pos);
     float *scratch = kv_calloc(kv_attention_scratch(c, n_heads, len) * sizeof(float));
     if (!scratch) return KV_ERR_NOMEM;
     kv_attention_rows(c, layer, 1, NULL, &slot, &pos, q, out, 0, n_heads, len, scratch);
@@ -124,7 +125,7 @@ void kv_attention_head(const kv_cache *c, int layer, int slot, int pos, int h, i
     }
     kv_attn_group g;
     float sum, mx;
-    const int64_t len = kv_window_count(c->spec.window, c->spec.n_sinks, pos);
+    const int64_t len = kv_window_count(c->spec.window.size, c->spec.window.n_sinks, pos);
     group_of_cache(&g, c, layer, slot, pos, kvh, 1, qh, oh, att, len);
     /* a group of one: head h alone, its query, output and sum where the caller put them */
     g.q = qh;

@@ -40,7 +40,7 @@ static void key_row(const kv_cache *c, const kv_head_view *kh, int64_t r, int64_
 int kv_attention_ref(const kv_cache *c, int layer, int slot, int pos, const float *q,
                      float *out, int n_heads)
 {
-    const int d = c->head_dim, W = c->spec.window, S = c->spec.n_sinks;
+    const int d = c->head_dim, W = c->spec.window.size, S = c->spec.window.n_sinks;
     const int64_t n = kv_window_count(W, S, pos); /* positions this query sees */
     double *att = malloc((size_t)n_heads * n * sizeof(double)); /* [H][n] scores, then w_i */
     double *key = malloc((size_t)n_heads * d * sizeof(double)); /* [H][d] a key row per head */

@@ -94,7 +94,7 @@ static int flash_check(const char *who, const kv_flash_job *j, flash_ctx *x, kv_
 {
     if (!j || !j->c) return kv_fail(err, KV_ERR_ARG, "%s: no job or no cache", who);
     const kv_cache *c = j->c;
-    if (c->spec.window > 0)
+    if (c->spec.window.size > 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: a sliding-window cache (chapter 06) keeps "
                        "only some rows; attend it with kv_attention()", who);
     if (j->layer < 0 || j->layer >= c->n_layers || j->slot < 0 || j->slot >= c->spec.n_slots)
@@ -106,7 +106,7 @@ static int flash_check(const char *who, const kv_flash_job *j, flash_ctx *x, kv_
     if (j->T < 0 || (j->T > 0 && (!j->q || !j->out)))
         return kv_fail(err, KV_ERR_ARG, "%s: T %d, or no q / out", who, j->T);
     int64_t rows = c->spec.capacity;
-    if (c->tables) rows = (int64_t)c->n_mapped[j->slot] * c->spec.block_size;
+    if (c->tables) rows = (int64_t)c->n_mapped[j->slot] * c->spec.layout.block_size;
     if (j->n_keys < 0 || j->n_keys > rows || j->k_begin < 0)
         return kv_fail(err, KV_ERR_ARG, "%s: keys %lld .. %lld outside the slot's %lld rows",
                        who, (long long)j->k_begin, (long long)j->n_keys, (long long)rows);

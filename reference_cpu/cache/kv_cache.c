@@ -38,17 +38,18 @@ static void plane_sizes(int fmt, int role, int64_t row_heads, int rows, int64_t 
 /* Rows one slot ever holds: its capacity, or S+W when a window forgets the rest. */
 static int slot_rows(const kv_cache_spec *spec)
 {
-    return (int)kv_window_rows(spec->window, spec->n_sinks, spec->capacity);
+    return (int)kv_window_rows(spec->window.size, spec->window.n_sinks, spec->capacity);
 }
 
 /* Rows per head of a plane and the heads that own rows, for either layout. */
 static int spec_rows(const kv_cache_spec *spec)
 {
-    return spec->layout == KV_LAYOUT_PAGED ? spec->n_blocks * spec->block_size : slot_rows(spec);
+    return spec->layout.kind == KV_LAYOUT_PAGED ? spec->layout.n_blocks * spec->layout.block_size
+                                                : slot_rows(spec);
 }
 static int64_t spec_row_heads(const kv_cache_spec *spec, int n_kv_heads)
 {
-    return spec->layout == KV_LAYOUT_PAGED ? n_kv_heads : (int64_t)spec->n_slots * n_kv_heads;
+    return spec->layout.kind == KV_LAYOUT_PAGED ? n_kv_heads : (int64_t)spec->n_slots * n_kv_heads;
 }
 
 static size_t align_up(size_t n) { return (n + KV_CACHE_ALIGN - 1) / KV_CACHE_ALIGN * KV_CACHE_ALIGN; }
@@ -63,7 +64,7 @@ size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, 
     const int64_t heads = (int64_t)spec->n_slots * n_kv_heads;
     const int64_t row_heads = spec_row_heads(spec, n_kv_heads);
     const int rows = spec_rows(spec);
-    const int window = spec->kivi_window ? spec->kivi_window : KV_KIVI_WINDOW;
+    const int window = spec->quant.kivi_window ? spec->quant.kivi_window : KV_KIVI_WINDOW;
     size_t at = 0;
     for (int part = 0; part < 4; part++)
         for (int role = 0; role < 2; role++)
@@ -99,7 +100,7 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
 
     const int d = kv_config_head_dim(cfg), L = cfg->n_layers;
     const int64_t heads = (int64_t)spec->n_slots * cfg->n_kv_heads;
-    const int window = spec->kivi_window ? spec->kivi_window : KV_KIVI_WINDOW;
+    const int window = spec->quant.kivi_window ? spec->quant.kivi_window : KV_KIVI_WINDOW;
     /* bytes of codes of one fp32 layer (the largest format), checked for overflow */
     const size_t factors[4] = {(size_t)spec_row_heads(spec, cfg->n_kv_heads),
                                (size_t)spec_rows(spec), (size_t)d, 2 * (size_t)L};
@@ -120,13 +121,13 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
     c->qlen = kv_calloc((size_t)L * spec->n_slots * sizeof(int));
     c->len = kv_calloc((size_t)spec->n_slots * sizeof(int));
     c->rows = spec_rows(spec);
-    if (spec->layout == KV_LAYOUT_PAGED) {
-        c->max_blocks = (slot_rows(spec) + spec->block_size - 1) / spec->block_size;
+    if (spec->layout.kind == KV_LAYOUT_PAGED) {
+        c->max_blocks = (slot_rows(spec) + spec->layout.block_size - 1) / spec->layout.block_size;
         c->tables = kv_calloc((size_t)spec->n_slots * c->max_blocks * sizeof(int));
         c->n_mapped = kv_calloc((size_t)spec->n_slots * sizeof(int));
     }
     if (!c->fmt || !c->kp || !c->vp || !c->qlen || !c->len ||
-        (spec->layout == KV_LAYOUT_PAGED && (!c->tables || !c->n_mapped))) {
+        (spec->layout.kind == KV_LAYOUT_PAGED && (!c->tables || !c->n_mapped))) {
         kv_cache_free(c);
         return kv_fail(err, KV_ERR_NOMEM, "kv_cache_create: host memory for the cache tables");
     }
@@ -156,7 +157,7 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
         kv_cache_free(c);
         return rc;
     }
-    if (all_f32 && !c->tables && spec->window == 0) {
+    if (all_f32 && !c->tables && spec->window.size == 0) {
         /* chapter 02's arrays: kv_cache_k() / kv_cache_v() work on them */
         c->k = (float *)(void *)c->kp[0].codes;
         c->v = (float *)(void *)c->vp[0].codes;
@@ -215,7 +216,7 @@ kv_head_view kv_cache_view(const kv_cache *c, int layer, int slot, int kvh, int 
         return kv_cache_plane_view_paged(p, c->fmt[layer], role, c->n_kv_heads, c->rows,
                                          c->head_dim, c->window, slot, kvh, q,
                                          c->tables + (size_t)slot * c->max_blocks,
-                                         c->spec.block_size);
+                                         c->spec.layout.block_size);
     return kv_cache_plane_view(p, c->fmt[layer], role, c->n_kv_heads, c->rows,
                                c->head_dim, c->window, slot, kvh, q);
 }

@@ -12,7 +12,7 @@
  * Cache size = L · 2 · N · H_kv · d · b bytes (b = 4 for fp32).
  *
  * Chapter 04 (quantized storage, formats of kv_quant.h). Each layer l has a storage format
- * fmt[l] (spec.dtype on the layers spec.dtype_layers selects, fp16 on the others; every
+ * fmt[l] (spec.quant.dtype on the layers spec.quant.dtype_layers selects, fp16 on the others; every
  * layer when the mask is 0) and, for K and for V, one ::kv_cache_plane:
  *   codes  [n_slots][H_kv][capacity][row_bytes]    row t of a head = token t, packed codes
  *   meta   [n_slots][H_kv][meta_entries]           4-byte scales / kv_qsz (kv_quant.h)
@@ -24,7 +24,7 @@
  * When quantization happens:
  *  - per-token formats (fp16, bf16, int8, int8-gG, fp8): each row as it is written;
  *  - fp8: a slot's scales are calibrated from the first chunk written at position 0 (the
- *    prefill): amax / max per kv head (spec.fp8_per_head = 1) or over all kv heads of the
+ *    prefill): amax / max per kv head (spec.quant.fp8_per_head = 1) or over all kv heads of the
  *    layer's K (and its V) for that slot (per tensor, 0). Later tokens beyond that range
  *    saturate at +-max: a one-token "prefill" gives a poor scale, so prefill whole prompts;
  *  - KIVI (int4/int2): tokens enter the fp32 ring; a chunk that makes the slot hold more
@@ -35,8 +35,8 @@
  *    before its attention), so a chunked prefill reads the same as the chunk boundaries
  *    decide, deterministically.
  *
- * Chapter 05 (paged layout, spec.layout = KV_LAYOUT_PAGED). The rows of every sequence live
- * in one pool of N = spec.n_blocks blocks of B = spec.block_size tokens, per layer and per
+ * Chapter 05 (paged layout, spec.layout.kind = KV_LAYOUT_PAGED). The rows of every sequence live
+ * in one pool of N = spec.layout.n_blocks blocks of B = spec.layout.block_size tokens, per layer and per
  * KV head:
  *   codes  [H_kv][N·B][row_bytes]       physical row = block·B + offset (kv_block_table.h)
  *   meta   [H_kv][meta_entries(N·B)]    the format's metadata of those rows
@@ -50,15 +50,15 @@
  * paged cache needs 32 | B. Head-major pools keep a head's rows of one block adjacent; a block
  * copy is one run of B rows per (layer, K/V, head).
  *
- * Chapter 06 (retention, spec.window W > 0; kv_window.h). A slot keeps its first S =
- * spec.n_sinks tokens and its W most recent ones: position p lives in logical row p (p < S)
+ * Chapter 06 (retention, spec.window.size W > 0; kv_window.h). A slot keeps its first S =
+ * spec.window.n_sinks tokens and its W most recent ones: position p lives in logical row p (p < S)
  * or S + (p - S) mod W, a ring reused cyclically, so a slot holds at most S+W rows whatever
  * its length and spec.capacity becomes a bound on positions, not storage. Contiguous: each
  * (layer, slot, head) owns min(capacity, S+W) rows. Paged: the logical row goes through the
  * block table, which stops growing at ceil((S+W)/B) blocks. Per-token formats work unchanged
  * (a row is self-contained: overwriting it overwrites its scales too); KIVI, whose 32-token
  * groups and fp32 window assume rows that never move, is refused with a window. With
- * spec.pos_scheme = KV_POS_CACHE (StreamingLLM) keys are stored before RoPE: attention
+ * spec.window.pos_scheme = KV_POS_CACHE (StreamingLLM) keys are stored before RoPE: attention
  * rotates each by its index in the cache (c->rope_cs holds cos/sin of the S+W indices).
  */
 #ifndef KV_CACHE_H
@@ -258,7 +258,7 @@ int kv_cache_speculate(kv_cache *c, int slot, int max_tokens, kv_err *err);
 /** 1 when a cache of @p spec with layer formats @p fmt [n_layers] needs the undo log to
  * truncate (a window, or a KIVI layer), else 0. Shared with the CUDA cache. */
 int kv_cache_needs_undo(const kv_cache_spec *spec, const int *fmt, int n_layers);
-/** Size an undo log of @p max_tokens for a cache's planes (@p window: spec.window, W; ring rows
+/** Size an undo log of @p max_tokens for a cache's planes (@p window: spec.window.size, W; ring rows
  * are logged only when W > 0): u->max_tokens, n_groups, the strides,
  * and the bytes of rows + groups returned. Shared with the CUDA cache (same planes). */
 size_t kv_undo_plan(kv_undo *u, const kv_cache_plane *kp, const kv_cache_plane *vp,

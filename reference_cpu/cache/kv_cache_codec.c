@@ -8,7 +8,7 @@
  *
  * fp8 is per-token too, but its scale belongs to the sequence: a slot's scales are calibrated
  * from the chunk written at position 0 (the prefill), amax / max per KV head
- * (spec.fp8_per_head) or over all heads of the layer's K (and its V). */
+ * (spec.quant.fp8_per_head) or over all heads of the layer's K (and its V). */
 #include "kv_cache_internal.h"
 #include "kv_quant.h"
 
@@ -41,9 +41,9 @@ void kv_cache_codec_begin(kv_cache *c, int layer, int slot, int pos, int n, cons
     const int fmt = c->fmt[layer];
     if (!kvq_is_fp8(fmt) || pos != 0) return;
     const int64_t head0 = (int64_t)slot * c->n_kv_heads;
-    fp8_calibrate_chunk(fmt, k, n, c->n_kv_heads, c->head_dim, c->spec.fp8_per_head,
+    fp8_calibrate_chunk(fmt, k, n, c->n_kv_heads, c->head_dim, c->spec.quant.fp8_per_head,
                         c->kp[layer].scale + head0);
-    fp8_calibrate_chunk(fmt, v, n, c->n_kv_heads, c->head_dim, c->spec.fp8_per_head,
+    fp8_calibrate_chunk(fmt, v, n, c->n_kv_heads, c->head_dim, c->spec.quant.fp8_per_head,
                         c->vp[layer].scale + head0);
 }
 

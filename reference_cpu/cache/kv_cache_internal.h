@@ -40,7 +40,7 @@ typedef struct {
  * the ring; p itself without a window. */
 static inline int64_t kv_cache_logical_row(const kv_cache *c, int64_t p)
 {
-    return kv_window_row(c->spec.window, c->spec.n_sinks, p);
+    return kv_window_row(c->spec.window.size, c->spec.window.n_sinks, p);
 }
 
 /** Layout: where logical row @p r of (@p slot, KV head @p h) lives (kv_cache.c; a paged

@@ -23,7 +23,7 @@
 
 int64_t kv_cache_paged_row(const kv_cache *c, int slot, int64_t r)
 {
-    const int B = c->spec.block_size;
+    const int B = c->spec.layout.block_size;
     return (int64_t)c->tables[(size_t)slot * c->max_blocks + r / B] * B + r % B;
 }
 
@@ -48,13 +48,13 @@ int kv_cache_check_blocks(const char *who, const kv_cache_spec *spec, int paged,
     if (n < 0 || n > max_blocks || (n > 0 && !blocks))
         return kv_fail(err, KV_ERR_ARG, "%s: %d blocks for slot %d (max %d)", who, n, slot,
                        max_blocks);
-    if ((int64_t)n * spec->block_size < kv_window_rows(spec->window, spec->n_sinks, len))
+    if ((int64_t)n * spec->layout.block_size < kv_window_rows(spec->window.size, spec->window.n_sinks, len))
         return kv_fail(err, KV_ERR_ARG, "%s: %d blocks cannot hold the %d tokens slot %d "
                        "caches", who, n, len, slot);
     for (int i = 0; i < n; i++)
-        if (blocks[i] < 0 || blocks[i] >= spec->n_blocks)
+        if (blocks[i] < 0 || blocks[i] >= spec->layout.n_blocks)
             return kv_fail(err, KV_ERR_ARG, "%s: slot %d entry %d is block %d, outside the pool "
-                           "[0, %d)", who, slot, i, blocks[i], spec->n_blocks);
+                           "[0, %d)", who, slot, i, blocks[i], spec->layout.n_blocks);
     return KV_OK;
 }
 
@@ -72,14 +72,14 @@ int kv_cache_set_blocks(kv_cache *c, int slot, const int *blocks, int n, kv_err 
 
 int kv_cache_fork_slot(kv_cache *c, int dst, int src, kv_err *err)
 {
-    if (c && c->spec.select) /* chapter 09: the kept sets are per sequence, not per block */
+    if (c && c->spec.retain.select) /* chapter 09: the kept sets are per sequence, not per block */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_fork_slot: a cache with %s "
                        "retention keeps per-sequence selection state that a fork would not "
-                       "copy", kv_select_method_name(c->spec.select));
+                       "copy", kv_select_method_name(c->spec.retain.select));
     int rc = paged_slot(c, "kv_cache_fork_slot", dst, err);
     if (!rc) rc = paged_slot(c, "kv_cache_fork_slot", src, err);
     if (rc || dst == src) return rc;
-    if (c->spec.window > 0) /* the ring would overwrite rows the other sequence still reads */
+    if (c->spec.window.size > 0) /* the ring would overwrite rows the other sequence still reads */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_fork_slot: a sliding-window "
                        "sequence cannot share its blocks (its ring rewrites them in place)");
     const int64_t Hkv = c->n_kv_heads, d = c->head_dim;
@@ -102,7 +102,7 @@ int kv_cache_check_length(const char *who, const kv_cache_spec *spec, const int 
                           int n_layers, int slot, int cur_len, int n_mapped, int len,
                           kv_err *err)
 {
-    if (spec->window > 0)
+    if (spec->window.size > 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: a sliding-window cache cannot adopt "
                        "another sequence's blocks (its ring rewrites them)", who);
     for (int l = 0; l < n_layers; l++)
@@ -114,18 +114,18 @@ int kv_cache_check_length(const char *who, const kv_cache_spec *spec, const int 
     if (cur_len != 0)
         return kv_fail(err, KV_ERR_ARG, "%s: slot %d already holds %d tokens", who, slot,
                        cur_len);
-    if (len < 0 || (int64_t)len > (int64_t)n_mapped * spec->block_size)
+    if (len < 0 || (int64_t)len > (int64_t)n_mapped * spec->layout.block_size)
         return kv_fail(err, KV_ERR_ARG, "%s: %d tokens but slot %d maps %d blocks of %d", who,
-                       len, slot, n_mapped, spec->block_size);
+                       len, slot, n_mapped, spec->layout.block_size);
     return KV_OK;
 }
 
 int kv_cache_set_length(kv_cache *c, int slot, int len, kv_err *err)
 {
-    if (c && c->spec.select) /* chapter 09: adopted rows were never seen by the selection */
+    if (c && c->spec.retain.select) /* chapter 09: adopted rows were never seen by the selection */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_set_length: a cache with %s "
                        "retention would adopt rows its selection state never saw",
-                       kv_select_method_name(c->spec.select));
+                       kv_select_method_name(c->spec.retain.select));
     int rc = paged_slot(c, "kv_cache_set_length", slot, err);
     if (!rc)
         rc = kv_cache_check_length("kv_cache_set_length", &c->spec, c->fmt, c->n_layers, slot,
@@ -139,13 +139,13 @@ int kv_cache_copy_blocks(kv_cache *c, const kv_block_copy *pairs, int n, kv_err 
 {
     if (!c || !c->tables)
         return kv_fail(err, KV_ERR_ARG, "kv_cache_copy_blocks: the cache is not paged");
-    const int B = c->spec.block_size, d = c->head_dim;
+    const int B = c->spec.layout.block_size, d = c->head_dim;
     for (int i = 0; i < n; i++)
-        if (pairs[i].src < 0 || pairs[i].src >= c->spec.n_blocks || pairs[i].dst < 0 ||
-            pairs[i].dst >= c->spec.n_blocks)
+        if (pairs[i].src < 0 || pairs[i].src >= c->spec.layout.n_blocks || pairs[i].dst < 0 ||
+            pairs[i].dst >= c->spec.layout.n_blocks)
             return kv_fail(err, KV_ERR_ARG, "kv_cache_copy_blocks: pair %d (%d -> %d) is "
                            "outside the pool [0, %d)", i, pairs[i].src, pairs[i].dst,
-                           c->spec.n_blocks);
+                           c->spec.layout.n_blocks);
     for (int i = 0; i < n; i++) {
         const int64_t s0 = (int64_t)pairs[i].src * B, d0 = (int64_t)pairs[i].dst * B;
         for (int l = 0; l < c->n_layers; l++)
@@ -178,7 +178,7 @@ int kv_cache_copy_blocks(kv_cache *c, const kv_block_copy *pairs, int n, kv_err 
 static int64_t block_meta_entries(const kv_cache *c, const kv_cache_plane *p, int fmt, int role)
 {
     if (!p->meta) return 0;
-    return kvq_meta_index(fmt, role, c->spec.block_size, 0, c->head_dim) -
+    return kvq_meta_index(fmt, role, c->spec.layout.block_size, 0, c->head_dim) -
            kvq_meta_index(fmt, role, 0, 0, c->head_dim);
 }
 
@@ -191,7 +191,7 @@ size_t kv_cache_block_bytes(const kv_cache *c)
             const kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
             const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY;
             const int64_t meta = block_meta_entries(c, p, c->fmt[l], r) * 4;
-            n += (size_t)c->n_kv_heads * (size_t)(c->spec.block_size * p->row_bytes + meta);
+            n += (size_t)c->n_kv_heads * (size_t)(c->spec.layout.block_size * p->row_bytes + meta);
         }
     return n;
 }
@@ -201,7 +201,7 @@ size_t kv_cache_block_bytes(const kv_cache *c)
 static void block_move(const kv_cache *c, int dev, uint8_t *out, const uint8_t *in)
 {
     size_t at = 0; /* bytes of the host block done */
-    const int64_t B = c->spec.block_size, r0 = (int64_t)dev * B;
+    const int64_t B = c->spec.layout.block_size, r0 = (int64_t)dev * B;
     for (int l = 0; l < c->n_layers; l++)
         for (int role = 0; role < 2; role++) {
             const kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
@@ -238,10 +238,10 @@ static int check_block_pairs(const kv_cache *c, const kv_block_copy *pairs, int 
     for (int i = 0; i < n; i++) {
         const int dev = dev_is_src ? pairs[i].src : pairs[i].dst;
         const int host_blk = dev_is_src ? pairs[i].dst : pairs[i].src;
-        if (dev < 0 || dev >= c->spec.n_blocks || host_blk < 0)
+        if (dev < 0 || dev >= c->spec.layout.n_blocks || host_blk < 0)
             return kv_fail(err, KV_ERR_ARG, "%s: pair %d (%d -> %d): pool block outside "
                            "[0, %d) or negative host block", who, i, pairs[i].src,
-                           pairs[i].dst, c->spec.n_blocks);
+                           pairs[i].dst, c->spec.layout.n_blocks);
     }
     return KV_OK;
 }

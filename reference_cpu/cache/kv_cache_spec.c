@@ -32,8 +32,8 @@ const char *kv_dtype_name(int dtype)
 
 int kv_cache_spec_layer_dtype(const kv_cache_spec *spec, int layer)
 {
-    if (!spec->dtype_layers) return spec->dtype;
-    return layer < 64 && ((spec->dtype_layers >> layer) & 1u) ? spec->dtype : KV_QF_F16;
+    if (!spec->quant.dtype_layers) return spec->quant.dtype;
+    return layer < 64 && ((spec->quant.dtype_layers >> layer) & 1u) ? spec->quant.dtype : KV_QF_F16;
 }
 
 double kv_cache_spec_bytes_per_element(const kv_cache_spec *spec, int n_layers, int d)
@@ -47,8 +47,8 @@ kv_cache_spec kv_cache_spec_default(int n_slots, int capacity)
 {
     kv_cache_spec s;
     memset(&s, 0, sizeof s);
-    s.layout = KV_LAYOUT_CONTIGUOUS;
-    s.dtype = KV_DTYPE_F32;
+    s.layout.kind = KV_LAYOUT_CONTIGUOUS;
+    s.quant.dtype = KV_DTYPE_F32;
     s.n_slots = n_slots;
     s.capacity = capacity;
     return s;
@@ -64,27 +64,28 @@ int kv_cache_spec_check_caps(const char *who, const kv_config *cfg, const kv_cac
                              int caps, kv_err *err)
 {
     if (!cfg || !spec) return kv_fail(err, KV_ERR_ARG, "%s: NULL argument", who);
-    if (spec->layout != KV_LAYOUT_CONTIGUOUS && spec->layout != KV_LAYOUT_PAGED)
+    if (spec->layout.kind != KV_LAYOUT_CONTIGUOUS && spec->layout.kind != KV_LAYOUT_PAGED)
         return kv_fail(err, KV_ERR_UNSUPPORTED,
                        "%s: cache layout %d is not supported (contiguous = %d, paged = %d)",
-                       who, spec->layout, KV_LAYOUT_CONTIGUOUS, KV_LAYOUT_PAGED);
-    if (spec->layout == KV_LAYOUT_PAGED) {
-        if (spec->block_size < 1 || spec->block_size > 4096)
+                       who, spec->layout.kind, KV_LAYOUT_CONTIGUOUS, KV_LAYOUT_PAGED);
+    if (spec->layout.kind == KV_LAYOUT_PAGED) {
+        if (spec->layout.block_size < 1 || spec->layout.block_size > 4096)
             return kv_fail(err, KV_ERR_ARG, "%s: block size %d is outside [1, 4096]", who,
-                           spec->block_size);
-        if (spec->n_blocks < 1 || (int64_t)spec->n_blocks * spec->block_size > KV_CACHE_MAX_CAPACITY)
+                           spec->layout.block_size);
+        if (spec->layout.n_blocks < 1 ||
+            (int64_t)spec->layout.n_blocks * spec->layout.block_size > KV_CACHE_MAX_CAPACITY)
             return kv_fail(err, KV_ERR_ARG, "%s: %d blocks of %d tokens: the pool must hold "
-                           "1 .. %d tokens", who, spec->n_blocks, spec->block_size,
+                           "1 .. %d tokens", who, spec->layout.n_blocks, spec->layout.block_size,
                            KV_CACHE_MAX_CAPACITY);
-        if (kvq_is_kivi(spec->dtype) && spec->block_size % KV_KIVI_GROUP)
+        if (kvq_is_kivi(spec->quant.dtype) && spec->layout.block_size % KV_KIVI_GROUP)
             return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: a paged %s cache needs the block size "
                            "(%d) to be a multiple of %d, the tokens one key scale covers", who,
-                           kv_quant_name(spec->dtype), spec->block_size, KV_KIVI_GROUP);
+                           kv_quant_name(spec->quant.dtype), spec->layout.block_size, KV_KIVI_GROUP);
     }
-    if (spec->dtype < 0 || spec->dtype >= KV_QF_COUNT)
+    if (spec->quant.dtype < 0 || spec->quant.dtype >= KV_QF_COUNT)
         return kv_fail(err, KV_ERR_UNSUPPORTED,
                        "%s: cache dtype %d is not supported (known: 0 fp32 .. %d %s)", who,
-                       spec->dtype, KV_QF_COUNT - 1, kv_quant_name(KV_QF_COUNT - 1));
+                       spec->quant.dtype, KV_QF_COUNT - 1, kv_quant_name(KV_QF_COUNT - 1));
     if (spec->n_slots < 1 || spec->n_slots > KV_CACHE_MAX_SLOTS)
         return kv_fail(err, KV_ERR_ARG, "%s: n_slots %d is outside [1, %d]", who,
                        spec->n_slots, KV_CACHE_MAX_SLOTS);
@@ -94,18 +95,18 @@ int kv_cache_spec_check_caps(const char *who, const kv_config *cfg, const kv_cac
     if (cfg->n_layers < 1 || cfg->n_heads < 1 || cfg->n_kv_heads < 1 || cfg->dim < cfg->n_heads)
         return kv_fail(err, KV_ERR_ARG, "%s: bad model shape (L %d, H %d, H_kv %d, dim %d)",
                        who, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads, cfg->dim);
-    if (spec->dtype_layers && (cfg->n_layers > 64 || (cfg->n_layers < 64 &&
-                                                      spec->dtype_layers >> cfg->n_layers)))
+    if (spec->quant.dtype_layers && (cfg->n_layers > 64 || (cfg->n_layers < 64 &&
+                                                      spec->quant.dtype_layers >> cfg->n_layers)))
         return kv_fail(err, KV_ERR_ARG,
-                       "%s: dtype_layers 0x%llx names layers the model (L %d) does not have", who,
-                       (unsigned long long)spec->dtype_layers, cfg->n_layers);
-    const int d = kv_config_head_dim(cfg), f = spec->dtype;
+                       "%s: quant.dtype_layers 0x%llx names layers the model (L %d) does not have",
+                       who, (unsigned long long)spec->quant.dtype_layers, cfg->n_layers);
+    const int d = kv_config_head_dim(cfg), f = spec->quant.dtype;
     const int g = kvq_row_group(f, KV_QROLE_VALUE, d);
     if (g && d % g)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: %s needs the head dim (%d) to be a "
                        "multiple of its group %d", who, kv_quant_name(f), d, g);
     if (kvq_is_kivi(f)) {
-        const int R = spec->kivi_window ? spec->kivi_window : KV_KIVI_WINDOW;
+        const int R = spec->quant.kivi_window ? spec->quant.kivi_window : KV_KIVI_WINDOW;
         if (R < KV_KIVI_GROUP || R % KV_KIVI_GROUP)
             return kv_fail(err, KV_ERR_ARG, "%s: %s window %d is not a positive multiple of %d",
                            who, kv_quant_name(f), R, KV_KIVI_GROUP);
@@ -140,57 +141,57 @@ int kv_select_method_evicts(int method)
 int kv_retain_spec_check(const char *who, const kv_cache_spec *spec, int n_layers, kv_err *err)
 {
     (void)n_layers;
-    const int m = spec->select;
+    const int m = spec->retain.select;
     if (m == KV_SELECT_NONE) {
-        if (spec->select_budget || spec->select_ratio != 0.0 || spec->select_window ||
-            spec->select_sinks || spec->select_dense_layers)
+        if (spec->retain.budget || spec->retain.ratio != 0.0 || spec->retain.window ||
+            spec->retain.sinks || spec->retain.dense_layers)
             return kv_fail(err, KV_ERR_ARG, "%s: selection fields set (budget %d, ratio %g, "
                            "window %d, sinks %d, dense layers %d) without a selection method",
-                           who, spec->select_budget, spec->select_ratio, spec->select_window,
-                           spec->select_sinks, spec->select_dense_layers);
+                           who, spec->retain.budget, spec->retain.ratio, spec->retain.window,
+                           spec->retain.sinks, spec->retain.dense_layers);
         return KV_OK;
     }
     if (m < 0 || m > KV_SELECT_TOPK)
         return kv_fail(err, KV_ERR_ARG, "%s: selection method %d is unknown (1 l2-large .. "
                        "%d topk)", who, m, KV_SELECT_TOPK);
     const char *name = kv_select_method_name(m);
-    if (spec->layout != KV_LAYOUT_CONTIGUOUS)
+    if (spec->layout.kind != KV_LAYOUT_CONTIGUOUS)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: %s retention on a paged cache: the kept "
                        "set is per (layer, KV head), a block table per sequence (use the "
                        "contiguous layout)", who, name);
-    if (spec->window > 0)
+    if (spec->window.size > 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: %s retention with a sliding window "
                        "(window %d): the ring overwrites rows the selection may keep (use "
-                       "select_window and select_sinks instead)", who, name, spec->window);
-    if (kvq_is_kivi(spec->dtype))
+                       "retain.window and retain.sinks instead)", who, name, spec->window.size);
+    if (kvq_is_kivi(spec->quant.dtype))
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: %s retention with %s: KIVI groups 32 rows "
                        "that never move, a kept set evicts rows from the middle (use a "
-                       "per-token format)", who, name, kv_quant_name(spec->dtype));
-    if ((spec->select_budget > 0) == (spec->select_ratio != 0.0) || spec->select_budget < 0)
-        return kv_fail(err, KV_ERR_ARG, "%s: %s needs one budget: select_budget >= 1 tokens "
-                       "or 0 < select_ratio <= 1 (got %d and %g)", who, name,
-                       spec->select_budget, spec->select_ratio);
-    if (spec->select_budget == 0 && !(spec->select_ratio > 0.0 && spec->select_ratio <= 1.0))
+                       "per-token format)", who, name, kv_quant_name(spec->quant.dtype));
+    if ((spec->retain.budget > 0) == (spec->retain.ratio != 0.0) || spec->retain.budget < 0)
+        return kv_fail(err, KV_ERR_ARG, "%s: %s needs one budget: retain.budget >= 1 tokens "
+                       "or 0 < retain.ratio <= 1 (got %d and %g)", who, name,
+                       spec->retain.budget, spec->retain.ratio);
+    if (spec->retain.budget == 0 && !(spec->retain.ratio > 0.0 && spec->retain.ratio <= 1.0))
         return kv_fail(err, KV_ERR_ARG, "%s: %s ratio %g is outside (0, 1]", who, name,
-                       spec->select_ratio);
-    if (spec->select_window < 0 || spec->select_sinks < 0)
+                       spec->retain.ratio);
+    if (spec->retain.window < 0 || spec->retain.sinks < 0)
         return kv_fail(err, KV_ERR_ARG, "%s: %s window %d and sinks %d must be >= 0", who,
-                       name, spec->select_window, spec->select_sinks);
-    if (spec->select_budget > 0 &&
-        (int64_t)spec->select_window + spec->select_sinks > spec->select_budget)
+                       name, spec->retain.window, spec->retain.sinks);
+    if (spec->retain.budget > 0 &&
+        (int64_t)spec->retain.window + spec->retain.sinks > spec->retain.budget)
         return kv_fail(err, KV_ERR_ARG, "%s: %s keeps %d sinks + %d recent positions, more "
-                       "than its budget of %d", who, name, spec->select_sinks,
-                       spec->select_window, spec->select_budget);
-    if (spec->select_dense_layers < 0)
+                       "than its budget of %d", who, name, spec->retain.sinks,
+                       spec->retain.window, spec->retain.budget);
+    if (spec->retain.dense_layers < 0)
         return kv_fail(err, KV_ERR_ARG, "%s: %s dense layers %d must be >= 0", who, name,
-                       spec->select_dense_layers);
-    if (spec->select_dense_layers > 0 && kv_select_method_evicts(m))
+                       spec->retain.dense_layers);
+    if (spec->retain.dense_layers > 0 && kv_select_method_evicts(m))
         return kv_fail(err, KV_ERR_ARG, "%s: %s evicts; dense layers (%d) apply to the "
                        "query-aware methods only (quest, topk)", who, name,
-                       spec->select_dense_layers);
-    if (m == KV_SELECT_SNAPKV && spec->select_window < 1)
+                       spec->retain.dense_layers);
+    if (m == KV_SELECT_SNAPKV && spec->retain.window < 1)
         return kv_fail(err, KV_ERR_ARG, "%s: snapkv needs an observation window "
-                       "(select_window >= 1): its last queries vote", who);
+                       "(retain.window >= 1): its last queries vote", who);
     return KV_OK;
 }
 
@@ -214,7 +215,7 @@ static int select_spec(const char *variant, int method, char *save, int n_slots,
                        kv_cache_spec *out, kv_err *err)
 {
     kv_cache_spec s = kv_cache_spec_default(n_slots, capacity);
-    s.select = method;
+    s.retain.select = method;
     int have_fmt = 0;
     char *part;
     while ((part = strtok_r(NULL, "/", &save))) {
@@ -229,17 +230,17 @@ static int select_spec(const char *variant, int method, char *save, int n_slots,
                 !(x > 0.0 && x <= 1.0))
                 return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': ratio '%s' must be "
                                "a number in (0, 1]", variant, part + 1);
-            s.select_ratio = x;
+            s.retain.ratio = x;
         } else if (strchr("bwsd", part[0]) && part[1] && fmt < 0) {
             if (kv_parse_count(part + 1, 0, 1L << 30, &v))
                 return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': option '%s' needs "
                                "a count after '%c'", variant, part, part[0]);
-            if (part[0] == 'b') s.select_budget = (int)v;
-            else if (part[0] == 'w') s.select_window = (int)v;
-            else if (part[0] == 's') s.select_sinks = (int)v;
-            else s.select_dense_layers = (int)v;
+            if (part[0] == 'b') s.retain.budget = (int)v;
+            else if (part[0] == 'w') s.retain.window = (int)v;
+            else if (part[0] == 's') s.retain.sinks = (int)v;
+            else s.retain.dense_layers = (int)v;
         } else if (fmt >= 0 && !have_fmt) {
-            s.dtype = fmt; /* the per-token storage format of the kept rows */
+            s.quant.dtype = fmt; /* the per-token storage format of the kept rows */
             have_fmt = 1;
         } else {
             return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': option '%s' is not "
@@ -248,7 +249,7 @@ static int select_spec(const char *variant, int method, char *save, int n_slots,
                            kv_select_method_name(method));
         }
     }
-    if (!s.select_budget && s.select_ratio == 0.0)
+    if (!s.retain.budget && s.retain.ratio == 0.0)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': %s needs a budget, bN "
                        "(tokens) or rX (ratio)", variant, kv_select_method_name(method));
     kv_err e2;
@@ -290,16 +291,16 @@ int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cach
                        "/head /wR /lA,B; or a method l2-large l2-small h2o snapkv quest topk "
                        "with /bN or /rX, /wN /sN /dN)", variant);
     kv_cache_spec s = kv_cache_spec_default(n_slots, capacity);
-    s.dtype = fmt;
+    s.quant.dtype = fmt;
     while ((part = strtok_r(NULL, "/", &save))) {
         if (!strcmp(part, "head") && kvq_is_fp8(fmt)) {
-            s.fp8_per_head = 1;
+            s.quant.fp8_per_head = 1;
         } else if (part[0] == 'w' && kvq_is_kivi(fmt)) {
             long w = 0;
             if (kv_parse_count(part + 1, 32, 1L << 20, &w) || w % 32)
                 return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': window '%s' must "
                                "be a multiple of 32", variant, part + 1);
-            s.kivi_window = (int)w;
+            s.quant.kivi_window = (int)w;
         } else if (part[0] == 'l') {
             /* one number per comma-separated item: "l" (no layer) and "l0," (an empty item)
              * are refused, not read as "every layer" or "layer 0" */
@@ -315,7 +316,7 @@ int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cach
                 if (k >= sizeof item || kv_parse_count(item, 0, 63, &l))
                     return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': layer list "
                                    "'%s' (numbers 0..63 separated by commas)", variant, part + 1);
-                s.dtype_layers |= (uint64_t)1 << l;
+                s.quant.dtype_layers |= (uint64_t)1 << l;
                 p += k + (p[k] == ',');
                 if (p[-1] == ',' && !*p) /* a trailing comma: an empty last item */
                     return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': layer list "

@@ -33,32 +33,49 @@ typedef enum {
     KV_DTYPE_F32 = KV_QF_F32 /**< fp32, b = 4; any other ::kv_qformat value is a quantized cache */
 } kv_dtype;
 
-/** How a cache is built: chosen by the caller, checked by kv_cache_create(). */
+/** Chapter 04: how each cached element is stored. */
 typedef struct {
-    int layout;   /**< ::kv_layout */
-    int dtype;    /**< ::kv_qformat (KV_DTYPE_F32 = fp32) */
-    int n_slots;  /**< sequences the cache holds at once (the batch) */
-    int capacity; /**< tokens per sequence slot (N max); with a window, positions per slot
-                   *   (the stream's length bound), storage being min(capacity, S+W) rows */
-    /** Selective layers (chapter 04): bit l set = layer l stores @c dtype, the others fp16;
+    int dtype; /**< ::kv_qformat (KV_DTYPE_F32 = fp32) */
+    /** Selective layers: bit l set = layer l stores @c dtype, the others fp16;
      * 0 = every layer stores @c dtype. Models with more than 64 layers need 0. */
     uint64_t dtype_layers;
     int fp8_per_head; /**< fp8: 1 = one scale per kv head, 0 = one per tensor (layer's K or V) */
     int kivi_window;  /**< KIVI: fp32 window of newest tokens, a multiple of 32; 0 = 128 */
-    int block_size;   /**< paged: tokens per block B (KIVI needs a multiple of 32) */
-    int n_blocks;     /**< paged: blocks in the pool N */
-    /* chapter 06: retention (kv_window.h). window 0 keeps every token (chapters 02-05). */
-    int window;     /**< W: recent tokens kept per sequence; 0 = keep all */
-    int n_sinks;    /**< S: first tokens kept forever (attention sinks); needs window > 0 */
+} kv_spec_quant;
+
+/** Chapters 02 and 05: where a sequence's rows live. */
+typedef struct {
+    int kind;       /**< ::kv_layout */
+    int block_size; /**< paged: tokens per block B (KIVI needs a multiple of 32) */
+    int n_blocks;   /**< paged: blocks in the pool N */
+} kv_spec_layout;
+
+/** Chapter 06: retention by position (kv_window.h). size 0 keeps every token (chapters 02-05). */
+typedef struct {
+    int size;       /**< W: recent tokens kept per sequence; 0 = keep all */
+    int n_sinks;    /**< S: first tokens kept forever (attention sinks); needs size > 0 */
     int pos_scheme; /**< ::kv_pos_scheme: RoPE by original position (0) or cache index (1) */
-    /* chapter 09: selected-set retention (kv_retain.h). select 0 keeps and reads every token.
-     * Appended last: positional initializers of the fields above leave these 0. */
-    int select;              /**< ::kv_select_method */
-    int select_budget;       /**< B in tokens per (layer, KV head), or 0 to use select_ratio */
-    double select_ratio;     /**< B = ceil(ratio · n) of the n positions seen, when budget is 0 */
-    int select_window;       /**< W: recent positions always kept (SnapKV: observation window) */
-    int select_sinks;        /**< S: first positions always kept */
-    int select_dense_layers; /**< Quest, top-k: layers 0 .. this-1 read every position */
+} kv_spec_window;
+
+/** Chapter 09: selected-set retention (kv_retain.h). select 0 keeps and reads every token. */
+typedef struct {
+    int select;       /**< ::kv_select_method */
+    int budget;       /**< B in tokens per (layer, KV head), or 0 to use ratio */
+    double ratio;     /**< B = ceil(ratio · n) of the n positions seen, when budget is 0 */
+    int window;       /**< W: recent positions always kept (SnapKV: observation window) */
+    int sinks;        /**< S: first positions always kept */
+    int dense_layers; /**< Quest, top-k: layers 0 .. this-1 read every position */
+} kv_spec_retain;
+
+/** How a cache is built: chosen by the caller, checked by kv_cache_create(). */
+typedef struct {
+    int n_slots;  /**< sequences the cache holds at once (the batch) */
+    int capacity; /**< tokens per sequence slot (N max); with a window, positions per slot
+                   *   (the stream's length bound), storage being min(capacity, S+W) rows */
+    kv_spec_quant quant;   /**< chapter 04 */
+    kv_spec_layout layout; /**< chapters 02, 05 */
+    kv_spec_window window; /**< chapter 06 */
+    kv_spec_retain retain; /**< chapter 09: only described here; the engine runs it */
 } kv_cache_spec;
 
 /** Bytes one stored element takes (b), metadata included, at head dim @p d
@@ -79,7 +96,7 @@ double kv_cache_spec_bytes_per_element(const kv_cache_spec *spec, int n_layers, 
  * shape rule such as KIVI's 32 | d, named) or KV_ERR_ARG; KV_OK when it can. Shared by the
  * CPU and CUDA caches so both refuse the same specs with the same words (@p who prefixes).
  * A cache that does not implement retention yet calls this one: a windowed spec
- * (window > 0) is refused with KV_ERR_UNSUPPORTED. kv_cache_spec_check_caps() with
+ * (window.size > 0) is refused with KV_ERR_UNSUPPORTED. kv_cache_spec_check_caps() with
  * KV_CACHE_CAN_WINDOW accepts it.
  */
 int kv_cache_spec_check(const char *who, const kv_config *cfg, const kv_cache_spec *spec,
@@ -90,7 +107,7 @@ int kv_cache_spec_check(const char *who, const kv_config *cfg, const kv_cache_sp
 
 /**
  * kv_cache_spec_check() for a cache that implements the capabilities @p caps (a mask of
- * KV_CACHE_CAN_*): the CPU cache passes KV_CACHE_CAN_WINDOW. Window rules: window >= 0,
+ * KV_CACHE_CAN_*): the CPU cache passes KV_CACHE_CAN_WINDOW. Window rules: window.size >= 0,
  * 0 <= n_sinks, sinks and the cache scheme need a window, S+W within the capacity limit;
  * KIVI with a window is KV_ERR_UNSUPPORTED.
  */
@@ -101,7 +118,8 @@ int kv_cache_spec_check_caps(const char *who, const kv_config *cfg, const kv_cac
 /** A spec for @p n_slots sequences of @p capacity tokens, contiguous fp32. */
 kv_cache_spec kv_cache_spec_default(int n_slots, int capacity);
 
-/** Selection methods of a cache spec (kv_cache_spec.select, chapter 09; kv_retain.h runs them). */
+/** Selection methods of a cache spec (kv_cache_spec.retain.select, chapter 09; kv_retain.h runs
+ * them). */
 typedef enum {
     KV_SELECT_NONE = 0,     /**< keep and read every position (chapters 02-08) */
     KV_SELECT_L2_LARGE = 1, /**< keep the largest key norms */
@@ -121,12 +139,12 @@ int kv_select_method_evicts(int method);
 
 /**
  * Chapter 09's rules on a spec (called by kv_cache_spec_check_caps(), so the CPU and CUDA
- * caches refuse the same specs with the same words): a known method; a budget, select_budget
- * >= 1 or 0 < select_ratio <= 1 (not both); S, W >= 0 with S + W <= select_budget when the
- * budget is in tokens; select_dense_layers >= 0 and 0 for the evicting methods (it is a
+ * caches refuse the same specs with the same words): a known method; a budget, retain.budget
+ * >= 1 or 0 < retain.ratio <= 1 (not both); S, W >= 0 with S + W <= retain.budget when the
+ * budget is in tokens; retain.dense_layers >= 0 and 0 for the evicting methods (it is a
  * query-aware option); for SnapKV W >= 1 (the observation window);
- * contiguous layout, no window, no KIVI (KV_ERR_UNSUPPORTED, named). With select 0 the other
- * select fields must be 0. KV_OK, KV_ERR_ARG or KV_ERR_UNSUPPORTED.
+ * contiguous layout, no window, no KIVI (KV_ERR_UNSUPPORTED, named). With retain.select 0 the
+ * other retain fields must be 0. KV_OK, KV_ERR_ARG or KV_ERR_UNSUPPORTED.
  */
 int kv_retain_spec_check(const char *who, const kv_cache_spec *spec, int n_layers, kv_err *err);
 

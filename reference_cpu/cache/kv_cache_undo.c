@@ -14,7 +14,7 @@
 
 int kv_cache_needs_undo(const kv_cache_spec *spec, const int *fmt, int n_layers)
 {
-    if (spec->window > 0) return 1;
+    if (spec->window.size > 0) return 1;
     for (int l = 0; l < n_layers; l++)
         if (kvq_is_kivi(fmt[l])) return 1;
     return 0;
@@ -133,7 +133,7 @@ int kv_cache_speculate(kv_cache *c, int slot, int max_tokens, kv_err *err)
     if (max_tokens == 0) return KV_OK;
     if (!u->qlen0) u->qlen0 = kv_calloc((size_t)c->n_layers * sizeof(int));
     const size_t bytes = kv_undo_plan(u, c->kp, c->vp, c->fmt, c->n_layers, c->n_kv_heads,
-                                      c->head_dim, c->spec.window, max_tokens);
+                                      c->head_dim, c->spec.window.size, max_tokens);
     if (bytes > u->alloc_bytes) { /* grown only: a smaller log fits the same allocation */
         kv_free(u->rows);
         u->rows = kv_calloc(bytes);
@@ -172,7 +172,7 @@ static void undo_restore(kv_cache *c, kv_undo *u, int slot, int len)
                     for (int64_t t = u->end - 1; t >= len; t--)
                         memcpy(p->ring + (head * R + t % R) * d, undo_row(c, u, l, kv, h, t),
                                (size_t)d * sizeof(float));
-                } else if (c->spec.window > 0) {
+                } else if (c->spec.window.size > 0) {
                     for (int64_t t = u->end - 1; t >= len; t--) {
                         const kv_row_loc at = kv_cache_locate(c, slot, h, kv_cache_logical_row(c, t));
                         span_copy(c, l, p, role, at.rhead, at.row, 1, undo_row(c, u, l, kv, h, t), 0);
@@ -191,10 +191,10 @@ int kv_cache_truncate(kv_cache *c, int slot, int len, kv_err *err)
     if (len < 0 || len > c->len[slot])
         return kv_fail(err, KV_ERR_ARG, "kv_cache_truncate: %d tokens but slot %d holds %d",
                        len, slot, c->len[slot]);
-    if (c->spec.select) /* chapter 09's state (the engine's) cannot take back what it saw */
+    if (c->spec.retain.select) /* chapter 09's state (the engine's) cannot take back what it saw */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_truncate: %s retention already "
                        "observed and evicted with the rejected tokens; its kept sets cannot "
-                       "be rolled back", kv_select_method_name(c->spec.select));
+                       "be rolled back", kv_select_method_name(c->spec.retain.select));
     if (len < c->len[slot] && kv_cache_needs_undo(&c->spec, c->fmt, c->n_layers)) {
         /* a window's ring and KIVI's spills overwrote rows: copy them back (chapter 10) */
         kv_undo *u = c->undo ? &c->undo[slot] : NULL;
@@ -214,7 +214,7 @@ int kv_cache_truncate(kv_cache *c, int slot, int len, kv_err *err)
 void kv_cache_undo_row(kv_cache *c, int layer, const kv_cache_plane *p, int role, int slot,
                        int h, kv_row_loc at, int pos, int n, int64_t t)
 {
-    kv_undo *u = c->spec.window > 0 ? armed_log(c, slot) : NULL;
+    kv_undo *u = c->spec.window.size > 0 ? armed_log(c, slot) : NULL;
     if (!u || t < undo_from(u, pos, n)) return; /* no rollback reaches it */
     u->copied += (double)span_copy(c, layer, p, role, at.rhead, at.row, 1,
                                    undo_row(c, u, layer, role == KV_QROLE_VALUE, h, t), 1);

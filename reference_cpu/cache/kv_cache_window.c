@@ -16,30 +16,30 @@
 /* Chapter 06's rules on a spec's retention fields (kv_window.h). */
 int kv_cache_window_check(const char *who, const kv_cache_spec *spec, int caps, kv_err *err)
 {
-    if (spec->window == 0 && spec->n_sinks == 0 && spec->pos_scheme == KV_POS_ORIGINAL)
+    if (spec->window.size == 0 && spec->window.n_sinks == 0 && spec->window.pos_scheme == KV_POS_ORIGINAL)
         return KV_OK;
-    if (spec->window < 0 || spec->window > KV_CACHE_MAX_CAPACITY)
+    if (spec->window.size < 0 || spec->window.size > KV_CACHE_MAX_CAPACITY)
         return kv_fail(err, KV_ERR_ARG, "%s: window %d is outside [0, %d] (0 keeps every "
-                       "token)", who, spec->window, KV_CACHE_MAX_CAPACITY);
-    if (spec->n_sinks < 0 || spec->n_sinks > KV_CACHE_MAX_CAPACITY - spec->window)
+                       "token)", who, spec->window.size, KV_CACHE_MAX_CAPACITY);
+    if (spec->window.n_sinks < 0 || spec->window.n_sinks > KV_CACHE_MAX_CAPACITY - spec->window.size)
         return kv_fail(err, KV_ERR_ARG, "%s: %d sink tokens (need 0 <= S and S + W <= %d)",
-                       who, spec->n_sinks, KV_CACHE_MAX_CAPACITY);
-    if (spec->pos_scheme != KV_POS_ORIGINAL && spec->pos_scheme != KV_POS_CACHE)
+                       who, spec->window.n_sinks, KV_CACHE_MAX_CAPACITY);
+    if (spec->window.pos_scheme != KV_POS_ORIGINAL && spec->window.pos_scheme != KV_POS_CACHE)
         return kv_fail(err, KV_ERR_ARG, "%s: position scheme %d is neither original (%d) nor "
-                       "cache (%d)", who, spec->pos_scheme, KV_POS_ORIGINAL, KV_POS_CACHE);
-    if (spec->window == 0)
+                       "cache (%d)", who, spec->window.pos_scheme, KV_POS_ORIGINAL, KV_POS_CACHE);
+    if (spec->window.size == 0)
         return kv_fail(err, KV_ERR_ARG, "%s: %d sinks or the cache position scheme without a "
                        "window (window 0 keeps every token: nothing to sink or renumber)", who,
-                       spec->n_sinks);
+                       spec->window.n_sinks);
     if (!(caps & KV_CACHE_CAN_WINDOW))
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: a sliding-window cache (window %d, %d "
-                       "sinks) is not built on this device yet", who, spec->window,
-                       spec->n_sinks);
-    if (kvq_is_kivi(spec->dtype))
+                       "sinks) is not built on this device yet", who, spec->window.size,
+                       spec->window.n_sinks);
+    if (kvq_is_kivi(spec->quant.dtype))
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: %s with a sliding window: KIVI quantizes "
                        "32-token groups and keeps an fp32 window of rows that never move, "
                        "which a ring of reused rows breaks (use a per-token format: fp16, "
-                       "bf16, int8, int8-gG, fp8)", who, kv_quant_name(spec->dtype));
+                       "bf16, int8, int8-gG, fp8)", who, kv_quant_name(spec->quant.dtype));
     return KV_OK;
 }
 
@@ -48,7 +48,7 @@ float *kv_cache_rope_table(const kv_config *cfg, const kv_cache_spec *spec, size
     /* cos and sin of every cache index, computed as kv_rope() computes them (in double,
      * rounded once to float), so a key rotated at attention time has the bits kv_rope() would
      * have given it */
-    const int64_t keep = kv_window_keep(spec->window, spec->n_sinks), P = cfg->rotary_dim / 2;
+    const int64_t keep = kv_window_keep(spec->window.size, spec->window.n_sinks), P = cfg->rotary_dim / 2;
     *bytes = (size_t)(keep * P * 2 > 0 ? keep * P * 2 : 1) * sizeof(float);
     float *cs = kv_calloc(*bytes); /* [S+W][P][2] */
     if (!cs) return NULL;
@@ -66,11 +66,11 @@ float *kv_cache_rope_table(const kv_config *cfg, const kv_cache_spec *spec, size
 int kv_cache_window_create(kv_cache *c, const kv_config *cfg, kv_err *err)
 {
     c->rotary_dim = cfg->rotary_dim;
-    if (c->spec.window == 0 || c->spec.pos_scheme != KV_POS_CACHE) return KV_OK;
+    if (c->spec.window.size == 0 || c->spec.window.pos_scheme != KV_POS_CACHE) return KV_OK;
     size_t bytes = 0;
     c->rope_cs = kv_cache_rope_table(cfg, &c->spec, &bytes);
     if (!c->rope_cs)
         return kv_fail(err, KV_ERR_NOMEM, "kv_cache_create: RoPE table of %lld positions",
-                       (long long)kv_window_keep(c->spec.window, c->spec.n_sinks));
+                       (long long)kv_window_keep(c->spec.window.size, c->spec.window.n_sinks));
     return KV_OK;
 }

@@ -199,10 +199,10 @@ static int io_submit(cpu_impl *p, int to_host, const kv_block_copy *pairs, int n
     for (int i = 0; i < n; i++) {
         const int dev = to_host ? pairs[i].src : pairs[i].dst;
         const int hb = to_host ? pairs[i].dst : pairs[i].src;
-        if (dev < 0 || dev >= p->cache.spec.n_blocks || hb < 0)
+        if (dev < 0 || dev >= p->cache.spec.layout.n_blocks || hb < 0)
             return kv_fail(err, KV_ERR_ARG, "block I/O: pair %d (%d -> %d) outside the pool "
                            "[0, %d) or a negative host block", i, pairs[i].src, pairs[i].dst,
-                           p->cache.spec.n_blocks);
+                           p->cache.spec.layout.n_blocks);
     }
     io_job *j = calloc(1, sizeof *j);
     kv_block_copy *copy = malloc((size_t)(n > 0 ? n : 1) * sizeof *copy); /* [n] */
@@ -324,7 +324,7 @@ int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec 
     b->length = cpu_length;
     b->destroy = cpu_destroy;
     b->rollback = &cpu_rollback;
-    if (spec->layout == KV_LAYOUT_PAGED) {
+    if (spec->layout.kind == KV_LAYOUT_PAGED) {
         p->mem = (kv_cache_mem){
             .dev = p, .config = &model->config, .spec = *spec,
             .length = mem_length, .reset = mem_reset, .set_blocks = mem_set_blocks,

@@ -43,8 +43,8 @@ void kv_counters_add_step(kv_counters *cnt, const kv_config *c, const kv_cache_s
     for (int s = 0; s < n_seqs; s++) {
         const double n = seqs[s].n_tokens, p0 = seqs[s].pos;
         /* sum of (p+1), or of min(p+1, S+W) with a window, over the new tokens */
-        const double attended = spec->window > 0
-                                    ? kv_window_attended(spec->window, spec->n_sinks,
+        const double attended = spec->window.size > 0
+                                    ? kv_window_attended(spec->window.size, spec->window.n_sinks,
                                                          seqs[s].pos, seqs[s].n_tokens)
                                     : n * p0 + n * (n + 1.0) / 2.0;
         /* the classifier runs once, or once per token for a sequence asking for all_logits */
@@ -187,9 +187,9 @@ int kv_paged_batch_check(const char *who, const int *n_mapped, int block_size,
 static int window_paged_check(const kv_cache *c, const kv_seq *seqs, int n_seqs, kv_err *err)
 {
     for (int i = 0; i < n_seqs; i++) {
-        const int64_t rows = kv_window_rows(c->spec.window, c->spec.n_sinks,
+        const int64_t rows = kv_window_rows(c->spec.window.size, c->spec.window.n_sinks,
                                             (int64_t)seqs[i].pos + seqs[i].n_tokens);
-        const int64_t mapped = (int64_t)c->n_mapped[seqs[i].slot] * c->spec.block_size;
+        const int64_t mapped = (int64_t)c->n_mapped[seqs[i].slot] * c->spec.layout.block_size;
         if (rows > mapped)
             return kv_fail(err, KV_ERR_CAPACITY, "kv_forward: sequence %d: its window needs "
                            "%lld rows but slot %d has %d blocks (%lld rows) mapped", i,
@@ -215,17 +215,17 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
     if (sh) shape.n_kv_heads = sh->n_kv_heads;
     int rc = kv_batch_check("kv_forward", &shape, &c->spec, c->n_layers, c->n_kv_heads,
                             c->head_dim, c->len, seqs, n_seqs, &T, err);
-    if (!rc && c->tables && c->spec.window == 0)
-        rc = kv_paged_batch_check("kv_forward", c->n_mapped, c->spec.block_size, seqs, n_seqs, err);
-    if (!rc && c->tables && c->spec.window > 0)
+    if (!rc && c->tables && c->spec.window.size == 0)
+        rc = kv_paged_batch_check("kv_forward", c->n_mapped, c->spec.layout.block_size, seqs, n_seqs, err);
+    if (!rc && c->tables && c->spec.window.size > 0)
         rc = window_paged_check(c, seqs, n_seqs, err);
-    if (!rc && c->spec.select && sh) /* chapter 09's state is sized by the whole model's heads */
+    if (!rc && c->spec.retain.select && sh) /* chapter 09's state is sized by the whole model's heads */
         rc = kv_fail(err, KV_ERR_UNSUPPORTED, "kv_forward: %s retention on a tensor-parallel "
-                     "shard is not supported", kv_select_method_name(c->spec.select));
-    if (!rc && c->spec.select && !c->retain) /* the engine composes the two */
+                     "shard is not supported", kv_select_method_name(c->spec.retain.select));
+    if (!rc && c->spec.retain.select && !c->retain) /* the engine composes the two */
         rc = kv_fail(err, KV_ERR_ARG, "kv_forward: the cache's spec selects with %s but it has "
                      "no retention state (build it with kv_retain_cache_create())",
-                     kv_select_method_name(c->spec.select));
+                     kv_select_method_name(c->spec.retain.select));
     if (rc) return rc;
     rc = state_reserve(s, &m->config, T, n_seqs, err);
     if (rc) return rc;
@@ -244,14 +244,14 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
     /* flatten: row t is token tokens[j] of sequence i, at position pos + j of its slot.
      * The query is rotated at q_pos: its position, or its index in a KV_POS_CACHE window;
      * such a cache stores keys unrotated (attention rotates them by their cache index). */
-    const int W = c->spec.window, S = c->spec.n_sinks;
-    const int keys_at_cache_pos = W > 0 && c->spec.pos_scheme == KV_POS_CACHE;
+    const int W = c->spec.window.size, S = c->spec.window.n_sinks;
+    const int keys_at_cache_pos = W > 0 && c->spec.window.pos_scheme == KV_POS_CACHE;
     int max_len = 0; /* longest attention span of any row: scores scratch per thread */
     for (int i = 0, t = 0; i < n_seqs; i++) {
         for (int j = 0; j < seqs[i].n_tokens; j++, t++) {
             s->tok_slot[t] = seqs[i].slot;
             s->tok_pos[t] = seqs[i].pos + j;
-            s->q_pos[t] = (int)kv_window_query_pos(W, S, c->spec.pos_scheme, seqs[i].pos + j);
+            s->q_pos[t] = (int)kv_window_query_pos(W, S, c->spec.window.pos_scheme, seqs[i].pos + j);
         }
         kv_embed(s->x + (size_t)(t - seqs[i].n_tokens) * dim, w->token_embedding,
                  seqs[i].tokens, seqs[i].n_tokens, dim);

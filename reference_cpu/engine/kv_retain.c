@@ -33,7 +33,7 @@ int kv_retain_create(kv_retain **out, const kv_cache_spec *spec, int n_layers, i
                        n_layers, n_heads, n_kv_heads, d);
     int rc = kv_retain_spec_check("kv_retain_create", spec, n_layers, err);
     if (rc) return rc;
-    if (spec->select == KV_SELECT_NONE)
+    if (spec->retain.select == KV_SELECT_NONE)
         return kv_fail(err, KV_ERR_ARG, "kv_retain_create: no selection method");
     kv_retain *r = calloc(1, sizeof *r);
     const size_t n_heads_all = (size_t)spec->n_slots * n_layers * n_kv_heads;
@@ -44,17 +44,17 @@ int kv_retain_create(kv_retain **out, const kv_cache_spec *spec, int n_layers, i
         return kv_fail(err, KV_ERR_NOMEM, "kv_retain_create: no memory for %zu heads",
                        n_heads_all);
     }
-    r->method = spec->select;
+    r->method = spec->retain.select;
     r->n_slots = spec->n_slots;
     r->n_layers = n_layers;
     r->n_kv_heads = n_kv_heads;
     r->head_dim = d;
     r->group = kv_heads_group(n_heads, n_kv_heads);
-    r->budget = spec->select_budget;
-    r->ratio = spec->select_ratio;
-    r->window = spec->select_window;
-    r->sinks = spec->select_sinks;
-    r->dense_layers = spec->select_dense_layers;
+    r->budget = spec->retain.budget;
+    r->ratio = spec->retain.ratio;
+    r->window = spec->retain.window;
+    r->sinks = spec->retain.sinks;
+    r->dense_layers = spec->retain.dense_layers;
     for (size_t i = 0; i < n_heads_all && r->method == KV_SELECT_QUEST; i++)
         kv_select_pages_init(&r->heads[i].pages, KV_SELECT_PAGE, d, NULL);
     *out = r;
@@ -94,7 +94,7 @@ int kv_retain_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spe
                            kv_err *err)
 {
     int rc = kv_cache_create(c, cfg, spec, err);
-    if (rc || spec->select == KV_SELECT_NONE) return rc;
+    if (rc || spec->retain.select == KV_SELECT_NONE) return rc;
     rc = kv_retain_create(&c->retain, spec, c->n_layers, cfg->n_heads, c->n_kv_heads,
                           c->head_dim, err);
     if (rc) kv_cache_free(c);

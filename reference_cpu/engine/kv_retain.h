@@ -19,7 +19,7 @@
  *   2. read     for each row (position p, in order) the positions the group's G query heads
  *               read (kv_retain_reads()): the kept positions <= p for the evicting methods;
  *               Quest's pages or the exact top-k keys among 0 .. p for the query-aware ones
- *               (layers below select_dense_layers read everything <= p).
+ *               (layers below retain.dense_layers read everything <= p).
  *   3. attend   each of the G heads over that list: softmax over the listed positions only.
  *   4. observe  H2O adds every probability to the mass of its position; SnapKV adds the last W
  *               rows' probabilities to votes (rows of a step of more than W tokens only: a
@@ -28,8 +28,8 @@
  *   5. evict    at the end of the step (kv_retain_step_end()), never inside it: a prompt's
  *               rows all see the whole prompt, as the methods' papers run their prefill.
  *
- * Methods (symbols: n positions seen so far, B the budget from select_budget or select_ratio,
- * S select_sinks, W select_window; S and W positions are always kept and count in B):
+ * Methods (symbols: n positions seen so far, B the budget from retain.budget or retain.ratio,
+ * S retain.sinks, W retain.window; S and W positions are always kept and count in B):
  *  - KV_SELECT_L2_LARGE / _SMALL: keep the B - S - W largest (smallest) key norms among the
  *    others (kv_select_l2()'s ranking and ties). Norms never change, so the incremental kept
  *    set equals kv_select_l2() over all n keys at every step (a property test_retain checks).
@@ -92,8 +92,8 @@ typedef struct {
 /** The retention state of a cache: [n_slots][L][H_kv] heads. */
 typedef struct kv_retain {
     int method, n_slots, n_layers, n_kv_heads, head_dim, group; /* group: G = H / H_kv */
-    int budget;       /**< select_budget (0: from the ratio) */
-    double ratio;     /**< select_ratio */
+    int budget;       /**< retain.budget (0: from the ratio) */
+    double ratio;     /**< retain.ratio */
     int window, sinks, dense_layers;
     kv_retain_head *heads; /* [n_slots][L][H_kv] */
     kv_retain_stats *stats; /* [n_slots] */
@@ -124,7 +124,7 @@ static inline kv_retain_head *kv_retain_at(const kv_retain *r, int slot, int lay
 {
     return r->heads + ((size_t)slot * r->n_layers + layer) * r->n_kv_heads + kvh;
 }
-/** B for a head that has seen @p n positions: select_budget, or ceil(ratio · n). */
+/** B for a head that has seen @p n positions: retain.budget, or ceil(ratio · n). */
 int kv_retain_budget(const kv_retain *r, int n);
 
 /** Step 1 and the start of a step: positions pos0 .. pos0+n-1 arrive at (slot, layer, kvh)

@@ -94,8 +94,8 @@ static int roll_back(kv_backend *b, int slot, int len, double *bytes, kv_err *er
  * logits, bit for bit. 0 for the other formats: one step. */
 static int kivi_seen(const kv_cache_spec *spec, int n_prompt, int t)
 {
-    if (!kvq_is_kivi(spec->dtype)) return 0;
-    const int R = spec->kivi_window ? spec->kivi_window : KV_KIVI_WINDOW;
+    if (!kvq_is_kivi(spec->quant.dtype)) return 0;
+    const int R = spec->quant.kivi_window ? spec->quant.kivi_window : KV_KIVI_WINDOW;
     const int e = t + 1 > n_prompt ? t + 1 : n_prompt;
     return e > R ? (e - R + KV_KIVI_GROUP - 1) / KV_KIVI_GROUP * KV_KIVI_GROUP : 0;
 }

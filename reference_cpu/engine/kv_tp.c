@@ -223,10 +223,10 @@ int kv_tp_create(kv_tp **out, const kv_model *m, int p, const kv_cache_spec *spe
     *out = NULL;
     int rc = kv_tp_check(&m->config, p, err);
     if (rc) return rc;
-    if (spec->layout == KV_LAYOUT_PAGED)
+    if (spec->layout.kind == KV_LAYOUT_PAGED)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_tp_create: a paged cache is not supported "
                        "(every rank's block tables would have to move in step); use contiguous");
-    if (spec->select != 0)
+    if (spec->retain.select != 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_tp_create: selected-set retention "
                        "(chapter 09) is not supported with tensor-parallel ranks");
     kv_tp *g = calloc(1, sizeof *g);

@@ -8,7 +8,7 @@
 int kv_paged_create(kv_paged **out, const kv_cache_spec *spec, int prefix_caching, kv_err *err)
 {
     *out = NULL;
-    if (!spec || spec->layout != KV_LAYOUT_PAGED)
+    if (!spec || spec->layout.kind != KV_LAYOUT_PAGED)
         return kv_fail(err, KV_ERR_ARG, "kv_paged_create: the cache spec is not paged");
     kv_paged *pg = kv_calloc(sizeof *pg);
     if (!pg) return kv_fail(err, KV_ERR_NOMEM, "kv_paged_create: out of memory");
@@ -19,7 +19,7 @@ int kv_paged_create(kv_paged **out, const kv_cache_spec *spec, int prefix_cachin
     kv_copy_list_init(&pg->copies);
     int rc = (!pg->tables || !pg->tokens || !pg->tok_cap)
                  ? kv_fail(err, KV_ERR_NOMEM, "kv_paged_create: out of memory")
-                 : kv_pool_init(&pg->pool, spec->n_blocks, spec->block_size, 0, err);
+                 : kv_pool_init(&pg->pool, spec->layout.n_blocks, spec->layout.block_size, 0, err);
     if (!rc && prefix_caching) {
         rc = kv_prefix_init(&pg->prefix, &pg->pool, err);
         pg->prefix_caching = !rc;
@@ -28,7 +28,7 @@ int kv_paged_create(kv_paged **out, const kv_cache_spec *spec, int prefix_cachin
         kv_paged_destroy(pg);
         return rc;
     }
-    for (int s = 0; s < spec->n_slots; s++) kv_block_table_init(&pg->tables[s], spec->block_size);
+    for (int s = 0; s < spec->n_slots; s++) kv_block_table_init(&pg->tables[s], spec->layout.block_size);
     *out = pg;
     return KV_OK;
 }
@@ -74,12 +74,13 @@ static int push_table(kv_cache_mem *m, int s, kv_err *err)
  * it stops growing once the ring is mapped, and the ring reuses those blocks. */
 static int64_t slot_held(const kv_cache_mem *m, int s)
 {
-    return m->spec.window > 0 ? m->length(m, s) : m->paged->tables[s].n_tokens;
+    return m->spec.window.size > 0 ? m->length(m, s) : m->paged->tables[s].n_tokens;
 }
 static int64_t rows_to_add(const kv_cache_mem *m, int s, int64_t pos, int n)
 {
-    if (m->spec.window == 0) return n;
-    return kv_window_rows(m->spec.window, m->spec.n_sinks, pos + n) - m->paged->tables[s].n_tokens;
+    if (m->spec.window.size == 0) return n;
+    return kv_window_rows(m->spec.window.size, m->spec.window.n_sinks, pos + n) -
+           m->paged->tables[s].n_tokens;
 }
 
 int kv_paged_prepare(kv_cache_mem *m, const kv_seq *seqs, int n_seqs, kv_err *err)
@@ -134,7 +135,7 @@ int kv_paged_prepare(kv_cache_mem *m, const kv_seq *seqs, int n_seqs, kv_err *er
     kv_copy_list_clear(&pg->copies);
     for (int i = 0; i < n_seqs; i++) {
         const int s = seqs[i].slot;
-        if (m->spec.window > 0) { /* no token record: a window has no prefix cache */
+        if (m->spec.window.size > 0) { /* no token record: a window has no prefix cache */
             const int64_t add = rows_to_add(m, s, seqs[i].pos, seqs[i].n_tokens);
             int rc = add > 0 ? kv_block_table_append(&pg->tables[s], &pg->pool, add, NULL,
                                                      &pg->copies, err)
@@ -170,8 +171,8 @@ int kv_paged_rollback(kv_cache_mem *m, const kv_seq *seqs, int n_seqs, kv_err *e
     for (int i = 0; i < n_seqs; i++) {
         const int s = seqs[i].slot;
         /* the rows the slot held before the step: its positions, or its ring's rows */
-        const int64_t before = m->spec.window > 0
-                                   ? kv_window_rows(m->spec.window, m->spec.n_sinks, seqs[i].pos)
+        const int64_t before = m->spec.window.size > 0
+                                   ? kv_window_rows(m->spec.window.size, m->spec.window.n_sinks, seqs[i].pos)
                                    : seqs[i].pos;
         if (before >= pg->tables[s].n_tokens) continue; /* not appended (yet) */
         int rc = kv_block_table_truncate(&pg->tables[s], &pg->pool, before, err);
@@ -187,7 +188,7 @@ int kv_paged_rollback(kv_cache_mem *m, const kv_seq *seqs, int n_seqs, kv_err *e
 int kv_paged_truncate_check(const kv_cache_mem *m, int slot, int len, kv_err *err)
 {
     if (slot < 0 || slot >= m->spec.n_slots) return KV_OK;
-    if ((int64_t)len < (int64_t)m->paged->tables[slot].n_hashed * m->spec.block_size)
+    if ((int64_t)len < (int64_t)m->paged->tables[slot].n_hashed * m->spec.layout.block_size)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "truncate: slot %d: %d tokens cuts into a "
                        "block the prefix cache has registered", slot, len);
     return KV_OK;
@@ -204,7 +205,7 @@ int kv_paged_truncate(kv_cache_mem *m, int slot, int len, kv_err *err)
 int kv_paged_commit(kv_cache_mem *m, const kv_seq *seqs, int n_seqs, kv_err *err)
 {
     kv_paged *pg = m->paged;
-    if (!pg->prefix_caching || m->spec.window > 0) return KV_OK;
+    if (!pg->prefix_caching || m->spec.window.size > 0) return KV_OK;
     for (int i = 0; i < n_seqs; i++) {
         const int s = seqs[i].slot;
         int rc = kv_prefix_register(&pg->prefix, &pg->tables[s], pg->tokens[s], err);
@@ -215,8 +216,8 @@ int kv_paged_commit(kv_cache_mem *m, const kv_seq *seqs, int n_seqs, kv_err *err
 
 int kv_paged_blocks_needed(const kv_cache_mem *m, int slot, int64_t n_new)
 {
-    if (m->spec.window > 0) /* a window's table grows only until its ring is mapped */
-        n_new = kv_window_rows(m->spec.window, m->spec.n_sinks, m->length(m, slot) + n_new) -
+    if (m->spec.window.size > 0) /* a window's table grows only until its ring is mapped */
+        n_new = kv_window_rows(m->spec.window.size, m->spec.window.n_sinks, m->length(m, slot) + n_new) -
                 m->paged->tables[slot].n_tokens;
     return kv_block_table_blocks_needed(&m->paged->tables[slot], &m->paged->pool, n_new);
 }
@@ -231,7 +232,7 @@ int kv_paged_fork(kv_cache_mem *m, int dst, int src, kv_err *err)
                        dst, pg->n_slots);
     if (pg->tables[dst].n_blocks)
         return kv_fail(err, KV_ERR_ARG, "paged cache: fork into slot %d, which is in use", dst);
-    if (m->spec.window > 0)
+    if (m->spec.window.size > 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "paged cache: fork of a sliding-window "
                        "sequence (its ring rewrites shared blocks in place)");
     int rc = reserve_tokens(pg, dst, pg->tables[src].n_tokens, err);
@@ -259,7 +260,7 @@ int kv_paged_match_prefix(kv_cache_mem *m, int slot, const int *tokens, int n, i
     kv_paged *pg = m->paged;
     *n_hit = 0;
     if (!pg->prefix_caching) return KV_OK;
-    if (m->spec.window > 0)
+    if (m->spec.window.size > 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "paged cache: prefix caching with a sliding "
                        "window (a ring's blocks do not hold a prefix for long)");
     if (slot < 0 || slot >= pg->n_slots || pg->tables[slot].n_blocks)

@@ -4,7 +4,7 @@
  * copy-on-write and the prefix cache, driven from the host for a cache on any device; and
  * ::kv_cache_mem, the cache-memory services a paged backend provides (chapters 05 and 07).
  *
- * A backend built with spec.layout = KV_LAYOUT_PAGED owns a kv_paged inside its kv_cache_mem
+ * A backend built with spec.layout.kind = KV_LAYOUT_PAGED owns a kv_paged inside its kv_cache_mem
  * (kv_backend.mem; a contiguous backend has none: mem is NULL). Its forward() calls
  * kv_paged_prepare() before the step runs, so every generation loop written for a contiguous
  * cache (the tour, the needle and dialogue suites, kvlab generate) runs unchanged on a paged
@@ -99,7 +99,7 @@ struct kv_cache_mem {
 };
 
 /**
- * Pool and tables for a paged @p spec (spec->n_blocks blocks of spec->block_size tokens,
+ * Pool and tables for a paged @p spec (spec->layout.n_blocks blocks of spec->layout.block_size tokens,
  * spec->n_slots tables); @p prefix_caching 1 turns the prefix cache on. KV_ERR_ARG for a
  * contiguous spec, KV_ERR_NOMEM.
  */

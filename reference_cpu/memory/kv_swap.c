@@ -128,7 +128,7 @@ int kv_swap_check(const kv_swap *sw, kv_cache_mem *m, int slot, const char *who,
         return kv_fail(err, KV_ERR_ARG, "%s: device blocks of %d tokens, %zu bytes but host "
                        "blocks of %d tokens, %zu bytes", who, m->paged->pool.block_size, bb,
                        sw->pool.block_size, sw->pool.block_bytes);
-    if (m->spec.window > 0)
+    if (m->spec.window.size > 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: a sliding-window sequence (its ring "
                        "position is per sequence state this version does not save)", who);
     if (m->paged->prefix_caching)

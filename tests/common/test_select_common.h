@@ -43,11 +43,11 @@ static inline int make_cache(cache_case *cc, int d, int H, int Hkv, int dtype, i
     g->seq_len = n;
     kv_config_set_defaults(g);
     kv_cache_spec s = kv_cache_spec_default(1, n);
-    s.dtype = dtype;
+    s.quant.dtype = dtype;
     if (B) {
-        s.layout = KV_LAYOUT_PAGED;
-        s.block_size = B;
-        s.n_blocks = (n + B - 1) / B + 2;
+        s.layout.kind = KV_LAYOUT_PAGED;
+        s.layout.block_size = B;
+        s.layout.n_blocks = (n + B - 1) / B + 2;
     }
     kv_err e;
     if (kv_cache_create(&cc->c, g, &s, &e)) {
@@ -57,7 +57,7 @@ static inline int make_cache(cache_case *cc, int d, int H, int Hkv, int dtype, i
     if (B) { /* blocks in reverse order: logical neighbours are not physical ones */
         const int nb = (n + B - 1) / B;
         int *t = malloc((size_t)nb * sizeof(int));
-        for (int i = 0; i < nb; i++) t[i] = s.n_blocks - 1 - i;
+        for (int i = 0; i < nb; i++) t[i] = s.layout.n_blocks - 1 - i;
         const int rc = kv_cache_set_blocks(&cc->c, 0, t, nb, &e);
         free(t);
         if (rc) {

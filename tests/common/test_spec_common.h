@@ -13,11 +13,11 @@
 static inline kv_cache_spec spec_cache_spec(int paged, int dtype, int cap, int block)
 {
     kv_cache_spec s = kv_cache_spec_default(1, cap);
-    s.dtype = dtype;
+    s.quant.dtype = dtype;
     if (paged) {
-        s.layout = KV_LAYOUT_PAGED;
-        s.block_size = block;
-        s.n_blocks = cap / block + 2;
+        s.layout.kind = KV_LAYOUT_PAGED;
+        s.layout.block_size = block;
+        s.layout.n_blocks = cap / block + 2;
     }
     return s;
 }

@@ -40,57 +40,66 @@
 /* Fields of two parses of one string, slots and capacity aside, agree. */
 static int same_spec(const kv_cache_spec *a, const kv_cache_spec *b)
 {
-    return a->layout == b->layout && a->dtype == b->dtype && a->dtype_layers == b->dtype_layers &&
-           a->fp8_per_head == b->fp8_per_head && a->kivi_window == b->kivi_window &&
-           a->block_size == b->block_size && a->n_blocks == b->n_blocks &&
-           a->window == b->window && a->n_sinks == b->n_sinks && a->pos_scheme == b->pos_scheme &&
-           a->select == b->select && a->select_budget == b->select_budget &&
-           a->select_ratio == b->select_ratio && a->select_window == b->select_window &&
-           a->select_sinks == b->select_sinks && a->select_dense_layers == b->select_dense_layers;
+    return a->layout.kind == b->layout.kind && a->quant.dtype == b->quant.dtype &&
+           a->quant.dtype_layers == b->quant.dtype_layers &&
+           a->quant.fp8_per_head == b->quant.fp8_per_head &&
+           a->quant.kivi_window == b->quant.kivi_window &&
+           a->layout.block_size == b->layout.block_size && a->layout.n_blocks == b->layout.n_blocks &&
+           a->window.size == b->window.size && a->window.n_sinks == b->window.n_sinks &&
+           a->window.pos_scheme == b->window.pos_scheme &&
+           a->retain.select == b->retain.select && a->retain.budget == b->retain.budget &&
+           a->retain.ratio == b->retain.ratio && a->retain.window == b->retain.window &&
+           a->retain.sinks == b->retain.sinks && a->retain.dense_layers == b->retain.dense_layers;
 }
 
 static void check_ranges(const char *v, const kv_cache_spec *s, int n_slots, int capacity)
 {
     FUZZ_REQUIRE(s->n_slots == n_slots && s->capacity == capacity, "'%s': %d slots of %d", v,
                  s->n_slots, s->capacity);
-    FUZZ_REQUIRE(s->layout == KV_LAYOUT_CONTIGUOUS && !s->block_size && !s->n_blocks,
-                 "'%s': layout %d, blocks %d x %d", v, s->layout, s->n_blocks, s->block_size);
-    FUZZ_REQUIRE(!s->window && !s->n_sinks && s->pos_scheme == KV_POS_ORIGINAL,
-                 "'%s': window %d, sinks %d, scheme %d", v, s->window, s->n_sinks, s->pos_scheme);
-    FUZZ_REQUIRE(s->dtype >= 0 && s->dtype < KV_QF_COUNT, "'%s': dtype %d", v, s->dtype);
-    FUZZ_REQUIRE(s->fp8_per_head == 0 || (s->fp8_per_head == 1 && kvq_is_fp8(s->dtype)),
-                 "'%s': fp8_per_head %d on %s", v, s->fp8_per_head, kv_quant_name(s->dtype));
-    FUZZ_REQUIRE(s->kivi_window == 0 ||
-                     (kvq_is_kivi(s->dtype) && s->kivi_window >= 32 &&
-                      s->kivi_window <= (1 << 20) && s->kivi_window % 32 == 0),
-                 "'%s': KIVI window %d on %s", v, s->kivi_window, kv_quant_name(s->dtype));
-    FUZZ_REQUIRE(s->select >= KV_SELECT_NONE && s->select <= KV_SELECT_TOPK, "'%s': method %d", v,
-                 s->select);
-    if (s->select == KV_SELECT_NONE) {
-        FUZZ_REQUIRE(!s->select_budget && s->select_ratio == 0.0 && !s->select_window &&
-                         !s->select_sinks && !s->select_dense_layers,
+    FUZZ_REQUIRE(s->layout.kind == KV_LAYOUT_CONTIGUOUS && !s->layout.block_size &&
+                     !s->layout.n_blocks,
+                 "'%s': layout %d, blocks %d x %d", v, s->layout.kind, s->layout.n_blocks,
+                 s->layout.block_size);
+    FUZZ_REQUIRE(!s->window.size && !s->window.n_sinks && s->window.pos_scheme == KV_POS_ORIGINAL,
+                 "'%s': window %d, sinks %d, scheme %d", v, s->window.size, s->window.n_sinks,
+                 s->window.pos_scheme);
+    FUZZ_REQUIRE(s->quant.dtype >= 0 && s->quant.dtype < KV_QF_COUNT, "'%s': dtype %d", v, s->quant.dtype);
+    FUZZ_REQUIRE(s->quant.fp8_per_head == 0 ||
+                     (s->quant.fp8_per_head == 1 && kvq_is_fp8(s->quant.dtype)),
+                 "'%s': fp8_per_head %d on %s", v, s->quant.fp8_per_head, kv_quant_name(s->quant.dtype));
+    FUZZ_REQUIRE(s->quant.kivi_window == 0 ||
+                     (kvq_is_kivi(s->quant.dtype) && s->quant.kivi_window >= 32 &&
+                      s->quant.kivi_window <= (1 << 20) && s->quant.kivi_window % 32 == 0),
+                 "'%s': KIVI window %d on %s", v, s->quant.kivi_window,
+                 kv_quant_name(s->quant.dtype));
+    FUZZ_REQUIRE(s->retain.select >= KV_SELECT_NONE && s->retain.select <= KV_SELECT_TOPK,
+                 "'%s': method %d", v, s->retain.select);
+    if (s->retain.select == KV_SELECT_NONE) {
+        FUZZ_REQUIRE(!s->retain.budget && s->retain.ratio == 0.0 && !s->retain.window &&
+                         !s->retain.sinks && !s->retain.dense_layers,
                      "'%s': selection fields without a method", v);
         return;
     }
-    FUZZ_REQUIRE(!s->dtype_layers && !s->fp8_per_head && !s->kivi_window && !kvq_is_kivi(s->dtype),
+    FUZZ_REQUIRE(!s->quant.dtype_layers && !s->quant.fp8_per_head && !s->quant.kivi_window &&
+                     !kvq_is_kivi(s->quant.dtype),
                  "'%s': format options (layers 0x%llx, per-head %d, KIVI %d, %s) on %s", v,
-                 (unsigned long long)s->dtype_layers, s->fp8_per_head, s->kivi_window,
-                 kv_quant_name(s->dtype), kv_select_method_name(s->select));
-    FUZZ_REQUIRE((s->select_budget >= 1 && s->select_budget <= (1 << 30) && s->select_ratio == 0.0) ||
-                     (s->select_budget == 0 && s->select_ratio > 0.0 && s->select_ratio <= 1.0),
-                 "'%s': budget %d, ratio %g", v, s->select_budget, s->select_ratio);
-    FUZZ_REQUIRE(s->select_window >= 0 && s->select_window <= (1 << 30) && s->select_sinks >= 0 &&
-                     s->select_sinks <= (1 << 30) && s->select_dense_layers >= 0 &&
-                     s->select_dense_layers <= (1 << 30),
-                 "'%s': window %d, sinks %d, dense %d", v, s->select_window, s->select_sinks,
-                 s->select_dense_layers);
-    FUZZ_REQUIRE(!s->select_budget ||
-                     (int64_t)s->select_window + s->select_sinks <= s->select_budget,
-                 "'%s': S %d + W %d over the budget %d", v, s->select_sinks, s->select_window,
-                 s->select_budget);
-    FUZZ_REQUIRE(!s->select_dense_layers || !kv_select_method_evicts(s->select),
-                 "'%s': dense layers on %s", v, kv_select_method_name(s->select));
-    FUZZ_REQUIRE(s->select != KV_SELECT_SNAPKV || s->select_window >= 1,
+                 (unsigned long long)s->quant.dtype_layers, s->quant.fp8_per_head, s->quant.kivi_window,
+                 kv_quant_name(s->quant.dtype), kv_select_method_name(s->retain.select));
+    FUZZ_REQUIRE((s->retain.budget >= 1 && s->retain.budget <= (1 << 30) && s->retain.ratio == 0.0) ||
+                     (s->retain.budget == 0 && s->retain.ratio > 0.0 && s->retain.ratio <= 1.0),
+                 "'%s': budget %d, ratio %g", v, s->retain.budget, s->retain.ratio);
+    FUZZ_REQUIRE(s->retain.window >= 0 && s->retain.window <= (1 << 30) && s->retain.sinks >= 0 &&
+                     s->retain.sinks <= (1 << 30) && s->retain.dense_layers >= 0 &&
+                     s->retain.dense_layers <= (1 << 30),
+                 "'%s': window %d, sinks %d, dense %d", v, s->retain.window, s->retain.sinks,
+                 s->retain.dense_layers);
+    FUZZ_REQUIRE(!s->retain.budget ||
+                     (int64_t)s->retain.window + s->retain.sinks <= s->retain.budget,
+                 "'%s': S %d + W %d over the budget %d", v, s->retain.sinks, s->retain.window,
+                 s->retain.budget);
+    FUZZ_REQUIRE(!s->retain.dense_layers || !kv_select_method_evicts(s->retain.select),
+                 "'%s': dense layers on %s", v, kv_select_method_name(s->retain.select));
+    FUZZ_REQUIRE(s->retain.select != KV_SELECT_SNAPKV || s->retain.window >= 1,
                  "'%s': SnapKV without an observation window", v);
     kv_err e = {{0}};
     FUZZ_REQUIRE(kv_retain_spec_check("fuzz", s, 0, &e) == KV_OK, "'%s': %s", v, e.msg);
@@ -119,9 +128,9 @@ static void check_build(const char *v, const kv_cache_spec *s, const kv_config *
     }
     /* the KIVI fp32 ring is window·d floats per (layer, K/V, slot, head) whatever the
      * capacity: build it only when that stays small */
-    const int64_t ring = kvq_is_kivi(s->dtype)
+    const int64_t ring = kvq_is_kivi(s->quant.dtype)
                              ? (int64_t)cfg->n_layers * 2 * s->n_slots * cfg->n_kv_heads *
-                                   (s->kivi_window ? s->kivi_window : KV_KIVI_WINDOW) *
+                                   (s->quant.kivi_window ? s->quant.kivi_window : KV_KIVI_WINDOW) *
                                    kv_config_head_dim(cfg) * 4
                              : 0;
     if (ring > (1 << 21)) return;
@@ -131,12 +140,12 @@ static void check_build(const char *v, const kv_cache_spec *s, const kv_config *
     FUZZ_REQUIRE(cr == KV_OK, "'%s' passed the check but kv_retain_cache_create says %d: %s", v, cr,
                  e.msg);
     FUZZ_REQUIRE(c.n_layers == cfg->n_layers && c.head_dim == kv_config_head_dim(cfg) &&
-                     c.rows == s->capacity && c.spec.dtype == s->dtype && c.fmt && c.len,
+                     c.rows == s->capacity && c.spec.quant.dtype == s->quant.dtype && c.fmt && c.len,
                  "'%s': cache of %d layers, d %d, %d rows", v, c.n_layers, c.head_dim, c.rows);
     for (int l = 0; l < c.n_layers; l++)
         FUZZ_REQUIRE(c.fmt[l] == kv_cache_spec_layer_dtype(s, l), "'%s': layer %d stores %d", v,
                      l, c.fmt[l]);
-    FUZZ_REQUIRE((s->select != KV_SELECT_NONE) == (c.retain != NULL), "'%s': retain state %p", v,
+    FUZZ_REQUIRE((s->retain.select != KV_SELECT_NONE) == (c.retain != NULL), "'%s': retain state %p", v,
                  (void *)c.retain);
     kv_retain_cache_free(&c);
 }
