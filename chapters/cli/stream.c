@@ -147,13 +147,19 @@ int kv_stream_study(FILE *f, int csv, const kv_model *m, const kv_cache_spec *wi
         rc = stream_one(f, csv, "full", m, &full, full_tokens, full_every, &sf, err);
     }
     if (rc || csv) return rc;
-    fprintf(f, "\nwindow: KV held %s at the first report and %s at the last (%ld tokens); "
-            "resident memory\n  +%s -> +%s; tokens/s %.0f -> %.0f: flat once the S+W rows are "
-            "full.\n", kv_fmt_bytes(sw.kv_first, u1, sizeof u1),
-            kv_fmt_bytes(sw.kv_last, u2, sizeof u2), sw.tokens,
+    /* the verdicts come from the measurement: the bytes are counted, the rate is timed (and
+     * called flat only within 20 %: a shared machine moves it that much) */
+    const double tps_ratio = sw.tps_first > 0 ? sw.tps_last / sw.tps_first : 0;
+    const char *tps_verdict = tps_ratio >= 0.8 && tps_ratio <= 1.25 ? "flat within 20 %"
+                              : tps_ratio < 0.8                     ? "fell"
+                                                                    : "rose";
+    fprintf(f, "\nwindow: KV held %s at the first report and %s at the last (%ld tokens)%s; "
+            "resident memory\n  +%s -> +%s; tokens/s %.0f -> %.0f (x%.2f: %s).\n",
+            kv_fmt_bytes(sw.kv_first, u1, sizeof u1), kv_fmt_bytes(sw.kv_last, u2, sizeof u2),
+            sw.tokens, sw.kv_first == sw.kv_last ? ", flat: the S+W rows are full" : ", growing",
             sw.rss_first >= 0 ? kv_fmt_bytes(sw.rss_first, u3, sizeof u3) : "n/a",
             sw.rss_last >= 0 ? kv_fmt_bytes(sw.rss_last, u4, sizeof u4) : "n/a", sw.tps_first,
-            sw.tps_last);
+            sw.tps_last, tps_ratio, tps_verdict);
     if (full_tokens > 0)
         fprintf(f, "full:   KV held %s -> %s over %ld tokens (rows = tokens; the contiguous "
                 "cache reserves\n  its %ld-token capacity up front: resident +%s -> +%s); "
