@@ -12,7 +12,8 @@
  *   - a file or path (`kv_cache.c`, `reference_cpu/cache/`, `datasets/traces/bursty.csv`): it
  *     exists, from the root, from the README's folder, or as the tail of a file's path;
  *     `file:N` also needs the file to have N lines;
- *   - "`name()` in `file`": the file contains name.
+ *   - "`name()` in `file`": the file contains name;
+ *   and every local link or image, [text](path) / ![alt](path), points at a file of the tree.
  * Output. A README block marked
  *     <!-- kvlab: tour --chapter 1 -->
  *     ```text
@@ -301,6 +302,42 @@ static void check_in_file(const char *readme, int line, const char *text, const 
     }
 }
 
+/* Markdown links and images, [text](target): a local target exists (relative to the README). */
+static void check_links(const char *readme, int line, const char *text, const char *readme_dir,
+                        const char *root)
+{
+    for (const char *p = strstr(text, "]("); p; p = strstr(p + 1, "](")) {
+        const char *t0 = p + 2, *t1 = strchr(t0, ')');
+        if (!t1 || t1 == t0 || strncmp(t0, "http", 4) == 0 || *t0 == '#' ||
+            strncmp(t0, "mailto:", 7) == 0)
+            continue;
+        char target[1024], joined[5200], norm[8192];
+        snprintf(target, sizeof target, "%.*s", (int)(t1 - t0), t0);
+        char *hash = strchr(target, '#');
+        if (hash) *hash = '\0';
+        if (!*target || strchr(target, ' ')) continue;
+        snprintf(joined, sizeof joined, "%s/%s", readme_dir, target);
+        /* resolve "." and ".." segments */
+        char *segs[256];
+        int n = 0;
+        char *save = NULL;
+        for (char *g = strtok_r(joined, "/", &save); g && n < 256; g = strtok_r(NULL, "/", &save)) {
+            if (strcmp(g, ".") == 0) continue;
+            if (strcmp(g, "..") == 0) {
+                if (n > 0) n--;
+                continue;
+            }
+            segs[n++] = g;
+        }
+        size_t at = (size_t)snprintf(norm, sizeof norm, "%s", root);
+        for (int i = 0; i < n && at < sizeof norm; i++)
+            at += (size_t)snprintf(norm + at, sizeof norm - at, "/%s", segs[i]);
+        struct stat st;
+        KV_CHECK(stat(norm, &st) == 0, "%s:%d: the link target %s does not exist", readme, line,
+                 target);
+    }
+}
+
 static void check_names(const char *root, const char *readme)
 {
     char path[4096], dir[4096];
@@ -319,6 +356,7 @@ static void check_names(const char *root, const char *readme)
         if (strncmp(l, "```", 3) == 0) { fenced = !fenced; continue; }
         if (fenced) continue;
         check_in_file(readme, line, l, dir, root);
+        check_links(readme, line, l, dir, root);
         for (char *a = strchr(l, '`'); a; a = strchr(a, '`')) {
             char *b = strchr(a + 1, '`');
             if (!b) break;
