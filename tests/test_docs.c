@@ -20,9 +20,10 @@
  *     ...
  *     ```
  * is compared with the stdout of `kvlab tour --chapter 1` run from the source root, line by
- * line and word by word. In the quoted block, '…' stands for any run of non-space characters
- * (a measured time: "… s", "x…"), and a line that is only '…' skips any number of lines.
- * Every other word, so every counted number, must be exactly what kvlab prints now.
+ * line, a run of blanks counting as one. In the quoted block, '…' stands for any run of
+ * characters (a measured time: "… s", "x…"; a measured size with its unit), and a line that is
+ * only '…' skips any number of lines. Every other character, so every counted number, must be
+ * exactly what kvlab prints now.
  * Prints each mismatch and "N passed, M failed".
  */
 #include "common/kv_test.h"
@@ -388,17 +389,31 @@ static int glob(const char *p, const char *w)
     return *p == *w && glob(p + 1, w + 1);
 }
 
-/* Do the lines match word by word (any run of blanks is one separator)? */
+/* Collapse every run of blanks to one space and trim both ends (in place). */
+static void squeeze(char *t)
+{
+    char *w = t;
+    for (const char *r = t; *r; r++) {
+        if (*r == ' ' || *r == '\t') {
+            if (w > t && w[-1] != ' ') *w++ = ' ';
+        } else {
+            *w++ = *r;
+        }
+    }
+    if (w > t && w[-1] == ' ') w--;
+    *w = '\0';
+}
+
+/* Do the lines match, blanks aside? A '…' in the README's line stands for any run of
+ * characters: a number with its unit ("564 KiB"), or a word ("n/a"). */
 static int line_matches(const char *want, const char *got)
 {
     char a[4096], b[4096];
     snprintf(a, sizeof a, "%s", want);
     snprintf(b, sizeof b, "%s", got);
-    char *sa = NULL, *sb = NULL;
-    char *x = strtok_r(a, " \t", &sa), *y = strtok_r(b, " \t", &sb);
-    for (; x && y; x = strtok_r(NULL, " \t", &sa), y = strtok_r(NULL, " \t", &sb))
-        if (!glob(x, y)) return 0;
-    return !x && !y;
+    squeeze(a);
+    squeeze(b);
+    return glob(a, b);
 }
 
 static int blank(const char *s)
