@@ -314,4 +314,13 @@ message(STATUS "figures: kvlab needle --spec datasets/needle/quant.needle (about
 kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/quant.needle
   --csv ${OUT}/needle-quant.csv --svg ${OUT}/needle-quant.svg)
 message(STATUS "figures: ${OUT}/needle-quant.svg")
-message(STATUS "figures: done, in ${OUT}")
+# The plots whose every point is counted or simulated (no wall-clock time in them) are the same
+# on any machine: the chapters embed them, so they are copied into the source tree's
+# docs/figures/, where they are committed. A rerun that changes one is a change to review.
+foreach(fig memory-vs-context ch02-cost-per-token ch05-reserved-per-step ch06-stream-memory
+            ch07-latency-cdf-high ch08-attention-bytes ch09-kept-positions needle-quant)
+  if(EXISTS ${OUT}/${fig}.svg)
+    file(COPY_FILE ${OUT}/${fig}.svg ${SRC}/docs/figures/${fig}.svg ONLY_IF_DIFFERENT)
+  endif()
+endforeach()
+message(STATUS "figures: done, in ${OUT}; the counted plots also in ${SRC}/docs/figures")
