@@ -60,36 +60,6 @@
 #define FLASH_MAX_D 1024           /* head dims the tiles are sized for */
 #define FLASH_SMEM_MAX (48 * 1024) /* default dynamic shared memory per block */
 
-/* What every kernel of a job needs, passed by value. */
-typedef struct {
-    attn_src src;          /* the layer's planes, tables, format */
-    attn_rows rows;        /* the job's queries as the attention family's rows (flash_rows_of()) */
-    const float *q;        /* [T][H][d] */
-    float *out;            /* [T][H][d] */
-    int T, H, H_kv, d, slot;
-    int64_t k_begin;       /* first key a query may see */
-    float scale;           /* 1 / sqrt(d) */
-} flash_args;
-
-/* End (exclusive) of the keys query t sees (attn_span_of()); k_begin when it sees none or does
- * not exist. */
-__device__ inline int64_t flash_end(const flash_args &a, int t)
-{
-    if (t < 0 || t >= a.T) return a.k_begin;
-    return attn_span_of(a.src, a.rows, t).p1;
-}
-
-/* K and V views of KV head kvh of the job's slot (flash_kv, kvcu_flash.cuh). */
-__device__ inline flash_kv flash_views(const flash_args &a, int kvh)
-{
-    flash_kv v;
-    v.kh = attn_view(a.src, KV_QROLE_KEY, a.H_kv, a.d, a.slot, kvh);
-    v.vh = attn_view(a.src, KV_QROLE_VALUE, a.H_kv, a.d, a.slot, kvh);
-    v.kf = a.src.fmt == KV_QF_F32 ? (const float *)(const void *)v.kh.codes : NULL;
-    v.vf = a.src.fmt == KV_QF_F32 ? (const float *)(const void *)v.vh.codes : NULL;
-    return v;
-}
-
 /* ---- v1: naive ------------------------------------------------------------------------- */
 
 /* v1's scratch: S [H][T][n_vis] scores then exp(s - max), rowsum [H][T] each row's sum of
@@ -311,8 +281,8 @@ size_t kvcu_flash_scratch(int version, const kvcu_flash_job *j)
 static int flash_check(int version, const kvcu_flash_job *j, kv_err *err)
 {
     const char *who = "kvcu_flash_attention";
-    if (version < 1 || version > 4)
-        return kv_fail(err, KV_ERR_ARG, "%s: version %d (there are v1 to v4)", who, version);
+    if (version < 1 || version > 5)
+        return kv_fail(err, KV_ERR_ARG, "%s: version %d (there are v1 to v5)", who, version);
     if (!j || !j->c)
         return kv_fail(err, KV_ERR_ARG, "%s: no job or no cache", who);
     const kvcu_cache *c = j->c;
@@ -341,6 +311,10 @@ static int flash_check(int version, const kvcu_flash_job *j, kv_err *err)
     if (c->head_dim > FLASH_MAX_D)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: head dim %d (the tiles are sized for "
                        "d <= %d)", who, c->head_dim, FLASH_MAX_D);
+    if (version == 5 && !kvcu_flash_mma_fits(j->n_heads, c->n_kv_heads, c->head_dim))
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: v5 (tensor cores) takes head dims that "
+                       "are multiples of 16 up to 128 and groups of up to 64 heads (d %d, "
+                       "G %d)", who, c->head_dim, kv_heads_group(j->n_heads, c->n_kv_heads));
     if (version == 1 && (int64_t)j->n_heads * j->T * flash_n_vis(j) > KVCU_FLASH_V1_MAX_SCORES)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: v1 would materialize %lld scores "
                        "(H %d x T %d x %lld keys), more than its limit of %lld; use v2-v4",
@@ -392,6 +366,7 @@ static cudaError_t flash_launch(int version, const kvcu_flash_job *j, float *scr
         KV_LAUNCH(flash_pv_kernel_v1, grid, FLASH_THREADS, 0, 0, a, sc);
         return cudaGetLastError();
     }
+    if (version == 5) return kvcu_flash_mma_launch(a);
     if (version == 2) {
         const int BQ = flash_tile_rows(a.d), BK = flash_tile_keys(BQ, a.d);
         dim3 grid(kv_ceil_div(a.T, BQ), a.H);
@@ -478,15 +453,17 @@ int kvcu_flash_bytes(int version, const kvcu_flash_job *j, kv_flash_stats *st, k
     if (version == 1) {
         kv = (double)H * 2.0 * flash_rows_bytes(j, j->k_begin, j->n_keys);
         st->score_bytes = 5 * (int64_t)H * T * n_vis * 4;
-    } else if (version == 2) {
-        const int BQ = flash_tile_rows(d), BK = flash_tile_keys(BQ, d);
+    } else if (version == 2 || version == 5) {
+        /* v2: a block per (query tile, head); v5: per (query tile, KV head), 64 keys a tile */
+        const int BQ = version == 5 ? kvcu_flash_mma_queries(G) : flash_tile_rows(d);
+        const int BK = version == 5 ? 64 : flash_tile_keys(BQ, d), nh = version == 5 ? Hkv : H;
         const int64_t all_tiles = (n_vis + BK - 1) / BK;
         for (int t0 = 0; t0 < T; t0 += BQ) {
             const int t1 = T - t0 < BQ ? T : t0 + BQ;
             const int64_t e = flash_end_host(j, t1 - 1), done = (e - j->k_begin + BK - 1) / BK;
-            kv += (double)H * 2.0 * flash_rows_bytes(j, j->k_begin, e);
-            st->tiles_done += H * done;
-            st->tiles_skipped += H * (all_tiles - done);
+            kv += (double)nh * 2.0 * flash_rows_bytes(j, j->k_begin, e);
+            st->tiles_done += nh * done;
+            st->tiles_skipped += nh * (all_tiles - done);
         }
     } else { /* v3 and v4: each (query, KV head, chunk of the group) reads its visible keys */
         const int GC = flash_group_rows(G, d), BK = flash_tile_keys(GC, d);

@@ -19,6 +19,44 @@ typedef struct {
     const float *kf, *vf;
 } flash_kv;
 
+/* What every kernel of a job needs, passed by value. */
+typedef struct {
+    attn_src src;          /* the layer's planes, tables, format */
+    attn_rows rows;        /* the job's queries as the attention family's rows (flash_rows_of()) */
+    const float *q;        /* [T][H][d] */
+    float *out;            /* [T][H][d] */
+    int T, H, H_kv, d, slot;
+    int64_t k_begin;       /* first key a query may see */
+    float scale;           /* 1 / sqrt(d) */
+} flash_args;
+
+/* End (exclusive) of the keys query t sees (attn_span_of()); k_begin when it sees none or does
+ * not exist. */
+__device__ inline int64_t flash_end(const flash_args &a, int t)
+{
+    if (t < 0 || t >= a.T) return a.k_begin;
+    return attn_span_of(a.src, a.rows, t).p1;
+}
+
+/* K and V views of KV head kvh of the job's slot (flash_kv, kvcu_flash.cuh). */
+__device__ inline flash_kv flash_views(const flash_args &a, int kvh)
+{
+    flash_kv v;
+    v.kh = attn_view(a.src, KV_QROLE_KEY, a.H_kv, a.d, a.slot, kvh);
+    v.vh = attn_view(a.src, KV_QROLE_VALUE, a.H_kv, a.d, a.slot, kvh);
+    v.kf = a.src.fmt == KV_QF_F32 ? (const float *)(const void *)v.kh.codes : NULL;
+    v.vf = a.src.fmt == KV_QF_F32 ? (const float *)(const void *)v.vh.codes : NULL;
+    return v;
+}
+
+
+/* v5, the tiles on tensor cores (kvcu_flash_mma.cu): whether a shape fits it (head dim a
+ * multiple of 16 up to 128, a group of at most 64 heads), the queries of one of its blocks
+ * (64 / G, each with the G heads of its group), and its launch on a job's arguments. */
+int kvcu_flash_mma_fits(int n_heads, int n_kv_heads, int head_dim);
+int kvcu_flash_mma_queries(int G);
+cudaError_t kvcu_flash_mma_launch(const flash_args &a);
+
 /* A block's shared memory, carved from the dynamic allocation (flash_smem_bytes()):
  * R rows that read the same KV head, key tiles of BK. */
 typedef struct {
