@@ -152,6 +152,15 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
 int kvcu_state_create(kvcu_state **out, kv_err *err);
 /** Free the device scratch (NULL is fine). */
 void kvcu_state_free(kvcu_state *s);
+/**
+ * The attention kvcu_forward() runs for a sequence of more than one token in a step (prefill,
+ * chunked prefill, a verification chunk): 0 (the default) the per-row kernels every row takes,
+ * so a row's result is that of a one-token step at its position, bit for bit; 5 chapter 08's
+ * v5 on tensor cores (kvcu_flash_attention(5, ...): q, K, V and P rounded to 16 bits, held to
+ * the reference by the bound of tests/test_gpu_flash.c), where the cache has no window or
+ * retention and the head dim fits v5 (else the per-row kernels). KV_ERR_ARG for others.
+ */
+int kvcu_state_set_prefill(kvcu_state *s, int version, kv_err *err);
 
 /** The transformer step on the GPU; same contract as kv_forward(). logits: host memory.
  * A sequence asking for every row's logits (kv_seq.all_logits, chapter 10, host memory

@@ -32,7 +32,7 @@
 #include <string.h>
 
 #include "kv_retain.h"
-#include "kvcu_internal.cuh"
+#include "kvcu_flash.cuh"
 
 /* A scores scratch larger than this many floats (256 MiB) is not allocated: a long prefill
  * runs its attention in chunks of rows instead (kvcu_attention_scratch() floats each: rows·H
@@ -74,6 +74,8 @@ struct kvcu_state {
     int *host_ints;  /* host staging of ints, then host-only wave bookkeeping:
                       * [11T + 2 n_seqs + 2] (kvcu_forward) */
     size_t host_ints_n;
+    int prefill;     /* attention of a sequence's rows in a step with n_tokens > 1:
+                      * 0 the per-row kernels, 5 chapter 08's v5 (kvcu_state_set_prefill) */
 };
 
 /* ---- the device --------------------------------------------------------------------------- */
@@ -217,6 +219,15 @@ int kvcu_state_create(kvcu_state **out, kv_err *err)
     return *out ? KV_OK : kv_fail(err, KV_ERR_NOMEM, "kvcu_state_create: host memory");
 }
 
+int kvcu_state_set_prefill(kvcu_state *s, int version, kv_err *err)
+{
+    if (!s || (version != 0 && version != 5))
+        return kv_fail(err, KV_ERR_ARG, "kvcu_state_set_prefill: version %d (0: the per-row "
+                       "kernels, 5: tensor cores)", version);
+    s->prefill = version;
+    return KV_OK;
+}
+
 void kvcu_state_free(kvcu_state *s)
 {
     if (!s) return;
@@ -284,6 +295,49 @@ static int state_reserve(kvcu_state *s, const kv_config *c, int T, int n_seqs, i
     } while (0)
 
 /** The transformer step on the GPU; same contract as kv_forward(). logits: host memory. */
+/* Attention of rows [a, b) of a step by the per-row kernels (kvcu_attention()), in launches
+ * of at most @p rows rows (the scores scratch). q, out [T][qs] device. */
+static int rows_attention(kvcu_cache *c, int l, kvcu_state *s, const int *d_slot,
+                          const int *d_pos, const float *q, float *out, int a, int b, int rows,
+                          int Hs, int qs, int max_len, kv_err *err)
+{
+    for (int r0 = a; r0 < b; r0 += rows) {
+        const int nr = b - r0 < rows ? b - r0 : rows;
+        KVCU_TRY(kvcu_attention(c, l, d_slot + r0, d_pos + r0, NULL, q + (size_t)r0 * qs,
+                                out + (size_t)r0 * qs, (float *)s->scores.p, nr, Hs, max_len,
+                                err));
+    }
+    return KV_OK;
+}
+
+/* Attention of a one-wave step over layer l (its K/V rows written). With the state's prefill
+ * version 5 (and a cache without window or retention, a head dim v5 takes), each sequence of
+ * more than one token runs as a causal chapter 08 job on tensor cores: its n queries at
+ * positions pos .. pos + n - 1 over keys 0 .. pos + n - 1 (kvcu_flash_mma.cu); the rows of
+ * one-token sequences between them take the per-row kernels, as every row does otherwise. */
+static int step_attention(kvcu_cache *c, int l, kvcu_state *s, const kv_seq *seqs, int n_seqs,
+                          const int *d_slot, const int *d_pos, const float *q, float *out,
+                          int T, int rows, int Hs, int d, int max_len, kv_err *err)
+{
+    const int qs = Hs * d;
+    if (s->prefill != 5 || c->spec.window > 0 || c->retain ||
+        !kvcu_flash_mma_fits(Hs, c->n_kv_heads, d))
+        return rows_attention(c, l, s, d_slot, d_pos, q, out, 0, T, rows, Hs, qs, max_len, err);
+    int run = 0; /* first row not yet attended */
+    for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
+        const int n = seqs[i].n_tokens;
+        if (n < 2) continue;
+        KVCU_TRY(rows_attention(c, l, s, d_slot, d_pos, q, out, run, t, rows, Hs, qs, max_len,
+                                err));
+        const kvcu_flash_job j = {c, l, seqs[i].slot, Hs, q + (size_t)t * qs, n,
+                                  seqs[i].pos, 0, (int64_t)seqs[i].pos + n, 1,
+                                  out + (size_t)t * qs};
+        KVCU_TRY(kvcu_flash_attention(5, &j, NULL, err));
+        run = t + n;
+    }
+    return rows_attention(c, l, s, d_slot, d_pos, q, out, run, T, rows, Hs, qs, max_len, err);
+}
+
 int kvcu_forward(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const kv_seq *seqs,
                  int n_seqs, float *logits, kv_counters *cnt, kv_err *err)
 {
@@ -408,12 +462,9 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
             for (int i = 0, t = 0; c->retain && i < n_seqs; t += seqs[i].n_tokens, i++)
                 KVCU_TRY(kvcu_retain_attend(c, l, seqs[i].slot, seqs[i].pos, seqs[i].n_tokens,
                                             q + (size_t)t * qs, xb + (size_t)t * qs, err));
-            for (int r0 = 0; !c->retain && r0 < T; r0 += rows) {
-                const int nr = T - r0 < rows ? T - r0 : rows;
-                KVCU_TRY(kvcu_attention(c, l, d_slot + r0, d_pos + r0, NULL,
-                                        q + (size_t)r0 * qs, xb + (size_t)r0 * qs,
-                                        (float *)s->scores.p, nr, Hs, max_len, err));
-            }
+            if (!c->retain)
+                KVCU_TRY(step_attention(c, l, s, seqs, n_seqs, d_slot, d_pos, q, xb, T, rows,
+                                        Hs, d, max_len, err));
         } else {
             for (int wv = 0; wv < n_waves; wv++) {
                 for (int ci = chunk_start[wv]; ci < chunk_start[wv + 1]; ci++) {
