@@ -53,6 +53,14 @@ int kvcu_matmul(float *y, const float *x, const float *W, int T, int in, int out
  * is kvcu_matmul(), bit for bit. */
 int kvcu_matmul_strided(float *y, const float *x, const float *W, int T, int in, int out,
                         int ldw, kv_err *err);
+/** kvcu_matmul_strided() on tensor cores with 16-bit weights W [out][ldw] (bf16 when @p bf16,
+ * else fp16; device), x rounded to the same type: mma.sync tiles of 128 (or 16 for T < 128)
+ * tokens x 128 outputs x 32 columns, no split-K, so a row's result depends on nothing else
+ * in the batch (cuda/model/kvcu_ops.cu says why, and the bound it keeps to kv_matmul()). */
+int kvcu_matmul_w16(float *y, const float *x, const uint16_t *W, int bf16, int T, int in,
+                    int out, int ldw, kv_err *err);
+/** dst[i] = src[i] rounded to bf16 (@p bf16) or fp16, as bits; device arrays of n. */
+int kvcu_to16(uint16_t *dst, const float *src, int64_t n, int bf16, kv_err *err);
 /** kv_rope() on the GPU: angles formed in double exactly as the CPU forms them. */
 int kvcu_rope(float *x, const int *pos, int T, int n_heads, int head_dim, int rotary_dim,
               float theta, kv_err *err);
@@ -152,6 +160,15 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
 int kvcu_state_create(kvcu_state **out, kv_err *err);
 /** Free the device scratch (NULL is fine). */
 void kvcu_state_free(kvcu_state *s);
+/**
+ * The weights the projections read: KV_QF_F32 (the default, the reference's arithmetic) or a
+ * 16-bit copy, KV_QF_BF16 or KV_QF_F16, made on the device beside the fp32 weights (which
+ * stay: embedding and norms read them). With a copy every matmul of kvcu_forward() runs on
+ * tensor cores (kvcu_matmul_w16): decode and prefill rows alike, so a sequence's rows stay
+ * bit-identical alone and in any batch; the logits move from the CPU's by the rounding of
+ * weights and activations. KV_ERR_ARG for other dtypes.
+ */
+int kvcu_model_set_weights(kvcu_model *m, int dtype, kv_err *err);
 /**
  * The attention kvcu_forward() runs for a sequence of more than one token in a step (prefill,
  * chunked prefill, a verification chunk): 0 (the default) the per-row kernels every row takes,

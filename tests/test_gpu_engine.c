@@ -10,7 +10,8 @@
  *    unsupported spec is KV_ERR_UNSUPPORTED, an impossible one KV_ERR_NOMEM;
  *  - the work counters equal the CPU's;
  *  - with the prefill on tensor cores (kvcu_state_set_prefill 5): a chunked prefill and a
- *    prefill in a batch give the one-shot prefill's logits bit for bit, near the CPU's.
+ *    prefill in a batch give the one-shot prefill's logits bit for bit, near the CPU's;
+ *  - with bf16 or fp16 weights (kvcu_model_set_weights): the same, for the projections.
  * Exits 77 (skipped) without a usable device. */
 #include "kv_backend.h"
 #include "kv_generate.h"
@@ -332,6 +333,26 @@ static void test_refusals(void)
  * test_gpu_flash.c, which two layers carry into the logits; asserted here within 0.5 % of the
  * largest logit, the measured distance printed. */
 enum { PP = 40 };
+
+/* Prefill the PP tokens of prompt in slot 0 of both engines, every row's logits (gpu, cpu
+ * [PP][VOCAB]); *worst the largest |gpu - cpu|, *top the largest |cpu|. */
+static int prompt_vs_cpu(pair *p, const int *prompt, float *gpu, float *cpu, double *worst,
+                         double *top)
+{
+    static float last[VOCAB];
+    kv_err e;
+    kv_seq q = {0, 0, PP, prompt, gpu};
+    int rc = kvcu_forward(p->gm, p->gc, p->gs, &q, 1, last, NULL, &e);
+    q.all_logits = cpu;
+    if (!rc) rc = kv_forward(p->m, &p->c, &p->s, &q, 1, last, NULL, &e);
+    if (rc) printf("  prefill: %s\n", e.msg);
+    *worst = *top = 0.0;
+    for (int i = 0; !rc && i < PP * VOCAB; i++) {
+        if (fabs(cpu[i]) > *top) *top = fabs(cpu[i]);
+        if (fabs(gpu[i] - cpu[i]) > *worst) *worst = fabs(gpu[i] - cpu[i]);
+    }
+    return rc;
+}
 static void test_prefill_mma(const engine_case *ec, uint64_t seed)
 {
     kv_model m;
@@ -348,16 +369,9 @@ static void test_prefill_mma(const engine_case *ec, uint64_t seed)
     static float one[PP * VOCAB], cpu[PP * VOCAB], part[PP * VOCAB], last[2 * VOCAB];
     int prompt[PP];
     for (int i = 0; i < PP; i++) prompt[i] = (7 * i + 3) % VOCAB;
-    kv_seq q = {0, 0, PP, prompt, one};
-    int rc = kvcu_forward(p.gm, p.gc, p.gs, &q, 1, last, NULL, &e);
-    q.all_logits = cpu;
-    if (!rc) rc = kv_forward(&m, &p.c, &p.s, &q, 1, last, NULL, &e);
-    KV_CHECK(rc == KV_OK, "%s: prefill on tensor cores: %s", ec->name, e.msg);
-    double worst = 0.0, top = 0.0;
-    for (int i = 0; i < PP * VOCAB; i++) {
-        if (fabs(cpu[i]) > top) top = fabs(cpu[i]);
-        if (fabs(one[i] - cpu[i]) > worst) worst = fabs(one[i] - cpu[i]);
-    }
+    double worst, top;
+    int rc = prompt_vs_cpu(&p, prompt, one, cpu, &worst, &top);
+    KV_CHECK(rc == KV_OK, "%s: prefill on tensor cores", ec->name);
     printf("%s: prefill on tensor cores vs CPU: max |diff| %.3g, %.3g%% of the largest logit\n",
            ec->name, worst, 100.0 * worst / top);
     KV_CHECK(!rc && worst <= 0.005 * top, "%s: logits %.3g from the CPU's (largest %.3g)",
@@ -379,6 +393,46 @@ static void test_prefill_mma(const engine_case *ec, uint64_t seed)
     kv_model_free(&m);
 }
 
+/* ---- 16-bit weights on tensor cores (kvcu_model_set_weights) --------------------------- */
+
+/* A 40-token prompt's every-row logits with bf16 (or fp16) weights: alone in slot 0, then in
+ * slot 1 beside a decode row of slot 0: bit-identical (no split-K, the same chain of mma
+ * steps for an output in any batch). Against the CPU's fp32 weights: weights and activations
+ * rounded to 16 bits at every projection; asserted within 5 % (bf16) or 1 % (fp16) of the
+ * largest logit, the measured distance printed. */
+static void test_weights16(const engine_case *ec, uint64_t seed, int dtype)
+{
+    kv_model m;
+    pair p;
+    if (make_model(&m, ec, seed)) return;
+    kv_err e;
+    if (pair_open(&p, &m, 2) || kvcu_model_set_weights(p.gm, dtype, &e)) {
+        KV_CHECK(0, "%s: 16-bit weights", ec->name);
+        pair_close(&p);
+        kv_model_free(&m);
+        return;
+    }
+    KV_CHECK(kvcu_model_set_weights(p.gm, KV_QF_INT8, &e) == KV_ERR_ARG, "int8 weights refused");
+    static float one[PP * VOCAB], cpu[PP * VOCAB], part[PP * VOCAB], last[2 * VOCAB];
+    int prompt[PP], tok = 2;
+    for (int i = 0; i < PP; i++) prompt[i] = (11 * i + 1) % VOCAB;
+    double worst, top;
+    int rc = prompt_vs_cpu(&p, prompt, one, cpu, &worst, &top);
+    KV_CHECK(rc == KV_OK, "%s: 16-bit weights", ec->name);
+    const char *ty = dtype == KV_QF_BF16 ? "bf16" : "fp16";
+    printf("%s: %s weights vs CPU: max |diff| %.3g, %.3g%% of the largest logit\n", ec->name,
+           ty, worst, 100.0 * worst / top);
+    KV_CHECK(!rc && worst <= (dtype == KV_QF_BF16 ? 0.05 : 0.01) * top,
+             "%s: %s weights: logits %.3g from the CPU's (largest %.3g)", ec->name, ty, worst,
+             top);
+    kv_seq b[2] = {{0, PP, 1, &tok, NULL}, {1, 0, PP, prompt, part}};
+    if (!rc) rc = kvcu_forward(p.gm, p.gc, p.gs, b, 2, last, NULL, &e);
+    KV_CHECK(!rc && !memcmp(part, one, sizeof one), "%s: %s weights: a prefill beside a "
+             "decode row differs from the prefill alone", ec->name, ty);
+    pair_close(&p);
+    kv_model_free(&m);
+}
+
 int main(void)
 {
     kv_err e;
@@ -392,5 +446,7 @@ int main(void)
     test_refusals();
     test_prefill_mma(&cases[1], 5);
     test_prefill_mma(&cases[4], 6);
+    test_weights16(&cases[1], 9, KV_QF_BF16);
+    test_weights16(&cases[3], 10, KV_QF_F16);
     return kv_test_finish();
 }

@@ -5,6 +5,8 @@
  *  - fp32 tolerances from kv_test.h (the only difference is summation order);
  *  - matmul: the T = 5 (tiled, v2) rows are bit-identical to five T = 1 (warp, v1) calls,
  *    which is what makes a sequence's result independent of its batch;
+ *  - matmul on tensor cores with 16-bit weights (kvcu_matmul_w16): within the bound of the
+ *    rounding of x and W, and a row's bits the same at T 1, 17 and 130;
  *  - rope at positions up to 40000, where an fp32 angle would already be off.
  * Exits 77 (skipped) without a usable device. */
 #include "kv_attention.h"
@@ -13,6 +15,8 @@
 #include "common/kv_test.h"
 #include "kvcu.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 static kv_rng rng;
@@ -113,6 +117,67 @@ static void test_matmul(void)
             kvcu_free(dx), kvcu_free(dW), kvcu_free(dy);
             free(x), free(W), free(ref), free(v1), free(v2);
         }
+}
+
+/* ---- matmul on tensor cores, 16-bit weights --------------------------------------------- */
+
+/* kvcu_matmul_w16 against kv_matmul on the fp32 values: x and W rounded to 16 bits (unit
+ * roundoff u) and the products summed in fp32 give |y - ref| <= (2u + u² + in·2^-23)·Σ|x·w|
+ * per output (kvcu_ops.cu). Shapes: in and out across the 32-column and 128-output tiles, T 1,
+ * 17 (the 16-token tile) and 130 (the 128-token tile, and a partial one). Each T's rows must be
+ * bit-identical to the same rows computed alone (T 1) and within the larger batch: no split-K,
+ * the same chain of mma steps for an output whatever its tile. */
+static void test_matmul_w16(void)
+{
+    const int ins[] = {48, 257}, outs[] = {7, 130}, Ts[] = {1, 17, 130};
+    for (int bf = 0; bf <= 1; bf++)
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++) {
+                const int in = ins[a], out = outs[b], TM = 130;
+                const double u = ldexp(1.0, bf ? -8 : -11);
+                float *x = host_random((size_t)TM * in, -1, 1);
+                float *W = host_random((size_t)out * in, -1, 1);
+                float *ref = malloc((size_t)TM * out * 4), *y = malloc((size_t)TM * out * 4);
+                float *all = malloc((size_t)TM * out * 4);
+                kv_matmul(ref, x, W, TM, in, out);
+                float *dx = dev_copy(x, (size_t)TM * in * 4);
+                float *dW = dev_copy(W, (size_t)out * in * 4);
+                float *dy = dev_copy(ref, (size_t)TM * out * 4);
+                uint16_t *dW16 = NULL;
+                kv_err e;
+                int rc = kvcu_malloc((void **)&dW16, (size_t)out * in * 2, &e);
+                if (!rc) rc = kvcu_to16(dW16, dW, (int64_t)out * in, bf, &e);
+                KV_CHECK(rc == KV_OK, "16-bit weights: %s", e.msg);
+                for (int ti = 2; ti >= 0 && !rc; ti--) { /* T 130 first: the rows to match */
+                    const int T = Ts[ti];
+                    rc = kvcu_matmul_w16(dy, dx, dW16, bf, T, in, out, in, &e);
+                    if (!rc) rc = kvcu_download(y, dy, (size_t)T * out * 4, &e);
+                    KV_CHECK(rc == KV_OK, "kvcu_matmul_w16: %s", e.msg);
+                    if (rc) break;
+                    long bad = 0;
+                    for (int t = 0; t < T; t++)
+                        for (int o = 0; o < out; o++) {
+                            double mag = 0.0;
+                            for (int j = 0; j < in; j++)
+                                mag += fabs((double)x[(size_t)t * in + j] * W[(size_t)o * in + j]);
+                            const double bound = (2.0 * u + u * u + in * ldexp(1.0, -23)) * mag;
+                            const size_t i = (size_t)t * out + o;
+                            if (!(fabs((double)y[i] - ref[i]) <= bound) && bad++ < 3)
+                                printf("  %s in %d out %d T %d: y[%d][%d] = %.9g, ref %.9g, "
+                                       "bound %.3g\n", bf ? "bf16" : "fp16", in, out, T, t, o,
+                                       y[i], ref[i], bound);
+                        }
+                    KV_CHECK(bad == 0, "matmul_w16 %s in %d out %d T %d: %ld outside the bound",
+                             bf ? "bf16" : "fp16", in, out, T, bad);
+                    if (T == TM) memcpy(all, y, (size_t)TM * out * 4);
+                    else
+                        KV_CHECK(!memcmp(y, all, (size_t)T * out * 4), "matmul_w16 %s in %d "
+                                 "out %d: rows at T %d differ from the same rows at T %d",
+                                 bf ? "bf16" : "fp16", in, out, T, TM);
+                }
+                kvcu_free(dx), kvcu_free(dW), kvcu_free(dy), kvcu_free(dW16);
+                free(x), free(W), free(ref), free(y), free(all);
+            }
 }
 
 /* ---- rope ------------------------------------------------------------------------------ */
@@ -248,6 +313,7 @@ int main(void)
     kv_rng_seed(&rng, 2024);
     test_rmsnorm();
     test_matmul();
+    test_matmul_w16();
     test_rope();
     test_elementwise();
     test_attn_decode();

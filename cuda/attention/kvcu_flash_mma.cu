@@ -130,9 +130,11 @@ __global__ void flash_kernel_v5(flash_args a)
     for (int64_t kt = a.k_begin; kt < bend; kt += FLASH_MMA_KEYS, buf ^= 1) {
         const uint16_t *ks = tiles + 2 * tile * buf, *vs = ks + tile;
         const int64_t nx = kt + FLASH_MMA_KEYS; /* the next tile, into the other buffer */
-        if (nx < bend)
-            flash_mma_load<BF16>(kv, tiles + 2 * tile * (buf ^ 1), tiles + 2 * tile * (buf ^ 1) + tile,
-                                 d, nx, (int)(bend - nx < FLASH_MMA_KEYS ? bend - nx : FLASH_MMA_KEYS));
+        if (nx < bend) {
+            uint16_t *kn = tiles + 2 * tile * (buf ^ 1);
+            flash_mma_load<BF16>(kv, kn, kn + tile, d, nx,
+                                 (int)(bend - nx < FLASH_MMA_KEYS ? bend - nx : FLASH_MMA_KEYS));
+        }
         if (kt < wend) { /* (warp-uniform) some row of this warp sees a key of the tile */
             /* S = Q·Kᵀ: s[nb] is keys kt + nb·8 .., as a 16 x 8 C fragment */
             float s[FLASH_MMA_KEYS / 8][4];

@@ -113,7 +113,10 @@ __device__ inline uint32_t kvcu_smem_addr(const void *p)
  * PTX: the instruction text, then the "=r" operands of r[0 .. N-1]. */
 #ifdef KV_CUDA_EMULATION
 #define KVCU_LDMATRIX_FN(name, N, TRANS, PTX, ...)                                             \
-    __device__ inline void name(uint32_t r[N], const void *row) { kvemu_ldmatrix(N, TRANS, r, row); }
+    __device__ inline void name(uint32_t r[N], const void *row)                                \
+    {                                                                                          \
+        kvemu_ldmatrix(N, TRANS, r, row);                                                      \
+    }
 #else
 #define KVCU_LDMATRIX_FN(name, N, TRANS, PTX, ...)                                             \
     __device__ inline void name(uint32_t r[N], const void *row)                                \

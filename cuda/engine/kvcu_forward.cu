@@ -48,6 +48,10 @@ struct kvcu_model {
     kv_config config;
     kv_weights w; /* device pointers into data, at the host copy's offsets */
     float *data;  /* device, every weight in llama2.c order */
+    uint16_t *data16; /* device, the same weights as bf16 or fp16 at the same offsets, or NULL
+                       * (kvcu_model_set_weights): the projections then run on tensor cores */
+    int w16_bf16;     /* data16 holds bf16 (1) or fp16 (0) */
+    size_t n_floats;
 };
 
 /* A device buffer that only grows (its contents are not kept when it does). */
@@ -174,6 +178,7 @@ int kvcu_model_upload(kvcu_model **out, const kv_model *m, kv_err *err)
     kvcu_model *g = (kvcu_model *)calloc(1, sizeof *g);
     if (!g) return kv_fail(err, KV_ERR_NOMEM, "kvcu_model_upload: host memory");
     g->config = m->config;
+    g->n_floats = (size_t)m->n_floats;
     const size_t bytes = (size_t)m->n_floats * sizeof(float);
     cudaError_t e = cudaMalloc(&g->data, bytes);
     if (e == cudaSuccess) e = cudaMemcpy(g->data, m->data, bytes, cudaMemcpyHostToDevice);
@@ -204,9 +209,33 @@ int kvcu_model_upload(kvcu_model **out, const kv_model *m, kv_err *err)
     return KV_OK;
 }
 
+int kvcu_model_set_weights(kvcu_model *m, int dtype, kv_err *err)
+{
+    if (!m || (dtype != KV_QF_F32 && dtype != KV_QF_F16 && dtype != KV_QF_BF16))
+        return kv_fail(err, KV_ERR_ARG, "kvcu_model_set_weights: dtype %d (fp32, fp16 or "
+                       "bf16)", dtype);
+    cudaFree(m->data16);
+    m->data16 = NULL;
+    if (dtype == KV_QF_F32) return KV_OK;
+    const int st = kvcu_device_alloc((void **)&m->data16, m->n_floats * sizeof(uint16_t), err);
+    if (st) return st;
+    m->w16_bf16 = dtype == KV_QF_BF16;
+    return kvcu_to16(m->data16, m->data, (int64_t)m->n_floats, m->w16_bf16, err);
+}
+
+/* y = x · Wᵀ for a weight W of the model (a device pointer into its data): fp32 as the
+ * reference does (kvcu_matmul_strided), or on tensor cores from the 16-bit copy. */
+static int proj(const kvcu_model *m, float *y, const float *x, const float *W, int T, int in,
+                int out, int ldw, kv_err *err)
+{
+    if (!m->data16) return kvcu_matmul_strided(y, x, W, T, in, out, ldw, err);
+    return kvcu_matmul_w16(y, x, m->data16 + (W - m->data), m->w16_bf16, T, in, out, ldw, err);
+}
+
 void kvcu_model_free(kvcu_model *m)
 {
     if (!m) return;
+    cudaFree(m->data16);
     cudaFree(m->data);
     free(m);
 }
@@ -445,12 +474,12 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
     for (int l = 0; l < p->n_layers; l++) {
         /* attention block: x += Wo · attention(RoPE(Wq·xb), cache(RoPE(Wk·xb), Wv·xb)) */
         KVCU_TRY(kvcu_rmsnorm(xb, x, w->rms_att + (size_t)l * dim, T, dim, eps, err));
-        KVCU_TRY(kvcu_matmul(q, xb, w->wq + ((size_t)l * qdim + (size_t)q0 * d) * dim, T, dim,
-                             qs, err));
-        KVCU_TRY(kvcu_matmul(k, xb, w->wk + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim,
-                             kvs, err));
-        KVCU_TRY(kvcu_matmul(v, xb, w->wv + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim,
-                             kvs, err));
+        KVCU_TRY(proj(m, q, xb, w->wq + ((size_t)l * qdim + (size_t)q0 * d) * dim,
+                      T, dim, qs, dim, err));
+        KVCU_TRY(proj(m, k, xb, w->wk + ((size_t)l * kvdim + (size_t)kv0 * d) * dim,
+                      T, dim, kvs, dim, err));
+        KVCU_TRY(proj(m, v, xb, w->wv + ((size_t)l * kvdim + (size_t)kv0 * d) * dim,
+                      T, dim, kvs, dim, err));
         KVCU_TRY(kvcu_rope(q, d_qpos, T, Hs, d, p->rotary_dim, p->rope_theta, err));
         if (!keys_at_cache_pos) /* KV_POS_CACHE: attention rotates keys by cache index */
             KVCU_TRY(kvcu_rope(k, d_pos, T, KVs, d, p->rotary_dim, p->rope_theta, err));
@@ -484,18 +513,17 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
         }
         /* a rank multiplies its heads' columns of Wo: a partial sum, completed by the
          * all-reduce over the ranks (chapter 10), on the device buffer xb2 */
-        KVCU_TRY(kvcu_matmul_strided(xb2, xb, w->wo + (size_t)l * dim * qdim + (size_t)q0 * d,
-                                     T, qs, dim, qdim, err));
+        KVCU_TRY(proj(m, xb2, xb, w->wo + (size_t)l * dim * qdim + (size_t)q0 * d,
+                      T, qs, dim, qdim, err));
         if (sh) sh->all_reduce(sh, xb2, (int64_t)T * dim);
         KVCU_TRY(kvcu_add(x, xb2, (int64_t)T * dim, err));
 
         /* MLP block: x += W2 · (silu(W1·xb) * W3·xb) */
         KVCU_TRY(kvcu_rmsnorm(xb, x, w->rms_ffn + (size_t)l * dim, T, dim, eps, err));
-        KVCU_TRY(kvcu_matmul(hb, xb, w->w1 + ((size_t)l * hidden + f0) * dim, T, dim, fs, err));
-        KVCU_TRY(kvcu_matmul(hb2, xb, w->w3 + ((size_t)l * hidden + f0) * dim, T, dim, fs, err));
+        KVCU_TRY(proj(m, hb, xb, w->w1 + ((size_t)l * hidden + f0) * dim, T, dim, fs, dim, err));
+        KVCU_TRY(proj(m, hb2, xb, w->w3 + ((size_t)l * hidden + f0) * dim, T, dim, fs, dim, err));
         KVCU_TRY(kvcu_swiglu(hb, hb2, (int64_t)T * fs, err));
-        KVCU_TRY(kvcu_matmul_strided(xb2, hb, w->w2 + (size_t)l * dim * hidden + f0, T, fs, dim,
-                                     hidden, err));
+        KVCU_TRY(proj(m, xb2, hb, w->w2 + (size_t)l * dim * hidden + f0, T, fs, dim, hidden, err));
         if (sh) sh->all_reduce(sh, xb2, (int64_t)T * dim);
         KVCU_TRY(kvcu_add(x, xb2, (int64_t)T * dim, err));
     }
@@ -510,7 +538,7 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
         if (!seqs[i].all_logits) continue;
         const int n = seqs[i].n_tokens;
         KVCU_TRY(kvcu_rmsnorm(xb, x + (size_t)t * dim, w->rms_final, n, dim, eps, err));
-        KVCU_TRY(kvcu_matmul(dlogits, xb, w->wcls, n, dim, p->vocab_size, err));
+        KVCU_TRY(proj(m, dlogits, xb, w->wcls, n, dim, p->vocab_size, dim, err));
         KV_CUDA_TRY(cudaMemcpy(seqs[i].all_logits, dlogits,
                                (size_t)n * p->vocab_size * sizeof(float),
                                cudaMemcpyDeviceToHost), err);
@@ -520,7 +548,7 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
     if (logits) {
         KVCU_TRY(kvcu_embed(xlast, x, d_last, n_seqs, dim, err));
         KVCU_TRY(kvcu_rmsnorm(xlast, xlast, w->rms_final, n_seqs, dim, eps, err));
-        KVCU_TRY(kvcu_matmul(dlogits, xlast, w->wcls, n_seqs, dim, p->vocab_size, err));
+        KVCU_TRY(proj(m, dlogits, xlast, w->wcls, n_seqs, dim, p->vocab_size, dim, err));
         KV_CUDA_TRY(cudaMemcpy(logits, dlogits, (size_t)n_seqs * p->vocab_size * sizeof(float),
                                cudaMemcpyDeviceToHost), err);
     } else {

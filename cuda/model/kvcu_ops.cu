@@ -29,9 +29,22 @@
  *   depend on i alone: the host computes them once per call with the reference's expression
  *   and passes the table by value, so both devices start from the same bits.
  *
+ * matmul_kernel_mma (16-bit weights, kvcu_matmul_w16): y = x·Wᵀ on tensor cores, W stored as
+ *   bf16 or fp16 on the device (kvcu_model_set_weights), x rounded to the same type as its
+ *   tile is staged. A block of 8 warps computes a BM x 128 tile of y (BM 128 tokens, or 16
+ *   when T < 128: decode steps and short chunks), walking in 32 columns at a time through
+ *   shared memory (double-buffered); a warp holds its 64 x 32 (or 16 x 16) outputs in fp32
+ *   mma accumulators, its A fragments (x) and B fragments (the W rows, Kᵀ-shaped) by
+ *   ldmatrix. No split-K: every output is one chain of mma.sync steps over k in order, the
+ *   same whichever BM, block or batch its row falls in, so a sequence's rows are bit-identical
+ *   alone or in any batch, and at T = 1 as at T = 1000. Against the fp32 reference the
+ *   rounding of x and W (unit roundoff u: 2^-11 fp16, 2^-8 bf16) bounds the error:
+ *   |y - y_ref| <= (2u + u² + in·2^-23)·Σ_j |x_j·w_j| (tests/test_gpu_ops.c).
+ *
  * swiglu_kernel, add_kernel, embed_kernel: one thread per element (grid-stride loop).
  */
 #include "kvcu_internal.cuh"
+#include "kvcu_mma.cuh"
 
 #define KV_OPS_THREADS 128 /* threads per block of the row and element kernels */
 #define KV_MAX_GRID 4096   /* element kernels loop when n exceeds grid * block */
@@ -159,6 +172,134 @@ int kvcu_matmul_strided(float *y, const float *x, const float *W, int T, int in,
 int kvcu_matmul(float *y, const float *x, const float *W, int T, int in, int out, kv_err *err)
 {
     return kvcu_matmul_strided(y, x, W, T, in, out, in, err);
+}
+
+/* ---- matmul on tensor cores (16-bit weights) ------------------------------------------ */
+
+#define MMA_BN 128 /* outputs per block */
+#define MMA_BK 32  /* columns per staged tile */
+#define MMA_LD (MMA_BK + 8) /* halves per staged row: 16-byte aligned, conflict-free ldmatrix */
+#define MMA_THREADS 256
+
+/* Block (token tile, output tile): y[t0 .. t0+BM)[o0 .. o0+128) = x · Wᵀ. Warps WM x WN over
+ * the tile; each owns MI x NI fragments of 16 x 8 outputs. */
+template <int BM, int BF16>
+__global__ void matmul_kernel_mma(float *y, const float *x, const uint16_t *W, int T, int in,
+                                  int out, int ldw)
+{
+    constexpr int WM = BM >= 128 ? 2 : 1, WN = 8 / WM;
+    constexpr int MI = BM / WM / 16, NI = MMA_BN / WN / 8;
+    KV_DYNAMIC_SMEM(uint16_t, sm);
+    uint16_t *as = sm;                      /* [2][BM][MMA_LD] x, 16-bit */
+    uint16_t *bs = sm + 2 * BM * MMA_LD;    /* [2][128][MMA_LD] W rows, 16-bit */
+    const int tid = threadIdx.x, warp = tid / KV_WARP, l = tid % KV_WARP;
+    const int wm = warp / WN, wn = warp % WN, g = l / 4, tq = l % 4;
+    const int t0 = blockIdx.x * BM, o0 = blockIdx.y * MMA_BN;
+    float acc[MI][NI][4];
+    KV_UNROLL
+    for (int mi = 0; mi < MI; mi++)
+        KV_UNROLL
+        for (int ni = 0; ni < NI; ni++)
+            for (int i = 0; i < 4; i++) acc[mi][ni][i] = 0.0f;
+    const int n_tiles = (in + MMA_BK - 1) / MMA_BK;
+    for (int kt = 0; kt <= n_tiles; kt++) {
+        /* stage tile kt (zeros outside the matrices) while tile kt - 1 is multiplied */
+        if (kt < n_tiles) {
+            uint16_t *ab = as + (kt % 2) * BM * MMA_LD, *bb = bs + (kt % 2) * MMA_BN * MMA_LD;
+            const int j0 = kt * MMA_BK;
+            for (int e = tid; e < BM * MMA_BK; e += MMA_THREADS) {
+                const int r = e / MMA_BK, c = e % MMA_BK, j = j0 + c;
+                ab[r * MMA_LD + c] = kvcu_bits16<BF16>(
+                    t0 + r < T && j < in ? x[(size_t)(t0 + r) * in + j] : 0.0f);
+            }
+            for (int e = tid; e < MMA_BN * MMA_BK; e += MMA_THREADS) {
+                const int r = e / MMA_BK, c = e % MMA_BK, j = j0 + c;
+                bb[r * MMA_LD + c] = o0 + r < out && j < in ? W[(size_t)(o0 + r) * ldw + j] : 0;
+            }
+        }
+        if (kt > 0) {
+            const uint16_t *ab = as + ((kt - 1) % 2) * BM * MMA_LD;
+            const uint16_t *bb = bs + ((kt - 1) % 2) * MMA_BN * MMA_LD;
+            KV_UNROLL
+            for (int ks = 0; ks < MMA_BK / 16; ks++) {
+                uint32_t a[MI][4], b[NI][2];
+                KV_UNROLL
+                for (int mi = 0; mi < MI; mi++)
+                    kvcu_ldmatrix_x4(a[mi], ab + ((wm * MI + mi) * 16 + l % 16) * MMA_LD +
+                                                ks * 16 + 8 * (l / 16));
+                KV_UNROLL
+                for (int ni = 0; ni < NI; ni += 2) {
+                    uint32_t r[4]; /* r[0..1]: outputs ni·8 .., r[2..3]: (ni + 1)·8 .. */
+                    kvcu_ldmatrix_x4(r, bb + ((wn * NI + ni) * 8 + l % 8 + 8 * (l / 16)) * MMA_LD +
+                                            ks * 16 + 8 * ((l / 8) % 2));
+                    b[ni][0] = r[0];
+                    b[ni][1] = r[1];
+                    b[ni + 1][0] = r[2];
+                    b[ni + 1][1] = r[3];
+                }
+                KV_UNROLL
+                for (int mi = 0; mi < MI; mi++)
+                    KV_UNROLL
+                    for (int ni = 0; ni < NI; ni++) kvcu_mma<BF16>(acc[mi][ni], a[mi], b[ni]);
+            }
+        }
+        __syncthreads(); /* tile kt is in; tile kt - 1's buffer may be overwritten */
+    }
+    KV_UNROLL
+    for (int mi = 0; mi < MI; mi++)
+        KV_UNROLL
+        for (int ni = 0; ni < NI; ni++)
+            for (int i = 0; i < 4; i++) {
+                const int t = t0 + (wm * MI + mi) * 16 + g + 8 * (i / 2);
+                const int o = o0 + (wn * NI + ni) * 8 + 2 * tq + (i & 1);
+                if (t < T && o < out) y[(size_t)t * out + o] = acc[mi][ni][i];
+            }
+}
+
+template <int BM, int BF16>
+static void matmul_mma_launch(float *y, const float *x, const uint16_t *W, int T, int in,
+                              int out, int ldw)
+{
+    dim3 grid(kv_ceil_div(T, BM), kv_ceil_div(out, MMA_BN));
+    const size_t smem = 2 * (size_t)(BM + MMA_BN) * MMA_LD * sizeof(uint16_t);
+    KV_LAUNCH((matmul_kernel_mma<BM, BF16>), grid, MMA_THREADS, smem, 0, y, x, W, T, in, out,
+              ldw);
+}
+
+int kvcu_matmul_w16(float *y, const float *x, const uint16_t *W, int bf16, int T, int in,
+                    int out, int ldw, kv_err *err)
+{
+    if (T < 0 || in <= 0 || out <= 0 || ldw < in)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_matmul_w16: T %d, in %d, out %d, ldw %d", T, in,
+                       out, ldw);
+    if (T == 0) return KV_OK;
+    if ((int64_t)kv_ceil_div(out, MMA_BN) > 65535)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_matmul_w16: %d outputs need more than 65535 "
+                       "tiles of %d", out, MMA_BN);
+    if (T >= 128)
+        bf16 ? matmul_mma_launch<128, 1>(y, x, W, T, in, out, ldw)
+             : matmul_mma_launch<128, 0>(y, x, W, T, in, out, ldw);
+    else
+        bf16 ? matmul_mma_launch<16, 1>(y, x, W, T, in, out, ldw)
+             : matmul_mma_launch<16, 0>(y, x, W, T, in, out, ldw);
+    KV_CUDA_TRY_LAUNCH(err);
+    return KV_OK;
+}
+
+__global__ void to16_kernel(uint16_t *dst, const float *src, int64_t n, int bf16)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = bf16 ? kvcu_bits16<1>(src[i]) : kvcu_bits16<0>(src[i]);
+}
+
+int kvcu_to16(uint16_t *dst, const float *src, int64_t n, int bf16, kv_err *err)
+{
+    if (n < 0) return kv_fail(err, KV_ERR_ARG, "kvcu_to16: n %lld", (long long)n);
+    if (n == 0) return KV_OK;
+    KV_LAUNCH(to16_kernel, elementwise_grid(n), KV_OPS_THREADS, 0, 0, dst, src, n, bf16);
+    KV_CUDA_TRY_LAUNCH(err);
+    return KV_OK;
 }
 
 /* ---- rope ------------------------------------------------------------------------------ */
