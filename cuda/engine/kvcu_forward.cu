@@ -340,16 +340,17 @@ static int rows_attention(kvcu_cache *c, int l, kvcu_state *s, const int *d_slot
 }
 
 /* Attention of a one-wave step over layer l (its K/V rows written). With the state's prefill
- * version 5 (and a cache without window or retention, a head dim v5 takes), each sequence of
- * more than one token runs as a causal chapter 08 job on tensor cores: its n queries at
- * positions pos .. pos + n - 1 over keys 0 .. pos + n - 1 (kvcu_flash_mma.cu); the rows of
- * one-token sequences between them take the per-row kernels, as every row does otherwise. */
+ * version 5 (and a cache without window, W = 0, or retention, a head dim v5 takes), each
+ * sequence of more than one token runs as a causal chapter 08 job on tensor cores: its n
+ * queries at positions pos .. pos + n - 1 over keys 0 .. pos + n - 1 (kvcu_flash_mma.cu); the
+ * rows of one-token sequences between them take the per-row kernels, as every row does
+ * otherwise. */
 static int step_attention(kvcu_cache *c, int l, kvcu_state *s, const kv_seq *seqs, int n_seqs,
                           const int *d_slot, const int *d_pos, const float *q, float *out,
-                          int T, int rows, int Hs, int d, int max_len, kv_err *err)
+                          int T, int rows, int Hs, int d, int W, int max_len, kv_err *err)
 {
     const int qs = Hs * d;
-    if (s->prefill != 5 || c->spec.window > 0 || c->retain ||
+    if (s->prefill != 5 || W > 0 || c->retain ||
         !kvcu_flash_mma_fits(Hs, c->n_kv_heads, d))
         return rows_attention(c, l, s, d_slot, d_pos, q, out, 0, T, rows, Hs, qs, max_len, err);
     int run = 0; /* first row not yet attended */
@@ -493,7 +494,7 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
                                             q + (size_t)t * qs, xb + (size_t)t * qs, err));
             if (!c->retain)
                 KVCU_TRY(step_attention(c, l, s, seqs, n_seqs, d_slot, d_pos, q, xb, T, rows,
-                                        Hs, d, max_len, err));
+                                        Hs, d, W, max_len, err));
         } else {
             for (int wv = 0; wv < n_waves; wv++) {
                 for (int ci = chunk_start[wv]; ci < chunk_start[wv + 1]; ci++) {
