@@ -293,6 +293,11 @@ static void check_contract(void)
     KV_CHECK(kvcu_flash_attention(0, &j, NULL, &e) == KV_ERR_ARG, "version 0 refused");
     KV_CHECK(kvcu_flash_attention(6, &j, NULL, &e) == KV_ERR_ARG, "version 6 refused");
     kvcu_flash_job bad = j;
+    bad.n_heads = HKV * 65; /* a group of 65 heads: more than v5's 64 rows per block */
+    KV_CHECK(kvcu_flash_attention(5, &bad, NULL, &e) == KV_ERR_UNSUPPORTED,
+             "v5 refuses a group of 65 heads");
+    KV_CHECK(kvcu_flash_scratch(5, &j) == 0, "v5 needs no scratch");
+    bad = j;
     bad.n_keys = w.c.spec.capacity + 1;
     KV_CHECK(kvcu_flash_attention(2, &bad, NULL, &e) == KV_ERR_ARG, "keys past the slot refused");
     bad = j;
