@@ -9,16 +9,28 @@
  *               summation order only (logits of magnitude ~10, sums of a few hundred products)
  *   perplexity  kv_eval_ppl over the held-out text (windows of seq_len, stride seq_len - 1, as
  *               the trainer defines it) equals the trainer's own fp32 value within 1e-3
- *               relative, over the same number of predicted tokens
+ *               relative, over the same number of predicted tokens: by default over the
+ *               first 4 windows (train.py's --eval-windows), against the held-out loss the
+ *               trainer logged at its last step, the exported weights (kjv-loss.csv, 4
+ *               decimals: rounding moves the perplexity by at most 5e-5 relative); with
+ *               --full (label `slow`) and --smoke over the whole held-out text against
+ *               kjv.check
  *   caches      on the first 300 held-out tokens (windows of 100): naive recompute, cached in
  *               chunks of 1 and of 64, paged, and a sliding window W >= the window length all
  *               give the same perplexity within 1e-6 relative (the engine promises equal
  *               logits for each row; only the order of the NLL sum could differ)
+ *   eval modes  recompute windows of T >= the stretch = naive recompute (both prefill each
+ *               prefix from position 0); a reference backend of the same cache gives KL 0 and
+ *               top-1 agreement 1, an int8 cache a KL > 0 below 1e-3; KIVI emulated per channel
+ *               on the fp32 cache = the int2-kivi cache within 1e-4 relative (the same decoded
+ *               values, attention summing them in another order), per token differs from it
+ *   probes      attention mass sums to 1 per layer within n 2^-24 (fp32 softmax rows); key channels of one token before
+ *               RoPE = after it, bit for bit (a rotation by 0)
  *   CLI         `kvlab generate --model trained` prints words; a flipped byte or a truncated
  *               checkpoint, a corrupt tokenizer, and a missing SHA256SUMS each give exit 2 and
  *               a message naming the problem (the SHA-256 is checked before anything is read)
  *
- * Usage: test_trained <kvlab> <datasets dir>
+ * Usage: test_trained <kvlab> <datasets dir> [--full]
  *        test_trained <kvlab> --smoke <python3> <tools/train/train.py>   (label `train`):
  *        a 20-step run of the trainer, then the same checks on what it wrote (no CLI part);
  *        exit 77 (skipped) when python3 lacks torch/sentencepiece or `bible` is missing
@@ -28,6 +40,8 @@
 #include "kv_checkpoint.h"
 #include "kv_eval.h"
 #include "kv_file.h"
+#include "kv_probe.h"
+#include "kv_quant.h"
 #include "common/kv_test.h"
 #include "common/kv_test_cli.h"
 #include "kv_tokenizer.h"
@@ -78,6 +92,23 @@ static int read_check(check_values *c)
     return c->heldout_tokens > 0 && c->n_prompt > 0 && c->prompt_text[0];
 }
 
+/* the held-out loss the trainer logged at its last step (kjv-loss.csv's last heldout_loss) */
+static double last_logged_heldout(void)
+{
+    FILE *f = fopen(model_file("kjv-loss.csv"), "r");
+    if (!f) return NAN;
+    char line[512];
+    double v = NAN;
+    while (fgets(line, sizeof line, f)) {
+        /* step,tokens,lr,train_loss,heldout_loss,seconds */
+        char *p = line;
+        for (int i = 0; i < 4 && p; i++) p = strchr(p, ','), p += p != NULL;
+        if (p && *p != ',' && *p != '\n') v = strtod(p, NULL);
+    }
+    fclose(f);
+    return v;
+}
+
 static void test_logits(const kv_model *m, const kv_tokenizer *tok, const check_values *c)
 {
     int ids[600], n = 0;
@@ -126,7 +157,10 @@ static double ppl_of(const kv_model *m, kv_cache_spec spec, const int *ids, long
     return st ? NAN : r.ppl;
 }
 
-static void test_ppl(const kv_model *m, const kv_tokenizer *tok, const check_values *c)
+static void test_eval_modes(const kv_model *m, const int *ids);
+static void test_probes(const kv_model *m, const int *ids);
+
+static void test_ppl(const kv_model *m, const kv_tokenizer *tok, const check_values *c, int full)
 {
     char *text = NULL;
     size_t len = 0;
@@ -139,16 +173,17 @@ static void test_ppl(const kv_model *m, const kv_tokenizer *tok, const check_val
     KV_CHECK(kv_tokenizer_encode(tok, text, 1, 0, ids, &n, &err) == KV_OK, "%s", err.msg);
     const int T = m->config.seq_len;
 
-    /* the shipped number: every held-out token, as the trainer evaluated it */
-    long predicted = 0;
+    /* the shipped number: every held-out token, as the trainer evaluated it at export; or
+     * the first 4 windows, as it evaluated them at its last step */
+    long predicted = 0, want_tokens = full ? c->heldout_tokens : 4L * (T - 1);
     double t0 = kv_now();
-    double ppl = ppl_of(m, kv_cache_spec_default(1, T), ids, n, (kv_ppl_opts){T, 64, 0, 0, NULL, NULL},
-                        &predicted);
-    double want = exp(c->heldout_nll);
-    printf("held-out perplexity: kvlab %.6f, trainer %.6f (%ld tokens, %.1f s)\n", ppl, want,
-           predicted, kv_now() - t0);
-    KV_CHECK(predicted == c->heldout_tokens, "kvlab predicted %ld held-out tokens, the trainer %ld",
-             predicted, c->heldout_tokens);
+    kv_ppl_opts o = {T, 64, 0, full ? 0 : want_tokens + 1, NULL, NULL};
+    double ppl = ppl_of(m, kv_cache_spec_default(1, T), ids, n, o, &predicted);
+    double want = exp(full ? c->heldout_nll : last_logged_heldout());
+    printf("held-out perplexity (%s): kvlab %.6f, trainer %.6f (%ld tokens, %.1f s)\n",
+           full ? "all of it" : "first 4 windows", ppl, want, predicted, kv_now() - t0);
+    KV_CHECK(predicted == want_tokens, "kvlab predicted %ld held-out tokens, the trainer %ld",
+             predicted, want_tokens);
     KV_CHECK(fabs(ppl - want) <= 1e-3 * want, "held-out perplexity %.6f vs the trainer's %.6f",
              ppl, want);
 
@@ -174,8 +209,86 @@ static void test_ppl(const kv_model *m, const kv_tokenizer *tok, const check_val
                  alt[i].name, alt[i].v, base);
     printf("first %ld tokens, windows of %d: perplexity %.6f cached = naive = paged = window\n",
            N, W, base);
+    if (n >= 600) {
+        test_eval_modes(m, ids);
+        test_probes(m, ids);
+    }
     free(ids);
     free(text);
+}
+
+static void test_eval_modes(const kv_model *m, const int *ids)
+{
+    /* recompute windows longer than the stretch: every prefix from position 0, as naive */
+    const long N = 120;
+    kv_cache_spec spec = kv_cache_spec_default(1, 128);
+    double naive = ppl_of(m, spec, ids, N, (kv_ppl_opts){128, 1, 1, 0, NULL, NULL}, NULL);
+    double slide = ppl_of(m, spec, ids, N, (kv_ppl_opts){128, 64, 0, 0, NULL, NULL, 1, 1}, NULL);
+    KV_CHECK(fabs(slide - naive) <= 1e-9 * naive, "recompute %.12f vs naive %.12f", slide, naive);
+
+    /* a reference: KL and agreement */
+    kv_backend *b = NULL, *ref = NULL;
+    kv_err err = {{0}};
+    kv_ppl_result r = {0};
+    kv_cache_spec int8 = spec;
+    int8.quant.dtype = kv_quant_parse("int8");
+    for (int k = 0; k < 2; k++) {
+        int st = kv_backend_cpu(&b, m, k ? &int8 : &spec, &err);
+        if (!st) st = kv_backend_cpu(&ref, m, &spec, &err);
+        kv_ppl_opts o = {128, 64, 0, 0, NULL, NULL, 0, 0, ref};
+        if (!st) st = kv_eval_ppl(b, ids, 300, &o, &r, &err);
+        KV_CHECK(st == KV_OK, "eval with a reference: %s", err.msg);
+        if (k == 0)
+            KV_CHECK(!st && r.kl <= 1e-12 && r.top1 == 1.0, "the same cache: KL %.3g, top-1 %.4f",
+                     r.kl, r.top1);
+        else
+            KV_CHECK(!st && r.kl > 0.0 && r.kl < 1e-3 && r.top1 > 0.9,
+                     "int8 against fp32: KL %.3g, top-1 %.4f", r.kl, r.top1);
+        kv_backend_destroy(b);
+        kv_backend_destroy(ref);
+        b = ref = NULL;
+    }
+
+    /* KIVI: emulated per channel = the cache's arithmetic; per token is another number */
+    kv_cache_spec wide = kv_cache_spec_default(1, 300), kivi;
+    KV_CHECK(kv_needle_cache_spec("int2/w64", 1, 300, &kivi, &err) == KV_OK, "%s", err.msg);
+    const kv_ppl_opts plain = {300, 32, 0, 0, NULL, NULL};
+    double real = ppl_of(m, kivi, ids, 600, plain, NULL), emu[2];
+    for (int per_token = 0; per_token < 2; per_token++) {
+        kv_probe_kivi k;
+        KV_CHECK(kv_probe_kivi_init(&k, KV_QF_INT2_KIVI, per_token, 64, &err) == KV_OK, "%s", err.msg);
+        kv_ppl_opts o = plain;
+        o.before_step = kv_probe_kivi_step;
+        o.hook = &k;
+        emu[per_token] = ppl_of(m, wide, ids, 600, o, NULL);
+        KV_CHECK(k.rows_round_tripped > 0, "the emulation quantized nothing");
+    }
+    KV_CHECK(fabs(emu[0] - real) <= 1e-4 * real, "int2-kivi emulated %.9f vs the cache %.9f",
+             emu[0], real);
+    KV_CHECK(fabs(emu[1] - emu[0]) > 1e-4 * real, "per-token keys gave the per-channel number");
+    printf("recompute = naive (%.6f); int8 KL %.3g; int2-kivi %.6f = emulated %.6f, per-token keys %.6f\n",
+           naive, r.kl, real, emu[0], emu[1]);
+}
+
+static void test_probes(const kv_model *m, const int *ids)
+{
+    const kv_config *cfg = &m->config;
+    const int L = cfg->n_layers, n = 200, cells = L * cfg->n_kv_heads * kv_config_head_dim(cfg);
+    double *mass = calloc((size_t)L * n, sizeof(double)); /* [L][n] */
+    double *pre = calloc((size_t)cells, sizeof(double)), *post = calloc((size_t)cells, sizeof(double));
+    kv_err err = {{0}};
+    KV_CHECK(kv_probe_attention_mass(m, ids, n, mass, &err) == KV_OK, "%s", err.msg);
+    for (int l = 0; l < L; l++) {
+        double sum = 0.0;
+        for (int p = 0; p < n; p++) sum += mass[(size_t)l * n + p];
+        /* each row's fp32 softmax sums to 1 within n roundings of 2^-24; the mass is their mean */
+        KV_CHECK(fabs(sum - 1.0) <= n * 0x1p-24, "layer %d: attention mass sums to %.12f", l, sum);
+    }
+    KV_CHECK(kv_probe_key_channels(m, ids, 1, pre, post, &err) == KV_OK, "%s", err.msg);
+    KV_CHECK(!memcmp(pre, post, sizeof(double) * (size_t)cells), "one token: |K| before RoPE != after");
+    free(mass);
+    free(pre);
+    free(post);
 }
 
 /* copy the shipped files into dir/datasets/models, with kjv.bin or the tokenizer damaged */
@@ -261,8 +374,9 @@ static int smoke(const char *python, const char *train_py, char *datasets, size_
 int main(int argc, char **argv)
 {
     int is_smoke = argc >= 5 && strcmp(argv[2], "--smoke") == 0;
+    int full = is_smoke || (argc >= 4 && strcmp(argv[3], "--full") == 0);
     if (argc < 3 || (strcmp(argv[2], "--smoke") == 0 && !is_smoke)) {
-        fprintf(stderr, "usage: %s <kvlab> <datasets dir>\n"
+        fprintf(stderr, "usage: %s <kvlab> <datasets dir> [--full]\n"
                         "       %s <kvlab> --smoke <python3> <tools/train/train.py>\n", argv[0], argv[0]);
         return 2;
     }
@@ -292,8 +406,8 @@ int main(int argc, char **argv)
         kv_config_describe(&m.config, desc, sizeof desc);
         printf("model: %s, %lld parameters\n", desc, (long long)kv_config_param_count(&m.config));
         test_logits(&m, &tok, &c);
-        test_ppl(&m, &tok, &c);
-        if (!is_smoke) test_cli(datasets); /* a 20-step model's text is not words yet */
+        test_ppl(&m, &tok, &c, full);
+        if (!is_smoke && !full) test_cli(datasets); /* a 20-step model's text is not words yet */
     }
     kv_tokenizer_free(&tok);
     kv_model_free(&m);

@@ -8,20 +8,52 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* -log softmax(logits)[target], in double: logsumexp around the maximum */
-static double token_nll(const float *logits, int vocab, int target)
+/* log-sum-exp of logits [vocab], in double */
+static double log_norm(const float *logits, int vocab)
 {
     double mx = logits[0];
     for (int i = 1; i < vocab; i++)
         if (logits[i] > mx) mx = logits[i];
     double sum = 0.0;
     for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
-    return mx + log(sum) - (double)logits[target];
+    return mx + log(sum);
 }
 
-/* One window w [len] from position 0: sum of the NLL of w[1..len) into *nll. */
+/* -log softmax(logits)[target] */
+static double token_nll(const float *logits, int vocab, int target)
+{
+    return log_norm(logits, vocab) - (double)logits[target];
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* KL(p || q) = sum_i p_i (log p_i - log q_i) of the softmaxes of p_logits, q_logits [vocab] */
+static double token_kl(const float *p_logits, const float *q_logits, int vocab)
+{
+    const double zp = log_norm(p_logits, vocab), zq = log_norm(q_logits, vocab);
+    double kl = 0.0;
+    for (int i = 0; i < vocab; i++) {
+        const double lp = (double)p_logits[i] - zp, lq = (double)q_logits[i] - zq;
+        kl += exp(lp) * (lp - lq);
+    }
+    return kl > 0.0 ? kl : 0.0; /* rounding can leave -1e-17 for equal distributions */
+}
+
+/* running sums of one evaluation */
+typedef struct {
+    double nll, kl;
+    long done, agree;
+} ppl_sums;
+
+/* One window w [len] from position 0: the NLL of w[1..len) (and KL, agreement) into *a. */
 static int run_window(kv_backend *b, const int *w, int len, const kv_ppl_opts *o, float *logits,
-                      double *nll, long *done, long total, kv_err *err)
+                      float *ref_logits, ppl_sums *a, long total, kv_err *err)
 {
     const int vocab = b->config->vocab_size;
     const int chunk = o->chunk > 0 ? o->chunk : 64;
@@ -32,22 +64,56 @@ static int run_window(kv_backend *b, const int *w, int len, const kv_ppl_opts *o
             b->reset(b, 0);
             kv_seq s = {0, 0, t, w, NULL};
             if ((st = b->forward(b, &s, 1, logits, NULL, err))) return st;
-            *nll += token_nll(logits, vocab, w[t]);
-            (*done)++;
-            if (o->progress) o->progress(o->ctx, *done, total);
+            a->nll += token_nll(logits, vocab, w[t]);
+            a->done++;
+            if (o->progress) o->progress(o->ctx, a->done, total);
         }
         return KV_OK;
     }
     b->reset(b, 0);
+    if (o->ref) o->ref->reset(o->ref, 0);
     for (int pos = 0; pos < len - 1; pos += chunk) {
         /* rows pos .. pos+k-1 predict w[pos+1 .. pos+k]; the last token of the window is
          * only ever a target, so it is never fed */
         int k = len - 1 - pos < chunk ? len - 1 - pos : chunk;
+        if (o->before_step && (st = o->before_step(o->hook, b, pos, k, err))) return st;
         kv_seq s = {0, pos, k, w + pos, logits};
         if ((st = b->forward(b, &s, 1, NULL, NULL, err))) return st;
-        for (int j = 0; j < k; j++) *nll += token_nll(logits + (size_t)j * vocab, vocab, w[pos + j + 1]);
-        *done += k;
-        if (o->progress) o->progress(o->ctx, *done, total);
+        if (o->ref) {
+            kv_seq r = {0, pos, k, w + pos, ref_logits};
+            if ((st = o->ref->forward(o->ref, &r, 1, NULL, NULL, err))) return st;
+        }
+        for (int j = 0; j < k; j++) {
+            const float *row = logits + (size_t)j * vocab;
+            a->nll += token_nll(row, vocab, w[pos + j + 1]);
+            if (!o->ref) continue;
+            const float *ref_row = ref_logits + (size_t)j * vocab;
+            a->kl += token_kl(ref_row, row, vocab);
+            a->agree += argmax(ref_row, vocab) == argmax(row, vocab);
+        }
+        a->done += k;
+        if (o->progress) o->progress(o->ctx, a->done, total);
+    }
+    return KV_OK;
+}
+
+/* Recompute mode: token t predicted by a fresh prefill of tokens[max(0, t-T+1) .. t). */
+static int run_recompute(kv_backend *b, const int *tokens, long n, const kv_ppl_opts *o,
+                         float *logits, ppl_sums *a, int *preds, kv_err *err)
+{
+    const int vocab = b->config->vocab_size;
+    const long every = o->every > 0 ? o->every : 1, T = o->window;
+    const long total = (n - 1) / every;
+    for (long t = every; t < n; t += every) {
+        const long start = t - (T - 1) > 0 ? t - (T - 1) : 0;
+        b->reset(b, 0);
+        kv_seq s = {0, 0, (int)(t - start), tokens + start, NULL};
+        int st = b->forward(b, &s, 1, logits, NULL, err);
+        if (st) return st;
+        a->nll += token_nll(logits, vocab, tokens[t]);
+        a->done++;
+        (*preds)++;
+        if (o->progress) o->progress(o->ctx, a->done, total);
     }
     return KV_OK;
 }
@@ -64,28 +130,45 @@ int kv_eval_ppl(kv_backend *b, const int *tokens, long n, const kv_ppl_opts *o,
                        o->window);
     if (o->chunk < 0) return kv_fail(err, KV_ERR_ARG, "chunk %d must be >= 1", o->chunk);
     if (n > (1L << 30)) return kv_fail(err, KV_ERR_ARG, "%ld tokens: at most 2^30", n);
+    if (o->slide && (o->window < 2 || o->naive || o->ref))
+        return kv_fail(err, KV_ERR_ARG, "recompute mode needs a window T >= 2, cached mode, no "
+                       "reference");
+    if (o->ref && o->naive) return kv_fail(err, KV_ERR_ARG, "a reference backend needs cached mode");
+    if (o->every < 0) return kv_fail(err, KV_ERR_ARG, "every %d must be >= 1", o->every);
     const long T = o->window ? o->window : n;
     const int chunk = o->chunk > 0 ? o->chunk : 64;
     const int vocab = b->config->vocab_size;
     const int rows = o->naive ? 1 : chunk;
-    float *logits = malloc(sizeof(float) * (size_t)rows * (size_t)vocab); /* [rows][vocab] */
-    if (!logits) return kv_fail(err, KV_ERR_NOMEM, "cannot allocate %d rows of logits", rows);
+    /* [rows][vocab] each; the second only with a reference */
+    float *logits = malloc(sizeof(float) * (size_t)rows * (size_t)vocab);
+    float *ref_logits = o->ref ? malloc(sizeof(float) * (size_t)rows * (size_t)vocab) : NULL;
+    if (!logits || (o->ref && !ref_logits)) {
+        free(logits);
+        free(ref_logits);
+        return kv_fail(err, KV_ERR_NOMEM, "cannot allocate %d rows of logits", rows);
+    }
 
-    /* windows start at 0, T-1, 2(T-1), ...: each predicts up to T - 1 new tokens */
-    const long total = n - 1;
-    double nll = 0.0;
-    long done = 0;
+    ppl_sums a = {0.0, 0.0, 0, 0};
     int st = KV_OK, windows = 0;
-    for (long s = 0; s < n - 1 && !st; s += T - 1) {
-        int len = (int)(n - s < T ? n - s : T);
-        st = run_window(b, tokens + s, len, o, logits, &nll, &done, total, err);
-        windows++;
+    if (o->slide) {
+        st = run_recompute(b, tokens, n, o, logits, &a, &windows, err);
+    } else {
+        /* windows start at 0, T-1, 2(T-1), ...: each predicts up to T - 1 new tokens */
+        for (long s = 0; s < n - 1 && !st; s += T - 1) {
+            int len = (int)(n - s < T ? n - s : T);
+            st = run_window(b, tokens + s, len, o, logits, ref_logits, &a, n - 1, err);
+            windows++;
+        }
     }
     free(logits);
+    free(ref_logits);
     if (st) return st;
-    r->n_predicted = done;
+    if (a.done == 0) return kv_fail(err, KV_ERR_ARG, "no token predicted (every %d > n)", o->every);
+    r->n_predicted = a.done;
     r->n_windows = windows;
-    r->nll = nll / (double)done;
+    r->nll = a.nll / (double)a.done;
     r->ppl = exp(r->nll);
+    r->kl = a.kl / (double)a.done;
+    r->top1 = (double)a.agree / (double)a.done;
     return KV_OK;
 }

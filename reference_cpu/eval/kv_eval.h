@@ -15,6 +15,15 @@
  *           row j is the logits a one-token step at that position would give (kv_forward.h).
  *   naive   chapter 01's recompute: for each position, reset and prefill the whole prefix,
  *           keep the last logits. O(T^2) work: for checking cached on short stretches.
+ * And two more, for chapters 04 and 06 on the trained model:
+ *   recompute  StreamingLLM's "sliding window with re-computation" baseline (window T > 0,
+ *           slide = 1): each predicted token t gets a fresh prefill of the T - 1 tokens before
+ *           it (fewer at the start), so every token sees exactly a window of context and the
+ *           positions are always 0 .. T-2. O(n T) tokens of work: @c every predicts only the
+ *           tokens t with t % every == 0, a uniform subsample of the stream.
+ *   reference  with @c ref, a second backend (normally the exact fp32 cache) runs the same
+ *           steps; the result adds the mean KL(ref || b) per token and the fraction of tokens
+ *           whose argmax agrees (cached mode only).
  * NLL is summed in double; perplexity = exp(mean NLL over the predicted tokens).
  */
 #ifndef KV_EVAL_H
@@ -34,13 +43,24 @@ typedef struct {
     /** Called after each window's step (may be NULL): tokens predicted so far of @p total. */
     void (*progress)(void *ctx, long done, long total);
     void *ctx;
+    /* appended last: positional initializers of the fields above leave these 0 */
+    int slide;        /**< 1: recompute mode (needs window T >= 2) */
+    int every;        /**< recompute mode: predict tokens t % every == 0 only (0 = 1) */
+    kv_backend *ref;  /**< reference backend for KL and top-1 agreement, or NULL */
+    /** Called before each cached forward step of a window (may be NULL): the step will feed
+     * positions pos .. pos+n-1 to slot 0 of b (kv_probe.h's KIVI emulation edits the cache
+     * here). A non-zero return stops the run with that status. */
+    int (*before_step)(void *hook, kv_backend *b, int pos, int n, kv_err *err);
+    void *hook;
 } kv_ppl_opts;
 
 typedef struct {
     double nll;        /**< mean negative log-likelihood, nats per predicted token */
     double ppl;        /**< exp(nll) */
     long n_predicted;  /**< tokens predicted (n - number of windows in stride mode) */
-    int n_windows;     /**< windows run (1 in stream mode) */
+    int n_windows;     /**< windows run (1 in stream mode; predictions in recompute mode) */
+    double kl;         /**< with ref: mean KL(ref || b) in nats per predicted token */
+    double top1;       /**< with ref: fraction of predicted tokens where the argmaxes agree */
 } kv_ppl_result;
 
 /**
