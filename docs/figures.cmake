@@ -314,6 +314,8 @@ message(STATUS "figures: kvlab needle --spec datasets/needle/quant.needle (about
 kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/quant.needle
   --csv ${OUT}/needle-quant.csv --svg ${OUT}/needle-quant.svg)
 message(STATUS "figures: ${OUT}/needle-quant.svg")
+# the chapters' "On a trained model" sections (drawn into ${OUT} only)
+include(${CMAKE_CURRENT_LIST_DIR}/figures_trained.cmake)
 # The plots whose every point is counted or simulated (no wall-clock time in them) are the same
 # on any machine: the chapters embed them, so they are copied into the source tree's
 # docs/figures/, where they are committed. A rerun that changes one is a change to review.
