@@ -20,7 +20,8 @@
  *               give the same perplexity within 1e-6 relative (the engine promises equal
  *               logits for each row; only the order of the NLL sum could differ)
  *   eval modes  recompute windows of T >= the stretch = naive recompute (both prefill each
- *               prefix from position 0); a reference backend of the same cache gives KL 0 and
+ *               prefix from position 0); scoring every 8th token, cached = naive (the same
+ *               subsample across stride windows); a reference backend of the same cache gives KL 0 and
  *               top-1 agreement 1, an int8 cache a KL > 0 below 1e-3; KIVI emulated per channel
  *               on the fp32 cache = the int2-kivi cache within 1e-4 relative (the same decoded
  *               values, attention summing them in another order), per token differs from it
@@ -225,6 +226,14 @@ static void test_eval_modes(const kv_model *m, const int *ids)
     double naive = ppl_of(m, spec, ids, N, (kv_ppl_opts){128, 1, 1, 0, NULL, NULL}, NULL);
     double slide = ppl_of(m, spec, ids, N, (kv_ppl_opts){128, 64, 0, 0, NULL, NULL, 1, 1}, NULL);
     KV_CHECK(fabs(slide - naive) <= 1e-9 * naive, "recompute %.12f vs naive %.12f", slide, naive);
+    /* every 8th token: the same subsample in each mode (stream index, across stride windows) */
+    double sub[3] = {ppl_of(m, spec, ids, 300, (kv_ppl_opts){128, 1, 1, 0, NULL, NULL, 0, 8}, NULL),
+                     ppl_of(m, spec, ids, 300, (kv_ppl_opts){128, 64, 0, 0, NULL, NULL, 0, 8}, NULL),
+                     ppl_of(m, kv_cache_spec_default(1, 300), ids, 300,
+                            (kv_ppl_opts){300, 64, 0, 0, NULL, NULL, 1, 8}, NULL)};
+    KV_CHECK(fabs(sub[1] - sub[0]) <= 1e-6 * sub[0], "every 8: cached %.9f vs naive %.9f", sub[1], sub[0]);
+    KV_CHECK(sub[2] != sub[0] && fabs(sub[2] - sub[0]) < 0.5 * sub[0],
+             "every 8: recompute windows of 300 %.9f vs stride windows of 128 %.9f", sub[2], sub[0]);
 
     /* a reference: KL and agreement */
     kv_backend *b = NULL, *ref = NULL;

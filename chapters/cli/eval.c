@@ -100,7 +100,7 @@ static int cmd_eval_ppl(int argc, char **argv)
         {"--chunk", KV_OPT_INT, &chunk, 1, 1 << 16, NULL, "C", "cached: tokens per forward step (default 64)", 0},
         {"--mode", KV_OPT_CHOICE, &mode, 0, 0, modes, "M", "cached (default) or naive: recompute every prefix (O(T^2))", 0},
         {"--recompute", KV_OPT_FLAG, &recompute, 0, 0, NULL, NULL, "every token predicted from a fresh prefill of the T-1 tokens before it (StreamingLLM's recompute baseline)", 0},
-        {"--every", KV_OPT_INT, &every, 1, 1 << 20, NULL, "S", "with --recompute: predict every S-th token only (default 1)", 0},
+        {"--every", KV_OPT_INT, &every, 1, 1 << 20, NULL, "S", "score only the tokens t with t % S == 0 (default 1: all); the same subsample in every mode", 0},
         {"--limit", KV_OPT_I64, &limit, 0, 1 << 30, NULL, "N", "score the first N tokens only (default: all)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache: fp32 (default), a storage format, or a chapter 09 method (as kvlab needle --cache)", 0},
         {"--kl", KV_OPT_FLAG, &kl, 0, 0, NULL, NULL, "also run the exact fp32 cache: mean KL(exact || this) and top-1 agreement", 0},

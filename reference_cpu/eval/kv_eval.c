@@ -51,16 +51,19 @@ typedef struct {
     long done, agree;
 } ppl_sums;
 
-/* One window w [len] from position 0: the NLL of w[1..len) (and KL, agreement) into *a. */
-static int run_window(kv_backend *b, const int *w, int len, const kv_ppl_opts *o, float *logits,
-                      float *ref_logits, ppl_sums *a, long total, kv_err *err)
+/* One window w [len] from position 0, token base of the stream: the NLL of w[1..len) (and KL,
+ * agreement) into *a, for the targets whose stream index is a multiple of o->every. */
+static int run_window(kv_backend *b, const int *w, int len, long base, const kv_ppl_opts *o,
+                      float *logits, float *ref_logits, ppl_sums *a, long total, kv_err *err)
 {
     const int vocab = b->config->vocab_size;
     const int chunk = o->chunk > 0 ? o->chunk : 64;
+    const long every = o->every > 0 ? o->every : 1;
     int st;
     if (o->naive) {
         /* chapter 01: the prefix w[0..t) recomputed from scratch predicts w[t] */
         for (int t = 1; t < len; t++) {
+            if ((base + t) % every) continue;
             b->reset(b, 0);
             kv_seq s = {0, 0, t, w, NULL};
             if ((st = b->forward(b, &s, 1, logits, NULL, err))) return st;
@@ -84,14 +87,15 @@ static int run_window(kv_backend *b, const int *w, int len, const kv_ppl_opts *o
             if ((st = o->ref->forward(o->ref, &r, 1, NULL, NULL, err))) return st;
         }
         for (int j = 0; j < k; j++) {
+            if ((base + pos + j + 1) % every) continue;
             const float *row = logits + (size_t)j * vocab;
             a->nll += token_nll(row, vocab, w[pos + j + 1]);
+            a->done++;
             if (!o->ref) continue;
             const float *ref_row = ref_logits + (size_t)j * vocab;
             a->kl += token_kl(ref_row, row, vocab);
             a->agree += argmax(ref_row, vocab) == argmax(row, vocab);
         }
-        a->done += k;
         if (o->progress) o->progress(o->ctx, a->done, total);
     }
     return KV_OK;
@@ -156,7 +160,8 @@ int kv_eval_ppl(kv_backend *b, const int *tokens, long n, const kv_ppl_opts *o,
         /* windows start at 0, T-1, 2(T-1), ...: each predicts up to T - 1 new tokens */
         for (long s = 0; s < n - 1 && !st; s += T - 1) {
             int len = (int)(n - s < T ? n - s : T);
-            st = run_window(b, tokens + s, len, o, logits, ref_logits, &a, n - 1, err);
+            st = run_window(b, tokens + s, len, s, o, logits, ref_logits, &a,
+                            (n - 1) / (o->every > 0 ? o->every : 1), err);
             windows++;
         }
     }

@@ -20,7 +20,8 @@
  *           slide = 1): each predicted token t gets a fresh prefill of the T - 1 tokens before
  *           it (fewer at the start), so every token sees exactly a window of context and the
  *           positions are always 0 .. T-2. O(n T) tokens of work: @c every predicts only the
- *           tokens t with t % every == 0, a uniform subsample of the stream.
+ *           tokens t with t % every == 0, a uniform subsample of the stream (and the other
+ *           modes score the same subsample with the same @c every, to compare on it).
  *   reference  with @c ref, a second backend (normally the exact fp32 cache) runs the same
  *           steps; the result adds the mean KL(ref || b) per token and the fraction of tokens
  *           whose argmax agrees (cached mode only).
@@ -45,7 +46,8 @@ typedef struct {
     void *ctx;
     /* appended last: positional initializers of the fields above leave these 0 */
     int slide;        /**< 1: recompute mode (needs window T >= 2) */
-    int every;        /**< recompute mode: predict tokens t % every == 0 only (0 = 1) */
+    int every;        /**< score only the tokens t with t % every == 0 (0 = 1: all), in every
+                       *   mode: the same subsample of the stream for each */
     kv_backend *ref;  /**< reference backend for KL and top-1 agreement, or NULL */
     /** Called before each cached forward step of a window (may be NULL): the step will feed
      * positions pos .. pos+n-1 to slot 0 of b (kv_probe.h's KIVI emulation edits the cache
