@@ -339,6 +339,10 @@ static void test_cli(const char *datasets)
     char cmd[PATH_MAX + 256];
     CLI_BAD("kjv.bin|corrupt or truncated|SHA-256", "generate", "--model", "trained");
     CLI_BAD("kjv.bin|corrupt or truncated", "eval", "ppl", "--model", "trained");
+    CLI_BAD("kjv.bin|corrupt or truncated", "eval", "mass");
+    /* the probes read the files their options name, not the shipped ones */
+    CLI_BAD("nothing.bin", "eval", "keys", "--model", "nothing.bin", "--tokenizer", "t.bin",
+            "--text", "t.txt");
     snprintf(cmd, sizeof cmd, "truncate -s -4 '%s/datasets/models/kjv.bin'", dir);
     copy_models(cmd);
     CLI_BAD("kjv.bin|corrupt or truncated", "generate", "--model", "trained");

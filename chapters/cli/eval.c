@@ -233,14 +233,15 @@ static double median_of(double *v, int n)
 /* kvlab eval keys / mass: parse, load, and the stretch n (--tokens, else seq_len, else the
  * text). KV_EXIT_OK with *in loaded, -1 after --help, else the exit code (*in freed). */
 static int probe_begin(const char *cmd, const char *help, int argc, char **argv, kv_opt *opts,
-                       int n_opts, const char *const paths[3], const int *tokens,
+                       int n_opts, const char *const *paths[3], const int *tokens,
                        eval_inputs *in, int *n)
 {
     memset(in, 0, sizeof *in);
     int r = kv_args_parse(cmd, help, argc, argv, opts, n_opts);
     if (r == KV_ARGS_HELP) return -1;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
-    int rc = inputs_load(cmd, paths[0], paths[1], paths[2], in);
+    /* paths point at the option variables: read after parsing */
+    int rc = inputs_load(cmd, *paths[0], *paths[1], *paths[2], in);
     if (rc) {
         inputs_free(in);
         return rc;
@@ -261,7 +262,7 @@ static int cmd_eval_keys(int argc, char **argv)
                             "Mean |K| of every channel of every layer and KV head over the first N\n"
                             "tokens of a text, before RoPE and after it (what the cache stores).",
                             argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
-                            (const char *const[]){model_path, tok_path, text_path}, &tokens, &in, &n);
+                            (const char *const *[]){&model_path, &tok_path, &text_path}, &tokens, &in, &n);
     if (rc) return rc < 0 ? KV_EXIT_OK : rc;
     const kv_config *cfg = &in.m.config;
     const int L = cfg->n_layers, Hkv = cfg->n_kv_heads, d = kv_config_head_dim(cfg);
@@ -316,7 +317,7 @@ static int cmd_eval_mass(int argc, char **argv)
                             "probability each position receives, summed over every later query row\n"
                             "and every head, over N x H (chapter 09's H2O state, nothing evicted).",
                             argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
-                            (const char *const[]){model_path, tok_path, text_path}, &tokens, &in, &n);
+                            (const char *const *[]){&model_path, &tok_path, &text_path}, &tokens, &in, &n);
     if (rc) return rc < 0 ? KV_EXIT_OK : rc;
     const kv_config *cfg = &in.m.config;
     const int L = cfg->n_layers;
