@@ -98,10 +98,11 @@ set ylabel 'share of all attention (log)'
 set logscale y
 set xrange [0:63]
 set key right top
-even(p) = sum [t=p:511] 1.0 / (t + 1) / 512
+set samples 64
+even(p) = sum [t=int(p):511] 1.0 / (t + 1) / 512
 f = '${OUT}/ch06-trained-mass.csv'
 plot for [l=0:3] f every ::1 using (\$1 == l ? \$2 : 1/0):3 with linespoints pt 7 ps 0.5 lw 1.5 title sprintf('layer %d', l), \\
-     [0:63] even(x) with lines dt 2 lw 2 lc rgb 'black' title 'even causal attention'
+     '+' using 1:(even(\$1)) with lines dt 2 lw 2 lc rgb 'black' title 'even causal attention'
 ")
 
 # ---- chapter 09: perplexity against the budget per method ---------------------------------------
@@ -111,8 +112,8 @@ plot for [l=0:3] f every ::1 using (\$1 == l ? \$2 : 1/0):3 with linespoints pt 
 message(STATUS "figures: chapter 09 on the trained model: 25 eval ppl runs (a few minutes)")
 file(REMOVE ${OUT}/ch09-trained.csv)
 kv_ppl(${OUT}/ch09-trained.csv exact --limit 4096 --chunk 1)
-foreach(r 0.1 0.2 0.3 0.5)
-  foreach(m l2-large l2-small h2o snapkv quest topk)
+foreach(m l2-large l2-small h2o snapkv quest topk) # a method's rows together: gnuplot's lines
+  foreach(r 0.1 0.2 0.3 0.5)
     set(spec ${m}/r${r})
     set(chunk 1)
     if(m STREQUAL "snapkv")
@@ -127,13 +128,13 @@ endforeach()
 kv_plot(ch09-trained-budget "
 set title 'Chapter 09: perplexity vs budget, trained model, 4096 held-out tokens in windows of 512' noenhanced
 set xlabel 'budget: share of the positions seen kept (evicting) or read (quest, topk)' noenhanced
-set ylabel 'perplexity (log)'
-set logscale y
+set ylabel 'perplexity'
 set xrange [0.05:0.55]
 set key right top
 f = '${OUT}/ch09-trained.csv'
 budget(c) = real(substr(c, strstrt(c, '/r') + 2, strstrt(c, '/r') + 4))
-plot for [m in 'l2-large l2-small h2o snapkv quest topk'] f every ::1 using (strcol(1) eq m ? budget(strcol(8)) : 1/0):11 with linespoints lw 2 pt 7 title m, \\
+M = 'l2-large l2-small h2o snapkv quest topk'
+plot for [i=1:6] f every ::1 using (strcol(1) eq word(M, i) ? budget(strcol(8)) : 1/0):11 with linespoints lw 2 pt 7 title word(M, i), \\
      f every ::1 using (strcol(1) eq 'exact' ? 0.05 : 1/0):11:(0.5):(0) with vectors nohead dt 2 lw 2 lc rgb 'black' title 'exact cache'
 ")
 
