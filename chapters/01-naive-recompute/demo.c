@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "kv_config.h"
+#include "kv_generate.h"
 #include "measure.h"
 
 #define CH01_MODEL "tiny"
@@ -20,6 +21,40 @@
 #define CH01_STEPS_EMULATED 32 /* --device cuda in the emulation build, and tour --quick */
 #define CH01_REPEATS 3
 #define CH01_EVERY 16 /* table rows: every 16th step, and the last */
+
+/* What the naive loop recomputes: the key of one early position, read from the cache after
+ * step CH01_KEY_STEP and again after the next step, each of which ran the whole prefix from
+ * position 0. They are the same floats, bit for bit (on the CPU backend, whose cache a demo
+ * can read): the work chapter 02's cache keeps instead of redoing. */
+#define CH01_KEY_STEP 7
+#define CH01_KEY_POS 5
+static int same_key_twice(FILE *f, const kv_model *m, const int *prompt, kv_err *err)
+{
+    const kv_config *c = &m->config;
+    const int d = kv_config_head_dim(c), layer = c->n_layers - 1;
+    float key[2][512]; /* [2][d], d <= 512 */
+    if (d > 512) return KV_OK;
+    kv_cache_spec spec = kv_cache_spec_default(1, CH01_PROMPT + CH01_KEY_STEP + 1);
+    int out[CH01_KEY_STEP + 1];
+    for (int run = 0; run < 2; run++) {
+        kv_backend *cpu = NULL;
+        int st = kv_backend_cpu(&cpu, m, &spec, err);
+        if (st) return st;
+        kv_gen_opts o = {.mode = KV_MODE_NAIVE, .n_steps = CH01_KEY_STEP + run};
+        st = kv_generate(cpu, prompt, CH01_PROMPT, &o, out, NULL, err);
+        if (!st)
+            memcpy(key[run], kv_cache_k(kv_backend_cpu_cache(cpu), layer, 0, 0) +
+                                 (size_t)CH01_KEY_POS * d, (size_t)d * sizeof(float));
+        kv_backend_destroy(cpu);
+        if (st) return st;
+    }
+    const int same = memcmp(key[0], key[1], (size_t)d * sizeof(float)) == 0;
+    fprintf(f, "\nthe key of position %d (layer %d, KV head 0, %d floats), computed from scratch by "
+               "step %d and again by step %d:\n  bit-identical: %s (the rows a naive step "
+               "recomputes are the ones the step before computed)\n",
+            CH01_KEY_POS, layer, d, CH01_KEY_STEP - 1, CH01_KEY_STEP, same ? "yes" : "no");
+    return same ? KV_OK : -1; /* a check of the tour: it fails if this does not hold */
+}
 
 int kv_demo_ch01(const kv_demo_ctx *ctx, kv_err *err)
 {
@@ -93,6 +128,7 @@ int kv_demo_ch01(const kv_demo_ctx *ctx, kv_err *err)
     fprintf(f, "  (FLOPs and KV bytes are counted from the shapes, kv_counters_add_step; only time is\n"
                "   measured. FLOPs: 2 per multiply-add; proj = Q,K,V,O, MLP and classifier, attn = 4*L*H*d per\n"
                "   (query, key) pair; KV bytes = L*2*H_kv*d*4 per token written or per pair read)\n");
+    st = same_key_twice(f, &m, prompt, err);
 done:
     kv_run_log_free(&log);
     if (b) kv_backend_destroy(b);
