@@ -347,6 +347,28 @@ int kvcu_flash_time(int version, const kvcu_flash_job *j, float *scratch, int re
  * @p repeats after a warm-up, in *bytes_per_s.
  */
 int kvcu_read_bandwidth(size_t bytes, int repeats, double *bytes_per_s, kv_err *err);
+/**
+ * The device's copy bandwidth: a kernel copies a buffer of @p bytes (16-byte vectors; 0 =
+ * 1 GiB) to another, device to device, timed as kvcu_read_bandwidth(); *bytes_per_s counts
+ * the bytes read and the bytes written (2 · bytes per copy).
+ */
+int kvcu_copy_bandwidth(size_t bytes, int repeats, double *bytes_per_s, kv_err *err);
+/** Median of @p repeats CUDA-event-timed calls of fn(arg) (work issued to the default
+ * stream) after one warm-up call, in *seconds; fn's failure status is returned as is. */
+int kvcu_time_calls(int (*fn)(void *arg, kv_err *err), void *arg, int repeats, double *seconds,
+                    kv_err *err);
+/**
+ * The engine's decode attention of a batch, as kvcu_forward() runs it (one launch: v2 while
+ * every row reads one 512-position partition, v3 beyond): row b is the query q[b] [H][d] of
+ * slot slots[b] at position pos[b] (slots, pos: device [B]), out [B][H][d] device. @p scratch:
+ * kvcu_decode_batch_scratch() floats of device memory; @p max_len: the most positions a row
+ * reads. Returns once the launch is issued.
+ */
+int kvcu_decode_batch(const kvcu_cache *c, int layer, const int *slots, const int *pos,
+                      const float *q, float *out, float *scratch, int B, int n_heads,
+                      int max_len, kv_err *err);
+/** Floats of scratch kvcu_decode_batch() needs for @p B rows of @p n_heads heads. */
+size_t kvcu_decode_batch_scratch(const kvcu_cache *c, int B, int n_heads);
 
 #ifdef __cplusplus
 }

@@ -273,6 +273,9 @@ static int case_open(attn_case *k, int H, int Hkv, int d, int dtype, int64_t n, 
     k->q = kv_calloc(qn * 4);
     k->out = kv_calloc(qn * 4);
     float *kk = kv_calloc(cn * 4), *vv = kv_calloc(cn * 4);
+#ifdef KV_HAVE_CUDA
+    float *dkk = NULL, *dvv = NULL; /* [chunk][H_kv][d] device staging */
+#endif
     if (!k->q || !k->out || !kk || !vv) e = kv_fail(err, KV_ERR_NOMEM, "bench attention: buffers");
     kv_rng r;
     kv_rng_seed(&r, 808 + (uint64_t)n);
@@ -283,11 +286,19 @@ static int case_open(attn_case *k, int H, int Hkv, int d, int dtype, int64_t n, 
         for (size_t i = 0; i < (size_t)m * Hkv * d; i++) kk[i] = kv_rng_uniform(&r, -1.0f, 1.0f);
         for (size_t i = 0; i < (size_t)m * Hkv * d; i++) vv[i] = kv_rng_uniform(&r, -1.0f, 1.0f);
         e = kv_cache_write_seq(&k->c, 0, 0, (int)p, m, kk, vv, err);
-#ifdef KV_HAVE_CUDA
+#ifdef KV_HAVE_CUDA /* the device cache writes from device memory */
         if (!e && gpu && !k->g) e = kvcu_cache_create(&k->g, g, &s, err);
-        if (!e && gpu) e = kvcu_cache_write_seq(k->g, 0, 0, (int)p, m, kk, vv, err);
+        if (!e && gpu && !dkk) e = kvcu_malloc((void **)&dkk, cn * 4, err);
+        if (!e && gpu && !dvv) e = kvcu_malloc((void **)&dvv, cn * 4, err);
+        if (!e && gpu) e = kvcu_upload(dkk, kk, (size_t)m * Hkv * d * 4, err);
+        if (!e && gpu) e = kvcu_upload(dvv, vv, (size_t)m * Hkv * d * 4, err);
+        if (!e && gpu) e = kvcu_cache_write_seq(k->g, 0, 0, (int)p, m, dkk, dvv, err);
 #endif
     }
+#ifdef KV_HAVE_CUDA
+    kvcu_free(dkk);
+    kvcu_free(dvv);
+#endif
     k->c.len[0] = (int)n;
 #ifdef KV_HAVE_CUDA
     if (!e && gpu) e = kvcu_malloc((void **)&k->dq, qn * 4, err);
@@ -375,10 +386,14 @@ static int only_valid(const char *only, const char **bad, size_t *bad_len);
 int cmd_bench_attention(int argc, char **argv)
 {
     const char *cmd = "kvlab bench attention";
+#ifdef KV_HAVE_CUDA /* the device's own sweep (bench_cuda.c), unless the comparison is asked */
+    if (strcmp(kv_cli_device_arg(argc, argv), "cpu") && !kv_cli_has_flag(argc, argv, "--compare"))
+        return cmd_bench_attention_cuda(argc, argv);
+#endif
     const char *device = "cpu", *dtype_s = "fp32";
     const char *decode_s = "1024,4096,16384,65536", *prefill_s = "1024,4096", *only = NULL;
     int H = 32, Hkv = 8, d = 128, pH = 8, pHkv = 2, repeats = 5, prepeats = 3;
-    int splits = 16, tile_q = 64, tile_k = 64, csv = 0, loops = 0;
+    int splits = 16, tile_q = 64, tile_k = 64, csv = 0, loops = 0, compare = 0;
     kv_opt opts[] = {
         {"--heads", KV_OPT_INT, &H, 1, 256, NULL, "H", "decode: query heads (default 32)", 0},
         {"--kv-heads", KV_OPT_INT, &Hkv, 1, 256, NULL, "H_kv", "decode: KV heads, dividing H (default 8: G = 4)", 0},
@@ -393,7 +408,8 @@ int cmd_bench_attention(int argc, char **argv)
         {"--tile-k", KV_OPT_INT, &tile_k, 1, 4096, NULL, "K", "tiled and split: keys per tile (default 64)", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "decode: timed calls per row after a warm-up (default 5)", 0},
         {"--prefill-repeats", KV_OPT_INT, &prepeats, 1, 64, NULL, "R", "prefill: timed calls per row (default 3)", 0},
-        {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cpu, or cuda: the CPU rows and kernel versions v1..v4 (default cpu)", 0},
+        {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cpu (default), or cuda: every decode kernel of the device (kvlab bench attention --device cuda --help)", 0},
+        {"--compare", KV_OPT_FLAG, &compare, 0, 0, NULL, NULL, "with --device cuda: these rows and the kernel versions v1..v4 of chapter 08 instead", 0},
         {"--loops", KV_OPT_FLAG, &loops, 0, 0, NULL, NULL, "the engine row with the portable loops, not the AVX2 twins (kv_attn_simd(0); the same bits)", 0},
         {"--only", KV_OPT_STRING, &only, 0, 0, NULL, "NAMES", "rows to run, comma-separated words of their names: engine, naive, tiled, split, v1..v4 (default: all)", 0},
         {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows", 0},

@@ -19,6 +19,17 @@ int cmd_bench_paged(int argc, char **argv);
 /** `bench attention` (bench_attention.c): naive vs tiled vs split-KV attention (chapter 08). */
 int cmd_bench_attention(int argc, char **argv);
 
+/** The device benches (bench_cuda.c, CUDA builds): `bench attention --device cuda` (every decode
+ * kernel: B sequences of N tokens, per layout and format, against the same run's device
+ * bandwidth) and `bench engine --device cuda` (whole-model decoding on the GPU). */
+int cmd_bench_attention_cuda(int argc, char **argv);
+int cmd_bench_engine_cuda(int argc, char **argv);
+/** The value of --device in argv ("--device X" or "--device=X"), "cpu" when absent: lets a
+ * bench hand a device run to its own parser before parsing its own options. */
+const char *kv_cli_device_arg(int argc, char **argv);
+/** 1 when @p flag is one of argv's words. */
+int kv_cli_has_flag(int argc, char **argv, const char *flag);
+
 /** `bench swap` (bench_swap.c): swap vs recompute by sequence length (chapter 07). */
 int cmd_bench_swap(int argc, char **argv);
 

@@ -145,7 +145,10 @@ static int run_config(const engine_cfg *e, const char *cache, int repeats, int c
 int cmd_bench_engine(int argc, char **argv)
 {
     const char *cmd = "kvlab bench engine";
-    const char *which = "small", *cache = "fp32";
+#ifdef KV_HAVE_CUDA /* the model on the GPU: its own options (bench_cuda.c) */
+    if (strcmp(kv_cli_device_arg(argc, argv), "cpu")) return cmd_bench_engine_cuda(argc, argv);
+#endif
+    const char *which = "small", *cache = "fp32", *device = "cpu";
     int ignore_load = 0;
     int repeats = 0, tokens = 0, dim = 0, layers = 0, heads = 0, hidden = 0, vocab = 0, seq = 0;
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
@@ -162,6 +165,7 @@ int cmd_bench_engine(int argc, char **argv)
         {"--vocab", KV_OPT_INT, &vocab, 2, 1 << 24, NULL, "V", "vocabulary (override)", 0},
         {"--seq-len", KV_OPT_INT, &seq, 1, 1 << 24, NULL, "S", "cache capacity (override; >= tokens)", 0},
         KV_CLI_THREADS_OPT(threads),
+        {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cpu (default), or cuda: the model on the GPU (kvlab bench engine --device cuda --help)", 0},
     };
     int r = kv_args_parse(cmd,
                           "Greedy decoding of random-weight llama2.c-format models, one token per step,\n"
@@ -173,6 +177,7 @@ int cmd_bench_engine(int argc, char **argv)
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
+    if (strcmp(device, "cpu")) return kv_cli_check_device(cmd, device); /* no CUDA build */
     const int custom = tokens || dim || layers || heads || hidden || vocab || seq;
     int st = KV_OK, missed = 0, ran = 0;
     kv_err err = {{0}};

@@ -120,8 +120,8 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
         e = cudaMemcpy(c->d_fmt, c->fmt, (size_t)L * sizeof(int), cudaMemcpyHostToDevice);
     if (e != cudaSuccess) {
         kvcu_cache_free(c);
-        return kv_fail(err, e == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE,
-                       "kvcu_cache_create: %s", cudaGetErrorString(e));
+        return kv_fail(err, KVCU_STATUS(kvcu_clear_error(e)), "kvcu_cache_create: %s",
+                       cudaGetErrorString(e));
     }
     st = kvcu_cache_window_create(c, cfg, err); /* chapter 06: KV_POS_CACHE's rotations */
     if (st) {
@@ -237,15 +237,18 @@ int kvcu_cache_write_seq(kvcu_cache *c, int layer, int slot, int pos, int n, con
         h[i] = slot;
         h[n + i] = pos + i;
     }
-    cudaError_t e = cudaMalloc(&dv, 2 * (size_t)n * sizeof(int));
-    if (e == cudaSuccess) e = cudaMemcpy(dv, h, 2 * (size_t)n * sizeof(int), cudaMemcpyHostToDevice);
+    int rc = kvcu_device_alloc((void **)&dv, 2 * (size_t)n * sizeof(int), err);
+    cudaError_t e = rc ? cudaSuccess
+                       : cudaMemcpy(dv, h, 2 * (size_t)n * sizeof(int), cudaMemcpyHostToDevice);
     free(h);
+    if (rc) return rc;
     if (e != cudaSuccess) {
         cudaFree(dv);
-        return kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_write_seq: %s", cudaGetErrorString(e));
+        return kv_fail(err, KVCU_STATUS(kvcu_clear_error(e)), "kvcu_cache_write_seq: %s",
+                       cudaGetErrorString(e));
     }
-    int rc = kvcu_cache_write(c, layer, &s, 1, dv, dv + n, k, v, n, err);
-    e = cudaFree(dv); /* waits for the kernels */
+    rc = kvcu_cache_write(c, layer, &s, 1, dv, dv + n, k, v, n, err);
+    e = kvcu_clear_error(cudaFree(dv)); /* waits for the kernels */
     if (!rc && e != cudaSuccess)
         rc = kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_write_seq: %s", cudaGetErrorString(e));
     return rc;

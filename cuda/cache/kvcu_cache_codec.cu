@@ -2,64 +2,39 @@
  * Chapter 04's part of the device cache: the row codec, kv_cache_codec.c's twin. The kernels
  * here encode token rows into the rows the locator gives, with the bytes the CPU writes.
  *
- * cache_write_kernel: one block per (new token, kv head, K or V). fp32 copies; fp16, bf16
- *   and fp8 convert each element with the device's native types (cuda_fp16.h, cuda_bf16.h,
- *   cuda_fp8.h: round to nearest even, fp8 saturating, the bits kv_quant_math.h's software
- *   conversions give); int8 gives each group of G channels a warp: a shuffle max gives the
- *   amax, lane 0 writes s = amax / 127, every lane its codes (kvq_int8_encode(), the CPU's
- *   line). A window's ring row written twice in one launch keeps the later token, as on the
+ * cache_write_kernel: one block per (new token, kv head, K or V), each element or group
+ *   encoded by kvcu_quant_math.cuh, the encoders of kvcu_quant.cu: fp32 copies; fp16, bf16
+ *   and fp8 convert each element with the device's native types (the bits
+ *   kv_quant_math.h's software conversions give); int8 gives each group of G channels a
+ *   warp: a shuffle max gives the amax, lane 0 writes s = amax / 127, every lane its codes
+ *   (kvq_int8_encode(), the CPU's line). A window's ring row written twice in one launch keeps the later token, as on the
  *   CPU.
  * cache_write_slots_kernel: the same rows through a flat slot mapping (chapter 05).
  * fp8_calibrate_kernel: one block per prefilled sequence: each head's amax over the chunk
  *   (non-finite values skipped), then amax / max per head or the max over heads.
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <stdint.h>
 
 #include "kv_quant.h"
 #include "kvcu_cache_internal.cuh"
+#include "kvcu_quant_math.cuh"
 
 /* The whole block writes row x [d] into pool or slot row prow of head rhead of plane p, in
- * format fmt (not KIVI): int8 groups one warp each, the other formats one element a thread.
- * Shared by the position writes and the slot-mapping writes. */
+ * format fmt (not KIVI), with kvcu_quant.cu's encoders (kvcu_quant_math.cuh): int8 groups one
+ * warp each, the other formats one element a thread. Shared by the position writes and the
+ * slot-mapping writes. */
 static __device__ void write_row(int fmt, const kv_cache_plane *p, int64_t rhead, int rows,
-                          int64_t prow, const float *x, float scale, int d)
+                                 int64_t prow, const float *x, float scale, int d)
 {
     uint8_t *row = p->codes + (rhead * rows + prow) * p->row_bytes;
     if (kvq_is_int8(fmt)) {
         const int g = kvq_row_group(fmt, KV_QROLE_VALUE, d), ng = d / g;
-        const int lane = threadIdx.x % KV_WARP, warp = threadIdx.x / KV_WARP;
         float *meta = (float *)p->meta + rhead * p->meta_entries + prow * ng;
-        for (int gi = warp; gi < ng; gi += blockDim.x / KV_WARP) {
-            const float *xg = x + gi * g;
-            float amax = 0.0f, bad = 0.0f;
-            for (int i = lane; i < g; i += KV_WARP) {
-                bad = fmaxf(bad, kvq_nonfinite(xg[i]) ? 1.0f : 0.0f);
-                amax = fmaxf(amax, fabsf(xg[i]));
-            }
-            bad = kv_warp_max(bad);
-            amax = kv_warp_max(amax);
-            const float s = bad > 0.0f ? kvq_bits_f32(KVQ_F32_NAN) : kvq_int8_scale(amax);
-            if (lane == 0) meta[gi] = s;
-            for (int i = lane; i < g; i += KV_WARP)
-                row[gi * g + i] = bad > 0.0f ? 0 : (uint8_t)kvq_int8_encode(xg[i], s);
-        }
+        for (int gi = threadIdx.x / KV_WARP; gi < ng; gi += blockDim.x / KV_WARP)
+            kvcu_encode_group(fmt, x + gi * g, 1, g, meta + gi, row + gi * g, 1);
         return;
     }
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        const float xv = x[j];
-        switch (fmt) {
-        case KV_QF_F32: ((float *)row)[j] = xv; break;
-        case KV_QF_F16: ((unsigned short *)row)[j] = __half_as_ushort(__float2half_rn(xv)); break;
-        case KV_QF_BF16:
-            ((unsigned short *)row)[j] = __bfloat16_as_ushort(__float2bfloat16_rn(xv));
-            break;
-        case KV_QF_FP8_E4M3: row[j] = __nv_fp8_e4m3(__fdiv_rn(xv, scale)).__x; break;
-        case KV_QF_FP8_E5M2: row[j] = __nv_fp8_e5m2(__fdiv_rn(xv, scale)).__x; break;
-        }
-    }
+    for (int j = threadIdx.x; j < d; j += blockDim.x) kvcu_encode_float(fmt, row, j, x[j], scale);
 }
 
 /* Block (t, h, r): row h of token t's keys (r = 0) or values (r = 1) into its plane, in a

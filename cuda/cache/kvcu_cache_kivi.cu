@@ -70,7 +70,7 @@ int kvcu_cache_kivi_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_se
             cudaFree(c->stage);
             c->stage = NULL;
             c->stage_bytes = 0;
-            KV_CUDA_TRY(cudaMalloc(&c->stage, need), err);
+            KVCU_ALLOC_TRY(&c->stage, need, err);
             c->stage_bytes = need;
         }
         dim3 grid(rows, Hkv, 2);

@@ -151,7 +151,7 @@ int kvcu_cache_copy_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, kv_
         cudaFree(c->d_pairs);
         c->d_pairs = NULL;
         c->pairs_cap = 0;
-        KV_CUDA_TRY(cudaMalloc(&c->d_pairs, (size_t)n * sizeof(kv_block_copy)), err);
+        KVCU_ALLOC_TRY(&c->d_pairs, (size_t)n * sizeof(kv_block_copy), err);
         c->pairs_cap = n;
     }
     KV_CUDA_TRY(cudaMemcpy(c->d_pairs, pairs, (size_t)n * sizeof(kv_block_copy),
@@ -281,7 +281,7 @@ static int block_io_prepare(kvcu_cache *c, const kv_block_copy *pairs, int n, co
         cudaFree(c->d_pairs);
         c->d_pairs = NULL;
         c->pairs_cap = 0;
-        KV_CUDA_TRY(cudaMalloc(&c->d_pairs, (size_t)n * sizeof(kv_block_copy)), err);
+        KVCU_ALLOC_TRY(&c->d_pairs, (size_t)n * sizeof(kv_block_copy), err);
         c->pairs_cap = n;
     }
     KV_CUDA_TRY(cudaMemcpy(c->d_pairs, pairs, (size_t)n * sizeof(kv_block_copy),
@@ -314,7 +314,7 @@ int kvcu_cache_read_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, uin
     int rc = block_io_prepare(c, pairs, n, host, block_bytes, 1, "kvcu_cache_read_blocks", err);
     if (rc || n == 0) return rc;
     uint8_t *stage = NULL; /* [n][block_bytes] */
-    KV_CUDA_TRY(cudaMalloc(&stage, (size_t)n * block_bytes), err);
+    KVCU_ALLOC_TRY(&stage, (size_t)n * block_bytes, err);
     dim3 grid(n, 2 * c->n_layers, c->n_kv_heads);
     KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, 0, c->d_pairs, c->d_planes, c->d_fmt,
               c->n_layers, c->n_kv_heads, c->rows, c->spec.layout.block_size, c->head_dim, stage,
@@ -333,7 +333,7 @@ int kvcu_cache_write_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n,
     int rc = block_io_prepare(c, pairs, n, host, block_bytes, 0, "kvcu_cache_write_blocks", err);
     if (rc || n == 0) return rc;
     uint8_t *stage = NULL; /* [n][block_bytes] */
-    KV_CUDA_TRY(cudaMalloc(&stage, (size_t)n * block_bytes), err);
+    KVCU_ALLOC_TRY(&stage, (size_t)n * block_bytes, err);
     cudaError_t e = copy_runs(stage, (uint8_t *)host, pairs, n, block_bytes, 0, 0);
     if (e == cudaSuccess) {
         dim3 grid(n, 2 * c->n_layers, c->n_kv_heads);
@@ -443,7 +443,7 @@ static int io_job_take(kvcu_io *io, int n, size_t block_bytes, kvcu_io_job **out
         cudaFree(j->stage);
         j->stage = NULL;
         j->stage_cap = 0;
-        KV_CUDA_TRY(cudaMalloc(&j->stage, bytes), err);
+        KVCU_ALLOC_TRY(&j->stage, bytes, err);
         j->stage_cap = bytes;
     }
     if (n > j->pairs_cap) {
@@ -452,7 +452,7 @@ static int io_job_take(kvcu_io *io, int n, size_t block_bytes, kvcu_io_job **out
         j->d_pairs = NULL;
         j->h_pairs = NULL;
         j->pairs_cap = 0;
-        KV_CUDA_TRY(cudaMalloc(&j->d_pairs, (size_t)n * sizeof(kv_block_copy)), err);
+        KVCU_ALLOC_TRY(&j->d_pairs, (size_t)n * sizeof(kv_block_copy), err);
         KV_CUDA_TRY(cudaHostAlloc(&j->h_pairs, (size_t)n * sizeof(kv_block_copy),
                                   cudaHostAllocDefault), err);
         j->pairs_cap = n;
@@ -530,15 +530,15 @@ int kvcu_cache_write_slots(kvcu_cache *c, int layer, const int64_t *slots, int n
                            "outside the pool's %d rows", i, (long long)slots[i], c->rows);
     if (n == 0) return KV_OK;
     int64_t *ds = NULL; /* [n] the mapping, on the device */
-    cudaError_t e = cudaMalloc(&ds, (size_t)n * sizeof(int64_t));
-    if (e == cudaSuccess) e = cudaMemcpy(ds, slots, (size_t)n * sizeof(int64_t), cudaMemcpyHostToDevice);
+    KVCU_ALLOC_TRY(&ds, (size_t)n * sizeof(int64_t), err);
+    cudaError_t e = cudaMemcpy(ds, slots, (size_t)n * sizeof(int64_t), cudaMemcpyHostToDevice);
     if (e != cudaSuccess) {
         cudaFree(ds);
-        return kv_fail(err, e == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE,
-                       "kvcu_cache_write_slots: %s", cudaGetErrorString(e));
+        return kv_fail(err, KVCU_STATUS(kvcu_clear_error(e)), "kvcu_cache_write_slots: %s",
+                       cudaGetErrorString(e));
     }
     const int rc = kvcu_cache_encode_slots(c, layer, ds, n, k, v, err);
-    e = cudaFree(ds); /* waits for the kernel */
+    e = kvcu_clear_error(cudaFree(ds)); /* waits for the kernel */
     if (rc) return rc;
     return e == cudaSuccess ? KV_OK
                             : kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_write_slots: %s",

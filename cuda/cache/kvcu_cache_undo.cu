@@ -96,7 +96,7 @@ int kvcu_cache_speculate(kvcu_cache *c, int slot, int max_tokens, kv_err *err)
         cudaFree(u->rows);
         u->rows = NULL;
         u->alloc_bytes = 0;
-        KV_CUDA_TRY(cudaMalloc(&u->rows, bytes), err);
+        KVCU_ALLOC_TRY(&u->rows, bytes, err);
         u->alloc_bytes = bytes;
     }
     u->groups = u->rows + (size_t)c->n_layers * 2 * c->n_kv_heads * max_tokens * u->row_stride;
@@ -138,7 +138,7 @@ int kvcu_cache_undo_rows(kvcu_cache *c, int layer, const kv_seq *s, int t0, cons
                                   undo_row(c, u, layer, kv, h, t), 1);
                     u->copied += (double)(off[1] + off[3]);
                 }
-                if (e != cudaSuccess)
+                if (kvcu_clear_error(e) != cudaSuccess)
                     return kv_fail(err, KV_ERR_DEVICE, "kvcu_cache_write: undo log: %s",
                                    cudaGetErrorString(e));
             }

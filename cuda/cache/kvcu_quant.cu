@@ -34,6 +34,7 @@
 
 #include "kv_quant.h"
 #include "kvcu_internal.cuh"
+#include "kvcu_quant_math.cuh"
 
 #define KVQ_THREADS 128   /* threads of the element kernels and at most per row block */
 #define KVQ_MAX_GRID 4096 /* element kernels loop beyond grid * block elements */
@@ -45,54 +46,11 @@ __global__ void quant_encode_elem_kernel(int fmt, const float *x, int64_t count,
                                          uint8_t *codes)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const float v = x[i];
-        switch (fmt) {
-        case KV_QF_F32: ((float *)codes)[i] = v; break;
-        case KV_QF_F16: ((unsigned short *)codes)[i] = __half_as_ushort(__float2half_rn(v)); break;
-        case KV_QF_BF16:
-            ((unsigned short *)codes)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-            break;
-        case KV_QF_FP8_E4M3: codes[i] = __nv_fp8_e4m3(__fdiv_rn(v, scale)).__x; break;
-        case KV_QF_FP8_E5M2: codes[i] = __nv_fp8_e5m2(__fdiv_rn(v, scale)).__x; break;
-        }
-    }
+         i += (int64_t)gridDim.x * blockDim.x)
+        kvcu_encode_float(fmt, codes, i, x[i], scale);
 }
 
-/* ---- integer formats: the group step shared by rows and keys -------------------------------
- * One warp encodes one group of g values: element i is xg[i * stride], its code goes to
- * q[i * qstride], lane l takes i = l, l + 32, ... Two passes over the group (the second read
- * hits the cache): reduce to amax or min/max, then code. Lane 0 writes the metadata. */
-__device__ inline void encode_group_warp(int fmt, const float *xg, int stride, int g, void *meta,
-                                         uint8_t *q, int qstride)
-{
-    const int lane = threadIdx.x % KV_WARP, bits = kvq_code_bits(fmt);
-    const float limit = kvq_is_kivi(fmt) ? KV_F16_MAX : 3.40282347e38f; /* KIVI: fp16 meta */
-    float amax = 0.0f, mn = INFINITY, mx = -INFINITY, bad = 0.0f;
-    for (int i = lane; i < g; i += KV_WARP) {
-        const float v = xg[i * stride];
-        bad = fmaxf(bad, fabsf(v) <= limit ? 0.0f : 1.0f); /* NaN, inf, out of range */
-        amax = fmaxf(amax, fabsf(v));
-        mn = fminf(mn, v);
-        mx = fmaxf(mx, v);
-    }
-    bad = kv_warp_max(bad); /* every lane reaches the shuffles: the loop sits before them */
-    if (kvq_is_int8(fmt)) {
-        amax = kv_warp_max(amax);
-        const float s = bad > 0.0f ? kvq_bits_f32(KVQ_F32_NAN) : kvq_int8_scale(amax);
-        if (lane == 0) *(float *)meta = s;
-        for (int i = lane; i < g; i += KV_WARP)
-            q[i * qstride] = bad > 0.0f ? 0 : (uint8_t)kvq_int8_encode(xg[i * stride], s);
-    } else {
-        mn = -kv_warp_max(-mn);
-        mx = kv_warp_max(mx);
-        const kv_qsz p = bad > 0.0f ? kvq_asym_poison() : kvq_asym_params(mn, mx, bits);
-        if (lane == 0) *(kv_qsz *)meta = p;
-        const float scale = kvq_f16_to_f32(p.scale), zero = kvq_f16_to_f32(p.zero);
-        for (int i = lane; i < g; i += KV_WARP)
-            q[i * qstride] = bad > 0.0f ? 0 : kvq_asym_encode(xg[i * stride], scale, zero, bits);
-    }
-}
+/* ---- integer formats: a group is kvcu_encode_group() (kvcu_quant_math.cuh) ----------------- */
 
 /* Pack `rows` rows of d one-per-byte codes q [rows][d] into codes [rows][d * bits / 8]. */
 __device__ inline void pack_rows_block(const uint8_t *q, int rows, int d, int bits, uint8_t *codes)
@@ -114,7 +72,7 @@ __global__ void quant_encode_rows_kernel(int fmt, const float *x, int d, int g, 
     const float *xr = x + t * d; /* [d] */
     const int warp = threadIdx.x / KV_WARP, n_warps = blockDim.x / KV_WARP, ng = d / g;
     for (int gi = warp; gi < ng; gi += n_warps) /* whole warps per group: no lane left out */
-        encode_group_warp(fmt, xr + gi * g, 1, g, meta + (t * ng + gi) * 4, q + gi * g, 1);
+        kvcu_encode_group(fmt, xr + gi * g, 1, g, meta + (t * ng + gi) * 4, q + gi * g, 1);
     __syncthreads();
     pack_rows_block(q, 1, d, kvq_code_bits(fmt), codes + t * kvq_row_bytes(fmt, d));
 }
@@ -131,7 +89,7 @@ __global__ void quant_encode_keys_kernel(int fmt, const float *x, int d, uint8_t
     __syncthreads();
     const int warp = threadIdx.x / KV_WARP, n_warps = blockDim.x / KV_WARP;
     for (int c = warp; c < d; c += n_warps) /* channel c: a column, lane = token */
-        encode_group_warp(fmt, tile + c, d + 1, KV_KIVI_GROUP, meta + blk * d + c, q + c, d);
+        kvcu_encode_group(fmt, tile + c, d + 1, KV_KIVI_GROUP, meta + blk * d + c, q + c, d);
     __syncthreads();
     pack_rows_block(q, KV_KIVI_GROUP, d, kvq_code_bits(fmt),
                     codes + blk * KV_KIVI_GROUP * kvq_row_bytes(fmt, d));

@@ -29,27 +29,47 @@
     T *name = (T *)kv_dyn_smem_
 #endif
 
-/** In a function returning a kv_status: on a failed CUDA call, fill err and return. */
+/** A failed runtime call is also recorded as the runtime's last error. Unless it is cleared,
+ * the next launch check (cudaGetLastError() after a launch) reports it again, for a launch
+ * that went well, and a retry after the memory was freed fails once more. A failure already
+ * turned into a status is cleared with this (a sticky error, a kernel fault, stays: the
+ * context is lost and every later call says so). Returns @p e. */
+static inline cudaError_t kvcu_clear_error(cudaError_t e)
+{
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return e;
+}
+
+/** The status of a failed CUDA call: KV_ERR_NOMEM for an allocation, else KV_ERR_DEVICE. */
+#define KVCU_STATUS(e) ((e) == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE)
+
+/** In a function returning a kv_status: on a failed CUDA call, clear it as the last error
+ * (kvcu_clear_error()), fill err and return. */
 #define KV_CUDA_TRY(call, err)                                                              \
     do {                                                                                    \
         cudaError_t kv_e_ = (call);                                                         \
         if (kv_e_ != cudaSuccess)                                                           \
-            return kv_fail((err), kv_e_ == cudaErrorMemoryAllocation ? KV_ERR_NOMEM         \
-                                                                     : KV_ERR_DEVICE,       \
-                           "%s:%d: %s: %s", __FILE__, __LINE__, #call,                      \
-                           cudaGetErrorString(kv_e_));                                      \
+            return kv_fail((err), KVCU_STATUS(kvcu_clear_error(kv_e_)), "%s:%d: %s: %s",     \
+                           __FILE__, __LINE__, #call, cudaGetErrorString(kv_e_));           \
     } while (0)
 
-/** cudaMalloc as a status. A failed allocation is also recorded as the runtime's last error;
- * it is cleared here, or the next launch check would report it (and a retry after the
- * memory is freed would fail) again. */
+/** cudaMalloc as a status (KV_ERR_NOMEM when the device is full), the failure cleared as the
+ * last error (KV_CUDA_TRY). Every device allocation of the library goes through this. */
 static inline int kvcu_device_alloc(void **p, size_t bytes, kv_err *err)
 {
-    cudaError_t e = cudaMalloc(p, bytes);
-    if (e != cudaSuccess) (void)cudaGetLastError();
-    KV_CUDA_TRY(e, err);
-    return KV_OK;
+    *p = NULL;
+    const cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaSuccess) return KV_OK;
+    return kv_fail(err, KVCU_STATUS(kvcu_clear_error(e)), "%zu bytes of device memory: %s",
+                   bytes, cudaGetErrorString(e));
 }
+
+/** In a function returning a kv_status: kvcu_device_alloc() or return its status. */
+#define KVCU_ALLOC_TRY(ptr, bytes, err)                                                     \
+    do {                                                                                    \
+        const int kv_rc_ = kvcu_device_alloc((void **)(ptr), (bytes), (err));               \
+        if (kv_rc_) return kv_rc_;                                                          \
+    } while (0)
 
 /** After KV_LAUNCH: check the launch configuration was accepted. */
 #define KV_CUDA_TRY_LAUNCH(err) KV_CUDA_TRY(cudaGetLastError(), err)

@@ -116,6 +116,8 @@ static std::mutex mem_mu;
 static std::map<uintptr_t, allocation> allocations; /* start -> allocation */
 static size_t device_in_use = 0, mem_limit = 0;
 static bool limit_loaded = false;
+static long fail_countdown = 0; /* kvemu_fail_alloc(): allocations left until the failing one */
+static int fail_fired = 0;
 
 static size_t parse_size(const char *s)
 {
@@ -148,6 +150,19 @@ extern "C" void kvemu_set_mem_limit(size_t bytes)
     mem_limit = bytes;
 }
 
+extern "C" void kvemu_fail_alloc(long n)
+{
+    std::lock_guard<std::mutex> lk(mem_mu);
+    fail_countdown = n > 0 ? n : 0;
+    fail_fired = 0;
+}
+
+extern "C" int kvemu_alloc_failed(void)
+{
+    std::lock_guard<std::mutex> lk(mem_mu);
+    return fail_fired;
+}
+
 extern "C" size_t kvemu_mem_in_use(void)
 {
     std::lock_guard<std::mutex> lk(mem_mu);
@@ -161,6 +176,10 @@ static cudaError_t alloc(void **out, size_t size, int kind)
     if (size == 0) return cudaSuccess;
     std::lock_guard<std::mutex> lk(mem_mu);
     load_limit();
+    if (fail_countdown > 0 && --fail_countdown == 0) {
+        fail_fired = 1;
+        return fail(cudaErrorMemoryAllocation);
+    }
     bool counted = kind == MEM_DEVICE || kind == MEM_MANAGED;
     size_t total = mem_limit ? mem_limit : host_ram(); /* a device cannot give more than it has */
     if (counted && (size > total || device_in_use > total - size))

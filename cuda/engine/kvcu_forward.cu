@@ -129,9 +129,7 @@ int kvcu_is_emulation(void)
 
 int kvcu_malloc(void **dptr, size_t bytes, kv_err *err)
 {
-    *dptr = NULL;
-    KV_CUDA_TRY(cudaMalloc(dptr, bytes), err);
-    return KV_OK;
+    return kvcu_device_alloc(dptr, bytes, err);
 }
 
 void kvcu_free(void *dptr) { cudaFree(dptr); }
@@ -274,13 +272,8 @@ static int grow(kvcu_buf *b, size_t bytes, kv_err *err)
     cudaFree(b->p);
     b->p = NULL;
     b->bytes = 0;
-    cudaError_t e = cudaMalloc(&b->p, bytes);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return kv_fail(err, e == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE,
-                       "kvcu_forward: %zu bytes of device scratch: %s", bytes,
-                       cudaGetErrorString(e));
-    }
+    const int rc = kvcu_device_alloc(&b->p, bytes, err);
+    if (rc) return rc;
     b->bytes = bytes;
     return KV_OK;
 }

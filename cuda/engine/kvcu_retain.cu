@@ -77,13 +77,8 @@ static int dgrow(void **p, size_t *cap, size_t n, size_t size, kv_err *err)
     cudaFree(*p);
     *p = NULL;
     *cap = 0;
-    cudaError_t e = cudaMalloc(p, (n ? n : 1) * size);
-    if (e != cudaSuccess) {
-        cudaGetLastError(); /* an allocation failure is not sticky */
-        return kv_fail(err, e == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE,
-                       "kvcu_retain_attend: %zu bytes of device scratch: %s", n * size,
-                       cudaGetErrorString(e));
-    }
+    const int rc = kvcu_device_alloc(p, (n ? n : 1) * size, err);
+    if (rc) return rc;
     *cap = n;
     return KV_OK;
 }
@@ -102,12 +97,13 @@ static int hgrow(void **p, size_t *cap, size_t n, size_t size, kv_err *err)
 
 /* ---- kernels -------------------------------------------------------------------------------- */
 
-/* Block (kvh, j): key j of the step (position pos0 + j) as attention reads it, to
- * out [H_kv][n][d]. */
+/* Block (j, kvh): key j of the step (position pos0 + j) as attention reads it, to
+ * out [H_kv][n][d]. The keys are the grid's x (up to 2^31 - 1 blocks), the heads its y: a
+ * prefill step of more than 65535 tokens would not fit in y. */
 __global__ void retain_keys_kernel(float *out, attn_src src, int slot, int pos0, int n,
                                    int n_kv_heads, int head_dim)
 {
-    const int kvh = blockIdx.x, j = blockIdx.y;
+    const int j = blockIdx.x, kvh = blockIdx.y;
     const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
     const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
     const int64_t p = (int64_t)pos0 + j, r = kv_view_row(&kh, p);
@@ -218,7 +214,8 @@ static int lists_prefix(kvcu_cache *c, int layer, int slot, int pos0, int n, int
         }
     }
     if (!rc) rc = dgrow((void **)&s->ints, &s->ints_n, n_ints, sizeof(int), err);
-    if (!rc && cudaMemcpy(s->ints, s->hints, n_ints * sizeof(int), cudaMemcpyHostToDevice))
+    if (!rc && kvcu_clear_error(cudaMemcpy(s->ints, s->hints, n_ints * sizeof(int),
+                                           cudaMemcpyHostToDevice)))
         rc = kv_fail(err, KV_ERR_DEVICE, "kvcu_retain_attend: the lists did not go up");
     return rc;
 }
@@ -254,7 +251,8 @@ static int lists_chunk(kvcu_cache *c, int layer, int slot, int pos0, int n, int 
             *full += p + 1;
         }
     if (!rc) rc = dgrow((void **)&s->ints, &s->ints_n, n_ints, sizeof(int), err);
-    if (!rc && cudaMemcpy(s->ints, s->hints, n_ints * sizeof(int), cudaMemcpyHostToDevice))
+    if (!rc && kvcu_clear_error(cudaMemcpy(s->ints, s->hints, n_ints * sizeof(int),
+                                           cudaMemcpyHostToDevice)))
         rc = kv_fail(err, KV_ERR_DEVICE, "kvcu_retain_attend: the lists did not go up");
     return rc;
 }
@@ -291,7 +289,7 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
     if ((rc = dgrow((void **)&s->keys, &s->keys_n, nk, sizeof(float), err)) ||
         (rc = hgrow((void **)&s->hkeys, &s->hkeys_n, nk, sizeof(float), err)))
         return rc;
-    KV_LAUNCH(retain_keys_kernel, dim3(Hkv, n), RETAIN_THREADS, 0, 0, s->keys, src, slot, pos0,
+    KV_LAUNCH(retain_keys_kernel, dim3(n, Hkv), RETAIN_THREADS, 0, 0, s->keys, src, slot, pos0,
               n, Hkv, d);
     KV_CUDA_TRY_LAUNCH(err);
     KV_CUDA_TRY(cudaMemcpy(s->hkeys, s->keys, nk * sizeof(float), cudaMemcpyDeviceToHost), err);
@@ -318,7 +316,8 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
     } else {
         const size_t nq = (size_t)n * H * d;
         rc = hgrow((void **)&s->hq, &s->hq_n, nq, sizeof(float), err);
-        if (!rc && cudaMemcpy(s->hq, q, nq * sizeof(float), cudaMemcpyDeviceToHost))
+        if (!rc && kvcu_clear_error(cudaMemcpy(s->hq, q, nq * sizeof(float),
+                                               cudaMemcpyDeviceToHost)))
             rc = kv_fail(err, KV_ERR_DEVICE, "kvcu_retain_attend: the queries did not come "
                          "down");
         const int64_t most = (int64_t)G * kv_retain_budget(r, len) + KV_SELECT_PAGE;
@@ -334,7 +333,8 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
     if (!rc) rc = dgrow((void **)&s->att, &s->att_n, (size_t)rows * per_row, sizeof(float), err);
     if (!rc && any_obs)
         rc = dgrow((void **)&s->mass, &s->mass_n, (size_t)Hkv * mstride, sizeof(double), err);
-    if (!rc && any_obs && cudaMemset(s->mass, 0, (size_t)Hkv * mstride * sizeof(double)))
+    if (!rc && any_obs &&
+        kvcu_clear_error(cudaMemset(s->mass, 0, (size_t)Hkv * mstride * sizeof(double))))
         rc = kv_fail(err, KV_ERR_DEVICE, "kvcu_retain_attend: cudaMemset failed");
     float *sums = rc ? NULL : s->att + (size_t)rows * H * stride; /* [rows][H] */
     for (int r0 = 0; r0 < n && !rc; r0 += rows) {
@@ -362,7 +362,8 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
     if (!rc && any_obs) {
         const size_t nm = (size_t)Hkv * mstride;
         rc = hgrow((void **)&s->hmass, &s->hmass_n, nm, sizeof(double), err);
-        if (!rc && cudaMemcpy(s->hmass, s->mass, nm * sizeof(double), cudaMemcpyDeviceToHost))
+        if (!rc && kvcu_clear_error(cudaMemcpy(s->hmass, s->mass, nm * sizeof(double),
+                                               cudaMemcpyDeviceToHost)))
             rc = kv_fail(err, KV_ERR_DEVICE, "kvcu_retain_attend: the mass did not come back");
         for (int kvh = 0; kvh < Hkv && !rc; kvh++)
             if (from[kvh] < n)

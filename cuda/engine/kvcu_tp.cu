@@ -4,12 +4,27 @@
  * One process drives every GPU: ncclCommInitAll makes the p communicators at once, and an
  * all-reduce is p ncclAllReduce calls, one per rank on its own stream, inside
  * ncclGroupStart/End so NCCL launches them together (one thread issuing them one by one
- * outside a group would wait forever for the ranks it has not reached yet). */
+ * outside a group would wait forever for the ranks it has not reached yet).
+ *
+ * Ordering: a rank's NCCL stream is non-blocking, so it does not wait for the device's default
+ * stream by itself; the buffer's writers (kernels, copies, a pageable cudaMemcpy whose DMA may
+ * still be in flight when it returns) are on that default stream. Each all-reduce therefore
+ * records an event on the default stream and makes the NCCL stream wait for it (no host
+ * wait), and the host waits for the NCCL stream before anything reads the sum.
+ *
+ * Failure: NCCL's collective waits on the device for every rank, so a rank that can no longer
+ * take part (a sticky CUDA error, a failed ncclAllReduce) would leave the others spinning in
+ * it forever. The host never blocks in cudaStreamSynchronize on an NCCL stream: it polls
+ * (wait_nccl()) the stream, ncclCommGetAsyncError() and the group's abort flag, and on any
+ * failure sets the flag and calls ncclCommAbort(), which makes the NCCL kernels of that
+ * communicator return. The communicators are then gone: every later call is refused with
+ * KV_ERR_DEVICE until the group is destroyed and made again. */
 #include "kvcu_tp.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,18 +37,20 @@ struct kvcu_tp_comm {
     int p;
     ncclComm_t comm[KV_TP_GPU_MAX];
     cudaStream_t stream[KV_TP_GPU_MAX];
-    int n_streams;        /* streams made so far (for destroy) */
+    cudaEvent_t written[KV_TP_GPU_MAX]; /* rank r's default stream, up to the all-reduce */
+    int n_streams;        /* streams (and events) made so far (for destroy) */
     int comms_ok;         /* ncclCommInitAll succeeded */
+    int aborted[KV_TP_GPU_MAX]; /* ncclCommAbort() freed comm[r] */
+    volatile int abort;   /* a rank failed: every rank aborts its communicator */
     int64_t all_reduces;
     double bytes;         /* per rank, ring formula */
 };
 
 #define CUDA_OR_FAIL(call)                                                                  \
     do {                                                                                    \
-        cudaError_t e_ = (call);                                                            \
+        cudaError_t e_ = kvcu_clear_error(call);                                            \
         if (e_ != cudaSuccess) {                                                            \
-            rc = kv_fail(err, e_ == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE, \
-                         "%s: %s", #call, cudaGetErrorString(e_));                          \
+            rc = kv_fail(err, KVCU_STATUS(e_), "%s: %s", #call, cudaGetErrorString(e_));   \
             goto fail;                                                                      \
         }                                                                                   \
     } while (0)
@@ -60,12 +77,65 @@ extern "C" int kvcu_tp_device_count(void)
 extern "C" void kvcu_tp_comm_destroy(kvcu_tp_comm *c)
 {
     if (!c) return;
-    for (int r = 0; r < c->p && c->comms_ok; r++) ncclCommDestroy(c->comm[r]);
+    for (int r = 0; r < c->p && c->comms_ok; r++)
+        if (!c->aborted[r]) ncclCommDestroy(c->comm[r]);
     for (int r = 0; r < c->n_streams; r++) {
         cudaSetDevice(r);
+        cudaEventDestroy(c->written[r]);
         cudaStreamDestroy(c->stream[r]);
     }
     free(c);
+}
+
+/* Abort rank r's communicator (once): its NCCL kernels return, and every rank still waiting
+ * for it sees the flag. Call from the thread that drives rank r, outside any NCCL call. */
+static void abort_rank(kvcu_tp_comm *c, int r)
+{
+    __atomic_store_n(&c->abort, 1, __ATOMIC_SEQ_CST);
+    if (!c->comms_ok || c->aborted[r]) return;
+    ncclCommAbort(c->comm[r]);
+    c->aborted[r] = 1;
+}
+
+static int comm_broken(const kvcu_tp_comm *c, const char *who, kv_err *err)
+{
+    if (!__atomic_load_n(&c->abort, __ATOMIC_SEQ_CST)) return KV_OK;
+    return kv_fail(err, KV_ERR_DEVICE, "%s: an earlier failure aborted the ranks' NCCL "
+                   "communicators; destroy the group and make a new one", who);
+}
+
+/* Rank r's NCCL stream, ordered after everything issued so far on GPU r's default stream
+ * (the current device must be r). */
+static cudaError_t order_after_default(kvcu_tp_comm *c, int r)
+{
+    cudaError_t e = cudaEventRecord(c->written[r], 0);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(c->stream[r], c->written[r], 0);
+    return kvcu_clear_error(e);
+}
+
+/* Wait for rank r's NCCL stream without blocking in it: poll the stream, the communicator's
+ * asynchronous error and the group's abort flag. 0 when the stream's work completed; else
+ * fills err, aborts rank r's communicator and returns KV_ERR_DEVICE. */
+static int wait_nccl(kvcu_tp_comm *c, int r, kv_err *err)
+{
+    for (;;) {
+        const cudaError_t q = cudaStreamQuery(c->stream[r]);
+        if (q == cudaSuccess) return KV_OK;
+        ncclResult_t ae = ncclSuccess;
+        if (q != cudaErrorNotReady) {
+            kv_fail(err, KV_ERR_DEVICE, "rank %d: its NCCL stream: %s", r,
+                    cudaGetErrorString(kvcu_clear_error(q)));
+        } else if (ncclCommGetAsyncError(c->comm[r], &ae) != ncclSuccess || ae != ncclSuccess) {
+            kv_fail(err, KV_ERR_DEVICE, "rank %d: NCCL: %s", r, ncclGetErrorString(ae));
+        } else if (__atomic_load_n(&c->abort, __ATOMIC_SEQ_CST)) {
+            kv_fail(err, KV_ERR_DEVICE, "rank %d: another rank failed inside the all-reduce", r);
+        } else {
+            sched_yield();
+            continue;
+        }
+        abort_rank(c, r);
+        return KV_ERR_DEVICE;
+    }
 }
 
 extern "C" int kvcu_tp_comm_create(kvcu_tp_comm **out, int p, kv_err *err)
@@ -88,6 +158,10 @@ extern "C" int kvcu_tp_comm_create(kvcu_tp_comm **out, int p, kv_err *err)
         devs[r] = r;
         CUDA_OR_FAIL(cudaSetDevice(r));
         CUDA_OR_FAIL(cudaStreamCreateWithFlags(&c->stream[r], cudaStreamNonBlocking));
+        if (cudaEventCreateWithFlags(&c->written[r], cudaEventDisableTiming) != cudaSuccess) {
+            cudaStreamDestroy(c->stream[r]);
+            CUDA_OR_FAIL(cudaGetLastError());
+        }
         c->n_streams++;
     }
     NCCL_OR_FAIL(ncclCommInitAll(c->comm, p, devs));
@@ -102,27 +176,41 @@ fail:
 extern "C" int kvcu_tp_allreduce(kvcu_tp_comm *c, float *const *x, int64_t n, kv_err *err)
 {
     if (!c || !x || n < 0) return kv_fail(err, KV_ERR_ARG, "kvcu_tp_allreduce: bad argument");
-    if (n == 0) return KV_OK;
-    int rc = KV_OK;
+    int rc = comm_broken(c, "kvcu_tp_allreduce", err);
+    if (rc || n == 0) return rc;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    for (int r = 0; r < c->p; r++) { /* what wrote x[r] on GPU r's default stream comes first */
+        CUDA_OR_FAIL(cudaSetDevice(r));
+        CUDA_OR_FAIL(order_after_default(c, r));
+    }
     NCCL_OR_FAIL(ncclGroupStart());
     for (int r = 0; r < c->p; r++) {
         ncclResult_t e = ncclAllReduce(x[r], x[r], (size_t)n, ncclFloat, ncclSum, c->comm[r],
                                        c->stream[r]);
         if (e != ncclSuccess) {
             ncclGroupEnd();
-            return kv_fail(err, KV_ERR_DEVICE, "ncclAllReduce (rank %d): %s", r,
-                           ncclGetErrorString(e));
+            rc = kv_fail(err, KV_ERR_DEVICE, "ncclAllReduce (rank %d): %s", r,
+                         ncclGetErrorString(e));
+            goto fail;
         }
     }
     NCCL_OR_FAIL(ncclGroupEnd());
-    for (int r = 0; r < c->p; r++) {
+    for (int r = 0; r < c->p && !rc; r++) {
         CUDA_OR_FAIL(cudaSetDevice(r));
-        CUDA_OR_FAIL(cudaStreamSynchronize(c->stream[r]));
+        rc = wait_nccl(c, r, err);
     }
+    if (rc) goto fail;
+    cudaSetDevice(dev);
     c->all_reduces++;
     c->bytes += 2.0 * (c->p - 1) / c->p * (double)n * sizeof(float);
     return KV_OK;
-fail:
+fail: /* one thread drives every rank here: abort them all, none is left waiting */
+    for (int r = 0; r < c->p; r++) {
+        cudaSetDevice(r);
+        abort_rank(c, r);
+    }
+    cudaSetDevice(dev);
     return rc;
 }
 
@@ -168,24 +256,42 @@ struct kvcu_tp {
 };
 
 /* sh->all_reduce on GPU r: x [n] is device memory written by this thread's kernels on the
- * default stream; the rank's NCCL stream does not wait for that stream by itself (it is
- * non-blocking), so the default stream is drained first, and the sum is complete before the
- * next kernel reads it. x NULL: a rank whose step failed, joining with zeros so the others
- * are not left waiting inside NCCL. */
+ * default stream; the rank's NCCL stream is ordered after them by an event, and the host
+ * waits (polling, wait_nccl()) for the sum before the next kernel reads it. x NULL: a rank
+ * whose step failed, joining with zeros so the others are not left waiting inside NCCL. A
+ * rank that cannot join (a CUDA or NCCL failure) aborts its communicator and raises the
+ * group's flag, so the ranks waiting for it abort theirs and return too; once aborted, the
+ * hook does nothing (the step fails with the first failure's message). */
 static void nccl_all_reduce(const kv_shard *sh, float *x, int64_t n)
 {
     kvcu_tp *g = (kvcu_tp *)sh->ctx;
     const int r = sh->rank;
     kvcu_tp_comm *c = g->comm;
     float *buf = x ? x : g->spare[r];
-    cudaError_t ce = cudaStreamSynchronize(0);
-    ncclResult_t ne = ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclSum, c->comm[r],
-                                    c->stream[r]);
-    if (ce == cudaSuccess) ce = cudaStreamSynchronize(c->stream[r]);
-    if (!g->hook_rc[r] && (ce != cudaSuccess || ne != ncclSuccess))
-        g->hook_rc[r] = kv_fail(&g->hook_err[r], KV_ERR_DEVICE, "rank %d all-reduce: %s", r,
-                                ne != ncclSuccess ? ncclGetErrorString(ne)
-                                                  : cudaGetErrorString(ce));
+    kv_err e;
+    cudaError_t ce = cudaSuccess;
+    int rc = comm_broken(c, "all-reduce", &e);
+    if (rc) {
+        abort_rank(c, r);
+    } else if ((ce = order_after_default(c, r)) != cudaSuccess) {
+        rc = kv_fail(&e, KV_ERR_DEVICE, "rank %d: ordering its NCCL stream: %s", r,
+                     cudaGetErrorString(ce));
+        abort_rank(c, r);
+    } else {
+        const ncclResult_t ne = ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclSum,
+                                              c->comm[r], c->stream[r]);
+        if (ne != ncclSuccess) {
+            rc = kv_fail(&e, KV_ERR_DEVICE, "rank %d: ncclAllReduce: %s", r,
+                         ncclGetErrorString(ne));
+            abort_rank(c, r);
+        } else {
+            rc = wait_nccl(c, r, &e);
+        }
+    }
+    if (rc && !g->hook_rc[r]) {
+        g->hook_rc[r] = rc;
+        g->hook_err[r] = e;
+    }
     if (r == 0) {
         c->all_reduces++;
         c->bytes += 2.0 * (c->p - 1) / c->p * (double)n * sizeof(float);
@@ -327,13 +433,15 @@ extern "C" int kvcu_tp_forward(kvcu_tp *g, const kv_seq *seqs, int n_seqs, float
                                kv_counters *cnt, kv_err *err)
 {
     if (!g) return kv_fail(err, KV_ERR_ARG, "kvcu_tp_forward: NULL group");
+    int rc = comm_broken(g->comm, "kvcu_tp_forward", err);
+    if (rc) return rc;
     /* refuse a bad step here, once, before any rank touches its cache: a rank refused inside
      * kvcu_forward_shard would still owe its all-reduces (it joins them with zeros) */
     kv_config shape = g->host_model->config;
     shape.n_kv_heads = g->shard[0].n_kv_heads;
     const kvcu_cache *c0 = g->cache[0];
     int T = 0;
-    int rc = kv_batch_check("kvcu_tp_forward", &shape, &c0->spec, c0->n_layers, c0->n_kv_heads,
+    rc = kv_batch_check("kvcu_tp_forward", &shape, &c0->spec, c0->n_layers, c0->n_kv_heads,
                             c0->head_dim, c0->len, seqs, n_seqs, &T, err);
     if (rc) return rc;
     const int64_t n = (int64_t)T * g->host_model->config.dim;
@@ -379,6 +487,15 @@ extern "C" int kvcu_tp_forward(kvcu_tp *g, const kv_seq *seqs, int n_seqs, float
     pthread_cond_broadcast(&g->go);
     while (g->running > 0) pthread_cond_wait(&g->idle, &g->mu);
     pthread_mutex_unlock(&g->mu);
+    if (__atomic_load_n(&g->comm->abort, __ATOMIC_SEQ_CST)) { /* the rank threads are idle */
+        int dev = 0;
+        cudaGetDevice(&dev);
+        for (int r = 0; r < g->p; r++) {
+            cudaSetDevice(r);
+            abort_rank(g->comm, r);
+        }
+        cudaSetDevice(dev);
+    }
     for (int r = 0; r < g->p; r++) {
         if (g->rc[r]) {
             if (err) *err = g->err[r];

@@ -1,8 +1,10 @@
 /*
  * Measuring the device for the benchmarks, twin of reference_cpu/eval/kv_bench.c: CUDA-event
- * timing of chapter 08's kernel versions (kvcu_flash_time(), what `kvlab bench attention
- * --device cuda` divides kvcu_flash_bytes() by) and the device's read bandwidth of the same
- * run (kvcu_read_bandwidth(), the roofline the bench compares each row against).
+ * timing of any call (kvcu_time_calls()) and of chapter 08's kernel versions
+ * (kvcu_flash_time()), the device's read and copy bandwidth of the same run
+ * (kvcu_read_bandwidth(), kvcu_copy_bandwidth(): the rooflines the benches compare each row
+ * against), and the engine's batched decode attention as a call of its own
+ * (kvcu_decode_batch(), what `kvlab bench attention --device cuda` times as "engine").
  */
 #include <stdlib.h>
 
@@ -16,6 +18,15 @@ static int cmp_double(const void *x, const void *y)
 
 /* Median of @p repeats event-timed runs of fn(arg) after one warm-up; 0 or a status. */
 typedef int (*flash_timed_fn)(void *arg, kv_err *err);
+
+static int time_events(flash_timed_fn fn, void *arg, int repeats, double *seconds, kv_err *err);
+
+int kvcu_time_calls(int (*fn)(void *arg, kv_err *err), void *arg, int repeats, double *seconds,
+                    kv_err *err)
+{
+    if (!fn || !seconds) return kv_fail(err, KV_ERR_ARG, "kvcu_time_calls: NULL argument");
+    return time_events(fn, arg, repeats, seconds, err);
+}
 
 static int time_events(flash_timed_fn fn, void *arg, int repeats, double *seconds, kv_err *err)
 {
@@ -143,4 +154,73 @@ int kvcu_read_bandwidth(size_t bytes, int repeats, double *bytes_per_s, kv_err *
     KV_CUDA_TRY(f1, err);
     *bytes_per_s = sec > 0.0 ? (double)(n * sizeof(float4)) / sec : 0.0;
     return KV_OK;
+}
+
+/* Each thread copies float4s with a grid stride: a device-to-device copy, the traffic of
+ * cudaMemcpy without its choice of engine. */
+__global__ void copy_bandwidth_kernel(float4 *dst, const float4 *src, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
+typedef struct {
+    float4 *dst;
+    const float4 *src;
+    size_t n;
+    int blocks;
+} copy_call;
+
+static int copy_call_fn(void *arg, kv_err *err)
+{
+    const copy_call *c = (const copy_call *)arg;
+    KV_LAUNCH(copy_bandwidth_kernel, c->blocks, 256, 0, 0, c->dst, c->src, c->n);
+    KV_CUDA_TRY_LAUNCH(err);
+    return KV_OK;
+}
+
+int kvcu_copy_bandwidth(size_t bytes, int repeats, double *bytes_per_s, kv_err *err)
+{
+    if (bytes == 0) bytes = (size_t)1 << 30;
+    const size_t n = bytes / sizeof(float4);
+    if (n == 0) return kv_fail(err, KV_ERR_ARG, "kvcu_copy_bandwidth: %zu bytes", bytes);
+    int sms = 0;
+    KV_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), err);
+    copy_call c;
+    c.n = n;
+    c.blocks = (sms > 0 ? sms : 1) * 8;
+    float4 *src = NULL, *dst = NULL;
+    int st = kvcu_device_alloc((void **)&src, n * sizeof(float4), err);
+    if (!st) st = kvcu_device_alloc((void **)&dst, n * sizeof(float4), err);
+    cudaError_t ce = st ? cudaSuccess : kvcu_clear_error(cudaMemset(src, 0, n * sizeof(float4)));
+    double sec = 0.0;
+    if (!st && ce == cudaSuccess) {
+        c.src = src;
+        c.dst = dst;
+        st = time_events(copy_call_fn, &c, repeats, &sec, err);
+    }
+    cudaError_t f0 = src ? cudaFree(src) : cudaSuccess, f1 = dst ? cudaFree(dst) : cudaSuccess;
+    if (st) return st;
+    KV_CUDA_TRY(ce, err);
+    KV_CUDA_TRY(f0, err);
+    KV_CUDA_TRY(f1, err);
+    /* every byte is read once and written once */
+    *bytes_per_s = sec > 0.0 ? 2.0 * (double)(n * sizeof(float4)) / sec : 0.0;
+    return KV_OK;
+}
+
+size_t kvcu_decode_batch_scratch(const kvcu_cache *c, int B, int n_heads)
+{
+    return c ? kvcu_attention_scratch(B, n_heads, c->head_dim, c->span) : 0;
+}
+
+int kvcu_decode_batch(const kvcu_cache *c, int layer, const int *slots, const int *pos,
+                      const float *q, float *out, float *scratch, int B, int n_heads,
+                      int max_len, kv_err *err)
+{
+    if (!c || !slots || !pos || !q || !out || !scratch || B < 1 || layer < 0 ||
+        layer >= c->n_layers || max_len < 1)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_decode_batch: bad argument");
+    return kvcu_attention(c, layer, slots, pos, NULL, q, out, scratch, B, n_heads, max_len, err);
 }

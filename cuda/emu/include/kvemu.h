@@ -43,6 +43,15 @@ const char *kvemu_last_message(void);
 void kvemu_set_mem_limit(size_t bytes);
 /** Bytes currently allocated with cudaMalloc / cudaMallocManaged. */
 size_t kvemu_mem_in_use(void);
+/**
+ * Fault injection: the @p n-th allocation from now (cudaMalloc, cudaMallocManaged,
+ * cudaMallocHost, cudaHostAlloc; n >= 1, this thread or any other) fails once with
+ * cudaErrorMemoryAllocation, as an out-of-memory device would, and is recorded as the last
+ * error; 0 disarms. Lets a test fail each allocation of an operation in turn.
+ */
+void kvemu_fail_alloc(long n);
+/** 1 once the allocation armed by kvemu_fail_alloc() has failed (reading it disarms nothing). */
+int kvemu_alloc_failed(void);
 /** Read the counters. */
 void kvemu_stats_get(kvemu_stats *out);
 /** Zero the counters. */
