@@ -401,6 +401,7 @@ int cmd_bench_attention_cuda(int argc, char **argv)
                                    k.paged ? "paged" : "contiguous", kv_dtype_name(k.fmt), k.B,
                                    k.N, kernels[i].name, sec, kv_fmt_bytes(kvb, b, sizeof b),
                                    rate * 1e-9, 100.0 * ratio, ratio_note(ratio));
+                        fflush(stdout); /* a run stopped by a time budget keeps its rows */
                     }
                     dcase_close(&k);
                 }
