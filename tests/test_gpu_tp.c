@@ -6,7 +6,10 @@
  * with the same bits; each element equals the rank-order fp32 sum within the fp32
  * reduction-order tolerance of kv_test.h (NCCL adds in its own order); the counters give
  * 2·L-style counts and ring bytes 2·(p-1)/p·n·4 (kv_tp_ring_bytes). Also: more ranks than
- * GPUs is refused with a message naming both counts.
+ * GPUs is refused with a message naming both counts. The buffers are filled by pageable
+ * cudaMemcpy on each GPU's default stream, whose DMA may still be in flight when it returns:
+ * kvcu_tp_allreduce() must order its NCCL streams after it (an event), or NCCL may sum stale
+ * bytes.
  *
  * The group (kvcu_tp: a thread per GPU running kvcu_forward_shard, ncclAllReduce in the
  * hook): for p = 2, 4 GPUs, MHA and GQA (p = 4 > H_kv = 2: KV heads replicated), greedy

@@ -387,7 +387,7 @@ int cmd_bench_attention(int argc, char **argv)
 {
     const char *cmd = "kvlab bench attention";
 #ifdef KV_HAVE_CUDA /* the device's own sweep (bench_cuda.c), unless the comparison is asked */
-    if (strcmp(kv_cli_device_arg(argc, argv), "cpu") && !kv_cli_has_flag(argc, argv, "--compare"))
+    if (!strcmp(kv_cli_device_arg(argc, argv), "cuda") && !kv_cli_has_flag(argc, argv, "--compare"))
         return cmd_bench_attention_cuda(argc, argv);
 #endif
     const char *device = "cpu", *dtype_s = "fp32";

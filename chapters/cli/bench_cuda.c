@@ -434,7 +434,7 @@ typedef struct {
 
 static const gpu_engine_cfg gpu_configs[] = {
     {"small", 288, 768, 6, 6, 6, 32000, 256, "the CPU bench's small shape (~61 MB): launch-bound on a GPU"},
-    {"7b-4l", 4096, 11008, 4, 32, 8, 32000, 256, "Llama-2-7B layers with GQA (H_kv 8), 4 of them (~1.6 GB fp32)"},
+    {"7b-4l", 4096, 11008, 4, 32, 8, 32000, 256, "Llama-2-7B layers with GQA (H_kv 8), 4 of them (~3.9 GB of fp32 weights)"},
     {"quick", 64, 128, 2, 4, 2, 256, 16, "tiny: the emulation's and the tests' run"},
 };
 #define N_GPU_CONFIGS ((int)(sizeof gpu_configs / sizeof gpu_configs[0]))

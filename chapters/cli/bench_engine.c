@@ -146,7 +146,7 @@ int cmd_bench_engine(int argc, char **argv)
 {
     const char *cmd = "kvlab bench engine";
 #ifdef KV_HAVE_CUDA /* the model on the GPU: its own options (bench_cuda.c) */
-    if (strcmp(kv_cli_device_arg(argc, argv), "cpu")) return cmd_bench_engine_cuda(argc, argv);
+    if (!strcmp(kv_cli_device_arg(argc, argv), "cuda")) return cmd_bench_engine_cuda(argc, argv);
 #endif
     const char *which = "small", *cache = "fp32", *device = "cpu";
     int ignore_load = 0;
