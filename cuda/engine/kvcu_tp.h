@@ -41,7 +41,12 @@ void kvcu_tp_comm_destroy(kvcu_tp_comm *c);
 
 /**
  * x[r] [n]: device memory of GPU r, for r = 0..p-1. Replaces every x[r] by the sum over the
- * ranks, and returns when every rank's result is complete.
+ * ranks, and returns when every rank's result is complete. What wrote x[r] on GPU r's default
+ * stream (kernels, cudaMemcpy, a pageable copy still in flight) is complete before NCCL reads
+ * it (an event orders the rank's NCCL stream after it). On a failure (a CUDA or NCCL error on
+ * any rank, seen without blocking: ncclCommGetAsyncError() while polling) every communicator
+ * is aborted (ncclCommAbort) so no rank is left waiting, KV_ERR_DEVICE is returned, and every
+ * later call is refused: destroy and create again.
  */
 int kvcu_tp_allreduce(kvcu_tp_comm *c, float *const *x, int64_t n, kv_err *err);
 
@@ -70,7 +75,10 @@ void kvcu_tp_destroy(kvcu_tp *tp);
 /**
  * One step on every rank: kvcu_forward()'s contract (its checks and refusals, made once
  * before any rank starts; logits and all_logits, host memory, from rank 0; @p cnt the whole
- * model's work). After a failure inside a step reset the slots it touched.
+ * model's work). After a failure inside a step reset the slots it touched. A rank that cannot
+ * take part in an all-reduce (a sticky CUDA error, an NCCL failure) aborts the group's
+ * communicators instead of leaving the others waiting: the step returns KV_ERR_DEVICE with the
+ * first failure's message, and the group refuses every later step (destroy it, make a new one).
  */
 int kvcu_tp_forward(kvcu_tp *tp, const kv_seq *seqs, int n_seqs, float *logits,
                     kv_counters *cnt, kv_err *err);
