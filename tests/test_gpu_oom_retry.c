@@ -94,10 +94,10 @@ static void backend_case(const kv_model *m, const kv_cache_spec *spec, const cha
 static int paged_cache(kvcu_cache **out, const kv_config *cfg, int dtype, kv_err *e)
 {
     kv_cache_spec s = kv_cache_spec_default(2, PB * PN);
-    s.layout = KV_LAYOUT_PAGED;
-    s.block_size = PB;
-    s.n_blocks = PN;
-    s.dtype = dtype;
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.layout.block_size = PB;
+    s.layout.n_blocks = PN;
+    s.quant.dtype = dtype;
     const int blocks[2] = {0, 1}, n = 2 * PB, kvdim = cfg->n_kv_heads * kv_config_head_dim(cfg);
     int rc = kvcu_cache_create(out, cfg, &s, e);
     float *k = NULL, *v = NULL;
@@ -225,27 +225,27 @@ int main(void)
     for (int i = 0; i < 40; i++) PROMPT[i] = 1 + (i * 7) % (cfg.vocab_size - 1);
     kv_cache_spec s = kv_cache_spec_default(1, CAP);
     backend_case(&m, &s, "contiguous fp32");
-    s.layout = KV_LAYOUT_PAGED;
-    s.block_size = 16;
-    s.n_blocks = 8;
-    s.dtype = kv_quant_parse("int8");
+    s.layout.kind = KV_LAYOUT_PAGED;
+    s.layout.block_size = 16;
+    s.layout.n_blocks = 8;
+    s.quant.dtype = kv_quant_parse("int8");
     backend_case(&m, &s, "paged int8");
     s = kv_cache_spec_default(1, CAP);
-    s.dtype = kv_quant_parse("int4");
-    s.kivi_window = 32; /* a 40-token prompt spills one group of 32 */
+    s.quant.dtype = kv_quant_parse("int4");
+    s.quant.kivi_window = 32; /* a 40-token prompt spills one group of 32 */
     NP = 40;
     backend_case(&m, &s, "KIVI int4, 40-token prompt");
     NP = 6;
     s = kv_cache_spec_default(1, CAP);
-    s.dtype = kv_quant_parse("fp16");
-    s.window = 8;
-    s.n_sinks = 2;
-    s.pos_scheme = KV_POS_CACHE;
+    s.quant.dtype = kv_quant_parse("fp16");
+    s.window.size = 8;
+    s.window.n_sinks = 2;
+    s.window.pos_scheme = KV_POS_CACHE;
     backend_case(&m, &s, "window 2 + 8, fp16");
     s = kv_cache_spec_default(1, CAP);
-    s.select = KV_SELECT_H2O;
-    s.select_budget = 8;
-    s.select_window = 4;
+    s.retain.select = KV_SELECT_H2O;
+    s.retain.budget = 8;
+    s.retain.window = 4;
     backend_case(&m, &s, "H2O retention, budget 8");
 
     static const char *const ops[] = {"paged: copy blocks", "paged: read blocks to the host",

@@ -38,8 +38,8 @@ int main(void)
     cfg.seq_len = N;
     kv_config_set_defaults(&cfg);
     kv_cache_spec s = kv_cache_spec_default(1, N);
-    s.select = KV_SELECT_QUEST;
-    s.select_budget = 32; /* two pages a head, and the row's own */
+    s.retain.select = KV_SELECT_QUEST;
+    s.retain.budget = 32; /* two pages a head, and the row's own */
     const size_t nkv = (size_t)N * D, nq = (size_t)N * 2 * D;
     float *k = malloc(nkv * 4), *v = malloc(nkv * 4), *q = malloc(nq * 4);
     float *want = malloc(nq * 4), *got = malloc(nq * 4);

@@ -173,11 +173,11 @@ static int dcase_open(dcase *k, int H, int Hkv, int d, int fmt, int paged, int B
     kv_config_set_defaults(&g);
     const int BS = 16, nb = (N + BS - 1) / BS;
     kv_cache_spec s = kv_cache_spec_default(B, N);
-    s.dtype = fmt;
+    s.quant.dtype = fmt;
     if (paged) {
-        s.layout = KV_LAYOUT_PAGED;
-        s.block_size = BS;
-        s.n_blocks = nb * B;
+        s.layout.kind = KV_LAYOUT_PAGED;
+        s.layout.block_size = BS;
+        s.layout.n_blocks = nb * B;
     }
     const int chunk = N < 4096 ? N : 4096;
     const size_t cn = (size_t)chunk * Hkv * d, qn = (size_t)B * H * d;
@@ -460,7 +460,7 @@ static int gpu_engine_row(const gpu_engine_cfg *e, const char *cache, int repeat
     kv_cache_spec spec = kv_cache_spec_default(1, c.seq_len);
     const int fmt = kv_quant_parse(cache);
     if (!st && fmt < 0) st = kv_fail(err, KV_ERR_ARG, "--cache '%s': not a format", cache);
-    spec.dtype = fmt;
+    spec.quant.dtype = fmt;
     if (!st) st = kv_model_alloc(&m, &c, err);
     if (!st) {
         kv_model_randomize(&m, 1234);
