@@ -21,7 +21,14 @@
 
 #include <string.h>
 
-#define KV_CACHE_ALIGN 64 /* every plane starts on a cache line */
+/* Every part of every plane starts a multiple of 128 bytes into the allocation (a GPU's cache
+ * line, two of a CPU's); the allocation itself starts on 256 bytes on the GPU (cudaMalloc) and on 64, a CPU's
+ * line, here (kv_calloc()). With rows a multiple of 16 bytes (fp16 with 8 | d, int8 and fp8
+ * with 16 | d, fp32 with 4 | d) every row then starts on 16 bytes, what the GPU's 16-byte loads
+ * ask of it (cuda/core/kvcu_vec.cuh). The metadata (int8 scales, KIVI kv_qsz) live in planes
+ * of their own, never between rows. Padding is not counted: kv_cache_bytes() stays the sum of
+ * the parts, and so does every byte count the chapters print. */
+#define KV_CACHE_ALIGN 128
 
 /* Bytes of each part of one plane (K or V of one layer): codes and metadata of row_heads
  * heads of rows rows each (contiguous: n_slots · H_kv heads of capacity rows; paged: H_kv
@@ -57,10 +64,11 @@ static size_t align_up(size_t n) { return (n + KV_CACHE_ALIGN - 1) / KV_CACHE_AL
 size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, int d,
                        uint8_t *base, kv_cache_plane *kp, kv_cache_plane *vp)
 {
-    /* First the codes of every layer's K, then of every layer's V, each run back to back
-     * (4-byte aligned), so an all-fp32 cache is exactly chapter 02's
-     * k [L][n_slots][H_kv][capacity][d] followed by v; then metadata, scales and rings,
-     * each 64-byte aligned. */
+    /* First the codes of every layer's K, then of every layer's V, then metadata, scales and
+     * rings, each part 128-byte aligned (KV_CACHE_ALIGN). An all-fp32 cache is chapter 02's
+     * k [L][n_slots][H_kv][capacity][d] followed by v, with no padding between layers when
+     * a layer's plane is a multiple of 128 bytes (any d that is a multiple of 32); the
+     * accessors kv_cache_k() / kv_cache_v() find a layer through its plane either way. */
     const int64_t heads = (int64_t)spec->n_slots * n_kv_heads;
     const int64_t row_heads = spec_row_heads(spec, n_kv_heads);
     const int rows = spec_rows(spec);
@@ -74,7 +82,7 @@ size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, 
                 kv_cache_plane *p = role == 0 ? &kp[l] : &vp[l];
                 size_t sz[4];
                 plane_sizes(f, r, row_heads, rows, heads, d, window, sz);
-                at = part == 0 ? (at + 3) / 4 * 4 : align_up(at);
+                at = align_up(at);
                 if (part == 0) {
                     memset(p, 0, sizeof *p);
                     p->row_bytes = kvq_row_bytes(f, d);

@@ -125,8 +125,10 @@ typedef struct {
     int *tables;       /* paged: [n_slots][max_blocks] physical block ids, else NULL */
     int *n_mapped;     /* paged: [n_slots] table entries set, else NULL */
     int window;        /* KIVI window R (0 when no layer is KIVI) */
-    float *k;          /* all-fp32 caches: [L][n_slots][H_kv][capacity][d], else NULL */
-    float *v;          /* all-fp32 caches: [L][n_slots][H_kv][capacity][d], else NULL */
+    float *k;          /* all-fp32 caches: [L][n_slots][H_kv][capacity][d] (layer l at
+                        * kp[l].codes, a multiple of 128 bytes
+                        * into mem; kv_cache_k()), else NULL */
+    float *v;          /* all-fp32 caches: the same for V (vp[l].codes), else NULL */
     int *len;          /* [n_slots] tokens currently stored per slot */
     int *fmt;          /* [L] storage format of each layer */
     kv_cache_plane *kp, *vp; /* [L] K and V planes */
@@ -412,14 +414,16 @@ void kv_cache_write(kv_cache *c, int layer, int slot, int pos, const float *k, c
  * a window only (c->k is NULL otherwise). */
 static inline float *kv_cache_k(const kv_cache *c, int layer, int slot, int kvh)
 {
-    size_t row = (((size_t)layer * c->spec.n_slots + slot) * c->n_kv_heads + kvh);
-    return c->k + row * (size_t)c->spec.capacity * c->head_dim;
+    size_t row = (size_t)slot * c->n_kv_heads + kvh; /* the layer's own plane: see kv_cache.c */
+    return c->k ? (float *)(void *)c->kp[layer].codes + row * (size_t)c->spec.capacity * c->head_dim
+                : NULL;
 }
 /** Row of values for (layer, slot, kv head): [capacity][d]. All-fp32 caches only. */
 static inline float *kv_cache_v(const kv_cache *c, int layer, int slot, int kvh)
 {
-    size_t row = (((size_t)layer * c->spec.n_slots + slot) * c->n_kv_heads + kvh);
-    return c->v + row * (size_t)c->spec.capacity * c->head_dim;
+    size_t row = (size_t)slot * c->n_kv_heads + kvh;
+    return c->v ? (float *)(void *)c->vp[layer].codes + row * (size_t)c->spec.capacity * c->head_dim
+                : NULL;
 }
 
 #ifdef __cplusplus

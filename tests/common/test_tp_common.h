@@ -34,12 +34,11 @@ static inline int tp_make_model(kv_model *m, int dim, int hidden, int L, int H, 
 }
 
 /* K (@p role 0) or V (1) rows of KV head @p h, layer @p l, slot @p slot of an fp32 contiguous
- * cache: [capacity][d] inside [L][n_slots][H_kv][capacity][d]. */
+ * cache: [capacity][d] inside layer l's plane [n_slots][H_kv][capacity][d]. */
 static inline const float *tp_layer_head(const kv_cache *c, int role, int l, int slot, int h)
 {
-    const float *base = role ? c->v : c->k;
-    return base + ((((size_t)l * c->spec.n_slots + slot) * c->n_kv_heads + h) * c->rows) *
-                      c->head_dim;
+    const float *base = (const float *)(const void *)(role ? c->vp : c->kp)[l].codes;
+    return base + (((size_t)slot * c->n_kv_heads + h) * c->rows) * c->head_dim;
 }
 
 #endif
