@@ -331,6 +331,7 @@ int kvemu_run_block(kvemu_worker *w, const kvemu_job *job, uint64_t linear, char
     w->n_done = 0;
     w->n_bar = 0;
     w->fault[0] = 0;
+    kvemu_cp_block_start(); /* no copy of an earlier block is still in flight */
     for (int t = 0; t < n; t++) {
         kvemu_fiber *f = &w->fibers[t];
         f->state = KVEMU_NEW;

@@ -115,6 +115,8 @@ extern __thread kvemu_worker *kvemu_cur_worker KVEMU_TLS;
 /* block.cpp */
 int kvemu_run_block(kvemu_worker *w, const kvemu_job *job, uint64_t linear, char *msg, size_t n);
 void kvemu_thread_main(kvemu_worker *w, kvemu_stack *s);
+/* memops.cpp: the cp.async copies left in flight by the previous block are dropped */
+void kvemu_cp_block_start(void);
 /* runtime.cpp */
 void kvemu_set_error(cudaError_t e);
 void kvemu_set_kernel_error(cudaError_t e, const char *msg);

@@ -113,6 +113,14 @@ inline __half_raw __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t b, __nv_fp8_interpr
     r.x = kvemu_f2h_bits(kvemu_fp8_to_float(b, fmt)); /* exact: both formats fit in binary16 */
     return r;
 }
+/* Two fp8 codes (low byte first) -> two halves: cvt.rn.f16x2.e4m3x2 / e5m2x2 on sm_89+. */
+inline __half2_raw __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t b, __nv_fp8_interpretation_t fmt)
+{
+    __half2_raw r;
+    r.x = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)(b & 0xff), fmt).x;
+    r.y = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)(b >> 8), fmt).x;
+    return r;
+}
 
 #define KVEMU_FP8_TYPE(NAME, FMT)                                                              \
     struct __attribute__((aligned(1))) NAME {                                                 \

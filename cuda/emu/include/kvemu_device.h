@@ -228,6 +228,20 @@ inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b)
 
 /* ---- float intrinsics: the fast device forms are the precise host ones here ------------- */
 inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }
+/* PRMT: byte n of the result is byte (s >> 4n) & 7 of the pair {y, x} (x is bytes 0-3), or,
+ * with bit 3 of that nibble set, that byte's sign bit replicated. */
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s)
+{
+    const uint64_t xy = (uint64_t)y << 32 | x;
+    unsigned r = 0;
+    for (int n = 0; n < 4; n++) {
+        const unsigned sel = (s >> (4 * n)) & 15u;
+        unsigned b = (unsigned)(xy >> (8 * (sel & 7u))) & 0xffu;
+        if (sel & 8u) b = (b & 0x80u) ? 0xffu : 0u;
+        r |= b << (8 * n);
+    }
+    return r;
+}
 inline int __float_as_int(float x) { int i; memcpy(&i, &x, 4); return i; }
 inline float __uint_as_float(unsigned x) { float f; memcpy(&f, &x, 4); return f; }
 inline unsigned __float_as_uint(float x) { unsigned i; memcpy(&i, &x, 4); return i; }
