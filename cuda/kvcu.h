@@ -84,7 +84,10 @@ int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out,
  * (flash-decoding: one block per (KV head, partition), then a small kernel combines the
  * partitions), so a long context keeps many blocks busy. v3 sums in a different order than
  * the CPU (not bit-identical to it); with one partition (len <= 512) it is bit-identical to
- * v2. Other versions: KV_ERR_ARG.
+ * v2. 4 = the engine's decode kernel (cuda/attention/kvcu_decode.cu: 16-byte rows through a
+ * cp.async pipeline, the group in one block, online softmax per range, ranges sized from the
+ * SM count, then v3's merge); where it does not read the rows (kvcu_cache_decode_reads()) it
+ * runs v2/v3, as the engine does. Other versions: KV_ERR_ARG.
  * scores: device scratch of kvcu_attn_decode_scratch(version, ...) floats, or NULL to
  * allocate one for this call (a timing loop passes its own, so cudaMalloc is not what it
  * measures). With NULL the call waits for the kernel (cudaFree does); with a scratch it
@@ -94,7 +97,8 @@ int kvcu_attn_decode_version(int version, const float *q, const float *k, const 
                              float *out, float *scores, int n_heads, int n_kv_heads, int head_dim,
                              int max_seq, int len, kv_err *err);
 /** Floats of scratch kvcu_attn_decode_version() needs: H·max_seq scores for v1 and v2, plus
- * v3's partition results H·ceil(max_seq / 512)·(d + 2). */
+ * v3's partition results H·ceil(max_seq / 512)·(d + 2); v4: the larger of v3's and its own
+ * partial states H·ceil(max_seq / 256)·(d + 2). */
 size_t kvcu_attn_decode_scratch(int version, int n_heads, int head_dim, int max_seq);
 
 /* ---- the engine: weights, cache and scratch on the device --------------------------- */
@@ -229,15 +233,21 @@ int kvcu_cache_write_seq(kvcu_cache *c, int layer, int slot, int pos, int n, con
 int kvcu_cache_attention(const kvcu_cache *c, int layer, int slot, int pos, const float *q,
                          float *out, int n_heads, kv_err *err);
 /**
- * kvcu_cache_attention() with the kernel chosen: 1, 2, 3 as in kvcu_attn_decode_version(), or
- * 0 for the engine's choice (v2 up to 512 positions, v3 beyond). @p scratch: device scratch of
- * kvcu_attn_decode_scratch(version or 3, n_heads, head_dim, capacity) floats, or NULL to
+ * kvcu_cache_attention() with the kernel chosen: 1 to 4 as in kvcu_attn_decode_version(), or
+ * 0 for the engine's choice (v4 where it reads the layer, else v2 up to 512 positions, v3
+ * beyond). @p scratch: device scratch of
+ * kvcu_attn_decode_scratch(version or 4, n_heads, head_dim, capacity) floats, or NULL to
  * allocate one and wait for the kernel; with a scratch the call returns at once. Contiguous
  * and paged caches, every format.
  */
 int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, int slot, int pos,
                                  const float *q, float *out, float *scratch, int n_heads,
                                  kv_err *err);
+/** 1 when the engine's decode kernel (version 4) reads @p layer of @p c with @p n_heads query
+ * heads: every format but KIVI, keys not rotated at attention (not KV_POS_CACHE), rows a
+ * multiple of 16 bytes, at most 32 chunks of 16 bytes per row, the group's shared memory
+ * within 160 KiB; else 0 (the engine then runs v2/v3). */
+int kvcu_cache_decode_reads(const kvcu_cache *c, int layer, int n_heads);
 /** GPU twin of kv_cache_write_slots(): k, v [n][H_kv][d] device rows into pool rows
  * @p slots [n] (host memory; negative = padding, skipped), the CPU's bytes; fp8 and KIVI
  * refused with the CPU's words. */

@@ -53,6 +53,7 @@
  * its edge, and the test prints how far (max |err| / bound).
  */
 #include "common/kv_test.h"
+#include "common/kv_test_attn_bound.h"
 
 #include "kv_attention.h"
 #include "kv_ops.h"
@@ -137,27 +138,13 @@ typedef struct {
 } shape;
 
 /* The bound of the top of the file for head h of the query at pos: what the reference
- * reads (kv_cache_elem(), keys rotated under KV_POS_CACHE) gives S and V. */
+ * reads (kv_cache_elem(), keys rotated under KV_POS_CACHE) gives S and V (kv_test_attn_sv()). */
 static double bound_of(const kv_cache *c, int pos, int h, int H, const float *qh)
 {
-    const int d = c->head_dim, W = c->spec.window.size, S = c->spec.window.n_sinks;
-    const int kvh = kv_attn_kv_head(h, H, c->n_kv_heads);
-    const int rd = c->rope_cs ? c->rotary_dim / 2 * 2 : 0; /* dims rotated at attention */
-    const kv_head_view kh = kv_cache_view(c, 0, 0, kvh, KV_QROLE_KEY);
-    const kv_head_view vh = kv_cache_view(c, 0, 0, kvh, KV_QROLE_VALUE);
-    const int64_t n = kv_window_count(W, S, pos);
-    double smax = 0.0, vmax = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t row = kv_window_row(W, S, kv_window_pos(W, S, pos, i));
-        double sq = 0.0;
-        for (int j = 0; j < d; j++) {
-            double a = fabs(kv_cache_elem(&kh, row, j));
-            if (j < rd) a = hypot(kv_cache_elem(&kh, row, j & ~1), kv_cache_elem(&kh, row, j | 1));
-            sq += fabs(qh[j]) * a;
-            vmax = fmax(vmax, fabs(kv_cache_elem(&vh, row, j)));
-        }
-        smax = fmax(smax, sq / sqrt((double)d));
-    }
+    const int d = c->head_dim;
+    const int64_t n = kv_window_count(c->spec.window.size, c->spec.window.n_sinks, pos);
+    double smax, vmax;
+    kv_test_attn_sv(c, pos, h, H, qh, &smax, &vmax);
     const double u = 0x1p-24, delta = u * ((d / 16 + 30) * smax + 4);
     return 1.01 * (expm1(2 * delta) + (2.0 * (double)n + 5) * u) * vmax;
 }

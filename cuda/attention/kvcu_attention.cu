@@ -6,25 +6,22 @@
  * lines the CPU runs.
  *
  * Versions 1 and 2 compute the CPU reference's three-pass softmax in fp32, scores in a global
- * scratch of [T][H][capacity] floats (a 32k-token context needs 128 KiB of scores per head,
- * more than a block's shared memory):
+ * scratch of [T][H][capacity] floats (32k tokens: 128 KiB per head, past shared memory):
  *   (1) scores q·k_p / sqrt(d), position p taken by thread p mod 128, and their max;
  *   (2) exp(score - max) and their sum (subtracting the max keeps expf from overflowing);
  *   (3) the weighted sum of values in position order, thread i taking output dim i,
  *       multiplied once by 1/sum.
  *
- * attn_decode_kernel_v1: one block per (query token, query head). Every query head streams
- *   its KV head's rows on its own, so a group of G heads reads the same K and V G times:
- *   H·N·d·2·b bytes per token per layer, whatever H_kv is.
+ * attn_decode_kernel_v1: one block per (query token, query head): a group of G heads reads the
+ *   same K and V G times, H·N·d·2·b bytes per token per layer, whatever H_kv is.
  *
- * attn_decode_kernel_v2 (chapter 03): one block per (query token, KV head). The group's G
- *   query heads are packed together in shared memory; each thread loads a K row (pass 1) or
- *   a V element (pass 3) once and applies it to up to ATTN_GROUP_REGS heads held in registers.
- *   A group of G <= 8 heads therefore reads K and V once: H_kv·N·d·2·b bytes, G times fewer
- *   than v1. Larger groups (MQA with many heads) walk the group in chunks of 8 and re-read
- *   the rows once per chunk, mostly from L2. Per head the arithmetic is v1's, in v1's order.
- *   The group takes G·(d + 2) + 32 floats of shared memory; past 48 KiB (G·(d+2) > 12256,
- *   e.g. MQA with 96 heads of d = 128) the launchers run v1 instead.
+ * attn_decode_kernel_v2 (chapter 03): one block per (query token, KV head), the group's G query
+ *   heads packed in shared memory; each thread loads a K row (pass 1) or a V element (pass 3)
+ *   once for up to ATTN_GROUP_REGS heads in registers: G <= 8 heads read K and V once,
+ *   H_kv·N·d·2·b bytes, G times fewer than v1; larger groups walk it in chunks of 8, re-reading
+ *   the rows (mostly from L2). Per head the arithmetic is v1's, in v1's order. The group takes
+ *   G·(d + 2) + 32 floats of shared memory; past 48 KiB (G·(d+2) > 12256, e.g. MQA with 96
+ *   heads of d = 128) the launchers run v1 instead.
  *
  * attn_decode_kernel_v3 + attn_merge_kernel (chapter 05, flash-decoding): v2 gives one
  *   decode token H_kv blocks, far fewer than a GPU has multiprocessors, and each of them walks
@@ -37,34 +34,31 @@
  *   softmax summed in another order: not the CPU's bits (the tests allow the fp32 tolerance),
  *   but with one partition v2's by construction (v2's code, attn_group_span(), on v2's
  *   positions and threads; the merge multiplies by e^0 = 1 and divides as v2 does). Extra
- *   scratch: [T][H][n_parts][d + 2] floats of partition results. The engine
- *   (kvcu_attention()) runs v2 when the step's longest row fits one partition, else v3, whose
- *   one-partition rows get v2's bits: a sequence's result never depends on its batch.
- *   This is the GPU's one split-KV decode: chapter 08's v4 (cuda/attention/kvcu_flash.cu)
- *   cuts its keys into the same ranges (attn_split_span()) and ends in this merge kernel.
+ *   scratch: [T][H][n_parts][d + 2] floats of partition results. Chapter 08's v4
+ *   (kvcu_flash.cu) cuts its keys into the same ranges (attn_split_span()) and ends here too.
+ * Version 4 (cuda/attention/kvcu_decode.cu) is the engine's decode kernel: 16-byte loads,
+ *   cp.async tiles, online softmax per range, ranges sized from the device; it ends in this
+ *   merge. kvcu_attention() runs it where it reads the layer, else v2 (one partition) or v3:
+ *   either way the choice depends on the layer, never the batch, so a row keeps its bits.
  *
  * Chapter 04: every version reads the cache through kv_head_view (kv_cache.h): an fp32 layer
  *   as plain floats, any other format by the per-element decode of kv_quant_math.h inline in
  *   the loops, the lines the CPU runs (or KIVI's fp32 window for its newest rows): no
  *   dequantized copy is written, the bytes read are the quantized ones. Per-token int8 keys
  *   meet the query rounded to 16-bit integers, as on the CPU (kv_attn_int_keys(); group_open()
- *   and v1 round it, kvq_q16_round_query()); where the CPU takes the integer dot product of
- *   the codes (kv_attn_row_factored()), every element is decoded here and multiplied in
- *   floats, the GPU having arithmetic to spare: within fp32 tolerance of the CPU.
- * Chapter 05: on a paged cache the views are kv_cache_plane_view_paged(): a position's row is
- *   found through the slot's block table (a device copy), once per row a thread reads, and the
- *   math is unchanged, so paged and contiguous caches holding the same rows give the same bits.
+ *   and v1 round it, kvq_q16_round_query()), multiplied in floats where the CPU takes the
+ *   codes' integer dot product: within fp32 tolerance of the CPU.
+ * Chapter 05: a paged cache's views (kv_cache_plane_view_paged()) find a row through the slot's
+ *   block table, the math unchanged: paged and contiguous give the same bits.
  * Chapter 06 (sliding window + sinks, kv_window.h): every version's index p runs over the
  *   n = kv_window_count() positions the query retains, in position order (sinks, then window),
  *   reading logical row kv_window_row() of the i-th (pass 1 per strided index, pass 3 by
- *   kv_window_walk): the list the CPU's passes see, so the scratch stride is the cache's span
- *   S+W. Under KV_POS_CACHE keys are stored before RoPE; key_ld() rotates each by its index
- *   with the CPU cache's cos/sin table and rotate_row()'s unfused arithmetic: the CPU's bits.
+ *   kv_window_walk): the CPU's list; the scratch stride is the cache's span S+W. Under
+ *   KV_POS_CACHE keys are stored before RoPE; key_ld() rotates each by its index with the CPU
+ *   cache's cos/sin table and rotate_row()'s unfused arithmetic: the CPU's bits.
  *
- * kvcu_attn_decode() is the plain-array twin of kv_attn_decode() and runs v2;
- * kvcu_attn_decode_version() picks the version (the tests hold each against the CPU, the
- * bench times them). kvcu_attention() runs a step's tokens over one layer of a kvcu_cache,
- * as kv_forward() calls kv_attention().
+ * kvcu_attn_decode() is the plain-array twin of kv_attn_decode() (v2); kvcu_attn_decode_version()
+ * picks the version. kvcu_attention() runs a step's tokens over one layer of a kvcu_cache.
  */
 #include <stdint.h>
 #include <string.h>
@@ -401,7 +395,7 @@ __global__ void attn_merge_kernel(float *out, attn_src src, attn_rows rows, attn
 {
     const int t = blockIdx.x, h = blockIdx.y;
     const attn_span r = attn_span_of(src, rows, t);
-    const int np = attn_n_splits(r.p1 - r.p0);
+    const int np = r.p1 > r.p0 ? (int)((r.p1 - r.p0 + r.keys - 1) / r.keys) : 0;
     const size_t ph = ((size_t)t * n_heads + h) * pp.n_parts; /* [n_parts] of this head */
     const float *pm = pp.pm + ph, *pl = pp.pl + ph, *po = pp.po + ph * head_dim;
     float *oh = out + ((size_t)r.tr * n_heads + h) * head_dim; /* [d] */
@@ -436,16 +430,17 @@ static int check_heads(const char *who, int n_heads, int n_kv_heads, int head_di
     return KV_OK;
 }
 
+/* v4 takes its partial states from the same scratch, or falls back to v3 */
 static size_t scratch_floats(int T, int version, int n_heads, int head_dim, int stride)
 {
-    size_t f = (size_t)T * n_heads * stride;
-    if (version == 3) f += (size_t)T * n_heads * attn_n_splits(stride) * (head_dim + 2);
-    return f;
+    size_t f = (size_t)T * n_heads * stride, f4 = kvcu_decode_scratch(T, n_heads, head_dim, stride);
+    if (version >= 3) f += (size_t)T * n_heads * attn_n_splits(stride) * (head_dim + 2);
+    return version == 4 && f4 > f ? f4 : f;
 }
 
 size_t kvcu_attention_scratch(int T, int n_heads, int head_dim, int capacity)
 {
-    return scratch_floats(T, 3, n_heads, head_dim, capacity);
+    return scratch_floats(T, 4, n_heads, head_dim, capacity);
 }
 
 size_t kvcu_attn_decode_scratch(int version, int n_heads, int head_dim, int max_seq)
@@ -462,13 +457,18 @@ static attn_rows engine_rows(const int *tok_slot, const int *tok_pos, const int 
     return r;
 }
 
-/* Launch version @p version (1, 2 or 3; 2 and 3 fall back to 1 when the group's shared memory
- * would not fit) over T tokens whose longest sees max_len positions. stride: positions per
- * head of the scores scratch (>= max_len); v3's partition results follow them. */
+/* Launch version @p version (1 to 4; 4 falls back to the engine's v2/v3 on a layer it does not
+ * read, 2 and 3 to 1 when the group's shared memory would not fit) over T tokens whose longest
+ * sees max_len positions. stride: positions per head of the scores scratch (>= max_len); v3's
+ * partition results follow them. */
 static void launch(int version, float *out, const float *q, const attn_src &src, float *scores,
                    const attn_rows &rows, int max_len, int T, int n_heads, int n_kv_heads,
                    int head_dim, int stride)
 {
+    if (version == 4 && !kvcu_decode_launch(out, q, src, rows, scores, max_len, T, n_heads,
+                                            n_kv_heads, head_dim))
+        version = max_len > KVCU_FLASH_SPLIT_KEYS ? 3 : 2;
+    if (version == 4) return;
     const size_t smem = group_smem(kv_heads_group(n_heads, n_kv_heads), head_dim);
     if (version == 3 && smem <= ATTN_SMEM_MAX) {
         const int n_parts = attn_n_splits(stride);
@@ -533,8 +533,8 @@ int kvcu_attn_decode_version(int version, const float *q, const float *k, const 
 {
     int st = check_heads("kvcu_attn_decode", n_heads, n_kv_heads, head_dim, err);
     if (st) return st;
-    if (version < 1 || version > 3)
-        return kv_fail(err, KV_ERR_ARG, "kvcu_attn_decode: version %d (there are v1, v2 and v3)",
+    if (version < 1 || version > 4)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_attn_decode: version %d (there are v1 to v4)",
                        version);
     if (len <= 0 || len > max_seq)
         return kv_fail(err, KV_ERR_ARG, "kvcu_attn_decode: len %d outside 1..max_seq %d", len,
@@ -560,9 +560,9 @@ int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const in
     if (T > 65535) /* the rows are a grid dimension (y, or z for v3) */
         return kv_fail(err, KV_ERR_ARG, "kvcu_attention: %d rows in one launch, more than the "
                        "65535 a grid dimension holds; split the step into waves", T);
-    /* one partition: v2; longer rows: v3, whose one-partition rows equal v2's bits */
-    const int version = max_len > KVCU_FLASH_SPLIT_KEYS ? 3 : 2;
-    launch(version, out, q, cache_src(c, layer), scores,
+    /* v4 where it reads the layer; else one partition: v2; longer rows: v3, whose
+     * one-partition rows equal v2's bits. Either way a row's bits never depend on its batch. */
+    launch(4, out, q, cache_src(c, layer), scores,
            engine_rows(tok_slot, tok_pos, row_of, 0, 0), max_len, T, n_heads, c->n_kv_heads,
            c->head_dim, c->span);
     KV_CUDA_TRY_LAUNCH(err);
@@ -577,9 +577,9 @@ int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, in
         pos < 0 || pos >= c->spec.capacity)
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_attention: layer %d, slot %d, pos %d", layer,
                        slot, pos);
-    if (version < 0 || version > 3)
+    if (version < 0 || version > 4)
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_attention: version %d (0 = the engine's "
-                       "choice, 1, 2, 3)", version);
+                       "choice, 1 to 4)", version);
     /* the rows the query reads: positions 0 .. pos, or with a window min(pos + 1, S+W) */
     const int n = (int)kv_window_count(c->spec.window.size, c->spec.window.n_sinks, pos);
     if (c->tables && (int64_t)kv_window_rows(c->spec.window.size, c->spec.window.n_sinks, (int64_t)pos + 1) >
@@ -588,7 +588,7 @@ int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, in
                        "its %d mapped blocks", pos, slot, c->n_mapped[slot]);
     int st = check_heads("kvcu_cache_attention", n_heads, c->n_kv_heads, c->head_dim, err);
     if (st) return st;
-    if (version == 0) version = n > KVCU_FLASH_SPLIT_KEYS ? 3 : 2;
+    if (version == 0) version = 4; /* the engine's: v4, or v2/v3 where v4 does not read */
     return launch_one(version, out, q, cache_src(c, layer), scratch, slot, pos, n, n_heads,
                       c->n_kv_heads, c->head_dim, c->span, err);
 }

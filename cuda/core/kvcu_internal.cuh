@@ -24,7 +24,8 @@ struct kvcu_cache {
     int n_layers, n_kv_heads, head_dim;
     int window;          /* KIVI window R (0 when no layer is KIVI) */
     float *k;            /* device, all-fp32 contiguous caches without a window:
-                          * [L][n_slots][H_kv][capacity][d], else NULL */
+                          * [L][n_slots][H_kv][capacity][d] (layer l at kp[l].codes,
+                          * at the CPU's offsets), else NULL */
     float *v;            /* device, same shape as k, else NULL */
     int *len;            /* host [n_slots] tokens currently stored per slot */
     int *fmt;            /* host [L] storage format of each layer */
@@ -192,6 +193,8 @@ typedef struct {
     const int *row_of;             /* device [T], or NULL */
     int slot0, step;
     int64_t pos0, k_begin, n_keys;
+    int split_target;              /* split-KV: 0, ranges of KVCU_FLASH_SPLIT_KEYS keys; else
+                                    * about this many ranges per row (attn_split_keys()) */
 } attn_rows;
 
 /* What launch row t computes: token row tr of slot `slot`, query position tpos, retained
@@ -199,7 +202,20 @@ typedef struct {
 typedef struct {
     int tr, slot;
     int64_t tpos, p0, p1;
+    int64_t keys; /* keys per split-KV range of this row */
 } attn_span;
+
+/* Split-KV ranges of the engine's decode kernel (kvcu_decode.cu): a row of n keys is cut into
+ * about `target` ranges, none shorter than KVCU_DECODE_MIN_KEYS keys (shorter ones would cost
+ * more in partial states than they save), each a multiple of 64 keys (whole tiles). The
+ * length of the row and the target (a device constant) decide it: never the batch. */
+#define KVCU_DECODE_MIN_KEYS 256
+static inline KV_HD int64_t attn_split_keys(int64_t n, int target)
+{
+    int64_t k = target > 0 ? (n + target - 1) / target : n;
+    if (k < KVCU_DECODE_MIN_KEYS) k = KVCU_DECODE_MIN_KEYS;
+    return (k + 63) / 64 * 64;
+}
 
 __device__ inline attn_span attn_span_of(const attn_src &src, const attn_rows &rs, int t)
 {
@@ -211,11 +227,14 @@ __device__ inline attn_span attn_span_of(const attn_src &src, const attn_rows &r
     r.p0 = rs.k_begin;
     r.p1 = n < rs.n_keys ? n : rs.n_keys;
     if (r.p1 < r.p0) r.p1 = r.p0;
+    r.keys = rs.split_target > 0 ? attn_split_keys(r.p1 - r.p0, rs.split_target)
+                                 : KVCU_FLASH_SPLIT_KEYS;
     return r;
 }
 
-/* Split-KV (flash-decoding): a row's indices are cut into ranges of KVCU_FLASH_SPLIT_KEYS,
- * one block per (row, KV head, range), each leaving its heads' partial state (max m, exp-sum
+/* Split-KV (flash-decoding): a row's indices are cut into ranges of r.keys (KVCU_FLASH_SPLIT_KEYS
+ * for v3 and chapter 08's v4, attn_split_keys() for the engine's decode kernel), one block per
+ * (row, KV head, range), each leaving its heads' partial state (max m, exp-sum
  * l, unnormalized output o) in an attn_parts; attn_merge_kernel (kvcu_attention.cu) then
  * combines each head's ranges. The engine's v3 and chapter 08's v4 both end there. */
 static inline KV_HD int attn_n_splits(int64_t n)
@@ -226,8 +245,8 @@ static inline KV_HD int attn_n_splits(int64_t n)
 /* Range @p part of row r: [*lo, *hi); 0 when the row has no such range. */
 __device__ inline int attn_split_span(const attn_span &r, int part, int64_t *lo, int64_t *hi)
 {
-    *lo = r.p0 + (int64_t)part * KVCU_FLASH_SPLIT_KEYS;
-    *hi = r.p1 - *lo < KVCU_FLASH_SPLIT_KEYS ? r.p1 : *lo + KVCU_FLASH_SPLIT_KEYS;
+    *lo = r.p0 + (int64_t)part * r.keys;
+    *hi = r.p1 - *lo < r.keys ? r.p1 : *lo + r.keys;
     return *lo < r.p1;
 }
 
@@ -249,6 +268,16 @@ static inline KV_HD attn_parts attn_parts_at(float *base, int T, int n_heads, in
  * states (attn_merge_kernel). */
 void kvcu_attn_merge_launch(float *out, const attn_src &src, const attn_rows &rows,
                             const attn_parts &parts, int T, int n_heads, int head_dim);
+
+/* The engine's decode kernel, version 4 (cuda/attention/kvcu_decode.cu): whether it reads this
+ * layer with H query heads; its launch over T rows whose longest attends max_len keys (0 when
+ * the layer is not one it reads: nothing launched), partial states in @p scratch, at least
+ * kvcu_decode_scratch() floats, then attn_merge_kernel into out. */
+int kvcu_decode_supported(const attn_src &src, int n_heads, int n_kv_heads, int head_dim);
+int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_rows rows,
+                       float *scratch, int max_len, int T, int n_heads, int n_kv_heads,
+                       int head_dim);
+size_t kvcu_decode_scratch(int T, int n_heads, int head_dim, int capacity);
 
 /* Layer @p layer of a device cache. */
 static inline attn_src cache_src(const kvcu_cache *c, int layer)

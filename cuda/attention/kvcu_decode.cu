@@ -1,0 +1,381 @@
+/*
+ * The engine's decode attention (version 4 of the attention family, kvcu_attention.cu): the
+ * kernel a step's rows run over a cache whose layer it can read, held to the CPU reference
+ * (reference_cpu/attention/kv_attention_ref.c) by a stated error bound (tests/test_gpu_decode.c).
+ * Decode attention reads every retained K/V row once and does little arithmetic with it, so
+ * what matters is how the bytes come in. Each technique, and what it adds:
+ *
+ *  - per-format templates (attn_fast_kernel<F>): the storage format is a template argument,
+ *    so the inner loops hold no switch and each conversion is the format's own instructions;
+ *  - 16-byte loads: a K or V row is read as d / vec chunks of 16 bytes (vec = 16 / sizeof
+ *    element: 4 fp32, 8 fp16/bf16, 16 int8/fp8), one chunk per lane, d / vec lanes per row
+ *    and 32·vec / d rows per warp, so a warp's request is whole 128-byte lines;
+ *  - cp.async double buffering (kvcu_vec.cuh): the rows of tile i+1 (K, V and int8 scales) are
+ *    copied global -> shared while tile i is computed; the loads bypass registers and the
+ *    copy engine overlaps them with the arithmetic;
+ *  - conversions by pairs (kvcu_unpack<dec_fmt<F>::kind>(): __half22float2, bf16 pairs, fp8x2 -> half2 by
+ *    cvt on sm_89+, int8 through PRMT and one subtraction) and per-row scales applied once
+ *    per chunk, fp8's per-head scale folded into the score factor and the output;
+ *  - the group's G query heads in one block: each K/V row is read once per KV head, whatever G;
+ *  - online softmax inside each split (running max, exp-sum and output rescaled per tile), so
+ *    no scores go to global memory;
+ *  - split-KV with the split count from the device: a row's keys are cut into ranges of
+ *    attn_split_keys() (kvcu_internal.cuh), enough ranges that one row alone fills about
+ *    KVCU_DECODE_WAVES waves of the GPU's blocks; the count depends on the row's length, the
+ *    SM count and H_kv only, never on the batch, so a sequence gets the same bits alone or
+ *    batched. attn_merge_kernel (kvcu_attention.cu), the family's one merge, combines them.
+ *
+ * Rows are found by one locator, dec_row(): the retained index -> logical row (chapter 06's
+ * window and sinks) -> physical row (contiguous, or chapter 05's block table). Formats: fp32,
+ * fp16, bf16, int8 (per row and per 32/64/128 channels), fp8 E4M3/E5M2. Not here (the engine
+ * runs v2/v3 for them, dec_plan() says no): KIVI (groups along tokens, an fp32 ring), keys
+ * rotated at attention (KV_POS_CACHE), rows that are not a multiple of 16 bytes or a head dim
+ * with more than 32 chunks, and a group whose shared memory passes KVCU_DECODE_SMEM_MAX.
+ * Chapter 09's selected sets keep their own kernel (attn_list_kernel): the methods read the
+ * weights it leaves.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "kvcu_internal.cuh"
+#include "kvcu_vec.cuh"
+
+#define DEC_THREADS 128
+#define DEC_MIN_BLOCKS 4                    /* resident blocks per SM asked of ptxas: <= 128 registers */
+#define DEC_STAGE_BYTES 8192                /* K codes of one tile, about */
+#define KVCU_DECODE_WAVES 2
+#define KVCU_DECODE_SMEM_MAX (160 * 1024)   /* sm_80 allows 163 KiB per block, sm_90 227 KiB */
+
+/* Elements per 16 bytes of format F, as a constant. */
+template <int F>
+struct dec_fmt {
+    static constexpr int kind = F == KV_QF_F32 ? KVCU_V_F32 : F == KV_QF_F16 ? KVCU_V_F16
+                              : F == KV_QF_BF16 ? KVCU_V_BF16 : F == KV_QF_FP8_E4M3 ? KVCU_V_E4M3
+                              : F == KV_QF_FP8_E5M2 ? KVCU_V_E5M2 : KVCU_V_I8;
+    static constexpr int vec = kvcu_vec_elems(kind);
+    static constexpr bool int8 = F >= KV_QF_INT8 && F <= KV_QF_INT8_G128;
+    static constexpr bool fp8 = F == KV_QF_FP8_E4M3 || F == KV_QF_FP8_E5M2;
+};
+
+/* The launch's shape and shared-memory map, computed once on the host (dec_plan()). */
+struct dec_plan_t {
+    int G, d, lpr, lpr_shift; /* heads per group, head dim, lanes per row (2^lpr_shift) */
+    int tile;                 /* rows per pipeline stage */
+    int ng;                   /* int8: scales per row (d / group), else 0 */
+    int rs;                   /* P·V: ranges of a tile's rows per head (1 when G >= 128 / lpr) */
+    int64_t rb;               /* bytes per row */
+    size_t off_s, off_m, off_o, off_buf, stage, smem; /* byte offsets; q at 0 */
+};
+
+/* Index i of the positions a query at tpos retains -> the row it lives in (kvcu_attention.cu's
+ * attn_row() then kv_view_row()): the one row locator of contiguous and paged, windowed or not. */
+__device__ __forceinline__ int64_t dec_row(const attn_src &s, const kv_head_view &h, int64_t tpos,
+                                           int64_t i)
+{
+    const int64_t r =
+        s.keep_w ? kv_window_row(s.keep_w, s.keep_s, kv_window_pos(s.keep_w, s.keep_s, tpos, i)) : i;
+    return kv_view_row(&h, r);
+}
+
+/* Tile `it` of [lo, hi) into stage st: K rows at 0, V rows at tile·rb, then (int8) the K and V
+ * scales [tile][ng] each. 16-byte copies for codes, 4-byte ones for scales. */
+template <int F>
+__device__ __forceinline__ void dec_issue(const dec_plan_t &p, const attn_src &src,
+                                          const kv_head_view &kh, const kv_head_view &vh,
+                                          int64_t tpos, int64_t i0, int n, uint8_t *st)
+{
+    const int chunks = n << p.lpr_shift;
+    for (int c = threadIdx.x; c < 2 * chunks; c += DEC_THREADS) {
+        const int v = c >= chunks, cc = v ? c - chunks : c;
+        const int row = cc >> p.lpr_shift, ch = cc & (p.lpr - 1);
+        const int64_t pr = dec_row(src, kh, tpos, i0 + row);
+        const uint8_t *g = (v ? vh.codes : kh.codes) + pr * p.rb + ch * 16;
+        kvcu_cp16(st + (v ? p.tile * p.rb : 0) + row * p.rb + ch * 16, g);
+    }
+    if (dec_fmt<F>::int8) {
+        float *sc = (float *)(void *)(st + 2 * p.tile * p.rb); /* [2][tile][ng] */
+        const int m = n * p.ng;
+        for (int c = threadIdx.x; c < 2 * m; c += DEC_THREADS) {
+            const int v = c >= m, cc = v ? c - m : c, row = cc / p.ng, j = cc % p.ng;
+            const int64_t pr = dec_row(src, kh, tpos, i0 + row);
+            const float *meta = (const float *)(v ? vh.meta : kh.meta);
+            __pipeline_memcpy_async(sc + (v ? p.tile * p.ng : 0) + row * p.ng + j,
+                                    meta + pr * p.ng + j, 4);
+        }
+    }
+}
+
+/*
+ * Block (kvh, part, t): launch row t's G query heads of KV head kvh over range `part` of its
+ * retained keys, leaving each head's (max, exp-sum, unnormalized output) in pp for the merge.
+ * Shared memory (dec_plan()): qs [G][d] the queries; ps [G][tile] a tile's scores, then its
+ * weights; mx, ls, al [G] each head's running max, exp-sum and this tile's rescale factor;
+ * os [rs][G][d] the running outputs; two stages of K/V rows (and int8 scales).
+ */
+template <int F>
+__global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)
+attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec_plan_t p,
+                 int n_heads, int n_kv_heads)
+{
+    constexpr int VEC = dec_fmt<F>::vec;
+    KV_DYNAMIC_SMEM(uint4, smem4);
+    uint8_t *sm = (uint8_t *)smem4;
+    const int kvh = blockIdx.x, part = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
+    const attn_span r = attn_span_of(src, rows, t);
+    int64_t lo, hi;
+    if (!attn_split_span(r, part, &lo, &hi)) return; /* the row is shorter: the block leaves */
+    const int G = p.G, d = p.d, TILE = p.tile;
+    float *qs = (float *)(void *)sm;
+    float *ps = (float *)(void *)(sm + p.off_s);
+    float *mx = (float *)(void *)(sm + p.off_m), *ls = mx + G, *al = ls + G;
+    float *os = (float *)(void *)(sm + p.off_o);
+    uint8_t *buf = sm + p.off_buf;
+    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, d, r.slot, kvh);
+    const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, d, r.slot, kvh);
+
+    /* the first tile's copies go out before anything else */
+    const int ntiles = (int)((hi - lo + TILE - 1) / TILE);
+    dec_issue<F>(p, src, kh, vh, r.tpos, lo, (int)(hi - lo < TILE ? hi - lo : TILE), buf);
+    kvcu_cp_commit();
+
+    const float *qg = q + ((size_t)r.tr * n_heads + (size_t)kvh * G) * d; /* [G][d] */
+    for (int i = tid; i < G * d; i += DEC_THREADS) qs[i] = qg[i];
+    for (int i = tid; i < p.rs * G * d; i += DEC_THREADS) os[i] = 0.0f;
+    for (int g = tid; g < G; g += DEC_THREADS) {
+        mx[g] = -INFINITY;
+        ls[g] = 0.0f;
+    }
+    __syncthreads();
+    if (F == KV_QF_INT8 && kv_int_keys(kh, src.rope_cs)) { /* as v2: the 16-bit query */
+        for (int g = tid; g < G; g += DEC_THREADS) kvq_q16_round_query(qs + (size_t)g * d, d);
+        __syncthreads();
+    }
+    const float factor = (dec_fmt<F>::fp8 ? kh.scale : 1.0f) / sqrtf((float)d);
+    const int lane = tid & (KV_WARP - 1), warp = tid / KV_WARP, sub = tid & (p.lpr - 1);
+    const int grp = tid >> p.lpr_shift, ngrp = DEC_THREADS >> p.lpr_shift; /* row lanes */
+    const int gsub = dec_fmt<F>::int8 ? sub * VEC / (d / p.ng) : 0;        /* chunk's scale */
+
+    for (int it = 0; it < ntiles; it++) {
+        const int64_t i0 = lo + (int64_t)it * TILE;
+        const int n = (int)(hi - i0 < TILE ? hi - i0 : TILE);
+        if (it + 1 < ntiles) {
+            const int64_t i1 = i0 + TILE;
+            dec_issue<F>(p, src, kh, vh, r.tpos, i1, (int)(hi - i1 < TILE ? hi - i1 : TILE),
+                         buf + (size_t)((it + 1) & 1) * p.stage);
+        }
+        kvcu_cp_commit(); /* an empty batch on the last tile keeps the wait below uniform */
+        kvcu_cp_wait<1>(); /* this tile's copies (this thread's) have landed */
+        __syncthreads();   /* ... and every thread's */
+        const uint8_t *kst = buf + (size_t)(it & 1) * p.stage, *vst = kst + TILE * p.rb;
+        const float *ksc = (const float *)(const void *)(kst + 2 * TILE * p.rb);
+        const float *vsc = ksc + TILE * p.ng;
+
+        /* scores: lane `sub` of a row's lanes dots its chunk with each head's, summed across
+         * the row's lanes by xor shuffles (all lanes take part, rows past n with zeros) */
+        for (int r0 = 0; r0 < n; r0 += ngrp) {
+            const int row = r0 + grp;
+            const bool live = row < n;
+            float x[VEC];
+            if (live) {
+                kvcu_unpack<dec_fmt<F>::kind>(*(const uint4 *)(const void *)(kst + row * p.rb + sub * 16), x);
+                if (dec_fmt<F>::int8) {
+                    const float s = ksc[row * p.ng + gsub];
+                    for (int k = 0; k < VEC; k++) x[k] *= s;
+                }
+            } else {
+                for (int k = 0; k < VEC; k++) x[k] = 0.0f;
+            }
+            for (int g = 0; g < G; g++) {
+                const float4 *qv = (const float4 *)(const void *)(qs + (size_t)g * d + sub * VEC);
+                float acc = 0.0f;
+                KV_UNROLL
+                for (int k = 0; k < VEC / 4; k++) {
+                    const float4 qq = qv[k];
+                    acc = fmaf(qq.x, x[4 * k], acc);
+                    acc = fmaf(qq.y, x[4 * k + 1], acc);
+                    acc = fmaf(qq.z, x[4 * k + 2], acc);
+                    acc = fmaf(qq.w, x[4 * k + 3], acc);
+                }
+                for (int off = p.lpr >> 1; off > 0; off >>= 1)
+                    acc += __shfl_xor_sync(0xffffffffu, acc, off);
+                if (live && sub == 0) ps[g * TILE + row] = acc * factor;
+            }
+        }
+        __syncthreads();
+
+        /* online softmax: warp w takes heads w, w+4, ...; a lane takes rows lane, lane+32 */
+        for (int g = warp; g < G; g += DEC_THREADS / KV_WARP) {
+            const float s0 = lane < n ? ps[g * TILE + lane] : -INFINITY;
+            const float s1 = lane + KV_WARP < n ? ps[g * TILE + lane + KV_WARP] : -INFINITY;
+            const float mo = mx[g], mn = fmaxf(mo, kv_warp_max(fmaxf(s0, s1)));
+            const bool any = mn != -INFINITY;
+            const float a = any ? expf(mo - mn) : 1.0f;
+            const float p0 = any && lane < n ? expf(s0 - mn) : 0.0f;
+            const float p1 = any && lane + KV_WARP < n ? expf(s1 - mn) : 0.0f;
+            if (lane < n) ps[g * TILE + lane] = p0;
+            if (lane + KV_WARP < n) ps[g * TILE + lane + KV_WARP] = p1;
+            const float sum = kv_warp_sum(p0 + p1);
+            if (lane == 0) {
+                mx[g] = mn;
+                ls[g] = fmaf(ls[g], a, sum);
+                al[g] = a;
+            }
+        }
+        __syncthreads();
+
+        /* P·V: thread (chunk sub, row lane grp) keeps head g's chunk over rows rs, rs + RS, ...
+         * of the tile (or, G >= 128 / lpr, heads grp, grp + ngrp, ... over every row) */
+        const int RS = p.rs;
+        if (grp < (G < ngrp ? G * RS : ngrp)) {
+            const int rs = G < ngrp ? grp / G : 0, g0 = G < ngrp ? grp % G : grp;
+            const int gstep = G < ngrp ? G : ngrp;
+            for (int g = g0; g < G; g += gstep) {
+                float acc[VEC];
+                for (int k = 0; k < VEC; k++) acc[k] = 0.0f;
+                for (int row = rs; row < n; row += RS) {
+                    float x[VEC];
+                    kvcu_unpack<dec_fmt<F>::kind>(*(const uint4 *)(const void *)(vst + row * p.rb + sub * 16), x);
+                    float w = ps[g * TILE + row];
+                    if (dec_fmt<F>::int8) w *= vsc[row * p.ng + gsub];
+                    KV_UNROLL
+                    for (int k = 0; k < VEC; k++) acc[k] = fmaf(w, x[k], acc[k]);
+                }
+                float *o = os + ((size_t)rs * G + g) * d + sub * VEC;
+                const float a = al[g];
+                KV_UNROLL
+                for (int k = 0; k < VEC; k++) o[k] = fmaf(o[k], a, acc[k]);
+            }
+        }
+        __syncthreads(); /* the stage and ps are rewritten next */
+    }
+
+    /* the range's state: outputs summed over the row ranges, fp8's value scale applied once */
+    const size_t ph = ((size_t)t * n_heads + (size_t)kvh * G) * pp.n_parts + part;
+    const float vs = dec_fmt<F>::fp8 ? vh.scale : 1.0f;
+    for (int i = tid; i < G * d; i += DEC_THREADS) {
+        const int g = i / d, j = i - g * d;
+        float o = os[(size_t)g * d + j];
+        for (int s = 1; s < p.rs; s++) o += os[((size_t)s * G + g) * d + j];
+        pp.po[(ph + (size_t)g * pp.n_parts) * d + j] = dec_fmt<F>::fp8 ? o * vs : o;
+    }
+    for (int g = tid; g < G; g += DEC_THREADS) {
+        pp.pm[ph + (size_t)g * pp.n_parts] = mx[g];
+        pp.pl[ph + (size_t)g * pp.n_parts] = ls[g];
+    }
+}
+
+/* ---- host side ----------------------------------------------------------------------------- */
+
+static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+/* Whether version 4 reads this layer with H query heads, and its shape; 0 when it does not. */
+static int dec_plan(const attn_src &src, int n_heads, int n_kv_heads, int d, dec_plan_t *p)
+{
+    const int f = src.fmt;
+    if (kvq_is_kivi(f) || src.rope_cs || f < 0 || f >= KV_QF_COUNT || d <= 0) return 0;
+    const int vec = 128 / kvq_code_bits(f);
+    if (d % vec || d / vec > KV_WARP || ((d / vec) & (d / vec - 1))) return 0;
+    if (((uintptr_t)src.kp.codes | (uintptr_t)src.vp.codes) % 16) return 0;
+    memset(p, 0, sizeof *p);
+    p->G = kv_heads_group(n_heads, n_kv_heads);
+    p->d = d;
+    p->lpr = d / vec;
+    while ((1 << p->lpr_shift) < p->lpr) p->lpr_shift++;
+    p->rb = kvq_row_bytes(f, d);
+    p->tile = 8;
+    while (p->tile < 64 && 2 * p->tile * p->rb <= DEC_STAGE_BYTES) p->tile *= 2;
+    p->ng = kvq_is_int8(f) ? d / kvq_row_group(f, KV_QROLE_VALUE, d) : 0;
+    const int ngrp = DEC_THREADS / p->lpr;
+    p->rs = p->G >= ngrp ? 1 : ngrp / p->G;
+    p->off_s = align16((size_t)p->G * d * 4);
+    p->off_m = p->off_s + align16((size_t)p->G * p->tile * 4);
+    p->off_o = p->off_m + align16((size_t)3 * p->G * 4);
+    p->off_buf = p->off_o + align16((size_t)p->rs * p->G * d * 4);
+    p->stage = align16((size_t)2 * p->tile * p->rb + (size_t)2 * p->tile * p->ng * 4);
+    p->smem = p->off_buf + 2 * p->stage;
+    return p->smem <= KVCU_DECODE_SMEM_MAX;
+}
+
+int kvcu_decode_supported(const attn_src &src, int n_heads, int n_kv_heads, int head_dim)
+{
+    dec_plan_t p;
+    return dec_plan(src, n_heads, n_kv_heads, head_dim, &p);
+}
+
+int kvcu_cache_decode_reads(const kvcu_cache *c, int layer, int n_heads)
+{
+    if (!c || layer < 0 || layer >= c->n_layers || n_heads <= 0 || n_heads % c->n_kv_heads)
+        return 0;
+    return kvcu_decode_supported(cache_src(c, layer), n_heads, c->n_kv_heads, c->head_dim);
+}
+
+/* The kernel of format f and the dynamic shared memory it may take. */
+static const void *dec_kernel(int f)
+{
+    switch (f) {
+    case KV_QF_F32: return (const void *)attn_fast_kernel<KV_QF_F32>;
+    case KV_QF_F16: return (const void *)attn_fast_kernel<KV_QF_F16>;
+    case KV_QF_BF16: return (const void *)attn_fast_kernel<KV_QF_BF16>;
+    case KV_QF_FP8_E4M3: return (const void *)attn_fast_kernel<KV_QF_FP8_E4M3>;
+    case KV_QF_FP8_E5M2: return (const void *)attn_fast_kernel<KV_QF_FP8_E5M2>;
+    default: return (const void *)attn_fast_kernel<KV_QF_INT8>; /* every int8: scales per ng */
+    }
+}
+
+/* Ranges a row may be cut into: about KVCU_DECODE_WAVES waves of resident blocks over the
+ * H_kv blocks of one row. The same for every launch on a device, so rows keep their bits. */
+static int dec_split_target(const void *kernel, size_t smem, int n_kv_heads)
+{
+    int dev = 0, sms = 1, per_sm = 1;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        sms = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, DEC_THREADS, smem) !=
+            cudaSuccess || per_sm < 1)
+        per_sm = 1;
+    (void)cudaGetLastError(); /* a refused query is not the launch's error */
+    const int target = KVCU_DECODE_WAVES * sms * per_sm / n_kv_heads;
+    return target > 1 ? target : 1;
+}
+
+size_t kvcu_decode_scratch(int T, int n_heads, int head_dim, int capacity)
+{
+    const size_t parts = ((size_t)capacity + KVCU_DECODE_MIN_KEYS - 1) / KVCU_DECODE_MIN_KEYS;
+    return (size_t)T * n_heads * parts * (head_dim + 2);
+}
+
+int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_rows rows,
+                       float *scratch, int max_len, int T, int n_heads, int n_kv_heads,
+                       int head_dim)
+{
+    dec_plan_t p;
+    if (!dec_plan(src, n_heads, n_kv_heads, head_dim, &p)) return 0;
+    const void *kernel = dec_kernel(src.fmt);
+    if (p.smem > 48 * 1024)
+        (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)p.smem); /* a refusal shows at the launch */
+    rows.split_target = dec_split_target(kernel, p.smem, n_kv_heads);
+    int n_parts = (int)((max_len + KVCU_DECODE_MIN_KEYS - 1) / KVCU_DECODE_MIN_KEYS);
+    if (n_parts > rows.split_target) n_parts = rows.split_target;
+    if (n_parts < 1) n_parts = 1;
+    const attn_parts parts = attn_parts_at(scratch, T, n_heads, n_parts);
+    const dim3 grid(n_kv_heads, n_parts, T);
+    switch (src.fmt) {
+#define DEC_CASE(F)                                                                             \
+    case F:                                                                                     \
+        KV_LAUNCH(attn_fast_kernel<F>, grid, DEC_THREADS, p.smem, 0, q, src, rows, parts, p,    \
+                  n_heads, n_kv_heads);                                                         \
+        break;
+        DEC_CASE(KV_QF_F32)
+        DEC_CASE(KV_QF_F16)
+        DEC_CASE(KV_QF_BF16)
+        DEC_CASE(KV_QF_FP8_E4M3)
+        DEC_CASE(KV_QF_FP8_E5M2)
+#undef DEC_CASE
+    default:
+        KV_LAUNCH(attn_fast_kernel<KV_QF_INT8>, grid, DEC_THREADS, p.smem, 0, q, src, rows,
+                  parts, p, n_heads, n_kv_heads);
+    }
+    kvcu_attn_merge_launch(out, src, rows, parts, T, n_heads, head_dim);
+    return 1;
+}

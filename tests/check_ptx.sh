@@ -1,0 +1,70 @@
+#!/bin/sh
+# check_ptx.sh NVCC ROOT WORKDIR: the engine's decode kernels (cuda/attention/kvcu_decode.cu)
+# compiled to PTX for sm_90 and assembled by ptxas, no GPU needed. Fails when a kernel's body
+# lacks the instructions its design promises (16-byte cp.async copies of the rows, the wait,
+# 16-byte shared loads; per format its conversion: cvt.f32.f16 pairs, the bf16 shift, fp8x2
+# cvt on sm_90, PRMT for int8), when it loads rows byte by byte from global memory, or when
+# ptxas reports spills. Prints registers and spills per kernel. Exit 77 (skipped) without nvcc.
+nvcc="$1"
+root="$2"
+work="$3"
+if [ -z "$nvcc" ] || ! command -v "$nvcc" >/dev/null 2>&1; then
+    echo "nvcc not found: skipped"
+    exit 77
+fi
+ptxas="$(dirname "$(command -v "$nvcc")")/ptxas"
+mkdir -p "$work" || exit 1
+inc=""
+for d in "$root"/reference_cpu/* "$root"/cuda/core "$root"/cuda/cache "$root"/cuda/attention "$root"/cuda; do
+    [ -d "$d" ] && inc="$inc -I$d"
+done
+ptx="$work/kvcu_decode.ptx"
+# shellcheck disable=SC2086
+"$nvcc" -arch=sm_90 -std=c++17 -O3 -ptx $inc "$root/cuda/attention/kvcu_decode.cu" -o "$ptx" ||
+    { echo "FAIL: nvcc could not compile kvcu_decode.cu"; exit 1; }
+"$ptxas" -arch=sm_90 -v "$ptx" -o "$work/kvcu_decode.cubin" > "$work/ptxas.txt" 2>&1 ||
+    { cat "$work/ptxas.txt"; echo "FAIL: ptxas"; exit 1; }
+
+bad=0
+# format index (kv_qformat) -> name and the conversion its body must hold
+for f in "0 fp32 ld.shared.v4" "1 fp16 cvt.f32.f16" "2 bf16 -65536" "3 int8 prmt.b32" \
+         "7 fp8-e4m3 cvt.rn.f16x2.e4m3x2" "8 fp8-e5m2 cvt.rn.f16x2.e5m2x2"; do
+    set -- $f
+    name=$2
+    conv=$3
+    entry="_Z16attn_fast_kernelILi$1EE"
+    body="$work/body_$name.ptx"
+    awk -v e="$entry" 'index($0, ".entry " e) {f = 1} f {print} f && /^}/ {exit}' "$ptx" > "$body"
+    if [ ! -s "$body" ]; then
+        echo "FAIL $name: no kernel $entry in the PTX"
+        bad=$((bad + 1))
+        continue
+    fi
+    for want in "cp.async.cg.shared.global" "cp.async.wait_group" "ld.shared.v4" "$conv"; do
+        if ! grep -q -e "$want" "$body"; then
+            echo "FAIL $name: the kernel has no $want"
+            bad=$((bad + 1))
+        fi
+    done
+    if grep -Eq "ld(\.global)?(\.nc)?\.(u8|s8|b8)[^0-9]|ld\.shared(\.v[24])?\.(u8|s8|u16|b16)[^0-9]" "$body"; then
+        echo "FAIL $name: byte or 16-bit loads of rows (they come 16 bytes at a time)"
+        bad=$((bad + 1))
+    fi
+    # ptxas -v: the "Function properties" line (spills) and the "Used" line after the entry
+    stats=$(awk -v e="$entry" '
+        index($0, "Compiling entry function") && index($0, e) {f = 1; next}
+        f && /spill stores/ {st = $5; ld = $9}
+        f && /Used [0-9]+ registers/ {for (i = 1; i <= NF; i++) if ($i == "Used") r = $(i + 1); print r, st, ld; exit}
+    ' "$work/ptxas.txt")
+    set -- $stats
+    echo "attn_fast_kernel<$name>: ${1:-?} registers, ${2:-?} bytes spill stores, ${3:-?} bytes spill loads"
+    if [ -z "$1" ] || [ "${2:-1}" != 0 ] || [ "${3:-1}" != 0 ]; then
+        echo "FAIL: spills or no ptxas report"
+        bad=$((bad + 1))
+    fi
+done
+if [ "$bad" -ne 0 ]; then
+    echo "$bad failed"
+    exit 1
+fi
+echo "6 kernels checked, 0 failed"
