@@ -87,7 +87,7 @@ int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out,
  * v2. 4 = the engine's decode kernel (cuda/attention/kvcu_decode.cu: 16-byte rows through a
  * cp.async pipeline, the group in one block, online softmax per range, ranges sized from the
  * SM count, then v3's merge); where it does not read the rows (kvcu_cache_decode_reads()) it
- * runs v2/v3, as the engine does. Other versions: KV_ERR_ARG.
+ * runs v2/v3. Other versions: KV_ERR_ARG.
  * scores: device scratch of kvcu_attn_decode_scratch(version, ...) floats, or NULL to
  * allocate one for this call (a timing loop passes its own, so cudaMalloc is not what it
  * measures). With NULL the call waits for the kernel (cudaFree does); with a scratch it
@@ -234,8 +234,8 @@ int kvcu_cache_attention(const kvcu_cache *c, int layer, int slot, int pos, cons
                          float *out, int n_heads, kv_err *err);
 /**
  * kvcu_cache_attention() with the kernel chosen: 1 to 4 as in kvcu_attn_decode_version(), or
- * 0 for the engine's choice (v4 where it reads the layer, else v2 up to 512 positions, v3
- * beyond). @p scratch: device scratch of
+ * 0 for the engine's choice (v4 where it reads the layer when kvcu_attention_fast() is on,
+ * else v2 up to 512 positions, v3 beyond). @p scratch: device scratch of
  * kvcu_attn_decode_scratch(version or 4, n_heads, head_dim, capacity) floats, or NULL to
  * allocate one and wait for the kernel; with a scratch the call returns at once. Contiguous
  * and paged caches, every format.
@@ -248,6 +248,12 @@ int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, in
  * multiple of 16 bytes, at most 32 chunks of 16 bytes per row, the group's shared memory
  * within 160 KiB; else 0 (the engine then runs v2/v3). */
 int kvcu_cache_decode_reads(const kvcu_cache *c, int layer, int n_heads);
+/** Whether the engine (kvcu_attention(), and version 0 above) runs version 4 where it reads the
+ * layer (1) or v2/v3 (0, the default); @p on < 0 only asks. Returns the setting before the call.
+ * Off by default: chapter 09's selected-set kernel (attn_list_kernel) keeps v2's arithmetic, and
+ * a selection that keeps every position equals the plain engine bit for bit only while the
+ * plain engine does too (tests/test_gpu_retain.c). Set it before any step, not between steps. */
+int kvcu_attention_fast(int on);
 /** GPU twin of kv_cache_write_slots(): k, v [n][H_kv][d] device rows into pool rows
  * @p slots [n] (host memory; negative = padding, skipped), the CPU's bytes; fp8 and KIVI
  * refused with the CPU's words. */

@@ -11,8 +11,8 @@
  *    positions inside the first tile, past several tiles, and past several split ranges
  *    (int8 per-row keys: the reference fed the 16-bit query, kv_attn_query_rounded(), which
  *    the kernel applies, as v2 and the CPU do);
- *  - the engine's choice (version 0) is version 4, bit for bit, and paged equals contiguous
- *    bit for bit (one row locator, the same arithmetic).
+ *  - with kvcu_attention_fast(1) the engine's choice (version 0) is version 4, bit for bit,
+ *    and paged equals contiguous bit for bit (one row locator, the same arithmetic).
  *
  * The bound: test_attn_fast.c's, with what this kernel adds. u = 2^-24, N retained rows,
  * S = max_i Σ_j |q_j||k_ij| / √d, V = max |v_ij|.
@@ -197,6 +197,7 @@ int main(void)
         printf("skipped: %s\n", e.msg);
         return KV_TEST_SKIP;
     }
+    KV_CHECK(kvcu_attention_fast(1) == 0, "the engine runs v2/v3 unless switched");
     const shape shapes[] = {{"GQA G4 d64", 8, 2, 64}, {"MHA d128", 4, 4, 128}, {"MQA G8 d64", 8, 1, 64}};
     const int fmts[] = {KV_QF_F32, KV_QF_F16, KV_QF_BF16, KV_QF_INT8, KV_QF_INT8_G32,
                         KV_QF_FP8_E4M3, KV_QF_FP8_E5M2};

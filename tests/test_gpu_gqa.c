@@ -130,8 +130,13 @@ static void test_gpu_gqa_equals_duplicated(void)
     KV_CHECK(!rc && kv_test_compare("GQA v2 vs duplicated MHA v1", o1, o2, (long)H * d,
                                     KV_TOL_F32_ATOL, KV_TOL_F32_RTOL) == 0,
              "GPU GQA equals GPU duplicated MHA");
-    KV_CHECK(kvcu_attn_decode_version(4, a.q, a.k, a.v, a.out, NULL, H, Hkv, d, n, n, &e) == KV_ERR_ARG,
-             "version 4 refused");
+    KV_CHECK(kvcu_attn_decode_version(5, a.q, a.k, a.v, a.out, NULL, H, Hkv, d, n, n, &e) == KV_ERR_ARG,
+             "version 5 refused (there are v1 to v4)");
+    rc = kvcu_attn_decode_version(4, a.q, a.k, a.v, a.out, NULL, H, Hkv, d, n, n, &e);
+    if (!rc) rc = kvcu_download(o1, a.out, (size_t)H * d * 4, &e);
+    KV_CHECK(!rc && kv_test_compare("GQA v4 vs duplicated MHA v1", o1, o2, (long)H * d,
+                                    KV_TOL_F32_ATOL, KV_TOL_F32_RTOL) == 0,
+             "GPU GQA v4 equals GPU duplicated MHA: %s", rc ? e.msg : "");
     release(&a);
     release(&b);
     kv_free(q); kv_free(k); kv_free(v); kv_free(k2); kv_free(v2); kv_free(o1); kv_free(o2);

@@ -38,8 +38,8 @@
  *   (kvcu_flash.cu) cuts its keys into the same ranges (attn_split_span()) and ends here too.
  * Version 4 (cuda/attention/kvcu_decode.cu) is the engine's decode kernel: 16-byte loads,
  *   cp.async tiles, online softmax per range, ranges sized from the device; it ends in this
- *   merge. kvcu_attention() runs it where it reads the layer, else v2 (one partition) or v3:
- *   either way the choice depends on the layer, never the batch, so a row keeps its bits.
+ *   merge. kvcu_attention() runs it, switched on (kvcu_attention_fast()), where it reads the
+ *   layer, else v2 (one partition) or v3: never by the batch, so a row keeps its bits.
  *
  * Chapter 04: every version reads the cache through kv_head_view (kv_cache.h): an fp32 layer
  *   as plain floats, any other format by the per-element decode of kv_quant_math.h inline in
@@ -560,11 +560,11 @@ int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const in
     if (T > 65535) /* the rows are a grid dimension (y, or z for v3) */
         return kv_fail(err, KV_ERR_ARG, "kvcu_attention: %d rows in one launch, more than the "
                        "65535 a grid dimension holds; split the step into waves", T);
-    /* v4 where it reads the layer; else one partition: v2; longer rows: v3, whose
-     * one-partition rows equal v2's bits. Either way a row's bits never depend on its batch. */
-    launch(4, out, q, cache_src(c, layer), scores,
-           engine_rows(tok_slot, tok_pos, row_of, 0, 0), max_len, T, n_heads, c->n_kv_heads,
-           c->head_dim, c->span);
+    /* v4 if switched on (kvcu_attention_fast()) where it reads the layer; else v2 within one
+     * partition, v3 past it (one-partition rows get v2's bits); never chosen by the batch */
+    const int version = kvcu_attention_fast(-1) ? 4 : max_len > KVCU_FLASH_SPLIT_KEYS ? 3 : 2;
+    launch(version, out, q, cache_src(c, layer), scores, engine_rows(tok_slot, tok_pos, row_of, 0, 0),
+           max_len, T, n_heads, c->n_kv_heads, c->head_dim, c->span);
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
 }
@@ -588,7 +588,7 @@ int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, in
                        "its %d mapped blocks", pos, slot, c->n_mapped[slot]);
     int st = check_heads("kvcu_cache_attention", n_heads, c->n_kv_heads, c->head_dim, err);
     if (st) return st;
-    if (version == 0) version = 4; /* the engine's: v4, or v2/v3 where v4 does not read */
+    if (version == 0) version = kvcu_attention_fast(-1) ? 4 : n > KVCU_FLASH_SPLIT_KEYS ? 3 : 2;
     return launch_one(version, out, q, cache_src(c, layer), scratch, slot, pos, n, n_heads,
                       c->n_kv_heads, c->head_dim, c->span, err);
 }

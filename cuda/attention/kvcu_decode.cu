@@ -13,7 +13,7 @@
  *  - cp.async double buffering (kvcu_vec.cuh): the rows of tile i+1 (K, V and int8 scales) are
  *    copied global -> shared while tile i is computed; the loads bypass registers and the
  *    copy engine overlaps them with the arithmetic;
- *  - conversions by pairs (kvcu_unpack<dec_fmt<F>::kind>(): __half22float2, bf16 pairs, fp8x2 -> half2 by
+ *  - conversions by pairs (kvcu_unpack(): __half22float2, bf16 pairs, fp8x2 -> half2 by
  *    cvt on sm_89+, int8 through PRMT and one subtraction) and per-row scales applied once
  *    per chunk, fp8's per-head scale folded into the score factor and the output;
  *  - the group's G query heads in one block: each K/V row is read once per KV head, whatever G;
@@ -300,6 +300,15 @@ int kvcu_decode_supported(const attn_src &src, int n_heads, int n_kv_heads, int 
 {
     dec_plan_t p;
     return dec_plan(src, n_heads, n_kv_heads, head_dim, &p);
+}
+
+static int engine_fast = 0; /* kvcu_attention_fast(): off until the retention kernel matches */
+
+int kvcu_attention_fast(int on)
+{
+    const int was = engine_fast;
+    if (on >= 0) engine_fast = on != 0;
+    return was;
 }
 
 int kvcu_cache_decode_reads(const kvcu_cache *c, int layer, int n_heads)
