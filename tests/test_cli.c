@@ -210,17 +210,20 @@ static void test_calc_figures(void)
     EXPECT_OK("CUDA mode", "info");
 }
 
-static void test_runs(const char *cuda_mode)
+/* quick: under the sanitizers the chapters below run at tour --quick's sizes (the same code
+ * paths; the Release suite and the README's tour run them at full size) */
+static void test_runs(const char *cuda_mode, int quick)
 {
-    EXPECT_OK("cost of the step", "tour", "--chapter", "1");
-    EXPECT_OK("identical", "tour", "--chapter", "2");
+    const char *q = quick ? "--quick" : NULL; /* NULL ends the argument list early */
+    EXPECT_OK("cost of the step", "tour", "--chapter", "1", q);
+    EXPECT_OK("identical", "tour", "--chapter", "2", q);
     /* chapter 03: Llama-2-7B MHA 512 KiB per token at fp16, divided by G = 8 for its GQA column */
     EXPECT_OK("64 KiB", "calc", "--compare-heads");
-    EXPECT_OK("G", "tour", "--chapter", "3");
-    EXPECT_OK("int8", "tour", "--chapter", "4");
-    EXPECT_OK("chapter,mode,step", "tour", "--chapter", "1", "--csv");
+    EXPECT_OK("G", "tour", "--chapter", "3", q);
+    EXPECT_OK("int8", "tour", "--chapter", "4", q);
+    EXPECT_OK("chapter,mode,step", "tour", "--chapter", "1", "--csv", q);
     /* chapter 09's CSV: both tables, the second (kept positions) ending with the figure's rows */
-    EXPECT_OK("kept,direct,topk/b16,2,question 100%", "tour", "--chapter", "9", "--csv");
+    EXPECT_OK("kept,direct,topk/b16,2,question 100%", "tour", "--chapter", "9", "--csv", q);
     /* tour --quick (what memcheck runs): every chapter's demo, its checks included, exit 0 */
     EXPECT_OK("== chapter 10: speculative decoding: the cache writes every draft, rolls back the "
               "rejected (device cpu, quick sizes) ==", "tour", "--quick");
@@ -362,9 +365,10 @@ static void test_tp(void)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s <kvlab> <cuda mode>\n", argv[0]);
+        fprintf(stderr, "usage: %s <kvlab> <cuda mode> [quick]\n", argv[0]);
         return 2;
     }
+    const int quick = argc > 3 && !strcmp(argv[3], "quick");
     kvlab = argv[1];
     test_dispatch();
     test_tour_args();
@@ -373,6 +377,6 @@ int main(int argc, char **argv)
     test_other_args();
     test_calc_figures();
     test_tp();
-    test_runs(argv[2]);
+    test_runs(argv[2], quick);
     return kv_test_finish();
 }

@@ -182,6 +182,9 @@ static void test_bytes(const kv_model *m)
 static const char *const FILES[] = {"early-facts.dlg", "interleaved.dlg", "long-filler.dlg",
                                     "dense.dlg", "shared-values.dlg", "boundaries.dlg"};
 #define N_FILES 6
+/* under the sanitizers (argument "quick"): the first two files only, every check on them kept;
+ * the Release and emulation suites run all six */
+static int n_files = N_FILES;
 
 enum { M_L2_LARGE, M_L2_SMALL, M_H2O, M_SNAPKV, M_QUEST_DENSE, M_TOPK, N_METHODS };
 static const char *const DLG_VARIANTS[N_METHODS] = {"l2-large/b64/w8", "l2-small/b64/w8",
@@ -234,7 +237,7 @@ static void test_dialogues(const char *dir, const kv_model *models)
            "dialogue", "model");
     for (int m = 0; m < N_METHODS; m++) printf(" %16s", DLG_VARIANTS[m]);
     printf("\n");
-    for (int f = 0; f < N_FILES; f++) {
+    for (int f = 0; f < n_files; f++) {
         char path[1024];
         snprintf(path, sizeof path, "%s/dialogues/%s", dir, FILES[f]);
         kv_dialogue dl;
@@ -330,10 +333,11 @@ static void test_dialogues(const char *dir, const kv_model *models)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        printf("usage: test_select_needle DATASETS [slow]\n");
+        printf("usage: test_select_needle DATASETS [slow|quick]\n");
         return 2;
     }
     const int slow = argc > 2 && !strcmp(argv[2], "slow");
+    if (argc > 2 && !strcmp(argv[2], "quick")) n_files = 2;
     kv_recall_vocab_get(&V);
     const double t0 = kv_now();
     kv_model models[2];
