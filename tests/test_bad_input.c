@@ -512,7 +512,15 @@ static void test_cli(void)
     CLI_BAD("--steps", "generate", "--steps=");
     CLI_BAD("--steps", "generate", "--steps", "1e3");
     CLI_BAD("--steps", "generate", "--steps", "2147483648");
-    CLI_BAD("--steps|seq_len", "generate", "--model", model, "--steps", "16");
+    /* more steps than the context holds are cut to fit, with a note (as llama2.c's run.c
+     * clamps); a prompt that does not fit by itself is refused */
+    result cut = run_in(dir, (const char *const[]){"generate", "--model", model, "--steps", "17", NULL});
+    KV_CHECK(cut.rc == 0 && strstr(cut.err, "--steps 17 cut to 16") && strstr(cut.err, "seq_len 16"),
+             "generate --steps 17 on a seq_len 16 model: exit %d (%s)", cut.rc, cut.err);
+    free(cut.out);
+    free(cut.err);
+    CLI_BAD("--prompt|seq_len 16", "generate", "--model", model, "--tokenizer", tok, "--prompt",
+            "one two three four five six seven eight nine ten eleven twelve thirteen");
     CLI_BAD("--temperature", "generate", "--temperature", "inf");
     CLI_BAD("--temperature", "generate", "--temperature", "1e999");
     CLI_BAD("--top-p", "generate", "--top-p", "0");

@@ -88,12 +88,37 @@ static void test_tour_args(void)
     EXPECT_BAD("--csv", "tour", "--csv", "--csv");
 }
 
+/* generate as llama2.c's run.c: past the context the steps are cut with a note, an empty
+ * prompt is BOS alone, and BOS or EOS ends the text unless --no-stop. */
+static void test_generate_llama2c(void)
+{
+    result r = run("generate", "--steps", "100000", "--prompt", "", (const char *)NULL);
+    KV_CHECK(r.rc == 0 && strstr(r.err, "note: --steps 100000 cut to 512") != NULL,
+             "generate --steps 100000: exit %d (%s)", r.rc, r.err);
+    done(&r);
+    /* hot sampling over tiny-gqa's 512 tokens: seed 3 meets EOS at token 155 */
+    result all = run("generate", "--steps", "511", "--temperature", "50", "--seed", "3",
+                     "--no-stop", "--default", "tiny-gqa", (const char *)NULL);
+    result stop = run("generate", "--steps", "511", "--temperature", "50", "--seed", "3",
+                      "--default", "tiny-gqa", (const char *)NULL);
+    KV_CHECK(all.rc == 0 && stop.rc == 0, "generate: exits %d, %d", all.rc, stop.rc);
+    KV_CHECK(strstr(all.err, "511 tokens in") != NULL && strstr(all.err, "stopped") == NULL,
+             "--no-stop: %s", all.err);
+    KV_CHECK(strstr(stop.err, "stopped at EOS after 155 of 511 tokens") != NULL &&
+             strstr(stop.err, "155 tokens in") != NULL, "no stop at EOS: %s", stop.err);
+    /* the stopped run's text (the EOS not printed) begins the --no-stop run's */
+    const size_t n = strlen(stop.out);
+    KV_CHECK(n > 1 && strlen(all.out) > n && strncmp(all.out, stop.out, n - 1) == 0,
+             "the stopped run's text is not the start of the --no-stop run's");
+    done(&all);
+    done(&stop);
+}
+
 static void test_generate_args(void)
 {
     EXPECT_BAD("--steps", "generate", "--steps", "12abc");
     EXPECT_BAD("--steps", "generate", "--steps", "-3");
     EXPECT_BAD("--steps", "generate", "--steps", "");
-    EXPECT_BAD("--steps", "generate", "--steps", "100000");  /* past the model's seq_len */
     EXPECT_BAD("--temperature", "generate", "--temperature", "nan");
     EXPECT_BAD("--temperature", "generate", "--temperature", "-0.5");
     EXPECT_BAD("--top-p", "generate", "--top-p", "1.5");
@@ -231,6 +256,11 @@ static void test_runs(const char *cuda_mode, int quick)
     EXPECT_OK("speed-up", "bench", "decode", "--steps", "8", "--repeats", "1");
     EXPECT_OK("growth exponents", "bench", "decode", "--steps", "8", "--repeats", "1");
     EXPECT_OK("last-level cache", "bench", "bandwidth", "--mib", "8", "--repeats", "1");
+    /* --threads on every command, those without a model too; never more than the CPUs */
+    EXPECT_OK("last-level cache", "bench", "bandwidth", "--mib", "8", "--repeats", "1", "--threads", "1");
+    EXPECT_OK("--threads N", "calc", "--help");
+    EXPECT_BAD("more than the", "calc", "--threads", "100000");
+    EXPECT_BAD("more than the", "tour", "--threads", "100000");
     EXPECT_OK("ratio", "bench", "engine", "--tokens", "4", "--dim", "32", "--layers", "1",
               "--heads", "2", "--hidden", "32", "--vocab", "64", "--repeats", "1");
     EXPECT_OK("abc", "generate", "--steps", "8", "--layout", "paged", "--block-size", "4", "--prompt", "abc");
@@ -299,8 +329,11 @@ static void test_runs(const char *cuda_mode, int quick)
     KV_CHECK(strcmp(a.out, b.out) == 0 && strncmp(a.out, "abc", 3) == 0,
              "naive and cached text differ:\n%s\n%s", a.out, b.out);
     KV_CHECK(strstr(a.err, "tokens/s") != NULL, "generate does not report tokens/s");
+    KV_CHECK(strstr(a.err, "from the second token on, as run.c") != NULL,
+             "generate does not report run.c's tokens/s: %s", a.err);
     done(&a);
     done(&b);
+    test_generate_llama2c();
 
     if (strcmp(cuda_mode, "emulation") == 0) {
         /* the emulated GPU runs a short chapter 02 demo: the same tokens as its naive run */

@@ -1,5 +1,6 @@
 /* Option parsing shared by every kvlab subcommand (args.h). */
 #include "args.h"
+#include "cli.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -126,6 +127,9 @@ static int set_value(const char *cmd, kv_opt *o, const char *val)
         }
         *(const char **)o->dest = val;
         return 0;
+    case KV_OPT_TEXT:
+        *(const char **)o->dest = val;
+        return 0;
     case KV_OPT_CHOICE:
         for (int i = 0; o->choices[i]; i++)
             if (strcmp(val, o->choices[i]) == 0) {
@@ -168,8 +172,32 @@ void kv_args_help(const char *cmd, const char *about, const kv_opt *opts, int n_
     printf("  %-22s %s\n", "--help", "print this help and exit");
 }
 
+static kv_args_result parse(const char *cmd, const char *about, int argc, char **argv,
+                            kv_opt *opts, int n_opts);
+
+/* The most options a command's table may hold (the largest has 17). */
+#define KV_ARGS_MAX 48
+
 kv_args_result kv_args_parse(const char *cmd, const char *about, int argc, char **argv,
                              kv_opt *opts, int n_opts)
+{
+    for (int i = 0; i < n_opts; i++)
+        if (strcmp(opts[i].name, "--threads") == 0) /* the command sets the team itself */
+            return parse(cmd, about, argc, argv, opts, n_opts);
+    /* every other command gets --threads here: the table plus one row, parsed as one */
+    kv_opt all[KV_ARGS_MAX + 1];
+    int threads = 0;
+    if (n_opts > KV_ARGS_MAX) n_opts = KV_ARGS_MAX; /* never: a table is written by hand */
+    memcpy(all, opts, (size_t)n_opts * sizeof *opts);
+    all[n_opts] = (kv_opt)KV_CLI_THREADS_OPT(threads);
+    kv_args_result r = parse(cmd, about, argc, argv, all, n_opts + 1);
+    memcpy(opts, all, (size_t)n_opts * sizeof *opts); /* the seen flags */
+    if (r == KV_ARGS_OK && kv_cli_threads(cmd, threads)) return KV_ARGS_BAD;
+    return r;
+}
+
+static kv_args_result parse(const char *cmd, const char *about, int argc, char **argv,
+                            kv_opt *opts, int n_opts)
 {
     for (int i = 0; i < n_opts; i++) opts[i].seen = 0;
     for (int i = 0; i < argc; i++) {

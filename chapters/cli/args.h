@@ -7,6 +7,9 @@
  * no overflow, no NaN), checks ranges and choices, rejects unknown options, missing values and
  * stray words, and prints `--help` from the same table, so the help can never disagree with
  * what is accepted. Every message names the command and the option it is about.
+ *
+ * Every command takes `--threads N` (cli.h): a table without it gets it added by the parser,
+ * which then sets the OpenMP team itself (kv_cli_threads(): at most the machine's CPUs).
  */
 #ifndef KV_CLI_ARGS_H
 #define KV_CLI_ARGS_H
@@ -26,7 +29,8 @@ typedef enum {
     KV_OPT_INT,    /**< dest: int, within [min, max] */
     KV_OPT_I64,    /**< dest: int64_t, within [min, max] */
     KV_OPT_FLOAT,  /**< dest: double, finite, within [min, max] */
-    KV_OPT_STRING, /**< dest: const char * (points into argv) */
+    KV_OPT_STRING, /**< dest: const char * (points into argv), not empty */
+    KV_OPT_TEXT,   /**< dest: const char * (points into argv), may be empty ("--prompt ''") */
     KV_OPT_CHOICE  /**< dest: const char *, one of @c choices */
 } kv_opt_type;
 

@@ -1,6 +1,11 @@
 /*
  * kvlab generate: text (or token ids) from an embedded default or a checkpoint, naive or
  * cached, on the CPU or the GPU, with the tokens/s it reached.
+ *
+ * As llama2.c's run.c: an empty prompt is BOS alone, generation ends at BOS or EOS (unless
+ * --no-stop), more steps than the context holds are cut to fit (with a note), and the speed is
+ * also given run.c's way, from the end of the first step (which holds the prompt's prefill)
+ * to the end of the last.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -15,6 +20,19 @@
 
 static const char *const modes[] = {"naive", "cached", NULL};
 
+/* When the first and the last step ended (kv_now()): run.c's tokens/s leaves the first out. */
+typedef struct {
+    double first, last;
+} step_times;
+
+static void on_step(void *user, int step, int token, const kv_counters *work, double seconds)
+{
+    (void)token, (void)work, (void)seconds;
+    step_times *t = user;
+    t->last = kv_now();
+    if (step == 0) t->first = t->last;
+}
+
 /* Print a token's text, leaving out raw control bytes a random model may pick. */
 static void print_piece(const char *s)
 {
@@ -28,7 +46,7 @@ int cmd_generate(int argc, char **argv)
     const char *cmd = "kvlab generate";
     const char *model_path = NULL, *def = NULL, *tok_path = NULL, *text = NULL;
     const char *mode = "cached", *device = "cpu", *cache = "fp32";
-    int steps = 64;
+    int steps = 64, no_stop = 0;
     double temperature = 0.0, top_p = 1.0;
     int64_t seed = 42;
     kv_cli_layout lo = {"contiguous", 0, 0};
@@ -37,8 +55,9 @@ int cmd_generate(int argc, char **argv)
         {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint, or `trained`: the model kvlab ships (datasets/models/, with its tokenizer)", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded model (default tiny)", 0},
         {"--tokenizer", KV_OPT_STRING, &tok_path, 0, 0, NULL, "FILE", "llama2.c tokenizer.bin (defaults: the embedded byte tokenizer)", 0},
-        {"--prompt", KV_OPT_STRING, &text, 0, 0, NULL, "TEXT", "prompt text (needs a tokenizer; default: BOS only)", 0},
-        {"--steps", KV_OPT_INT, &steps, 1, 1 << 24, NULL, "N", "tokens to generate (default 64; prompt + N <= seq_len)", 0},
+        {"--prompt", KV_OPT_TEXT, &text, 0, 0, NULL, "TEXT", "prompt text (needs a tokenizer unless empty; default and \"\": BOS only)", 0},
+        {"--steps", KV_OPT_INT, &steps, 1, 1 << 24, NULL, "N", "tokens to generate (default 64; cut, with a note, to what the model's seq_len holds after the prompt)", 0},
+        {"--no-stop", KV_OPT_FLAG, &no_stop, 0, 0, NULL, NULL, "generate all N tokens (default: end at BOS or EOS, as llama2.c's run.c)", 0},
         {"--mode", KV_OPT_CHOICE, &mode, 0, 0, modes, "M", "naive recompute or KV cache (default cached)", 0},
         {"--temperature", KV_OPT_FLOAT, &temperature, 0, 100, NULL, "T", "0 = greedy (default 0)", 0},
         {"--top-p", KV_OPT_FLOAT, &top_p, 1e-6, 1, NULL, "P", "nucleus sampling cut (default 1 = off)", 0},
@@ -66,7 +85,7 @@ int cmd_generate(int argc, char **argv)
         if (!tok_path) tok_path = trained.tokenizer;
     }
     if (!model_path && !def) def = "tiny";
-    if (text && !tok_path && model_path)
+    if (text && text[0] && !tok_path && model_path)
         return kv_args_bad(cmd, "--prompt", "a model file needs --tokenizer FILE to encode the prompt");
     int e = kv_cli_layout_check(cmd, &lo);
     if (e) return e;
@@ -102,7 +121,7 @@ int cmd_generate(int argc, char **argv)
         rc = kv_cli_fail(cmd, "prompt", KV_ERR_NOMEM, &err);
         goto done;
     }
-    if (have_tok) {
+    if (have_tok && ptext[0]) {
         st = kv_tokenizer_encode(&tok, ptext, 1, 0, prompt, &n_prompt, &err);
         if (st) {
             rc = kv_cli_fail(cmd, "--prompt", st, &err);
@@ -112,11 +131,18 @@ int cmd_generate(int argc, char **argv)
         prompt[0] = 1; /* BOS */
         n_prompt = 1;
     }
-    if ((int64_t)n_prompt + steps > m.config.seq_len) {
-        fprintf(stderr, "%s: --steps: %d steps after a %d-token prompt exceed the model's seq_len %d\n",
-                cmd, steps, n_prompt, m.config.seq_len);
+    /* the prompt and every token fed back take a position; the last chosen token is never fed */
+    if (n_prompt > m.config.seq_len) {
+        fprintf(stderr, "%s: --prompt: %d tokens exceed the model's seq_len %d\n", cmd, n_prompt,
+                m.config.seq_len);
         rc = KV_EXIT_USAGE;
         goto done;
+    }
+    if ((int64_t)n_prompt + steps - 1 > m.config.seq_len) {
+        const int fit = m.config.seq_len - n_prompt + 1;
+        fprintf(stderr, "%s: note: --steps %d cut to %d: the model's seq_len %d holds the %d-token "
+                "prompt and %d more tokens\n", cmd, steps, fit, m.config.seq_len, n_prompt, fit - 1);
+        steps = fit;
     }
     out = malloc((size_t)steps * sizeof(int)); /* [steps] */
     kv_cache_spec spec;
@@ -143,10 +169,16 @@ int cmd_generate(int argc, char **argv)
     o.mode = strcmp(mode, "naive") == 0 ? KV_MODE_NAIVE : KV_MODE_CACHED;
     o.n_steps = steps;
     o.sampler = &sampler;
+    step_times times = {0, 0};
+    o.on_step = on_step;
+    o.user = &times;
     kv_counters total = {0};
+    int n_out = 0;
     double t0 = kv_now();
-    st = kv_generate(b, prompt, n_prompt, &o, out, &total, &err);
+    st = no_stop ? kv_generate(b, prompt, n_prompt, &o, out, &total, &err)
+                 : kv_generate_stop(b, prompt, n_prompt, &o, out, &n_out, &total, &err);
     double t = kv_now() - t0;
+    if (no_stop) n_out = steps;
     if (st) {
         rc = kv_cli_fail(cmd, "generation", st, &err);
         goto done;
@@ -155,18 +187,25 @@ int cmd_generate(int argc, char **argv)
         char bytebuf[2];
         fputs(ptext, stdout);
         int prev = prompt[n_prompt - 1];
-        for (int i = 0; i < steps; i++) {
+        for (int i = 0; i < n_out; i++) {
+            if (!no_stop && (out[i] == 1 || out[i] == 2)) break; /* the stop token: not text */
             print_piece(kv_tokenizer_decode(&tok, prev, out[i], bytebuf));
             prev = out[i];
         }
         printf("\n");
     } else {
-        for (int i = 0; i < steps; i++) printf("%d%c", out[i], i + 1 < steps ? ' ' : '\n');
+        for (int i = 0; i < n_out; i++) printf("%d%c", out[i], i + 1 < n_out ? ' ' : '\n');
     }
-    char lname[96];
-    fprintf(stderr, "%d tokens in %.4f s (prompt of %d tokens included): %.1f tokens/s; mode %s,"
-                    " device %s, cache %s (%s)\n", steps, t, n_prompt, steps / t, mode, b->name,
-            cache, kv_cli_layout_name(&spec, lname, sizeof lname));
+    if (n_out < steps)
+        fprintf(stderr, "%s: stopped at %s after %d of %d tokens (--no-stop to go on)\n", cmd,
+                out[n_out - 1] == 1 ? "BOS" : "EOS", n_out, steps);
+    char lname[96], runc[64] = "";
+    if (n_out > 1) /* run.c's figure: steps after the first, from the end of the first */
+        snprintf(runc, sizeof runc, " (%.1f from the second token on, as run.c)",
+                 (n_out - 1) / (times.last - times.first));
+    fprintf(stderr, "%d tokens in %.4f s (prompt of %d tokens included): %.1f tokens/s%s; mode %s,"
+                    " device %s, cache %s (%s)\n", n_out, t, n_prompt, n_out / t, runc, mode,
+            b->name, cache, kv_cli_layout_name(&spec, lname, sizeof lname));
 done:
     if (have_sampler) kv_sampler_free(&sampler);
     if (b) kv_backend_destroy(b);

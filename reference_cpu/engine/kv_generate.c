@@ -11,9 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-int kv_generate(kv_backend *b, const int *prompt, int n_prompt, const kv_gen_opts *opts,
-                int *out, kv_counters *total, kv_err *err)
+/* The loop of both entry points; stop = 1 ends after a BOS or EOS token. */
+static int generate(kv_backend *b, const int *prompt, int n_prompt, const kv_gen_opts *opts,
+                    int stop, int *out, int *n_out, kv_counters *total, kv_err *err)
 {
+    *n_out = 0;
     if (!b || !opts || !prompt) return kv_fail(err, KV_ERR_ARG, "kv_generate: NULL argument");
     if (opts->mode != KV_MODE_NAIVE && opts->mode != KV_MODE_CACHED)
         return kv_fail(err, KV_ERR_ARG, "kv_generate: unknown mode %d", opts->mode);
@@ -79,9 +81,27 @@ int kv_generate(kv_backend *b, const int *prompt, int n_prompt, const kv_gen_opt
             total->tokens += step.tokens;
             total->steps += step.steps;
         }
+        *n_out = i + 1;
         if (opts->on_step) opts->on_step(opts->user, i, token, &step, seconds);
+        if (stop && (token == 1 || token == 2)) break; /* BOS or EOS: the text has ended */
     }
     free(prefix);
     free(logits);
+    return rc;
+}
+
+int kv_generate(kv_backend *b, const int *prompt, int n_prompt, const kv_gen_opts *opts,
+                int *out, kv_counters *total, kv_err *err)
+{
+    int n_out;
+    return generate(b, prompt, n_prompt, opts, 0, out, &n_out, total, err);
+}
+
+int kv_generate_stop(kv_backend *b, const int *prompt, int n_prompt, const kv_gen_opts *opts,
+                     int *out, int *n_out, kv_counters *total, kv_err *err)
+{
+    int n;
+    const int rc = generate(b, prompt, n_prompt, opts, 1, out, &n, total, err);
+    if (n_out) *n_out = n;
     return rc;
 }

@@ -44,6 +44,14 @@ typedef struct {
 int kv_generate(kv_backend *b, const int *prompt, int n_prompt, const kv_gen_opts *opts,
                 int *out, kv_counters *total, kv_err *err);
 
+/**
+ * kv_generate() that ends early, as llama2.c's run.c does, after choosing BOS (1) or EOS (2):
+ * the stop token is written to out, and *n_out says how many tokens were (n_steps when no stop
+ * token came). kvlab generate uses it unless --no-stop.
+ */
+int kv_generate_stop(kv_backend *b, const int *prompt, int n_prompt, const kv_gen_opts *opts,
+                     int *out, int *n_out, kv_counters *total, kv_err *err);
+
 #ifdef __cplusplus
 }
 #endif
