@@ -4,10 +4,12 @@
  * flattened into T rows (one per new token); each row remembers its slot and position, so
  * every matmul runs over all T rows at once and only attention cares which sequence a row
  * belongs to. Because each row is computed alone in a fixed order (kv_ops.h), a sequence's
- * logits are bit-identical whether it runs solo, in a batch, or on any number of threads. */
+ * logits are bit-identical whether it runs solo, in a batch, or on any number of threads. The
+ * matrix products go through kv_ops_fast.h: kv_matmul()'s bits, four rows at a time. */
 #include "kv_forward.h"
 #include "kv_attention.h"
 #include "kv_ops.h"
+#include "kv_ops_fast.h"
 #include "kv_retain.h"
 #include "kv_window.h"
 
@@ -268,9 +270,9 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
     for (int l = 0; l < p->n_layers; l++) {
         /* attention block: x += Wo · attention(RoPE(Wq·xb), cache(RoPE(Wk·xb), Wv·xb)) */
         kv_rmsnorm(s->xb, s->x, w->rms_att + (size_t)l * dim, T, dim, p->norm_eps);
-        kv_matmul(s->q, s->xb, w->wq + ((size_t)l * qdim + (size_t)q0 * d) * dim, T, dim, qs);
-        kv_matmul(s->k, s->xb, w->wk + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs);
-        kv_matmul(s->v, s->xb, w->wv + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs);
+        kv_matmul_fast(s->q, s->xb, w->wq + ((size_t)l * qdim + (size_t)q0 * d) * dim, T, dim, qs);
+        kv_matmul_fast(s->k, s->xb, w->wk + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs);
+        kv_matmul_fast(s->v, s->xb, w->wv + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs);
         kv_rope(s->q, s->q_pos, T, Hs, d, p->rotary_dim, p->rope_theta);
         if (!keys_at_cache_pos)
             kv_rope(s->k, s->tok_pos, T, KVs, d, p->rotary_dim, p->rope_theta);
@@ -316,18 +318,18 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
         }
         /* a rank multiplies its heads' columns of Wo: a partial sum, completed by the
          * all-reduce over the ranks (chapter 10) */
-        kv_matmul_strided(s->xb2, s->xb, w->wo + (size_t)l * dim * qdim + (size_t)q0 * d, T,
-                          qs, dim, qdim);
+        kv_matmul_strided_fast(s->xb2, s->xb, w->wo + (size_t)l * dim * qdim + (size_t)q0 * d,
+                               T, qs, dim, qdim);
         if (sh) sh->all_reduce(sh, s->xb2, (int64_t)T * dim);
         kv_add(s->x, s->xb2, (int64_t)T * dim);
 
         /* MLP block: x += W2 · (silu(W1·xb) * W3·xb) */
         kv_rmsnorm(s->xb, s->x, w->rms_ffn + (size_t)l * dim, T, dim, p->norm_eps);
-        kv_matmul(s->hb, s->xb, w->w1 + ((size_t)l * hidden + f0) * dim, T, dim, fs);
-        kv_matmul(s->hb2, s->xb, w->w3 + ((size_t)l * hidden + f0) * dim, T, dim, fs);
+        kv_matmul_fast(s->hb, s->xb, w->w1 + ((size_t)l * hidden + f0) * dim, T, dim, fs);
+        kv_matmul_fast(s->hb2, s->xb, w->w3 + ((size_t)l * hidden + f0) * dim, T, dim, fs);
         kv_swiglu(s->hb, s->hb2, (int64_t)T * fs);
-        kv_matmul_strided(s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden + f0, T, fs, dim,
-                          hidden);
+        kv_matmul_strided_fast(s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden + f0, T, fs,
+                               dim, hidden);
         if (sh) sh->all_reduce(sh, s->xb2, (int64_t)T * dim);
         kv_add(s->x, s->xb2, (int64_t)T * dim);
     }
@@ -340,7 +342,8 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
         if (!seqs[i].all_logits) continue;
         kv_rmsnorm(s->xlast, s->x + (size_t)t * dim, w->rms_final, seqs[i].n_tokens, dim,
                    p->norm_eps);
-        kv_matmul(seqs[i].all_logits, s->xlast, w->wcls, seqs[i].n_tokens, dim, p->vocab_size);
+        kv_matmul_fast(seqs[i].all_logits, s->xlast, w->wcls, seqs[i].n_tokens, dim,
+                       p->vocab_size);
     }
     /* only the last token of each sequence needs logits: the next token is chosen from it */
     if (logits) {
@@ -349,7 +352,7 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
             kv_rmsnorm(s->xlast + (size_t)i * dim, s->x + (size_t)(t - 1) * dim, w->rms_final,
                        1, dim, p->norm_eps);
         }
-        kv_matmul(logits, s->xlast, w->wcls, n_seqs, dim, p->vocab_size);
+        kv_matmul_fast(logits, s->xlast, w->wcls, n_seqs, dim, p->vocab_size);
     }
 
     for (int i = 0; i < n_seqs; i++) c->len[seqs[i].slot] = seqs[i].pos + seqs[i].n_tokens;
