@@ -31,6 +31,27 @@ int kv_bench_print_bandwidth(FILE *f, const kv_bandwidth *bw, const char *when)
     return 0;
 }
 
+/* The best read bandwidth reachable: the fastest pass of all threads and of one thread alone
+ * (on a busy machine one thread may read faster than two that wait for their turns). */
+static double best_of(const kv_bandwidth *all, const kv_bandwidth *one)
+{
+    return all->max > one->max ? all->max : one->max;
+}
+
+int kv_bench_ceiling(double buffer_bytes, double *best, kv_err *err)
+{
+    kv_bandwidth all, one;
+    size_t bytes = (size_t)buffer_bytes;
+    if (bytes < ((size_t)8 << 20)) bytes = (size_t)8 << 20;
+    int st = kv_read_bandwidth(&all, bytes, 7, err);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    if (!st) st = kv_read_bandwidth(&one, bytes, 7, err);
+    omp_set_num_threads(threads);
+    if (!st) *best = best_of(&all, &one);
+    return st;
+}
+
 int cmd_bench_bandwidth(int argc, char **argv)
 {
     const char *cmd = "kvlab bench bandwidth";
@@ -40,10 +61,12 @@ int cmd_bench_bandwidth(int argc, char **argv)
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "timed passes after one warm-up (default 7)", 0},
     };
     int r = kv_args_parse(cmd,
-                          "Sustained read bandwidth: every OpenMP thread sums (as 64-bit integers) its\n"
-                          "own part of a buffer far larger than the last-level cache; the median of R\n"
-                          "passes of buffer bytes / wall time (GB = 1e9 bytes). Also the LLC size\n"
-                          "(sysfs, else sysconf). `bench engine` and `bench decode` divide by this.",
+                          "Sustained read bandwidth: every OpenMP thread sums (as 64-bit integers, the\n"
+                          "widest loads the CPU has) its own part of a buffer far larger than the\n"
+                          "last-level cache; the median and the fastest of R passes of buffer bytes /\n"
+                          "wall time (GB = 1e9 bytes), with all threads and with one. Also the LLC size\n"
+                          "(sysfs, else sysconf). `bench decode` divides by the median; `bench engine`\n"
+                          "by the best reached, the fastest pass of either (a ceiling, not a typical).",
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
@@ -56,7 +79,9 @@ int cmd_bench_bandwidth(int argc, char **argv)
     omp_set_num_threads(1); /* one core alone: why matmuls split their rows over threads */
     st = kv_read_bandwidth(&one, (size_t)mib << 20, repeats, &err);
     if (st) return kv_cli_fail(cmd, "measure", st, &err);
-    printf("one thread alone: %.2f GB/s (%.0f%% of all threads)\n", one.bytes_per_s * 1e-9,
-           100.0 * one.bytes_per_s / bw.bytes_per_s);
+    printf("one thread alone: %.2f GB/s (%.0f%% of all threads); fastest pass %.2f\n",
+           one.bytes_per_s * 1e-9, 100.0 * one.bytes_per_s / bw.bytes_per_s, one.max * 1e-9);
+    printf("best reached: %.2f GB/s (the fastest pass of either; the ceiling `bench engine` "
+           "divides by)\n", best_of(&bw, &one) * 1e-9);
     return KV_EXIT_OK;
 }

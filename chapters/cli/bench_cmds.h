@@ -72,6 +72,9 @@ int kv_swap_bench_run(FILE *f, int csv, const kv_swap_bench *sb, const int *lens
 
 /** One line: the bandwidth, its spread, threads, buffer and the LLC; @p when may be NULL. */
 int kv_bench_print_bandwidth(FILE *f, const kv_bandwidth *bw, const char *when);
+/** The best read bandwidth reachable over a buffer of @p buffer_bytes (at least 8 MiB): the
+ * fastest of 7 passes, all threads or one (bench bandwidth.c); bytes/s into *best. */
+int kv_bench_ceiling(double buffer_bytes, double *best, kv_err *err);
 
 /**
  * Print the growth exponents of bench decode's curves (bench_fit.c): log-log slopes of

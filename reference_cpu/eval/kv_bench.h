@@ -36,9 +36,11 @@ typedef struct {
 /**
  * Sustained read bandwidth: every OpenMP thread sums its own contiguous part of a buffer of
  * @p buffer_bytes (0: 8 x the LLC, at least 256 MiB, at most 1 GiB), @p repeats times (0: 7);
- * the median of buffer bytes / wall time. The buffer is written by the threads that later
- * read it (first touch), and summed as 64-bit integers: an integer sum may be vectorized and
- * reordered freely, so the loop is bound by memory, not by the latency of one float add chain.
+ * the median of buffer bytes / wall time, and the fastest pass (max: the best the machine
+ * reached, the ceiling `kvlab bench engine` divides by). The buffer is written by the threads
+ * that later read it (first touch), and summed as 64-bit integers in eight lanes with the
+ * widest loads the CPU has (AVX2 where present, chosen at load time): an integer sum may be
+ * vectorized and reordered freely, so the loop is bound by memory, not by its adds.
  * Returns KV_OK, or KV_ERR_NOMEM.
  */
 int kv_read_bandwidth(kv_bandwidth *out, size_t buffer_bytes, int repeats, kv_err *err);
