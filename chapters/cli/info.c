@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include "cli.h"
+#include "kv_ops_fast.h"
 #ifdef KV_HAVE_CUDA
 #include "kvcu.h"
 #endif
@@ -29,7 +30,7 @@ static const char *simd_level(void)
 #elif defined(__ARM_NEON) || defined(__ARM_NEON__)
     return "NEON";
 #elif defined(__SSE2__)
-    return "none (the x86-64 baseline, SSE2; build with -march=native for AVX2/AVX-512)";
+    return "none (the x86-64 baseline, SSE2); the matmul and attention twins pick AVX2 at run time";
 #else
     return "none";
 #endif
@@ -49,6 +50,8 @@ int cmd_info(int argc, char **argv)
     printf("build type   %s\n", KV_BUILD_TYPE);
     printf("compiler     %s\n", KV_COMPILER);
     printf("SIMD level   %s\n", simd_level());
+    printf("matmul       %s (kv_matmul_fast: chosen at run time from what this CPU has)\n",
+           kv_matmul_fast_isa());
     printf("OpenMP       %d threads (omp_get_max_threads; set OMP_NUM_THREADS to change)\n",
            omp_get_max_threads());
     printf("CUDA mode    %s\n", KV_CUDA_MODE);

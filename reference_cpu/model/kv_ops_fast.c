@@ -11,8 +11,8 @@
  * -ffp-contract=off, and the twin uses no fused multiply-add). Elsewhere the rows run through
  * kv_dot16() itself.
  *
- * Measured (docs/performance.md §10): four rows at a time, sixteen independent sums sharing
- * each x load, ran 1.5x faster on a 288x288 matrix held in the L2 cache, but 1.35x slower
+ * Measured (docs/performance.md §12.3): four rows at a time, sixteen independent sums sharing
+ * each x load, ran 1.2-1.4x faster on a 288x288 matrix held in the L2 cache, but 1.35x slower
  * through a whole decode step, where the weights stream from the L3 cache and memory: four
  * interleaved streams fetch worse than one. So one row at a time.
  *
