@@ -262,7 +262,7 @@ static void check_cache(int fmt, int B)
         KV_CHECK(0, "%s: download: %s", name, t.e.msg);
     }
     if (fmt == KV_QF_F32) { /* the poison is there to leak: an unmapped block holds NaN */
-        const float *pool = (const float *)(const void *)t.c.kp[0].codes;
+        const float *pool = (const float *)(const void *)kv_cache_plane_of(t.c.planes, t.c.n_layers, 0, 0)->codes;
         const float unused = pool[(size_t)perm[N - 1] * B * d];          /* unmapped block */
         const float tail = pool[((size_t)t0[n0 - 1] * B + B - 1) * d];   /* past L0 (L0 % B != 0) */
         KV_CHECK(isnan(unused) && isnan(tail),

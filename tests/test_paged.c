@@ -210,9 +210,9 @@ static void check_copy_blocks(const kv_config *cfg, const char *variant)
     /* the expected bytes, from the layout: codes [H_kv][N·B][row_bytes], metadata
      * [H_kv][meta_entries] with the entries of rows r0 .. r0+B-1 from kvq_meta_index */
     for (int l = 0; l < c.n_layers; l++)
-        for (int role = 0; role < 2; role++) {
-            const kv_cache_plane *p = role ? &c.vp[l] : &c.kp[l];
-            const int qr = role ? KV_QROLE_VALUE : KV_QROLE_KEY, f = c.fmt[l];
+        for (int i = 0; i < c.n_planes; i++) {
+            const kv_cache_plane *p = kv_cache_plane_of(c.planes, c.n_layers, i, l);
+            const int qr = p->role, f = c.fmt[l];
             for (int h = 0; h < c.n_kv_heads; h++) {
                 const size_t codes = (size_t)(p->codes - c.mem) + (size_t)h * c.rows * p->row_bytes;
                 memcpy(expect + codes + (size_t)dst * B * p->row_bytes,
@@ -238,10 +238,10 @@ static void check_copy_blocks(const kv_config *cfg, const char *variant)
      * element of block src (identity table: logical row = physical row) */
     int ident[6] = {0, 1, 2, 3, 4, 5}, bad = 0;
     for (int l = 0; l < c.n_layers; l++)
-        for (int role = 0; role < 2; role++)
+        for (int i = 0; i < c.n_planes; i++)
             for (int h = 0; h < c.n_kv_heads; h++) {
-                const kv_cache_plane *p = role ? &c.vp[l] : &c.kp[l];
-                const int qr = role ? KV_QROLE_VALUE : KV_QROLE_KEY;
+                const kv_cache_plane *p = kv_cache_plane_of(c.planes, c.n_layers, i, l);
+                const int qr = p->role;
                 kv_head_view v = kv_cache_plane_view_paged(p, c.fmt[l], qr, c.n_kv_heads, c.rows,
                                                            d, c.window, 0, h, INT64_MAX, ident, B);
                 for (int t = 0; t < B; t++)
@@ -256,7 +256,7 @@ static void check_copy_blocks(const kv_config *cfg, const char *variant)
     /* a list runs in order: 4 -> 2 then 2 -> 5 leaves 5 holding what 4 holds */
     kv_block_copy chain[2] = {{4, 2}, {2, 5}};
     KV_CHECK(kv_cache_copy_blocks(&c, chain, 2, &e) == KV_OK, "copy list: %s", e.msg);
-    const kv_cache_plane *p0 = &c.kp[0];
+    const kv_cache_plane *p0 = kv_cache_plane_of(c.planes, c.n_layers, 0, 0);
     KV_CHECK(!memcmp(p0->codes + (size_t)5 * B * p0->row_bytes, p0->codes + (size_t)4 * B * p0->row_bytes,
                      (size_t)B * p0->row_bytes), "copy list %s not performed in order", variant);
     free(before);

@@ -187,7 +187,7 @@ static void check_format(int fmt, int per_head, int d, int H, int Hkv, int n, in
 
     /* bytes: the planes of a per-token format hold what kv_quant_encode() makes of each row */
     if (!kvq_is_kivi(fmt)) {
-        const kv_cache_plane *p = &c.kp[layer];
+        const kv_cache_plane *p = kv_cache_plane_of(c.planes, c.n_layers, 0, layer);
         uint8_t *codes = malloc((size_t)p->row_bytes), *meta = calloc(1, (size_t)d * 4 + 4);
         long diff = 0;
         for (int h = 0; h < Hkv; h++) {
@@ -423,9 +423,9 @@ static void check_fp8_scales(void)
         for (int h = 0; h < Hkv; h++) all = fmaxf(all, amax[h]);
         int ok = 1;
         for (int h = 0; h < Hkv; h++)
-            ok &= c.kp[0].scale[h] == (ph ? amax[h] : all) / 448.0f;
+            ok &= kv_cache_plane_of(c.planes, c.n_layers, 0, 0)->scale[h] == (ph ? amax[h] : all) / 448.0f;
         KV_CHECK(ok, "fp8 per-%s K scales = amax / 448 of the prefill (head 0: %g)",
-                 ph ? "head" : "tensor", (double)c.kp[0].scale[0]);
+                 ph ? "head" : "tensor", (double)kv_cache_plane_of(c.planes, c.n_layers, 0, 0)->scale[0]);
         kv_cache_free(&c);
     }
     free(k);

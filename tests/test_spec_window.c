@@ -66,8 +66,9 @@ static long cache_differ(const kv_cache *x, const kv_cache *y)
     const int rows = (int)kv_window_rows(x->spec.window.size, x->spec.window.n_sinks, x->len[0]);
     bad += rows_differ(x, y, rows);
     for (int l = 0; l < x->n_layers; l++) /* KIVI: the whole fp32 window, dead rows too */
-        for (int r = 0; r < 2; r++) {
-            const kv_cache_plane *a = r ? &x->vp[l] : &x->kp[l], *b = r ? &y->vp[l] : &y->kp[l];
+        for (int i = 0; i < x->n_planes; i++) {
+            const kv_cache_plane *a = kv_cache_plane_of(x->planes, x->n_layers, i, l),
+                                 *b = kv_cache_plane_of(y->planes, y->n_layers, i, l);
             if (a->ring)
                 bad += memcmp(a->ring, b->ring, (size_t)x->n_kv_heads * x->window *
                                                     x->head_dim * sizeof(float)) != 0;

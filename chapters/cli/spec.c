@@ -37,9 +37,9 @@ static double snapshot_bytes(kv_backend *b)
     if (!c || !kv_cache_needs_undo(&c->spec, c->fmt, c->n_layers)) return -1.0;
     double total = 0.0;
     for (int l = 0; l < c->n_layers; l++)
-        for (int r = 0; r < 2; r++) {
-            const kv_cache_plane *p = r ? &c->vp[l] : &c->kp[l];
-            const int role = r ? KV_QROLE_VALUE : KV_QROLE_KEY;
+        for (int i = 0; i < c->n_planes; i++) {
+            const kv_cache_plane *p = kv_cache_plane_of(c->planes, c->n_layers, i, l);
+            const int role = p->role;
             size_t off[4];
             if (kvq_is_kivi(c->fmt[l])) {
                 kv_cache_span(p, c->fmt[l], role, 0, 0, 0, KV_KIVI_GROUP, c->head_dim, off);

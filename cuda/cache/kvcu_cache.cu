@@ -49,8 +49,8 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
     if (c) {
         c->len = (int *)calloc((size_t)spec->n_slots, sizeof(int));
         c->fmt = (int *)calloc((size_t)L, sizeof(int));
-        c->kp = (kv_cache_plane *)calloc((size_t)L, sizeof(kv_cache_plane));
-        c->vp = (kv_cache_plane *)calloc((size_t)L, sizeof(kv_cache_plane));
+        c->n_planes = KV_CACHE_KV_PLANES;
+        c->planes = (kv_cache_plane *)calloc((size_t)c->n_planes * L, sizeof(kv_cache_plane));
         c->qlen = (int *)calloc((size_t)L * spec->n_slots, sizeof(int));
         c->rows = rows;
         c->span = span;
@@ -61,7 +61,7 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
             c->seg_mark = (int *)calloc(2 * (size_t)spec->layout.n_blocks, sizeof(int));
         }
     }
-    if (!c || !c->len || !c->fmt || !c->kp || !c->vp || !c->qlen ||
+    if (!c || !c->len || !c->fmt || !c->planes || !c->qlen ||
         (paged && (!c->tables || !c->n_mapped || !c->seg_mark))) {
         kvcu_cache_free(c);
         return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_create: host memory");
@@ -77,7 +77,7 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
         if (kvq_is_kivi(c->fmt[l]))
             c->window = spec->quant.kivi_window ? spec->quant.kivi_window : KV_KIVI_WINDOW;
     }
-    const size_t total = kv_cache_layout(spec, L, c->n_kv_heads, d, NULL, c->kp, c->vp);
+    const size_t total = kv_cache_layout(spec, L, c->n_kv_heads, d, NULL, c->planes);
     const size_t n_table = (size_t)spec->n_slots * c->max_blocks;
     cudaError_t e = cudaMalloc(&c->mem, total);
     /* zeroed like the CPU's calloc, so the two buffers agree byte for byte everywhere */
@@ -86,7 +86,7 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
     if (e == cudaSuccess) e = cudaMemset(c->d_qlen, 0, (size_t)L * spec->n_slots * sizeof(int));
     if (paged && e == cudaSuccess) e = cudaMalloc(&c->d_tables, n_table * sizeof(int));
     if (paged && e == cudaSuccess) e = cudaMemset(c->d_tables, 0, n_table * sizeof(int));
-    if (paged && e == cudaSuccess) e = cudaMalloc(&c->d_planes, 2 * (size_t)L * sizeof(kv_cache_plane));
+    if (paged && e == cudaSuccess) e = cudaMalloc(&c->d_planes, (size_t)c->n_planes * L * sizeof(kv_cache_plane));
     if (paged && e == cudaSuccess) e = cudaMalloc(&c->d_fmt, (size_t)L * sizeof(int));
     if (e != cudaSuccess) {
         kvcu_cache_free(c);
@@ -96,26 +96,24 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
                        "the device: %s", total, cudaGetErrorString(e));
     }
     c->mem_bytes = total;
-    kv_cache_layout(spec, L, c->n_kv_heads, d, c->mem, c->kp, c->vp);
+    kv_cache_layout(spec, L, c->n_kv_heads, d, c->mem, c->planes);
     /* fp8 scales start at 1, as on the CPU (calibration overwrites them at position 0) */
     const size_t heads = (size_t)spec->n_slots * c->n_kv_heads;
     float *ones = NULL;
-    for (int l = 0; l < L && e == cudaSuccess; l++)
-        for (int r = 0; r < 2 && e == cudaSuccess; r++) {
-            const kv_cache_plane *p = r ? &c->vp[l] : &c->kp[l];
-            if (!p->scale) continue;
-            if (!ones) {
-                ones = (float *)malloc(heads * sizeof(float));
-                if (!ones) break;
-                for (size_t i = 0; i < heads; i++) ones[i] = 1.0f;
-            }
-            e = cudaMemcpy(p->scale, ones, heads * sizeof(float), cudaMemcpyHostToDevice);
+    for (int pl = 0; pl < c->n_planes * L && e == cudaSuccess; pl++) {
+        const kv_cache_plane *p = &c->planes[pl];
+        if (!p->scale) continue;
+        if (!ones) {
+            ones = (float *)malloc(heads * sizeof(float));
+            if (!ones) break;
+            for (size_t i = 0; i < heads; i++) ones[i] = 1.0f;
         }
+        e = cudaMemcpy(p->scale, ones, heads * sizeof(float), cudaMemcpyHostToDevice);
+    }
     free(ones);
     if (paged && e == cudaSuccess) /* the planes and formats the block-copy kernel walks */
-        e = cudaMemcpy(c->d_planes, c->kp, (size_t)L * sizeof(kv_cache_plane), cudaMemcpyHostToDevice);
-    if (paged && e == cudaSuccess)
-        e = cudaMemcpy(c->d_planes + L, c->vp, (size_t)L * sizeof(kv_cache_plane), cudaMemcpyHostToDevice);
+        e = cudaMemcpy(c->d_planes, c->planes, (size_t)c->n_planes * L * sizeof(kv_cache_plane),
+                       cudaMemcpyHostToDevice);
     if (paged && e == cudaSuccess)
         e = cudaMemcpy(c->d_fmt, c->fmt, (size_t)L * sizeof(int), cudaMemcpyHostToDevice);
     if (e != cudaSuccess) {
@@ -129,8 +127,8 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
         return st;
     }
     if (all_f32 && !paged && spec->window.size == 0) { /* chapter 02's arrays: contiguous, no ring */
-        c->k = (float *)(void *)c->kp[0].codes;
-        c->v = (float *)(void *)c->vp[0].codes;
+        c->k = (float *)(void *)kv_cache_plane_of(c->planes, L, 0, 0)->codes;
+        c->v = (float *)(void *)kv_cache_plane_of(c->planes, L, 1, 0)->codes;
     }
     *out = c;
     return KV_OK;
@@ -154,8 +152,7 @@ void kvcu_cache_free(kvcu_cache *c)
     free(c->seg_mark);
     free(c->len);
     free(c->fmt);
-    free(c->kp);
-    free(c->vp);
+    free(c->planes);
     free(c->qlen);
     free(c);
 }

@@ -37,21 +37,20 @@ static __device__ void write_row(int fmt, const kv_cache_plane *p, int64_t rhead
     for (int j = threadIdx.x; j < d; j += blockDim.x) kvcu_encode_float(fmt, row, j, x[j], scale);
 }
 
-/* Block (t, h, r): row h of token t's keys (r = 0) or values (r = 1) into its plane, in a
+/* Block (t, h, r): row h of token t's rows of plane r (0 keys, 1 values) into it, in a
  * per-token format. The row locator: retention (chapter 06) maps position pos to its logical
  * row kv_window_row(keep_w, keep_s, pos) (the identity without a window, keep_w 0), the layout
  * maps that to its physical row (paged: tables [n_slots][max_blocks] on the device, codes and
  * metadata in head h of the pool; contiguous: tables NULL, head (slot, h)). */
-__global__ void cache_write_kernel(int fmt, kv_cache_plane kp, kv_cache_plane vp,
-                                   const float *k, const float *v, const int *tok_slot,
+__global__ void cache_write_kernel(int fmt, kvcu_layer_planes lp, const int *tok_slot,
                                    const int *tok_pos, int n_kv_heads, int d, int rows,
                                    const int *tables, int max_blocks, int block_size,
                                    int keep_w, int keep_s)
 {
     const int t = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
     const int slot = tok_slot[t], pos = tok_pos[t];
-    const kv_cache_plane *p = r ? &vp : &kp;
-    const float *x = (r ? v : k) + ((size_t)t * n_kv_heads + h) * d; /* [d] */
+    const kv_cache_plane *p = &lp.p[r];
+    const float *x = lp.x[r] + ((size_t)t * n_kv_heads + h) * d; /* [d] */
     const int64_t head = (int64_t)slot * n_kv_heads + h;      /* scales and windows */
     const int64_t rhead = tables ? h : head;                  /* codes and metadata */
     const int64_t lrow = kv_window_row(keep_w, keep_s, pos);  /* retention: the ring row */
@@ -67,14 +66,13 @@ __global__ void cache_write_kernel(int fmt, kv_cache_plane kp, kv_cache_plane vp
 
 /* Block (t, h, r) of a slot-mapping write: token t's row of head h into pool row slots[t]
  * (negative: padding, nothing written). Per-token formats without per-sequence scales. */
-__global__ void cache_write_slots_kernel(int fmt, kv_cache_plane kp, kv_cache_plane vp,
-                                         const float *k, const float *v, const int64_t *slots,
+__global__ void cache_write_slots_kernel(int fmt, kvcu_layer_planes lp, const int64_t *slots,
                                          int n_kv_heads, int d, int rows)
 {
     const int t = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
     if (slots[t] < 0) return;
-    const kv_cache_plane *p = r ? &vp : &kp;
-    const float *x = (r ? v : k) + ((size_t)t * n_kv_heads + h) * d; /* [d] */
+    const kv_cache_plane *p = &lp.p[r];
+    const float *x = lp.x[r] + ((size_t)t * n_kv_heads + h) * d; /* [d] */
     write_row(fmt, p, h, rows, slots[t], x, 1.0f, d);
 }
 
@@ -109,15 +107,14 @@ int kvcu_cache_codec_begin(kvcu_cache *c, int layer, const kv_seq *seqs, int n_s
     const int fmt = c->fmt[layer], Hkv = c->n_kv_heads, d = c->head_dim;
     if (!kvq_is_fp8(fmt)) return KV_OK;
     const size_t kvdim = (size_t)Hkv * d;
-    const kv_cache_plane *kp = &c->kp[layer], *vp = &c->vp[layer];
+    const kvcu_layer_planes lp = kvcu_layer_planes_of(c, layer, k, v);
     for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
         if (seqs[i].pos != 0) continue;
         const size_t smem = (KV_WARP + (size_t)Hkv) * sizeof(float);
-        float *sk = kp->scale + (size_t)seqs[i].slot * Hkv, *sv = vp->scale + (size_t)seqs[i].slot * Hkv;
-        KV_LAUNCH(fp8_calibrate_kernel, 1, KVCU_CACHE_THREADS, smem, 0, fmt, k + t * kvdim,
-                  seqs[i].n_tokens, Hkv, d, c->spec.quant.fp8_per_head, sk);
-        KV_LAUNCH(fp8_calibrate_kernel, 1, KVCU_CACHE_THREADS, smem, 0, fmt, v + t * kvdim,
-                  seqs[i].n_tokens, Hkv, d, c->spec.quant.fp8_per_head, sv);
+        for (int r = 0; r < c->n_planes; r++)
+            KV_LAUNCH(fp8_calibrate_kernel, 1, KVCU_CACHE_THREADS, smem, 0, fmt,
+                      lp.x[r] + t * kvdim, seqs[i].n_tokens, Hkv, d, c->spec.quant.fp8_per_head,
+                      lp.p[r].scale + (size_t)seqs[i].slot * Hkv);
         KV_CUDA_TRY_LAUNCH(err);
     }
     return KV_OK;
@@ -126,9 +123,9 @@ int kvcu_cache_codec_begin(kvcu_cache *c, int layer, const kv_seq *seqs, int n_s
 int kvcu_cache_encode_rows(kvcu_cache *c, int layer, const int *tok_slot, const int *tok_pos,
                            const float *k, const float *v, int T, kv_err *err)
 {
-    dim3 grid(T, c->n_kv_heads, 2);
-    KV_LAUNCH(cache_write_kernel, grid, KVCU_CACHE_THREADS, 0, 0, c->fmt[layer], c->kp[layer],
-              c->vp[layer], k, v, tok_slot, tok_pos, c->n_kv_heads, c->head_dim, c->rows,
+    dim3 grid(T, c->n_kv_heads, c->n_planes);
+    KV_LAUNCH(cache_write_kernel, grid, KVCU_CACHE_THREADS, 0, 0, c->fmt[layer],
+              kvcu_layer_planes_of(c, layer, k, v), tok_slot, tok_pos, c->n_kv_heads, c->head_dim, c->rows,
               c->d_tables, c->max_blocks, c->spec.layout.block_size, c->spec.window.size,
               c->spec.window.n_sinks);
     KV_CUDA_TRY_LAUNCH(err);
@@ -138,9 +135,9 @@ int kvcu_cache_encode_rows(kvcu_cache *c, int layer, const int *tok_slot, const 
 int kvcu_cache_encode_slots(kvcu_cache *c, int layer, const int64_t *d_slots, int n,
                             const float *k, const float *v, kv_err *err)
 {
-    dim3 grid(n, c->n_kv_heads, 2);
+    dim3 grid(n, c->n_kv_heads, c->n_planes);
     KV_LAUNCH(cache_write_slots_kernel, grid, KVCU_CACHE_THREADS, 0, 0, c->fmt[layer],
-              c->kp[layer], c->vp[layer], k, v, d_slots, c->n_kv_heads, c->head_dim, c->rows);
+              kvcu_layer_planes_of(c, layer, k, v), d_slots, c->n_kv_heads, c->head_dim, c->rows);
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
 }

@@ -22,6 +22,26 @@
 /* kv_cache_create()'s limits, so a spec one device refuses the other refuses too */
 #define KVCU_CACHE_MAX_CAPACITY (1 << 24)
 
+/* A layer's planes and a chunk's rows for each, by value for the write kernels: block z of a
+ * launch with gridDim.z = n planes works on plane z. */
+typedef struct {
+    kv_cache_plane p[KV_CACHE_KV_PLANES];
+    const float *x[KV_CACHE_KV_PLANES]; /* device [T][H_kv][d]: plane i's rows (K, then V) */
+} kvcu_layer_planes;
+
+/* The planes of @p layer with the rows k and v (K's and V's, in plane order). */
+static inline kvcu_layer_planes kvcu_layer_planes_of(const kvcu_cache *c, int layer,
+                                                     const float *k, const float *v)
+{
+    kvcu_layer_planes lp;
+    const float *x[KV_CACHE_KV_PLANES] = {k, v};
+    for (int i = 0; i < c->n_planes; i++) {
+        lp.p[i] = *kv_cache_plane_of(c->planes, c->n_layers, i, layer);
+        lp.x[i] = x[i];
+    }
+    return lp;
+}
+
 /* ---- the row codec (kvcu_cache_codec.cu) ---------------------------------------------------- */
 
 /* fp8: calibrate the scales of each sequence of the step that starts at position 0, from its
@@ -56,9 +76,8 @@ int kvcu_cache_kivi_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_se
 int kvcu_cache_undo_rows(kvcu_cache *c, int layer, const kv_seq *s, int t0, const float *k,
                          const float *v, kv_err *err);
 /* KIVI: the group of 32 rows at (rhead, prow), group start g, before a spill encodes it. */
-int kvcu_cache_undo_group(kvcu_cache *c, int layer, const kv_cache_plane *p, int role,
-                          int slot, int h, int64_t rhead, int64_t prow, int pos, int n, int g,
-                          kv_err *err);
+int kvcu_cache_undo_group(kvcu_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
+                          int64_t rhead, int64_t prow, int pos, int n, int g, kv_err *err);
 /* Disarm a slot's log; free every log. */
 void kvcu_cache_undo_disarm(kvcu_cache *c, int slot);
 void kvcu_cache_undo_free(kvcu_cache *c);

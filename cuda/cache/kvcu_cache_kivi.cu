@@ -17,25 +17,24 @@
 #include "kv_quant.h"
 #include "kvcu_cache_internal.cuh"
 
-/* Block (i, h, r): row q0 + i of head h's keys (r = 0) or values into stage [2][H_kv][rows][d]:
- * from the ring when the token is older than the chunk, else from the chunk's input. */
-__global__ void kivi_stage_kernel(float *stage, kv_cache_plane kp, kv_cache_plane vp,
-                                  const float *k, const float *v, int slot, int pos, int q0,
+/* Block (i, h, r): row q0 + i of head h of plane r (0 keys, 1 values) into stage
+ * [n_planes][H_kv][rows][d]: from the ring when the token is older than the chunk, else from
+ * the chunk's input. */
+__global__ void kivi_stage_kernel(float *stage, kvcu_layer_planes lp, int slot, int pos, int q0,
                                   int rows, int n_kv_heads, int d, int window)
 {
     const int i = blockIdx.x, h = blockIdx.y, r = blockIdx.z, t = q0 + i;
-    const kv_cache_plane *p = r ? &vp : &kp;
+    const kv_cache_plane *p = &lp.p[r];
     const int64_t head = (int64_t)slot * n_kv_heads + h;
     const float *src = t < pos ? p->ring + (head * window + t % window) * d
-                               : (r ? v : k) + ((size_t)(t - pos) * n_kv_heads + h) * d;
+                               : lp.x[r] + ((size_t)(t - pos) * n_kv_heads + h) * d;
     float *dst = stage + (((size_t)r * n_kv_heads + h) * rows + i) * d;
     for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = src[j];
 }
 
 /* Block (t, h, r): token t's row of head h into its slot's window at pos % R; a token whose
  * window row a later one of the launch takes is skipped. */
-__global__ void kivi_window_kernel(kv_cache_plane kp, kv_cache_plane vp, const float *k,
-                                   const float *v, const int *tok_slot, const int *tok_pos,
+__global__ void kivi_window_kernel(kvcu_layer_planes lp, const int *tok_slot, const int *tok_pos,
                                    int n_kv_heads, int d, int window)
 {
     const int t = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
@@ -43,8 +42,8 @@ __global__ void kivi_window_kernel(kv_cache_plane kp, kv_cache_plane vp, const f
     if (t + window < (int)gridDim.x && tok_slot[t + window] == slot &&
         tok_pos[t + window] == pos + window)
         return;
-    const kv_cache_plane *p = r ? &vp : &kp;
-    const float *x = (r ? v : k) + ((size_t)t * n_kv_heads + h) * d; /* [d] */
+    const kv_cache_plane *p = &lp.p[r];
+    const float *x = lp.x[r] + ((size_t)t * n_kv_heads + h) * d; /* [d] */
     float *ring = p->ring + (((int64_t)slot * n_kv_heads + h) * window + pos % window) * d;
     for (int j = threadIdx.x; j < d; j += blockDim.x) ring[j] = x[j];
 }
@@ -55,7 +54,7 @@ int kvcu_cache_kivi_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_se
 {
     const int fmt = c->fmt[layer], Hkv = c->n_kv_heads, d = c->head_dim, R = c->window;
     const size_t kvdim = (size_t)Hkv * d;
-    kv_cache_plane *kp = &c->kp[layer], *vp = &c->vp[layer];
+    const int np = c->n_planes;
     /* spill what no longer fits the window (kv_cache_kivi_write()) */
     int changed = 0;
     for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
@@ -65,7 +64,7 @@ int kvcu_cache_kivi_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_se
         if (over <= q0) continue;
         const int q1 = (over + KV_KIVI_GROUP - 1) / KV_KIVI_GROUP * KV_KIVI_GROUP;
         const int rows = q1 - q0;
-        const size_t need = (size_t)2 * Hkv * rows * d * sizeof(float);
+        const size_t need = (size_t)np * Hkv * rows * d * sizeof(float);
         if (need > c->stage_bytes) {
             cudaFree(c->stage);
             c->stage = NULL;
@@ -73,9 +72,10 @@ int kvcu_cache_kivi_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_se
             KVCU_ALLOC_TRY(&c->stage, need, err);
             c->stage_bytes = need;
         }
-        dim3 grid(rows, Hkv, 2);
-        KV_LAUNCH(kivi_stage_kernel, grid, KVCU_CACHE_THREADS, 0, 0, c->stage, *kp, *vp,
-                  k + t * kvdim, v + t * kvdim, slot, pos, q0, rows, Hkv, d, R);
+        dim3 grid(rows, Hkv, np);
+        KV_LAUNCH(kivi_stage_kernel, grid, KVCU_CACHE_THREADS, 0, 0, c->stage,
+                  kvcu_layer_planes_of(c, layer, k + t * kvdim, v + t * kvdim), slot, pos, q0,
+                  rows, Hkv, d, R);
         KV_CUDA_TRY_LAUNCH(err);
         /* contiguous: one run q0 .. q1-1; paged: one run per block it touches, each at
          * its physical rows (32 | B: a group never straddles two blocks) */
@@ -84,17 +84,17 @@ int kvcu_cache_kivi_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_se
         for (int g = q0; g < q1;) {
             const int end = (g / B + 1) * B < q1 ? (g / B + 1) * B : q1;
             const int64_t prow = table ? (int64_t)table[g / B] * B + g % B : g;
-            for (int r = 0; r < 2; r++)
+            for (int r = 0; r < np; r++)
                 for (int h = 0; h < Hkv; h++) {
-                    const kv_cache_plane *p = r ? vp : kp;
-                    const int role = r ? KV_QROLE_VALUE : KV_QROLE_KEY;
+                    const kv_cache_plane *p = kv_cache_plane_of(c->planes, c->n_layers, r, layer);
+                    const int role = p->role;
                     const int64_t rhead = table ? h : (int64_t)slot * Hkv + h;
                     uint8_t *codes = p->codes + (rhead * c->rows + prow) * p->row_bytes;
                     uint8_t *meta = (uint8_t *)p->meta +
                                     (rhead * p->meta_entries + kvq_meta_index(fmt, role, prow, 0, d)) * 4;
                     const float *x = c->stage + (((size_t)r * Hkv + h) * rows + (g - q0)) * d;
                     for (int gg = g; gg < end; gg += KV_KIVI_GROUP) { /* chapter 10 */
-                        int rc = kvcu_cache_undo_group(c, layer, p, role, slot, h, rhead,
+                        int rc = kvcu_cache_undo_group(c, layer, p, slot, h, rhead,
                                                        prow + (gg - g), pos, n, gg, err);
                         if (rc) return rc;
                     }
@@ -110,9 +110,9 @@ int kvcu_cache_kivi_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_se
         KV_CUDA_TRY(cudaMemcpy(c->d_qlen, c->qlen,
                                (size_t)c->n_layers * c->spec.n_slots * sizeof(int),
                                cudaMemcpyHostToDevice), err);
-    dim3 grid(T, Hkv, 2);
-    KV_LAUNCH(kivi_window_kernel, grid, KVCU_CACHE_THREADS, 0, 0, *kp, *vp, k, v, tok_slot,
-              tok_pos, Hkv, d, R);
+    dim3 grid(T, Hkv, np);
+    KV_LAUNCH(kivi_window_kernel, grid, KVCU_CACHE_THREADS, 0, 0, kvcu_layer_planes_of(c, layer, k, v),
+              tok_slot, tok_pos, Hkv, d, R);
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
 }

@@ -66,8 +66,8 @@ int kvcu_cache_fork_slot(kvcu_cache *c, int dst, int src, kv_err *err)
     c->len[dst] = c->len[src];
     for (int l = 0; l < c->n_layers; l++) {
         c->qlen[l * ns + dst] = c->qlen[l * ns + src];
-        for (int role = 0; role < 2; role++) {
-            const kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
+        for (int i = 0; i < c->n_planes; i++) {
+            const kv_cache_plane *p = kv_cache_plane_of(c->planes, c->n_layers, i, l);
             if (p->scale)
                 KV_CUDA_TRY(cudaMemcpy(p->scale + dst * Hkv, p->scale + src * Hkv,
                                        Hkv * sizeof(float), cudaMemcpyDeviceToDevice), err);
@@ -114,8 +114,8 @@ __device__ inline void block_copy_bytes(uint8_t *dst, const uint8_t *src, int64_
     }
 }
 
-/* Block (i, plane, h): pair i's rows of kv head h in plane `plane` (planes [2][L]: K of every
- * layer, then V), codes and metadata. The metadata of a block is one contiguous run of
+/* Block (i, plane, h): pair i's rows of kv head h in plane `plane` (planes [n_planes][L]: K of
+ * every layer, then V), codes and metadata. The metadata of a block is one contiguous run of
  * entries, as kv_cache_copy_blocks() relies on (kv_quant.h: linear in the row, or in the
  * 32-row group for KIVI keys, with 32 | B). */
 __global__ void copy_blocks_kernel(const kv_block_copy *pairs, const kv_cache_plane *planes,
@@ -123,8 +123,7 @@ __global__ void copy_blocks_kernel(const kv_block_copy *pairs, const kv_cache_pl
 {
     const int i = blockIdx.x, pl = blockIdx.y, h = blockIdx.z;
     const kv_cache_plane p = planes[pl];
-    const int l = pl % n_layers, f = fmt[l];
-    const int role = pl < n_layers ? KV_QROLE_KEY : KV_QROLE_VALUE;
+    const int l = pl % n_layers, f = fmt[l], role = p.role;
     const int64_t s0 = (int64_t)pairs[i].src * block_size, d0 = (int64_t)pairs[i].dst * block_size;
     uint8_t *codes = p.codes + (int64_t)h * rows * p.row_bytes; /* [rows][row_bytes] */
     block_copy_bytes(codes + d0 * p.row_bytes, codes + s0 * p.row_bytes, block_size * p.row_bytes);
@@ -164,7 +163,7 @@ int kvcu_cache_copy_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, kv_
     for (int start = 0, i = 0; i <= n; i++) {
         const int cut = i == n || wrote[pairs[i].src] || wrote[pairs[i].dst] || read[pairs[i].dst];
         if (cut && i > start) {
-            dim3 grid(i - start, 2 * c->n_layers, c->n_kv_heads);
+            dim3 grid(i - start, c->n_planes * c->n_layers, c->n_kv_heads);
             KV_LAUNCH(copy_blocks_kernel, grid, COPY_THREADS, 0, 0, c->d_pairs + start,
                       c->d_planes, c->d_fmt, c->n_layers, c->rows, c->spec.layout.block_size,
                       c->head_dim);
@@ -192,10 +191,10 @@ int kvcu_cache_copy_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, kv_
 
 /* Bytes of one head's B rows of a plane in a host block: codes then metadata. */
 static __host__ __device__ inline int64_t head_block_bytes(const kv_cache_plane *p, int fmt,
-                                                           int role, int block_size, int d)
+                                                           int block_size, int d)
 {
-    const int64_t meta = p->meta ? kvq_meta_index(fmt, role, block_size, 0, d) -
-                                       kvq_meta_index(fmt, role, 0, 0, d)
+    const int64_t meta = p->meta ? kvq_meta_index(fmt, p->role, block_size, 0, d) -
+                                       kvq_meta_index(fmt, p->role, 0, 0, d)
                                  : 0;
     return (int64_t)block_size * p->row_bytes + meta * 4;
 }
@@ -205,31 +204,31 @@ size_t kvcu_cache_block_bytes(const kvcu_cache *c)
     if (!c || !c->tables) return 0;
     size_t n = 0;
     for (int l = 0; l < c->n_layers; l++)
-        for (int role = 0; role < 2; role++)
+        for (int i = 0; i < c->n_planes; i++)
             n += (size_t)c->n_kv_heads *
-                 (size_t)head_block_bytes(role ? &c->vp[l] : &c->kp[l], c->fmt[l],
-                                          role ? KV_QROLE_VALUE : KV_QROLE_KEY,
-                                          c->spec.layout.block_size, c->head_dim);
+                 (size_t)head_block_bytes(kv_cache_plane_of(c->planes, c->n_layers, i, l),
+                                          c->fmt[l], c->spec.layout.block_size, c->head_dim);
     return n;
 }
 
-/* Block (i, part, h): pair i, part = 2·layer + (0 K, 1 V) in the host block's order, kv head
- * h. to_stage: pool block pairs[i].src -> staged block i; else staged block i -> pool block
+/* Block (i, part, h): pair i, part = n_planes·layer + plane (0 K, 1 V) in the host block's
+ * order, kv head h. to_stage: pool block pairs[i].src -> staged block i; else staged block i -> pool block
  * pairs[i].dst. stage [n][block_bytes]. */
 __global__ void block_io_kernel(const kv_block_copy *pairs, const kv_cache_plane *planes,
-                                const int *fmt, int n_layers, int n_kv_heads, int rows,
+                                int n_planes, const int *fmt, int n_layers, int n_kv_heads, int rows,
                                 int block_size, int d, uint8_t *stage, int64_t block_bytes,
                                 int to_stage)
 {
     const int i = blockIdx.x, part = blockIdx.y, h = blockIdx.z;
     int64_t at = 0; /* where (part, h) starts inside a host block */
     for (int q = 0; q < part; q++)
-        at += n_kv_heads * head_block_bytes(&planes[(q % 2) * n_layers + q / 2], fmt[q / 2],
-                                            q % 2 ? KV_QROLE_VALUE : KV_QROLE_KEY, block_size, d);
-    const int l = part / 2, f = fmt[l], role = part % 2 ? KV_QROLE_VALUE : KV_QROLE_KEY;
-    const kv_cache_plane p = planes[(part % 2) * n_layers + l];
+        at += n_kv_heads * head_block_bytes(&planes[(q % n_planes) * n_layers + q / n_planes],
+                                            fmt[q / n_planes], block_size, d);
+    const int l = part / n_planes, f = fmt[l];
+    const kv_cache_plane p = planes[(part % n_planes) * n_layers + l];
+    const int role = p.role;
     const int64_t code_bytes = (int64_t)block_size * p.row_bytes;
-    at += h * head_block_bytes(&p, f, role, block_size, d);
+    at += h * head_block_bytes(&p, f, block_size, d);
     uint8_t *s = stage + i * block_bytes + at;
     const int64_t r0 = (int64_t)(to_stage ? pairs[i].src : pairs[i].dst) * block_size;
     uint8_t *codes = p.codes + ((int64_t)h * rows + r0) * p.row_bytes; /* [B][row_bytes] */
@@ -315,8 +314,8 @@ int kvcu_cache_read_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, uin
     if (rc || n == 0) return rc;
     uint8_t *stage = NULL; /* [n][block_bytes] */
     KVCU_ALLOC_TRY(&stage, (size_t)n * block_bytes, err);
-    dim3 grid(n, 2 * c->n_layers, c->n_kv_heads);
-    KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, 0, c->d_pairs, c->d_planes, c->d_fmt,
+    dim3 grid(n, c->n_planes * c->n_layers, c->n_kv_heads);
+    KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, 0, c->d_pairs, c->d_planes, c->n_planes, c->d_fmt,
               c->n_layers, c->n_kv_heads, c->rows, c->spec.layout.block_size, c->head_dim, stage,
               (int64_t)block_bytes, 1);
     cudaError_t e = cudaGetLastError();
@@ -336,8 +335,8 @@ int kvcu_cache_write_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n,
     KVCU_ALLOC_TRY(&stage, (size_t)n * block_bytes, err);
     cudaError_t e = copy_runs(stage, (uint8_t *)host, pairs, n, block_bytes, 0, 0);
     if (e == cudaSuccess) {
-        dim3 grid(n, 2 * c->n_layers, c->n_kv_heads);
-        KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, 0, c->d_pairs, c->d_planes, c->d_fmt,
+        dim3 grid(n, c->n_planes * c->n_layers, c->n_kv_heads);
+        KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, 0, c->d_pairs, c->d_planes, c->n_planes, c->d_fmt,
                   c->n_layers, c->n_kv_heads, c->rows, c->spec.layout.block_size, c->head_dim, stage,
                   (int64_t)block_bytes, 0);
         e = cudaGetLastError();
@@ -480,11 +479,11 @@ static int io_issue(kvcu_cache *c, kvcu_io *io, const kv_block_copy *pairs, int 
     KV_CUDA_TRY(cudaStreamWaitEvent(s, j->ready, 0), err);
     KV_CUDA_TRY(cudaMemcpyAsync(j->d_pairs, j->h_pairs, (size_t)n * sizeof(kv_block_copy),
                                 cudaMemcpyHostToDevice, s), err);
-    dim3 grid(n, 2 * c->n_layers, c->n_kv_heads);
+    dim3 grid(n, c->n_planes * c->n_layers, c->n_kv_heads);
     cudaError_t e = cudaSuccess;
     if (!to_host) e = copy_runs(j->stage, host, pairs, n, block_bytes, 0, s);
     if (e == cudaSuccess) {
-        KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, s, j->d_pairs, c->d_planes, c->d_fmt,
+        KV_LAUNCH(block_io_kernel, grid, COPY_THREADS, 0, s, j->d_pairs, c->d_planes, c->n_planes, c->d_fmt,
                   c->n_layers, c->n_kv_heads, c->rows, c->spec.layout.block_size, c->head_dim,
                   j->stage, (int64_t)block_bytes, to_host);
         e = cudaGetLastError();

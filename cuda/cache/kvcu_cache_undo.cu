@@ -37,24 +37,24 @@ static int kivi_q(int len, int R)
 static uint8_t *undo_row(const kvcu_cache *c, const kv_undo *u, int layer, int kv, int h,
                          int64_t p)
 {
-    const size_t head = ((size_t)layer * 2 + kv) * c->n_kv_heads + h;
+    const size_t head = ((size_t)layer * c->n_planes + kv) * c->n_kv_heads + h;
     return u->rows + (head * u->max_tokens + (size_t)(p % u->max_tokens)) * u->row_stride;
 }
 
 static uint8_t *undo_group(const kvcu_cache *c, const kv_undo *u, int layer, int kv, int h,
                            int64_t g)
 {
-    const size_t head = ((size_t)layer * 2 + kv) * c->n_kv_heads + h;
+    const size_t head = ((size_t)layer * c->n_planes + kv) * c->n_kv_heads + h;
     return u->groups + (head * u->n_groups + (size_t)(g / KV_KIVI_GROUP % u->n_groups)) *
                            u->group_stride;
 }
 
 /* Rows prow .. prow+n-1 of one head: codes then metadata into buf (save 1) or back (0). */
-static cudaError_t span_copy(const kvcu_cache *c, int layer, const kv_cache_plane *p, int role,
+static cudaError_t span_copy(const kvcu_cache *c, int layer, const kv_cache_plane *p,
                              int64_t rhead, int64_t prow, int n, uint8_t *buf, int save)
 {
     size_t off[4];
-    kv_cache_span(p, c->fmt[layer], role, rhead, c->rows, prow, n, c->head_dim, off);
+    kv_cache_span(p, c->fmt[layer], p->role, rhead, c->rows, prow, n, c->head_dim, off);
     uint8_t *codes = p->codes + off[0], *meta = off[3] ? (uint8_t *)p->meta + off[2] : NULL;
     cudaError_t e = save ? cudaMemcpy(buf, codes, off[1], cudaMemcpyDeviceToDevice)
                          : cudaMemcpy(codes, buf, off[1], cudaMemcpyDeviceToDevice);
@@ -90,8 +90,8 @@ int kvcu_cache_speculate(kvcu_cache *c, int slot, int max_tokens, kv_err *err)
     if (max_tokens == 0) return KV_OK;
     if (!u->qlen0) u->qlen0 = (int *)calloc((size_t)c->n_layers, sizeof(int));
     if (!u->qlen0) return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_speculate: host memory");
-    const size_t bytes = kv_undo_plan(u, c->kp, c->vp, c->fmt, c->n_layers, c->n_kv_heads,
-                                      c->head_dim, c->spec.window.size, max_tokens);
+    const size_t bytes = kv_undo_plan(u, c->planes, c->n_planes, c->fmt, c->n_layers,
+                                      c->n_kv_heads, c->head_dim, c->spec.window.size, max_tokens);
     if (bytes > u->alloc_bytes) {
         cudaFree(u->rows);
         u->rows = NULL;
@@ -99,7 +99,8 @@ int kvcu_cache_speculate(kvcu_cache *c, int slot, int max_tokens, kv_err *err)
         KVCU_ALLOC_TRY(&u->rows, bytes, err);
         u->alloc_bytes = bytes;
     }
-    u->groups = u->rows + (size_t)c->n_layers * 2 * c->n_kv_heads * max_tokens * u->row_stride;
+    u->groups = u->rows +
+                (size_t)c->n_layers * c->n_planes * c->n_kv_heads * max_tokens * u->row_stride;
     u->len0 = u->end = c->len[slot];
     for (int l = 0; l < c->n_layers; l++) u->qlen0[l] = c->qlen[(size_t)l * c->spec.n_slots + slot];
     u->armed = 1;
@@ -118,23 +119,23 @@ int kvcu_cache_undo_rows(kvcu_cache *c, int layer, const kv_seq *s, int t0, cons
     if (!kivi && c->spec.window.size <= 0) return KV_OK;
     for (int t = undo_from(u, s->pos, s->n_tokens); t < s->pos + s->n_tokens; t++) {
         const int64_t prow = phys_row(c, s->slot, kv_window_row(c->spec.window.size, c->spec.window.n_sinks, t));
-        for (int kv = 0; kv < 2; kv++) {
-            const kv_cache_plane *p = kv ? &c->vp[layer] : &c->kp[layer];
+        const float *x[KV_CACHE_KV_PLANES] = {k, v}; /* each plane's rows [T][H_kv][d] */
+        for (int kv = 0; kv < c->n_planes; kv++) {
+            const kv_cache_plane *p = kv_cache_plane_of(c->planes, c->n_layers, kv, layer);
             for (int h = 0; h < Hkv; h++) {
                 const int64_t head = (int64_t)s->slot * Hkv + h;
                 cudaError_t e;
                 if (kivi) {
                     const float *src = t - R >= s->pos
-                        ? (kv ? v : k) + ((size_t)(t0 + t - R - s->pos) * Hkv + h) * d
+                        ? x[kv] + ((size_t)(t0 + t - R - s->pos) * Hkv + h) * d
                         : p->ring + (head * R + t % R) * d;
                     e = cudaMemcpy(undo_row(c, u, layer, kv, h, t), src, (size_t)d * sizeof(float),
                                    cudaMemcpyDeviceToDevice);
                     u->copied += (double)d * sizeof(float);
                 } else {
-                    const int role = kv ? KV_QROLE_VALUE : KV_QROLE_KEY;
                     size_t off[4];
-                    kv_cache_span(p, fmt, role, 0, 0, 0, 1, d, off);
-                    e = span_copy(c, layer, p, role, c->tables ? h : head, prow, 1,
+                    kv_cache_span(p, fmt, p->role, 0, 0, 0, 1, d, off);
+                    e = span_copy(c, layer, p, c->tables ? h : head, prow, 1,
                                   undo_row(c, u, layer, kv, h, t), 1);
                     u->copied += (double)(off[1] + off[3]);
                 }
@@ -159,14 +160,13 @@ static cudaError_t undo_restore(kvcu_cache *c, kv_undo *u, int slot, int len)
         const int kivi = kvq_is_kivi(c->fmt[l]);
         int qn = kivi && len > R ? (len - R + KV_KIVI_GROUP - 1) / KV_KIVI_GROUP * KV_KIVI_GROUP : 0;
         if (kivi && qn < u->qlen0[l]) qn = u->qlen0[l];
-        for (int kv = 0; kv < 2; kv++) {
-            const kv_cache_plane *p = kv ? &c->vp[l] : &c->kp[l];
-            const int role = kv ? KV_QROLE_VALUE : KV_QROLE_KEY;
+        for (int kv = 0; kv < c->n_planes; kv++) {
+            const kv_cache_plane *p = kv_cache_plane_of(c->planes, c->n_layers, kv, l);
             for (int h = 0; h < Hkv && e == cudaSuccess; h++) {
                 const int64_t head = (int64_t)slot * Hkv + h, rhead = c->tables ? h : head;
                 if (kivi) {
                     for (int g = qn; g < *q && e == cudaSuccess; g += KV_KIVI_GROUP)
-                        e = span_copy(c, l, p, role, rhead, phys_row(c, slot, g), KV_KIVI_GROUP,
+                        e = span_copy(c, l, p, rhead, phys_row(c, slot, g), KV_KIVI_GROUP,
                                       undo_group(c, u, l, kv, h, g), 0);
                     for (int64_t t = u->end - 1; t >= len && e == cudaSuccess; t--)
                         e = cudaMemcpy(p->ring + (head * R + t % R) * d, undo_row(c, u, l, kv, h, t),
@@ -174,7 +174,7 @@ static cudaError_t undo_restore(kvcu_cache *c, kv_undo *u, int slot, int len)
                 } else if (c->spec.window.size > 0) {
                     for (int64_t t = u->end - 1; t >= len && e == cudaSuccess; t--) {
                         const int64_t lr = kv_window_row(c->spec.window.size, c->spec.window.n_sinks, t);
-                        e = span_copy(c, l, p, role, rhead, phys_row(c, slot, lr), 1,
+                        e = span_copy(c, l, p, rhead, phys_row(c, slot, lr), 1,
                                       undo_row(c, u, l, kv, h, t), 0);
                     }
                 }
@@ -214,16 +214,15 @@ int kvcu_cache_truncate(kvcu_cache *c, int slot, int len, kv_err *err)
     return KV_OK;
 }
 
-int kvcu_cache_undo_group(kvcu_cache *c, int layer, const kv_cache_plane *p, int role,
-                          int slot, int h, int64_t rhead, int64_t prow, int pos, int n, int g,
-                          kv_err *err)
+int kvcu_cache_undo_group(kvcu_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
+                          int64_t rhead, int64_t prow, int pos, int n, int g, kv_err *err)
 {
     kv_undo *u = armed_log(c, slot);
     if (!u || g < kivi_q(undo_from(u, pos, n), c->window)) return KV_OK; /* no rollback reaches it */
-    KV_CUDA_TRY(span_copy(c, layer, p, role, rhead, prow, KV_KIVI_GROUP,
-                          undo_group(c, u, layer, role == KV_QROLE_VALUE, h, g), 1), err);
+    KV_CUDA_TRY(span_copy(c, layer, p, rhead, prow, KV_KIVI_GROUP,
+                          undo_group(c, u, layer, kv_cache_role_plane(p->role), h, g), 1), err);
     size_t off[4];
-    kv_cache_span(p, c->fmt[layer], role, 0, 0, 0, KV_KIVI_GROUP, c->head_dim, off);
+    kv_cache_span(p, c->fmt[layer], p->role, 0, 0, 0, KV_KIVI_GROUP, c->head_dim, off);
     u->copied += (double)(off[1] + off[3]);
     return KV_OK;
 }

@@ -29,8 +29,8 @@ struct kvcu_cache {
     float *v;            /* device, same shape as k, else NULL */
     int *len;            /* host [n_slots] tokens currently stored per slot */
     int *fmt;            /* host [L] storage format of each layer */
-    kv_cache_plane *kp;  /* host [L], device pointers: K planes */
-    kv_cache_plane *vp;  /* host [L], device pointers: V planes */
+    int n_planes;        /* planes per layer: KV_CACHE_KV_PLANES (K, V) */
+    kv_cache_plane *planes; /* host [n_planes][L], device pointers: kv_cache_plane_of() */
     int *qlen;           /* host [L][n_slots] KIVI tokens already quantized */
     int *d_qlen;         /* device mirror of qlen */
     uint8_t *mem;        /* device: every plane */
@@ -47,7 +47,7 @@ struct kvcu_cache {
     int *tables;         /* host [n_slots][max_blocks] physical block of each logical block */
     int *n_mapped;       /* host [n_slots] entries set */
     int *d_tables;       /* device mirror of tables */
-    kv_cache_plane *d_planes; /* device [2][L] K planes then V planes: the block-copy kernel's */
+    kv_cache_plane *d_planes; /* device copy of planes [n_planes][L]: the block-copy kernel's */
     int *d_fmt;          /* device [L] copy of fmt */
     kv_block_copy *d_pairs;   /* device scratch of a copy list */
     int pairs_cap;
@@ -284,8 +284,8 @@ static inline attn_src cache_src(const kvcu_cache *c, int layer)
 {
     attn_src s;
     memset(&s, 0, sizeof s);
-    s.kp = c->kp[layer];
-    s.vp = c->vp[layer];
+    s.kp = *kv_cache_plane_of(c->planes, c->n_layers, kv_cache_role_plane(KV_QROLE_KEY), layer);
+    s.vp = *kv_cache_plane_of(c->planes, c->n_layers, kv_cache_role_plane(KV_QROLE_VALUE), layer);
     s.fmt = c->fmt[layer];
     s.qlen = kvq_is_kivi(s.fmt) ? c->d_qlen + (size_t)layer * c->spec.n_slots : NULL;
     s.window = c->window > 0 ? c->window : 1;

@@ -1,7 +1,7 @@
 /* The KV cache (kv_cache.h), chapter 02: contiguous rows, one run per (layer, slot, KV head).
  *
  *   fp32 layers   k, v  [L][n_slots][H_kv][capacity][d]   (chapter 02, unchanged)
- *   other layers  one kv_cache_plane per layer for K and for V: codes, meta, scale, ring
+ *   other layers  a list of kv_cache_plane per layer (K, then V): codes, meta, scale, ring
  *
  * Each (layer, slot, KV head) owns one [capacity][row_bytes] run of codes, so attention over
  * a sequence streams one contiguous run of memory per head whatever the format. The price,
@@ -62,7 +62,7 @@ static int64_t spec_row_heads(const kv_cache_spec *spec, int n_kv_heads)
 static size_t align_up(size_t n) { return (n + KV_CACHE_ALIGN - 1) / KV_CACHE_ALIGN * KV_CACHE_ALIGN; }
 
 size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, int d,
-                       uint8_t *base, kv_cache_plane *kp, kv_cache_plane *vp)
+                       uint8_t *base, kv_cache_plane *planes)
 {
     /* First the codes of every layer's K, then of every layer's V, then metadata, scales and
      * rings, each part 128-byte aligned (KV_CACHE_ALIGN). An all-fp32 cache is chapter 02's
@@ -75,16 +75,17 @@ size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, 
     const int window = spec->quant.kivi_window ? spec->quant.kivi_window : KV_KIVI_WINDOW;
     size_t at = 0;
     for (int part = 0; part < 4; part++)
-        for (int role = 0; role < 2; role++)
+        for (int i = 0; i < KV_CACHE_KV_PLANES; i++)
             for (int l = 0; l < n_layers; l++) {
                 const int f = kv_cache_spec_layer_dtype(spec, l);
-                const int r = role == 0 ? KV_QROLE_KEY : KV_QROLE_VALUE;
-                kv_cache_plane *p = role == 0 ? &kp[l] : &vp[l];
+                const int r = kv_cache_plane_role(i);
+                kv_cache_plane *p = kv_cache_plane_of(planes, n_layers, i, l);
                 size_t sz[4];
                 plane_sizes(f, r, row_heads, rows, heads, d, window, sz);
                 at = align_up(at);
                 if (part == 0) {
                     memset(p, 0, sizeof *p);
+                    p->role = r;
                     p->row_bytes = kvq_row_bytes(f, d);
                     p->meta_entries = (int64_t)(kv_quant_meta_bytes(f, r, rows, d) / 4);
                 }
@@ -124,8 +125,8 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
     c->n_kv_heads = cfg->n_kv_heads;
     c->head_dim = d;
     c->fmt = kv_calloc((size_t)L * sizeof(int));
-    c->kp = kv_calloc((size_t)L * sizeof(kv_cache_plane));
-    c->vp = kv_calloc((size_t)L * sizeof(kv_cache_plane));
+    c->n_planes = KV_CACHE_KV_PLANES;
+    c->planes = kv_calloc((size_t)c->n_planes * L * sizeof(kv_cache_plane));
     c->qlen = kv_calloc((size_t)L * spec->n_slots * sizeof(int));
     c->len = kv_calloc((size_t)spec->n_slots * sizeof(int));
     c->rows = spec_rows(spec);
@@ -134,7 +135,7 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
         c->tables = kv_calloc((size_t)spec->n_slots * c->max_blocks * sizeof(int));
         c->n_mapped = kv_calloc((size_t)spec->n_slots * sizeof(int));
     }
-    if (!c->fmt || !c->kp || !c->vp || !c->qlen || !c->len ||
+    if (!c->fmt || !c->planes || !c->qlen || !c->len ||
         (spec->layout.kind == KV_LAYOUT_PAGED && (!c->tables || !c->n_mapped))) {
         kv_cache_free(c);
         return kv_fail(err, KV_ERR_NOMEM, "kv_cache_create: host memory for the cache tables");
@@ -145,7 +146,7 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
         all_f32 &= c->fmt[l] == KV_QF_F32;
         if (kvq_is_kivi(c->fmt[l])) c->window = window;
     }
-    const size_t total = kv_cache_layout(spec, L, cfg->n_kv_heads, d, NULL, c->kp, c->vp);
+    const size_t total = kv_cache_layout(spec, L, cfg->n_kv_heads, d, NULL, c->planes);
     c->mem = kv_calloc(total);
     if (!c->mem) {
         kv_cache_free(c);
@@ -153,13 +154,12 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
                        "kv_cache_create: could not allocate %zu bytes of K/V storage", total);
     }
     c->mem_bytes = total;
-    kv_cache_layout(spec, L, cfg->n_kv_heads, d, c->mem, c->kp, c->vp);
-    for (int l = 0; l < L; l++)
-        for (int role = 0; role < 2; role++) {
-            kv_cache_plane *p = role == 0 ? &c->kp[l] : &c->vp[l];
-            if (p->scale)
-                for (int64_t i = 0; i < heads; i++) p->scale[i] = 1.0f;
-        }
+    kv_cache_layout(spec, L, cfg->n_kv_heads, d, c->mem, c->planes);
+    for (int i = 0; i < c->n_planes * L; i++) {
+        kv_cache_plane *p = &c->planes[i];
+        if (p->scale)
+            for (int64_t h = 0; h < heads; h++) p->scale[h] = 1.0f;
+    }
     rc = kv_cache_window_create(c, cfg, err); /* chapter 06: KV_POS_CACHE's rotations */
     if (rc) {
         kv_cache_free(c);
@@ -167,8 +167,8 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
     }
     if (all_f32 && !c->tables && spec->window.size == 0) {
         /* chapter 02's arrays: kv_cache_k() / kv_cache_v() work on them */
-        c->k = (float *)(void *)c->kp[0].codes;
-        c->v = (float *)(void *)c->vp[0].codes;
+        c->k = (float *)(void *)kv_cache_plane_of(c->planes, L, 0, 0)->codes;
+        c->v = (float *)(void *)kv_cache_plane_of(c->planes, L, 1, 0)->codes;
     }
     return KV_OK;
 }
@@ -178,8 +178,7 @@ void kv_cache_free(kv_cache *c)
     if (!c) return;
     kv_free(c->mem);
     kv_free(c->fmt);
-    kv_free(c->kp);
-    kv_free(c->vp);
+    kv_free(c->planes);
     kv_free(c->qlen);
     kv_free(c->len);
     kv_free(c->tables);
@@ -205,10 +204,10 @@ size_t kv_cache_bytes(const kv_cache *c)
      * formats add their metadata, fp8 scales and KIVI windows (alignment padding excluded) */
     const int64_t heads = (int64_t)c->spec.n_slots * c->n_kv_heads;
     size_t total = 0;
-    for (int l = 0; l < c->n_layers; l++)
-        for (int role = 0; role < 2; role++) {
+    for (int i = 0; i < c->n_planes; i++)
+        for (int l = 0; l < c->n_layers; l++) {
             size_t sz[4];
-            plane_sizes(c->fmt[l], role == 0 ? KV_QROLE_KEY : KV_QROLE_VALUE,
+            plane_sizes(c->fmt[l], kv_cache_plane_of(c->planes, c->n_layers, i, l)->role,
                         spec_row_heads(&c->spec, c->n_kv_heads), c->rows, heads, c->head_dim,
                         c->window, sz);
             total += sz[0] + sz[1] + sz[2] + sz[3];
@@ -218,7 +217,8 @@ size_t kv_cache_bytes(const kv_cache *c)
 
 kv_head_view kv_cache_view(const kv_cache *c, int layer, int slot, int kvh, int role)
 {
-    const kv_cache_plane *p = role == KV_QROLE_KEY ? &c->kp[layer] : &c->vp[layer];
+    const kv_cache_plane *p =
+        kv_cache_plane_of(c->planes, c->n_layers, kv_cache_role_plane(role), layer);
     const int64_t q = c->qlen[(size_t)layer * c->spec.n_slots + slot];
     if (c->tables)
         return kv_cache_plane_view_paged(p, c->fmt[layer], role, c->n_kv_heads, c->rows,
@@ -238,18 +238,18 @@ kv_row_loc kv_cache_locate(const kv_cache *c, int slot, int h, int64_t r)
     return at;
 }
 
-/* One tensor (K or V) of a chunk in a per-token format: x [n][H_kv][d], token t at position
- * pos + t. Each row is the product of the parts: retention picks its logical row, the layout
- * where that row lives, the undo log keeps what it held, the codec writes it. */
-static int write_rows(kv_cache *c, int layer, kv_cache_plane *p, int role, int slot, int pos,
-                      int n, const float *x, kv_err *err)
+/* One plane of a chunk in a per-token format: x [n][H_kv][d], token t at position pos + t.
+ * Each row is the product of the parts: retention picks its logical row, the layout where that
+ * row lives, the undo log keeps what it held, the codec writes it. */
+static int write_rows(kv_cache *c, int layer, kv_cache_plane *p, int slot, int pos, int n,
+                      const float *x, kv_err *err)
 {
     for (int h = 0; h < c->n_kv_heads; h++)
         for (int t = 0; t < n; t++) {
             const float *xr = x + ((size_t)t * c->n_kv_heads + h) * c->head_dim; /* [d] */
             const kv_row_loc at = kv_cache_locate(c, slot, h, kv_cache_logical_row(c, pos + t));
-            kv_cache_undo_row(c, layer, p, role, slot, h, at, pos, n, pos + t);
-            int rc = kv_cache_row_encode(c, layer, p, role, at, xr, err);
+            kv_cache_undo_row(c, layer, p, slot, h, at, pos, n, pos + t);
+            int rc = kv_cache_row_encode(c, layer, p, at, xr, err);
             if (rc) return rc;
         }
     return KV_OK;
@@ -258,14 +258,15 @@ static int write_rows(kv_cache *c, int layer, kv_cache_plane *p, int role, int s
 int kv_cache_write_seq(kv_cache *c, int layer, int slot, int pos, int n, const float *k,
                        const float *v, kv_err *err)
 {
-    kv_cache_codec_begin(c, layer, slot, pos, n, k, v); /* fp8: calibrate at position 0 */
-    int rc;
-    if (kvq_is_kivi(c->fmt[layer])) { /* rows wait in a window, then spill in groups */
-        rc = kv_cache_kivi_write(c, layer, slot, pos, n, k, v, err);
-    } else {
-        rc = write_rows(c, layer, &c->kp[layer], KV_QROLE_KEY, slot, pos, n, k, err);
-        if (!rc) rc = write_rows(c, layer, &c->vp[layer], KV_QROLE_VALUE, slot, pos, n, v, err);
-    }
+    const float *x[KV_CACHE_KV_PLANES] = {k, v}; /* each plane's rows [n][H_kv][d] */
+    kv_cache_codec_begin(c, layer, slot, pos, n, x); /* fp8: calibrate at position 0 */
+    int rc = KV_OK;
+    if (kvq_is_kivi(c->fmt[layer])) /* rows wait in a window, then spill in groups */
+        rc = kv_cache_kivi_write(c, layer, slot, pos, n, x, err);
+    else
+        for (int i = 0; i < c->n_planes && !rc; i++)
+            rc = write_rows(c, layer, kv_cache_plane_of(c->planes, c->n_layers, i, layer), slot,
+                            pos, n, x[i], err);
     if (!rc) kv_cache_undo_written(c, slot, pos, n); /* chapter 10 */
     return rc;
 }

@@ -78,8 +78,8 @@ typedef struct {
     int src, dst;
 } kv_block_copy;
 
-/** One tensor (K or V) of one layer, quantized layout (see the file comment). Pointers are
- * host memory in a kv_cache and device memory in the CUDA twin. */
+/** One stored tensor of one layer, quantized layout (see the file comment): a layer's K or
+ * its V. Pointers are host memory in a kv_cache and device memory in the CUDA twin. */
 typedef struct {
     uint8_t *codes;       /* [n_slots][H_kv][capacity][row_bytes] */
     void *meta;           /* [n_slots][H_kv][meta_entries] 4-byte entries, or NULL */
@@ -87,7 +87,30 @@ typedef struct {
     float *ring;          /* [n_slots][H_kv][window][d] KIVI window, or NULL */
     int64_t row_bytes;    /* bytes of one token row of codes */
     int64_t meta_entries; /* metadata entries per (slot, kv head) */
+    int role;             /* KV_QROLE_KEY or KV_QROLE_VALUE: how its format groups values */
 } kv_cache_plane;
+
+/** Planes per layer: K (plane 0) and V (plane 1). The cache's parts loop over planes and read
+ * each one's role, so a cache with another list of planes changes this list only. */
+#define KV_CACHE_KV_PLANES 2
+
+/** The role of plane @p i of a layer: its K, then its V. */
+static inline KV_HD int kv_cache_plane_role(int i)
+{
+    return i == 0 ? KV_QROLE_KEY : KV_QROLE_VALUE;
+}
+/** The plane that holds @p role's rows. */
+static inline KV_HD int kv_cache_role_plane(int role)
+{
+    return role == KV_QROLE_KEY ? 0 : 1;
+}
+/** Plane @p i of @p layer in a cache's planes [n_planes][n_layers] (every layer's plane 0,
+ * then every layer's plane 1, as kv_cache_layout() lays out their bytes). */
+static inline KV_HD kv_cache_plane *kv_cache_plane_of(kv_cache_plane *planes, int n_layers,
+                                                       int i, int layer)
+{
+    return planes + (size_t)i * n_layers + layer;
+}
 
 /**
  * Chapter 10: the undo log of one slot while a speculative step runs (kv_cache_speculate()).
@@ -131,7 +154,8 @@ typedef struct {
     float *v;          /* all-fp32 caches: the same for V (vp[l].codes), else NULL */
     int *len;          /* [n_slots] tokens currently stored per slot */
     int *fmt;          /* [L] storage format of each layer */
-    kv_cache_plane *kp, *vp; /* [L] K and V planes */
+    int n_planes;      /* planes per layer: KV_CACHE_KV_PLANES (K, V) */
+    kv_cache_plane *planes; /* [n_planes][L]: kv_cache_plane_of() */
     int *qlen;         /* [L][n_slots] KIVI: tokens already quantized (multiple of 32) */
     uint8_t *mem;      /* the one allocation every plane points into */
     size_t mem_bytes;
@@ -260,12 +284,12 @@ int kv_cache_speculate(kv_cache *c, int slot, int max_tokens, kv_err *err);
 /** 1 when a cache of @p spec with layer formats @p fmt [n_layers] needs the undo log to
  * truncate (a window, or a KIVI layer), else 0. Shared with the CUDA cache. */
 int kv_cache_needs_undo(const kv_cache_spec *spec, const int *fmt, int n_layers);
-/** Size an undo log of @p max_tokens for a cache's planes (@p window: spec.window.size, W; ring rows
+/** Size an undo log of @p max_tokens for a cache's @p planes [n_planes][n_layers] (@p window:
+ * spec.window.size, W; ring rows
  * are logged only when W > 0): u->max_tokens, n_groups, the strides,
  * and the bytes of rows + groups returned. Shared with the CUDA cache (same planes). */
-size_t kv_undo_plan(kv_undo *u, const kv_cache_plane *kp, const kv_cache_plane *vp,
-                    const int *fmt, int n_layers, int n_kv_heads, int d, int window,
-                    int max_tokens);
+size_t kv_undo_plan(kv_undo *u, const kv_cache_plane *planes, int n_planes, const int *fmt,
+                    int n_layers, int n_kv_heads, int d, int window, int max_tokens);
 /** The refusals of an undo-log truncation (@p who prefixes), shared with the CUDA cache:
  * KV_ERR_UNSUPPORTED unless @p u is armed, len >= its len0 and at most max_tokens positions
  * (up to u->end) are dropped. */
@@ -294,11 +318,12 @@ size_t kv_cache_bytes(const kv_cache *c);
 
 /**
  * Lay out the planes of a cache built from @p spec in one buffer of the returned size and
- * point @p kp, @p vp [n_layers] into @p base (NULL: sizes only, pointers left NULL). Shared
- * by kv_cache_create() and the CUDA cache, so both hold the same bytes at the same offsets.
+ * point @p planes [KV_CACHE_KV_PLANES][n_layers] into @p base (NULL: sizes only, pointers left
+ * NULL), each with its role. Shared by kv_cache_create() and the CUDA cache, so both hold the
+ * same bytes at the same offsets.
  */
 size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, int d,
-                       uint8_t *base, kv_cache_plane *kp, kv_cache_plane *vp);
+                       uint8_t *base, kv_cache_plane *planes);
 
 /** Chapter 06, KV_POS_CACHE: cos and sin of every cache index 0 .. S+W-1 of @p spec's window,
  * [S+W][rotary_dim/2][2] floats (kv_calloc()'ed, kv_free() it; *bytes its size), computed as

@@ -8,7 +8,7 @@
  *
  * fp8 is per-token too, but its scale belongs to the sequence: a slot's scales are calibrated
  * from the chunk written at position 0 (the prefill), amax / max per KV head
- * (spec.quant.fp8_per_head) or over all heads of the layer's K (and its V). */
+ * (spec.quant.fp8_per_head) or over all heads of the layer's plane (its K, and its V). */
 #include "kv_cache_internal.h"
 #include "kv_quant.h"
 
@@ -35,22 +35,21 @@ static void fp8_calibrate_chunk(int fmt, const float *x, int n, int n_kv_heads, 
         scales[h] = kv_quant_fp8_scale(fmt, per_head ? scales[h] : all);
 }
 
-void kv_cache_codec_begin(kv_cache *c, int layer, int slot, int pos, int n, const float *k,
-                          const float *v)
+void kv_cache_codec_begin(kv_cache *c, int layer, int slot, int pos, int n,
+                          const float *const *x)
 {
     const int fmt = c->fmt[layer];
     if (!kvq_is_fp8(fmt) || pos != 0) return;
     const int64_t head0 = (int64_t)slot * c->n_kv_heads;
-    fp8_calibrate_chunk(fmt, k, n, c->n_kv_heads, c->head_dim, c->spec.quant.fp8_per_head,
-                        c->kp[layer].scale + head0);
-    fp8_calibrate_chunk(fmt, v, n, c->n_kv_heads, c->head_dim, c->spec.quant.fp8_per_head,
-                        c->vp[layer].scale + head0);
+    for (int i = 0; i < c->n_planes; i++)
+        fp8_calibrate_chunk(fmt, x[i], n, c->n_kv_heads, c->head_dim, c->spec.quant.fp8_per_head,
+                            kv_cache_plane_of(c->planes, c->n_layers, i, layer)->scale + head0);
 }
 
-int kv_cache_row_encode(kv_cache *c, int layer, kv_cache_plane *p, int role, kv_row_loc at,
+int kv_cache_row_encode(kv_cache *c, int layer, kv_cache_plane *p, kv_row_loc at,
                         const float *x, kv_err *err)
 {
-    const int fmt = c->fmt[layer], d = c->head_dim;
+    const int fmt = c->fmt[layer], d = c->head_dim, role = p->role;
     uint8_t *codes = p->codes + (at.rhead * c->rows + at.row) * p->row_bytes; /* [row_bytes] */
     if (fmt == KV_QF_F32) { /* chapter 02's copy */
         memcpy(codes, x, (size_t)d * sizeof(float));

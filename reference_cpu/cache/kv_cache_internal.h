@@ -53,11 +53,11 @@ int64_t kv_cache_paged_row(const kv_cache *c, int slot, int64_t r);
 
 /** A format's per-sequence work before a chunk's rows are written: fp8 calibrates the slot's
  * scales from the chunk that starts at position 0; nothing for the other formats. */
-void kv_cache_codec_begin(kv_cache *c, int layer, int slot, int pos, int n, const float *k,
-                          const float *v);
+void kv_cache_codec_begin(kv_cache *c, int layer, int slot, int pos, int n,
+                          const float *const *x);
 /** Encode one row x [d] into the row @p at of plane @p p (layer's format, not KIVI): its codes
  * and, where the format keeps them per row, its scales. */
-int kv_cache_row_encode(kv_cache *c, int layer, kv_cache_plane *p, int role, kv_row_loc at,
+int kv_cache_row_encode(kv_cache *c, int layer, kv_cache_plane *p, kv_row_loc at,
                         const float *x, kv_err *err);
 
 /* ---- chapter 06: the window (kv_cache_window.c) --------------------------------------------- */
@@ -69,9 +69,10 @@ int kv_cache_window_create(kv_cache *c, const kv_config *cfg, kv_err *err);
 
 /* ---- chapter 04: KIVI (kv_cache_kivi.c) ----------------------------------------------------- */
 
-/** Store a chunk of a KIVI layer: the fp32 window, and the 32-token groups that leave it. */
-int kv_cache_kivi_write(kv_cache *c, int layer, int slot, int pos, int n, const float *k,
-                        const float *v, kv_err *err);
+/** Store a chunk of a KIVI layer, x[i] [n][H_kv][d] for each plane i: the fp32 window, and
+ * the 32-token groups that leave it. */
+int kv_cache_kivi_write(kv_cache *c, int layer, int slot, int pos, int n, const float *const *x,
+                        kv_err *err);
 /** Q(len): the tokens a KIVI slot of @p len holds quantized, the smallest multiple of 32 that
  * leaves at most R in the window (every chunking reaches it), never below @p q_armed. */
 int kv_cache_kivi_qlen(int len, int R, int q_armed);
@@ -80,15 +81,15 @@ int kv_cache_kivi_qlen(int len, int R, int q_armed);
 
 /** A windowed cache is about to write position t (of a write of n at pos) into row @p at:
  * save what the row holds when the slot's log is armed and a rollback can reach t. */
-void kv_cache_undo_row(kv_cache *c, int layer, const kv_cache_plane *p, int role, int slot,
-                       int h, kv_row_loc at, int pos, int n, int64_t t);
+void kv_cache_undo_row(kv_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
+                       kv_row_loc at, int pos, int n, int64_t t);
 /** KIVI: save each new token's fp32 window row as a one-token-at-a-time run would find it
  * (the chunk's token t-R when it is in the chunk x [n][H_kv][d], else the window @p ring). */
-void kv_cache_undo_window(kv_cache *c, int layer, int role, int slot, int h, int pos, int n,
-                          const float *x, const float *ring);
+void kv_cache_undo_window(kv_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
+                          int pos, int n, const float *x, const float *ring);
 /** KIVI: save the group of 32 rows at @p at (group start @p g) before a spill encodes it. */
-void kv_cache_undo_group(kv_cache *c, int layer, const kv_cache_plane *p, int role, int slot,
-                         int h, kv_row_loc at, int pos, int n, int g);
+void kv_cache_undo_group(kv_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
+                         kv_row_loc at, int pos, int n, int g);
 /** After a write of n at pos: the end of what the armed log covers. */
 void kv_cache_undo_written(kv_cache *c, int slot, int pos, int n);
 /** Disarm @p slot's log (nothing to roll back into). */

@@ -24,15 +24,16 @@ int kv_cache_kivi_qlen(int len, int R, int q_armed)
     return q > q_armed ? q : q_armed;
 }
 
-/* One tensor (K or V) of a chunk: x [n][H_kv][d] of a KIVI layer; rows q0 .. q1-1 are spilled. */
-static int kivi_write_plane(kv_cache *c, int layer, kv_cache_plane *p, int role, int slot,
-                            int pos, int n, const float *x, int q0, int q1, kv_err *err)
+/* One plane of a chunk: x [n][H_kv][d] of a KIVI layer; rows q0 .. q1-1 are spilled. */
+static int kivi_write_plane(kv_cache *c, int layer, kv_cache_plane *p, int slot, int pos, int n,
+                            const float *x, int q0, int q1, kv_err *err)
 {
     const int fmt = c->fmt[layer], d = c->head_dim, Hkv = c->n_kv_heads, R = c->window;
+    const int role = p->role;
     for (int h = 0; h < Hkv; h++) {
         float *ring = p->ring + ((int64_t)slot * Hkv + h) * R * d;        /* [R][d] */
         /* chapter 10: each new token's window row, before anything overwrites it */
-        kv_cache_undo_window(c, layer, role, slot, h, pos, n, x, ring);
+        kv_cache_undo_window(c, layer, p, slot, h, pos, n, x, ring);
         if (q1 > q0) {
             float *stage = kv_calloc((size_t)(q1 - q0) * d * sizeof(float)); /* [q1-q0][d] */
             if (!stage)
@@ -46,7 +47,7 @@ static int kivi_write_plane(kv_cache *c, int layer, kv_cache_plane *p, int role,
             int rc = KV_OK;
             for (int g = q0; g < q1 && !rc; g += KV_KIVI_GROUP) {
                 const kv_row_loc at = kv_cache_locate(c, slot, h, g);
-                kv_cache_undo_group(c, layer, p, role, slot, h, at, pos, n, g); /* chapter 10 */
+                kv_cache_undo_group(c, layer, p, slot, h, at, pos, n, g); /* chapter 10 */
                 rc = kv_quant_encode(fmt, role, stage + (size_t)(g - q0) * d, KV_KIVI_GROUP, d,
                                      0.0f, p->codes + (at.rhead * c->rows + at.row) * p->row_bytes,
                                      (uint8_t *)p->meta + (at.rhead * p->meta_entries +
@@ -66,15 +67,17 @@ static int kivi_write_plane(kv_cache *c, int layer, kv_cache_plane *p, int role,
     return KV_OK;
 }
 
-int kv_cache_kivi_write(kv_cache *c, int layer, int slot, int pos, int n, const float *k,
-                        const float *v, kv_err *err)
+int kv_cache_kivi_write(kv_cache *c, int layer, int slot, int pos, int n, const float *const *x,
+                        kv_err *err)
 {
     /* Q1: the smallest multiple of 32, >= Q0, that leaves at most R tokens unquantized */
     int *qlen = &c->qlen[(size_t)layer * c->spec.n_slots + slot];
     const int q0 = *qlen, over = pos + n - c->window;
     const int q1 = over > q0 ? (over + KV_KIVI_GROUP - 1) / KV_KIVI_GROUP * KV_KIVI_GROUP : q0;
-    int rc = kivi_write_plane(c, layer, &c->kp[layer], KV_QROLE_KEY, slot, pos, n, k, q0, q1, err);
-    if (!rc) rc = kivi_write_plane(c, layer, &c->vp[layer], KV_QROLE_VALUE, slot, pos, n, v, q0, q1, err);
+    int rc = KV_OK;
+    for (int i = 0; i < c->n_planes && !rc; i++)
+        rc = kivi_write_plane(c, layer, kv_cache_plane_of(c->planes, c->n_layers, i, layer), slot,
+                              pos, n, x[i], q0, q1, err);
     if (!rc) *qlen = q1;
     return rc;
 }

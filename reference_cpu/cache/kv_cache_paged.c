@@ -87,8 +87,8 @@ int kv_cache_fork_slot(kv_cache *c, int dst, int src, kv_err *err)
     for (int l = 0; l < c->n_layers; l++) {
         const size_t ns = (size_t)c->spec.n_slots;
         c->qlen[l * ns + dst] = c->qlen[l * ns + src];
-        for (int role = 0; role < 2; role++) {
-            kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
+        for (int i = 0; i < c->n_planes; i++) {
+            kv_cache_plane *p = kv_cache_plane_of(c->planes, c->n_layers, i, l);
             if (p->scale) memcpy(p->scale + dst * Hkv, p->scale + src * Hkv, Hkv * sizeof(float));
             if (p->ring)
                 memcpy(p->ring + dst * Hkv * c->window * d, p->ring + src * Hkv * c->window * d,
@@ -149,9 +149,9 @@ int kv_cache_copy_blocks(kv_cache *c, const kv_block_copy *pairs, int n, kv_err 
     for (int i = 0; i < n; i++) {
         const int64_t s0 = (int64_t)pairs[i].src * B, d0 = (int64_t)pairs[i].dst * B;
         for (int l = 0; l < c->n_layers; l++)
-            for (int role = 0; role < 2; role++) {
-                kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
-                const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY, f = c->fmt[l];
+            for (int i = 0; i < c->n_planes; i++) {
+                kv_cache_plane *p = kv_cache_plane_of(c->planes, c->n_layers, i, l);
+                const int r = p->role, f = c->fmt[l];
                 /* a block's metadata entries are contiguous too: meta index is linear in the
                  * row (per token) or in the 32-row group (KIVI keys), and 32 | B there */
                 const int64_t m0 = kvq_meta_index(f, r, s0, 0, d);
@@ -175,11 +175,11 @@ int kv_cache_copy_blocks(kv_cache *c, const kv_block_copy *pairs, int n, kv_err 
 
 /* Metadata entries of one block's B rows in a plane of format fmt: contiguous, as in
  * kv_cache_copy_blocks(); 0 for a plane without metadata. */
-static int64_t block_meta_entries(const kv_cache *c, const kv_cache_plane *p, int fmt, int role)
+static int64_t block_meta_entries(const kv_cache *c, const kv_cache_plane *p, int fmt)
 {
     if (!p->meta) return 0;
-    return kvq_meta_index(fmt, role, c->spec.layout.block_size, 0, c->head_dim) -
-           kvq_meta_index(fmt, role, 0, 0, c->head_dim);
+    return kvq_meta_index(fmt, p->role, c->spec.layout.block_size, 0, c->head_dim) -
+           kvq_meta_index(fmt, p->role, 0, 0, c->head_dim);
 }
 
 size_t kv_cache_block_bytes(const kv_cache *c)
@@ -187,26 +187,26 @@ size_t kv_cache_block_bytes(const kv_cache *c)
     if (!c || !c->tables) return 0;
     size_t n = 0;
     for (int l = 0; l < c->n_layers; l++)
-        for (int role = 0; role < 2; role++) {
-            const kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
-            const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY;
-            const int64_t meta = block_meta_entries(c, p, c->fmt[l], r) * 4;
+        for (int i = 0; i < c->n_planes; i++) {
+            const kv_cache_plane *p = kv_cache_plane_of(c->planes, c->n_layers, i, l);
+            const int64_t meta = block_meta_entries(c, p, c->fmt[l]) * 4;
             n += (size_t)c->n_kv_heads * (size_t)(c->spec.layout.block_size * p->row_bytes + meta);
         }
     return n;
 }
 
-/* Copy pool block dev of c and one host block, in the host order [L][K, V][H_kv](codes, meta):
+/* Copy pool block dev of c and one host block, in the host order [L][planes: K, V][H_kv]
+ * (codes, meta):
  * into @p out when it is not NULL, else from @p in. */
 static void block_move(const kv_cache *c, int dev, uint8_t *out, const uint8_t *in)
 {
     size_t at = 0; /* bytes of the host block done */
     const int64_t B = c->spec.layout.block_size, r0 = (int64_t)dev * B;
     for (int l = 0; l < c->n_layers; l++)
-        for (int role = 0; role < 2; role++) {
-            const kv_cache_plane *p = role ? &c->vp[l] : &c->kp[l];
-            const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY, f = c->fmt[l];
-            const int64_t mn = block_meta_entries(c, p, f, r);
+        for (int i = 0; i < c->n_planes; i++) {
+            const kv_cache_plane *p = kv_cache_plane_of(c->planes, c->n_layers, i, l);
+            const int r = p->role, f = c->fmt[l];
+            const int64_t mn = block_meta_entries(c, p, f);
             const int64_t m0 = kvq_meta_index(f, r, r0, 0, c->head_dim);
             const size_t code_bytes = (size_t)(B * p->row_bytes);
             for (int h = 0; h < c->n_kv_heads; h++) {
@@ -282,13 +282,13 @@ int kv_cache_write_slots(kv_cache *c, int layer, const int64_t *slots, int n, co
                            "outside the pool's %d rows", i, (long long)slots[i], c->rows);
     for (int i = 0; i < n; i++) {
         if (slots[i] < 0) continue; /* padding */
-        for (int r = 0; r < 2; r++) {
-            kv_cache_plane *p = r ? &c->vp[layer] : &c->kp[layer];
-            const int role = r ? KV_QROLE_VALUE : KV_QROLE_KEY;
+        const float *xs[KV_CACHE_KV_PLANES] = {k, v}; /* each plane's rows [n][H_kv][d] */
+        for (int pl = 0; pl < c->n_planes; pl++) {
+            kv_cache_plane *p = kv_cache_plane_of(c->planes, c->n_layers, pl, layer);
             for (int h = 0; h < Hkv; h++) {
-                const float *x = (r ? v : k) + ((size_t)i * Hkv + h) * d;          /* [d] */
+                const float *x = xs[pl] + ((size_t)i * Hkv + h) * d;               /* [d] */
                 const kv_row_loc at = {h, h, slots[i]}; /* no per-sequence scale to find */
-                int rc = kv_cache_row_encode(c, layer, p, role, at, x, err);
+                int rc = kv_cache_row_encode(c, layer, p, at, x, err);
                 if (rc) return rc;
             }
         }

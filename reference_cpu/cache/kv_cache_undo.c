@@ -20,18 +20,17 @@ int kv_cache_needs_undo(const kv_cache_spec *spec, const int *fmt, int n_layers)
     return 0;
 }
 
-size_t kv_undo_plan(kv_undo *u, const kv_cache_plane *kp, const kv_cache_plane *vp,
-                    const int *fmt, int n_layers, int n_kv_heads, int d, int window,
-                    int max_tokens)
+size_t kv_undo_plan(kv_undo *u, const kv_cache_plane *planes, int n_planes, const int *fmt,
+                    int n_layers, int n_kv_heads, int d, int window, int max_tokens)
 {
     /* one stride for every layer: the widest row (codes + its metadata; a KIVI layer's fp32
      * ring row) and the widest KIVI group (32 rows of codes + their metadata) */
     size_t rs = 0, gs = 0;
     int kivi = 0;
     for (int l = 0; l < n_layers; l++)
-        for (int role = 0; role < 2; role++) {
-            const kv_cache_plane *p = role ? &vp[l] : &kp[l];
-            const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY;
+        for (int i = 0; i < n_planes; i++) {
+            const kv_cache_plane *p = &planes[(size_t)i * n_layers + l];
+            const int r = p->role;
             size_t off[4];
             if (kvq_is_kivi(fmt[l])) {
                 kivi = 1;
@@ -47,7 +46,7 @@ size_t kv_undo_plan(kv_undo *u, const kv_cache_plane *kp, const kv_cache_plane *
     u->n_groups = kivi ? (max_tokens + KV_KIVI_GROUP - 1) / KV_KIVI_GROUP + 1 : 0;
     u->row_stride = (rs + 15) / 16 * 16;
     u->group_stride = (gs + 15) / 16 * 16;
-    const size_t heads = (size_t)n_layers * 2 * n_kv_heads;
+    const size_t heads = (size_t)n_layers * n_planes * n_kv_heads;
     return heads * ((size_t)max_tokens * u->row_stride + (size_t)u->n_groups * u->group_stride);
 }
 
@@ -69,28 +68,29 @@ int kv_undo_check(const char *who, const kv_undo *u, int slot, int len, int cur_
     return KV_OK;
 }
 
-/* Entry of position p, or of the group starting at row g, for (layer, K/V, head h). */
-static uint8_t *undo_row(const kv_cache *c, const kv_undo *u, int layer, int kv, int h,
+/* Entry of position p, or of the group starting at row g, for (layer, plane i, head h): the
+ * log is [L][n_planes][H_kv]. */
+static uint8_t *undo_row(const kv_cache *c, const kv_undo *u, int layer, int i, int h,
                          int64_t p)
 {
-    const size_t head = ((size_t)layer * 2 + kv) * c->n_kv_heads + h;
+    const size_t head = ((size_t)layer * c->n_planes + i) * c->n_kv_heads + h;
     return u->rows + (head * u->max_tokens + (size_t)(p % u->max_tokens)) * u->row_stride;
 }
-static uint8_t *undo_group(const kv_cache *c, const kv_undo *u, int layer, int kv, int h,
+static uint8_t *undo_group(const kv_cache *c, const kv_undo *u, int layer, int i, int h,
                            int64_t g)
 {
-    const size_t head = ((size_t)layer * 2 + kv) * c->n_kv_heads + h;
+    const size_t head = ((size_t)layer * c->n_planes + i) * c->n_kv_heads + h;
     return u->groups + (head * u->n_groups + (size_t)(g / KV_KIVI_GROUP % u->n_groups)) *
                            u->group_stride;
 }
 
 /* Rows prow .. prow+n-1 of one head of plane p: codes then metadata into buf (save 1), or
  * back from it (save 0). Returns the bytes copied. */
-static size_t span_copy(const kv_cache *c, int layer, const kv_cache_plane *p, int role,
-                      int64_t rhead, int64_t prow, int n, uint8_t *buf, int save)
+static size_t span_copy(const kv_cache *c, int layer, const kv_cache_plane *p, int64_t rhead,
+                        int64_t prow, int n, uint8_t *buf, int save)
 {
     size_t off[4];
-    kv_cache_span(p, c->fmt[layer], role, rhead, c->rows, prow, n, c->head_dim, off);
+    kv_cache_span(p, c->fmt[layer], p->role, rhead, c->rows, prow, n, c->head_dim, off);
     uint8_t *codes = p->codes + off[0], *meta = off[3] ? (uint8_t *)p->meta + off[2] : NULL;
     if (save) {
         memcpy(buf, codes, off[1]);
@@ -132,8 +132,8 @@ int kv_cache_speculate(kv_cache *c, int slot, int max_tokens, kv_err *err)
     u->armed = 0;
     if (max_tokens == 0) return KV_OK;
     if (!u->qlen0) u->qlen0 = kv_calloc((size_t)c->n_layers * sizeof(int));
-    const size_t bytes = kv_undo_plan(u, c->kp, c->vp, c->fmt, c->n_layers, c->n_kv_heads,
-                                      c->head_dim, c->spec.window.size, max_tokens);
+    const size_t bytes = kv_undo_plan(u, c->planes, c->n_planes, c->fmt, c->n_layers,
+                                      c->n_kv_heads, c->head_dim, c->spec.window.size, max_tokens);
     if (bytes > u->alloc_bytes) { /* grown only: a smaller log fits the same allocation */
         kv_free(u->rows);
         u->rows = kv_calloc(bytes);
@@ -142,7 +142,8 @@ int kv_cache_speculate(kv_cache *c, int slot, int max_tokens, kv_err *err)
     if (!u->rows || !u->qlen0)
         return kv_fail(err, KV_ERR_NOMEM, "kv_cache_speculate: %zu bytes of undo log", bytes);
     /* the group entries follow the row entries in the same allocation */
-    u->groups = u->rows + (size_t)c->n_layers * 2 * c->n_kv_heads * max_tokens * u->row_stride;
+    u->groups = u->rows +
+                (size_t)c->n_layers * c->n_planes * c->n_kv_heads * max_tokens * u->row_stride;
     u->len0 = u->end = c->len[slot];
     for (int l = 0; l < c->n_layers; l++) u->qlen0[l] = c->qlen[(size_t)l * c->spec.n_slots + slot];
     u->armed = 1;
@@ -158,14 +159,13 @@ static void undo_restore(kv_cache *c, kv_undo *u, int slot, int len)
     for (int l = 0; l < c->n_layers; l++) {
         int *q = &c->qlen[(size_t)l * c->spec.n_slots + slot];
         const int kivi = kvq_is_kivi(c->fmt[l]), qn = kivi ? kv_cache_kivi_qlen(len, R, u->qlen0[l]) : 0;
-        for (int kv = 0; kv < 2; kv++) {
-            kv_cache_plane *p = kv ? &c->vp[l] : &c->kp[l];
-            const int role = kv ? KV_QROLE_VALUE : KV_QROLE_KEY;
+        for (int kv = 0; kv < c->n_planes; kv++) {
+            kv_cache_plane *p = kv_cache_plane_of(c->planes, c->n_layers, kv, l);
             for (int h = 0; h < Hkv; h++) {
                 if (kivi) {
                     for (int g = qn; g < *q; g += KV_KIVI_GROUP) {
                         const kv_row_loc at = kv_cache_locate(c, slot, h, g);
-                        span_copy(c, l, p, role, at.rhead, at.row, KV_KIVI_GROUP,
+                        span_copy(c, l, p, at.rhead, at.row, KV_KIVI_GROUP,
                                   undo_group(c, u, l, kv, h, g), 0);
                     }
                     const int64_t head = (int64_t)slot * Hkv + h;
@@ -175,7 +175,7 @@ static void undo_restore(kv_cache *c, kv_undo *u, int slot, int len)
                 } else if (c->spec.window.size > 0) {
                     for (int64_t t = u->end - 1; t >= len; t--) {
                         const kv_row_loc at = kv_cache_locate(c, slot, h, kv_cache_logical_row(c, t));
-                        span_copy(c, l, p, role, at.rhead, at.row, 1, undo_row(c, u, l, kv, h, t), 0);
+                        span_copy(c, l, p, at.rhead, at.row, 1, undo_row(c, u, l, kv, h, t), 0);
                     }
                 }
             }
@@ -211,22 +211,22 @@ int kv_cache_truncate(kv_cache *c, int slot, int len, kv_err *err)
 
 /* ---- the hooks of the writes (kv_cache_internal.h) ------------------------------------------ */
 
-void kv_cache_undo_row(kv_cache *c, int layer, const kv_cache_plane *p, int role, int slot,
-                       int h, kv_row_loc at, int pos, int n, int64_t t)
+void kv_cache_undo_row(kv_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
+                       kv_row_loc at, int pos, int n, int64_t t)
 {
     kv_undo *u = c->spec.window.size > 0 ? armed_log(c, slot) : NULL;
     if (!u || t < undo_from(u, pos, n)) return; /* no rollback reaches it */
-    u->copied += (double)span_copy(c, layer, p, role, at.rhead, at.row, 1,
-                                   undo_row(c, u, layer, role == KV_QROLE_VALUE, h, t), 1);
+    u->copied += (double)span_copy(c, layer, p, at.rhead, at.row, 1,
+                                   undo_row(c, u, layer, kv_cache_role_plane(p->role), h, t), 1);
 }
 
-void kv_cache_undo_window(kv_cache *c, int layer, int role, int slot, int h, int pos, int n,
-                          const float *x, const float *ring)
+void kv_cache_undo_window(kv_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
+                          int pos, int n, const float *x, const float *ring)
 {
     kv_undo *u = armed_log(c, slot);
     const int R = c->window, Hkv = c->n_kv_heads, d = c->head_dim;
     for (int t = u ? undo_from(u, pos, n) : pos + n; t < pos + n; t++) {
-        memcpy(undo_row(c, u, layer, role == KV_QROLE_VALUE, h, t),
+        memcpy(undo_row(c, u, layer, kv_cache_role_plane(p->role), h, t),
                t - R >= pos ? x + ((size_t)(t - R - pos) * Hkv + h) * d
                             : ring + (size_t)(t % R) * d,
                (size_t)d * sizeof(float));
@@ -234,13 +234,13 @@ void kv_cache_undo_window(kv_cache *c, int layer, int role, int slot, int h, int
     }
 }
 
-void kv_cache_undo_group(kv_cache *c, int layer, const kv_cache_plane *p, int role, int slot,
-                         int h, kv_row_loc at, int pos, int n, int g)
+void kv_cache_undo_group(kv_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
+                         kv_row_loc at, int pos, int n, int g)
 {
     kv_undo *u = armed_log(c, slot);
     if (!u || g < kv_cache_kivi_qlen(undo_from(u, pos, n), c->window, 0)) return;
-    u->copied += (double)span_copy(c, layer, p, role, at.rhead, at.row, KV_KIVI_GROUP,
-                                   undo_group(c, u, layer, role == KV_QROLE_VALUE, h, g), 1);
+    u->copied += (double)span_copy(c, layer, p, at.rhead, at.row, KV_KIVI_GROUP,
+                                   undo_group(c, u, layer, kv_cache_role_plane(p->role), h, g), 1);
 }
 
 void kv_cache_undo_written(kv_cache *c, int slot, int pos, int n)

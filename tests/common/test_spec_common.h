@@ -27,12 +27,12 @@ static long rows_differ(const kv_cache *x, const kv_cache *y, int len)
 {
     long bad = 0;
     for (int l = 0; l < x->n_layers; l++)
-        for (int role = 0; role < 2; role++)
+        for (int i = 0; i < x->n_planes; i++)
             for (int h = 0; h < x->n_kv_heads; h++) {
-                const int r = role ? KV_QROLE_VALUE : KV_QROLE_KEY;
+                const int r = kv_cache_plane_role(i);
                 const kv_head_view a = kv_cache_view(x, l, 0, h, r);
                 const kv_head_view b = kv_cache_view(y, l, 0, h, r);
-                const int64_t rb = (role ? x->vp : x->kp)[l].row_bytes;
+                const int64_t rb = kv_cache_plane_of(x->planes, x->n_layers, i, l)->row_bytes;
                 for (int t = 0; t < len; t++) {
                     bad += memcmp(a.codes + kv_view_row(&a, t) * rb,
                                   b.codes + kv_view_row(&b, t) * rb, (size_t)rb) != 0;
