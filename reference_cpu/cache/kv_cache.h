@@ -440,14 +440,16 @@ void kv_cache_write(kv_cache *c, int layer, int slot, int pos, const float *k, c
 static inline float *kv_cache_k(const kv_cache *c, int layer, int slot, int kvh)
 {
     size_t row = (size_t)slot * c->n_kv_heads + kvh; /* the layer's own plane: see kv_cache.c */
-    return c->k ? (float *)(void *)c->kp[layer].codes + row * (size_t)c->spec.capacity * c->head_dim
+    return c->k ? (float *)(void *)kv_cache_plane_of(c->planes, c->n_layers, 0, layer)->codes +
+                      row * (size_t)c->spec.capacity * c->head_dim
                 : NULL;
 }
 /** Row of values for (layer, slot, kv head): [capacity][d]. All-fp32 caches only. */
 static inline float *kv_cache_v(const kv_cache *c, int layer, int slot, int kvh)
 {
     size_t row = (size_t)slot * c->n_kv_heads + kvh;
-    return c->v ? (float *)(void *)c->vp[layer].codes + row * (size_t)c->spec.capacity * c->head_dim
+    return c->v ? (float *)(void *)kv_cache_plane_of(c->planes, c->n_layers, 1, layer)->codes +
+                      row * (size_t)c->spec.capacity * c->head_dim
                 : NULL;
 }
 

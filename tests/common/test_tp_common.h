@@ -37,7 +37,8 @@ static inline int tp_make_model(kv_model *m, int dim, int hidden, int L, int H, 
  * cache: [capacity][d] inside layer l's plane [n_slots][H_kv][capacity][d]. */
 static inline const float *tp_layer_head(const kv_cache *c, int role, int l, int slot, int h)
 {
-    const float *base = (const float *)(const void *)(role ? c->vp : c->kp)[l].codes;
+    const float *base =
+        (const float *)(const void *)kv_cache_plane_of(c->planes, c->n_layers, role, l)->codes;
     return base + (((size_t)slot * c->n_kv_heads + h) * c->rows) * c->head_dim;
 }
 
