@@ -314,13 +314,15 @@ message(STATUS "figures: kvlab needle --spec datasets/needle/quant.needle (about
 kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/quant.needle
   --csv ${OUT}/needle-quant.csv --svg ${OUT}/needle-quant.svg)
 message(STATUS "figures: ${OUT}/needle-quant.svg")
-# the chapters' "On a trained model" sections (drawn into ${OUT} only)
+# the chapters' "On a trained model" sections (copied into docs/figures below)
 include(${CMAKE_CURRENT_LIST_DIR}/figures_trained.cmake)
 # The plots whose every point is counted or simulated (no wall-clock time in them) are the same
 # on any machine: the chapters embed them, so they are copied into the source tree's
 # docs/figures/, where they are committed. A rerun that changes one is a change to review.
 foreach(fig memory-vs-context ch02-cost-per-token ch05-reserved-per-step ch06-stream-memory
-            ch07-latency-cdf-high ch08-attention-bytes ch09-kept-positions needle-quant)
+            ch07-latency-cdf-high ch08-attention-bytes ch09-kept-positions needle-quant
+            ch03-trained-gqa ch04-trained-key-channels ch06-trained-mass ch09-trained-budget
+            ch10-trained-spec)
   if(EXISTS ${OUT}/${fig}.svg)
     file(COPY_FILE ${OUT}/${fig}.svg ${SRC}/docs/figures/${fig}.svg ONLY_IF_DIFFERENT)
   endif()
