@@ -188,10 +188,10 @@ kv_args_result kv_args_parse(const char *cmd, const char *about, int argc, char 
     kv_opt all[KV_ARGS_MAX + 1];
     int threads = 0;
     if (n_opts > KV_ARGS_MAX) n_opts = KV_ARGS_MAX; /* never: a table is written by hand */
-    memcpy(all, opts, (size_t)n_opts * sizeof *opts);
+    if (n_opts > 0) memcpy(all, opts, (size_t)n_opts * sizeof *opts); /* info has no table */
     all[n_opts] = (kv_opt)KV_CLI_THREADS_OPT(threads);
     kv_args_result r = parse(cmd, about, argc, argv, all, n_opts + 1);
-    memcpy(opts, all, (size_t)n_opts * sizeof *opts); /* the seen flags */
+    if (n_opts > 0) memcpy(opts, all, (size_t)n_opts * sizeof *opts); /* the seen flags */
     if (r == KV_ARGS_OK && kv_cli_threads(cmd, threads)) return KV_ARGS_BAD;
     return r;
 }
