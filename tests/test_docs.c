@@ -13,7 +13,10 @@
  *     exists, from the root, from the README's folder, or as the tail of a file's path;
  *     `file:N` also needs the file to have N lines;
  *   - "`name()` in `file`": the file contains name;
+ *   - "`name()` at `file:N`" (a code walk's anchor): line N of the file contains name;
  *   and every local link or image, [text](path) / ![alt](path), points at a file of the tree.
+ * A code block marked <!-- quote: path/file.c:A-B --> is lines A..B of that file, character for
+ * character (a code walk's quotation of the reference).
  * Output. A README block marked
  *     <!-- kvlab: tour --chapter 1 -->
  *     ```text
@@ -277,28 +280,57 @@ static void check_span(const char *readme, int line, const char *span, const cha
     }
 }
 
-/* "`name()` in `file`": the file contains name. */
-static void check_in_file(const char *readme, int line, const char *text, const char *readme_dir,
-                          const char *root)
+/* Line n (from 1) of text, or NULL. */
+static const char *line_at(const char *t, long n)
 {
-    for (const char *p = strstr(text, "()` in `"); p; p = strstr(p + 1, "()` in `")) {
+    for (long k = 1; t && *t && k < n; k++) {
+        t = strchr(t, '\n');
+        if (t) t++;
+    }
+    return t && *t ? t : NULL;
+}
+
+/* Does [s, s + n) contain name as a whole word? */
+static int has_word(const char *s, size_t n, const char *name)
+{
+    const size_t m = strlen(name);
+    for (size_t i = 0; i + m <= n; i++)
+        if (memcmp(s + i, name, m) == 0 && (i == 0 || !is_id(s[i - 1])) &&
+            (i + m == n || !is_id(s[i + m])))
+            return 1;
+    return 0;
+}
+
+/* "`name()` in `file`": the file contains name. "`name()` at `file:N`" (a code walk's anchor):
+ * line N of the file contains name. */
+static void check_in_file(const char *readme, int line, const char *text, const char *readme_dir,
+                          const char *root, const char *joint)
+{
+    for (const char *p = strstr(text, joint); p; p = strstr(p + 1, joint)) {
         const char *s = p;
         while (s > text && is_id(s[-1])) s--;
         if (s == p || s == text || s[-1] != '`') continue;
-        const char *f0 = p + strlen("()` in `"), *f1 = strchr(f0, '`');
+        const char *f0 = p + strlen(joint), *f1 = strchr(f0, '`');
         if (!f1) continue;
+        const char *colon = memchr(f0, ':', (size_t)(f1 - f0));
+        const long at = colon ? strtol(colon + 1, NULL, 10) : 0;
+        if (joint[4] == 'a' && at < 1) continue; /* "at" without a line: not an anchor */
         char name[256], fname[1024];
         snprintf(name, sizeof name, "%.*s", (int)(p - s), s);
-        snprintf(fname, sizeof fname, "%.*s", (int)(f1 - f0), f0);
+        snprintf(fname, sizeof fname, "%.*s", (int)((colon ? colon : f1) - f0), f0);
         const char *f = find_file(fname, readme_dir);
         if (!f) continue; /* reported by check_span */
         char full[4096];
         snprintf(full, sizeof full, "%s/%s", root, f);
         char *t = slurp(full, NULL);
-        int found = 0;
-        for (const char *c = t ? strstr(t, name) : NULL; c && !found; c = strstr(c + 1, name))
-            found = (c == t || !is_id(c[-1])) && !is_id(c[strlen(name)]);
-        KV_CHECK(found, "%s:%d: `%s()` is not in `%s`", readme, line, name, fname);
+        const char *l = at > 0 ? line_at(t, at) : t;
+        const char *e = l && at > 0 ? strchr(l, '\n') : NULL;
+        const int found = l && has_word(l, e ? (size_t)(e - l) : strlen(l), name);
+        if (at > 0)
+            KV_CHECK(found, "%s:%d: line %ld of `%s` does not contain `%s`", readme, line, at,
+                     fname, name);
+        else
+            KV_CHECK(found, "%s:%d: `%s()` is not in `%s`", readme, line, name, fname);
         free(t);
     }
 }
@@ -339,6 +371,37 @@ static void check_links(const char *readme, int line, const char *text, const ch
     }
 }
 
+/* <!-- quote: file:A-B --> then a fenced block: the block is lines A..B of the file. */
+static void check_quotes(const char *root, const char *readme, const char *text,
+                         const char *readme_dir)
+{
+    for (const char *m = strstr(text, "<!-- quote: "); m; m = strstr(m + 1, "<!-- quote: ")) {
+        char fname[1024];
+        long a = 0, b = 0;
+        if (sscanf(m + strlen("<!-- quote: "), "%1023[^:]:%ld-%ld", fname, &a, &b) != 3 || a < 1 ||
+            b < a) {
+            KV_CHECK(0, "%s: a quote marker without file:A-B", readme);
+            continue;
+        }
+        const char *open = strstr(m, "\n```"), *body = open ? strchr(open + 1, '\n') : NULL;
+        const char *close = body ? strstr(body, "\n```") : NULL;
+        const char *f = find_file(fname, readme_dir);
+        KV_CHECK(close && f, "%s: the quote of %s has no block or no file", readme, fname);
+        if (!close || !f) continue;
+        char full[4096];
+        snprintf(full, sizeof full, "%s/%s", root, f);
+        char *src = slurp(full, NULL);
+        const char *l = line_at(src, a), *e = line_at(src, b);
+        e = e ? strchr(e, '\n') : NULL;
+        e = e ? e + 1 : NULL;
+        const size_t want = (size_t)(close - body); /* the block's lines with their newlines */
+        const int same = l && e && (size_t)(e - l) == want && memcmp(l, body + 1, want) == 0;
+        KV_CHECK(same, "%s: the quoted lines %s:%ld-%ld are no longer what the file holds",
+                 readme, fname, a, b);
+        free(src);
+    }
+}
+
 static void check_names(const char *root, const char *readme)
 {
     char path[4096], dir[4096];
@@ -349,6 +412,7 @@ static void check_names(const char *root, const char *readme)
     char *t = slurp(path, NULL);
     KV_CHECK(t != NULL, "cannot read %s", readme);
     if (!t) return;
+    check_quotes(root, readme, t, dir);
     int fenced = 0, line = 0;
     for (char *l = t, *next; l && *l; l = next) {
         next = strchr(l, '\n');
@@ -356,7 +420,8 @@ static void check_names(const char *root, const char *readme)
         line++;
         if (strncmp(l, "```", 3) == 0) { fenced = !fenced; continue; }
         if (fenced) continue;
-        check_in_file(readme, line, l, dir, root);
+        check_in_file(readme, line, l, dir, root, "()` in `");
+        check_in_file(readme, line, l, dir, root, "()` at `");
         check_links(readme, line, l, dir, root);
         for (char *a = strchr(l, '`'); a; a = strchr(a, '`')) {
             char *b = strchr(a + 1, '`');
