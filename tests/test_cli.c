@@ -395,6 +395,41 @@ static void test_tp(void)
     done(&r);
 }
 
+/* Chapter 04, exercise 1: --outlier-channels makes key channels outliers. Per-token int8 keys
+ * share one scale per row, so one channel 20 times larger coarsens every channel of the row:
+ * their error must grow (predicted about 3x: the row's amax grows 20x, its norm about 2.6x for
+ * one channel of 64); KIVI's per-channel keys (int2/w32, the format that spills at these sizes)
+ * give the outlier channel its own scale and must stay within 10 %. Values are untouched. */
+static double csv_field(const char *out, const char *format, int col)
+{
+    char key[32];
+    snprintf(key, sizeof key, "\n%s,", format);
+    const char *p = strstr(out, key);
+    for (int i = 0; p && i < col; i++) p = strchr(p + 1, ',');
+    return p ? atof(p + 1) : -1.0;
+}
+
+static void test_outliers(void)
+{
+    EXPECT_BAD("--outlier-channels", "bench", "quant", "--outlier-channels", "513");
+    double k8[2], kivi[2], v8[2];
+    for (int o = 0; o < 2; o++) {
+        result r = run("bench", "quant", "--quick", "--no-needles", "--seq", "64", "--repeats", "1",
+                       "--csv", "--outlier-channels", o ? "1" : "0", (const char *)NULL);
+        KV_CHECK(r.rc == 0, "bench quant --outlier-channels %d: exit %d (%s)", o, r.rc, r.err);
+        k8[o] = csv_field(r.out, "int8", 1);
+        v8[o] = csv_field(r.out, "int8", 2);
+        kivi[o] = csv_field(r.out, "int2/w32", 1);
+        done(&r);
+    }
+    KV_CHECK(k8[0] > 0 && k8[1] > 2.0 * k8[0], "int8 key error %g -> %g with an outlier channel: "
+             "expected at least 2x", k8[0], k8[1]);
+    KV_CHECK(kivi[0] > 0 && fabs(kivi[1] / kivi[0] - 1.0) < 0.1, "int2/w32 (per-channel keys) key "
+             "error %g -> %g: expected within 10 %%", kivi[0], kivi[1]);
+    KV_CHECK(v8[0] > 0 && fabs(v8[1] / v8[0] - 1.0) < 0.1, "int8 value error %g -> %g: the "
+             "values are not scaled", v8[0], v8[1]);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -410,6 +445,7 @@ int main(int argc, char **argv)
     test_other_args();
     test_calc_figures();
     test_tp();
+    test_outliers();
     test_runs(argv[2], quick);
     return kv_test_finish();
 }

@@ -252,8 +252,25 @@ static int part_time(const kv_config *cfg, const char *device, const kv_cache_sp
     return st;
 }
 
+/* Exercise 1's hook (--outlier-channels C): multiply the Wk rows of the last C key channels of
+ * every KV head in every layer by `scale`, so those channels of every key are that many times
+ * larger (KIVI's empirical finding on trained models: a few key channels carry most of the
+ * magnitude). The last channels are RoPE's slowest pairs (angle pos · theta^(-(d-2)/d)), so
+ * they stay outliers after rotation.  wk [L][H_kv*d][dim]. */
+static void outlier_keys(kv_model *m, int channels, float scale)
+{
+    const kv_config *c = &m->config;
+    const int d = kv_config_head_dim(c), kvdim = kv_config_kv_dim(c), dim = c->dim;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int h = 0; h < c->n_kv_heads; h++)
+            for (int j = d - channels; j < d; j++) {
+                float *row = m->w.wk + ((size_t)l * kvdim + (size_t)h * d + j) * dim;
+                for (int i = 0; i < dim; i++) row[i] *= scale;
+            }
+}
+
 int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int needles,
-                   int quick, const char *model_path, kv_err *err)
+                   int quick, int outliers, const char *model_path, kv_err *err)
 {
     const q_sizes *n = quick ? &q_quick : &q_full;
     const int prompt = n->prompt, steps = n->steps;
@@ -272,6 +289,12 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
         kv_model_randomize(&m, 404);
     }
     const int V = cfg.vocab_size, d = kv_config_head_dim(&cfg);
+    if (outliers < 0 || outliers > d) {
+        kv_model_free(&m);
+        return kv_fail(err, KV_ERR_ARG, "--outlier-channels %d: the head has %d channels",
+                       outliers, d);
+    }
+    outlier_keys(&m, outliers, 20.0f);
     if (prompt + steps > cfg.seq_len) {
         kv_model_free(&m);
         return kv_fail(err, KV_ERR_ARG, "the model's seq_len %d is below the %d tokens the study "
@@ -310,6 +333,9 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
     }
     const int n_err = prompt + steps - 1; /* tokens in the reference cache */
     if (!st && !csv) {
+        if (outliers)
+            fprintf(f, "Outlier keys: Wk rows of key channels %d..%d of every KV head x20 "
+                    "(--outlier-channels %d).\n", d - outliers, d - 1, outliers);
         fprintf(f, "%s: L %d, H %d, H_kv %d, d %d; %d-token prefill + %d teacher-forced "
                 "steps on %s; needles: recall models, %d tokens, depths 0/50/100 (constructed: "
                 "see README); attention time: one layer, N = %d, median of %d.\n\n",
@@ -374,5 +400,5 @@ int kv_demo_ch04(const kv_demo_ctx *ctx, kv_err *err)
                 "and more repeats).\n");
     /* tour --quick: a cache of 256 tokens timed once */
     return kv_quant_study(ctx->out, ctx->device, ctx->csv, ctx->quick ? 256 : 2048,
-                          ctx->quick ? 1 : 5, 1, ctx->quick, NULL, err);
+                          ctx->quick ? 1 : 5, 1, ctx->quick, 0, NULL, err);
 }
