@@ -314,6 +314,49 @@ message(STATUS "figures: kvlab needle --spec datasets/needle/quant.needle (about
 kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/quant.needle
   --csv ${OUT}/needle-quant.csv --svg ${OUT}/needle-quant.svg)
 message(STATUS "figures: ${OUT}/needle-quant.svg")
+# chapter 09: one method of each kind at a 64-token budget, a length x depth grid each
+message(STATUS "figures: kvlab needle --spec datasets/needle/ch09-grid.needle (about 10 s)")
+kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/ch09-grid.needle
+  --csv ${OUT}/needle-ch09.csv --svg ${OUT}/needle-ch09.svg)
+message(STATUS "figures: ${OUT}/needle-ch09.svg")
+
+# ---- chapter 10: what a rank holds and what it sends, by the number of ranks ---------------
+# kvlab tp prints the per-rank cache (prompt 16 + 4 tokens) and the bytes one decode step's
+# all-reduce moves per rank; both are counted from the shapes. Per layer and decoded token: the
+# rank's K/V row bytes (cache / (20 tokens x L)) and its two all-reduces (after Wo, after W2).
+set(csv "p,kv_bytes_per_rank,tokens,layers,allreduce_value,allreduce_unit\n")
+foreach(p 1 2 3 6)
+  execute_process(COMMAND ${KVLAB} tp --default small --ranks ${p} --prompt 16 --tokens 4 --repeats 1
+    OUTPUT_VARIABLE o RESULT_VARIABLE rc ERROR_QUIET)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "figures: kvlab tp --ranks ${p} failed (${rc})")
+  endif()
+  string(REGEX MATCH "per-rank KV cache: ([0-9]+) bytes" m "${o}")
+  set(kv ${CMAKE_MATCH_1})
+  string(REGEX MATCH " L ([0-9]+)," m "${o}")
+  set(layers ${CMAKE_MATCH_1})
+  string(REGEX MATCH "decode step \\(T = 1\\): ([0-9.]+) ([KMG]?i?B)" m "${o}")
+  if(kv STREQUAL "" OR layers STREQUAL "" OR CMAKE_MATCH_1 STREQUAL "")
+    message(FATAL_ERROR "figures: kvlab tp --ranks ${p}: no cache or all-reduce bytes in its output")
+  endif()
+  string(APPEND csv "${p},${kv},20,${layers},${CMAKE_MATCH_1},${CMAKE_MATCH_2}\n")
+endforeach()
+file(WRITE ${OUT}/ch10-tp-bytes.csv "${csv}")
+kv_plot(ch10-tp-bytes "
+set termoption noenhanced
+set title 'Chapter 10: bytes per rank, per layer and decoded token (small: dim 288, H = H_kv = 6, d 48, fp32)'
+set xlabel 'tensor-parallel ranks p'
+set ylabel 'bytes'
+set xtics (1, 2, 3, 6)
+set xrange [0.5:6.5]
+set yrange [0:*]
+set key right center
+unit(u) = u eq 'KiB' ? 1024.0 : u eq 'MiB' ? 1048576.0 : 1.0
+f = '${OUT}/ch10-tp-bytes.csv'
+plot f every ::1 using 1:(\$2 / (\$3 * \$4)) with linespoints lw 2 pt 7 title 'K/V written per token (its H_kv / p heads): 2 (H_kv/p) d b', \\
+     f every ::1 using 1:(2 * \$5 * unit(strcol(6))) with linespoints lw 2 pt 5 title 'all-reduce bytes moved (2 per layer): 2 x 2 (p-1)/p dim b'
+")
+
 # the chapters' "On a trained model" sections (copied into docs/figures below)
 include(${CMAKE_CURRENT_LIST_DIR}/figures_trained.cmake)
 # The plots whose every point is counted or simulated (no wall-clock time in them) are the same
@@ -321,6 +364,7 @@ include(${CMAKE_CURRENT_LIST_DIR}/figures_trained.cmake)
 # docs/figures/, where they are committed. A rerun that changes one is a change to review.
 foreach(fig memory-vs-context ch02-cost-per-token ch05-reserved-per-step ch06-stream-memory
             ch07-latency-cdf-high ch08-attention-bytes ch09-kept-positions needle-quant
+            needle-ch09 ch10-tp-bytes
             ch03-trained-gqa ch04-trained-key-channels ch06-trained-mass ch09-trained-budget
             ch10-trained-spec)
   if(EXISTS ${OUT}/${fig}.svg)

@@ -395,11 +395,7 @@ static void test_tp(void)
     done(&r);
 }
 
-/* Chapter 04, exercise 1: --outlier-channels makes key channels outliers. Per-token int8 keys
- * share one scale per row, so one channel 20 times larger coarsens every channel of the row:
- * their error must grow (predicted about 3x: the row's amax grows 20x, its norm about 2.6x for
- * one channel of 64); KIVI's per-channel keys (int2/w32, the format that spills at these sizes)
- * give the outlier channel its own scale and must stay within 10 %. Values are untouched. */
+/* Column col (0 = the format) of the format's row of bench quant --csv. */
 static double csv_field(const char *out, const char *format, int col)
 {
     char key[32];
@@ -409,6 +405,11 @@ static double csv_field(const char *out, const char *format, int col)
     return p ? atof(p + 1) : -1.0;
 }
 
+/* Chapter 04, exercise 1: --outlier-channels makes key channels outliers. Per-token int8 keys
+ * share one scale per row, so one channel 20 times larger coarsens every channel of the row:
+ * their error must grow (predicted about 3x: the row's amax grows 20x, its norm about 2.6x for
+ * one channel of 64); KIVI's per-channel keys (int2/w32, the format that spills at these sizes)
+ * give the outlier channel its own scale and must stay within 10 %. Values are untouched. */
 static void test_outliers(void)
 {
     EXPECT_BAD("--outlier-channels", "bench", "quant", "--outlier-channels", "513");
@@ -417,9 +418,9 @@ static void test_outliers(void)
         result r = run("bench", "quant", "--quick", "--no-needles", "--seq", "64", "--repeats", "1",
                        "--csv", "--outlier-channels", o ? "1" : "0", (const char *)NULL);
         KV_CHECK(r.rc == 0, "bench quant --outlier-channels %d: exit %d (%s)", o, r.rc, r.err);
-        k8[o] = csv_field(r.out, "int8", 1);
-        v8[o] = csv_field(r.out, "int8", 2);
-        kivi[o] = csv_field(r.out, "int2/w32", 1);
+        k8[o] = csv_field(r.out, "int8", 2);
+        v8[o] = csv_field(r.out, "int8", 3);
+        kivi[o] = csv_field(r.out, "int2/w32", 2);
         done(&r);
     }
     KV_CHECK(k8[0] > 0 && k8[1] > 2.0 * k8[0], "int8 key error %g -> %g with an outlier channel: "
