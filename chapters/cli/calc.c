@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "kv_config.h"
 #include "kv_heads.h"
+#include "kv_mla.h"
 #include "kv_quant.h"
 
 static const char *const about =
@@ -25,7 +26,9 @@ static const char *const about =
     "A sliding window (chapter 06; --window W, --sinks S, or the preset's own, e.g. mistral-7b)\n"
     "caps N at S + W: the cache keeps S sink tokens and the W most recent.\n"
     "--tp P (chapter 10) adds the cache of one of P tensor-parallel ranks: H/P query heads\n"
-    "each, H_kv/P KV heads each, or one KV head replicated on P/H_kv ranks when P > H_kv.";
+    "each, H_kv/P KV heads each, or one KV head replicated on P/H_kv ranks when P > H_kv.\n"
+    "MLA presets (chapter 11: deepseek-v2, deepseek-v2-lite, deepseek-v3) cache one latent row\n"
+    "per token and layer: L * N * (d_c + d_R) * b.";
 
 static const char *const dtypes[] = {"fp32", "fp16", "bf16", "int8", "int8-g32", "int8-g64",
                                      "int8-g128", "fp8", "fp8-e4m3", "fp8-e5m2", "int4",
@@ -325,6 +328,7 @@ int cmd_calc(int argc, char **argv)
     const int window_seen = opts[n_opts - 2].seen, sinks_seen = opts[n_opts - 1].seen;
     if (do_list) {
         list();
+        kv_calc_mla_list(stdout);
         return KV_EXIT_OK;
     }
     if (preset && config)
@@ -335,12 +339,21 @@ int cmd_calc(int argc, char **argv)
         if (preset || config)
             return kv_args_bad(cmd, "--compare-heads", "covers every preset; drop --preset/--config");
         kv_calc_heads_table(stdout, dt, seq, batch);
+        kv_calc_mla_heads_table(stdout, dt, seq, batch);
         return KV_EXIT_OK;
     }
 
     kv_config c;
     const char *name;
     int window = 0;
+    const kv_mla_preset *mla = preset ? kv_mla_preset_find(preset) : NULL;
+    if (mla) { /* chapter 11: a latent cache, no KV heads to split or window */
+        if (tp > 1 || window_seen || sinks_seen)
+            return kv_args_bad(cmd, tp > 1 ? "--tp" : "--window", "not for an MLA preset (%s "
+                               "caches one latent row per token, shared by every head)", mla->name);
+        kv_calc_mla_explain(mla, dt, seq > 0 ? seq : mla->seq_len, batch);
+        return KV_EXIT_OK;
+    }
     if (preset) {
         const kv_preset *p = kv_preset_find(preset);
         if (!p) {
@@ -348,6 +361,8 @@ int cmd_calc(int argc, char **argv)
             int np = 0;
             const kv_preset *all = kv_presets(&np);
             for (int i = 0; i < np; i++) fprintf(stderr, " %s", all[i].name);
+            const kv_mla_preset *ml = kv_mla_presets(&np);
+            for (int i = 0; i < np; i++) fprintf(stderr, " %s", ml[i].name);
             fprintf(stderr, "\n");
             return KV_EXIT_USAGE;
         }

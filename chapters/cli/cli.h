@@ -11,6 +11,7 @@
 #include "args.h"
 #include "kv_backend.h"
 #include "kv_model.h"
+#include "kv_mla.h"
 
 /** A subcommand: argv[0] is its name; returns the process exit code (args.h). */
 typedef int (*kv_cli_cmd)(int argc, char **argv);
@@ -123,6 +124,14 @@ void kv_calc_table(FILE *f, const char *dt, int64_t seq, int64_t batch);
  * (32768 when <= 0) for @p batch sequences, dtype @p dt.
  */
 void kv_calc_heads_table(FILE *f, const char *dt, int64_t seq, int64_t batch);
+
+/** Chapter 11 (calc_mla.c): MLA's latent cache beside MHA / GQA / MQA for DeepSeek's presets
+ * and, with d_c = 4d and d_R = d/2, for the presets above; the DeepSeek-V2 paper's 93.3 %. */
+void kv_calc_mla_heads_table(FILE *f, const char *dt, int64_t seq, int64_t batch);
+/** The MLA presets' dims (kvlab calc --list). */
+void kv_calc_mla_list(FILE *f);
+/** One MLA preset's bill, step by step (kvlab calc --preset deepseek-v2). */
+void kv_calc_mla_explain(const kv_mla_preset *p, const char *dt, int64_t n, int64_t batch);
 
 /**
  * Decode attention per group size (kvlab bench attention-gqa, chapter 03's demo): one token of

@@ -64,6 +64,12 @@ static size_t align_up(size_t n) { return (n + KV_CACHE_ALIGN - 1) / KV_CACHE_AL
 size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, int d,
                        uint8_t *base, kv_cache_plane *planes)
 {
+    return kv_cache_layout_planes(spec, KV_CACHE_KV_PLANES, n_layers, n_kv_heads, d, base, planes);
+}
+
+size_t kv_cache_layout_planes(const kv_cache_spec *spec, int n_planes, int n_layers,
+                              int n_kv_heads, int d, uint8_t *base, kv_cache_plane *planes)
+{
     /* First the codes of every layer's K, then of every layer's V, then metadata, scales and
      * rings, each part 128-byte aligned (KV_CACHE_ALIGN). An all-fp32 cache is chapter 02's
      * k [L][n_slots][H_kv][capacity][d] followed by v, with no padding between layers when
@@ -75,7 +81,7 @@ size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, 
     const int window = spec->quant.kivi_window ? spec->quant.kivi_window : KV_KIVI_WINDOW;
     size_t at = 0;
     for (int part = 0; part < 4; part++)
-        for (int i = 0; i < KV_CACHE_KV_PLANES; i++)
+        for (int i = 0; i < n_planes; i++)
             for (int l = 0; l < n_layers; l++) {
                 const int f = kv_cache_spec_layer_dtype(spec, l);
                 const int r = kv_cache_plane_role(i);
@@ -102,7 +108,16 @@ size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, 
 
 int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec, kv_err *err)
 {
+    return kv_cache_create_planes(c, cfg, spec, KV_CACHE_KV_PLANES, err);
+}
+
+int kv_cache_create_planes(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec,
+                           int n_planes, kv_err *err)
+{
     if (!c) return kv_fail(err, KV_ERR_ARG, "kv_cache_create: NULL argument");
+    if (n_planes < 1 || n_planes > KV_CACHE_KV_PLANES)
+        return kv_fail(err, KV_ERR_ARG, "kv_cache_create: %d planes per layer (1 or %d)",
+                       n_planes, KV_CACHE_KV_PLANES);
     memset(c, 0, sizeof *c);
     int rc = kv_cache_spec_check_caps("kv_cache_create", cfg, spec, KV_CACHE_CAN_WINDOW, err);
     if (rc) return rc;
@@ -125,7 +140,7 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
     c->n_kv_heads = cfg->n_kv_heads;
     c->head_dim = d;
     c->fmt = kv_calloc((size_t)L * sizeof(int));
-    c->n_planes = KV_CACHE_KV_PLANES;
+    c->n_planes = n_planes;
     c->planes = kv_calloc((size_t)c->n_planes * L * sizeof(kv_cache_plane));
     c->qlen = kv_calloc((size_t)L * spec->n_slots * sizeof(int));
     c->len = kv_calloc((size_t)spec->n_slots * sizeof(int));
@@ -146,7 +161,8 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
         all_f32 &= c->fmt[l] == KV_QF_F32;
         if (kvq_is_kivi(c->fmt[l])) c->window = window;
     }
-    const size_t total = kv_cache_layout(spec, L, cfg->n_kv_heads, d, NULL, c->planes);
+    const size_t total = kv_cache_layout_planes(spec, n_planes, L, cfg->n_kv_heads, d, NULL,
+                                                c->planes);
     c->mem = kv_calloc(total);
     if (!c->mem) {
         kv_cache_free(c);
@@ -154,7 +170,7 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
                        "kv_cache_create: could not allocate %zu bytes of K/V storage", total);
     }
     c->mem_bytes = total;
-    kv_cache_layout(spec, L, cfg->n_kv_heads, d, c->mem, c->planes);
+    kv_cache_layout_planes(spec, n_planes, L, cfg->n_kv_heads, d, c->mem, c->planes);
     for (int i = 0; i < c->n_planes * L; i++) {
         kv_cache_plane *p = &c->planes[i];
         if (p->scale)
@@ -168,7 +184,8 @@ int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec
     if (all_f32 && !c->tables && spec->window.size == 0) {
         /* chapter 02's arrays: kv_cache_k() / kv_cache_v() work on them */
         c->k = (float *)(void *)kv_cache_plane_of(c->planes, L, 0, 0)->codes;
-        c->v = (float *)(void *)kv_cache_plane_of(c->planes, L, 1, 0)->codes;
+        c->v = n_planes > 1 ? (float *)(void *)kv_cache_plane_of(c->planes, L, 1, 0)->codes
+                            : NULL;
     }
     return KV_OK;
 }

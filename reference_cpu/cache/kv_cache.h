@@ -91,7 +91,9 @@ typedef struct {
 } kv_cache_plane;
 
 /** Planes per layer: K (plane 0) and V (plane 1). The cache's parts loop over planes and read
- * each one's role, so a cache with another list of planes changes this list only. */
+ * each one's role, so a cache with another list of planes changes this list only: a latent
+ * cache (chapter 11, multi-head latent attention) has one plane, its rows read as keys and
+ * values alike (kv_cache_create_planes()). */
 #define KV_CACHE_KV_PLANES 2
 
 /** The role of plane @p i of a layer: its K, then its V. */
@@ -154,7 +156,8 @@ typedef struct {
     float *v;          /* all-fp32 caches: the same for V (vp[l].codes), else NULL */
     int *len;          /* [n_slots] tokens currently stored per slot */
     int *fmt;          /* [L] storage format of each layer */
-    int n_planes;      /* planes per layer: KV_CACHE_KV_PLANES (K, V) */
+    int n_planes;      /* planes per layer: KV_CACHE_KV_PLANES (K, V), or 1 (a latent
+                        * cache: plane 0 only, read with role KV_QROLE_KEY) */
     kv_cache_plane *planes; /* [n_planes][L]: kv_cache_plane_of() */
     int *qlen;         /* [L][n_slots] KIVI: tokens already quantized (multiple of 32) */
     uint8_t *mem;      /* the one allocation every plane points into */
@@ -251,6 +254,16 @@ static inline KV_HD kv_head_view kv_cache_plane_view_paged(const kv_cache_plane 
 
 /** Allocate a cache for a model config; unsupported spec -> KV_ERR_UNSUPPORTED, named. */
 int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec, kv_err *err);
+/**
+ * kv_cache_create() with @p n_planes planes per layer: KV_CACHE_KV_PLANES (K and V: what
+ * kv_cache_create() builds) or 1, a cache of one row per (token, KV head) of
+ * kv_config_head_dim(cfg) elements, role KV_QROLE_KEY, written with kv_cache_write_seq(c, l,
+ * slot, pos, n, rows, NULL, err) and read with kv_cache_view(.., KV_QROLE_KEY). Chapter 11's
+ * latent cache is one: H_kv 1 and rows of d_c + d_R (kv_mla.h). Every format, layout and the
+ * undo log loop over the planes, so they serve it unchanged. KV_ERR_ARG for another count.
+ */
+int kv_cache_create_planes(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec,
+                           int n_planes, kv_err *err);
 /** Free the cache's memory (safe on a zeroed struct). */
 void kv_cache_free(kv_cache *c);
 /** Forget a slot's tokens (length 0, and for KIVI nothing quantized); the memory is kept. */
@@ -324,6 +337,9 @@ size_t kv_cache_bytes(const kv_cache *c);
  */
 size_t kv_cache_layout(const kv_cache_spec *spec, int n_layers, int n_kv_heads, int d,
                        uint8_t *base, kv_cache_plane *planes);
+/** kv_cache_layout() of @p n_planes planes per layer (planes [n_planes][n_layers]). */
+size_t kv_cache_layout_planes(const kv_cache_spec *spec, int n_planes, int n_layers,
+                              int n_kv_heads, int d, uint8_t *base, kv_cache_plane *planes);
 
 /** Chapter 06, KV_POS_CACHE: cos and sin of every cache index 0 .. S+W-1 of @p spec's window,
  * [S+W][rotary_dim/2][2] floats (kv_calloc()'ed, kv_free() it; *bytes its size), computed as
