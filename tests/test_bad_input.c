@@ -659,8 +659,8 @@ static void test_cli(void)
     CLI_BAD("--device|'tpu'", "bench", "attention", "--device", "tpu");
     CLI_BAD("--kv-heads|does not divide", "bench", "attention", "--heads", "32", "--kv-heads", "6");
 
-    /* kvlab tour: chapters 01 .. 10 have demos; the checks come before any demo runs */
-    CLI_BAD("--chapter|no demo for chapter 11", "tour", "--chapter", "11");
+    /* kvlab tour: chapters 01 .. 11 have demos; the checks come before any demo runs */
+    CLI_BAD("--chapter|no demo for chapter 12", "tour", "--chapter", "12");
     CLI_BAD("--chapter|not an integer", "tour", "--chapter", "7.0");
     CLI_BAD("--chapter|not an integer", "tour", "--chapter", "8,7");
     CLI_BAD("--chapter|not an integer", "tour", "--chapter", "");
@@ -777,8 +777,8 @@ static void test_cli_ch09_10(void)
     CLI_BAD("--max-k|out of range", "spec", "--max-k", "65");
     CLI_BAD("--model|not both", "spec", "--model", "x.bin", "--default", "small");
 
-    /* kvlab tour: chapter 11 has no demo */
-    CLI_BAD("--chapter|no demo for chapter 11", "tour", "--chapter", "11");
+    /* kvlab tour: chapter 12 has no demo */
+    CLI_BAD("--chapter|no demo for chapter 12", "tour", "--chapter", "12");
     CLI_BAD("--chapter|no demo for chapter 12", "tour", "--chapter", "12", "--csv");
 }
 

@@ -182,6 +182,7 @@ int kv_demo_ch07(const kv_demo_ctx *ctx, kv_err *err); /* 07-swap/demo.c */
 int kv_demo_ch08(const kv_demo_ctx *ctx, kv_err *err); /* 08-flash/demo.c */
 int kv_demo_ch09(const kv_demo_ctx *ctx, kv_err *err); /* 09-eviction/demo.c */
 int kv_demo_ch10(const kv_demo_ctx *ctx, kv_err *err); /* 10-spec-tp/demo.c */
+int kv_demo_ch11(const kv_demo_ctx *ctx, kv_err *err); /* 11-mla/demo.c */
 
 /**
  * KV-cache formats side by side (chapter 04's demo, kvlab bench quant): per format bytes per

@@ -24,6 +24,7 @@ static const kv_demo demos[] = {
     {8, "fused attention: naive, tiled, split-KV", kv_demo_ch08},
     {9, "eviction and sparse attention: who forgets the needle", kv_demo_ch09},
     {10, "speculative decoding: the cache writes every draft, rolls back the rejected", kv_demo_ch10},
+    {11, "multi-head latent attention: one latent row per token", kv_demo_ch11},
 };
 static const int n_demos = (int)(sizeof demos / sizeof demos[0]);
 
