@@ -5,9 +5,11 @@
  *     (576 elements per token and layer; the paper's 93.3 % and "GQA with 2.25 groups");
  *  2. naive (up-project, then attention) == absorbed (attention in latent space) within a bound
  *     derived below, with and without query compression, at DeepSeek's dims and small ones;
- *  3. the latent cache is a one-plane kv_cache: every per-token format, contiguous and paged
+ *  3. the latent cache is a one-plane kv_cache: every format (KIVI too), contiguous and paged
  *     (blocks of 64, a scrambled table) hold the same bytes and give the same attention bit for
- *     bit, and the cache's bytes are L · (d_c + d_R) · b per token;
+ *     bit; the per-token formats' bytes are L · (d_c + d_R) · b per token; a block goes to the
+ *     host and back (chapter 07) with its bytes intact; a KIVI speculative tail rolls back
+ *     through the undo log (chapter 10);
  *  4. decoding token by token into a paged latent cache (absorbed) == the naive path over the
  *     rows projected in one chunk, at every step, within the bound of 2.
  */
@@ -271,7 +273,8 @@ static void test_absorb(const char *what, int dim, int H, const kv_mla_dims *m, 
 static void test_latent_cache(void)
 {
     const kv_mla_dims m = {160, 32, 32, 48, 0}; /* rows of 192: int8-g64's groups fit */
-    const char *fmts[] = {"fp32", "fp16", "bf16", "int8", "int8-g64", "fp8-e4m3"};
+    const char *fmts[] = {"fp32", "fp16", "bf16", "int8", "int8-g64", "fp8-e4m3", "fp8-e5m2",
+                          "int4-kivi", "int2-kivi"};
     const int n = 150, H = 4, width = kv_mla_row(&m); /* 150: three blocks, the last partial */
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
         const int fmt = kv_quant_parse(fmts[f]);
@@ -295,15 +298,21 @@ static void test_latent_cache(void)
                 }
             KV_CHECK(diff == 0, "%s: %ld elements differ between paged and contiguous", fmts[f], diff);
             if (fmt == KV_QF_F32) KV_CHECK(max_err == 0, "fp32 rows come back exact (%g)", max_err);
-            else /* fp16/bf16 relative 2^-11/2^-8, int8 half a step of amax/127, fp8 e4m3 2^-4 */
-                KV_CHECK(max_err <= amax / 16 && max_err > 0, "%s: element error %g of amax %g",
+            else if (!kvq_is_kivi(fmt)) /* fp16/bf16 relative 2^-11/2^-8, int8 half a step of
+                                         * amax/127, fp8 e4m3 2^-4 and e5m2 2^-3 relative */
+                KV_CHECK(max_err <= amax / 8 && max_err > 0, "%s: element error %g of amax %g",
                          fmts[f], max_err, amax);
-            /* the cache holds (d_c + d_R)·b per token, b the format's bytes with metadata */
+            else /* KIVI: the newest rows wait in the fp32 window, the older are quantized */
+                KV_CHECK(cs.c.qlen[0] > 0 && cs.c.qlen[0] < n && max_err > 0,
+                         "%s: %d of %d rows quantized, element error %g", fmts[f], cs.c.qlen[0],
+                         n, max_err);
+            /* the cache holds (d_c + d_R)·b per token, b the format's bytes with metadata
+             * (the per-token formats; KIVI adds its fp32 window and per-group metadata) */
             const double per_token = (double)kv_cache_bytes(&cs.c) / cs.c.spec.capacity;
             const double want = width * kv_quant_bytes_per_element(fmt, width) +
                                 (double)kv_quant_fixed_bytes(fmt, width, 0) / cs.c.spec.capacity;
-            KV_CHECK(fabs(per_token - want) < 1e-9, "%s: %g bytes per token, want %g", fmts[f],
-                     per_token, want);
+            KV_CHECK(kvq_is_kivi(fmt) || fabs(per_token - want) < 1e-9,
+                     "%s: %g bytes per token, want %g", fmts[f], per_token, want);
             KV_CHECK(cs.c.n_planes == 1 && cs.c.v == NULL, "%s: one plane", fmts[f]);
             /* attention over either layout: the same rows, so the same bits */
             kv_err err = {{0}};
@@ -314,10 +323,65 @@ static void test_latent_cache(void)
             if (!rc) rc = kv_mla_attention_absorbed(&ps.w, qn, qr, &pv, n, b, &err);
             KV_CHECK(!rc && memcmp(a, b, sizeof a) == 0, "%s: paged attention == contiguous bit "
                      "for bit %s", fmts[f], err.msg);
+            /* chapter 07's host tier: a block is one plane's rows, out to the host and back
+             * into another pool block, the same bytes */
+            const size_t bb = kv_cache_block_bytes(&ps.c);
+            const int64_t meta = kv_quant_meta_bytes(fmt, KV_QROLE_KEY, 64, width);
+            KV_CHECK(bb == (size_t)(64 * ps.c.planes[0].row_bytes + meta), "%s: block of %zu bytes",
+                     fmts[f], bb);
+            uint8_t *host = kv_calloc(bb);
+            const kv_block_copy out = {ps.c.tables[0], 0}, in = {0, ps.c.tables[0]};
+            if (host && !kv_cache_read_blocks(&ps.c, &out, 1, host, bb, &err)) {
+                memset(ps.c.planes[0].codes + (size_t)ps.c.tables[0] * 64 * ps.c.planes[0].row_bytes,
+                       0xA5, (size_t)64 * ps.c.planes[0].row_bytes);
+                rc = kv_cache_write_blocks(&ps.c, &in, 1, host, bb, &err);
+                if (!rc) rc = kv_mla_attention_absorbed(&ps.w, qn, qr, &pv, n, b, &err);
+                KV_CHECK(!rc && memcmp(a, b, sizeof a) == 0, "%s: block through the host %s",
+                         fmts[f], err.msg);
+            } else {
+                KV_CHECK(0, "%s: block to the host: %s", fmts[f], err.msg);
+            }
+            kv_free(host);
         }
         setup_free(&cs);
         setup_free(&ps);
     }
+}
+
+/* Chapter 10's undo log on a one-plane KIVI cache: a speculative tail that spills rows into
+ * 2-bit groups is rolled back to the bytes a cache that never saw it holds. */
+static void test_latent_undo(void)
+{
+    const kv_mla_dims m = {160, 32, 32, 48, 0};
+    const int n = 150, tail = 40, width = kv_mla_row(&m);
+    setup a, b; /* a: n tokens, then the tail, rolled back; b: n tokens */
+    int rc = setup_init(&a, 64, 2, &m, n + tail, 0, KV_QF_INT2_KIVI, 1, 3);
+    rc |= setup_init(&b, 64, 2, &m, n, 0, KV_QF_INT2_KIVI, 1, 3);
+    kv_err err = {{0}};
+    /* rebuild a's cache as n tokens, then a speculative tail */
+    kv_cache_reset(&a.c, 0);
+    const int blocks[3] = {4, 2, 3}; /* 190 tokens: three blocks of 64 */
+    if (!rc) rc = kv_cache_set_blocks(&a.c, 0, blocks, 3, &err);
+    if (!rc) rc = kv_cache_write_seq(&a.c, 0, 0, 0, n, a.row, NULL, &err);
+    if (!rc) a.c.len[0] = n, rc = kv_cache_speculate(&a.c, 0, tail, &err);
+    const int q_before = a.c.qlen[0];
+    if (!rc) rc = kv_cache_write_seq(&a.c, 0, 0, n, tail, a.row + (size_t)n * width, NULL, &err);
+    const int q_spec = a.c.qlen[0];
+    if (!rc) a.c.len[0] = n + tail, rc = kv_cache_truncate(&a.c, 0, n, &err);
+    KV_CHECK(!rc && q_spec > q_before && a.c.qlen[0] == b.c.qlen[0],
+             "undo: quantized rows %d -> %d -> %d (want %d) %s", q_before, q_spec, a.c.qlen[0],
+             b.c.qlen[0], err.msg);
+    const kv_head_view av = kv_cache_view(&a.c, 0, 0, 0, KV_QROLE_KEY);
+    const kv_head_view bv = kv_cache_view(&b.c, 0, 0, 0, KV_QROLE_KEY);
+    long diff = 0;
+    for (int t = 0; !rc && t < n; t++)
+        for (int j = 0; j < width; j++) {
+            const float x = kv_cache_elem(&av, t, j), y = kv_cache_elem(&bv, t, j);
+            diff += memcmp(&x, &y, sizeof x) != 0;
+        }
+    KV_CHECK(!rc && diff == 0, "undo: %ld elements differ from the cache that never speculated", diff);
+    setup_free(&a);
+    setup_free(&b);
 }
 
 /* ---- 4. token by token ------------------------------------------------------------------ */
@@ -377,6 +441,7 @@ int main(void)
     test_absorb("DeepSeek dims + q_rank 1536, H 2", 256, 2, &dsq, 67, 900);
     test_absorb("small dims + q_rank 32, H 3", 64, 3, &small, 301, 0);
     test_latent_cache();
+    test_latent_undo();
     test_decode_steps();
     return kv_test_finish();
 }
