@@ -59,6 +59,13 @@ int kvcu_matmul_strided(float *y, const float *x, const float *W, int T, int in,
  * in the batch (cuda/model/kvcu_ops.cu says why, and the bound it keeps to kv_matmul()). */
 int kvcu_matmul_w16(float *y, const float *x, const uint16_t *W, int bf16, int T, int in,
                     int out, int ldw, kv_err *err);
+/** kvcu_matmul_w16()'s product for rows that are one token each (decode): a GEMV, a warp per
+ * output streaming W by 16-byte loads (2-byte loads where W's rows are not 16-byte aligned, the
+ * same sums), x kept fp32; every row sums in the same order whatever T, so a row's bits are
+ * the same alone or batched (not those of kvcu_matmul_w16(): another order and rounding).
+ * T at most 262 140. */
+int kvcu_matmul_w16_gemv(float *y, const float *x, const uint16_t *W, int bf16, int T, int in,
+                         int out, int ldw, kv_err *err);
 /** dst[i] = src[i] rounded to bf16 (@p bf16) or fp16, as bits; device arrays of n. */
 int kvcu_to16(uint16_t *dst, const float *src, int64_t n, int bf16, kv_err *err);
 /** kv_rope() on the GPU: angles formed in double exactly as the CPU forms them. */
@@ -167,19 +174,24 @@ void kvcu_state_free(kvcu_state *s);
 /**
  * The weights the projections read: KV_QF_F32 (the default, the reference's arithmetic) or a
  * 16-bit copy, KV_QF_BF16 or KV_QF_F16, made on the device beside the fp32 weights (which
- * stay: embedding and norms read them). With a copy every matmul of kvcu_forward() runs on
- * tensor cores (kvcu_matmul_w16): decode and prefill rows alike, so a sequence's rows stay
- * bit-identical alone and in any batch; the logits move from the CPU's by the rounding of
- * weights and activations. KV_ERR_ARG for other dtypes.
+ * stay: embedding and norms read them). With a copy the matmuls of kvcu_forward() read it:
+ * a prefill's rows on tensor cores (kvcu_matmul_w16), the rows of one-token sequences, of
+ * all_logits chunks and the classifier by the GEMV (kvcu_matmul_w16_gemv); a row's path is
+ * its sequence's, so a sequence's rows stay bit-identical alone and in any batch; the logits
+ * move from the CPU's by the rounding of weights (and, on tensor cores, activations).
+ * KV_ERR_ARG for other dtypes.
  */
 int kvcu_model_set_weights(kvcu_model *m, int dtype, kv_err *err);
 /**
  * The attention kvcu_forward() runs for a sequence of more than one token in a step (prefill,
- * chunked prefill, a verification chunk): 0 (the default) the per-row kernels every row takes,
- * so a row's result is that of a one-token step at its position, bit for bit; 5 chapter 08's
- * v5 on tensor cores (kvcu_flash_attention(5, ...): q, K, V and P rounded to 16 bits, held to
- * the reference by the bound of tests/test_gpu_flash.c), where the cache has no window or
- * retention and the head dim fits v5 (else the per-row kernels). KV_ERR_ARG for others.
+ * chunked prefill): 0 (the default) the per-row kernels every row takes, so a row's result is
+ * that of a one-token step at its position, bit for bit; 5 chapter 08's v5 on tensor cores
+ * (kvcu_flash_attention(5, ...): q, K, V and P rounded to 16 bits, held to the reference by
+ * the bound of tests/test_gpu_flash.c), where the cache has no window or retention and the
+ * head dim fits v5 (else the per-row kernels). A sequence asking for all_logits (a
+ * speculative verification chunk, chapter 10) takes the per-row kernels under either
+ * setting: its row j equals the one-token step at that position, bit for bit, which greedy
+ * verification relies on. KV_ERR_ARG for other versions.
  */
 int kvcu_state_set_prefill(kvcu_state *s, int version, kv_err *err);
 
@@ -206,9 +218,19 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
                        kv_err *err);
 
 /** A ::kv_backend running kvcu_forward(); uploads @p model (the host copy may then go).
- * Its truncate (chapter 10) is kvcu_cache_truncate(), paged through kv_paged_truncate(). */
+ * Its truncate (chapter 10) is kvcu_cache_truncate(), paged through kv_paged_truncate().
+ * The engine is the reference's: fp32 weights, multi-token steps on the per-row kernels. */
 int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
                         kv_err *err);
+/** The tensor-core choices of a CUDA backend (all zeros: kvcu_backend_create()'s engine). */
+typedef struct {
+    int weights; /**< KV_QF_F32 (0), KV_QF_BF16 or KV_QF_F16: kvcu_model_set_weights() */
+    int prefill; /**< 0 the per-row kernels, 5 v5 on tensor cores: kvcu_state_set_prefill() */
+} kvcu_engine_opts;
+/** kvcu_backend_create() with the engine @p o chooses (NULL: the default); KV_ERR_ARG for a
+ * weights type or prefill version those two setters refuse. */
+int kvcu_backend_create_opts(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
+                             const kvcu_engine_opts *o, kv_err *err);
 
 /* ---- chapter 04: KV-cache quantization, twins of kv_quant.h (device pointers) -------- */
 /**
@@ -369,6 +391,13 @@ int kvcu_read_bandwidth(size_t bytes, int repeats, double *bytes_per_s, kv_err *
  * the bytes read and the bytes written (2 · bytes per copy).
  */
 int kvcu_copy_bandwidth(size_t bytes, int repeats, double *bytes_per_s, kv_err *err);
+/**
+ * The device's tensor-core throughput in the same run (cuda/eval/kvcu_bench_mma.cu): warps
+ * issuing independent mma.sync.m16n8k16 (fp16, or bf16 when @p bf16) on register fragments,
+ * @p iters rounds of 8 per warp, 8 blocks of 4 warps per SM; median of @p repeats timed
+ * launches after a warm-up, in *flop_per_s (4 096 FLOPs per mma).
+ */
+int kvcu_mma_throughput(int bf16, int iters, int repeats, double *flop_per_s, kv_err *err);
 /** Median of @p repeats CUDA-event-timed calls of fn(arg) (work issued to the default
  * stream) after one warm-up call, in *seconds; fn's failure status is returned as is. */
 int kvcu_time_calls(int (*fn)(void *arg, kv_err *err), void *arg, int repeats, double *seconds,

@@ -1,9 +1,12 @@
 # test_ptx (label slow, registered where nvcc is found): the tensor-core kernels as nvcc builds
 # them for sm_90, the facts emulation cannot show. For each kernel, in the PTX of its file
 # (`nvcc -ptx`): at least one mma.sync and one ldmatrix; in ptxas's report (`-Xptxas -v`): no
-# spill stores or loads. Prints each kernel's counts and registers, "N passed, M failed".
+# spill stores or loads; and the instructions a variant exists for (the `needs` list below: v5's
+# raw-tile instances copy by cp.async). Prints each kernel's counts and registers, "N passed,
+# M failed".
 #
 #   cmake -DNVCC=<nvcc> -DROOT=<source dir> -DOUT=<scratch dir> -P check_ptx.cmake
+cmake_policy(SET CMP0054 NEW) # "mma" below is a string, not the variable of that name
 if(NOT NVCC OR NOT ROOT OR NOT OUT)
   message(FATAL_ERROR "usage: cmake -DNVCC=<nvcc> -DROOT=<dir> -DOUT=<dir> -P check_ptx.cmake")
 endif()
@@ -18,17 +21,27 @@ list(APPEND incs -I${ROOT}/include)
 file(MAKE_DIRECTORY ${OUT})
 set(passed 0)
 set(failed 0)
-# file | kernel name as it appears in the mangled symbol
-foreach(pair IN ITEMS "attention/kvcu_flash_mma.cu|flash_kernel_v5" "model/kvcu_ops.cu|matmul_kernel_mma")
+# entry-name regex | an instruction its PTX must hold
+set(needs "flash_kernel_v5ILi[01]ELi1E|cp.async")
+list(APPEND needs "gemv_kernel_w16ILi[01]ELi1E|ld.global.nc.v4")
+# file | kernel name as it appears in the mangled symbol | mma: must hold mma.sync and ldmatrix
+foreach(pair IN ITEMS "attention/kvcu_flash_mma.cu|flash_kernel_v5|mma"
+                      "model/kvcu_ops.cu|matmul_kernel_mma|mma" "model/kvcu_ops.cu|gemv_kernel_w16|-")
   string(REPLACE "|" ";" pair "${pair}")
   list(GET pair 0 src)
   list(GET pair 1 kernel)
+  list(GET pair 2 kind)
   get_filename_component(base ${src} NAME_WE)
-  execute_process(COMMAND ${NVCC} -std=c++17 -arch=sm_90 -ptx ${incs} ${ROOT}/cuda/${src}
-                          -o ${OUT}/${base}.ptx RESULT_VARIABLE rc1 ERROR_VARIABLE e1)
-  execute_process(COMMAND ${NVCC} -std=c++17 -arch=sm_90 -cubin -Xptxas -v ${incs}
-                          ${ROOT}/cuda/${src} -o ${OUT}/${base}.cubin
-                  RESULT_VARIABLE rc2 ERROR_VARIABLE report OUTPUT_VARIABLE out2)
+  set(rc1 0)
+  set(rc2 0)
+  if(NOT DEFINED report_${base}) # each file compiled once
+    execute_process(COMMAND ${NVCC} -std=c++17 -arch=sm_90 -ptx ${incs} ${ROOT}/cuda/${src}
+                            -o ${OUT}/${base}.ptx RESULT_VARIABLE rc1 ERROR_VARIABLE e1)
+    execute_process(COMMAND ${NVCC} -std=c++17 -arch=sm_90 -cubin -Xptxas -v ${incs}
+                            ${ROOT}/cuda/${src} -o ${OUT}/${base}.cubin
+                    RESULT_VARIABLE rc2 ERROR_VARIABLE report_${base} OUTPUT_VARIABLE out2)
+  endif()
+  set(report "${report_${base}}")
   if(rc1 OR rc2)
     message("FAIL ${src}: nvcc failed: ${e1}${report}")
     math(EXPR failed "${failed} + 1")
@@ -64,10 +77,28 @@ foreach(pair IN ITEMS "attention/kvcu_flash_mma.cu|flash_kernel_v5" "model/kvcu_
     string(REGEX MATCH "Used ([0-9]+) registers" rg "${rep}")
     message("${name}: ${n_mma} mma.sync, ${n_ldm} ldmatrix, ${CMAKE_MATCH_1} registers, "
             "spills ${st}/${ld} bytes")
-    if(n_mma GREATER 0 AND n_ldm GREATER 0 AND st STREQUAL "0" AND ld STREQUAL "0")
+    set(needs_ok 1)
+    foreach(need IN LISTS needs)
+      string(REPLACE "|" ";" need "${need}")
+      list(GET need 0 re)
+      list(GET need 1 ins)
+      if(name MATCHES "${re}")
+        string(FIND "${entry}" "${ins}" has)
+        if(has EQUAL -1)
+          message("FAIL ${name}: needs ${ins}")
+          set(needs_ok 0)
+        endif()
+      endif()
+    endforeach()
+    if(NOT kind STREQUAL "mma" AND n_mma EQUAL 0) # a SIMT kernel: its needs and no spills
+      set(n_mma 1)
+      set(n_ldm 1)
+    endif()
+    if(n_mma GREATER 0 AND n_ldm GREATER 0 AND needs_ok AND st STREQUAL "0" AND ld STREQUAL "0")
       math(EXPR passed "${passed} + 1")
     else()
-      message("FAIL ${name}: needs mma.sync and ldmatrix and no spills")
+      message("FAIL ${name}: needs mma.sync and ldmatrix (a tensor-core kernel), its listed "
+              "instructions, and no spills")
       math(EXPR failed "${failed} + 1")
     endif()
   endforeach()

@@ -665,6 +665,11 @@ static void test_cli(void)
     CLI_BAD("--chapter|not an integer", "tour", "--chapter", "8,7");
     CLI_BAD("--chapter|not an integer", "tour", "--chapter", "");
     CLI_BAD("--device|'tpu'", "tour", "--chapter", "7", "--device", "tpu");
+    CLI_BAD("--weights|need --device cuda", "generate", "--weights", "bf16");
+    CLI_BAD("--weights|'int8'", "generate", "--weights", "int8");
+    CLI_BAD("--prefill|needs --device cuda", "generate", "--prefill", "mma");
+    CLI_BAD("--prefill|'v5'", "generate", "--prefill", "v5");
+    CLI_BAD("--device|give --device cuda", "bench", "prefill");
     CLI_BAD("--csv|takes no value", "tour", "--chapter", "8", "--csv=1");
     CLI_BAD("unexpected argument '8'", "tour", "--chapter", "7", "8");
 

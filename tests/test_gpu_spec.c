@@ -18,7 +18,11 @@
  *    property of the code. What is asserted against the CPU instead: fed the CUDA tokens, the
  *    CPU scores each one within fp32 tolerance of its own best (agreement is printed);
  *  - refusals as on the CPU: an unarmed KIVI truncate, len outside [0, length], a slot out of
- *    range, cutting into a block the prefix cache registered (length unchanged).
+ *    range, cutting into a block the prefix cache registered (length unchanged);
+ *  - the prefill on tensor cores (chapter 08's v5, the CLI's default on CUDA): an all_logits
+ *    chunk still equals one-token steps bit for bit after it, its logits stay within 0.5 % of
+ *    the CPU's largest, and greedy tokens equal the per-row prefill's and the CPU's on the
+ *    tiny models (the bound is stated; the identity is measured on these models).
  * Exits 77 (skipped) without a usable device. */
 #include "common/kv_test.h"
 #include "common/test_spec_common.h"
@@ -98,6 +102,76 @@ done:
     free(crows);
     free(one);
     free(last);
+}
+
+/* ---- the prefill on tensor cores (kvcu_engine_opts.prefill 5) --------------------------- */
+
+/* A prompt's rows through v5, then: an all_logits chunk still takes the per-row kernels, so
+ * its rows equal one-token steps after the same prefill bit for bit (what greedy verification
+ * needs); the prompt's last logits are within 0.5 % of the largest CPU logit (the bound of
+ * test_gpu_engine.c's prefill on tensor cores); greedy decoding after a PL-token prompt
+ * chooses the tokens of the per-row prefill and of the CPU, on this test's model. */
+enum { PL = 32 }; /* the longer prompt: PL + N - 1 positions fit CAP */
+
+static void test_prefill_mma(const kv_model *m, const kv_cache_spec *spec, const char *what)
+{
+    kv_err e;
+    const kvcu_engine_opts mma = {KV_QF_F32, 5};
+    kv_backend *a = NULL, *b = NULL, *s = NULL, *c = NULL; /* v5 x2, per-row, CPU */
+    const int V = m->config.vocab_size;
+    float *rows = malloc(sizeof(float) * (size_t)C * V); /* [C][V] all_logits after v5 */
+    float *one = malloc(sizeof(float) * V), *cpu = malloc(sizeof(float) * V);
+    int ok = rows && one && cpu && kvcu_backend_create_opts(&a, m, spec, &mma, &e) == KV_OK &&
+             kvcu_backend_create_opts(&b, m, spec, &mma, &e) == KV_OK &&
+             kvcu_backend_create(&s, m, spec, &e) == KV_OK &&
+             kv_backend_cpu(&c, m, spec, &e) == KV_OK;
+    KV_CHECK(ok, "%s: v5 backends: %s", what, e.msg);
+    if (!ok) goto done;
+    int tok[PL + C];
+    for (int j = 0; j < PL + C; j++) tok[j] = (37 * j + 11) % V;
+    const kv_seq pa = {0, 0, PL, tok}, ca = {0, PL, C, tok + PL, rows};
+    ok = a->forward(a, &pa, 1, NULL, NULL, &e) == KV_OK &&
+         a->forward(a, &ca, 1, NULL, NULL, &e) == KV_OK &&
+         b->forward(b, &pa, 1, one, NULL, &e) == KV_OK &&
+         c->forward(c, &pa, 1, cpu, NULL, &e) == KV_OK;
+    KV_CHECK(ok, "%s: v5 prefill: %s", what, e.msg);
+    if (!ok) goto done;
+    double worst = 0.0, top = 0.0;
+    for (int i = 0; i < V; i++) {
+        if (fabs(cpu[i]) > top) top = fabs(cpu[i]);
+        if (fabs(one[i] - cpu[i]) > worst) worst = fabs(one[i] - cpu[i]);
+    }
+    printf("%s: v5 prefill of %d tokens vs CPU: max |diff| %.3g (%.3g%% of the largest logit)\n",
+           what, PL, worst, 100.0 * worst / top);
+    KV_CHECK(worst <= 0.005 * top, "%s: v5 prefill logits %.3g from the CPU's (largest %.3g)",
+             what, worst, top);
+    long bad = 0;
+    for (int j = 0; j < C && ok; j++) {
+        const kv_seq t = {0, PL + j, 1, tok + PL + j};
+        ok = b->forward(b, &t, 1, one, NULL, &e) == KV_OK;
+        bad += ok && memcmp(one, rows + (size_t)j * V, sizeof(float) * V) != 0;
+    }
+    KV_CHECK(ok && bad == 0, "%s: after a v5 prefill, %ld all_logits rows differ from one-token "
+             "steps (%s)", what, bad, ok ? "" : e.msg);
+    int got[N], want[N], ref[N];
+    const kv_gen_opts go = {KV_MODE_CACHED, 0, N, NULL, NULL, NULL, NULL};
+    a->reset(a, 0);
+    ok = kv_generate(a, tok, PL, &go, got, NULL, &e) == KV_OK &&
+         kv_generate(s, tok, PL, &go, want, NULL, &e) == KV_OK &&
+         kv_generate(c, tok, PL, &go, ref, NULL, &e) == KV_OK;
+    KV_CHECK(ok, "%s: greedy runs: %s", what, e.msg);
+    KV_CHECK(ok && !memcmp(got, want, sizeof got), "%s: greedy tokens after the v5 prefill "
+             "differ from those after the per-row prefill", what);
+    KV_CHECK(ok && !memcmp(got, ref, sizeof got), "%s: greedy tokens after the v5 prefill "
+             "differ from the CPU's", what);
+done:
+    kv_backend_destroy(a);
+    kv_backend_destroy(b);
+    kv_backend_destroy(s);
+    kv_backend_destroy(c);
+    free(rows);
+    free(one);
+    free(cpu);
 }
 
 /* ---- host images of device caches ------------------------------------------------------- */
@@ -405,6 +479,21 @@ int main(void)
                 test_greedy(&m, &dm, paged, dtype);
         }
     test_refusals(&m, &dm);
+    const kvcu_engine_opts bad = {KV_QF_INT8, 0}, bad5 = {KV_QF_F32, 4};
+    kv_backend *x = NULL;
+    const kv_cache_spec s0 = make_spec(0, KV_DTYPE_F32);
+    KV_CHECK(kvcu_backend_create_opts(&x, &m, &s0, &bad, &e) == KV_ERR_ARG && !x &&
+             kvcu_backend_create_opts(&x, &m, &s0, &bad5, &e) == KV_ERR_ARG && !x,
+             "int8 weights or prefill version 4 accepted");
+    test_prefill_mma(&m, &s0, "v5 contiguous fp32");
+    const kv_cache_spec s1 = make_spec(1, KV_QF_INT8);
+    test_prefill_mma(&m, &s1, "v5 paged int8");
+    kv_model gqa = {0};
+    if (kv_model_default(&gqa, KV_DEFAULT_TINY_GQA, &e) == KV_OK)
+        test_prefill_mma(&gqa, &s0, "v5 tiny-gqa contiguous fp32");
+    else
+        KV_CHECK(0, "tiny-gqa: %s", e.msg);
+    kv_model_free(&gqa);
     kv_model_free(&m);
     return kv_test_finish();
 }

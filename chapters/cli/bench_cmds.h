@@ -24,6 +24,9 @@ int cmd_bench_attention(int argc, char **argv);
  * bandwidth) and `bench engine --device cuda` (whole-model decoding on the GPU). */
 int cmd_bench_attention_cuda(int argc, char **argv);
 int cmd_bench_engine_cuda(int argc, char **argv);
+/** `bench prefill --device cuda` (bench_prefill.c, chapter 08): v5 and the 16-bit GEMM in TFLOP/s
+ * against the same run's mma throughput, and a prompt's time to first token. */
+int cmd_bench_prefill(int argc, char **argv);
 /** The value of --device in argv ("--device X" or "--device=X"), "cpu" when absent: lets a
  * bench hand a device run to its own parser before parsing its own options. */
 const char *kv_cli_device_arg(int argc, char **argv);

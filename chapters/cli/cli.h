@@ -68,6 +68,36 @@ int kv_cli_backend(kv_backend **out, const char *device, const kv_model *model,
                    const kv_cache_spec *spec, kv_err *err);
 
 /**
+ * --weights / --prefill (chapter 08): the tensor-core choices of a CUDA engine (kvcu.h's
+ * kvcu_engine_opts), for the commands that run a model (generate, serve): put
+ * KV_CLI_ENGINE_OPTS(en) in the option table (both fields NULL before parsing), check them
+ * with kv_cli_engine_check() once the device is known, and build the backend with
+ * kv_cli_backend_engine(). Defaults on --device cuda: fp32 weights (the reference's
+ * arithmetic) and the prefill on tensor cores (v5, held to the reference by a bound; a
+ * speculative verification chunk still takes the per-row kernels, kvcu_state_set_prefill()).
+ */
+typedef struct {
+    const char *weights; /**< "fp32", "bf16", "fp16"; NULL: not given (fp32) */
+    const char *prefill; /**< "mma", "simt"; NULL: not given (mma on cuda) */
+} kv_cli_engine;
+
+/** Choices of --weights and --prefill; NULL-terminated. */
+extern const char *const kv_cli_weights[];
+extern const char *const kv_cli_prefills[];
+
+#define KV_CLI_ENGINE_OPTS(en)                                                                  \
+    {"--weights", KV_OPT_CHOICE, &(en).weights, 0, 0, kv_cli_weights, "W", "with --device cuda: the projections' weights on the device: fp32 (default; the reference's arithmetic) or a 16-bit copy: prompt rows on tensor cores, one-token rows by a 16-byte-load GEMV (logits move by the rounding; chapter 08)", 0}, \
+    {"--prefill", KV_OPT_CHOICE, &(en).prefill, 0, 0, kv_cli_prefills, "P", "with --device cuda: attention of a prompt's rows: mma (default; chapter 08's v5 on tensor cores, within a stated bound of the reference) or simt (the per-row kernels: each row equals a one-token step bit for bit)", 0}
+
+/** --weights / --prefill other than the defaults mean nothing on the CPU (the reference):
+ * says so and returns 2; 0 when fine. */
+int kv_cli_engine_check(const char *cmd, const char *device, const kv_cli_engine *en);
+
+/** kv_cli_backend() with the engine @p en chooses (its NULL fields: the defaults above). */
+int kv_cli_backend_engine(kv_backend **out, const char *device, const kv_model *model,
+                          const kv_cache_spec *spec, const kv_cli_engine *en, kv_err *err);
+
+/**
  * --layout / --block-size / --blocks (chapter 05), shared by generate, needle and dialogue:
  * put the three entries KV_CLI_LAYOUT_OPTS(lo) in a command's option table, check them once
  * with kv_cli_layout_check(), and pass every cache spec the command builds through

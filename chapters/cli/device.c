@@ -42,6 +42,38 @@ int kv_cli_backend(kv_backend **out, const char *device, const kv_model *model,
     return kv_fail(err, KV_ERR_UNSUPPORTED, "device '%s' is not available in this build", device);
 }
 
+const char *const kv_cli_weights[] = {"fp32", "bf16", "fp16", NULL};
+const char *const kv_cli_prefills[] = {"mma", "simt", NULL};
+
+int kv_cli_engine_check(const char *cmd, const char *device, const kv_cli_engine *en)
+{
+    if (strcmp(device, "cpu") != 0) return KV_EXIT_OK;
+    if (en->weights && strcmp(en->weights, "fp32") != 0)
+        return kv_args_bad(cmd, "--weights", "%s weights need --device cuda (the CPU engine is "
+                           "the fp32 reference)", en->weights);
+    if (en->prefill && strcmp(en->prefill, "simt") != 0)
+        return kv_args_bad(cmd, "--prefill", "%s needs --device cuda (the CPU engine is the "
+                           "reference)", en->prefill);
+    return KV_EXIT_OK;
+}
+
+int kv_cli_backend_engine(kv_backend **out, const char *device, const kv_model *model,
+                          const kv_cache_spec *spec, const kv_cli_engine *en, kv_err *err)
+{
+#ifdef KV_HAVE_CUDA
+    if (strcmp(device, "cuda") == 0) {
+        const char *w = en->weights ? en->weights : "fp32";
+        kvcu_engine_opts o = {KV_QF_F32, 5};
+        o.weights = !strcmp(w, "bf16") ? KV_QF_BF16 : !strcmp(w, "fp16") ? KV_QF_F16 : KV_QF_F32;
+        if (en->prefill && !strcmp(en->prefill, "simt")) o.prefill = 0;
+        return kvcu_backend_create_opts(out, model, spec, &o, err);
+    }
+#else
+    (void)en;
+#endif
+    return kv_cli_backend(out, device, model, spec, err);
+}
+
 int kv_cli_default_model(kv_model *m, const char *name, kv_err *err)
 {
     kv_config c;

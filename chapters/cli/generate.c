@@ -50,6 +50,7 @@ int cmd_generate(int argc, char **argv)
     double temperature = 0.0, top_p = 1.0;
     int64_t seed = 42;
     kv_cli_layout lo = {"contiguous", 0, 0};
+    kv_cli_engine en = {NULL, NULL};
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint, or `trained`: the model kvlab ships (datasets/models/, with its tokenizer)", 0},
@@ -65,6 +66,7 @@ int cmd_generate(int argc, char **argv)
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "cache storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2, int4, int2; options /head (fp8 per-head scales), /wR (KIVI window), /lA,B (only those layers; the rest fp16) (chapter 04)", 0},
         KV_CLI_LAYOUT_OPTS(lo),
+        KV_CLI_ENGINE_OPTS(en),
         KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,
@@ -90,6 +92,7 @@ int cmd_generate(int argc, char **argv)
     int e = kv_cli_layout_check(cmd, &lo);
     if (e) return e;
     e = kv_cli_check_device(cmd, device);
+    if (!e) e = kv_cli_engine_check(cmd, device, &en);
     if (e) return e;
 
     kv_err err = {{0}};
@@ -155,7 +158,7 @@ int cmd_generate(int argc, char **argv)
         rc = kv_cli_fail(cmd, "output", KV_ERR_NOMEM, &err);
         goto done;
     }
-    if ((st = kv_cli_backend(&b, device, &m, &spec, &err))) {
+    if ((st = kv_cli_backend_engine(&b, device, &m, &spec, &en, &err))) {
         rc = kv_cli_fail(cmd, "backend", st, &err);
         goto done;
     }

@@ -71,6 +71,7 @@ int cmd_serve(int argc, char **argv)
     double step_ms = 20.0, temperature = 0.0;
     int64_t seed = 42;
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
+    kv_cli_engine en = {NULL, NULL};
     kv_opt opts[] = {
         {"--trace", KV_OPT_STRING, &trace_path, 0, 0, NULL, "FILE", "request trace (datasets/traces/*.csv); required", 0},
         {"--policy", KV_OPT_CHOICE, &policy, 0, 0, policies, "P", "paged (blocks on demand) or a contiguous baseline: max, pow2, oracle (default paged)", 0},
@@ -96,6 +97,7 @@ int cmd_serve(int argc, char **argv)
         {"--token-us", KV_OPT_FLOAT, &token_us, 0, 1e7, NULL, "X", "simulated microseconds per prefill token (prompts and recompute), added to --step-ms (default 0)", 0},
         {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "CSV", "write each request's arrival, first-token and finish times and latencies to this file", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model and its paged cache run (default cpu)", 0},
+        KV_CLI_ENGINE_OPTS(en),
         KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,
@@ -122,6 +124,7 @@ int cmd_serve(int argc, char **argv)
         return kv_args_bad(cmd, "--host-blocks", "needs --preempt swap or lru (recompute has "
                            "no host tier)");
     int e = kv_cli_check_device(cmd, device);
+    if (!e) e = kv_cli_engine_check(cmd, device, &en);
     if (e) return e;
 
     kv_err err = {{0}};
@@ -171,7 +174,7 @@ int cmd_serve(int argc, char **argv)
     spec.layout.kind = KV_LAYOUT_PAGED;
     spec.layout.block_size = block_size;
     spec.layout.n_blocks = n_blocks;
-    if ((st = kv_cli_backend(&b, device, &m, &spec, &err)) ||
+    if ((st = kv_cli_backend_engine(&b, device, &m, &spec, &en, &err)) ||
         (prefix && (st = kv_backend_enable_prefix_cache(b, &err)))) {
         rc = kv_cli_fail(cmd, "backend", st, &err);
         goto done;

@@ -11,8 +11,11 @@
  *    16-bit floats as they are read (every chapter-04 format dequantized by kv_ld(), the
  *    paged rows found through the slot's table): fp16 tiles, or bf16 for a bf16 cache (its
  *    values then enter the tensor cores exactly). Two buffers: the next tile is loaded while
- *    the current one is multiplied (plain loads, not cp.async: every element is dequantized on
- *    its way, which cp.async cannot do);
+ *    the current one is multiplied. Where the cache's rows already are the tile's type (an
+ *    fp16 cache, or bf16; RAW) the rows stream by cp.async, 16 bytes a copy straight into
+ *    shared memory without passing through registers, the copy of tile i + 1 in flight while
+ *    tile i is multiplied (kvcu_cp16(), cuda/core/kvcu_vec.cuh); every other format is
+ *    dequantized element by element on its way (plain loads: cp.async cannot convert);
  *  - each warp keeps its 16 queries as A fragments in registers (ldmatrix .x4 once), forms
  *    S = Q·Kᵀ for the tile as 16 x 64 fp32 accumulators (B fragments of the K rows by ldmatrix
  *    .x4), scales and masks them, and runs the online softmax in registers: a row's values sit
@@ -31,6 +34,7 @@
  */
 #include "kvcu_flash.cuh"
 #include "kvcu_mma.cuh"
+#include "kvcu_vec.cuh"
 
 #define FLASH_MMA_WARPS 4
 #define FLASH_MMA_ROWS (16 * FLASH_MMA_WARPS) /* rows (query, head) per block */
@@ -70,8 +74,40 @@ __device__ inline void flash_mma_load(const flash_kv &kv, uint16_t *ks, uint16_t
     }
 }
 
+/* The same tiles copied raw: the cache rows are 16-bit of the tile's type, 2d bytes each
+ * (16-byte aligned), so each row is d / 8 cp.async copies of 16 bytes; keys past nk are
+ * zeroed by plain stores. One commit closes the tile's copies (kvcu_cp_wait() before use). */
+__device__ inline void flash_mma_copy(const flash_kv &kv, uint16_t *ks, uint16_t *vs, int d,
+                                      int64_t kt, int nk)
+{
+    const int ld = d + FLASH_MMA_PAD, cpr = d / 8; /* 16-byte chunks per row */
+    const size_t rb = (size_t)d * 2;
+    for (int c = threadIdx.x; c < FLASH_MMA_KEYS * cpr; c += blockDim.x) {
+        const int j = c / cpr, ch = c % cpr;
+        uint16_t *kd = ks + j * ld + ch * 8, *vd = vs + j * ld + ch * 8;
+        if (j < nk) {
+            const int64_t p = kt + j;
+            kvcu_cp16(kd, kv.kh.codes + kv_view_row(&kv.kh, p) * rb + ch * 16);
+            kvcu_cp16(vd, kv.vh.codes + kv_view_row(&kv.vh, p) * rb + ch * 16);
+        } else {
+            *(uint4 *)(void *)kd = make_uint4(0, 0, 0, 0);
+            *(uint4 *)(void *)vd = make_uint4(0, 0, 0, 0);
+        }
+    }
+    kvcu_cp_commit();
+}
+
+/* Tile [kt, kt + nk) into a buffer: cp.async copies (RAW) or dequantized plain loads. */
+template <int BF16, int RAW>
+__device__ inline void flash_mma_tile(const flash_kv &kv, uint16_t *ks, uint16_t *vs, int d,
+                                      int64_t kt, int nk)
+{
+    if (RAW) flash_mma_copy(kv, ks, vs, d, kt, nk);
+    else flash_mma_load<BF16>(kv, ks, vs, d, kt, nk);
+}
+
 /* Block (query tile, KV head): rows r = 0..63 are query t0 + r / G, head kvh·G + r % G. */
-template <int BF16>
+template <int BF16, int RAW>
 __global__ void flash_kernel_v5(flash_args a)
 {
     KV_DYNAMIC_SMEM(unsigned char, base);
@@ -123,17 +159,24 @@ __global__ void flash_kernel_v5(flash_args a)
     const float scale = a.scale;
     int buf = 0;
     if (a.k_begin < bend)
-        flash_mma_load<BF16>(kv, tiles, tiles + tile, d, a.k_begin,
-                             (int)(bend - a.k_begin < FLASH_MMA_KEYS ? bend - a.k_begin
-                                                                     : FLASH_MMA_KEYS));
-    __syncthreads();
+        flash_mma_tile<BF16, RAW>(kv, tiles, tiles + tile, d, a.k_begin,
+                                  (int)(bend - a.k_begin < FLASH_MMA_KEYS ? bend - a.k_begin
+                                                                          : FLASH_MMA_KEYS));
+    if (!RAW) __syncthreads();
     for (int64_t kt = a.k_begin; kt < bend; kt += FLASH_MMA_KEYS, buf ^= 1) {
         const uint16_t *ks = tiles + 2 * tile * buf, *vs = ks + tile;
         const int64_t nx = kt + FLASH_MMA_KEYS; /* the next tile, into the other buffer */
         if (nx < bend) {
             uint16_t *kn = tiles + 2 * tile * (buf ^ 1);
-            flash_mma_load<BF16>(kv, kn, kn + tile, d, nx,
-                                 (int)(bend - nx < FLASH_MMA_KEYS ? bend - nx : FLASH_MMA_KEYS));
+            flash_mma_tile<BF16, RAW>(kv, kn, kn + tile, d, nx,
+                                      (int)(bend - nx < FLASH_MMA_KEYS ? bend - nx
+                                                                       : FLASH_MMA_KEYS));
+        } else if (RAW) {
+            kvcu_cp_commit(); /* an empty batch: the wait below counts one per tile */
+        }
+        if (RAW) { /* this tile's copies landed (the next tile's may still fly), for all */
+            kvcu_cp_wait<1>();
+            __syncthreads();
         }
         if (kt < wend) { /* (warp-uniform) some row of this warp sees a key of the tile */
             /* S = Q·Kᵀ: s[nb] is keys kt + nb·8 .., as a 16 x 8 C fragment */
@@ -235,22 +278,32 @@ int kvcu_flash_mma_fits(int n_heads, int n_kv_heads, int head_dim)
            n_heads % n_kv_heads == 0 && kv_heads_group(n_heads, n_kv_heads) <= FLASH_MMA_ROWS;
 }
 
+/* One instantiation of the kernel on the job's grid. */
+template <int BF16, int RAW>
+static cudaError_t flash_mma_run(const flash_args &a, dim3 grid, size_t smem)
+{
+    cudaError_t e = cudaFuncSetAttribute(flash_kernel_v5<BF16, RAW>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    KV_LAUNCH((flash_kernel_v5<BF16, RAW>), grid, KV_WARP * FLASH_MMA_WARPS, smem, 0, a);
+    return cudaGetLastError();
+}
+
+/* Whether the layer's K/V rows can be copied raw into the 16-bit tiles: stored as fp16 or bf16
+ * (not KIVI's, nor keys rotated at attention), the planes 16-byte aligned. */
+static int flash_mma_raw(const attn_src &src)
+{
+    return (src.fmt == KV_QF_F16 || src.fmt == KV_QF_BF16) && !src.rope_cs &&
+           ((uintptr_t)src.kp.codes | (uintptr_t)src.vp.codes) % 16 == 0;
+}
+
 cudaError_t kvcu_flash_mma_launch(const flash_args &a)
 {
     const int G = kv_heads_group(a.H, a.H_kv);
     const size_t smem = flash_mma_smem(a.d);
     dim3 grid(kv_ceil_div(a.T, flash_mma_queries(G)), a.H_kv);
-    cudaError_t e;
-    if (a.src.fmt == KV_QF_BF16) {
-        e = cudaFuncSetAttribute(flash_kernel_v5<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem);
-        if (e != cudaSuccess) return e;
-        KV_LAUNCH(flash_kernel_v5<1>, grid, KV_WARP * FLASH_MMA_WARPS, smem, 0, a);
-    } else {
-        e = cudaFuncSetAttribute(flash_kernel_v5<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem);
-        if (e != cudaSuccess) return e;
-        KV_LAUNCH(flash_kernel_v5<0>, grid, KV_WARP * FLASH_MMA_WARPS, smem, 0, a);
-    }
-    return cudaGetLastError();
+    const int raw = flash_mma_raw(a.src);
+    if (a.src.fmt == KV_QF_BF16)
+        return raw ? flash_mma_run<1, 1>(a, grid, smem) : flash_mma_run<1, 0>(a, grid, smem);
+    return raw ? flash_mma_run<0, 1>(a, grid, smem) : flash_mma_run<0, 0>(a, grid, smem);
 }

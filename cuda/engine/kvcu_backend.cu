@@ -173,8 +173,17 @@ static void cuda_destroy(kv_backend *b)
 int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
                         kv_err *err)
 {
+    return kvcu_backend_create_opts(out, model, spec, NULL, err);
+}
+
+/** The same with the engine's weights and prefill chosen (kvcu.h). */
+int kvcu_backend_create_opts(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
+                             const kvcu_engine_opts *o, kv_err *err)
+{
     if (!out || !model || !spec)
         return kv_fail(err, KV_ERR_ARG, "kvcu_backend_create: NULL argument");
+    const kvcu_engine_opts none = {KV_QF_F32, 0};
+    if (!o) o = &none;
     *out = NULL;
     int rc = kvcu_device_available(err);
     if (rc) return rc;
@@ -189,7 +198,9 @@ int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_
     b->destroy = cuda_destroy;
     if ((rc = kvcu_model_upload(&p->model, model, err)) ||
         (rc = kvcu_retain_cache_create(&p->cache, &model->config, spec, err)) ||
-        (rc = kvcu_state_create(&p->state, err))) {
+        (rc = kvcu_state_create(&p->state, err)) ||
+        (rc = kvcu_model_set_weights(p->model, o->weights, err)) ||
+        (rc = kvcu_state_set_prefill(p->state, o->prefill, err))) {
         cuda_destroy(b);
         return rc;
     }

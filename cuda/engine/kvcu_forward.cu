@@ -222,12 +222,33 @@ int kvcu_model_set_weights(kvcu_model *m, int dtype, kv_err *err)
 }
 
 /* y = x · Wᵀ for a weight W of the model (a device pointer into its data): fp32 as the
- * reference does (kvcu_matmul_strided), or on tensor cores from the 16-bit copy. */
-static int proj(const kvcu_model *m, float *y, const float *x, const float *W, int T, int in,
-                int out, int ldw, kv_err *err)
+ * reference does (kvcu_matmul_strided), or from the 16-bit copy, where a row's kind is its
+ * sequence's: the rows of a one-token sequence or of an all_logits chunk (each row equal to a
+ * one-token step's, chapter 10) by the GEMV (kvcu_matmul_w16_gemv: bandwidth-bound, 16-byte
+ * loads), the rows of a prefill on tensor cores (kvcu_matmul_w16). Neither depends on the
+ * other rows of the batch, so a sequence's bits do not either. x's rows follow seqs (T rows
+ * in all); seqs NULL: every row by the GEMV (the classifier: one row per sequence, or an
+ * all_logits chunk's rows). */
+static int proj(const kvcu_model *m, const kv_seq *seqs, int n_seqs, float *y, const float *x,
+                const float *W, int T, int in, int out, int ldw, kv_err *err)
 {
     if (!m->data16) return kvcu_matmul_strided(y, x, W, T, in, out, ldw, err);
-    return kvcu_matmul_w16(y, x, m->data16 + (W - m->data), m->w16_bf16, T, in, out, ldw, err);
+    const uint16_t *W16 = m->data16 + (W - m->data);
+    const int bf = m->w16_bf16;
+    if (!seqs) return kvcu_matmul_w16_gemv(y, x, W16, bf, T, in, out, ldw, err);
+    for (int i = 0, t = 0; i < n_seqs;) { /* runs of sequences of one kind */
+        const int gemv = seqs[i].n_tokens == 1 || seqs[i].all_logits;
+        int n = 0;
+        for (; i < n_seqs && (seqs[i].n_tokens == 1 || seqs[i].all_logits) == gemv; i++)
+            n += seqs[i].n_tokens;
+        const float *xr = x + (size_t)t * in;
+        float *yr = y + (size_t)t * out;
+        const int rc = gemv ? kvcu_matmul_w16_gemv(yr, xr, W16, bf, n, in, out, ldw, err)
+                            : kvcu_matmul_w16(yr, xr, W16, bf, n, in, out, ldw, err);
+        if (rc) return rc;
+        t += n;
+    }
+    return KV_OK;
 }
 
 void kvcu_model_free(kvcu_model *m)
@@ -336,8 +357,8 @@ static int rows_attention(kvcu_cache *c, int l, kvcu_state *s, const int *d_slot
  * version 5 (and a cache without window, W = 0, or retention, a head dim v5 takes), each
  * sequence of more than one token runs as a causal chapter 08 job on tensor cores: its n
  * queries at positions pos .. pos + n - 1 over keys 0 .. pos + n - 1 (kvcu_flash_mma.cu); the
- * rows of one-token sequences between them take the per-row kernels, as every row does
- * otherwise. */
+ * rows of one-token sequences and of all_logits sequences (whose rows must equal one-token
+ * steps, chapter 10's verification) take the per-row kernels, as every row does otherwise. */
 static int step_attention(kvcu_cache *c, int l, kvcu_state *s, const kv_seq *seqs, int n_seqs,
                           const int *d_slot, const int *d_pos, const float *q, float *out,
                           int T, int rows, int Hs, int d, int W, int max_len, kv_err *err)
@@ -349,7 +370,7 @@ static int step_attention(kvcu_cache *c, int l, kvcu_state *s, const kv_seq *seq
     int run = 0; /* first row not yet attended */
     for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
         const int n = seqs[i].n_tokens;
-        if (n < 2) continue;
+        if (n < 2 || seqs[i].all_logits) continue; /* all_logits: rows equal one-token steps */
         KVCU_TRY(rows_attention(c, l, s, d_slot, d_pos, q, out, run, t, rows, Hs, qs, max_len,
                                 err));
         const kvcu_flash_job j = {c, l, seqs[i].slot, Hs, q + (size_t)t * qs, n,
@@ -468,12 +489,14 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
     for (int l = 0; l < p->n_layers; l++) {
         /* attention block: x += Wo · attention(RoPE(Wq·xb), cache(RoPE(Wk·xb), Wv·xb)) */
         KVCU_TRY(kvcu_rmsnorm(xb, x, w->rms_att + (size_t)l * dim, T, dim, eps, err));
-        KVCU_TRY(proj(m, q, xb, w->wq + ((size_t)l * qdim + (size_t)q0 * d) * dim,
-                      T, dim, qs, dim, err));
-        KVCU_TRY(proj(m, k, xb, w->wk + ((size_t)l * kvdim + (size_t)kv0 * d) * dim,
-                      T, dim, kvs, dim, err));
-        KVCU_TRY(proj(m, v, xb, w->wv + ((size_t)l * kvdim + (size_t)kv0 * d) * dim,
-                      T, dim, kvs, dim, err));
+        KVCU_TRY(proj(m, seqs, n_seqs, q, xb,
+                      w->wq + ((size_t)l * qdim + (size_t)q0 * d) * dim, T, dim, qs, dim, err));
+        KVCU_TRY(proj(m, seqs, n_seqs, k, xb,
+                      w->wk + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs, dim,
+                      err));
+        KVCU_TRY(proj(m, seqs, n_seqs, v, xb,
+                      w->wv + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs, dim,
+                      err));
         KVCU_TRY(kvcu_rope(q, d_qpos, T, Hs, d, p->rotary_dim, p->rope_theta, err));
         if (!keys_at_cache_pos) /* KV_POS_CACHE: attention rotates keys by cache index */
             KVCU_TRY(kvcu_rope(k, d_pos, T, KVs, d, p->rotary_dim, p->rope_theta, err));
@@ -507,17 +530,20 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
         }
         /* a rank multiplies its heads' columns of Wo: a partial sum, completed by the
          * all-reduce over the ranks (chapter 10), on the device buffer xb2 */
-        KVCU_TRY(proj(m, xb2, xb, w->wo + (size_t)l * dim * qdim + (size_t)q0 * d,
+        KVCU_TRY(proj(m, seqs, n_seqs, xb2, xb, w->wo + (size_t)l * dim * qdim + (size_t)q0 * d,
                       T, qs, dim, qdim, err));
         if (sh) sh->all_reduce(sh, xb2, (int64_t)T * dim);
         KVCU_TRY(kvcu_add(x, xb2, (int64_t)T * dim, err));
 
         /* MLP block: x += W2 · (silu(W1·xb) * W3·xb) */
         KVCU_TRY(kvcu_rmsnorm(xb, x, w->rms_ffn + (size_t)l * dim, T, dim, eps, err));
-        KVCU_TRY(proj(m, hb, xb, w->w1 + ((size_t)l * hidden + f0) * dim, T, dim, fs, dim, err));
-        KVCU_TRY(proj(m, hb2, xb, w->w3 + ((size_t)l * hidden + f0) * dim, T, dim, fs, dim, err));
+        KVCU_TRY(proj(m, seqs, n_seqs, hb, xb, w->w1 + ((size_t)l * hidden + f0) * dim, T, dim,
+                      fs, dim, err));
+        KVCU_TRY(proj(m, seqs, n_seqs, hb2, xb, w->w3 + ((size_t)l * hidden + f0) * dim, T, dim,
+                      fs, dim, err));
         KVCU_TRY(kvcu_swiglu(hb, hb2, (int64_t)T * fs, err));
-        KVCU_TRY(proj(m, xb2, hb, w->w2 + (size_t)l * dim * hidden + f0, T, fs, dim, hidden, err));
+        KVCU_TRY(proj(m, seqs, n_seqs, xb2, hb, w->w2 + (size_t)l * dim * hidden + f0, T, fs,
+                      dim, hidden, err));
         if (sh) sh->all_reduce(sh, xb2, (int64_t)T * dim);
         KVCU_TRY(kvcu_add(x, xb2, (int64_t)T * dim, err));
     }
@@ -532,7 +558,7 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
         if (!seqs[i].all_logits) continue;
         const int n = seqs[i].n_tokens;
         KVCU_TRY(kvcu_rmsnorm(xb, x + (size_t)t * dim, w->rms_final, n, dim, eps, err));
-        KVCU_TRY(proj(m, dlogits, xb, w->wcls, n, dim, p->vocab_size, dim, err));
+        KVCU_TRY(proj(m, NULL, 0, dlogits, xb, w->wcls, n, dim, p->vocab_size, dim, err));
         KV_CUDA_TRY(cudaMemcpy(seqs[i].all_logits, dlogits,
                                (size_t)n * p->vocab_size * sizeof(float),
                                cudaMemcpyDeviceToHost), err);
@@ -542,7 +568,8 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
     if (logits) {
         KVCU_TRY(kvcu_embed(xlast, x, d_last, n_seqs, dim, err));
         KVCU_TRY(kvcu_rmsnorm(xlast, xlast, w->rms_final, n_seqs, dim, eps, err));
-        KVCU_TRY(proj(m, dlogits, xlast, w->wcls, n_seqs, dim, p->vocab_size, dim, err));
+        KVCU_TRY(proj(m, NULL, 0, dlogits, xlast, w->wcls, n_seqs, dim, p->vocab_size, dim,
+                      err));
         KV_CUDA_TRY(cudaMemcpy(logits, dlogits, (size_t)n_seqs * p->vocab_size * sizeof(float),
                                cudaMemcpyDeviceToHost), err);
     } else {

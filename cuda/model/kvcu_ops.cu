@@ -41,10 +41,20 @@
  *   rounding of x and W (unit roundoff u: 2^-11 fp16, 2^-8 bf16) bounds the error:
  *   |y - y_ref| <= (2u + u² + in·2^-23)·Σ_j |x_j·w_j| (tests/test_gpu_ops.c).
  *
+ * gemv_kernel_w16 (16-bit weights, the engine's one-token rows, kvcu_matmul_w16_gemv): a warp
+ *   per output, lane l reading 8 weights at a time with one 16-byte load (kvcu_ld16(),
+ *   ld.global.nc.v4: a warp streams 512 contiguous bytes of W per load) and applying them to
+ *   up to 4 rows of x kept fp32 (only W is rounded: |y - y_ref| <= (u + in·2^-23)·Σ|x·w|);
+ *   each row sums in the same order alone or beside others, so its bits do not depend on T.
+ *   A one-token step reads every weight once: bandwidth-bound, where mma tiles of 16 rows
+ *   would waste 15/16 of their work. Rows not 16-byte aligned take 2-byte loads of the same
+ *   values, the same sums.
+ *
  * swiglu_kernel, add_kernel, embed_kernel: one thread per element (grid-stride loop).
  */
 #include "kvcu_internal.cuh"
 #include "kvcu_mma.cuh"
+#include "kvcu_vec.cuh"
 
 #define KV_OPS_THREADS 128 /* threads per block of the row and element kernels */
 #define KV_MAX_GRID 4096   /* element kernels loop when n exceeds grid * block */
@@ -282,6 +292,82 @@ int kvcu_matmul_w16(float *y, const float *x, const uint16_t *W, int bf16, int T
     else
         bf16 ? matmul_mma_launch<16, 1>(y, x, W, T, in, out, ldw)
              : matmul_mma_launch<16, 0>(y, x, W, T, in, out, ldw);
+    KV_CUDA_TRY_LAUNCH(err);
+    return KV_OK;
+}
+
+/* ---- GEMV on 16-bit weights (decode rows) ----------------------------------------------- */
+
+#define GV_WARPS 4 /* outputs per block, a warp each */
+#define GV_ROWS 4  /* rows of x per warp: each 16-byte load of W serves all of them */
+
+/* Weights j .. j + 7 of a row as floats (exact: fp16 and bf16 widen without rounding): one
+ * 16-byte load (VEC: the row is 16-byte aligned) or eight 2-byte loads, the same values. */
+template <int BF16, int VEC>
+__device__ inline void gemv_w8(const uint16_t *w, float f[8])
+{
+    if (VEC) {
+        kvcu_unpack<BF16 ? KVCU_V_BF16 : KVCU_V_F16>(kvcu_ld16(w), f);
+        return;
+    }
+    for (int i = 0; i < 8; i++)
+        f[i] = BF16 ? __uint_as_float((uint32_t)w[i] << 16) : __half2float(__ushort_as_half(w[i]));
+}
+
+/* Block (output group, row group): warp w computes output o = blockIdx.x·4 + w for rows
+ * t0 .. t0 + 3. Lane l takes 8 consecutive weights at j = l·8 + 256·k, so a warp's load is
+ * 512 contiguous bytes; each row sums its products in j order per lane, then the xor
+ * butterfly. Nothing in that order depends on T or on the other rows of the group. */
+template <int BF16, int VEC>
+__global__ void gemv_kernel_w16(float *y, const float *x, const uint16_t *W, int T, int in,
+                                int out, int ldw)
+{
+    const int warp = threadIdx.x / KV_WARP, l = threadIdx.x % KV_WARP;
+    const int o = blockIdx.x * GV_WARPS + warp, t0 = blockIdx.y * GV_ROWS;
+    if (o >= out) return; /* the whole warp */
+    const uint16_t *wr = W + (size_t)o * ldw;
+    float acc[GV_ROWS];
+    for (int r = 0; r < GV_ROWS; r++) acc[r] = 0.0f;
+    for (int j0 = l * 8; j0 < in; j0 += KV_WARP * 8) {
+        float w[8];
+        if (j0 + 8 <= in) {
+            gemv_w8<BF16, VEC>(wr + j0, w);
+        } else { /* the row's last partial chunk */
+            for (int i = 0; i < 8; i++) w[i] = 0.0f;
+            for (int i = 0; j0 + i < in; i++)
+                w[i] = BF16 ? __uint_as_float((uint32_t)wr[j0 + i] << 16)
+                            : __half2float(__ushort_as_half(wr[j0 + i]));
+        }
+        KV_UNROLL
+        for (int r = 0; r < GV_ROWS; r++) {
+            if (t0 + r >= T) break;
+            const float *xr = x + (size_t)(t0 + r) * in + j0; /* [8] of row t0 + r */
+            for (int i = 0; i < 8 && j0 + i < in; i++) acc[r] += xr[i] * w[i];
+        }
+    }
+    for (int r = 0; r < GV_ROWS; r++) {
+        float v = acc[r];
+        for (int off = KV_WARP / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (l == 0 && t0 + r < T) y[(size_t)(t0 + r) * out + o] = v;
+    }
+}
+
+int kvcu_matmul_w16_gemv(float *y, const float *x, const uint16_t *W, int bf16, int T, int in,
+                         int out, int ldw, kv_err *err)
+{
+    if (T < 0 || in <= 0 || out <= 0 || ldw < in || kv_ceil_div(T, GV_ROWS) > 65535)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_matmul_w16_gemv: T %d, in %d, out %d, ldw %d", T,
+                       in, out, ldw);
+    if (T == 0) return KV_OK;
+    dim3 grid(kv_ceil_div(out, GV_WARPS), kv_ceil_div(T, GV_ROWS));
+    const int vec = (uintptr_t)W % 16 == 0 && ldw % 8 == 0; /* every row 16-byte aligned */
+#define GV_LAUNCH(B, V) \
+    KV_LAUNCH((gemv_kernel_w16<B, V>), grid, GV_WARPS * KV_WARP, 0, 0, y, x, W, T, in, out, ldw)
+    if (bf16 && vec) GV_LAUNCH(1, 1);
+    else if (bf16) GV_LAUNCH(1, 0);
+    else if (vec) GV_LAUNCH(0, 1);
+    else GV_LAUNCH(0, 0);
+#undef GV_LAUNCH
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
 }
