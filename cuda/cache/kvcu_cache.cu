@@ -225,7 +225,7 @@ int kvcu_cache_write_seq(kvcu_cache *c, int layer, int slot, int pos, int n, con
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_seq: slot %d, pos %d, n %d", slot, pos, n);
     kv_seq s = {slot, pos, n, NULL};
     if (c->tables) { /* a paged slot writes only into the blocks its table maps */
-        int rc = kvcu_paged_rows_check("kvcu_cache_write_seq", c, &s, 1, err);
+        int rc = kv_cache_check_rows("kvcu_cache_write_seq", &c->spec, c->n_mapped, &s, 1, err);
         if (rc) return rc;
     }
     int *h = (int *)malloc(2 * (size_t)n * sizeof(int)), *dv = NULL;

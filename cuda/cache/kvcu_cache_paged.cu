@@ -26,12 +26,7 @@
 
 static int paged_slot(const kvcu_cache *c, const char *who, int slot, kv_err *err)
 {
-    if (!c || !c->tables)
-        return kv_fail(err, KV_ERR_ARG, "%s: the cache is not paged", who);
-    if (slot < 0 || slot >= c->spec.n_slots)
-        return kv_fail(err, KV_ERR_ARG, "%s: slot %d is outside [0, %d)", who, slot,
-                       c->spec.n_slots);
-    return KV_OK;
+    return kv_cache_check_slot(who, c ? &c->spec : NULL, c && c->tables, slot, err);
 }
 
 int kvcu_cache_set_blocks(kvcu_cache *c, int slot, const int *blocks, int n, kv_err *err)

@@ -76,27 +76,6 @@ __device__ inline int64_t kvcu_slot_row(const int *tables, int max_blocks, int b
            t % block_size;
 }
 
-/* A paged step writes only into the blocks each slot's table maps: kv_paged_batch_check()
- * without a window; with one the slot's rows, min(pos + n, S+W), must be mapped (kv_forward.c's
- * rule: the table stops growing once the ring is mapped). Host-side, before anything moves. */
-static inline int kvcu_paged_rows_check(const char *who, const kvcu_cache *c, const kv_seq *seqs,
-                                        int n_seqs, kv_err *err)
-{
-    if (c->spec.window.size == 0)
-        return kv_paged_batch_check(who, c->n_mapped, c->spec.layout.block_size, seqs, n_seqs, err);
-    for (int i = 0; i < n_seqs; i++) {
-        const int64_t rows = kv_window_rows(c->spec.window.size, c->spec.window.n_sinks,
-                                            (int64_t)seqs[i].pos + seqs[i].n_tokens);
-        const int64_t mapped = (int64_t)c->n_mapped[seqs[i].slot] * c->spec.layout.block_size;
-        if (rows > mapped)
-            return kv_fail(err, KV_ERR_CAPACITY, "%s: sequence %d: its window needs %lld rows "
-                           "but slot %d has %d blocks (%lld rows) mapped", who, i,
-                           (long long)rows, seqs[i].slot, c->n_mapped[seqs[i].slot],
-                           (long long)mapped);
-    }
-    return KV_OK;
-}
-
 /**
  * Store the K and V rows of T tokens of one layer: token t goes to position tok_pos[t] of
  * slot tok_slot[t] (twin of kv_cache_write_seq() once per sequence), quantizing into the

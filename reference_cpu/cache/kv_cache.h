@@ -67,6 +67,7 @@
 #include <stdint.h>
 
 #include "kv_cache_spec.h"
+#include "kv_seq.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -371,6 +372,10 @@ int kv_cache_write_seq(kv_cache *c, int layer, int slot, int pos, int n, const f
  */
 int kv_cache_set_blocks(kv_cache *c, int slot, const int *blocks, int n, kv_err *err);
 
+/** Chapter 05's first rule, for both devices (@p who names the caller): the cache is paged
+ * (@p paged) and @p slot lies inside it; KV_ERR_ARG otherwise. */
+int kv_cache_check_slot(const char *who, const kv_cache_spec *spec, int paged, int slot,
+                        kv_err *err);
 /**
  * The checks of kv_cache_set_blocks(), shared with the CUDA cache so both refuse the same
  * tables with the same words (@p who prefixes): a paged cache (@p paged), a slot in range, at
@@ -379,6 +384,15 @@ int kv_cache_set_blocks(kv_cache *c, int slot, const int *blocks, int n, kv_err 
  */
 int kv_cache_check_blocks(const char *who, const kv_cache_spec *spec, int paged, int max_blocks,
                           int len, int slot, const int *blocks, int n, kv_err *err);
+/**
+ * Chapter 05's rule on a step, for both devices' forward passes and writes (@p who names the
+ * caller): every row a sequence of @p seqs writes must fall inside the blocks @p n_mapped
+ * [n_slots] maps to its slot. Without a window those are its positions pos .. pos+n-1; with
+ * one (chapter 06) its rows, min(pos + n, S+W): the table stops growing once the ring is
+ * mapped. KV_ERR_CAPACITY naming the sequence otherwise.
+ */
+int kv_cache_check_rows(const char *who, const kv_cache_spec *spec, const int *n_mapped,
+                        const kv_seq *seqs, int n_seqs, kv_err *err);
 
 /**
  * The checks of kv_cache_set_length(), shared with the CUDA cache (@p who prefixes): no

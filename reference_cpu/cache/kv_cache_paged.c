@@ -27,24 +27,27 @@ int64_t kv_cache_paged_row(const kv_cache *c, int slot, int64_t r)
     return (int64_t)c->tables[(size_t)slot * c->max_blocks + r / B] * B + r % B;
 }
 
+int kv_cache_check_slot(const char *who, const kv_cache_spec *spec, int paged, int slot,
+                        kv_err *err)
+{
+    if (!spec || !paged) return kv_fail(err, KV_ERR_ARG, "%s: the cache is not paged", who);
+    if (slot < 0 || slot >= spec->n_slots)
+        return kv_fail(err, KV_ERR_ARG, "%s: slot %d is outside [0, %d)", who, slot,
+                       spec->n_slots);
+    return KV_OK;
+}
+
 /* Every operation here needs a paged cache and a slot inside it. */
 static int paged_slot(const kv_cache *c, const char *who, int slot, kv_err *err)
 {
-    if (!c || !c->tables)
-        return kv_fail(err, KV_ERR_ARG, "%s: the cache is not paged", who);
-    if (slot < 0 || slot >= c->spec.n_slots)
-        return kv_fail(err, KV_ERR_ARG, "%s: slot %d is outside [0, %d)", who, slot,
-                       c->spec.n_slots);
-    return KV_OK;
+    return kv_cache_check_slot(who, c ? &c->spec : NULL, c && c->tables, slot, err);
 }
 
 int kv_cache_check_blocks(const char *who, const kv_cache_spec *spec, int paged, int max_blocks,
                           int len, int slot, const int *blocks, int n, kv_err *err)
 {
-    if (!paged) return kv_fail(err, KV_ERR_ARG, "%s: the cache is not paged", who);
-    if (slot < 0 || slot >= spec->n_slots)
-        return kv_fail(err, KV_ERR_ARG, "%s: slot %d is outside [0, %d)", who, slot,
-                       spec->n_slots);
+    int rc = kv_cache_check_slot(who, spec, paged, slot, err);
+    if (rc) return rc;
     if (n < 0 || n > max_blocks || (n > 0 && !blocks))
         return kv_fail(err, KV_ERR_ARG, "%s: %d blocks for slot %d (max %d)", who, n, slot,
                        max_blocks);
@@ -55,6 +58,28 @@ int kv_cache_check_blocks(const char *who, const kv_cache_spec *spec, int paged,
         if (blocks[i] < 0 || blocks[i] >= spec->layout.n_blocks)
             return kv_fail(err, KV_ERR_ARG, "%s: slot %d entry %d is block %d, outside the pool "
                            "[0, %d)", who, slot, i, blocks[i], spec->layout.n_blocks);
+    return KV_OK;
+}
+
+int kv_cache_check_rows(const char *who, const kv_cache_spec *spec, const int *n_mapped,
+                        const kv_seq *seqs, int n_seqs, kv_err *err)
+{
+    const int B = spec->layout.block_size, W = spec->window.size, S = spec->window.n_sinks;
+    for (int i = 0; i < n_seqs; i++) {
+        const int64_t end = (int64_t)seqs[i].pos + seqs[i].n_tokens;
+        const int64_t mapped = (int64_t)n_mapped[seqs[i].slot] * B;
+        if (W == 0 && end > mapped) /* a write past the mapped blocks has nowhere to go */
+            return kv_fail(err, KV_ERR_CAPACITY,
+                           "%s: sequence %d: positions up to %lld but slot %d has %d blocks "
+                           "(%lld tokens) mapped", who, i, (long long)end - 1, seqs[i].slot,
+                           n_mapped[seqs[i].slot], (long long)mapped);
+        const int64_t rows = kv_window_rows(W, S, end); /* chapter 06: stops growing at S+W */
+        if (W > 0 && rows > mapped)
+            return kv_fail(err, KV_ERR_CAPACITY, "%s: sequence %d: its window needs %lld rows "
+                           "but slot %d has %d blocks (%lld rows) mapped", who, i,
+                           (long long)rows, seqs[i].slot, n_mapped[seqs[i].slot],
+                           (long long)mapped);
+    }
     return KV_OK;
 }
 

@@ -168,39 +168,6 @@ int kv_batch_check(const char *who, const kv_config *cfg, const kv_cache_spec *s
     return KV_OK;
 }
 
-int kv_paged_batch_check(const char *who, const int *n_mapped, int block_size,
-                         const kv_seq *seqs, int n_seqs, kv_err *err)
-{
-    /* a paged slot owns only the blocks its table maps: a write past them has nowhere to go */
-    for (int i = 0; i < n_seqs; i++) {
-        const int64_t end = (int64_t)seqs[i].pos + seqs[i].n_tokens;
-        const int64_t mapped = (int64_t)n_mapped[seqs[i].slot] * block_size;
-        if (end > mapped)
-            return kv_fail(err, KV_ERR_CAPACITY,
-                           "%s: sequence %d: positions up to %lld but slot %d has %d blocks "
-                           "(%lld tokens) mapped", who, i, (long long)end - 1, seqs[i].slot,
-                           n_mapped[seqs[i].slot], (long long)mapped);
-    }
-    return KV_OK;
-}
-
-/* kv_paged_batch_check() for a windowed paged cache (chapter 06): the slot's rows, not its
- * positions, must be mapped; they stop growing at S+W. */
-static int window_paged_check(const kv_cache *c, const kv_seq *seqs, int n_seqs, kv_err *err)
-{
-    for (int i = 0; i < n_seqs; i++) {
-        const int64_t rows = kv_window_rows(c->spec.window.size, c->spec.window.n_sinks,
-                                            (int64_t)seqs[i].pos + seqs[i].n_tokens);
-        const int64_t mapped = (int64_t)c->n_mapped[seqs[i].slot] * c->spec.layout.block_size;
-        if (rows > mapped)
-            return kv_fail(err, KV_ERR_CAPACITY, "kv_forward: sequence %d: its window needs "
-                           "%lld rows but slot %d has %d blocks (%lld rows) mapped", i,
-                           (long long)rows, seqs[i].slot, c->n_mapped[seqs[i].slot],
-                           (long long)mapped);
-    }
-    return KV_OK;
-}
-
 int kv_forward(const kv_model *m, kv_cache *c, kv_state *s, const kv_seq *seqs, int n_seqs,
                float *logits, kv_counters *cnt, kv_err *err)
 {
@@ -217,10 +184,8 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
     if (sh) shape.n_kv_heads = sh->n_kv_heads;
     int rc = kv_batch_check("kv_forward", &shape, &c->spec, c->n_layers, c->n_kv_heads,
                             c->head_dim, c->len, seqs, n_seqs, &T, err);
-    if (!rc && c->tables && c->spec.window.size == 0)
-        rc = kv_paged_batch_check("kv_forward", c->n_mapped, c->spec.layout.block_size, seqs, n_seqs, err);
-    if (!rc && c->tables && c->spec.window.size > 0)
-        rc = window_paged_check(c, seqs, n_seqs, err);
+    if (!rc && c->tables) /* paged: every row written must fall in the slot's mapped blocks */
+        rc = kv_cache_check_rows("kv_forward", &c->spec, c->n_mapped, seqs, n_seqs, err);
     if (!rc && c->spec.retain.select && sh) /* chapter 09's state is sized by the whole model's heads */
         rc = kv_fail(err, KV_ERR_UNSUPPORTED, "kv_forward: %s retention on a tensor-parallel "
                      "shard is not supported", kv_select_method_name(c->spec.retain.select));

@@ -53,14 +53,6 @@ int kv_batch_check(const char *who, const kv_config *cfg, const kv_cache_spec *s
                    int cache_layers, int cache_kv_heads, int cache_head_dim, const int *len,
                    const kv_seq *seqs, int n_seqs, int *T, kv_err *err);
 
-/**
- * The paged cache's part of the rules (chapter 05), shared with the CUDA cache: every
- * position a sequence writes, pos .. pos+n_tokens-1, must fall inside the blocks mapped to
- * its slot. @p n_mapped [n_slots] table entries per slot; @p block_size B. KV_ERR_CAPACITY
- * naming the sequence otherwise.
- */
-int kv_paged_batch_check(const char *who, const int *n_mapped, int block_size,
-                         const kv_seq *seqs, int n_seqs, kv_err *err);
 
 /** Scratch buffers of the CPU forward pass, grown to the largest step seen. A state serves
  *  one model: its buffers are sized by that model's widths. */
