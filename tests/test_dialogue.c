@@ -7,6 +7,7 @@
  *
  *   test_dialogue DATASETS/dialogues  */
 #include "common/kv_test.h"
+#include "common/kv_test_data.h"
 
 #include "kv_dialogue.h"
 #include "kv_needle.h"
@@ -94,14 +95,9 @@ static void test_session(const kv_model *m)
 static void test_datasets(const char *dir, kv_model *models)
 {
     for (int f = 0; f < n_files; f++) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir, FILES[f]);
         kv_dialogue d;
         kv_err e;
-        if (kv_dialogue_read(path, &d, &e)) {
-            KV_CHECK(0, "%s", e.msg);
-            continue;
-        }
+        if (kv_test_dialogue_read(dir, FILES[f], &d)) continue;
         int questions = 0, first_q = -1, last_q = -1;
         for (int t = 0; t < d.n_turns; t++)
             if (d.turns[t].question_key >= 0) {
@@ -178,14 +174,9 @@ static void test_paged(const char *dir, kv_model *models)
                                                                              {"int8", 8, 0}};
     const double t0 = kv_now();
     for (int f = 0; f < 2; f++) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir, files[f]);
         kv_dialogue d;
         kv_err e;
-        if (kv_dialogue_read(path, &d, &e)) {
-            KV_CHECK(0, "%s", e.msg);
-            continue;
-        }
+        if (kv_test_dialogue_read(dir, files[f], &d)) continue;
         kv_dlg_result *ref = calloc(d.n_turns, sizeof *ref), *res = calloc(d.n_turns, sizeof *res);
         for (int k = 0; k < 2; k++)
             for (int v = 0; v < 2; v++) {
@@ -237,14 +228,9 @@ static void test_window_dialogues(const char *dir, const kv_model *m)
     for (int w = 0; w < 4; w++) printf("   W=%-4d", Ws[w]);
     printf("\n");
     for (int f = 0; f < n_files; f++) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir, FILES[f]);
         kv_dialogue d;
         kv_err e;
-        if (kv_dialogue_read(path, &d, &e)) {
-            KV_CHECK(0, "%s", e.msg);
-            continue;
-        }
+        if (kv_test_dialogue_read(dir, FILES[f], &d)) continue;
         const int need = kv_dialogue_length(&d, kind);
         int *tok = malloc(sizeof(int) * (size_t)need), *q_pos = malloc(sizeof(int) * d.n_turns);
         /* positions: the value token of every fact stated (in order, with its turn), the
@@ -339,13 +325,9 @@ int main(int argc, char **argv)
     double t0 = kv_now();
     kv_model models[2];
     kv_err e;
-    for (int k = 0; k < 2; k++) {
-        kv_recall_opts o;
-        kv_recall_opts_default(&o, k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT);
-        if (kv_recall_build(&models[k], &o, &e)) {
-            printf("build: %s\n", e.msg);
-            return 1;
-        }
+    if (kv_test_recall_models(models, &e)) {
+        printf("build: %s\n", e.msg);
+        return 1;
     }
     test_parse();
     test_session(&models[1]);

@@ -18,6 +18,7 @@
 #include "kv_model.h"
 #include "kv_sampler.h"
 #include "common/kv_test.h"
+#include "common/kv_test_gpu.h"
 #include "kvcu.h"
 
 #include <math.h>
@@ -435,11 +436,8 @@ static void test_weights16(const engine_case *ec, uint64_t seed, int dtype)
 
 int main(void)
 {
+    if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err e;
-    if (kvcu_device_available(&e) != KV_OK) {
-        printf("skipped: %s\n", e.msg);
-        return KV_TEST_SKIP;
-    }
     for (int i = 0; i < N_CASES; i++) test_decode(&cases[i], 100 + i);
     test_batch(&cases[1], 7);
     test_naive_vs_cached(&cases[2], 11);

@@ -17,6 +17,7 @@
 #include "kv_convert.h"
 #include "kv_rng.h"
 #include "common/kv_test.h"
+#include "common/kv_test_gpu.h"
 #include "kvcu.h"
 #ifdef KV_CUDA_EMULATION
 #include "kvemu.h"
@@ -225,11 +226,8 @@ static void test_nomem_then_retry(void)
 
 int main(void)
 {
+    if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err e;
-    if (kvcu_device_available(&e) != KV_OK) {
-        printf("no usable CUDA device (%s): skipped\n", e.msg);
-        return KV_TEST_SKIP;
-    }
     test_attention_grid();
     test_gpu_gqa_equals_duplicated();
     test_engine_pooled();

@@ -7,19 +7,13 @@
  *   test_gpu_needle DATASETS  */
 #include "common/kv_test.h"
 #include "common/kv_test_backend.h"
+#include "common/kv_test_gpu.h"
 
 #include "kv_dialogue.h"
 #include "kv_needle.h"
 #include "kvcu.h"
 
 #include <string.h>
-
-static int make_gpu(kv_backend **out, const kv_model *m, const kv_cache_spec *spec, void *user,
-                    kv_err *err)
-{
-    (void)user;
-    return kvcu_backend_create(out, m, spec, err);
-}
 
 static void test_grid(const char *dir, int emulated)
 {
@@ -40,7 +34,7 @@ static void test_grid(const char *dir, int emulated)
     double t0 = kv_now();
     KV_CHECK(kv_needle_grid(&s, kv_test_make_cpu, NULL, NULL, NULL, &rc_cpu, &n1, &e) == KV_OK, "cpu: %s", e.msg);
     double t1 = kv_now();
-    KV_CHECK(kv_needle_grid(&s, make_gpu, NULL, NULL, NULL, &rc_gpu, &n2, &e) == KV_OK, "gpu: %s", e.msg);
+    KV_CHECK(kv_needle_grid(&s, kv_test_make_cuda, NULL, NULL, NULL, &rc_gpu, &n2, &e) == KV_OK, "gpu: %s", e.msg);
     double t2 = kv_now();
     if (!rc_cpu || !rc_gpu || n1 != n2) {
         free(rc_cpu);
@@ -123,11 +117,8 @@ static void test_dialogue(const char *dir, int emulated)
 
 int main(int argc, char **argv)
 {
+    if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err e;
-    if (kvcu_device_available(&e) != KV_OK) {
-        printf("skipped: %s\n", e.msg);
-        return KV_TEST_SKIP;
-    }
     if (argc < 2) {
         printf("usage: test_gpu_needle DATASETS\n");
         return 2;

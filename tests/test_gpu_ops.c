@@ -14,6 +14,7 @@
 #include "kv_ops.h"
 #include "kv_rng.h"
 #include "common/kv_test.h"
+#include "common/kv_test_gpu.h"
 #include "kvcu.h"
 
 #include <math.h>
@@ -310,11 +311,8 @@ static void test_attn_decode(void)
 
 int main(void)
 {
+    if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err e;
-    if (kvcu_device_available(&e) != KV_OK) {
-        printf("skipped: %s\n", e.msg);
-        return KV_TEST_SKIP;
-    }
     char desc[128];
     if (kvcu_device_describe(desc, sizeof desc, &e) == KV_OK) printf("device: %s\n", desc);
     kv_rng_seed(&rng, 2024);

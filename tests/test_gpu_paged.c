@@ -36,6 +36,7 @@
 #include "kv_rng.h"
 #include "common/kv_test.h"
 #include "common/kv_test_backend.h"
+#include "common/kv_test_gpu.h"
 #include "kvcu.h"
 
 #include <stdlib.h>
@@ -738,11 +739,8 @@ static void check_engine_long(void)
 
 int main(void)
 {
+    if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err e;
-    if (kvcu_device_available(&e) != KV_OK) {
-        printf("skipped: %s\n", e.msg);
-        return KV_TEST_SKIP;
-    }
     kv_rng_seed(&rng, 5050);
     const int blocks[] = {8, 16, 32};
     for (int fi = 0; fi < N_FORMATS; fi++)

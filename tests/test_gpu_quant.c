@@ -15,6 +15,7 @@
 #include "kv_quant.h"
 #include "kv_rng.h"
 #include "common/kv_test.h"
+#include "common/kv_test_gpu.h"
 #include "kvcu.h"
 
 #include <string.h>
@@ -301,11 +302,8 @@ static void test_errors(void)
 
 int main(void)
 {
+    if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err e;
-    if (kvcu_device_available(&e) != KV_OK) {
-        printf("skipped: %s\n", e.msg);
-        return KV_TEST_SKIP;
-    }
     kv_rng_seed(&rng, 44);
     test_all_formats();
     test_conversion_edges();

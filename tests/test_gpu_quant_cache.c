@@ -16,6 +16,7 @@
 #include "kv_rng.h"
 #include "common/kv_test.h"
 #include "common/kv_test_backend.h"
+#include "common/kv_test_gpu.h"
 #include "kvcu.h"
 
 #include <stdlib.h>
@@ -172,11 +173,8 @@ static void check_engine(void)
 
 int main(void)
 {
+    if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err e;
-    if (kvcu_device_available(&e) != KV_OK) {
-        printf("skipped: %s\n", e.msg);
-        return 77;
-    }
     kv_rng_seed(&rng, 4040);
     for (int i = 0; i < N_FORMATS; i++) {
         check_format(formats[i], 0, 64, 4, 2, 150, 100);

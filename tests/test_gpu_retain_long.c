@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/kv_test.h"
+#include "common/kv_test_gpu.h"
 #include "kv_retain.h"
 #include "kv_rng.h"
 #include "kvcu.h"
@@ -23,11 +24,8 @@
 
 int main(void)
 {
+    if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err e;
-    if (kvcu_device_available(&e) != KV_OK) {
-        printf("skipped: %s\n", e.msg);
-        return KV_TEST_SKIP;
-    }
     kv_config cfg = {0};
     cfg.dim = 2 * D;
     cfg.hidden_dim = cfg.dim;

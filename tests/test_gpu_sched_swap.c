@@ -26,6 +26,7 @@
 #include "kv_swap.h"
 #include "common/kv_test.h"
 #include "common/test_sched_common.h"
+#include "common/kv_test_gpu.h"
 #include "kvcu.h"
 
 /* {arrival, prompt, output, n, beam, prefix, priority}: plain, samples and beams, a third of
@@ -150,11 +151,8 @@ static void check_mode(const kv_model *m, const kv_trace *t, const kv_sched_out 
 
 int main(void)
 {
+    if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err err;
-    if (kvcu_device_available(&err) != KV_OK) {
-        printf("skipped: %s\n", err.msg);
-        return KV_TEST_SKIP;
-    }
     kv_model m;
     if (kv_model_default(&m, KV_DEFAULT_TINY, &err)) {
         printf("model: %s\n", err.msg);

@@ -18,6 +18,7 @@
  * Exits 77 (skipped) without a usable device. */
 #include "common/kv_test.h"
 #include "common/test_spec_common.h"
+#include "common/kv_test_gpu.h"
 
 #include "kv_generate.h"
 #include "kv_spec.h"
@@ -190,11 +191,8 @@ static void test_greedy(const kv_model *m, const kv_model *dm, const wcase *w, c
 
 int main(void)
 {
+    if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err e;
-    if (kvcu_device_available(&e) != KV_OK) {
-        printf("skipped: %s\n", e.msg);
-        return KV_TEST_SKIP;
-    }
     kv_model m = {0}, dm, wide = {0}, wd;
     if (kv_model_default(&m, KV_DEFAULT_TINY, &e) || kv_model_layer_prefix(&dm, &m, 1, &e)) {
         fprintf(stderr, "model: %s\n", e.msg);

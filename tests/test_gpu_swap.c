@@ -10,7 +10,8 @@
  *    on both devices;
  *  - a sequence swapped out of the CUDA backend and back in (into other blocks and another
  *    slot, the freed blocks poisoned with 0xFF in between) generates logits bit for bit those
- *    of a CUDA run that never swapped;
+ *    of a CUDA run that never swapped: test_swap's round trip, one body for both backends
+ *    (common/test_swap_run.h), with its checks of blocks, link bytes and modelled seconds;
  *  - a host tier filled through the CPU backend swapped into the CUDA backend gives the next
  *    logits of a CPU run that never swapped, and one filled by CUDA swapped into the CPU those
  *    of a CUDA run that never swapped, within kv_test.h's fp32 tolerance: the stored values
@@ -24,7 +25,9 @@
  * Exits 77 (skipped) without a usable device. */
 #include "common/kv_test.h"
 #include "common/kv_test_backend.h"
+#include "common/kv_test_gpu.h"
 #include "common/test_swap_io.h"
+#include "common/test_swap_run.h"
 
 #include "kv_needle.h"
 #include "kv_rng.h"
@@ -34,27 +37,7 @@
 
 #include <string.h>
 
-#define CAP 48
-#define PROMPT 13
-#define END 34 /* sequence A's final length */
-#define N_SLOTS 3
-#define MAX_STEPS 48
-
 static const char *const variants[3] = {"fp32", "int8", "fp16"};
-
-/* A's lengths at which it is swapped out (then Bq steps alone, then A comes back) */
-static const int SWAP_AT[] = {13, 16, 17, 24, 30};
-#define N_SWAP ((int)(sizeof SWAP_AT / sizeof SWAP_AT[0]))
-
-static kv_cache_spec paged_spec(const char *variant, int B, kv_err *e, int *rc)
-{
-    kv_cache_spec s;
-    *rc = kv_needle_cache_spec(variant, N_SLOTS, CAP, &s, e);
-    s.layout.kind = KV_LAYOUT_PAGED;
-    s.layout.block_size = B;
-    s.layout.n_blocks = 2 * ((CAP + B - 1) / B);
-    return s;
-}
 
 /* ---- 1. host bytes: CPU == GPU ----------------------------------------------------------- */
 
@@ -159,162 +142,18 @@ static void check_bytes(const kv_config *cfg, const char *variant, int B)
     kv_cache_free(&cc);
 }
 
-/* ---- 2. swapping on the CUDA backend changes nothing ------------------------------------- */
+/* ---- 2. swapping on the CUDA backend changes nothing (test_swap_run.h) ------------------- */
 
-static int is_swap_point(int len)
-{
-    for (int i = 0; i < N_SWAP; i++)
-        if (SWAP_AT[i] == len) return 1;
-    return 0;
-}
-
-/* How A leaves its slot at a swap point (test_swap.c's modes): WHOLE kv_swap_out; DETACH
- * kv_swap_detach (no byte moves); EVICT detach + kv_swap_evict of 1, 2 or all blocks, copied
- * back by kv_swap_in; PREFETCH the same, brought back by kv_swap_prefetch on the copy stream
- * while Bq's lone step runs on the default stream. */
-enum { WHOLE = 0, DETACH, EVICT, PREFETCH, N_MODES };
-static const char *MODE_NAME[N_MODES] = {"whole", "detach", "evict", "prefetch"};
-
-static int evict_k(int i) { return i % 3 == 2 ? 1000 : i % 3 + 1; }
-
-static int evicted, in_flight; /* what run() saw */
-
-static int take_out(kv_swap *sw, kv_backend *b, int mode, int sa, int i, kv_swapped *h,
-                    kv_err *e)
-{
-    if (mode == WHOLE) return kv_swap_out(sw, b->mem, sa, h, e);
-    const int n = b->mem->paged->tables[sa].n_blocks;
-    int rc = kv_swap_detach(sw, b->mem, sa, h, e), moved = 0;
-    if (rc || mode == DETACH) return rc;
-    rc = kv_swap_evict(sw, b->mem, h, evict_k(i), &moved, e);
-    const int want = evict_k(i) < n ? evict_k(i) : n;
-    KV_CHECK(rc == KV_OK && moved == want, "evict %d of %d blocks: moved %d (%s)", evict_k(i),
-             n, moved, rc ? e->msg : "");
-    evicted += moved;
-    return rc;
-}
-
-/* Sequences A and Bq generate greedily; after each swap point Bq steps alone. With sw, A leaves
- * at each swap point as @p mode says and comes back (into the other free slot) after Bq's
- * step. logits [MAX_STEPS][2][V]. Returns the steps run, or -1. */
-static int run(kv_backend *b, kv_swap *sw, int mode, float *logits, kv_err *e)
-{
-    const int V = b->config->vocab_size;
-    int ta[CAP], tb[CAP], la = PROMPT, lb = PROMPT - 4, sa = 0, st = 0, pa = 0, pb = 0, i = 0;
-    kv_rng r;
-    kv_rng_seed(&r, 707);
-    for (int t = 0; t < CAP; t++) {
-        ta[t] = 1 + (int)(kv_rng_u32(&r) % 300);
-        tb[t] = 1 + (int)(kv_rng_u32(&r) % 300);
-    }
-    while (la < END && st < MAX_STEPS) {
-        float *lg = logits + (size_t)st * 2 * V;
-        kv_seq q[2] = {{sa, pa, la - pa, ta + pa}, {1, pb, lb - pb, tb + pb}};
-        if (b->forward(b, q, 2, lg, NULL, e)) return -1;
-        pa = la;
-        pb = lb;
-        ta[la++] = kv_argmax(lg, V);
-        tb[lb++] = kv_argmax(lg + V, V);
-        st++;
-        if (!is_swap_point(pa)) continue;
-        kv_swapped h;
-        if (sw) {
-            /* poisoned before a prefetch takes its blocks: the prefetch must fill them */
-            int rc = take_out(sw, b, mode == PREFETCH ? EVICT : mode, sa, i, &h, e);
-            if (!rc) kv_test_pool_poison(b->mem, 900 + (uint64_t)pa);
-            if (!rc && mode == PREFETCH) {
-                rc = kv_swap_prefetch(sw, b->mem, &h, e);
-                in_flight += h.ticket > 0;
-            }
-            i++;
-            KV_CHECK(rc == KV_OK, "%s: out at length %d: %s", MODE_NAME[mode], pa, e->msg);
-            if (rc) return -1;
-        }
-        lg = logits + (size_t)st * 2 * V;
-        kv_seq qb = {1, pb, lb - pb, tb + pb};
-        if (b->forward(b, &qb, 1, lg + V, NULL, e)) return -1;
-        pb = lb;
-        tb[lb++] = kv_argmax(lg + V, V);
-        st++;
-        if (sw) {
-            sa = sa == 0 ? 2 : 0;
-            int rc = kv_swap_in(sw, b->mem, sa, &h, e);
-            KV_CHECK(rc == KV_OK && b->length(b, sa) == pa, "%s: in at length %d: %s",
-                     MODE_NAME[mode], pa, rc ? e->msg : "wrong length");
-            if (rc) return -1;
-        }
-    }
-    return st;
-}
-
-static void check_tiers(kv_backend *b, kv_swap *sw, const char *what)
-{
-    for (int s = 0; s < N_SLOTS; s++) b->reset(b, s);
-    kv_err e;
-    int n = kv_pool_check_leaks(&b->mem->paged->pool, NULL, 0);
-    KV_CHECK(n == 0, "%s: %d device blocks leaked", what, n);
-    KV_CHECK(kv_pool_validate(&b->mem->paged->pool, &e) == KV_OK, "%s: device pool: %s", what,
-             e.msg);
-    n = kv_pool_check_leaks(&sw->pool, NULL, 0);
-    KV_CHECK(n == 0, "%s: %d host blocks leaked", what, n);
-    KV_CHECK(kv_pool_validate(&sw->pool, &e) == KV_OK, "%s: host pool: %s", what, e.msg);
-}
+/* five swap points, A to 34 tokens (emulation time); the host-side bookkeeping of detach and
+ * evict is the CPU's too, so fp32 runs every mode, the other formats the whole swap and the
+ * copy stream */
+static const swap_plan PLAN = {5, 34};
 
 static void check_roundtrip(const kv_model *m, const char *variant)
 {
-    kv_err e;
-    int rc;
-    kv_cache_spec ps = paged_spec(variant, 8, &e, &rc);
-    const int V = m->config.vocab_size;
-    const size_t n_logits = (size_t)MAX_STEPS * 2 * V;
-    float *ref = calloc(n_logits, sizeof(float)), *got = calloc(n_logits, sizeof(float));
-    kv_backend *b = NULL;
-    kv_swap sw;
-    memset(&sw, 0, sizeof sw);
-    if (!rc) rc = kvcu_backend_create(&b, m, &ps, &e);
-    int n_ref = rc ? -1 : run(b, NULL, WHOLE, ref, &e);
-    KV_CHECK(n_ref > 0, "%s: CUDA reference run: %s", variant, e.msg);
-    kv_backend_destroy(b);
-    b = NULL;
-    rc = kvcu_backend_create(&b, m, &ps, &e);
-    if (!rc) rc = kv_swap_init(&sw, b->mem, 8, NULL, &e);
-    KV_CHECK(rc == KV_OK, "%s: CUDA backend and host tier: %s", variant, e.msg);
-    for (int mode = 0; mode < N_MODES && !rc && n_ref > 0; mode++) {
-        /* the host-side bookkeeping of detach and evict is test_swap's; here fp32 runs every
-         * mode, the other formats the whole swap and the copy stream (emulation time) */
-        if (strcmp(variant, "fp32") && mode != WHOLE && mode != PREFETCH) continue;
-        const char *mn = MODE_NAME[mode];
-        evicted = in_flight = 0;
-        memset(&sw.stats, 0, sizeof sw.stats);
-        memset(got, 0, n_logits * sizeof(float));
-        int n_got = run(b, &sw, mode, got, &e);
-        KV_CHECK(n_got == n_ref && !memcmp(got, ref, (size_t)n_ref * 2 * V * sizeof(float)),
-                 "%s %s: logits with swaps on CUDA differ from the resident CUDA run (%d vs %d "
-                 "steps)", variant, mn, n_got, n_ref);
-        int64_t blocks = 0; /* what the link carried each way */
-        for (int i = 0; i < N_SWAP; i++) {
-            const int held = (SWAP_AT[i] + 7) / 8;
-            blocks += mode == WHOLE ? held : mode == DETACH ? 0
-                      : evict_k(i) < held ? evict_k(i) : held;
-        }
-        const int copies = mode == DETACH ? 0 : N_SWAP;
-        KV_CHECK(sw.stats.copies[KV_LINK_OUT] == copies && sw.stats.copies[KV_LINK_IN] == copies &&
-                     sw.stats.blocks[KV_LINK_OUT] == blocks &&
-                     sw.stats.blocks[KV_LINK_IN] == blocks,
-                 "%s %s: %lld copies out, %lld in, %lld / %lld blocks; expected %d, %lld blocks",
-                 variant, mn, (long long)sw.stats.copies[KV_LINK_OUT],
-                 (long long)sw.stats.copies[KV_LINK_IN], (long long)sw.stats.blocks[KV_LINK_OUT],
-                 (long long)sw.stats.blocks[KV_LINK_IN], copies, (long long)blocks);
-        KV_CHECK(mode != PREFETCH || in_flight == N_SWAP, "%s: %d of %d prefetches on the copy "
-                 "stream", variant, in_flight, N_SWAP);
-        KV_CHECK(mode < EVICT || evicted == blocks, "%s %s: %d blocks evicted, expected %lld",
-                 variant, mn, evicted, (long long)blocks);
-        check_tiers(b, &sw, variant);
-    }
-    kv_swap_free(&sw);
-    kv_backend_destroy(b);
-    free(ref);
-    free(got);
+    const unsigned modes = !strcmp(variant, "fp32") ? (1u << N_MODES) - 1
+                                                     : 1u << WHOLE | 1u << PREFETCH;
+    check_swap_variant(kv_test_make_cuda, "cuda", m, variant, &PLAN, modes);
 }
 
 /* ---- 3. a tier filled on one device, swapped into the other ------------------------------ */
@@ -376,11 +215,8 @@ static void check_cross(const kv_model *m, const char *variant, int gpu_to_cpu)
 
 int main(void)
 {
+    if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err e;
-    if (kvcu_device_available(&e) != KV_OK) {
-        printf("skipped: %s\n", e.msg);
-        return KV_TEST_SKIP;
-    }
     kv_config c;
     uint64_t seed;
     kv_model m;

@@ -22,6 +22,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "common/kv_test.h"
 #include "common/test_tp_common.h"
+#include "common/kv_test_gpu.h"
 
 #include "kv_generate.h"
 #include "kv_retain.h"
@@ -527,11 +528,8 @@ static void test_refusals(const kv_model *m)
 
 int main(void)
 {
+    if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err e;
-    if (kvcu_device_available(&e) != KV_OK) {
-        printf("test_gpu_tp_shard: %s: skipped\n", e.msg);
-        return KV_TEST_SKIP;
-    }
     for (int r = 0; r < MAXR; r++)
         if (pthread_create(&pool.th[r], NULL, pool_main, (void *)(intptr_t)r) != 0) {
             printf("test_gpu_tp_shard: could not start rank thread %d\n", r);

@@ -34,6 +34,7 @@
 #include "kv_rng.h"
 #include "kv_sampler.h"
 #include "common/kv_test.h"
+#include "common/kv_test_gpu.h"
 #include "kvcu.h"
 
 #include <stdlib.h>
@@ -560,11 +561,8 @@ static void test_forward(void)
 
 int main(void)
 {
+    if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err e;
-    if (kvcu_device_available(&e) != KV_OK) {
-        printf("skipped: %s\n", e.msg);
-        return KV_TEST_SKIP;
-    }
     kv_rng_seed(&rng, 6060);
     const double t0 = kv_now();
     test_specs();

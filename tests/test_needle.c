@@ -7,6 +7,7 @@
  *   test_needle DATASETS/needle slow     the full grid (full.needle; label slow)  */
 #include "common/kv_test.h"
 #include "common/kv_test_backend.h"
+#include "common/kv_test_data.h"
 
 #include "kv_needle.h"
 #include "kv_quant.h"
@@ -152,15 +153,11 @@ static void run_paged(int slow)
     free(ref);
 }
 
-static void run_grid(const char *path)
+static void run_grid(const char *dir, const char *file)
 {
     kv_needle_spec s;
     kv_err e;
-    kv_needle_spec_default(&s);
-    if (kv_needle_spec_read(path, &s, &e)) {
-        KV_CHECK(0, "%s", e.msg);
-        return;
-    }
+    if (kv_test_needle_read(dir, file, &s)) return;
     double t0 = kv_now();
     kv_needle_result *res;
     int n;
@@ -271,11 +268,9 @@ int main(int argc, char **argv)
     }
     kv_recall_vocab_get(&V);
     const int slow = argc > 2 && !strcmp(argv[2], "slow");
-    char path[1024];
     test_spec_parse();
     test_build();
-    snprintf(path, sizeof path, "%s/%s", argv[1], slow ? "full.needle" : "fast.needle");
-    run_grid(path);
+    run_grid(argv[1], slow ? "full.needle" : "fast.needle");
     run_paged(slow);
     run_window();
     return kv_test_finish();

@@ -10,6 +10,7 @@
  *                                     (int8, fp8 at 32k) and the dialogue suite in every format */
 #include "common/kv_test.h"
 #include "common/kv_test_backend.h"
+#include "common/kv_test_data.h"
 
 #include "kv_dialogue.h"
 #include "kv_needle.h"
@@ -22,15 +23,9 @@
 
 static void run_grid(const char *dir, const char *file)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
     kv_needle_spec s;
     kv_err e;
-    kv_needle_spec_default(&s);
-    if (kv_needle_spec_read(path, &s, &e)) {
-        KV_CHECK(0, "%s", e.msg);
-        return;
-    }
+    if (kv_test_needle_read(dir, file, &s)) return;
     kv_needle_result *res;
     int n;
     int rc = kv_needle_grid(&s, kv_test_make_cpu, NULL, NULL, NULL, &res, &n, &e);
@@ -61,15 +56,9 @@ static void run_grid(const char *dir, const char *file)
  * call, so every 32k context reports its cells, margin and time as soon as it is done. */
 static void run_grid_each(const char *dir, const char *file)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
     kv_needle_spec s;
     kv_err e;
-    kv_needle_spec_default(&s);
-    if (kv_needle_spec_read(path, &s, &e)) {
-        KV_CHECK(0, "%s", e.msg);
-        return;
-    }
+    if (kv_test_needle_read(dir, file, &s)) return;
     for (int mi = 0; mi < s.n_models; mi++)
         for (int vi = 0; vi < s.n_variants; vi++) {
             kv_needle_spec one = s;
@@ -113,44 +102,27 @@ static void run_dialogues(const char *needle_dir)
     kv_model models[2];
     kv_err e;
     memset(models, 0, sizeof models);
-    for (int k = 0; k < 2; k++) {
-        kv_recall_opts o;
-        kv_recall_opts_default(&o, k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT);
-        if (kv_recall_build(&models[k], &o, &e)) {
-            KV_CHECK(0, "recall model: %s", e.msg);
-            return;
-        }
+    if (kv_test_recall_models(models, &e)) {
+        KV_CHECK(0, "recall model: %s", e.msg);
+        return;
     }
+    char dlg_dir[1024];
+    snprintf(dlg_dir, sizeof dlg_dir, "%s/../dialogues", needle_dir);
     for (int f = 0; f < 2; f++) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/../dialogues/%s", needle_dir, files[f]);
         kv_dialogue d;
-        if (kv_dialogue_read(path, &d, &e)) {
-            KV_CHECK(0, "%s", e.msg);
-            continue;
-        }
+        if (kv_test_dialogue_read(dlg_dir, files[f], &d)) continue;
         for (int fi = 0; fi < 4; fi++)
             for (int k = 0; k < 2; k++) {
                 const int kind = k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT;
-                kv_cache_spec sp;
-                kv_backend *b = NULL;
-                kv_needle_cache_spec(fmts[fi], 1, kv_dialogue_length(&d, kind), &sp, &e);
-                kv_dlg_result *res = calloc((size_t)d.n_turns, sizeof *res);
-                int rc = kv_backend_cpu(&b, &models[k], &sp, &e);
-                if (!rc) rc = kv_dialogue_run(b, &d, kind, 0, res, &e);
                 int pass = 0;
                 float mm = 1e9f;
-                for (int t = 0; t < d.n_turns && !rc; t++) {
-                    pass += res[t].pass;
-                    mm = fminf(mm, res[t].margin);
-                }
+                const int rc = kv_test_dialogue_cell(kv_test_make_cpu, NULL, &models[k], &d, kind,
+                                                     fmts[fi], &pass, &mm, &e);
                 KV_CHECK(rc == KV_OK && pass == d.n_turns, "dialogue %s, %s model, %s: %d of %d "
                          "turns (%s)", files[f], kv_recall_kind_name(kind), fmts[fi], pass,
                          d.n_turns, rc ? e.msg : "predicted: all");
                 printf("  dialogue %-16s %-9s %-9s %d/%d turns, smallest margin %.3f\n", files[f],
                        kv_recall_kind_name(kind), fmts[fi], pass, d.n_turns, mm);
-                free(res);
-                if (b) kv_backend_destroy(b);
             }
         kv_dialogue_free(&d);
     }
@@ -177,45 +149,28 @@ static void run_dialogue_suite(const char *needle_dir)
     kv_model models[2];
     kv_err e;
     memset(models, 0, sizeof models);
-    for (int k = 0; k < 2; k++) {
-        kv_recall_opts o;
-        kv_recall_opts_default(&o, k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT);
-        if (kv_recall_build(&models[k], &o, &e)) {
-            KV_CHECK(0, "recall model: %s", e.msg);
-            return;
-        }
+    if (kv_test_recall_models(models, &e)) {
+        KV_CHECK(0, "recall model: %s", e.msg);
+        return;
     }
+    char dlg_dir[1024];
+    snprintf(dlg_dir, sizeof dlg_dir, "%s/../dialogues", needle_dir);
     for (int fi = 0; fi < n_fmts; fi++) {
         int turns = 0, pass = 0;
         float mm = 1e9f;
         for (int f = 0; f < 6; f++) {
-            char path[1024];
-            snprintf(path, sizeof path, "%s/../dialogues/%s", needle_dir, files[f]);
             kv_dialogue d;
-            if (kv_dialogue_read(path, &d, &e)) {
-                KV_CHECK(0, "%s", e.msg);
-                continue;
-            }
+            if (kv_test_dialogue_read(dlg_dir, files[f], &d)) continue;
             for (int k = 0; k < 2; k++) {
                 const int kind = k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT;
-                kv_cache_spec sp;
-                kv_backend *b = NULL;
-                kv_dlg_result *res = calloc((size_t)d.n_turns, sizeof *res);
-                int rc = kv_needle_cache_spec(fmts[fi], 1, kv_dialogue_length(&d, kind), &sp, &e);
-                if (!rc) rc = kv_backend_cpu(&b, &models[k], &sp, &e);
-                if (!rc) rc = kv_dialogue_run(b, &d, kind, 0, res, &e);
                 int p = 0;
-                for (int t = 0; t < d.n_turns && !rc; t++) {
-                    p += res[t].pass;
-                    mm = fminf(mm, res[t].margin);
-                }
+                const int rc = kv_test_dialogue_cell(kv_test_make_cpu, NULL, &models[k], &d, kind,
+                                                     fmts[fi], &p, &mm, &e);
                 KV_CHECK(rc == KV_OK && p == d.n_turns, "dialogue %s, %s model, %s: %d of %d "
                          "turns (%s)", files[f], kv_recall_kind_name(kind), fmts[fi], p,
                          d.n_turns, rc ? e.msg : "predicted: all");
                 turns += d.n_turns;
                 pass += p;
-                free(res);
-                if (b) kv_backend_destroy(b);
             }
             kv_dialogue_free(&d);
         }

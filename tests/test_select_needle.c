@@ -11,6 +11,7 @@
  * each method has evicted before a question is asked (eviction happens at step ends). */
 #include "common/kv_test.h"
 #include "common/kv_test_backend.h"
+#include "common/kv_test_data.h"
 
 #include "kv_dialogue.h"
 #include "kv_needle.h"
@@ -91,15 +92,9 @@ static void test_variants(void)
 
 static void run_grid(const char *dir, int slow)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/needle/ch09.txt", dir);
     kv_needle_spec s;
     kv_err e;
-    kv_needle_spec_default(&s);
-    if (kv_needle_spec_read(path, &s, &e)) {
-        KV_CHECK(0, "%s", e.msg);
-        return;
-    }
+    if (kv_test_needle_read(dir, "needle/ch09.txt", &s)) return;
     KV_CHECK(s.chunk == 64 && s.n_variants >= 12, "ch09.txt: chunk %d, %d variants", s.chunk,
              s.n_variants);
     if (!slow) s.n_lengths = 1; /* 1024 only by default */
@@ -237,15 +232,12 @@ static void test_dialogues(const char *dir, const kv_model *models)
            "dialogue", "model");
     for (int m = 0; m < N_METHODS; m++) printf(" %16s", DLG_VARIANTS[m]);
     printf("\n");
+    char dlg_dir[1024];
+    snprintf(dlg_dir, sizeof dlg_dir, "%s/dialogues", dir);
     for (int f = 0; f < n_files; f++) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/dialogues/%s", dir, FILES[f]);
         kv_dialogue dl;
         kv_err e;
-        if (kv_dialogue_read(path, &dl, &e)) {
-            KV_CHECK(0, "%s", e.msg);
-            continue;
-        }
+        if (kv_test_dialogue_read(dlg_dir, FILES[f], &dl)) continue;
         for (int k = 0; k < 2; k++) {
             const int kind = k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT;
             const int need = kv_dialogue_length(&dl, kind);
@@ -342,13 +334,9 @@ int main(int argc, char **argv)
     const double t0 = kv_now();
     kv_model models[2];
     kv_err e;
-    for (int k = 0; k < 2; k++) {
-        kv_recall_opts o;
-        kv_recall_opts_default(&o, k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT);
-        if (kv_recall_build(&models[k], &o, &e)) {
-            printf("build: %s\n", e.msg);
-            return 1;
-        }
+    if (kv_test_recall_models(models, &e)) {
+        printf("build: %s\n", e.msg);
+        return 1;
     }
     test_variants();
     run_grid(argv[1], slow);

@@ -20,6 +20,7 @@
  *
  *   test_swap_dialogue DATASETS/dialogues  */
 #include "common/kv_test.h"
+#include "common/kv_test_data.h"
 
 #include "kv_dialogue.h"
 #include "kv_needle.h"
@@ -160,24 +161,15 @@ int main(int argc, char **argv)
     const double t0 = kv_now();
     kv_model models[2];
     kv_err e;
-    for (int k = 0; k < 2; k++) {
-        kv_recall_opts o;
-        kv_recall_opts_default(&o, k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT);
-        if (kv_recall_build(&models[k], &o, &e)) {
-            printf("build: %s\n", e.msg);
-            return 1;
-        }
+    if (kv_test_recall_models(models, &e)) {
+        printf("build: %s\n", e.msg);
+        return 1;
     }
     static const struct { const char *variant; int B; } caches[] = {{"fp32", 16}, {"int8", 8}};
     for (int f = 0; f < N_FILES; f++) {
         if (quick && f >= 2) break;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", argv[1], FILES[f]);
         kv_dialogue d;
-        if (kv_dialogue_read(path, &d, &e)) {
-            KV_CHECK(0, "%s", e.msg);
-            continue;
-        }
+        if (kv_test_dialogue_read(argv[1], FILES[f], &d)) continue;
         for (int k = 0; k < 2; k++)
             for (int c = 0; c < 2; c++) {
                 if (c == 1 && f % 2) continue; /* int8 on every other dialogue: time */
