@@ -53,6 +53,7 @@
  * its edge, and the test prints how far (max |err| / bound).
  */
 #include "common/kv_test.h"
+#include "common/kv_test_backend.h"
 #include "common/kv_test_attn_bound.h"
 
 #include "kv_attention.h"
@@ -70,22 +71,7 @@
 
 #define MAX_LEN 300
 
-static kv_config make_config(int H, int Hkv, int d)
-{
-    kv_config c;
-    memset(&c, 0, sizeof c);
-    c.dim = H * d;
-    c.hidden_dim = 16;
-    c.n_layers = 1;
-    c.n_heads = H;
-    c.n_kv_heads = Hkv;
-    c.vocab_size = 16;
-    c.seq_len = 4096;
-    c.rope_theta = 10000.0f;
-    c.rotary_dim = d;
-    c.norm_eps = 1e-5f;
-    return c;
-}
+static kv_config make_config(int H, int Hkv, int d) { return kv_test_config_attn(H, Hkv, d, d, 4096); }
 
 /* A cache of one slot holding len random positions (written in a prefill chunk, then singles,
  * so the KIVI window and spills are exercised). B > 0: paged with a scrambled block table. */
@@ -93,28 +79,16 @@ static int make_cache(kv_cache *c, const kv_config *cfg, int dtype, int B, int W
                       int scheme, int len, kv_rng *r)
 {
     kv_err e;
-    kv_cache_spec s = kv_cache_spec_default(1, MAX_LEN);
-    s.quant.dtype = dtype;
-    s.window.size = W;
-    s.window.n_sinks = S;
-    s.window.pos_scheme = scheme;
-    if (B) {
-        s.layout.kind = KV_LAYOUT_PAGED;
-        s.layout.block_size = B;
-        s.layout.n_blocks = MAX_LEN / B + 4;
-    }
+    kv_cache_spec s = kv_test_spec_window(dtype, W, S, scheme, MAX_LEN);
+    kv_test_spec_paged(&s, B, MAX_LEN / (B ? B : 1) + 4);
     int rc = kv_cache_create(c, cfg, &s, &e);
     if (rc) {
         printf("  cache: %s\n", e.msg);
         return rc;
     }
-    if (B) {
-        int blocks[1024];
-        for (int i = 0; i < c->max_blocks; i++) blocks[i] = s.layout.n_blocks - 1 - i;
-        if ((rc = kv_cache_set_blocks(c, 0, blocks, c->max_blocks, &e))) {
-            printf("  blocks: %s\n", e.msg);
-            return rc;
-        }
+    if (B && (rc = kv_test_blocks_reversed(c, s.layout.n_blocks, c->max_blocks, &e))) {
+        printf("  blocks: %s\n", e.msg);
+        return rc;
     }
     const int kvd = cfg->n_kv_heads * (cfg->dim / cfg->n_heads);
     float *k = malloc((size_t)MAX_LEN * kvd * sizeof(float)); /* [len][H_kv·d] */

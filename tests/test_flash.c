@@ -22,6 +22,7 @@
  *   test_flash [slow]     slow adds a causal prefill of 32768 tokens (tiled vs split, and
  *                         naive on sampled rows) */
 #include "common/kv_test.h"
+#include "common/kv_test_backend.h"
 
 #include "kv_attention.h"
 #include "kv_flash.h"
@@ -41,35 +42,20 @@ static int make_cache(cache_case *cc, int d, int H, int Hkv, int dtype, int B, i
                       uint64_t seed)
 {
     memset(cc, 0, sizeof *cc);
-    kv_config *g = &cc->cfg;
-    g->dim = H * d;
-    g->hidden_dim = 64;
-    g->n_layers = 1;
-    g->n_heads = H;
-    g->n_kv_heads = Hkv;
-    g->vocab_size = 16;
-    g->seq_len = n > 1 ? n : 1;
-    kv_config_set_defaults(g);
-    kv_cache_spec s = kv_cache_spec_default(1, n > 1 ? n : 1);
+    const int cap = n > 1 ? n : 1;
+    cc->cfg = kv_test_config_attn(H, Hkv, d, d, cap);
+    kv_cache_spec s = kv_cache_spec_default(1, cap);
     s.quant.dtype = dtype;
-    if (B) {
-        s.layout.kind = KV_LAYOUT_PAGED;
-        s.layout.block_size = B;
-        s.layout.n_blocks = (s.capacity + B - 1) / B + 3; /* a few spare blocks: the table skips them */
-    }
+    /* a few spare blocks: the table skips them */
+    kv_test_spec_paged(&s, B, (cap + B - 1) / (B ? B : 1) + 3);
     kv_err e;
-    if (kv_cache_create(&cc->c, g, &s, &e)) {
+    if (kv_cache_create(&cc->c, &cc->cfg, &s, &e)) {
         KV_CHECK(0, "kv_cache_create d %d H %d/%d %s B %d: %s", d, H, Hkv, kv_dtype_name(dtype),
                  B, e.msg);
         return 0;
     }
     if (B) { /* the blocks in reverse: no logical neighbours are physical neighbours */
-        const size_t nb = ((size_t)s.capacity + B - 1) / (size_t)B; /* >= 1 */
-        int *t = malloc(nb * sizeof(int));
-        for (size_t i = 0; i < nb; i++) t[i] = s.layout.n_blocks - 1 - (int)i;
-        int rc = kv_cache_set_blocks(&cc->c, 0, t, (int)nb, &e);
-        free(t);
-        if (rc) {
+        if (kv_test_blocks_reversed(&cc->c, s.layout.n_blocks, (cap + B - 1) / B, &e)) {
             KV_CHECK(0, "set_blocks: %s", e.msg);
             kv_cache_free(&cc->c);
             return 0;

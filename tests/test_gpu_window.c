@@ -34,6 +34,7 @@
 #include "kv_rng.h"
 #include "kv_sampler.h"
 #include "common/kv_test.h"
+#include "common/kv_test_backend.h"
 #include "common/kv_test_gpu.h"
 #include "kvcu.h"
 
@@ -44,36 +45,14 @@ enum { H = 4, HKV = 2, D = 32, ROT = 16 };
 
 static kv_rng rng;
 
-static kv_config attn_config(void)
-{
-    kv_config c;
-    memset(&c, 0, sizeof c);
-    c.dim = H * D;
-    c.hidden_dim = 64;
-    c.n_layers = 1;
-    c.n_heads = H;
-    c.n_kv_heads = HKV;
-    c.vocab_size = 16;
-    c.seq_len = 1 << 20;
-    c.rope_theta = 10000.0f;
-    c.rotary_dim = ROT; /* partial rotary: dims ROT .. D-1 are read unrotated */
-    c.norm_eps = 1e-5f;
-    return c;
-}
+/* partial rotary: dims ROT .. D-1 are read unrotated */
+static kv_config attn_config(void) { return kv_test_config_attn(H, HKV, D, ROT, 1 << 20); }
 
 static kv_cache_spec window_spec(int dtype, int paged, int B, int W, int S, int scheme,
                                  int capacity)
 {
-    kv_cache_spec s = kv_cache_spec_default(1, capacity);
-    s.quant.dtype = dtype;
-    s.window.size = W;
-    s.window.n_sinks = S;
-    s.window.pos_scheme = scheme;
-    if (paged) {
-        s.layout.kind = KV_LAYOUT_PAGED;
-        s.layout.block_size = B;
-        s.layout.n_blocks = (S + W + B - 1) / B + 3;
-    }
+    kv_cache_spec s = kv_test_spec_window(dtype, W, S, scheme, capacity);
+    if (paged) kv_test_spec_paged(&s, B, (S + W + B - 1) / B + 3);
     return s;
 }
 
@@ -375,18 +354,10 @@ static void test_specs(void)
 
 static kv_config model_config(void)
 {
-    kv_config c;
-    memset(&c, 0, sizeof c);
-    c.dim = 64;
+    kv_config c = kv_test_config(2, 4, 2, 16, 1 << 20);
     c.hidden_dim = 96;
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
     c.vocab_size = 128;
-    c.seq_len = 1 << 20;
-    c.rope_theta = 10000.0f;
     c.rotary_dim = 16;
-    c.norm_eps = 1e-5f;
     c.tied_classifier = 1;
     return c;
 }

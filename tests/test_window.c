@@ -18,6 +18,7 @@
  *
  *   test_window [slow]  */
 #include "common/kv_test.h"
+#include "common/kv_test_backend.h"
 
 #include "kv_attention.h"
 #include "kv_backend.h"
@@ -32,22 +33,7 @@
 #define HKV 2
 #define D 64
 
-static kv_config attn_config(void)
-{
-    kv_config c;
-    memset(&c, 0, sizeof c);
-    c.dim = H * D;
-    c.hidden_dim = 64;
-    c.n_layers = 1;
-    c.n_heads = H;
-    c.n_kv_heads = HKV;
-    c.vocab_size = 16;
-    c.seq_len = 1 << 20;
-    c.rope_theta = 10000.0f;
-    c.rotary_dim = 32;
-    c.norm_eps = 1e-5f;
-    return c;
-}
+static kv_config attn_config(void) { return kv_test_config_attn(H, HKV, D, 32, 1 << 20); }
 
 /* ---- the maps ------------------------------------------------------------------------ */
 
@@ -155,26 +141,16 @@ static int make_cache(kv_cache *c, const kv_config *cfg, int dtype, int paged, i
                       int S, int scheme, int capacity)
 {
     kv_err e;
-    kv_cache_spec s = kv_cache_spec_default(1, capacity);
-    s.quant.dtype = dtype;
-    s.window.size = W;
-    s.window.n_sinks = S;
-    s.window.pos_scheme = scheme;
+    kv_cache_spec s = kv_test_spec_window(dtype, W, S, scheme, capacity);
     const int64_t rows = W ? (S + W < capacity ? S + W : capacity) : capacity;
-    if (paged) {
-        s.layout.kind = KV_LAYOUT_PAGED;
-        s.layout.block_size = B;
-        s.layout.n_blocks = (int)((rows + B - 1) / B) + 3;
-    }
+    if (paged) kv_test_spec_paged(&s, B, (int)((rows + B - 1) / B) + 3);
     int rc = kv_cache_create(c, cfg, &s, &e);
     if (rc) {
         printf("  cache: %s\n", e.msg);
         return rc;
     }
     if (paged) { /* a scrambled table: logical block i is physical block n-1-i */
-        int blocks[4096];
-        for (int i = 0; i < c->max_blocks; i++) blocks[i] = s.layout.n_blocks - 1 - i;
-        rc = kv_cache_set_blocks(c, 0, blocks, c->max_blocks, &e);
+        rc = kv_test_blocks_reversed(c, s.layout.n_blocks, c->max_blocks, &e);
         if (rc) printf("  blocks: %s\n", e.msg);
     }
     return rc;
@@ -351,34 +327,18 @@ static void test_attention(void)
 
 static kv_config model_config(int n_layers)
 {
-    kv_config c;
-    memset(&c, 0, sizeof c);
-    c.dim = 64;
+    kv_config c = kv_test_config(n_layers, 4, 2, 16, 1 << 22);
     c.hidden_dim = 172;
-    c.n_layers = n_layers;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
     c.vocab_size = 512;
-    c.seq_len = 1 << 22;
-    c.rope_theta = 10000.0f;
     c.rotary_dim = 16;
-    c.norm_eps = 1e-5f;
     c.tied_classifier = 1;
     return c;
 }
 
 static kv_cache_spec window_spec(int dtype, int paged, int B, int W, int S, int scheme, int cap)
 {
-    kv_cache_spec s = kv_cache_spec_default(1, cap);
-    s.quant.dtype = dtype;
-    s.window.size = W;
-    s.window.n_sinks = S;
-    s.window.pos_scheme = scheme;
-    if (paged) {
-        s.layout.kind = KV_LAYOUT_PAGED;
-        s.layout.block_size = B;
-        s.layout.n_blocks = 64;
-    }
+    kv_cache_spec s = kv_test_spec_window(dtype, W, S, scheme, cap);
+    if (paged) kv_test_spec_paged(&s, B, 64);
     return s;
 }
 

@@ -3,6 +3,11 @@
  *
  *  - kv_test_config: the small random-weight model shape of the cache and attention tests
  *    (hidden 2·H·d, 64 tokens of vocabulary, full rotary dims);
+ *  - kv_test_config_attn: the one-layer shape of the cache and attention tests that build no
+ *    model (hidden 64, 16 tokens of vocabulary, the first rot dims of a head rotated);
+ *  - kv_test_spec_window: one slot of a dtype with a window of W rows and S sinks;
+ *  - kv_test_spec_paged / kv_test_blocks_reversed: a paged layout of B-token blocks, and slot
+ *    0's table in reverse pool order (no logical neighbours are physical ones);
  *  - kv_test_make_cpu: the factory kv_needle_grid() and kv_dialogue_run() call to build the CPU
  *    backend for a cell (the needle, dialogue and quantized-grid tests);
  *  - kv_test_pool_shuffle: every free block of a pool allocated, then freed in a shuffled order;
@@ -41,6 +46,44 @@ static inline kv_config kv_test_config(int L, int H, int Hkv, int d, int seq_len
     c.rotary_dim = d;
     c.norm_eps = 1e-5f;
     return c;
+}
+
+static inline kv_config kv_test_config_attn(int H, int Hkv, int d, int rot, int seq_len)
+{
+    kv_config c = kv_test_config(1, H, Hkv, d, seq_len);
+    c.hidden_dim = 64;
+    c.vocab_size = 16;
+    c.rotary_dim = rot;
+    return c;
+}
+
+static inline kv_cache_spec kv_test_spec_window(int dtype, int W, int S, int scheme, int capacity)
+{
+    kv_cache_spec s = kv_cache_spec_default(1, capacity);
+    s.quant.dtype = dtype;
+    s.window.size = W;
+    s.window.n_sinks = S;
+    s.window.pos_scheme = scheme;
+    return s;
+}
+
+/* s paged in n_blocks blocks of B tokens; B = 0 leaves s as it is. */
+static inline void kv_test_spec_paged(kv_cache_spec *s, int B, int n_blocks)
+{
+    if (!B) return;
+    s->layout.kind = KV_LAYOUT_PAGED;
+    s->layout.block_size = B;
+    s->layout.n_blocks = n_blocks;
+}
+
+/* Slot 0 of c gets nb logical blocks, the last pool block first (pool of n_pool blocks). */
+static inline int kv_test_blocks_reversed(kv_cache *c, int n_pool, int nb, kv_err *e)
+{
+    int *t = (int *)malloc((size_t)nb * sizeof(int)); /* [nb] */
+    for (int i = 0; i < nb; i++) t[i] = n_pool - 1 - i;
+    const int rc = kv_cache_set_blocks(c, 0, t, nb, e);
+    free(t);
+    return rc;
 }
 
 static inline int kv_test_make_cpu(kv_backend **out, const kv_model *m, const kv_cache_spec *spec,

@@ -8,6 +8,7 @@
 #define TEST_SELECT_COMMON_H
 
 #include "kv_test.h"
+#include "kv_test_backend.h"
 
 #include "kv_attention.h"
 #include "kv_ops.h"
@@ -33,34 +34,17 @@ static inline int make_cache(cache_case *cc, int d, int H, int Hkv, int dtype, i
                              uint64_t seed)
 {
     memset(cc, 0, sizeof *cc);
-    kv_config *g = &cc->cfg;
-    g->dim = H * d;
-    g->hidden_dim = 64;
-    g->n_layers = 1;
-    g->n_heads = H;
-    g->n_kv_heads = Hkv;
-    g->vocab_size = 16;
-    g->seq_len = n;
-    kv_config_set_defaults(g);
+    cc->cfg = kv_test_config_attn(H, Hkv, d, d, n);
     kv_cache_spec s = kv_cache_spec_default(1, n);
     s.quant.dtype = dtype;
-    if (B) {
-        s.layout.kind = KV_LAYOUT_PAGED;
-        s.layout.block_size = B;
-        s.layout.n_blocks = (n + B - 1) / B + 2;
-    }
+    kv_test_spec_paged(&s, B, (n + B - 1) / (B ? B : 1) + 2);
     kv_err e;
-    if (kv_cache_create(&cc->c, g, &s, &e)) {
+    if (kv_cache_create(&cc->c, &cc->cfg, &s, &e)) {
         KV_CHECK(0, "kv_cache_create: %s", e.msg);
         return 0;
     }
     if (B) { /* blocks in reverse order: logical neighbours are not physical ones */
-        const int nb = (n + B - 1) / B;
-        int *t = malloc((size_t)nb * sizeof(int));
-        for (int i = 0; i < nb; i++) t[i] = s.layout.n_blocks - 1 - i;
-        const int rc = kv_cache_set_blocks(&cc->c, 0, t, nb, &e);
-        free(t);
-        if (rc) {
+        if (kv_test_blocks_reversed(&cc->c, s.layout.n_blocks, (n + B - 1) / B, &e)) {
             KV_CHECK(0, "set_blocks: %s", e.msg);
             kv_cache_free(&cc->c);
             return 0;
