@@ -324,11 +324,7 @@ int main(int argc, char **argv)
     kv_recall_vocab_get(&V);
     double t0 = kv_now();
     kv_model models[2];
-    kv_err e;
-    if (kv_test_recall_models(models, &e)) {
-        printf("build: %s\n", e.msg);
-        return 1;
-    }
+    if (kv_test_recall_models(models)) return kv_test_finish();
     test_parse();
     test_session(&models[1]);
     test_datasets(argv[1], models);

@@ -12,6 +12,7 @@
 #include "kv_model.h"
 #include "kv_ops.h"
 #include "common/kv_test.h"
+#include "common/kv_test_backend.h"
 
 #include <omp.h>
 #include <stdlib.h>
@@ -34,17 +35,7 @@ static kv_config tiny_config(int dim, int H, int Hkv, int vocab, int rotary_dim)
     return c;
 }
 
-static int make_model(kv_model *m, kv_config c, uint64_t seed)
-{
-    kv_err e;
-    int rc = kv_model_alloc(m, &c, &e);
-    if (rc) {
-        printf("kv_model_alloc: %s\n", e.msg);
-        return rc;
-    }
-    kv_model_randomize(m, seed);
-    return 0;
-}
+static int make_model(kv_model *m, kv_config c, uint64_t seed) { return kv_test_model_random(m, &c, seed); }
 
 /* ---- naive recompute vs KV cache ------------------------------------------------------- */
 

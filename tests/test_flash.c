@@ -48,34 +48,16 @@ static int make_cache(cache_case *cc, int d, int H, int Hkv, int dtype, int B, i
     s.quant.dtype = dtype;
     /* a few spare blocks: the table skips them */
     kv_test_spec_paged(&s, B, (cap + B - 1) / (B ? B : 1) + 3);
-    kv_err e;
-    if (kv_cache_create(&cc->c, &cc->cfg, &s, &e)) {
-        KV_CHECK(0, "kv_cache_create d %d H %d/%d %s B %d: %s", d, H, Hkv, kv_dtype_name(dtype),
-                 B, e.msg);
-        return 0;
-    }
-    if (B) { /* the blocks in reverse: no logical neighbours are physical neighbours */
-        if (kv_test_blocks_reversed(&cc->c, s.layout.n_blocks, (cap + B - 1) / B, &e)) {
-            KV_CHECK(0, "set_blocks: %s", e.msg);
-            kv_cache_free(&cc->c);
-            return 0;
-        }
-    }
+    char what[64];
+    snprintf(what, sizeof what, "d %d H %d/%d %s B %d", d, H, Hkv, kv_dtype_name(dtype), B);
+    if (kv_test_cache_open(&cc->c, &cc->cfg, &s, what)) return 0;
     kv_rng r;
     kv_rng_seed(&r, seed);
     const size_t m = (size_t)n * Hkv * d;
     float *k = malloc((m ? m : 1) * sizeof(float)), *v = malloc((m ? m : 1) * sizeof(float));
     for (size_t i = 0; i < m; i++) k[i] = kv_rng_uniform(&r, -1.0f, 1.0f);
     for (size_t i = 0; i < m; i++) v[i] = kv_rng_uniform(&r, -1.0f, 1.0f);
-    int rc = n ? kv_cache_write_seq(&cc->c, 0, 0, 0, n, k, v, &e) : KV_OK;
-    free(k);
-    free(v);
-    if (rc) {
-        KV_CHECK(0, "write_seq: %s", e.msg);
-        kv_cache_free(&cc->c);
-        return 0;
-    }
-    cc->c.len[0] = n;
+    if (kv_test_cache_fill(&cc->c, n, k, v)) return 0;
     cc->H = H;
     cc->d = d;
     return 1;

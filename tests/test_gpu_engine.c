@@ -18,6 +18,7 @@
 #include "kv_model.h"
 #include "kv_sampler.h"
 #include "common/kv_test.h"
+#include "common/kv_test_backend.h"
 #include "common/kv_test_gpu.h"
 #include "kvcu.h"
 
@@ -54,14 +55,7 @@ static int make_model(kv_model *m, const engine_case *ec, uint64_t seed)
     c.seq_len = CAPACITY;
     kv_config_set_defaults(&c);
     if (ec->rotary_dim) c.rotary_dim = ec->rotary_dim;
-    kv_err e;
-    int rc = kv_model_alloc(m, &c, &e);
-    if (rc) {
-        printf("kv_model_alloc: %s\n", e.msg);
-        return rc;
-    }
-    kv_model_randomize(m, seed);
-    return 0;
+    return kv_test_model_random(m, &c, seed);
 }
 
 /* The CPU and GPU engines side by side on one model. */
@@ -437,7 +431,6 @@ static void test_weights16(const engine_case *ec, uint64_t seed, int dtype)
 int main(void)
 {
     if (kv_test_no_gpu()) return KV_TEST_SKIP;
-    kv_err e;
     for (int i = 0; i < N_CASES; i++) test_decode(&cases[i], 100 + i);
     test_batch(&cases[1], 7);
     test_naive_vs_cached(&cases[2], 11);

@@ -227,7 +227,6 @@ static void test_nomem_then_retry(void)
 int main(void)
 {
     if (kv_test_no_gpu()) return KV_TEST_SKIP;
-    kv_err e;
     test_attention_grid();
     test_gpu_gqa_equals_duplicated();
     test_engine_pooled();

@@ -118,7 +118,6 @@ static void test_dialogue(const char *dir, int emulated)
 int main(int argc, char **argv)
 {
     if (kv_test_no_gpu()) return KV_TEST_SKIP;
-    kv_err e;
     if (argc < 2) {
         printf("usage: test_gpu_needle DATASETS\n");
         return 2;

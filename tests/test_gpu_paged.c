@@ -519,6 +519,16 @@ static void check_write_slots(int fmt)
     kvcu_cache_free(g);
 }
 
+/* The tiny-gqa shape with random weights from seed (a failure is a failed check). */
+static int tiny_gqa(kv_config *cfg, kv_model *m, uint64_t seed)
+{
+    kv_err e;
+    if (kv_config_default_by_name("tiny-gqa", cfg, NULL, &e) == KV_OK)
+        return kv_test_model_random(m, cfg, seed);
+    KV_CHECK(0, "model: %s", e.msg);
+    return -1;
+}
+
 /* The CUDA backend on a paged spec against the CPU's paged backend and the CUDA contiguous
  * backend: two sequences, a prompt, a fork (shared blocks, copy-on-write on the next step),
  * greedy decoding of both in one batch. */
@@ -527,11 +537,7 @@ static void check_backend(int fmt, int B)
     kv_config cfg;
     kv_model m;
     kv_err e;
-    if (kv_config_default_by_name("tiny-gqa", &cfg, NULL, &e) || kv_model_alloc(&m, &cfg, &e)) {
-        KV_CHECK(0, "model: %s", e.msg);
-        return;
-    }
-    kv_model_randomize(&m, 505);
+    if (tiny_gqa(&cfg, &m, 505)) return;
     enum { PROMPT = 21, STEPS = 10, CAP = 40 };
     kv_cache_spec sp = kv_cache_spec_default(2, CAP);
     sp.quant.dtype = fmt;
@@ -634,11 +640,7 @@ static void check_prefix(void)
     kv_config cfg;
     kv_model m;
     kv_err e;
-    if (kv_config_default_by_name("tiny-gqa", &cfg, NULL, &e) || kv_model_alloc(&m, &cfg, &e)) {
-        KV_CHECK(0, "model: %s", e.msg);
-        return;
-    }
-    kv_model_randomize(&m, 707);
+    if (tiny_gqa(&cfg, &m, 707)) return;
     enum { PROMPT = 21, B = 8 };
     kv_cache_spec sp = kv_cache_spec_default(2, 32);
     sp.layout.kind = KV_LAYOUT_PAGED;
@@ -683,11 +685,7 @@ static void check_engine_long(void)
     kv_config cfg;
     kv_model m;
     kv_err e;
-    if (kv_config_default_by_name("tiny-gqa", &cfg, NULL, &e) || kv_model_alloc(&m, &cfg, &e)) {
-        KV_CHECK(0, "model: %s", e.msg);
-        return;
-    }
-    kv_model_randomize(&m, 606);
+    if (tiny_gqa(&cfg, &m, 606)) return;
     enum { LONG = 600, SHORT = 30, CAP = 640 };
     kv_cache_spec sp = kv_cache_spec_default(2, CAP);
     sp.layout.kind = KV_LAYOUT_PAGED;
@@ -740,7 +738,6 @@ static void check_engine_long(void)
 int main(void)
 {
     if (kv_test_no_gpu()) return KV_TEST_SKIP;
-    kv_err e;
     kv_rng_seed(&rng, 5050);
     const int blocks[] = {8, 16, 32};
     for (int fi = 0; fi < N_FORMATS; fi++)

@@ -303,7 +303,6 @@ static void test_errors(void)
 int main(void)
 {
     if (kv_test_no_gpu()) return KV_TEST_SKIP;
-    kv_err e;
     kv_rng_seed(&rng, 44);
     test_all_formats();
     test_conversion_edges();

@@ -126,11 +126,7 @@ static void check_engine(void)
     cfg.vocab_size = 96;
     kv_model m;
     kv_err e;
-    if (kv_model_alloc(&m, &cfg, &e)) {
-        KV_CHECK(0, "model: %s", e.msg);
-        return;
-    }
-    kv_model_randomize(&m, 11);
+    if (kv_test_model_random(&m, &cfg, 11)) return;
     enum { PROMPT = 90, STEPS = 12 };
     int prompt[PROMPT];
     for (int i = 0; i < PROMPT; i++) prompt[i] = (int)(kv_rng_u32(&rng) % 96);
@@ -174,7 +170,6 @@ static void check_engine(void)
 int main(void)
 {
     if (kv_test_no_gpu()) return KV_TEST_SKIP;
-    kv_err e;
     kv_rng_seed(&rng, 4040);
     for (int i = 0; i < N_FORMATS; i++) {
         check_format(formats[i], 0, 64, 4, 2, 150, 100);

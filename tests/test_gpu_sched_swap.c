@@ -29,24 +29,7 @@
 #include "common/kv_test_gpu.h"
 #include "kvcu.h"
 
-/* {arrival, prompt, output, n, beam, prefix, priority}: plain, samples and beams, a third of
- * them high priority, arriving over 0.1 s (test_sched_swap.c's trace) */
-static const kv_request REQS[] = {
-    {0.00, 9, 12, 1, 1, -1, 0}, {0.00, 23, 9, 1, 1, 0, 0},  {0.01, 14, 10, 2, 1, -1, 1},
-    {0.02, 6, 11, 1, 2, -1, 0}, {0.02, 20, 8, 1, 1, 0, 1},  {0.03, 11, 7, 3, 1, -1, 0},
-    {0.04, 17, 9, 1, 3, 1, 0},  {0.05, 26, 6, 1, 1, 1, 1},  {0.05, 5, 13, 4, 1, -1, 0},
-    {0.06, 8, 10, 1, 4, -1, 1}, {0.08, 21, 5, 1, 1, 0, 0},  {0.09, 13, 12, 1, 1, -1, 0},
-};
-#define N_REQS ((int)(sizeof REQS / sizeof REQS[0]))
-
-static kv_cache_spec paged_spec(int n_blocks)
-{
-    kv_cache_spec s = kv_cache_spec_default(16, 128);
-    s.layout.kind = KV_LAYOUT_PAGED;
-    s.layout.block_size = 4;
-    s.layout.n_blocks = n_blocks;
-    return s;
-}
+/* the trace: PRIO_REQS (test_sched_common.h) */
 
 /* One mode on a fresh CUDA backend of 20 blocks: solo tokens, no leaks, the CPU's decisions,
  * byte counts. burst 1 has every request waiting at the start; burst 0 lets them arrive on
@@ -56,7 +39,7 @@ static void check_mode(const kv_model *m, const kv_trace *t, const kv_sched_out 
                        const char *name, int preempt, int prefetch, int burst)
 {
     kv_err err;
-    const kv_cache_spec spec = paged_spec(20);
+    const kv_cache_spec spec = sched_spec(20, 4);
     kv_backend *g = NULL;
     int rc = kvcu_backend_create(&g, m, &spec, &err);
     KV_CHECK(rc == KV_OK, "%s: cuda backend: %s", name, rc ? err.msg : "");
@@ -72,25 +55,12 @@ static void check_mode(const kv_model *m, const kv_trace *t, const kv_sched_out 
     o.token_s = 1e-4;
     const int64_t bb = (int64_t)g->mem->block_bytes(g->mem);
     o.link.bandwidth = (double)bb / 1e-3; /* a block a millisecond */
-    kv_sched_out out;
-    memset(&out, 0, sizeof out);
-    rc = kv_sched_run(g, t, t->n, &o, &out, &err);
-    KV_CHECK(rc == KV_OK, "%s: run: %s", name, rc ? err.msg : "");
+    kv_sched_out out; /* the CPU solo runs' tokens, both tiers empty */
+    rc = sched_run_check(name, g, t, &o, solo, &out);
     if (rc) {
         kv_backend_destroy(g);
         return;
     }
-    int same = 0;
-    for (int i = 0; i < t->n; i++) {
-        int ok = same_result(&out.results[i], &solo[i].results[0]);
-        if (!ok) printf("  %s: request %d differs from its CPU solo run (%s)\n", name, i,
-                        out.results[i].error);
-        same += ok;
-    }
-    KV_CHECK(same == t->n, "%s: %d of %d requests equal their CPU solo run", name, same, t->n);
-    KV_CHECK(kv_pool_check_leaks(&g->mem->paged->pool, NULL, 0) == 0 &&
-                 kv_pool_validate(&g->mem->paged->pool, &err) == KV_OK,
-             "%s: device pool empty and consistent", name);
     const kv_sched_metrics *x = &out.m;
     /* the scheduler's decisions depend only on the pool, the trace and the clock: the CPU
      * backend with the same pool makes the same ones, so the GPU's counts must equal them */
@@ -98,12 +68,14 @@ static void check_mode(const kv_model *m, const kv_trace *t, const kv_sched_out 
     kv_sched_out ref;
     memset(&ref, 0, sizeof ref);
     rc = kv_backend_cpu(&cpu, m, &spec, &err);
+    KV_CHECK(rc == KV_OK, "%s: CPU backend: %s", name, rc ? err.msg : "");
     if (!rc) {
         KV_CHECK((int64_t)cpu->mem->block_bytes(cpu->mem) == bb,
                  "%s: CPU and GPU blocks are %lld bytes", name, (long long)bb);
-        rc = kv_sched_run(cpu, t, t->n, &o, &ref, &err);
+        char what[64];
+        snprintf(what, sizeof what, "%s on the CPU", name);
+        rc = sched_run_check(what, cpu, t, &o, solo, &ref);
     }
-    KV_CHECK(rc == KV_OK, "%s: CPU run: %s", name, rc ? err.msg : "");
     if (!rc) {
         const kv_sched_metrics *y = &ref.m;
         KV_CHECK(x->preemptions == y->preemptions && x->swap_blocks_out == y->swap_blocks_out &&
@@ -119,7 +91,6 @@ static void check_mode(const kv_model *m, const kv_trace *t, const kv_sched_out 
     }
     kv_sched_out_free(&ref);
     kv_backend_destroy(cpu);
-    KV_CHECK(x->host_leaked == 0, "%s: host tier empty (%d held)", name, x->host_leaked);
     KV_CHECK(x->preemptions > 0, "%s: the pool forced preemptions (%lld)", name,
              (long long)x->preemptions);
     KV_CHECK(x->swap_bytes_out == x->swap_blocks_out * bb &&
@@ -154,34 +125,17 @@ int main(void)
     if (kv_test_no_gpu()) return KV_TEST_SKIP;
     kv_err err;
     kv_model m;
-    if (kv_model_default(&m, KV_DEFAULT_TINY, &err)) {
-        printf("model: %s\n", err.msg);
-        return 1;
-    }
     kv_trace t;
-    memset(&t, 0, sizeof t);
-    t.req = malloc(sizeof REQS);
-    memcpy(t.req, REQS, sizeof REQS);
-    t.n = N_REQS;
-    t.n_prefixes = 2;
-    t.prefix_len[0] = 16;
-    t.prefix_len[1] = 10;
+    if (sched_setup(&m, &t, PRIO_REQS, N_PRIO_REQS, 0)) return 1;
 
     /* the reference: each request alone on the CPU, a pool that never preempts */
-    kv_sched_opts o = kv_sched_opts_default();
-    o.max_len = 64;
-    kv_sched_out solo[N_REQS];
+    kv_sched_out solo[N_PRIO_REQS];
     memset(solo, 0, sizeof solo);
-    const kv_cache_spec big = paged_spec(256);
+    const kv_cache_spec big = sched_spec(256, 4);
     kv_backend *cpu = NULL;
     int rc = kv_backend_cpu(&cpu, &m, &big, &err);
     KV_CHECK(rc == KV_OK, "cpu backend: %s", rc ? err.msg : "");
-    for (int i = 0; i < N_REQS && !rc; i++) {
-        int r = kv_sched_solo(cpu, &t, i, &o, &solo[i], &err);
-        KV_CHECK(r == KV_OK && solo[i].results[0].status == KV_OK, "solo %d: %s", i,
-                 r ? err.msg : solo[i].results[0].error);
-        if (r) rc = r;
-    }
+    if (!rc) rc = sched_solo_all(cpu, &t, solo);
     kv_backend_destroy(cpu);
 
     if (!rc) {
@@ -191,7 +145,7 @@ int main(void)
         check_mode(&m, &t, solo, "lru", KV_PREEMPT_LRU, 0, 1);
         check_mode(&m, &t, solo, "lru+prefetch", KV_PREEMPT_LRU, 1, 1);
     }
-    for (int i = 0; i < N_REQS; i++) kv_sched_out_free(&solo[i]);
+    for (int i = 0; i < N_PRIO_REQS; i++) kv_sched_out_free(&solo[i]);
     kv_trace_free(&t);
     kv_model_free(&m);
     return kv_test_finish();

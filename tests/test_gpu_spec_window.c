@@ -192,23 +192,11 @@ static void test_greedy(const kv_model *m, const kv_model *dm, const wcase *w, c
 int main(void)
 {
     if (kv_test_no_gpu()) return KV_TEST_SKIP;
-    kv_err e;
     kv_model m = {0}, dm, wide = {0}, wd;
-    if (kv_model_default(&m, KV_DEFAULT_TINY, &e) || kv_model_layer_prefix(&dm, &m, 1, &e)) {
-        fprintf(stderr, "model: %s\n", e.msg);
-        return 1;
-    }
+    kv_config c; /* KIVI needs 32 | d: a d = 32 twin of tiny */
+    if (spec_window_models(&m, &dm, &wide, &wd, &c)) return 1;
     dm.data = m.data; /* the draft view names m's weight block for kvcu_model_upload() */
     dm.n_floats = m.n_floats;
-    kv_config c = m.config; /* KIVI needs 32 | d: a d = 32 twin of tiny */
-    c.n_heads = 2;
-    c.n_kv_heads = 2;
-    c.rotary_dim = 32;
-    if (kv_model_alloc(&wide, &c, &e) || kv_model_layer_prefix(&wd, &wide, 1, &e)) {
-        fprintf(stderr, "model: %s\n", e.msg);
-        return 1;
-    }
-    kv_model_randomize(&wide, 5);
     (void)rows_differ; /* test_spec_common.h's; the rounds compare whole images */
     wd.data = wide.data;
     wd.n_floats = wide.n_floats;

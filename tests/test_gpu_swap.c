@@ -26,7 +26,6 @@
 #include "common/kv_test.h"
 #include "common/kv_test_backend.h"
 #include "common/kv_test_gpu.h"
-#include "common/test_swap_io.h"
 #include "common/test_swap_run.h"
 
 #include "kv_needle.h"
@@ -216,29 +215,15 @@ static void check_cross(const kv_model *m, const char *variant, int gpu_to_cpu)
 int main(void)
 {
     if (kv_test_no_gpu()) return KV_TEST_SKIP;
-    kv_err e;
     kv_config c;
-    uint64_t seed;
     kv_model m;
-    memset(&m, 0, sizeof m);
-    int rc = kv_config_default_by_name("tiny", &c, &seed, &e);
-    if (!rc) rc = kv_model_alloc(&m, &c, &e);
-    KV_CHECK(rc == KV_OK, "model: %s", e.msg);
-    if (rc) return kv_test_finish();
-    kv_model_randomize(&m, seed);
+    if (swap_model(&m, &c)) return kv_test_finish();
     for (int i = 0; i < 3; i++) {
         check_bytes(&c, variants[i], 8);
         check_bytes(&c, variants[i], 16);
     }
     for (int i = 0; i < 3; i++) check_roundtrip(&m, variants[i]);
-    for (int i = 0; i < 3; i++) {
-        kv_cache_spec ps = paged_spec(variants[i], 8, &e, &rc);
-        kv_backend *b = NULL;
-        if (!rc) rc = kvcu_backend_create(&b, &m, &ps, &e);
-        KV_CHECK(rc == KV_OK, "%s: async backend: %s", variants[i], e.msg);
-        if (!rc) check_async_io(&m, b, variants[i]);
-        kv_backend_destroy(b);
-    }
+    for (int i = 0; i < 3; i++) check_swap_async(kv_test_make_cuda, &m, variants[i], variants[i]);
     for (int i = 0; i < 3; i++) {
         check_cross(&m, variants[i], 0);
         check_cross(&m, variants[i], 1);

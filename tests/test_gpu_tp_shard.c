@@ -529,7 +529,6 @@ static void test_refusals(const kv_model *m)
 int main(void)
 {
     if (kv_test_no_gpu()) return KV_TEST_SKIP;
-    kv_err e;
     for (int r = 0; r < MAXR; r++)
         if (pthread_create(&pool.th[r], NULL, pool_main, (void *)(intptr_t)r) != 0) {
             printf("test_gpu_tp_shard: could not start rank thread %d\n", r);

@@ -533,7 +533,6 @@ static void test_forward(void)
 int main(void)
 {
     if (kv_test_no_gpu()) return KV_TEST_SKIP;
-    kv_err e;
     kv_rng_seed(&rng, 6060);
     const double t0 = kv_now();
     test_specs();

@@ -492,11 +492,7 @@ static void check_engine(void)
     cfg.vocab_size = 256;
     kv_model m;
     kv_err e;
-    if (kv_model_alloc(&m, &cfg, &e)) {
-        KV_CHECK(0, "model: %s", e.msg);
-        return;
-    }
-    kv_model_randomize(&m, 7);
+    if (kv_test_model_random(&m, &cfg, 7)) return;
     const int n_prompt = 150, steps = 40, cap = n_prompt + steps;
     int prompt[150];
     for (int i = 0; i < n_prompt; i++) prompt[i] = (int)(kv_rng_u32(&rng) % 256);

@@ -92,6 +92,14 @@ static void run_grid_each(const char *dir, const char *file)
         }
 }
 
+/* The recall models and the dialogues' folder (beside DATASETS/needle); 0, or -1 (a failed
+ * check). */
+static int dialogue_setup(const char *needle_dir, kv_model models[2], char dlg_dir[1024])
+{
+    snprintf(dlg_dir, 1024, "%s/../dialogues", needle_dir);
+    return kv_test_recall_models(models) ? -1 : 0;
+}
+
 /* Multi-turn recall on quantized caches: every turn of two dialogues, both recall models.
  * Predicted as for the needles (datasets/needle/quant.needle): every turn passes for int8,
  * fp8, int4 and int2 (the facts' keys are sparse: min/max quantization keeps them). */
@@ -101,13 +109,8 @@ static void run_dialogues(const char *needle_dir)
     static const char *const fmts[] = {"int8", "fp8-e4m3", "int4", "int2"};
     kv_model models[2];
     kv_err e;
-    memset(models, 0, sizeof models);
-    if (kv_test_recall_models(models, &e)) {
-        KV_CHECK(0, "recall model: %s", e.msg);
-        return;
-    }
     char dlg_dir[1024];
-    snprintf(dlg_dir, sizeof dlg_dir, "%s/../dialogues", needle_dir);
+    if (dialogue_setup(needle_dir, models, dlg_dir)) return;
     for (int f = 0; f < 2; f++) {
         kv_dialogue d;
         if (kv_test_dialogue_read(dlg_dir, files[f], &d)) continue;
@@ -148,13 +151,8 @@ static void run_dialogue_suite(const char *needle_dir)
     const int n_fmts = (int)(sizeof fmts / sizeof fmts[0]);
     kv_model models[2];
     kv_err e;
-    memset(models, 0, sizeof models);
-    if (kv_test_recall_models(models, &e)) {
-        KV_CHECK(0, "recall model: %s", e.msg);
-        return;
-    }
     char dlg_dir[1024];
-    snprintf(dlg_dir, sizeof dlg_dir, "%s/../dialogues", needle_dir);
+    if (dialogue_setup(needle_dir, models, dlg_dir)) return;
     for (int fi = 0; fi < n_fmts; fi++) {
         int turns = 0, pass = 0;
         float mm = 1e9f;

@@ -309,12 +309,8 @@ int main(int argc, char **argv)
 {
     kv_model m;
     kv_err err;
-    if (kv_model_default(&m, KV_DEFAULT_TINY, &err)) {
-        printf("model: %s\n", err.msg);
-        return 1;
-    }
     kv_trace t;
-    make_trace(&t, REQS, N_REQS);
+    if (sched_setup(&m, &t, REQS, N_REQS, 0)) return 1;
     kv_sched_opts o = kv_sched_opts_default();
     o.max_len = 64;
 

@@ -21,22 +21,11 @@
 #include "common/kv_test.h"
 #include "common/test_sched_common.h"
 
-/* {arrival, prompt, output, n, beam, prefix, priority}: plain, samples and beams, a third of
- * them high priority, arriving over 0.1 s */
-static const kv_request REQS[] = {
-    {0.00, 9, 12, 1, 1, -1, 0}, {0.00, 23, 9, 1, 1, 0, 0},  {0.01, 14, 10, 2, 1, -1, 1},
-    {0.02, 6, 11, 1, 2, -1, 0}, {0.02, 20, 8, 1, 1, 0, 1},  {0.03, 11, 7, 3, 1, -1, 0},
-    {0.04, 17, 9, 1, 3, 1, 0},  {0.05, 26, 6, 1, 1, 1, 1},  {0.05, 5, 13, 4, 1, -1, 0},
-    {0.06, 8, 10, 1, 4, -1, 1}, {0.08, 21, 5, 1, 1, 0, 0},  {0.09, 13, 12, 1, 1, -1, 0},
-};
-#define N_REQS ((int)(sizeof REQS / sizeof REQS[0]))
+/* the trace: PRIO_REQS (test_sched_common.h) */
 
 static kv_backend *paged_backend(const kv_model *m, int n_blocks, int block_size)
 {
-    kv_cache_spec spec = kv_cache_spec_default(16, 128);
-    spec.layout.kind = KV_LAYOUT_PAGED;
-    spec.layout.block_size = block_size;
-    spec.layout.n_blocks = n_blocks;
+    kv_cache_spec spec = sched_spec(n_blocks, block_size);
     kv_backend *b = NULL;
     kv_err err;
     if (kv_backend_cpu(&b, m, &spec, &err)) {
@@ -46,30 +35,16 @@ static kv_backend *paged_backend(const kv_model *m, int n_blocks, int block_size
     return b;
 }
 
-/* Run the trace, compare each request with its solo run, check both tiers are empty. */
+/* Run the trace, compare each request with its solo run, check both tiers are empty
+ * (sched_run_check()). */
 static kv_sched_metrics run_check(const char *what, kv_backend *b, const kv_trace *t,
                                   const kv_sched_opts *o, const kv_sched_out *solo,
                                   kv_sched_out *keep)
 {
     kv_sched_out out;
-    kv_err err;
     kv_sched_metrics m;
     memset(&m, 0, sizeof m);
-    int rc = kv_sched_run(b, t, t->n, o, &out, &err);
-    KV_CHECK(rc == KV_OK, "%s: run: %s", what, err.msg);
-    if (rc) return m;
-    int same = 0;
-    for (int i = 0; i < t->n; i++) {
-        int ok = same_result(&out.results[i], &solo[i].results[0]);
-        if (!ok) printf("  %s: request %d differs from its solo run (%s)\n", what, i,
-                        out.results[i].error);
-        same += ok;
-    }
-    KV_CHECK(same == t->n, "%s: %d of %d requests equal their solo run", what, same, t->n);
-    KV_CHECK(kv_pool_check_leaks(&b->mem->paged->pool, NULL, 0) == 0 &&
-                 kv_pool_validate(&b->mem->paged->pool, &err) == KV_OK,
-             "%s: device pool empty and consistent", what);
-    KV_CHECK(out.m.host_leaked == 0, "%s: host tier empty (%d held)", what, out.m.host_leaked);
+    if (sched_run_check(what, b, t, o, solo, &out)) return m;
     m = out.m;
     if (keep) *keep = out;
     else kv_sched_out_free(&out);
@@ -283,29 +258,19 @@ static void check_latency(const kv_model *m)
 int main(void)
 {
     kv_model m;
-    kv_err err;
-    if (kv_model_default(&m, KV_DEFAULT_TINY, &err)) {
-        printf("model: %s\n", err.msg);
-        return 1;
-    }
     kv_trace t;
-    make_trace(&t, REQS, N_REQS);
-    kv_sched_opts o = kv_sched_opts_default();
-    o.max_len = 64;
-    kv_sched_out solo[N_REQS];
+    if (sched_setup(&m, &t, PRIO_REQS, N_PRIO_REQS, 0)) return 1;
+    kv_sched_out solo[N_PRIO_REQS];
+    memset(solo, 0, sizeof solo);
     kv_backend *b = paged_backend(&m, 256, 4);
-    for (int i = 0; i < N_REQS; i++) {
-        int rc = kv_sched_solo(b, &t, i, &o, &solo[i], &err);
-        KV_CHECK(rc == KV_OK && solo[i].results[0].status == KV_OK, "solo %d: %s", i,
-                 rc ? err.msg : solo[i].results[0].error);
-    }
+    sched_solo_all(b, &t, solo);
     kv_backend_destroy(b);
 
     check_modes(&m, &t, solo);
     check_order(&m);
     check_latency(&m);
 
-    for (int i = 0; i < N_REQS; i++) kv_sched_out_free(&solo[i]);
+    for (int i = 0; i < N_PRIO_REQS; i++) kv_sched_out_free(&solo[i]);
     kv_trace_free(&t);
     kv_model_free(&m);
     return kv_test_finish();

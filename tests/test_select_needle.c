@@ -333,11 +333,7 @@ int main(int argc, char **argv)
     kv_recall_vocab_get(&V);
     const double t0 = kv_now();
     kv_model models[2];
-    kv_err e;
-    if (kv_test_recall_models(models, &e)) {
-        printf("build: %s\n", e.msg);
-        return 1;
-    }
+    if (kv_test_recall_models(models)) return kv_test_finish();
     test_variants();
     run_grid(argv[1], slow);
     if (!slow) {

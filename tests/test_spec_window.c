@@ -198,22 +198,9 @@ static void test_greedy(const kv_model *m, const kv_model *dm, const wcase *w, i
 
 int main(void)
 {
-    kv_err e;
     kv_model m = {0}, dm, wide = {0}, wd;
-    if (kv_model_default(&m, KV_DEFAULT_TINY, &e) || kv_model_layer_prefix(&dm, &m, 1, &e)) {
-        fprintf(stderr, "model: %s\n", e.msg);
-        return 1;
-    }
-    /* KIVI needs 32 | d: a d = 32 twin of tiny */
-    kv_config c = m.config;
-    c.n_heads = 2;
-    c.n_kv_heads = 2;
-    c.rotary_dim = 32;
-    if (kv_model_alloc(&wide, &c, &e) || kv_model_layer_prefix(&wd, &wide, 1, &e)) {
-        fprintf(stderr, "model: %s\n", e.msg);
-        return 1;
-    }
-    kv_model_randomize(&wide, 5);
+    kv_config c; /* KIVI needs 32 | d: a d = 32 twin of tiny */
+    if (spec_window_models(&m, &dm, &wide, &wd, &c)) return 1;
     /* windows smaller than k+1 (3, 4+2 sinks) and larger (24+4), both schemes */
     const wcase win[] = {
         {KV_DTYPE_F32, 3, 0, KV_POS_ORIGINAL, 0}, {KV_QF_INT8, 4, 2, KV_POS_CACHE, 0},

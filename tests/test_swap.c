@@ -26,7 +26,6 @@
  *  - the asynchronous hooks move the bytes the synchronous ones do, tickets in order. */
 #include "common/kv_test.h"
 #include "common/kv_test_backend.h"
-#include "common/test_swap_io.h"
 #include "common/test_swap_run.h"
 
 #include "kv_needle.h"
@@ -301,27 +300,15 @@ static void check_refusals_and_link(const kv_model *m)
 
 int main(void)
 {
-    kv_err e;
     kv_config c;
-    uint64_t seed;
     kv_model m;
-    memset(&m, 0, sizeof m);
-    int rc = kv_config_default_by_name("tiny", &c, &seed, &e);
-    if (!rc) rc = kv_model_alloc(&m, &c, &e);
-    KV_CHECK(rc == KV_OK, "model: %s", e.msg);
-    if (rc) return kv_test_finish();
-    kv_model_randomize(&m, seed);
+    if (swap_model(&m, &c)) return kv_test_finish();
     const char *variants[3] = {"fp32", "int8", "fp16"};
     for (int i = 0; i < 3; i++)
         check_swap_variant(kv_test_make_cpu, "cpu", &m, variants[i], &PLAN, (1u << N_MODES) - 1);
     check_exhaustion(&m);
     check_partial(&m);
-    kv_cache_spec ps = paged_spec("int8", SWAP_B, &e, &rc);
-    kv_backend *b = NULL;
-    if (!rc) rc = kv_backend_cpu(&b, &m, &ps, &e);
-    KV_CHECK(rc == KV_OK, "async backend: %s", e.msg);
-    if (!rc) check_async_io(&m, b, "cpu");
-    kv_backend_destroy(b);
+    check_swap_async(kv_test_make_cpu, &m, "int8", "cpu");
     check_refusals_and_link(&m);
     kv_model_free(&m);
     return kv_test_finish();

@@ -161,10 +161,7 @@ int main(int argc, char **argv)
     const double t0 = kv_now();
     kv_model models[2];
     kv_err e;
-    if (kv_test_recall_models(models, &e)) {
-        printf("build: %s\n", e.msg);
-        return 1;
-    }
+    if (kv_test_recall_models(models)) return kv_test_finish();
     static const struct { const char *variant; int B; } caches[] = {{"fp32", 16}, {"int8", 8}};
     for (int f = 0; f < N_FILES; f++) {
         if (quick && f >= 2) break;

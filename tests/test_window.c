@@ -364,11 +364,7 @@ static void test_forward(void)
     kv_config cfg = model_config(2);
     kv_model m;
     kv_err e;
-    if (kv_model_alloc(&m, &cfg, &e)) {
-        KV_CHECK(0, "model: %s", e.msg);
-        return;
-    }
-    kv_model_randomize(&m, 606);
+    if (kv_test_model_random(&m, &cfg, 606)) return;
     const int N = 700, V = cfg.vocab_size;
     int tok[700];
     kv_rng r;
@@ -465,11 +461,7 @@ static void test_drift(long n_tokens)
     kv_config cfg = model_config(1);
     kv_model m;
     kv_err e;
-    if (kv_model_alloc(&m, &cfg, &e)) {
-        KV_CHECK(0, "model: %s", e.msg);
-        return;
-    }
-    kv_model_randomize(&m, 707);
+    if (kv_test_model_random(&m, &cfg, 707)) return;
     const int W = 60, S = 4, K = S + W, V = cfg.vocab_size;
     kv_backend *st = NULL, *fresh = NULL;
     kv_cache_spec ss = window_spec(KV_QF_F32, 1, 16, W, S, KV_POS_CACHE, 1 << 24);

@@ -8,6 +8,9 @@
  *  - kv_test_spec_window: one slot of a dtype with a window of W rows and S sinks;
  *  - kv_test_spec_paged / kv_test_blocks_reversed: a paged layout of B-token blocks, and slot
  *    0's table in reverse pool order (no logical neighbours are physical ones);
+ *  - kv_test_cache_open / kv_test_cache_fill: a one-slot cache created (paged: its table
+ *    reversed) and filled with n rows of given keys and values;
+ *  - kv_test_model_random: a model of a shape with random weights (a failure is a failed check);
  *  - kv_test_make_cpu: the factory kv_needle_grid() and kv_dialogue_run() call to build the CPU
  *    backend for a cell (the needle, dialogue and quantized-grid tests);
  *  - kv_test_pool_shuffle: every free block of a pool allocated, then freed in a shuffled order;
@@ -83,6 +86,54 @@ static inline int kv_test_blocks_reversed(kv_cache *c, int n_pool, int nb, kv_er
     for (int i = 0; i < nb; i++) t[i] = n_pool - 1 - i;
     const int rc = kv_cache_set_blocks(c, 0, t, nb, e);
     free(t);
+    return rc;
+}
+
+/* c of shape cfg and spec s, slot 0's table reversed when paged; a failure is a failed check
+ * naming what (and c freed). */
+static inline int kv_test_cache_open(kv_cache *c, const kv_config *cfg, const kv_cache_spec *s,
+                                     const char *what)
+{
+    kv_err e;
+    if (kv_cache_create(c, cfg, s, &e)) {
+        KV_CHECK(0, "%s: kv_cache_create: %s", what, e.msg);
+        return -1;
+    }
+    const int B = s->layout.block_size;
+    if (s->layout.kind == KV_LAYOUT_PAGED &&
+        kv_test_blocks_reversed(c, s->layout.n_blocks, (int)((s->capacity + B - 1) / B), &e)) {
+        KV_CHECK(0, "%s: set_blocks: %s", what, e.msg);
+        kv_cache_free(c);
+        return -1;
+    }
+    return 0;
+}
+
+/* Rows 0..n-1 of slot 0 written from k and v [n][H_kv][d] (both freed here), the slot's
+ * length set to n; a failure is a failed check (and c freed). */
+static inline int kv_test_cache_fill(kv_cache *c, int n, float *k, float *v)
+{
+    kv_err e;
+    const int rc = n ? kv_cache_write_seq(c, 0, 0, 0, n, k, v, &e) : KV_OK;
+    free(k);
+    free(v);
+    if (rc) {
+        KV_CHECK(0, "write_seq: %s", e.msg);
+        kv_cache_free(c);
+        return -1;
+    }
+    c->len[0] = n;
+    return 0;
+}
+
+static inline int kv_test_model_random(kv_model *m, const kv_config *c, uint64_t seed)
+{
+    kv_err e;
+    const int rc = kv_model_alloc(m, c, &e);
+    if (rc)
+        KV_CHECK(0, "model: %s", e.msg);
+    else
+        kv_model_randomize(m, seed);
     return rc;
 }
 

@@ -2,7 +2,7 @@
  * kv_test_data.h: the data fixtures of the needle, dialogue and quantized-grid tests.
  *
  *  - kv_test_recall_models: the two recall models every dialogue runs on, [0] direct and
- *    [1] induction (kv_recall.h, default options);
+ *    [1] induction (kv_recall.h, default options); one that does not build is a failed check;
  *  - kv_test_needle_read / kv_test_dialogue_read: dir/file read from a datasets folder; a file
  *    that does not read is a failed check (its message printed) and returns -1;
  *  - kv_test_dialogue_cell: one dialogue on one recall model and cache format, through the
@@ -22,13 +22,15 @@
 #include "kv_recall.h"
 #include "kv_test.h"
 
-static inline int kv_test_recall_models(kv_model models[2], kv_err *e)
+static inline int kv_test_recall_models(kv_model models[2])
 {
+    kv_err e;
     for (int k = 0; k < 2; k++) {
         kv_recall_opts o;
         kv_recall_opts_default(&o, k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT);
-        const int rc = kv_recall_build(&models[k], &o, e);
+        const int rc = kv_recall_build(&models[k], &o, &e);
         if (rc) {
+            KV_CHECK(0, "recall model: %s", e.msg);
             if (k) kv_model_free(&models[0]);
             return rc;
         }

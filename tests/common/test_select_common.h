@@ -38,18 +38,7 @@ static inline int make_cache(cache_case *cc, int d, int H, int Hkv, int dtype, i
     kv_cache_spec s = kv_cache_spec_default(1, n);
     s.quant.dtype = dtype;
     kv_test_spec_paged(&s, B, (n + B - 1) / (B ? B : 1) + 2);
-    kv_err e;
-    if (kv_cache_create(&cc->c, &cc->cfg, &s, &e)) {
-        KV_CHECK(0, "kv_cache_create: %s", e.msg);
-        return 0;
-    }
-    if (B) { /* blocks in reverse order: logical neighbours are not physical ones */
-        if (kv_test_blocks_reversed(&cc->c, s.layout.n_blocks, (n + B - 1) / B, &e)) {
-            KV_CHECK(0, "set_blocks: %s", e.msg);
-            kv_cache_free(&cc->c);
-            return 0;
-        }
-    }
+    if (kv_test_cache_open(&cc->c, &cc->cfg, &s, "select case")) return 0;
     kv_rng r;
     kv_rng_seed(&r, seed);
     const size_t m = (size_t)n * Hkv * d;
@@ -63,15 +52,7 @@ static inline int make_cache(cache_case *cc, int d, int H, int Hkv, int dtype, i
                            : kv_rng_uniform(&r, -1.0f, 1.0f);
     free(centre);
     for (size_t i = 0; i < m; i++) v[i] = kv_rng_uniform(&r, -1.0f, 1.0f);
-    const int rc = kv_cache_write_seq(&cc->c, 0, 0, 0, n, k, v, &e);
-    free(k);
-    free(v);
-    if (rc) {
-        KV_CHECK(0, "write_seq: %s", e.msg);
-        kv_cache_free(&cc->c);
-        return 0;
-    }
-    cc->c.len[0] = n;
+    if (kv_test_cache_fill(&cc->c, n, k, v)) return 0;
     cc->H = H;
     cc->Hkv = Hkv;
     cc->d = d;

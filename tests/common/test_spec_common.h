@@ -1,13 +1,17 @@
 /*
  * Pieces test_spec (CPU) and test_gpu_spec (CUDA) share (chapter 10): the cache spec of a
- * one-slot run, and the comparison of the rows two host caches keep after a rollback.
+ * one-slot run, and the comparison of the rows two host caches keep after a rollback; and the
+ * models test_spec_window and test_gpu_spec_window roll back on.
  */
 #ifndef TEST_SPEC_COMMON_H
 #define TEST_SPEC_COMMON_H
 
+#include <stdio.h>
 #include <string.h>
 
 #include "kv_cache.h"
+#include "kv_model.h"
+#include "kv_spec.h"
 
 /* One slot of @p cap tokens; paged: blocks of @p block tokens, two spare. */
 static inline kv_cache_spec spec_cache_spec(int paged, int dtype, int cap, int block)
@@ -43,6 +47,27 @@ static long rows_differ(const kv_cache *x, const kv_cache *y, int len)
                 }
             }
     return bad;
+}
+
+/* The models of the window and KIVI rounds: tiny (m) and its one-layer draft view (dm), and a
+ * d = 32 twin of tiny (KIVI needs 32 | d) of shape c with random weights (wide) and its draft
+ * view (wd). 1, with the message on stderr, when one cannot be built. */
+static inline int spec_window_models(kv_model *m, kv_model *dm, kv_model *wide, kv_model *wd,
+                                     kv_config *c)
+{
+    kv_err e;
+    if (kv_model_default(m, KV_DEFAULT_TINY, &e) || kv_model_layer_prefix(dm, m, 1, &e))
+        goto fail;
+    *c = m->config;
+    c->n_heads = 2;
+    c->n_kv_heads = 2;
+    c->rotary_dim = 32;
+    if (kv_model_alloc(wide, c, &e) || kv_model_layer_prefix(wd, wide, 1, &e)) goto fail;
+    kv_model_randomize(wide, 5);
+    return 0;
+fail:
+    fprintf(stderr, "model: %s\n", e.msg);
+    return 1;
 }
 
 #endif

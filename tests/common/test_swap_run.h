@@ -7,7 +7,8 @@
  * always comes back to other blocks, a detach to its own; the last logical blocks are the ones
  * evicted; the link carried blocks x block bytes each way in one batched copy per swap point,
  * with the modelled seconds; block bytes as the format's formula says; no leak in either tier.
- * The backend comes from a factory (kv_test_make_cpu, kv_test_make_cuda).
+ * The backend comes from a factory (kv_test_make_cpu, kv_test_make_cuda); check_swap_async()
+ * runs test_swap_io.h's asynchronous-hook check the same way.
  * Include after kv_test.h and kv_test_backend.h.
  */
 #ifndef TEST_SWAP_RUN_H
@@ -20,6 +21,7 @@
 #include "kv_rng.h"
 #include "kv_sampler.h"
 #include "kv_swap.h"
+#include "test_swap_io.h"
 
 #define CAP 48
 #define PROMPT 13
@@ -270,6 +272,33 @@ done:
     kv_backend_destroy(b);
     free(ref);
     free(got);
+}
+
+/* The tiny model both backends swap on (random weights from its own seed). */
+static int swap_model(kv_model *m, kv_config *c)
+{
+    kv_err e;
+    uint64_t seed;
+    memset(m, 0, sizeof *m);
+    int rc = kv_config_default_by_name("tiny", c, &seed, &e);
+    if (!rc) rc = kv_model_alloc(m, c, &e);
+    KV_CHECK(rc == KV_OK, "model: %s", e.msg);
+    if (!rc) kv_model_randomize(m, seed);
+    return rc;
+}
+
+/* check_async_io() (test_swap_io.h) on the factory's backend of one format. */
+static void check_swap_async(kv_needle_backend_fn make, const kv_model *m, const char *variant,
+                             const char *what)
+{
+    kv_err e;
+    int rc;
+    kv_cache_spec ps = paged_spec(variant, SWAP_B, &e, &rc);
+    kv_backend *b = NULL;
+    if (!rc) rc = make(&b, m, &ps, NULL, &e);
+    KV_CHECK(rc == KV_OK, "%s: async backend: %s", what, e.msg);
+    if (!rc) check_async_io(m, b, what);
+    kv_backend_destroy(b);
 }
 
 #endif
