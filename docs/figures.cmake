@@ -6,12 +6,14 @@
 cmake_minimum_required(VERSION 3.24)
 file(MAKE_DIRECTORY ${OUT})
 
-function(kv_run)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "figures: '${ARGN}' failed (${rc}): ${err}")
+# kv_run(<command and args> [OUTPUT_FILE <file> | OUTPUT_VARIABLE <var>]): run it, stop with
+# its stderr when it fails. A macro, so an OUTPUT_VARIABLE is set where kv_run() is called.
+macro(kv_run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE kv_run_rc ERROR_VARIABLE kv_run_err)
+  if(NOT kv_run_rc EQUAL 0)
+    message(FATAL_ERROR "figures: '${ARGN}' failed (${kv_run_rc}): ${kv_run_err}")
   endif()
-endfunction()
+endmacro()
 
 function(kv_plot name script)
   file(WRITE ${OUT}/${name}.gp "set terminal svg size 800,500 dynamic font 'sans,12'\nset output '${OUT}/${name}.svg'\nset datafile separator ','\nset grid\n${script}")
@@ -21,11 +23,7 @@ endfunction()
 
 # ---- chapter 01: cost of each naive step by position ------------------------------------------
 message(STATUS "figures: kvlab tour --chapter 1 --csv (a few seconds)")
-execute_process(COMMAND ${KVLAB} tour --chapter 1 --csv OUTPUT_FILE ${OUT}/ch01-naive.csv
-  RESULT_VARIABLE rc ERROR_QUIET)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "figures: kvlab tour --chapter 1 --csv failed (${rc})")
-endif()
+kv_run(${KVLAB} tour --chapter 1 --csv OUTPUT_FILE ${OUT}/ch01-naive.csv)
 kv_plot(ch01-cost-per-token "
 set title 'Chapter 01: naive recompute, cost of the step at each position'
 set xlabel 'position p of the new token'
@@ -41,11 +39,7 @@ plot '${OUT}/ch01-naive.csv' every ::1 using 4:7 with lines lw 2 title 'projecti
 
 # ---- chapter 02: naive vs cached, same run ----------------------------------------------------
 message(STATUS "figures: kvlab tour --chapter 2 --csv (a few seconds)")
-execute_process(COMMAND ${KVLAB} tour --chapter 2 --csv OUTPUT_FILE ${OUT}/ch02-naive-vs-cached.csv
-  RESULT_VARIABLE rc ERROR_QUIET)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "figures: kvlab tour --chapter 2 --csv failed (${rc})")
-endif()
+kv_run(${KVLAB} tour --chapter 2 --csv OUTPUT_FILE ${OUT}/ch02-naive-vs-cached.csv)
 kv_plot(ch02-cost-per-token "
 set title 'Chapter 02: FLOPs of each step, naive recompute vs KV cache'
 set xlabel 'position p of the new token'
@@ -74,11 +68,7 @@ set(lengths 512 1024 2048 4096 8192 16384 32768 65536 131072)
 set(csv "preset,tokens,bytes\n")
 foreach(p ${presets})
   foreach(n ${lengths})
-    execute_process(COMMAND ${KVLAB} calc --preset ${p} --dtype fp16 --seq ${n}
-      OUTPUT_VARIABLE o RESULT_VARIABLE rc)
-    if(NOT rc EQUAL 0)
-      message(FATAL_ERROR "figures: kvlab calc --preset ${p} --seq ${n} failed")
-    endif()
+    kv_run(${KVLAB} calc --preset ${p} --dtype fp16 --seq ${n} OUTPUT_VARIABLE o)
     # the last step of calc's derivation: "at batch B = 1 ... = <bytes> bytes = ..."
     string(REGEX MATCH "at batch B = 1[^\n]*= *([0-9]+) bytes" m "${o}")
     if(NOT CMAKE_MATCH_1)
@@ -109,11 +99,7 @@ plot ${plot_lines}
 
 # ---- chapter 05: KV bytes reserved per step, contiguous policies vs paging ------------------
 message(STATUS "figures: kvlab tour --chapter 5 --csv (under a second)")
-execute_process(COMMAND ${KVLAB} tour --chapter 5 --csv OUTPUT_FILE ${OUT}/ch05-tour.csv
-  RESULT_VARIABLE rc ERROR_QUIET)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "figures: kvlab tour --chapter 5 --csv failed (${rc})")
-endif()
+kv_run(${KVLAB} tour --chapter 5 --csv OUTPUT_FILE ${OUT}/ch05-tour.csv)
 # the per-step rows of part 2 ("2t,...") with their header, as a CSV of their own
 file(STRINGS ${OUT}/ch05-tour.csv ch05_lines REGEX "^(2t,|part,step,held_bytes)")
 list(JOIN ch05_lines "\n" ch05_text)
@@ -155,11 +141,8 @@ plot p every ::1 using 1:3 with steps lw 2 title 'paged: blocks used', \\
 
 # ---- chapter 06: memory on an endless stream, window vs full cache --------------------------
 message(STATUS "figures: kvlab stream --csv, 32768 tokens through a window, 8192 kept in full (about 10 s)")
-execute_process(COMMAND ${KVLAB} stream --tokens 32768 --full-tokens 8192 --every 1024 --csv
-  OUTPUT_FILE ${OUT}/ch06-stream.csv RESULT_VARIABLE rc ERROR_QUIET)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "figures: kvlab stream --csv failed (${rc})")
-endif()
+kv_run(${KVLAB} stream --tokens 32768 --full-tokens 8192 --every 1024 --csv
+  OUTPUT_FILE ${OUT}/ch06-stream.csv)
 kv_plot(ch06-stream-memory "
 set title 'Chapter 06: KV bytes held while streaming (tiny model, fp16; 4 sinks + 256-token window)' noenhanced
 set xlabel 'tokens streamed'
@@ -231,12 +214,8 @@ plot ${ch07_normal}
 # kvlab bench attention counts the bytes (kv_flash_stats), so this figure is the same on any
 # machine; its time columns are not plotted. One file per (mode, algorithm): n_keys, MiB.
 message(STATUS "figures: kvlab bench attention --csv (about 20 s)")
-execute_process(COMMAND ${KVLAB} bench attention --csv --decode 1024,4096,16384
-  --prefill 256,512,1024 --repeats 1 --prefill-repeats 1
-  OUTPUT_FILE ${OUT}/ch08-attention.csv RESULT_VARIABLE rc ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "figures: kvlab bench attention failed (${rc}): ${err}")
-endif()
+kv_run(${KVLAB} bench attention --csv --decode 1024,4096,16384 --prefill 256,512,1024
+  --repeats 1 --prefill-repeats 1 OUTPUT_FILE ${OUT}/ch08-attention.csv)
 set(ch08_plot "")
 foreach(mode decode prefill)
   foreach(algo naive tiled split)
@@ -273,11 +252,7 @@ plot ${ch08_plot}
 # ("kept,model,cache,layer,reader,position,needle"): for the evicting methods the positions
 # kept after the 512-token haystack, for quest and topk the positions each question reads.
 message(STATUS "figures: kvlab tour --chapter 9 --csv (a few seconds)")
-execute_process(COMMAND ${KVLAB} tour --chapter 9 --csv OUTPUT_FILE ${OUT}/ch09-tour.csv
-  RESULT_VARIABLE rc ERROR_QUIET)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "figures: kvlab tour --chapter 9 --csv failed (${rc})")
-endif()
+kv_run(${KVLAB} tour --chapter 9 --csv OUTPUT_FILE ${OUT}/ch09-tour.csv)
 file(STRINGS ${OUT}/ch09-tour.csv ch09_lines REGEX "^(kept,|part,model,cache,layer,)")
 list(JOIN ch09_lines "\n" ch09_text)
 file(WRITE ${OUT}/ch09-kept.csv "${ch09_text}\n")

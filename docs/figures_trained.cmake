@@ -7,11 +7,7 @@ set(KJV ${SRC}/datasets/models)
 # one `kvlab eval ppl ... --csv` run: its result row, prefixed with @p label, appended to @p csv
 # (the header, prefixed with "label", written first when the file is new)
 function(kv_ppl csv label)
-  execute_process(COMMAND ${KVLAB} eval ppl ${ARGN} --csv OUTPUT_VARIABLE o
-    RESULT_VARIABLE rc ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "figures: kvlab eval ppl ${ARGN} failed (${rc}): ${err}")
-  endif()
+  kv_run(${KVLAB} eval ppl ${ARGN} --csv OUTPUT_VARIABLE o)
   string(REPLACE "\n" ";" lines "${o}")
   list(GET lines 0 head)
   list(GET lines 1 row)
@@ -31,11 +27,11 @@ foreach(hkv 4 2 1)
   set(top 100)
   if(hkv LESS 4)
     set(model ${OUT}/kjv-kv${hkv}.bin)
-    execute_process(COMMAND ${KVLAB} convert --model ${KJV}/kjv.bin --kv-heads ${hkv}
-      --out ${model} --compare 512 OUTPUT_VARIABLE o RESULT_VARIABLE rc)
+    kv_run(${KVLAB} convert --model ${KJV}/kjv.bin --kv-heads ${hkv} --out ${model}
+      --compare 512 OUTPUT_VARIABLE o)
     string(REGEX MATCH "KL mean ([0-9.e+-]+) nats.*agreement ([0-9.]+)%" m "${o}")
-    if(NOT rc EQUAL 0 OR NOT CMAKE_MATCH_1)
-      message(FATAL_ERROR "figures: kvlab convert --kv-heads ${hkv} failed:\n${o}")
+    if(NOT CMAKE_MATCH_1)
+      message(FATAL_ERROR "figures: no KL or agreement in kvlab convert --kv-heads ${hkv}:\n${o}")
     endif()
     set(kl ${CMAKE_MATCH_1})
     set(top ${CMAKE_MATCH_2})
@@ -65,11 +61,7 @@ plot f every ::1 using 1:3 with linespoints lw 2 pt 7 title 'held-out perplexity
 
 # ---- chapter 04: mean |K| per channel before and after RoPE ------------------------------------
 message(STATUS "figures: chapter 04 on the trained model: kvlab eval keys (a second)")
-execute_process(COMMAND ${KVLAB} eval keys --csv OUTPUT_FILE ${OUT}/ch04-trained-keys.csv
-  RESULT_VARIABLE rc ERROR_QUIET)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "figures: kvlab eval keys --csv failed (${rc})")
-endif()
+kv_run(${KVLAB} eval keys --csv OUTPUT_FILE ${OUT}/ch04-trained-keys.csv)
 kv_plot(ch04-trained-key-channels "
 set terminal svg size 900,500 dynamic font 'sans,12'
 set output '${OUT}/ch04-trained-key-channels.svg'
@@ -86,11 +78,7 @@ plot f every ::1 using (\$1 == 3 ? \$2 * 32 + \$3 : 1/0):4 with impulses lw 3 lc
 
 # ---- chapter 06: attention mass per position (sinks?) -------------------------------------------
 message(STATUS "figures: chapter 06 on the trained model: kvlab eval mass (a second)")
-execute_process(COMMAND ${KVLAB} eval mass --csv OUTPUT_FILE ${OUT}/ch06-trained-mass.csv
-  RESULT_VARIABLE rc ERROR_QUIET)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "figures: kvlab eval mass --csv failed (${rc})")
-endif()
+kv_run(${KVLAB} eval mass --csv OUTPUT_FILE ${OUT}/ch06-trained-mass.csv)
 kv_plot(ch06-trained-mass "
 set title 'Chapter 06: attention mass each position receives, trained model, first 512 held-out tokens' noenhanced
 set xlabel 'position p'
@@ -143,11 +131,8 @@ message(STATUS "figures: chapter 10 on the trained model: kvlab spec (about a mi
 file(WRITE ${OUT}/ch10-trained.csv "draft_layers,temperature,k,tokens_per_step,acceptance\n")
 foreach(dl 1 2 3)
   foreach(t 0 1)
-    execute_process(COMMAND ${KVLAB} spec --model ${KJV}/kjv.bin --draft-layers ${dl}
-      --temperature ${t} --tokens 128 --max-k 6 --csv OUTPUT_VARIABLE o RESULT_VARIABLE rc)
-    if(NOT rc EQUAL 0)
-      message(FATAL_ERROR "figures: kvlab spec --draft-layers ${dl} --temperature ${t} failed")
-    endif()
+    kv_run(${KVLAB} spec --model ${KJV}/kjv.bin --draft-layers ${dl} --temperature ${t}
+      --tokens 128 --max-k 6 --csv OUTPUT_VARIABLE o)
     string(REPLACE "\n" ";" lines "${o}")
     list(REMOVE_AT lines 0)
     foreach(row ${lines})

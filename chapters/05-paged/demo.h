@@ -34,21 +34,13 @@ static inline kv_cache_spec paged_spec(int n_slots, int capacity, int B, int n_b
     return s;
 }
 
-/* A paged backend on the demo's device. The CUDA cache may refuse the paged layout
- * (KV_ERR_UNSUPPORTED): the part then says so once and runs on the CPU; *dev names where it
- * ran, so the reference runs beside it use the same device. */
+/* A paged backend on the demo's device, or on the CPU where that device refuses the layout
+ * (kv_demo_backend(); *dev names where it runs), with the prefix cache when asked. */
 static inline int paged_backend(const kv_demo_ctx *ctx, const kv_model *m,
-                                const kv_cache_spec *spec, int prefix_cache, kv_backend **b, const char **dev, kv_err *err)
+                                const kv_cache_spec *spec, int prefix_cache, kv_backend **b,
+                                const char **dev, kv_err *err)
 {
-    *dev = ctx->device;
-    int st = kv_cli_backend(b, ctx->device, m, spec, err);
-    if (st == KV_ERR_UNSUPPORTED && strcmp(ctx->device, "cpu") != 0) {
-        fprintf(ctx->csv ? stderr : ctx->out, "   (%s: %s; this part runs on the cpu)\n",
-                ctx->device, err->msg);
-        err->msg[0] = 0;
-        *dev = "cpu";
-        st = kv_backend_cpu(b, m, spec, err);
-    }
+    int st = kv_demo_backend(ctx, m, spec, b, dev, err);
     if (!st && prefix_cache) st = kv_backend_enable_prefix_cache(*b, err);
     return st;
 }

@@ -30,22 +30,6 @@
 #define CH07_DECODE 8   /* part 1: tokens decoded after it comes back */
 #define CH07_B 16
 
-/* A paged backend on the demo's device, or on the CPU when that device refuses the spec. */
-static int paged_backend(const kv_demo_ctx *ctx, const kv_model *m, const kv_cache_spec *spec,
-                         kv_backend **b, const char **dev, kv_err *err)
-{
-    *dev = ctx->device;
-    int st = kv_cli_backend(b, ctx->device, m, spec, err);
-    if (st == KV_ERR_UNSUPPORTED && strcmp(ctx->device, "cpu") != 0) {
-        fprintf(ctx->csv ? stderr : ctx->out, "   (%s: %s; this part runs on the cpu)\n",
-                ctx->device, err->msg);
-        err->msg[0] = 0;
-        *dev = "cpu";
-        st = kv_backend_cpu(b, m, spec, err);
-    }
-    return st;
-}
-
 /* ---- 1. a sequence out and back ----------------------------------------------------------- */
 
 static int part_roundtrip(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
@@ -63,7 +47,7 @@ static int part_roundtrip(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err
     const char *dev = ctx->device;
     int tok[3][CH07_PROMPT + CH07_DECODE];
     float *lg = malloc(sizeof(float) * 2 * (size_t)V); /* [2][V]: slot 0 swapped, slot 1 not */
-    int st = lg ? paged_backend(ctx, m, &spec, &b, &dev, err)
+    int st = lg ? kv_demo_backend(ctx, m, &spec, &b, &dev, err)
                 : kv_fail(err, KV_ERR_NOMEM, "demo: logits");
     if (!st) st = kv_swap_init(&sw, b->mem, per_seq, NULL, err);
     if (st) goto done;
@@ -230,7 +214,7 @@ static int part_serve(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
         if (mode < 0) continue; /* a mode this scheduler does not have */
         kv_backend *b = NULL;
         const char *dev;
-        st = paged_backend(ctx, m, &spec, &b, &dev, err);
+        st = kv_demo_backend(ctx, m, &spec, &b, &dev, err);
         kv_sched_opts o = kv_sched_opts_default();
         o.burst = burst;
         o.preempt = mode;

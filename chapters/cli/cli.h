@@ -199,6 +199,15 @@ typedef struct {
                          *   repeats (what the emulation build and memcheck run) */
 } kv_demo_ctx;
 
+/**
+ * A backend on the demo's device (kv_cli_backend()), or on the CPU when that device refuses
+ * the spec (KV_ERR_UNSUPPORTED: the CUDA cache and a paged or other layout it lacks): the
+ * demo then says so once and runs that part on the cpu. *dev names where it runs, so the
+ * reference runs beside it use the same device.
+ */
+int kv_demo_backend(const kv_demo_ctx *ctx, const kv_model *model, const kv_cache_spec *spec,
+                    kv_backend **out, const char **dev, kv_err *err);
+
 /** A chapter demo: returns a kv_status and fills @p err. */
 typedef int (*kv_demo_fn)(const kv_demo_ctx *ctx, kv_err *err);
 

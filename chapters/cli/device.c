@@ -74,6 +74,21 @@ int kv_cli_backend_engine(kv_backend **out, const char *device, const kv_model *
     return kv_cli_backend(out, device, model, spec, err);
 }
 
+int kv_demo_backend(const kv_demo_ctx *ctx, const kv_model *model, const kv_cache_spec *spec,
+                    kv_backend **out, const char **dev, kv_err *err)
+{
+    *dev = ctx->device;
+    int st = kv_cli_backend(out, ctx->device, model, spec, err);
+    if (st == KV_ERR_UNSUPPORTED && strcmp(ctx->device, "cpu") != 0) {
+        fprintf(ctx->csv ? stderr : ctx->out, "   (%s: %s; this part runs on the cpu)\n",
+                ctx->device, err->msg);
+        err->msg[0] = 0;
+        *dev = "cpu";
+        st = kv_backend_cpu(out, model, spec, err);
+    }
+    return st;
+}
+
 int kv_cli_default_model(kv_model *m, const char *name, kv_err *err)
 {
     kv_config c;
