@@ -25,14 +25,10 @@
 #include "common/kv_test.h"
 #include "common/test_sched_common.h"
 
-/* A small trace in memory: {arrival, prompt, output, n, beam, prefix, priority}. */
-static const kv_request REQS[] = {
-    {0.00, 9, 12, 1, 1, -1, 0},  {0.00, 23, 9, 1, 1, 0, 0},  {0.01, 14, 10, 2, 1, -1, 0},
-    {0.02, 6, 11, 1, 2, -1, 0},  {0.02, 20, 8, 1, 1, 0, 0},  {0.03, 11, 7, 3, 1, -1, 0},
-    {0.04, 17, 9, 1, 3, 1, 0},   {0.05, 26, 6, 1, 1, 1, 0},  {0.05, 5, 13, 4, 1, -1, 0},
-    {0.06, 8, 10, 1, 4, -1, 0},  {0.08, 21, 5, 1, 1, 0, 0},  {0.09, 13, 12, 1, 1, -1, 0},
-};
-#define N_REQS ((int)(sizeof REQS / sizeof REQS[0]))
+/* A small trace in memory: the chapter-07 requests (PRIO_REQS, test_sched_common.h), every
+ * one of normal priority (main() fills it). */
+#define N_REQS N_PRIO_REQS
+static kv_request REQS[N_REQS];
 
 static kv_backend *paged_backend_dtype(const kv_model *m, int n_blocks, int block_size,
                                       int prefix, int dtype)
@@ -310,6 +306,10 @@ int main(int argc, char **argv)
     kv_model m;
     kv_err err;
     kv_trace t;
+    for (int i = 0; i < N_REQS; i++) {
+        REQS[i] = PRIO_REQS[i];
+        REQS[i].priority = 0;
+    }
     if (sched_setup(&m, &t, REQS, N_REQS, 0)) return 1;
     kv_sched_opts o = kv_sched_opts_default();
     o.max_len = 64;
