@@ -115,12 +115,7 @@ typedef struct {
  * reads (kv_cache_elem(), keys rotated under KV_POS_CACHE) gives S and V (kv_test_attn_sv()). */
 static double bound_of(const kv_cache *c, int pos, int h, int H, const float *qh)
 {
-    const int d = c->head_dim;
-    const int64_t n = kv_window_count(c->spec.window.size, c->spec.window.n_sinks, pos);
-    double smax, vmax;
-    kv_test_attn_sv(c, pos, h, H, qh, &smax, &vmax);
-    const double u = 0x1p-24, delta = u * ((d / 16 + 30) * smax + 4);
-    return 1.01 * (expm1(2 * delta) + (2.0 * (double)n + 5) * u) * vmax;
+    return kv_test_attn_bound(c, pos, h, H, qh, 0, 0);
 }
 
 /* The largest |err| / bound seen, over every comparison (how tight the bound is). */
