@@ -301,11 +301,8 @@ message(STATUS "figures: ${OUT}/needle-ch09.svg")
 # rank's K/V row bytes (cache / (20 tokens x L)) and its two all-reduces (after Wo, after W2).
 set(csv "p,kv_bytes_per_rank,tokens,layers,allreduce_value,allreduce_unit\n")
 foreach(p 1 2 3 6)
-  execute_process(COMMAND ${KVLAB} tp --default small --ranks ${p} --prompt 16 --tokens 4 --repeats 1
-    OUTPUT_VARIABLE o RESULT_VARIABLE rc ERROR_QUIET)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "figures: kvlab tp --ranks ${p} failed (${rc})")
-  endif()
+  kv_run(${KVLAB} tp --default small --ranks ${p} --prompt 16 --tokens 4 --repeats 1
+    OUTPUT_VARIABLE o)
   string(REGEX MATCH "per-rank KV cache: ([0-9]+) bytes" m "${o}")
   set(kv ${CMAKE_MATCH_1})
   string(REGEX MATCH " L ([0-9]+)," m "${o}")
