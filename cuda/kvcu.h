@@ -256,8 +256,8 @@ int kvcu_cache_attention(const kvcu_cache *c, int layer, int slot, int pos, cons
                          float *out, int n_heads, kv_err *err);
 /**
  * kvcu_cache_attention() with the kernel chosen: 1 to 4 as in kvcu_attn_decode_version(), or
- * 0 for the engine's choice (v4 where it reads the layer when kvcu_attention_fast() is on,
- * else v2 up to 512 positions, v3 beyond). @p scratch: device scratch of
+ * 0 for the engine's choice (v4 where it reads the layer, kvcu_cache_decode_reads(); else v2
+ * up to 512 positions, v3 beyond). @p scratch: device scratch of
  * kvcu_attn_decode_scratch(version or 4, n_heads, head_dim, capacity) floats, or NULL to
  * allocate one and wait for the kernel; with a scratch the call returns at once. Contiguous
  * and paged caches, every format.
@@ -266,16 +266,10 @@ int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, in
                                  const float *q, float *out, float *scratch, int n_heads,
                                  kv_err *err);
 /** 1 when the engine's decode kernel (version 4) reads @p layer of @p c with @p n_heads query
- * heads: every format but KIVI, keys not rotated at attention (not KV_POS_CACHE), rows a
- * multiple of 16 bytes, at most 32 chunks of 16 bytes per row, the group's shared memory
- * within 160 KiB; else 0 (the engine then runs v2/v3). */
+ * heads: every format, KIVI and keys rotated at attention (KV_POS_CACHE) included, when a row
+ * is at most 32 chunks of 16 bytes (a power of two) in its format or as fp32 (d = 4, 8, .. 128),
+ * and the group's shared memory is within 160 KiB; else 0 (the engine then runs v2/v3). */
 int kvcu_cache_decode_reads(const kvcu_cache *c, int layer, int n_heads);
-/** Whether the engine (kvcu_attention(), and version 0 above) runs version 4 where it reads the
- * layer (1) or v2/v3 (0, the default); @p on < 0 only asks. Returns the setting before the call.
- * Off by default: chapter 09's selected-set kernel (attn_list_kernel) keeps v2's arithmetic, and
- * a selection that keeps every position equals the plain engine bit for bit only while the
- * plain engine does too (tests/test_gpu_retain.c). Set it before any step, not between steps. */
-int kvcu_attention_fast(int on);
 /** GPU twin of kv_cache_write_slots(): k, v [n][H_kv][d] device rows into pool rows
  * @p slots [n] (host memory; negative = padding, skipped), the CPU's bytes; fp8 and KIVI
  * refused with the CPU's words. */

@@ -5,14 +5,15 @@
  *  - version 4 reads every per-token format (fp32, fp16, bf16, int8 per row and per 32
  *    channels, fp8 E4M3 and E5M2) on both layouts (paged: a scrambled table of 16-token
  *    blocks), for MHA (G 1, d 128: 32 lanes a row in fp32), GQA (G 4, d 64) and MQA (G 8,
- *    d 64), and a window with sinks: kvcu_cache_decode_reads() says so, and KIVI and
- *    KV_POS_CACHE are refused (the engine runs v2/v3 for them);
+ *    d 64), and a window with sinks: kvcu_cache_decode_reads() says so; KIVI (int4, int2) and
+ *    keys rotated at attention (KV_POS_CACHE, a window of 300 behind 4 sinks) through its
+ *    staged fp32 tiles, held to the same bound;
  *  - every output is within the forward-error bound below of the reference, at query
  *    positions inside the first tile, past several tiles, and past several split ranges
- *    (int8 per-row keys: the reference fed the 16-bit query, kv_attn_query_rounded(), which
- *    the kernel applies, as v2 and the CPU do);
- *  - with kvcu_attention_fast(1) the engine's choice (version 0) is version 4, bit for bit,
- *    and paged equals contiguous bit for bit (one row locator, the same arithmetic).
+ *    (int8 per-row keys: the reference fed the 16-bit query, kv_attn_query_rounded(), whose
+ *    codes the kernel multiplies into the key codes as integers, as the CPU does);
+ *  - the engine's choice (version 0) is version 4, bit for bit, and paged equals contiguous
+ *    bit for bit (one row locator, the same arithmetic).
  *
  * The bound: test_attn_fast.c's, with what this kernel adds. u = 2^-24, N retained rows,
  * S = max_i Σ_j |q_j||k_ij| / √d, V = max |v_ij|.
@@ -43,6 +44,7 @@ enum { N_MAX = 700, B = 16 };
 
 static kv_rng rng;
 static double worst_ratio;
+static int pos_cache; /* the next cache keeps its keys before RoPE (KV_POS_CACHE) */
 
 typedef struct {
     const char *name;
@@ -85,6 +87,7 @@ static void check_cache(const shape *sh, int fmt, int paged, int W, int S, int n
     s.quant.dtype = fmt;
     s.window.size = W;
     s.window.n_sinks = S;
+    if (pos_cache) s.window.pos_scheme = KV_POS_CACHE;
     const int rows = W ? (S + W < n ? S + W : n) : n;
     if (paged) {
         s.layout.kind = KV_LAYOUT_PAGED;
@@ -92,8 +95,8 @@ static void check_cache(const shape *sh, int fmt, int paged, int W, int S, int n
         s.layout.n_blocks = (rows + B - 1) / B + 2;
     }
     char what[160];
-    snprintf(what, sizeof what, "%s %s %s%s", sh->name, kv_quant_name(fmt),
-             paged ? "paged" : "contiguous", W ? " window" : "");
+    snprintf(what, sizeof what, "%s %s %s%s%s", sh->name, kv_quant_name(fmt),
+             paged ? "paged" : "contiguous", W ? " window" : "", pos_cache ? " KV_POS_CACHE" : "");
     kv_cache c;
     kvcu_cache *g = NULL;
     kv_err e;
@@ -169,24 +172,16 @@ static void check_cache(const shape *sh, int fmt, int paged, int W, int S, int n
     kv_cache_free(&c);
 }
 
-/* What version 4 does not read: the engine keeps v2/v3 there. */
+/* What version 4 does not read: a head dim past 32 chunks of 16 bytes even as fp32 staged
+ * rows (fp32 d 256); the engine keeps v2/v3 there. */
 static void check_refusals(void)
 {
-    kv_config cfg = kv_test_config(1, 8, 2, 64, 4096);
+    kv_config cfg = kv_test_config(1, 8, 2, 256, 4096);
     kv_cache_spec s = kv_cache_spec_default(1, 64);
     kvcu_cache *g = NULL;
     kv_err e;
-    s.quant.dtype = KV_QF_INT4_KIVI;
     KV_CHECK(kvcu_cache_create(&g, &cfg, &s, &e) == KV_OK && kvcu_cache_decode_reads(g, 0, 8) == 0,
-             "KIVI: version 4 does not read it");
-    kvcu_cache_free(g);
-    s = kv_cache_spec_default(1, 64);
-    s.window.size = 16;
-    s.window.n_sinks = 4;
-    s.window.pos_scheme = KV_POS_CACHE;
-    g = NULL;
-    KV_CHECK(kvcu_cache_create(&g, &cfg, &s, &e) == KV_OK && kvcu_cache_decode_reads(g, 0, 8) == 0,
-             "KV_POS_CACHE: keys rotated at attention, version 4 does not read them");
+             "fp32 d 256: version 4 does not read it");
     kvcu_cache_free(g);
 }
 
@@ -197,7 +192,6 @@ int main(void)
         printf("skipped: %s\n", e.msg);
         return KV_TEST_SKIP;
     }
-    KV_CHECK(kvcu_attention_fast(1) == 0, "the engine runs v2/v3 unless switched");
     const shape shapes[] = {{"GQA G4 d64", 8, 2, 64}, {"MHA d128", 4, 4, 128}, {"MQA G8 d64", 8, 1, 64}};
     const int fmts[] = {KV_QF_F32, KV_QF_F16, KV_QF_BF16, KV_QF_INT8, KV_QF_INT8_G32,
                         KV_QF_FP8_E4M3, KV_QF_FP8_E5M2};
@@ -217,6 +211,18 @@ int main(void)
     for (int paged = 0; paged < 2; paged++) /* a window of 300 behind 4 sinks, 700 positions */
         check_cache(&shapes[0], KV_QF_F16, paged, 300, 4, N_MAX, NULL);
     check_cache(&shapes[2], KV_QF_INT8, 1, 300, 4, N_MAX, NULL);
+    /* the staged fp32 tiles: KIVI, and keys rotated at attention (paged == contiguous there) */
+    check_cache(&shapes[0], KV_QF_INT4_KIVI, 0, 0, 0, N_MAX, NULL);
+    check_cache(&shapes[2], KV_QF_INT2_KIVI, 0, 0, 0, N_MAX, NULL);
+    pos_cache = 1;
+    for (int paged = 0; paged < 2; paged++) {
+        kv_rng_seed(&rng, 977);
+        check_cache(&shapes[0], KV_QF_F16, paged, 300, 4, N_MAX, bits[paged]);
+    }
+    KV_CHECK(!memcmp(bits[0], bits[1], sizeof(float) * 8 * 64),
+             "KV_POS_CACHE: paged == contiguous, bit for bit");
+    check_cache(&shapes[2], KV_QF_INT8, 0, 300, 4, N_MAX, NULL);
+    pos_cache = 0;
     check_refusals();
     printf("max |err| / bound %.3g\n", worst_ratio);
     printf("%d passed, %d failed\n", kv_test_passed, kv_test_failed);

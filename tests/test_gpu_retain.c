@@ -33,9 +33,9 @@
  *    gets alone, bit for bit (H2O, whose mass is a slot's own rows);
  *  - a budget at least the stream's length evicts nothing and reads everything: the device
  *    logits equal the plain kvcu_forward()'s bit for bit in the emulation build (the list
- *    kernel is v2's passes with list[i] in place of i, and every row fits v2's one
- *    512-position partition, where the engine runs v2 too); on a GPU, within the fp32
- *    tolerance (the compiler may contract the two kernels differently);
+ *    runs the engine's decode kernel with list[i] in place of i, the same ranges and merge);
+ *    on a GPU, within the fp32 tolerance (the compiler may contract differently where the
+ *    list and the plain row locator differ);
  *  - the device cache refuses what the CPU cache refuses, with the same words after the
  *    function's name: a paged, windowed or KIVI spec with a selection, a spec without a
  *    budget, an unknown method, and truncate / fork / set_length on a retention cache;

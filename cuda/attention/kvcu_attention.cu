@@ -38,8 +38,12 @@
  *   (kvcu_flash.cu) cuts its keys into the same ranges (attn_split_span()) and ends here too.
  * Version 4 (cuda/attention/kvcu_decode.cu) is the engine's decode kernel: 16-byte loads,
  *   cp.async tiles, online softmax per range, ranges sized from the device; it ends in this
- *   merge. kvcu_attention() runs it, switched on (kvcu_attention_fast()), where it reads the
- *   layer, else v2 (one partition) or v3: never by the batch, so a row keeps its bits.
+ *   merge. kvcu_attention() runs it on every layer it reads (every format and retention;
+ *   kvcu_cache_decode_reads() names the shapes it does not), else v2 (one partition) or v3:
+ *   never by the batch, so a row keeps its bits. Chapter 09's selected sets run it too
+ *   (kvcu_attn_list_launch()); the merge then also leaves each listed position's weight.
+ *   v1 to v3 stay as chapter 03's and chapter 08's numbered steps (kvcu_attn_decode_version(),
+ *   kvcu_cache_attention_version()).
  *
  * Chapter 04: every version reads the cache through kv_head_view (kv_cache.h): an fp32 layer
  *   as plain floats, any other format by the per-element decode of kv_quant_math.h inline in
@@ -96,27 +100,6 @@ __device__ inline void attn_walk_from(kv_window_walk *k, const attn_src &s, int6
         k->pos = kv_window_pos(s.keep_w, s.keep_s, t, i0);
         k->row = kv_window_row(s.keep_w, s.keep_s, k->pos);
     }
-}
-
-/* The cos/sin entry [rotary_dim/2][2] of cache index i under KV_POS_CACHE, else NULL. */
-__device__ inline const float *attn_rope(const attn_src &s, int64_t i)
-{
-    return s.rope_cs ? s.rope_cs + i * (s.rotary_dim / 2) * 2 : NULL;
-}
-
-/* Element i of a key, rotated by its cache index when @p cs is that index's cos/sin
- * (KV_POS_CACHE: keys are stored before RoPE). The pair (2j, 2j+1) is rotated with
- * kv_attention.c's rotate_row() arithmetic, every product and sum rounded on its own (no
- * fused multiply-add, which would round once), so the rotated key has the CPU's bits. */
-__device__ inline float key_ld(const kv_head_view &kh, const float *kf, int64_t p, int64_t r,
-                               int i, const float *cs, int rotary_dim)
-{
-    if (!cs || i >= rotary_dim) return kv_ld(kh, kf, p, r, i);
-    const int j = i & ~1;
-    const float a = kv_ld(kh, kf, p, r, j), b = kv_ld(kh, kf, p, r, j + 1);
-    const float c = cs[j], s = cs[j + 1];
-    return (i & 1) ? __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c))
-                   : __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
 }
 
 /* A launch's block t handles the row attn_span_of() names (kvcu_internal.cuh): token row tr
@@ -186,9 +169,9 @@ __global__ void attn_decode_kernel_v1(float *out, const float *q, attn_src src, 
     }
 }
 
-/* A block's group: the G query heads of KV head kvh, as v2, v3 and chapter 09's list kernel
- * hold it. Shared memory (group_smem()): the packed queries, the reduction scratch and each
- * head's max and exp-sum; the views of the KV head's K and V rows. */
+/* A block's group: the G query heads of KV head kvh, as v2 and v3 hold it. Shared memory
+ * (group_smem()): the packed queries, the reduction scratch and each head's max and exp-sum;
+ * the views of the KV head's K and V rows. */
 struct attn_group {
     int G, d;
     float *qs;            /* [G][d] the group's queries */
@@ -228,15 +211,14 @@ __device__ inline attn_group group_open(float *smem, const attn_src &src, const 
 
 /*
  * The three passes of a group's G query heads over the retained positions p0 .. p1-1
- * (indices in the list a query at tpos sees; or, with @p list, the cache positions
- * list[p0 .. p1-1]: chapter 09's selected set): v2's body, and v3's for one partition.
+ * (indices in the list a query at tpos sees): v2's body, and v3's for one partition.
  * att: the group's scores, [G][stride] indexed by list index. Per head g: its max goes to
  * a.mx[g], its exp-sum to a.l[g], and the weighted values to o + g·o_stride [d], divided by
  * the sum when @p normalize (v2) and left unnormalized otherwise (v3).
  */
 static __device__ void attn_group_span(const attn_group &a, const attn_src &src, int64_t tpos,
                                 float *att, int stride, int p0, int p1, float *o,
-                                size_t o_stride, int normalize, const int *list)
+                                size_t o_stride, int normalize)
 {
     const int G = a.G, head_dim = a.d;
     const float *qs = a.qs, *kf = a.kf, *vf = a.vf;
@@ -248,9 +230,9 @@ static __device__ void attn_group_span(const attn_group &a, const attn_src &src,
     for (int g0 = 0; g0 < G; g0 += ATTN_GROUP_REGS) {
         const int ng = G - g0 < ATTN_GROUP_REGS ? G - g0 : ATTN_GROUP_REGS;
         for (int p = p0 + threadIdx.x; p < p1; p += blockDim.x) {
-            const int64_t lr = list ? (int64_t)list[p] : attn_row(src, tpos, p);
+            const int64_t lr = attn_row(src, tpos, p);
             const int64_t r = kv_view_row(&kh, lr);
-            const float *cs = list ? NULL : attn_rope(src, p);
+            const float *cs = attn_rope(src, p);
             float dot[ATTN_GROUP_REGS];
             KV_UNROLL
             for (int g = 0; g < ATTN_GROUP_REGS; g++) dot[g] = 0.0f;
@@ -297,8 +279,7 @@ static __device__ void attn_group_span(const attn_group &a, const attn_src &src,
             kv_window_walk w;
             attn_walk_from(&w, src, tpos, p0);
             for (int p = p0; p < p1; p++, kv_window_walk_next(&w)) {
-                const int64_t lr = list ? (int64_t)list[p] : w.row;
-                const float vi = kv_ld(vh, vf, lr, kv_view_row(&vh, lr), i);
+                const float vi = kv_ld(vh, vf, w.row, kv_view_row(&vh, w.row), i);
                 KV_UNROLL
                 for (int g = 0; g < ATTN_GROUP_REGS; g++)
                     if (g < ng) acc[g] += att[(size_t)(g0 + g) * stride + p] * vi;
@@ -325,39 +306,7 @@ __global__ void attn_decode_kernel_v2(float *out, const float *q, attn_src src, 
     const int h0 = kvh * a.G;
     float *att = scores + ((size_t)t * n_heads + h0) * stride; /* [G][stride] */
     float *oh = out + ((size_t)tr * n_heads + h0) * head_dim;  /* [G][d] */
-    attn_group_span(a, src, tpos, att, stride, 0, n, oh, head_dim, 1, NULL);
-}
-
-/* Chapter 09's member of the family, retention = a selected set: block (kvh, t) runs v2's
- * passes for step row j = r0 + t over the cache positions of its list, lst = lists +
- * off[kvh][j - j0], m = cnt[kvh][j - j0] of them (off, cnt [H_kv][n] for rows j0 .. j0+n-1).
- * att [t][H][stride] keeps each head's exp(s - max) by list index (the mass kernel in
- * kvcu_retain.cu reads them), sums [t][H] the exp-sum they are divided by. q, out [n][H][d]. */
-__global__ void attn_list_kernel(float *out, const float *q, attn_src src, float *att,
-                                 float *sums, const int *off, const int *cnt, const int *lists,
-                                 int slot, int r0, int j0, int n, int n_heads, int n_kv_heads,
-                                 int head_dim, int stride)
-{
-    KV_DYNAMIC_SMEM(float, smem);
-    const int kvh = blockIdx.x, t = blockIdx.y, j = r0 + t;
-    const int *lst = lists + off[(size_t)kvh * n + (j - j0)];
-    const int m = cnt[(size_t)kvh * n + (j - j0)];
-    const attn_group a = group_open(smem, src, q, j, slot, kvh, n_heads, n_kv_heads, head_dim);
-    const int h0 = kvh * a.G;
-    float *att_g = att + ((size_t)t * n_heads + h0) * stride; /* [G][stride] */
-    float *oh = out + ((size_t)j * n_heads + h0) * head_dim;  /* [G][d] */
-    attn_group_span(a, src, 0, att_g, stride, 0, m, oh, head_dim, 1, lst);
-    for (int g = threadIdx.x; g < a.G; g += blockDim.x)
-        sums[(size_t)t * n_heads + h0 + g] = a.l[g];
-}
-
-void kvcu_attn_list_launch(int n_kv_heads, int rows, int threads, size_t smem, float *out,
-                           const float *q, attn_src src, float *att, float *sums, const int *off,
-                           const int *cnt, const int *lists, int slot, int r0, int j0, int n,
-                           int n_heads, int head_dim, int stride)
-{
-    KV_LAUNCH(attn_list_kernel, dim3(n_kv_heads, rows), threads, smem, 0, out, q, src, att, sums,
-              off, cnt, lists, slot, r0, j0, n, n_heads, n_kv_heads, head_dim, stride);
+    attn_group_span(a, src, tpos, att, stride, 0, n, oh, head_dim, 1);
 }
 
 /* Block (kvh, part, t): v2's passes over partition `part` of token t, unnormalized, into
@@ -379,30 +328,35 @@ __global__ void attn_decode_kernel_v3(const float *q, attn_src src, float *score
     float *att = scores + ((size_t)t * n_heads + h0) * stride;     /* [G][stride] */
     const size_t ph = ((size_t)t * n_heads + h0) * n_parts + part; /* head h0's entry */
     attn_group_span(a, src, r.tpos, att, stride, (int)lo, (int)hi, pp.po + ph * head_dim,
-                    (size_t)n_parts * head_dim, 0, NULL);
+                    (size_t)n_parts * head_dim, 0);
     for (int g = threadIdx.x; g < a.G; g += blockDim.x) {
         pp.pm[ph + (size_t)g * n_parts] = a.mx[g];
         pp.pl[ph + (size_t)g * n_parts] = a.l[g];
     }
 }
 
-/* Block (t, h): launch row t's query head h from the partial states of its ranges (the
- * ceil(n / 512) that attn_split_span() gives it), out = sum_j o_j e^(m_j - M) / sum_j l_j
- * e^(m_j - M), M = max_j m_j. The first range starts the sums (no 0 + x), so one range gives
- * o_0 · (1 / l_0): v2's bits. A row that sees no key (chapter 08's masked rows) gets zeros. */
+/* Block (t, h): launch row t's query head h from the partial states of its ranges (those
+ * attn_split_span() gives it), out = sum_j o_j e^(m_j - M) / sum_j l_j e^(m_j - M),
+ * M = max_j m_j. The first range starts the sums (no 0 + x), so one range gives
+ * o_0 · (1 / l_0): v2's bits. A row that sees no key (chapter 08's masked rows) gets zeros.
+ * A selected set's row (rows.sel, chapter 09) also turns the scores v4 left in sel_att into
+ * exp(s - M) and leaves L in sel_sums: the weights the methods' mass adds up. */
 __global__ void attn_merge_kernel(float *out, attn_src src, attn_rows rows, attn_parts pp,
                                   int n_heads, int head_dim)
 {
     const int t = blockIdx.x, h = blockIdx.y;
-    const attn_span r = attn_span_of(src, rows, t);
+    const attn_span r = attn_span_kv(src, rows, t, rows.sel ? h / rows.sel_group : 0);
     const int np = r.p1 > r.p0 ? (int)((r.p1 - r.p0 + r.keys - 1) / r.keys) : 0;
     const size_t ph = ((size_t)t * n_heads + h) * pp.n_parts; /* [n_parts] of this head */
     const float *pm = pp.pm + ph, *pl = pp.pl + ph, *po = pp.po + ph * head_dim;
     float *oh = out + ((size_t)r.tr * n_heads + h) * head_dim; /* [d] */
+    float *sa = rows.sel ? rows.sel_att + ((size_t)t * n_heads + h) * rows.sel_stride : NULL;
     float M = np > 0 ? pm[0] : -INFINITY;
     for (int j = 1; j < np; j++) M = fmaxf(M, pm[j]);
     if (M == -INFINITY) { /* no key, or (a row of one range) every score -inf */
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) oh[i] = 0.0f;
+        for (int64_t i = threadIdx.x; sa && i < r.p1; i += blockDim.x) sa[i] = 0.0f;
+        if (sa && threadIdx.x == 0) rows.sel_sums[(size_t)t * n_heads + h] = 0.0f;
         return;
     }
     float L = pl[0] * expf(pm[0] - M);
@@ -413,6 +367,9 @@ __global__ void attn_merge_kernel(float *out, attn_src src, attn_rows rows, attn
         for (int j = 1; j < np; j++) acc += po[(size_t)j * head_dim + i] * expf(pm[j] - M);
         oh[i] = acc * inv;
     }
+    /* a selected set: its scores become the weights the mass kernel adds, exp(s - M) / L */
+    for (int64_t i = threadIdx.x; sa && i < r.p1; i += blockDim.x) sa[i] = expf(sa[i] - M);
+    if (sa && threadIdx.x == 0) rows.sel_sums[(size_t)t * n_heads + h] = L;
 }
 
 void kvcu_attn_merge_launch(float *out, const attn_src &src, const attn_rows &rows,
@@ -560,11 +517,11 @@ int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const in
     if (T > 65535) /* the rows are a grid dimension (y, or z for v3) */
         return kv_fail(err, KV_ERR_ARG, "kvcu_attention: %d rows in one launch, more than the "
                        "65535 a grid dimension holds; split the step into waves", T);
-    /* v4 if switched on (kvcu_attention_fast()) where it reads the layer; else v2 within one
-     * partition, v3 past it (one-partition rows get v2's bits); never chosen by the batch */
-    const int version = kvcu_attention_fast(-1) ? 4 : max_len > KVCU_FLASH_SPLIT_KEYS ? 3 : 2;
-    launch(version, out, q, cache_src(c, layer), scores, engine_rows(tok_slot, tok_pos, row_of, 0, 0),
-           max_len, T, n_heads, c->n_kv_heads, c->head_dim, c->span);
+    /* v4, or where it does not read the layer (launch() says which) v2 / v3: never chosen
+     * by the batch */
+    launch(4, out, q, cache_src(c, layer), scores,
+           engine_rows(tok_slot, tok_pos, row_of, 0, 0), max_len, T, n_heads, c->n_kv_heads,
+           c->head_dim, c->span);
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
 }
@@ -588,7 +545,7 @@ int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, in
                        "its %d mapped blocks", pos, slot, c->n_mapped[slot]);
     int st = check_heads("kvcu_cache_attention", n_heads, c->n_kv_heads, c->head_dim, err);
     if (st) return st;
-    if (version == 0) version = kvcu_attention_fast(-1) ? 4 : n > KVCU_FLASH_SPLIT_KEYS ? 3 : 2;
+    if (version == 0) version = 4;
     return launch_one(version, out, q, cache_src(c, layer), scratch, slot, pos, n, n_heads,
                       c->n_kv_heads, c->head_dim, c->span, err);
 }

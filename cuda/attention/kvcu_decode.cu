@@ -16,23 +16,32 @@
  *  - conversions by pairs (kvcu_unpack(): __half22float2, bf16 pairs, fp8x2 -> half2 by
  *    cvt on sm_89+, int8 through PRMT and one subtraction) and per-row scales applied once
  *    per chunk, fp8's per-head scale folded into the score factor and the output;
+ *  - per-token int8 keys scored as the CPU scores them (kv_attn_int_keys()): the query as
+ *    16-bit integers, an exact integer dot product with the codes, then ((float)dot · s) ·
+ *    (step / √d); int8 groups sum a chunk's codes times the query and scale once;
  *  - the group's G query heads in one block: each K/V row is read once per KV head, whatever G;
  *  - online softmax inside each split (running max, exp-sum and output rescaled per tile), so
- *    no scores go to global memory;
+ *    no scores go to global memory; within a tile the exp-sum and the weighted values add up
+ *    in position order, o = fma(w·s, v, o), the CPU's order (kv_attention_fast.c), so a row
+ *    of one tile differs from the CPU by the exponentials alone;
  *  - split-KV with the split count from the device: a row's keys are cut into ranges of
  *    attn_split_keys() (kvcu_internal.cuh), enough ranges that one row alone fills about
  *    KVCU_DECODE_WAVES waves of the GPU's blocks; the count depends on the row's length, the
  *    SM count and H_kv only, never on the batch, so a sequence gets the same bits alone or
  *    batched. attn_merge_kernel (kvcu_attention.cu), the family's one merge, combines them.
  *
- * Rows are found by one locator, dec_row(): the retained index -> logical row (chapter 06's
- * window and sinks) -> physical row (contiguous, or chapter 05's block table). Formats: fp32,
- * fp16, bf16, int8 (per row and per 32/64/128 channels), fp8 E4M3/E5M2. Not here (the engine
- * runs v2/v3 for them, dec_plan() says no): KIVI (groups along tokens, an fp32 ring), keys
- * rotated at attention (KV_POS_CACHE), rows that are not a multiple of 16 bytes or a head dim
- * with more than 32 chunks, and a group whose shared memory passes KVCU_DECODE_SMEM_MAX.
- * Chapter 09's selected sets keep their own kernel (attn_list_kernel): the methods read the
- * weights it leaves.
+ * Rows are found by one locator, dec_lrow() then kv_view_row(): the retained index -> logical
+ * row (chapter 06's window and sinks, or chapter 09's selected set) -> physical row
+ * (contiguous, or chapter 05's block table). Formats: fp32, fp16, bf16, int8 (per row and per
+ * 32/64/128 channels), fp8 E4M3/E5M2 each by its own template; KIVI (groups along tokens, an
+ * fp32 ring), keys rotated at attention (KV_POS_CACHE) and rows that are not whole 16-byte
+ * chunks by the staged template (DEC_ELEM): each element dequantized with kv_ld() / key_ld(),
+ * the lines v2 runs, into fp32 tiles that the same loops read. Chapter 09's selected sets run
+ * the same kernel and merge (kvcu_attn_list_launch(); the merge turns the scores it leaves
+ * into the weights the methods read), so a set listing every position gives the plain
+ * decode's bits. Not here (the engine runs v2/v3, dec_plan() says no): a head dim past 32
+ * chunks of 16 bytes even as fp32 (d > 128 staged), and a group whose shared memory passes
+ * KVCU_DECODE_SMEM_MAX.
  */
 #include <stdint.h>
 #include <string.h>
@@ -46,10 +55,14 @@
 #define KVCU_DECODE_WAVES 2
 #define KVCU_DECODE_SMEM_MAX (160 * 1024)   /* sm_80 allows 163 KiB per block, sm_90 227 KiB */
 
-/* Elements per 16 bytes of format F, as a constant. */
+/* The staged path's pseudo-format: rows dequantized element by element into fp32 tiles. */
+#define DEC_ELEM (-1)
+
+/* Elements per 16 bytes of format F (DEC_ELEM: of its fp32 tiles), as a constant. */
 template <int F>
 struct dec_fmt {
-    static constexpr int kind = F == KV_QF_F32 ? KVCU_V_F32 : F == KV_QF_F16 ? KVCU_V_F16
+    static constexpr int kind = F == KV_QF_F32 || F == DEC_ELEM ? KVCU_V_F32
+                              : F == KV_QF_F16 ? KVCU_V_F16
                               : F == KV_QF_BF16 ? KVCU_V_BF16 : F == KV_QF_FP8_E4M3 ? KVCU_V_E4M3
                               : F == KV_QF_FP8_E5M2 ? KVCU_V_E5M2 : KVCU_V_I8;
     static constexpr int vec = kvcu_vec_elems(kind);
@@ -62,33 +75,51 @@ struct dec_plan_t {
     int G, d, lpr, lpr_shift; /* heads per group, head dim, lanes per row (2^lpr_shift) */
     int tile;                 /* rows per pipeline stage */
     int ng;                   /* int8: scales per row (d / group), else 0 */
-    int rs;                   /* P·V: ranges of a tile's rows per head (1 when G >= 128 / lpr) */
+    int qint;                 /* per-token int8 keys: integer scores of the 16-bit query */
+    int fmt;                  /* the template: the layer's format, or DEC_ELEM */
     int64_t rb;               /* bytes per row */
     size_t off_s, off_m, off_o, off_buf, stage, smem; /* byte offsets; q at 0 */
 };
 
-/* Index i of the positions a query at tpos retains -> the row it lives in (kvcu_attention.cu's
- * attn_row() then kv_view_row()): the one row locator of contiguous and paged, windowed or not. */
-__device__ __forceinline__ int64_t dec_row(const attn_src &s, const kv_head_view &h, int64_t tpos,
-                                           int64_t i)
+/* Index i of the positions a query at tpos retains -> the logical row it lives in: i itself,
+ * the i-th of chapter 06's sinks and window (kvcu_attention.cu's attn_row()), or position
+ * lst[i] of chapter 09's selected set. kv_view_row() then finds the physical row: the one row
+ * locator of contiguous and paged, windowed, selected or not. */
+__device__ __forceinline__ int64_t dec_lrow(const attn_src &s, const int *lst, int64_t tpos,
+                                            int64_t i)
 {
-    const int64_t r =
-        s.keep_w ? kv_window_row(s.keep_w, s.keep_s, kv_window_pos(s.keep_w, s.keep_s, tpos, i)) : i;
-    return kv_view_row(&h, r);
+    if (lst) return lst[i];
+    return s.keep_w ? kv_window_row(s.keep_w, s.keep_s, kv_window_pos(s.keep_w, s.keep_s, tpos, i))
+                    : i;
 }
 
 /* Tile `it` of [lo, hi) into stage st: K rows at 0, V rows at tile·rb, then (int8) the K and V
- * scales [tile][ng] each. 16-byte copies for codes, 4-byte ones for scales. */
+ * scales [tile][ng] each. 16-byte copies for codes, 4-byte ones for scales. DEC_ELEM: each
+ * element dequantized (kv_ld(), under KV_POS_CACHE rotated by its index, key_ld()) into fp32
+ * rows, plain stores that the tile's barrier publishes. */
 template <int F>
 __device__ __forceinline__ void dec_issue(const dec_plan_t &p, const attn_src &src,
-                                          const kv_head_view &kh, const kv_head_view &vh,
-                                          int64_t tpos, int64_t i0, int n, uint8_t *st)
+                                          const int *lst, const kv_head_view &kh,
+                                          const kv_head_view &vh, int64_t tpos, int64_t i0, int n,
+                                          uint8_t *st)
 {
+    if (F == DEC_ELEM) {
+        const int dsh = p.lpr_shift + 2, m = n << dsh; /* d = 4·lpr elements a row */
+        for (int c = threadIdx.x; c < 2 * m; c += DEC_THREADS) {
+            const int v = c >= m, cc = v ? c - m : c, row = cc >> dsh, i = cc & (p.d - 1);
+            const int64_t lr = dec_lrow(src, lst, tpos, i0 + row);
+            const float x = v ? kv_ld(vh, NULL, lr, kv_view_row(&vh, lr), i)
+                              : key_ld(kh, NULL, lr, kv_view_row(&kh, lr), i,
+                                       attn_rope(src, i0 + row), src.rotary_dim);
+            ((float *)(void *)(st + (v ? p.tile * p.rb : 0) + row * p.rb))[i] = x;
+        }
+        return;
+    }
     const int chunks = n << p.lpr_shift;
     for (int c = threadIdx.x; c < 2 * chunks; c += DEC_THREADS) {
         const int v = c >= chunks, cc = v ? c - chunks : c;
         const int row = cc >> p.lpr_shift, ch = cc & (p.lpr - 1);
-        const int64_t pr = dec_row(src, kh, tpos, i0 + row);
+        const int64_t pr = kv_view_row(v ? &vh : &kh, dec_lrow(src, lst, tpos, i0 + row));
         const uint8_t *g = (v ? vh.codes : kh.codes) + pr * p.rb + ch * 16;
         kvcu_cp16(st + (v ? p.tile * p.rb : 0) + row * p.rb + ch * 16, g);
     }
@@ -97,7 +128,7 @@ __device__ __forceinline__ void dec_issue(const dec_plan_t &p, const attn_src &s
         const int m = n * p.ng;
         for (int c = threadIdx.x; c < 2 * m; c += DEC_THREADS) {
             const int v = c >= m, cc = v ? c - m : c, row = cc / p.ng, j = cc % p.ng;
-            const int64_t pr = dec_row(src, kh, tpos, i0 + row);
+            const int64_t pr = kv_view_row(v ? &vh : &kh, dec_lrow(src, lst, tpos, i0 + row));
             const float *meta = (const float *)(v ? vh.meta : kh.meta);
             __pipeline_memcpy_async(sc + (v ? p.tile * p.ng : 0) + row * p.ng + j,
                                     meta + pr * p.ng + j, 4);
@@ -105,12 +136,29 @@ __device__ __forceinline__ void dec_issue(const dec_plan_t &p, const attn_src &s
     }
 }
 
+/* The integer dot product of 16 int8 codes (one 16-byte chunk) with 16 16-bit query codes:
+ * exact, as the CPU's (kv_attn_dot_q16()). */
+__device__ __forceinline__ int dec_dot_q16(const uint4 &raw, const int *qi)
+{
+    const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+    int acc = 0;
+    KV_UNROLL
+    for (int k = 0; k < 4; k++) {
+        const int4 qq = *(const int4 *)(const void *)(qi + 4 * k);
+        acc += qq.x * ((int)(w[k] << 24) >> 24) + qq.y * ((int)(w[k] << 16) >> 24) +
+               qq.z * ((int)(w[k] << 8) >> 24) + qq.w * ((int)w[k] >> 24);
+    }
+    return acc;
+}
+
 /*
  * Block (kvh, part, t): launch row t's G query heads of KV head kvh over range `part` of its
- * retained keys, leaving each head's (max, exp-sum, unnormalized output) in pp for the merge.
- * Shared memory (dec_plan()): qs [G][d] the queries; ps [G][tile] a tile's scores, then its
- * weights; mx, ls, al [G] each head's running max, exp-sum and this tile's rescale factor;
- * os [rs][G][d] the running outputs; two stages of K/V rows (and int8 scales).
+ * retained keys (or of its selected set, rows.sel), leaving each head's (max, exp-sum,
+ * unnormalized output) in pp for the merge. Shared memory (dec_plan()): qs [G][d] the
+ * queries (per-token int8 keys: their 16-bit codes as ints, the step times 1/√d in st);
+ * ps [G][tile] a tile's scores, then its weights; mx, ls, al, st [G] each head's running max,
+ * exp-sum, this tile's rescale factor and query step; os [G][d] the running outputs; two
+ * stages of K/V rows (and int8 scales).
  */
 template <int F>
 __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)
@@ -121,35 +169,50 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
     KV_DYNAMIC_SMEM(uint4, smem4);
     uint8_t *sm = (uint8_t *)smem4;
     const int kvh = blockIdx.x, part = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
-    const attn_span r = attn_span_of(src, rows, t);
+    const attn_span r = attn_span_kv(src, rows, t, kvh);
     int64_t lo, hi;
     if (!attn_split_span(r, part, &lo, &hi)) return; /* the row is shorter: the block leaves */
     const int G = p.G, d = p.d, TILE = p.tile;
+    const bool qint = dec_fmt<F>::int8 && p.qint;
     float *qs = (float *)(void *)sm;
+    const int *qi = (const int *)(const void *)sm;
     float *ps = (float *)(void *)(sm + p.off_s);
-    float *mx = (float *)(void *)(sm + p.off_m), *ls = mx + G, *al = ls + G;
+    float *mx = (float *)(void *)(sm + p.off_m), *ls = mx + G, *al = ls + G, *st = al + G;
     float *os = (float *)(void *)(sm + p.off_o);
     uint8_t *buf = sm + p.off_buf;
     const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, d, r.slot, kvh);
     const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, d, r.slot, kvh);
+    const int *lst = rows.sel ? rows.sel + rows.sel_off[(size_t)kvh * rows.sel_n +
+                                                        (r.tr - rows.sel_j0)]
+                              : NULL;
+    /* a selected set's scores, [G][sel_stride] by list index, for the mass (the merge turns
+     * them into weights) */
+    float *satt = rows.sel ? rows.sel_att + ((size_t)t * n_heads + (size_t)kvh * G) *
+                                                rows.sel_stride
+                           : NULL;
 
     /* the first tile's copies go out before anything else */
     const int ntiles = (int)((hi - lo + TILE - 1) / TILE);
-    dec_issue<F>(p, src, kh, vh, r.tpos, lo, (int)(hi - lo < TILE ? hi - lo : TILE), buf);
+    dec_issue<F>(p, src, lst, kh, vh, r.tpos, lo, (int)(hi - lo < TILE ? hi - lo : TILE), buf);
     kvcu_cp_commit();
 
     const float *qg = q + ((size_t)r.tr * n_heads + (size_t)kvh * G) * d; /* [G][d] */
-    for (int i = tid; i < G * d; i += DEC_THREADS) qs[i] = qg[i];
-    for (int i = tid; i < p.rs * G * d; i += DEC_THREADS) os[i] = 0.0f;
+    for (int g = tid; qint && g < G; g += DEC_THREADS)
+        st[g] = kvq_q16_query_step(qg + (size_t)g * d, d);
+    for (int i = tid; i < G * d; i += DEC_THREADS) os[i] = 0.0f;
     for (int g = tid; g < G; g += DEC_THREADS) {
         mx[g] = -INFINITY;
         ls[g] = 0.0f;
     }
     __syncthreads();
-    if (F == KV_QF_INT8 && kv_int_keys(kh, src.rope_cs)) { /* as v2: the 16-bit query */
-        for (int g = tid; g < G; g += DEC_THREADS) kvq_q16_round_query(qs + (size_t)g * d, d);
-        __syncthreads();
+    /* per-token int8 keys meet the query as 16-bit integers, the CPU's exact integer dot
+     * product (kv_attn_int_keys()); the score ((float)dot · s) · (step / √d), its roundings */
+    for (int i = tid; i < G * d; i += DEC_THREADS) {
+        if (qint) ((int *)(void *)qs)[i] = kvq_q16_encode(qg[i], st[i / d], d);
+        else qs[i] = qg[i];
     }
+    __syncthreads();
+    for (int g = tid; qint && g < G; g += DEC_THREADS) st[g] *= 1.0f / sqrtf((float)d);
     const float factor = (dec_fmt<F>::fp8 ? kh.scale : 1.0f) / sqrtf((float)d);
     const int lane = tid & (KV_WARP - 1), warp = tid / KV_WARP, sub = tid & (p.lpr - 1);
     const int grp = tid >> p.lpr_shift, ngrp = DEC_THREADS >> p.lpr_shift; /* row lanes */
@@ -160,7 +223,7 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
         const int n = (int)(hi - i0 < TILE ? hi - i0 : TILE);
         if (it + 1 < ntiles) {
             const int64_t i1 = i0 + TILE;
-            dec_issue<F>(p, src, kh, vh, r.tpos, i1, (int)(hi - i1 < TILE ? hi - i1 : TILE),
+            dec_issue<F>(p, src, lst, kh, vh, r.tpos, i1, (int)(hi - i1 < TILE ? hi - i1 : TILE),
                          buf + (size_t)((it + 1) & 1) * p.stage);
         }
         kvcu_cp_commit(); /* an empty batch on the last tile keeps the wait below uniform */
@@ -171,34 +234,44 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
         const float *vsc = ksc + TILE * p.ng;
 
         /* scores: lane `sub` of a row's lanes dots its chunk with each head's, summed across
-         * the row's lanes by xor shuffles (all lanes take part, rows past n with zeros) */
+         * the row's lanes by xor shuffles (all lanes take part, rows past n with zeros); int8
+         * sums the codes and scales once, per chunk (groups) or per row (integer keys) */
         for (int r0 = 0; r0 < n; r0 += ngrp) {
             const int row = r0 + grp;
             const bool live = row < n;
+            const uint4 raw = live ? *(const uint4 *)(const void *)(kst + row * p.rb + sub * 16)
+                                   : make_uint4(0u, 0u, 0u, 0u);
+            const float ks = dec_fmt<F>::int8 && live ? ksc[row * p.ng + gsub] : 1.0f;
             float x[VEC];
-            if (live) {
-                kvcu_unpack<dec_fmt<F>::kind>(*(const uint4 *)(const void *)(kst + row * p.rb + sub * 16), x);
-                if (dec_fmt<F>::int8) {
-                    const float s = ksc[row * p.ng + gsub];
-                    for (int k = 0; k < VEC; k++) x[k] *= s;
-                }
-            } else {
-                for (int k = 0; k < VEC; k++) x[k] = 0.0f;
-            }
+            if (!qint) kvcu_unpack<dec_fmt<F>::kind>(raw, x);
             for (int g = 0; g < G; g++) {
-                const float4 *qv = (const float4 *)(const void *)(qs + (size_t)g * d + sub * VEC);
-                float acc = 0.0f;
-                KV_UNROLL
-                for (int k = 0; k < VEC / 4; k++) {
-                    const float4 qq = qv[k];
-                    acc = fmaf(qq.x, x[4 * k], acc);
-                    acc = fmaf(qq.y, x[4 * k + 1], acc);
-                    acc = fmaf(qq.z, x[4 * k + 2], acc);
-                    acc = fmaf(qq.w, x[4 * k + 3], acc);
+                float sc;
+                if (qint) {
+                    int acc = dec_dot_q16(raw, qi + (size_t)g * d + sub * VEC);
+                    for (int off = p.lpr >> 1; off > 0; off >>= 1)
+                        acc += __shfl_xor_sync(0xffffffffu, acc, off);
+                    sc = ((float)acc * ks) * st[g];
+                } else {
+                    const float4 *qv =
+                        (const float4 *)(const void *)(qs + (size_t)g * d + sub * VEC);
+                    float acc = 0.0f;
+                    KV_UNROLL
+                    for (int k = 0; k < VEC / 4; k++) {
+                        const float4 qq = qv[k];
+                        acc = fmaf(qq.x, x[4 * k], acc);
+                        acc = fmaf(qq.y, x[4 * k + 1], acc);
+                        acc = fmaf(qq.z, x[4 * k + 2], acc);
+                        acc = fmaf(qq.w, x[4 * k + 3], acc);
+                    }
+                    if (dec_fmt<F>::int8) acc *= ks;
+                    for (int off = p.lpr >> 1; off > 0; off >>= 1)
+                        acc += __shfl_xor_sync(0xffffffffu, acc, off);
+                    sc = acc * factor;
                 }
-                for (int off = p.lpr >> 1; off > 0; off >>= 1)
-                    acc += __shfl_xor_sync(0xffffffffu, acc, off);
-                if (live && sub == 0) ps[g * TILE + row] = acc * factor;
+                if (live && sub == 0) {
+                    ps[g * TILE + row] = sc;
+                    if (satt) satt[(size_t)g * rows.sel_stride + i0 + row] = sc;
+                }
             }
         }
         __syncthreads();
@@ -214,8 +287,10 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
             const float p1 = any && lane + KV_WARP < n ? expf(s1 - mn) : 0.0f;
             if (lane < n) ps[g * TILE + lane] = p0;
             if (lane + KV_WARP < n) ps[g * TILE + lane + KV_WARP] = p1;
-            const float sum = kv_warp_sum(p0 + p1);
-            if (lane == 0) {
+            __syncwarp();
+            if (lane == 0) { /* the exp-sum in position order, as the CPU adds it */
+                float sum = 0.0f;
+                for (int i = 0; i < n; i++) sum += ps[g * TILE + i];
                 mx[g] = mn;
                 ls[g] = fmaf(ls[g], a, sum);
                 al[g] = a;
@@ -223,39 +298,36 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
         }
         __syncthreads();
 
-        /* P·V: thread (chunk sub, row lane grp) keeps head g's chunk over rows rs, rs + RS, ...
-         * of the tile (or, G >= 128 / lpr, heads grp, grp + ngrp, ... over every row) */
-        const int RS = p.rs;
-        if (grp < (G < ngrp ? G * RS : ngrp)) {
-            const int rs = G < ngrp ? grp / G : 0, g0 = G < ngrp ? grp % G : grp;
-            const int gstep = G < ngrp ? G : ngrp;
-            for (int g = g0; g < G; g += gstep) {
-                float acc[VEC];
-                for (int k = 0; k < VEC; k++) acc[k] = 0.0f;
-                for (int row = rs; row < n; row += RS) {
-                    float x[VEC];
-                    kvcu_unpack<dec_fmt<F>::kind>(*(const uint4 *)(const void *)(vst + row * p.rb + sub * 16), x);
-                    float w = ps[g * TILE + row];
-                    if (dec_fmt<F>::int8) w *= vsc[row * p.ng + gsub];
-                    KV_UNROLL
-                    for (int k = 0; k < VEC; k++) acc[k] = fmaf(w, x[k], acc[k]);
-                }
-                float *o = os + ((size_t)rs * G + g) * d + sub * VEC;
-                const float a = al[g];
+        /* P·V: thread (chunk sub, lane group grp) keeps the chunk of heads grp, grp + ngrp, ...
+         * over the tile's rows in position order, o = fma(w·s, v, o) from row to row: the
+         * CPU's order and roundings (kv_attention_fast.c's values pass); heads past 128 / lpr
+         * come round again, and below it threads wait (the pass reads shared memory only) */
+        for (int g = grp; g < G; g += ngrp) {
+            float acc[VEC];
+            for (int k = 0; k < VEC; k++) acc[k] = 0.0f;
+            for (int row = 0; row < n; row++) {
+                float x[VEC];
+                const uint4 raw = *(const uint4 *)(const void *)(vst + row * p.rb + sub * 16);
+                kvcu_unpack<dec_fmt<F>::kind>(raw, x);
+                float w = ps[g * TILE + row];
+                if (dec_fmt<F>::int8) w *= vsc[row * p.ng + gsub];
                 KV_UNROLL
-                for (int k = 0; k < VEC; k++) o[k] = fmaf(o[k], a, acc[k]);
+                for (int k = 0; k < VEC; k++) acc[k] = fmaf(w, x[k], acc[k]);
             }
+            float *o = os + (size_t)g * d + sub * VEC;
+            const float a = al[g];
+            KV_UNROLL
+            for (int k = 0; k < VEC; k++) o[k] = fmaf(o[k], a, acc[k]);
         }
         __syncthreads(); /* the stage and ps are rewritten next */
     }
 
-    /* the range's state: outputs summed over the row ranges, fp8's value scale applied once */
+    /* the range's state, fp8's value scale applied once */
     const size_t ph = ((size_t)t * n_heads + (size_t)kvh * G) * pp.n_parts + part;
     const float vs = dec_fmt<F>::fp8 ? vh.scale : 1.0f;
     for (int i = tid; i < G * d; i += DEC_THREADS) {
         const int g = i / d, j = i - g * d;
-        float o = os[(size_t)g * d + j];
-        for (int s = 1; s < p.rs; s++) o += os[((size_t)s * G + g) * d + j];
+        const float o = os[(size_t)g * d + j];
         pp.po[(ph + (size_t)g * pp.n_parts) * d + j] = dec_fmt<F>::fp8 ? o * vs : o;
     }
     for (int g = tid; g < G; g += DEC_THREADS) {
@@ -268,29 +340,40 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
 
 static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
-/* Whether version 4 reads this layer with H query heads, and its shape; 0 when it does not. */
+/* Whether version 4 reads this layer with H query heads, and its shape; 0 when it does not.
+ * A format's own template where its rows are whole 16-byte chunks, at most 32 of them, a
+ * power of two; else the staged template (DEC_ELEM: KIVI, KV_POS_CACHE, rows of other sizes)
+ * where d / 4 is such a count. Nothing else (the engine runs v2/v3 there). */
 static int dec_plan(const attn_src &src, int n_heads, int n_kv_heads, int d, dec_plan_t *p)
 {
     const int f = src.fmt;
-    if (kvq_is_kivi(f) || src.rope_cs || f < 0 || f >= KV_QF_COUNT || d <= 0) return 0;
-    const int vec = 128 / kvq_code_bits(f);
-    if (d % vec || d / vec > KV_WARP || ((d / vec) & (d / vec - 1))) return 0;
-    if (((uintptr_t)src.kp.codes | (uintptr_t)src.vp.codes) % 16) return 0;
+    if (f < 0 || f >= KV_QF_COUNT || d <= 0) return 0;
     memset(p, 0, sizeof *p);
+    const int vec = 128 / kvq_code_bits(f), lpr = d / vec;
+    const int native = !kvq_is_kivi(f) && !src.rope_cs && d % vec == 0 && lpr <= KV_WARP &&
+                       !(lpr & (lpr - 1)) &&
+                       ((uintptr_t)src.kp.codes | (uintptr_t)src.vp.codes) % 16 == 0;
+    if (native) {
+        p->fmt = f;
+        p->lpr = lpr;
+        p->rb = kvq_row_bytes(f, d);
+        p->ng = kvq_is_int8(f) ? d / kvq_row_group(f, KV_QROLE_VALUE, d) : 0;
+        p->qint = f == KV_QF_INT8;
+    } else {
+        if (d % 4 || d / 4 > KV_WARP || ((d / 4) & (d / 4 - 1))) return 0;
+        p->fmt = DEC_ELEM;
+        p->lpr = d / 4;
+        p->rb = (int64_t)d * 4;
+    }
     p->G = kv_heads_group(n_heads, n_kv_heads);
     p->d = d;
-    p->lpr = d / vec;
     while ((1 << p->lpr_shift) < p->lpr) p->lpr_shift++;
-    p->rb = kvq_row_bytes(f, d);
     p->tile = 8;
     while (p->tile < 64 && 2 * p->tile * p->rb <= DEC_STAGE_BYTES) p->tile *= 2;
-    p->ng = kvq_is_int8(f) ? d / kvq_row_group(f, KV_QROLE_VALUE, d) : 0;
-    const int ngrp = DEC_THREADS / p->lpr;
-    p->rs = p->G >= ngrp ? 1 : ngrp / p->G;
     p->off_s = align16((size_t)p->G * d * 4);
     p->off_m = p->off_s + align16((size_t)p->G * p->tile * 4);
-    p->off_o = p->off_m + align16((size_t)3 * p->G * 4);
-    p->off_buf = p->off_o + align16((size_t)p->rs * p->G * d * 4);
+    p->off_o = p->off_m + align16((size_t)4 * p->G * 4);
+    p->off_buf = p->off_o + align16((size_t)p->G * d * 4);
     p->stage = align16((size_t)2 * p->tile * p->rb + (size_t)2 * p->tile * p->ng * 4);
     p->smem = p->off_buf + 2 * p->stage;
     return p->smem <= KVCU_DECODE_SMEM_MAX;
@@ -302,15 +385,6 @@ int kvcu_decode_supported(const attn_src &src, int n_heads, int n_kv_heads, int 
     return dec_plan(src, n_heads, n_kv_heads, head_dim, &p);
 }
 
-static int engine_fast = 0; /* kvcu_attention_fast(): off until the retention kernel matches */
-
-int kvcu_attention_fast(int on)
-{
-    const int was = engine_fast;
-    if (on >= 0) engine_fast = on != 0;
-    return was;
-}
-
 int kvcu_cache_decode_reads(const kvcu_cache *c, int layer, int n_heads)
 {
     if (!c || layer < 0 || layer >= c->n_layers || n_heads <= 0 || n_heads % c->n_kv_heads)
@@ -318,7 +392,7 @@ int kvcu_cache_decode_reads(const kvcu_cache *c, int layer, int n_heads)
     return kvcu_decode_supported(cache_src(c, layer), n_heads, c->n_kv_heads, c->head_dim);
 }
 
-/* The kernel of format f and the dynamic shared memory it may take. */
+/* The kernel of template f (dec_plan_t.fmt). */
 static const void *dec_kernel(int f)
 {
     switch (f) {
@@ -327,6 +401,7 @@ static const void *dec_kernel(int f)
     case KV_QF_BF16: return (const void *)attn_fast_kernel<KV_QF_BF16>;
     case KV_QF_FP8_E4M3: return (const void *)attn_fast_kernel<KV_QF_FP8_E4M3>;
     case KV_QF_FP8_E5M2: return (const void *)attn_fast_kernel<KV_QF_FP8_E5M2>;
+    case DEC_ELEM: return (const void *)attn_fast_kernel<DEC_ELEM>;
     default: return (const void *)attn_fast_kernel<KV_QF_INT8>; /* every int8: scales per ng */
     }
 }
@@ -359,7 +434,7 @@ int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_row
 {
     dec_plan_t p;
     if (!dec_plan(src, n_heads, n_kv_heads, head_dim, &p)) return 0;
-    const void *kernel = dec_kernel(src.fmt);
+    const void *kernel = dec_kernel(p.fmt);
     if (p.smem > 48 * 1024)
         (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)p.smem); /* a refusal shows at the launch */
@@ -369,7 +444,7 @@ int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_row
     if (n_parts < 1) n_parts = 1;
     const attn_parts parts = attn_parts_at(scratch, T, n_heads, n_parts);
     const dim3 grid(n_kv_heads, n_parts, T);
-    switch (src.fmt) {
+    switch (p.fmt) {
 #define DEC_CASE(F)                                                                             \
     case F:                                                                                     \
         KV_LAUNCH(attn_fast_kernel<F>, grid, DEC_THREADS, p.smem, 0, q, src, rows, parts, p,    \
@@ -380,6 +455,7 @@ int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_row
         DEC_CASE(KV_QF_BF16)
         DEC_CASE(KV_QF_FP8_E4M3)
         DEC_CASE(KV_QF_FP8_E5M2)
+        DEC_CASE(DEC_ELEM)
 #undef DEC_CASE
     default:
         KV_LAUNCH(attn_fast_kernel<KV_QF_INT8>, grid, DEC_THREADS, p.smem, 0, q, src, rows,
@@ -387,4 +463,29 @@ int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_row
     }
     kvcu_attn_merge_launch(out, src, rows, parts, T, n_heads, head_dim);
     return 1;
+}
+
+/* Chapter 09: the same kernel and merge over selected sets (attn_rows.sel), so a set that
+ * lists every position gives the plain decode's bits. */
+int kvcu_attn_list_launch(int n_kv_heads, int rows, float *out, const float *q,
+                          const attn_src &src, float *att, float *sums, float *parts,
+                          const int *off, const int *cnt, const int *lists, int slot, int r0,
+                          int j0, int n, int n_heads, int head_dim, int stride)
+{
+    attn_rows r;
+    memset(&r, 0, sizeof r);
+    r.slot0 = slot;
+    r.n_keys = INT64_MAX;
+    r.sel = lists;
+    r.sel_off = off;
+    r.sel_cnt = cnt;
+    r.sel_r0 = r0;
+    r.sel_j0 = j0;
+    r.sel_n = n;
+    r.sel_group = kv_heads_group(n_heads, n_kv_heads);
+    r.sel_stride = stride;
+    r.sel_att = att;
+    r.sel_sums = sums;
+    return kvcu_decode_launch(out, q, src, r, parts, stride, rows, n_heads, n_kv_heads,
+                              head_dim);
 }

@@ -152,13 +152,26 @@ __device__ inline float kv_ld(const kv_head_view &hv, const float *f32, int64_t 
     return kvq_decode_element(hv.fmt, hv.role, hv.codes, hv.meta, r, i, hv.d, hv.scale);
 }
 
-/* Chapter 09 (cuda/engine/kvcu_retain.cu): attn_list_kernel in kvcu_attention.cu, the attention
- * family's selected-set member, launched on grid (n_kv_heads, rows); the arguments are the
- * kernel's. */
-void kvcu_attn_list_launch(int n_kv_heads, int rows, int threads, size_t smem, float *out,
-                           const float *q, attn_src src, float *att, float *sums, const int *off,
-                           const int *cnt, const int *lists, int slot, int r0, int j0, int n,
-                           int n_heads, int head_dim, int stride);
+/* The cos/sin entry [rotary_dim/2][2] of cache index i under KV_POS_CACHE, else NULL. */
+__device__ inline const float *attn_rope(const attn_src &s, int64_t i)
+{
+    return s.rope_cs ? s.rope_cs + i * (s.rotary_dim / 2) * 2 : NULL;
+}
+
+/* Element i of a key, rotated by its cache index when @p cs is that index's cos/sin
+ * (KV_POS_CACHE: keys are stored before RoPE). The pair (2j, 2j+1) is rotated with
+ * kv_attention.c's rotate_row() arithmetic, every product and sum rounded on its own (no
+ * fused multiply-add, which would round once), so the rotated key has the CPU's bits. */
+__device__ inline float key_ld(const kv_head_view &kh, const float *kf, int64_t p, int64_t r,
+                               int i, const float *cs, int rotary_dim)
+{
+    if (!cs || i >= rotary_dim) return kv_ld(kh, kf, p, r, i);
+    const int j = i & ~1;
+    const float a = kv_ld(kh, kf, p, r, j), b = kv_ld(kh, kf, p, r, j + 1);
+    const float c = cs[j], s = cs[j + 1];
+    return (i & 1) ? __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c))
+                   : __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+}
 
 /* ---- the rows of a launch, and the split-KV decode's ranges (kvcu_attention.cu, kvcu_flash.cu)
  * Launch row t computes token row tr = row_of[t] (a prefill wave lists its rows), or t. Its
@@ -174,6 +187,14 @@ typedef struct {
     int64_t pos0, k_begin, n_keys;
     int split_target;              /* split-KV: 0, ranges of KVCU_FLASH_SPLIT_KEYS keys; else
                                     * about this many ranges per row (attn_split_keys()) */
+    /* chapter 09's selected sets (kvcu_attn_list_launch()), else sel NULL: launch row t is step
+     * row tr = sel_r0 + t, and its KV head kvh reads the sel_cnt[kvh][tr - sel_j0] cache
+     * positions at sel + sel_off[kvh][tr - sel_j0] (off, cnt [H_kv][sel_n]); sel_att
+     * [T][H][sel_stride] receives each listed position's score, then its exp(s - max), and
+     * sel_sums [T][H] the exp-sum it is divided by (the mass kernel of kvcu_retain.cu). */
+    const int *sel, *sel_off, *sel_cnt;
+    int sel_r0, sel_j0, sel_n, sel_group, sel_stride;
+    float *sel_att, *sel_sums;
 } attn_rows;
 
 /* What launch row t computes: token row tr of slot `slot`, query position tpos, retained
@@ -208,6 +229,21 @@ __device__ inline attn_span attn_span_of(const attn_src &src, const attn_rows &r
     if (r.p1 < r.p0) r.p1 = r.p0;
     r.keys = rs.split_target > 0 ? attn_split_keys(r.p1 - r.p0, rs.split_target)
                                  : KVCU_FLASH_SPLIT_KEYS;
+    return r;
+}
+
+/* attn_span_of() for KV head kvh of launch row t: a selected set's row reads its own list
+ * (attn_rows.sel), whose length may differ per KV head. */
+__device__ inline attn_span attn_span_kv(const attn_src &src, const attn_rows &rs, int t, int kvh)
+{
+    if (!rs.sel) return attn_span_of(src, rs, t);
+    attn_span r;
+    r.tr = rs.sel_r0 + t;
+    r.slot = rs.slot0;
+    r.tpos = r.tr;
+    r.p0 = 0;
+    r.p1 = rs.sel_cnt[(size_t)kvh * rs.sel_n + (r.tr - rs.sel_j0)];
+    r.keys = attn_split_keys(r.p1, rs.split_target);
     return r;
 }
 
@@ -257,6 +293,15 @@ int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_row
                        float *scratch, int max_len, int T, int n_heads, int n_kv_heads,
                        int head_dim);
 size_t kvcu_decode_scratch(int T, int n_heads, int head_dim, int capacity);
+
+/* Chapter 09 (cuda/engine/kvcu_retain.cu): the engine's decode kernel over selected sets, rows
+ * r0 .. r0 + rows - 1 of a step (attn_rows.sel says what the arguments mean), stride >= every
+ * list's length; partial states in @p parts, kvcu_decode_scratch(rows, H, d, stride) floats.
+ * 0 (nothing launched) where kvcu_decode_supported() says no. */
+int kvcu_attn_list_launch(int n_kv_heads, int rows, float *out, const float *q,
+                          const attn_src &src, float *att, float *sums, float *parts,
+                          const int *off, const int *cnt, const int *lists, int slot, int r0,
+                          int j0, int n, int n_heads, int head_dim, int stride);
 
 /* Layer @p layer of a device cache. */
 static inline attn_src cache_src(const kvcu_cache *c, int layer)

@@ -13,12 +13,12 @@
  *      the list 0 .. pos0+n-1). Otherwise (Quest, top-k) the step's queries come down and
  *      kv_retain_reads() gives each row its own list, built and uploaded one chunk of rows
  *      at a time, so a long prompt's lists never exist all at once;
- *   3. attn_list_kernel (cuda/attention/kvcu_attention.cu, the attention family's selected-set member),
- *      block (KV head, row), runs v2's own passes (attn_group_span()) for the group's G query
- *      heads over the row's list: position list[i] in place of i, so the list 0 .. p gives
- *      v2's bits, and
- *      a cache whose budget never evicts gives the plain kvcu_forward's logits exactly
- *      (while rows attend one 512-position partition, where the engine runs v2 too);
+ *   3. kvcu_attn_list_launch() (cuda/attention/kvcu_decode.cu) runs the engine's decode
+ *      kernel, block (KV head, range, row), for the group's G query heads over the row's
+ *      list: position list[i] in place of i, with the same split ranges and merge, so the
+ *      list 0 .. p gives the plain decode's bits, and a cache whose budget never evicts gives
+ *      the plain kvcu_forward's logits exactly. The merge leaves each listed position's
+ *      exp(s - max) and each head's exp-sum for step 4;
  *   4. H2O and SnapKV: retain_mass_kernel, one thread per kept index, adds each listed
  *      position's probabilities in kv_retain.h's order, rows in order from
  *      kv_retain_observe_from(), heads g = 0 .. G-1 within a row, each into a double (the
@@ -46,7 +46,8 @@
 struct kvcu_retain_scratch {
     float *keys;   size_t keys_n;  /* device [H_kv][n][d] the step's keys, dequantized */
     int *ints;     size_t ints_n;  /* device off [H_kv][n] | cnt [H_kv][n] | lists */
-    float *att;    size_t att_n;   /* device [rows][H][stride] exps, then [rows][H] sums */
+    float *att;    size_t att_n;   /* device [rows][H][stride] exps, [rows][H] sums, then
+                                    * the decode's partial states */
     double *mass;  size_t mass_n;  /* device [H_kv][mstride] the step's mass per kept index */
     float *hkeys;  size_t hkeys_n; /* host copy of keys */
     float *hq;     size_t hq_n;    /* host [n][H][d] the step's queries (Quest, top-k) */
@@ -278,10 +279,9 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
     const int evicts = kv_select_method_evicts(r->method);
     const int prefix = evicts || layer < r->dense_layers;
     const attn_src src = cache_src(c, layer);
-    const size_t smem = ((size_t)G * (d + 2) + KV_WARP) * sizeof(float);
-    if (smem > 48 * 1024)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_retain_attend: a group of %d heads of "
-                       "dim %d needs %zu bytes of shared memory (48 KiB)", G, d, smem);
+    if (!kvcu_decode_supported(src, H, Hkv, d))
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_retain_attend: the decode kernel does "
+                       "not read a group of %d heads of dim %d", G, d);
     int rc;
 
     /* 1. the new keys as attention reads them, appended on the host */
@@ -325,7 +325,8 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
     }
 
     /* 3, 4. attention in chunks of rows, the mass after each chunk in row order */
-    const size_t per_row = (size_t)H * ((size_t)stride + 1);
+    const size_t per_row =
+        (size_t)H * ((size_t)stride + 1) + kvcu_decode_scratch(1, H, d, stride);
     size_t fit = KVCU_RETAIN_SCORES_MAX / per_row;
     if (fit < 1) fit = 1;
     if (fit > KVCU_RETAIN_MAX_ROWS) fit = KVCU_RETAIN_MAX_ROWS;
@@ -337,6 +338,7 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
         kvcu_clear_error(cudaMemset(s->mass, 0, (size_t)Hkv * mstride * sizeof(double))))
         rc = kv_fail(err, KV_ERR_DEVICE, "kvcu_retain_attend: cudaMemset failed");
     float *sums = rc ? NULL : s->att + (size_t)rows * H * stride; /* [rows][H] */
+    float *parts = rc ? NULL : sums + (size_t)rows * H;             /* the partial states */
     for (int r0 = 0; r0 < n && !rc; r0 += rows) {
         const int nr = n - r0 < rows ? n - r0 : rows;
         int cs = stride; /* this chunk's score stride */
@@ -346,8 +348,8 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
         const int ni = prefix ? n : nr, j0 = prefix ? 0 : r0; /* rows off and cnt cover */
         const int *d_off = s->ints, *d_cnt = d_off + (size_t)Hkv * ni;
         const int *d_lists = d_cnt + (size_t)Hkv * ni;
-        kvcu_attn_list_launch(Hkv, nr, RETAIN_THREADS, smem, out, q, src, s->att, sums, d_off,
-                              d_cnt, d_lists, slot, r0, j0, ni, H, d, cs);
+        kvcu_attn_list_launch(Hkv, nr, out, q, src, s->att, sums, parts, d_off, d_cnt, d_lists,
+                              slot, r0, j0, ni, H, d, cs);
         for (int kvh = 0; kvh < Hkv; kvh++) {
             const int a = from[kvh] > r0 ? from[kvh] : r0, b = r0 + nr;
             if (a >= b) continue;
