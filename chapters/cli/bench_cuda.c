@@ -14,9 +14,11 @@
  *
  * bench attention --device cuda: one layer, H query heads over H_kv KV heads of d, for each
  * layout (contiguous, paged with blocks of 16 interleaved across the batch), cache format,
- * batch B and context length N: B slots of N cached tokens, one query each (decode). Each
- * kernel of the table `kernels` below is checked against the first one's output (max |diff|
- * <= 1e-4) and then timed (median of R CUDA-event-timed calls after a warm-up):
+ * batch B and context length N: B slots of N cached tokens, one query each (decode). The
+ * first kernel of the table `kernels` below, attn v2, is the reference: kv_attention_ref()'s
+ * three passes in its order, one element per load. Every other kernel is checked against its
+ * output by the kernel's own stated tolerance (max |diff|, dkernel.tol) and then timed (median
+ * of R CUDA-event-timed calls after a warm-up):
  *   KV bytes = B · 2 · H_kv · N · d · b     (b: the format's bytes per element, scales
  *                                           included: the least any decode must read)
  *   GB/s = KV bytes / time; "of BW" = GB/s / the roofline.
@@ -36,7 +38,6 @@
 #ifdef KV_HAVE_CUDA
 #include "kvcu.h"
 
-#define CUDA_CHECK_TOL 1e-4f /* |kernel - first kernel|: outputs average values in [-1, 1] */
 
 /* ---- the device's bandwidth ------------------------------------------------------------- */
 
@@ -84,6 +85,7 @@ typedef struct {
     int (*run)(const dcase *k, int version, kv_err *err);
     int version;
     const char *what; /* how it runs, for the header */
+    float tol;        /* max |kernel - attn v2| before it is timed */
 } dkernel;
 
 static int run_engine(const dcase *k, int version, kv_err *err)
@@ -118,21 +120,30 @@ static int run_flash(const dcase *k, int version, kv_err *err)
 }
 
 /* The kernels, in order; the first is every other's reference. A new decode kernel is one
- * line here: its name, a run() over a dcase (or one of those above with its version). */
+ * line here: its name, a run() over a dcase (or one of those above with its version), its
+ * tolerance. Outputs average values in [-1, 1] with weights that sum to 1, so a kernel that
+ * only adds in another order (v1, v3, chapter 08's) stays within 1e-4 of v2. Version 4,
+ * what the engine runs, also rescales its running sums once per tile and per range, R
+ * rescalings of one rounding each (test_gpu_decode.c's bound): twice the tolerance, 2e-4. */
 static const dkernel kernels[] = {
-    {"engine", run_engine, 0, "kvcu_decode_batch(): what kvcu_forward runs, one launch"},
-    {"attn v1", run_attn, 1, "one block per query head, per sequence"},
-    {"attn v2", run_attn, 2, "one block per KV head (the group together), per sequence"},
-    {"attn v3", run_attn, 3, "v2 split over 512-position partitions + merge, per sequence"},
-    {"flash v3", run_flash, 3, "chapter 08 decode: a block per (query, KV head), per sequence"},
-    {"flash v4", run_flash, 4, "chapter 08 split-KV + log-sum-exp merge, per sequence"},
+    {"attn v2", run_attn, 2, "one block per KV head, the group together, per sequence: the "
+                             "reference", 0.0f},
+    {"engine", run_engine, 0, "kvcu_decode_batch(): what kvcu_forward runs (v4), one launch",
+     2e-4f},
+    {"attn v4", run_attn, 4, "v4 alone (kvcu_decode.cu), per sequence", 2e-4f},
+    {"attn v1", run_attn, 1, "one block per query head, per sequence", 1e-4f},
+    {"attn v3", run_attn, 3, "v2 split over 512-position partitions + merge, per sequence",
+     1e-4f},
+    {"flash v3", run_flash, 3, "chapter 08 decode: a block per (query, KV head), per sequence",
+     1e-4f},
+    {"flash v4", run_flash, 4, "chapter 08 split-KV + log-sum-exp merge, per sequence", 1e-4f},
 };
 #define N_KERNELS ((int)(sizeof kernels / sizeof kernels[0]))
 
 static size_t case_scratch(const dcase *k)
 {
     size_t s = kvcu_decode_batch_scratch(k->c, k->B, k->H);
-    for (int v = 1; v <= 3; v++) {
+    for (int v = 1; v <= 4; v++) {
         const size_t a = kvcu_attn_decode_scratch(v, k->H, k->d, k->N);
         if (a > s) s = a;
     }
@@ -252,9 +263,9 @@ static int dcheck(dcase *k, int i, float *worst, kv_err *err)
         const float dd = fabsf(k->got[j] - k->ref[j]);
         if (!(dd <= *worst)) *worst = dd; /* NaN too */
     }
-    if (!(*worst <= CUDA_CHECK_TOL))
-        return kv_fail(err, KV_ERR_DEVICE, "%s: max |diff| %.3g from %s (bound %.0e): not "
-                       "timed", kernels[i].name, *worst, kernels[0].name, CUDA_CHECK_TOL);
+    if (!(*worst <= kernels[i].tol))
+        return kv_fail(err, KV_ERR_DEVICE, "%s: max |diff| %.3g from %s (its tolerance %.0e): "
+                       "not timed", kernels[i].name, *worst, kernels[0].name, kernels[i].tol);
     return KV_OK;
 }
 
@@ -307,7 +318,8 @@ int cmd_bench_attention_cuda(int argc, char **argv)
                           "bandwidth measured in the same run (a read kernel and a device-to-device\n"
                           "copy kernel; the larger, before and after). KV bytes = B 2 H_kv N d b, the\n"
                           "least any decode reads; a ratio above 1 means the ceiling is wrong. Each\n"
-                          "kernel is checked against the first (max |diff| <= 1e-4) before it is timed.\n"
+                          "kernel is checked against the first, attn v2, by its stated tolerance\n"
+                          "(1e-4; v4, the engine's, 2e-4) before it is timed.\n"
                           "With --compare: the chapter 08 rows instead (kvlab bench attention --help).",
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
