@@ -306,12 +306,12 @@ int kvcu_matmul_w16(float *y, const float *x, const uint16_t *W, int bf16, int T
 template <int BF16, int VEC>
 __device__ inline void gemv_w8(const uint16_t *w, float f[8])
 {
-    if (VEC) {
+    if (VEC)
         kvcu_unpack<BF16 ? KVCU_V_BF16 : KVCU_V_F16>(kvcu_ld16(w), f);
-        return;
-    }
-    for (int i = 0; i < 8; i++)
-        f[i] = BF16 ? __uint_as_float((uint32_t)w[i] << 16) : __half2float(__ushort_as_half(w[i]));
+    else
+        for (int i = 0; i < 8; i++)
+            f[i] = BF16 ? __uint_as_float((uint32_t)w[i] << 16)
+                        : __half2float(__ushort_as_half(w[i]));
 }
 
 /* Block (output group, row group): warp w computes output o = blockIdx.x·4 + w for rows
