@@ -119,22 +119,8 @@ static int setup_init(setup *s, int dim, int H, const kv_mla_dims *m, int n, int
     kv_mla_project(&s->w, s->x, pos, n, THETA, EPS, s->qn, s->qr, s->row, s->scratch);
     kv_free(pos);
 
-    kv_config shape;
-    kv_cache_spec spec = kv_cache_spec_default(1, cap);
-    spec.quant.dtype = fmt;
-    spec.quant.fp8_per_head = 1;
-    if (paged) {
-        spec.layout.kind = KV_LAYOUT_PAGED;
-        spec.layout.block_size = 64;
-        spec.layout.n_blocks = (cap + 63) / 64 + 2;
-    }
-    rc = kv_mla_cache_config(m, 1, cap, &shape, &err);
-    if (!rc) rc = kv_cache_create_planes(&s->c, &shape, &spec, 1, &err);
-    if (!rc && paged) { /* blocks from the top of the pool down: logical order is not physical */
-        int blocks[64], nb = (cap + 63) / 64;
-        for (int i = 0; i < nb; i++) blocks[i] = spec.layout.n_blocks - 1 - i;
-        rc = kv_cache_set_blocks(&s->c, 0, blocks, nb, &err);
-    }
+    /* paged: blocks from the top of the pool down (logical order is not physical), 2 spare */
+    rc = kv_mla_cache_open(&s->c, m, cap, fmt, paged, 2, &err);
     /* positions 0..pos0-1 hold rows of their own (pos0 > 0 tests a later chunk): zeros */
     if (!rc && pos0 > 0) {
         float *z = kv_calloc((size_t)pos0 * width * sizeof(float));

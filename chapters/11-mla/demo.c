@@ -27,25 +27,11 @@
 #define CH11_REPEATS 3
 
 /* A one-plane (latent) cache of n tokens of @p fmt, contiguous or paged in blocks of 64
- * (the table from the top of the pool down), holding @p rows [n][d_c + d_R]. */
+ * (kv_mla_cache_open()), holding @p rows [n][d_c + d_R]. */
 static int latent_cache(kv_cache *c, const kv_mla_dims *m, int n, int fmt, int paged,
                         const float *rows, kv_err *err)
 {
-    kv_config shape;
-    kv_cache_spec spec = kv_cache_spec_default(1, n);
-    spec.quant.dtype = fmt;
-    spec.quant.fp8_per_head = 1;
-    if (paged) {
-        spec.layout.kind = KV_LAYOUT_PAGED;
-        spec.layout.block_size = 64;
-        spec.layout.n_blocks = (n + 63) / 64;
-    }
-    int st = kv_mla_cache_config(m, 1, n, &shape, err);
-    if (!st) st = kv_cache_create_planes(c, &shape, &spec, 1, err);
-    int blocks[64];
-    for (int i = 0; !st && paged && i < spec.layout.n_blocks; i++)
-        blocks[i] = spec.layout.n_blocks - 1 - i;
-    if (!st && paged) st = kv_cache_set_blocks(c, 0, blocks, spec.layout.n_blocks, err);
+    int st = kv_mla_cache_open(c, m, n, fmt, paged, 0, err);
     if (!st) st = kv_cache_write_seq(c, 0, 0, 0, n, rows, NULL, err);
     return st;
 }

@@ -148,3 +148,33 @@ double kv_mla_attention_flops(const kv_mla_dims *m, int n_heads, int n, int abso
     /* per row: up-projections, then scores and values */
     return H * N * (2.0 * dc * (dn + dv) + 2.0 * (dn + dr) + 2.0 * dv);
 }
+
+/* ---- the latent cache: the chapter-02 cache with one plane, nothing of its own ------------- */
+
+int kv_mla_cache_open(kv_cache *c, const kv_mla_dims *m, int n_tokens, int fmt, int paged,
+                      int spare_blocks, kv_err *err)
+{
+    kv_config shape;
+    kv_cache_spec spec = kv_cache_spec_default(1, n_tokens);
+    const int nb = (n_tokens + 63) / 64;
+    spec.quant.dtype = fmt;
+    spec.quant.fp8_per_head = 1;
+    if (paged) {
+        spec.layout.kind = KV_LAYOUT_PAGED;
+        spec.layout.block_size = 64;
+        spec.layout.n_blocks = nb + spare_blocks;
+    }
+    int st = kv_mla_cache_config(m, 1, n_tokens, &shape, err);
+    if (!st) st = kv_cache_create_planes(c, &shape, &spec, 1, err);
+    if (st || !paged) return st;
+    int *blocks = kv_calloc((size_t)nb * sizeof(int));
+    if (!blocks) {
+        kv_cache_free(c);
+        return kv_fail(err, KV_ERR_NOMEM, "kv_mla_cache_open: block table of %d", nb);
+    }
+    for (int i = 0; i < nb; i++) blocks[i] = spec.layout.n_blocks - 1 - i;
+    st = kv_cache_set_blocks(c, 0, blocks, nb, err);
+    kv_free(blocks);
+    if (st) kv_cache_free(c);
+    return st;
+}

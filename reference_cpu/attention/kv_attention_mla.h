@@ -54,6 +54,13 @@ int kv_mla_attention_absorbed(const kv_mla_layer *w, const float *q_nope, const 
  * (the formulas of the file comment, with the query and output products of (b) included). */
 double kv_mla_attention_flops(const kv_mla_dims *m, int n_heads, int n, int absorbed);
 
+/** A latent cache (one plane, rows [n_tokens][d_c + d_R]) of one slot in storage format
+ * @p fmt: contiguous, or paged in blocks of 64 as FlashMLA's, n_tokens' blocks mapped from the
+ * top of the pool down (logical order is not physical) and @p spare_blocks more left free.
+ * Free it with kv_cache_free(). KV_ERR_ARG / KV_ERR_NOMEM from the cache. */
+int kv_mla_cache_open(kv_cache *c, const kv_mla_dims *m, int n_tokens, int fmt, int paged,
+                      int spare_blocks, kv_err *err);
+
 #ifdef __cplusplus
 }
 #endif
