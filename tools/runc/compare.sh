@@ -1,22 +1,24 @@
 #!/bin/sh
 # kvlab generate against llama2.c's run.c on the same random checkpoints, greedy, runs
 # alternated (run.c, kvlab, run.c, kvlab, ...), tokens compared, tokens/s as each reports it
-# (both leave the first step out). docs/performance.md §10 has the results and what they mean.
+# (both leave the first step out). docs/performance.md §12.4 has the results and what they mean.
 #
 # usage: tools/runc/compare.sh RUN_C KVLAB_BUILD [PAIRS] [WORK_DIR]
 #   RUN_C        path to llama2.c's run.c (not part of kvlab: get it from llama2.c yourself)
 #   KVLAB_BUILD  a kvlab CPU build folder (holds kvlab and reference_cpu/libkvlab_cpu.a)
 #   PAIRS        alternated pairs per shape (default 5)
 #   WORK_DIR     where the binaries and checkpoints go (default: a new temporary folder)
-# env: THREADS (default: every CPU) is both programs' OpenMP team (OMP_NUM_THREADS, --threads).
+# env: THREADS (default: every CPU) is both programs' OpenMP team (OMP_NUM_THREADS, --threads);
+#      ONLY (default: every shape) runs one shape by name (mha, gqa or mha8k).
 set -eu
-[ $# -ge 2 ] || { sed -n 2,12p "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n 2,13p "$0"; exit 2; }
 RUNC_SRC=$1
 BUILD=$(cd "$2" && pwd)
 PAIRS=${3:-5}
 WORK=${4:-$(mktemp -d)}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 THREADS=${THREADS:-$(nproc)}
+ONLY=${ONLY:-}
 mkdir -p "$WORK"
 cd "$WORK"
 
@@ -35,6 +37,7 @@ gqa 288 768 6 6 2 32000 256 256
 mha8k 288 768 6 6 6 32000 8192 8192"
 
 echo "$SHAPES" | while read -r name dim hidden layers heads kvh vocab seq steps; do
+    [ -z "$ONLY" ] || [ "$ONLY" = "$name" ] || continue
     ./make_model "$name.bin" tok.bin "$dim" "$hidden" "$layers" "$heads" "$kvh" "$vocab" "$seq"
     # run.c: -n counts positions (the BOS included), so -n S chooses S tokens; kvlab --steps S
     # after the BOS chooses the same S (the last one is never fed back)
