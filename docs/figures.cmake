@@ -294,6 +294,11 @@ message(STATUS "figures: kvlab needle --spec datasets/needle/ch09-grid.needle (a
 kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/ch09-grid.needle
   --csv ${OUT}/needle-ch09.csv --svg ${OUT}/needle-ch09.svg)
 message(STATUS "figures: ${OUT}/needle-ch09.svg")
+# chapter 06: the full cache against a 512-token window, without and with 4 sinks
+message(STATUS "figures: kvlab needle --spec datasets/needle/ch06-grid.needle (a few seconds)")
+kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/ch06-grid.needle
+  --csv ${OUT}/needle-ch06.csv --svg ${OUT}/needle-ch06.svg)
+message(STATUS "figures: ${OUT}/needle-ch06.svg")
 
 # ---- chapter 10: what a rank holds and what it sends, by the number of ranks ---------------
 # kvlab tp prints the per-rank cache (prompt 16 + 4 tokens) and the bytes one decode step's
@@ -336,7 +341,7 @@ include(${CMAKE_CURRENT_LIST_DIR}/figures_trained.cmake)
 # docs/figures/, where they are committed. A rerun that changes one is a change to review.
 foreach(fig memory-vs-context ch02-cost-per-token ch05-reserved-per-step ch06-stream-memory
             ch07-latency-cdf-high ch08-attention-bytes ch09-kept-positions needle-quant
-            needle-ch09 ch10-tp-bytes
+            needle-ch06 needle-ch09 ch10-tp-bytes
             ch03-trained-gqa ch04-trained-key-channels ch06-trained-mass ch09-trained-budget
             ch10-trained-spec)
   if(EXISTS ${OUT}/${fig}.svg)

@@ -337,7 +337,8 @@ static void test_datasets(void)
             KV_CHECK(strstr(err.msg, w) != NULL, "needle spec '%.50s': message lacks '%s': %s",
                      nr[i].text, w, err.msg);
     }
-    /* chapter 09 cache variants (kv_needle_cache_spec): refused with a message naming them */
+    /* chapter 06 and 09 cache variants (kv_needle_cache_spec): refused with a message naming
+     * them */
     struct { const char *variant, *want; } cv[] = {
         {"nosuch/b64", "'nosuch/b64' is not known"},
         {"h2o", "needs a budget"},
@@ -362,6 +363,15 @@ static void test_datasets(void)
         {"int4-kivi/h2o", "'h2o' is not known for int4-kivi"},
         {"h2o/b64/int4-kivi", "KIVI"},
         {"l2-large/b64/int8/fp16", "'fp16' is not known for l2-large"},
+        /* chapter 06 */
+        {"window", "needs its size"},
+        {"window/s4", "needs its size"},
+        {"window/w0", "needs its size"},
+        {"window/w-1", "'w-1' needs a count"},
+        {"window/w64/int4", "KIVI"},
+        {"window/w64/cache/original", "'original' is not known for window"},
+        {"window/w64/int8/fp16", "'fp16' is not known for window"},
+        {"window/w64/b16", "'b16' is not known for window"},
     };
     for (size_t i = 0; i < sizeof cv / sizeof cv[0]; i++) {
         kv_cache_spec cs;

@@ -149,9 +149,15 @@ static int cmd_eval_ppl(int argc, char **argv)
         rc = kv_cli_fail(cmd, "--cache", st, &err);
         goto done;
     }
-    spec.window.size = recent;
-    spec.window.n_sinks = sinks;
-    spec.window.pos_scheme = recent ? kv_window_scheme_parse(scheme) : 0;
+    if (recent && spec.window.size) {
+        rc = kv_args_bad(cmd, "--recent", "the cache '%s' names its own window", cache);
+        goto done;
+    }
+    if (recent) { /* else the spec's own window, if it names one (window/wN/...) */
+        spec.window.size = recent;
+        spec.window.n_sinks = sinks;
+        spec.window.pos_scheme = kv_window_scheme_parse(scheme);
+    }
     kv_cli_layout_apply(&lo, &spec);
     if ((st = kv_cli_backend(&b, device, &in.m, &spec, &err))) {
         rc = kv_cli_fail(cmd, "backend", st, &err);

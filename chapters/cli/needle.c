@@ -197,7 +197,7 @@ int cmd_needle(int argc, char **argv)
         {"--models", KV_OPT_STRING, &models, 0, 0, NULL, "LIST", "direct,induction (overrides the spec)", 0},
         {"--lengths", KV_OPT_STRING, &lengths, 0, 0, NULL, "LIST", "context lengths, e.g. 1024,65536", 0},
         {"--depths", KV_OPT_STRING, &depths, 0, 0, NULL, "LIST", "needle depths in percent, e.g. 0,50,100", 0},
-        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant: fp32, or a storage format (fp16 int8 fp8 int4 ... with /head /wR /lA,B; see kvlab generate --help), predicted to pass every cell (int2: measured, not predicted); or a chapter 09 method l2-large l2-small h2o snapkv quest topk with /bN or /rX and /wN /sN /dN /FORMAT, e.g. h2o/b64/w16 (measured, not predicted: datasets/needle/ch09.txt holds the predictions)", 0},
+        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant: fp32, or a storage format (fp16 int8 fp8 int4 ... with /head /wR /lA,B; see kvlab generate --help), predicted to pass every cell (int2: measured, not predicted); or a chapter 06 window window/wN with /sN /cache /FORMAT, e.g. window/w512/s4/cache (measured, not predicted: datasets/needle/ch06-grid.needle holds the predictions); or a chapter 09 method l2-large l2-small h2o snapkv quest topk with /bN or /rX and /wN /sN /dN /FORMAT, e.g. h2o/b64/w16 (measured, not predicted: datasets/needle/ch09.txt holds the predictions)", 0},
         {"--chunk", KV_OPT_INT, &chunk, 1, 1 << 24, NULL, "N", "haystack tokens per prefill step (default: the spec's, else 512); chapter 09's methods evict between steps", 0},
         {"--seeds", KV_OPT_STRING, &seeds, 0, 0, NULL, "LIST", "haystack seeds", 0},
         {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "write every cell as CSV", 0},
@@ -244,11 +244,13 @@ int cmd_needle(int argc, char **argv)
             return kv_cli_fail(cmd, out_opts[i], KV_ERR_IO, &err);
     if (cache) {
         size_t k = strlen(text);
-        /* int2's outcome is measured, not predicted (chapters/04-quantization/README.md) */
+        /* int2's outcome is measured, not predicted (chapters/04-quantization/README.md), and
+         * so are a window's and a selection's (their grids hold the predictions) */
         kv_cache_spec cs;
-        const int selects = !kv_needle_cache_spec(cache, 1, 16, &cs, &err) && cs.retain.select;
+        const int forgets = !kv_needle_cache_spec(cache, 1, 16, &cs, &err) &&
+                            (cs.retain.select || cs.window.size);
         snprintf(text + k, sizeof text - k, "variant %s %s\n", cache,
-                 !strncmp(cache, "int2", 4) || selects ? "any" : "all");
+                 !strncmp(cache, "int2", 4) || forgets ? "any" : "all");
     }
     if (chunk) {
         size_t k = strlen(text);

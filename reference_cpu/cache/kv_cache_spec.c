@@ -259,6 +259,45 @@ static int select_spec(const char *variant, int method, char *save, int n_slots,
     return KV_OK;
 }
 
+/* Chapter 06: the options after "window": the window wN (required), sinks sN, the position
+ * scheme (cache or original, kv_window_scheme_parse()) and at most one per-token format. */
+static int window_spec(const char *variant, char *save, int n_slots, int capacity,
+                       kv_cache_spec *out, kv_err *err)
+{
+    kv_cache_spec s = kv_cache_spec_default(n_slots, capacity);
+    int have_fmt = 0, have_scheme = 0;
+    char *part;
+    while ((part = strtok_r(NULL, "/", &save))) {
+        long v = 0;
+        const int fmt = kv_quant_parse(part), scheme = kv_window_scheme_parse(part);
+        if ((part[0] == 'w' || part[0] == 's') && part[1] && fmt < 0 && scheme < 0) {
+            if (kv_parse_count(part + 1, 0, KV_CACHE_MAX_CAPACITY, &v))
+                return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': option '%s' needs "
+                               "a count after '%c'", variant, part, part[0]);
+            if (part[0] == 'w') s.window.size = (int)v;
+            else s.window.n_sinks = (int)v;
+        } else if (scheme >= 0 && !have_scheme) {
+            s.window.pos_scheme = scheme;
+            have_scheme = 1;
+        } else if (fmt >= 0 && !have_fmt) {
+            s.quant.dtype = fmt;
+            have_fmt = 1;
+        } else {
+            return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': option '%s' is not "
+                           "known for window (wN window, sN sinks, cache or original positions, "
+                           "one per-token storage format such as int8)", variant, part);
+        }
+    }
+    if (s.window.size < 1)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': window needs its size, wN "
+                       "(N >= 1 recent tokens)", variant);
+    kv_err e2;
+    if (kv_cache_window_check("cache variant", &s, KV_CACHE_CAN_WINDOW, &e2))
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': %s", variant, e2.msg);
+    *out = s;
+    return KV_OK;
+}
+
 int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cache_spec *out,
                          kv_err *err)
 {
@@ -278,6 +317,9 @@ int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cach
                        "before, between or after a '/')", variant);
     strcpy(buf, variant);
     char *save = NULL, *part = strtok_r(buf, "/", &save);
+    /* chapter 06: window/wN[/sN][/cache|original][/FORMAT] */
+    if (part && !strcmp(part, "window"))
+        return window_spec(variant, save, n_slots, capacity, out, err);
     /* chapter 09: METHOD/bN|rX[/wN][/sN][/dN][/FORMAT] */
     const int method = part ? kv_select_method_parse(part) : -1;
     if (method > KV_SELECT_NONE)
@@ -288,8 +330,8 @@ int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cach
         return kv_fail(err, KV_ERR_UNSUPPORTED,
                        "cache variant '%s' is not known (known: fp32, or a format fp16 bf16 int8 "
                        "int8-g32 int8-g64 int8-g128 fp8-e4m3 fp8-e5m2 int4 int2, with options "
-                       "/head /wR /lA,B; or a method l2-large l2-small h2o snapkv quest topk "
-                       "with /bN or /rX, /wN /sN /dN)", variant);
+                       "/head /wR /lA,B; or window with /wN /sN /cache; or a method l2-large "
+                       "l2-small h2o snapkv quest topk with /bN or /rX, /wN /sN /dN)", variant);
     kv_cache_spec s = kv_cache_spec_default(n_slots, capacity);
     s.quant.dtype = fmt;
     while ((part = strtok_r(NULL, "/", &save))) {

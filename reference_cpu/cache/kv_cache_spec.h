@@ -2,7 +2,7 @@
  * @file kv_cache_spec.h
  * What a cache is built from: ::kv_cache_spec, the checks every device's cache runs on it, and
  * the spec strings of the CLI and the workload files ("int8", "fp8-e4m3/head", "int4/w64",
- * "h2o/b128/w16") that kv_needle_cache_spec() turns into one.
+ * "window/w256/s4/cache", "h2o/b128/w16") that kv_needle_cache_spec() turns into one.
  *
  * The spec names what each chapter chooses: layout (02, 05), storage format and selective
  * layers (04), sliding window and sinks (06), selected-set retention (09). The cache builds the
@@ -159,7 +159,11 @@ int kv_parse_count(const char *w, long lo, long hi, long *out);
  * separated by '/': "head" (fp8: per-head scales; default per tensor), "wR" (KIVI: fp32
  * window of R tokens, a multiple of 32; default 128), "lA,B,..." (selective layers: only
  * layers A, B, ... use the format, the others fp16). E.g. "int4/w64", "fp8-e5m2/head",
- * "int8/l0". Chapter 09: a selection method (kv_select_method_parse(): l2-large, l2-small,
+ * "int8/l0". Chapter 06: "window" with "wN" (the window W, required), "sN" (S sinks), "cache"
+ * or "original" (the position scheme, kv_window_scheme_parse(); default original) and at most
+ * one per-token storage format, e.g. "window/w256/s4/cache", "window/w512/int8"; checked by the
+ * window rules (KIVI refused).
+ * Chapter 09: a selection method (kv_select_method_parse(): l2-large, l2-small,
  * h2o, snapkv, quest, topk) with a budget "bN" (N tokens per layer and KV head) or "rX" (a
  * ratio 0 < X <= 1 of the positions seen), then options "wN" (recent window: always kept;
  * SnapKV's observation window), "sN" (sinks: the first N positions always kept), "dN" (Quest,
