@@ -295,7 +295,7 @@ kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/ch09-grid.needle
   --csv ${OUT}/needle-ch09.csv --svg ${OUT}/needle-ch09.svg)
 message(STATUS "figures: ${OUT}/needle-ch09.svg")
 # chapter 06: the full cache against a 512-token window, without and with 4 sinks
-message(STATUS "figures: kvlab needle --spec datasets/needle/ch06-grid.needle (a few seconds)")
+message(STATUS "figures: kvlab needle --spec datasets/needle/ch06-grid.needle (about 15 s)")
 kv_run(${KVLAB} needle --spec ${SRC}/datasets/needle/ch06-grid.needle
   --csv ${OUT}/needle-ch06.csv --svg ${OUT}/needle-ch06.svg)
 message(STATUS "figures: ${OUT}/needle-ch06.svg")
