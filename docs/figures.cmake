@@ -334,6 +334,35 @@ plot f every ::1 using 1:(\$2 / (\$3 * \$4)) with linespoints lw 2 pt 7 title 'K
      f every ::1 using 1:(2 * \$5 * unit(strcol(6))) with linespoints lw 2 pt 5 title 'all-reduce bytes moved (2 per layer): 2 x 2 (p-1)/p dim b'
 ")
 
+# ---- chapter 11: FLOPs per byte of a decode step's attention, against the query heads H -------
+# kvlab tour --chapter 11 --csv counts them from DeepSeek-V2's dims (no timing): the absorbed
+# MLA decode reads one 576-element row for all H heads; MHA, GQA-8 and MQA of the same head dim
+# do 2G/b. The two ridge points are an H100's datasheet rates over its HBM bandwidth.
+message(STATUS "figures: kvlab tour --chapter 11 --csv (counted, under a second)")
+kv_run(${KVLAB} tour --chapter 11 --csv OUTPUT_FILE ${OUT}/ch11-intensity.csv)
+kv_plot(ch11-intensity "
+set termoption noenhanced
+set title 'Chapter 11: FLOPs per byte of one decode step of attention (bf16, DeepSeek-V2 dims: d_c 512, d_R 64, d 128)'
+set xlabel 'query heads H' offset 0,0.5
+set ylabel 'FLOPs per byte of cache read'
+set logscale xy 2
+set xtics (1, 2, 4, 8, 16, 32, 64, 128, 256)
+set ytics (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+set xrange [0.8:320]
+set yrange [0.7:700]
+set key outside below horizontal maxcols 2 width -6
+set label 1 'DeepSeek-V2-Lite (H = 16)' at 16, 30.2 right offset -0.5,0.8
+set label 2 'DeepSeek-V2, V3 (H = 128)' at 12, 480 right
+set arrow 1 from 13, 470 to 118, 250 head size screen 0.01,20 lw 1
+f = '${OUT}/ch11-intensity.csv'
+plot f every ::1 using 1:4 with linespoints lw 3 pt 7 title 'MLA absorbed: 2176 H / (576 x 2)', \\
+     f every ::1 using 1:7 with linespoints lw 2 pt 5 title 'MQA (d = 128): H', \\
+     f every ::1 using 1:6 with linespoints lw 2 pt 9 title 'GQA, H_kv = H/8: 8', \\
+     f every ::1 using 1:5 with linespoints lw 2 pt 13 title 'MHA: 1', \\
+     f every ::1 using 1:9 with lines dt 2 lw 2 title 'tensor-core ridge, H100 bf16: 295', \\
+     f every ::1 using 1:8 with lines dt 3 lw 2 title 'CUDA-core ridge, H100 fp32: 20'
+")
+
 # the chapters' "On a trained model" sections (copied into docs/figures below)
 include(${CMAKE_CURRENT_LIST_DIR}/figures_trained.cmake)
 # The plots whose every point is counted or simulated (no wall-clock time in them) are the same
@@ -341,7 +370,7 @@ include(${CMAKE_CURRENT_LIST_DIR}/figures_trained.cmake)
 # docs/figures/, where they are committed. A rerun that changes one is a change to review.
 foreach(fig memory-vs-context ch02-cost-per-token ch05-reserved-per-step ch06-stream-memory
             ch07-latency-cdf-high ch08-attention-bytes ch09-kept-positions needle-quant
-            needle-ch06 needle-ch09 ch10-tp-bytes
+            needle-ch06 needle-ch09 ch10-tp-bytes ch11-intensity
             ch03-trained-gqa ch04-trained-key-channels ch06-trained-mass ch09-trained-budget
             ch10-trained-spec)
   if(EXISTS ${OUT}/${fig}.svg)

@@ -8,6 +8,9 @@
  *  3. FLOPs per byte of the absorbed decode for H = 16 and H = 128, against the ridge points;
  *  4. the latent cache in the storage formats of chapter 04, contiguous and paged (B = 64):
  *     bytes per token and layer, and paged == contiguous bit for bit.
+ * With --csv: part 3 for H = 1 .. 256, beside MHA, GQA (groups of 8) and MQA of the same head
+ * dim, with both ridge points (the figures target draws it as ch11-intensity.svg). Every
+ * number in it is counted from the shapes; nothing is timed.
  * Everything runs on the CPU: the absorbed decode's CUDA twin is the chapter's exercise.
  */
 #include <math.h>
@@ -25,6 +28,10 @@
 #define CH11_N 1024       /* cached tokens in part 2 */
 #define CH11_N_QUICK 96
 #define CH11_REPEATS 3
+/* an H100 SXM's datasheet rates (dense): HBM bytes/s, fp32 on CUDA cores, bf16 on tensor cores */
+#define CH11_HBM_BPS 3.35e12
+#define CH11_CUDA_FP32 67e12
+#define CH11_TC_BF16 989e12
 
 /* A one-plane (latent) cache of n tokens of @p fmt, contiguous or paged in blocks of 64
  * (kv_mla_cache_open()), holding @p rows [n][d_c + d_R]. */
@@ -130,9 +137,31 @@ static void part_intensity(FILE *f)
         fprintf(f, "   H = %3d: %g * %d / (%g * 2) = %.1f FLOP/byte\n", hs[i], per_head, hs[i],
                 row, per_head * hs[i] / (row * 2));
     fprintf(f, "   ridge points (H100 SXM, 3.35 TB/s): CUDA cores 67 TFLOP/s fp32 -> %.0f; tensor "
-               "cores 989 TFLOP/s bf16 -> %.0f\n", 67e12 / 3.35e12, 989e12 / 3.35e12);
+               "cores 989 TFLOP/s bf16 -> %.0f\n", CH11_CUDA_FP32 / CH11_HBM_BPS,
+            CH11_TC_BF16 / CH11_HBM_BPS);
     fprintf(f, "   (MHA or GQA decode in bf16: 2G/b = G FLOP/byte, G <= 8 for the presets of "
                "chapter 03)\n");
+}
+
+/* Part 3 as rows, H = 1, 2, 4 .. 256 query heads, b = 2 (bf16). The absorbed decode reads one
+ * row of d_c + d_R elements per cached token for all H heads, each spending
+ * 2(d_c + d_R) + 2 d_c FLOPs on it. MHA, GQA and MQA with head dim d = d_nope read 2 d elements
+ * per token and KV head, and each of its G query heads spends 2d (score) + 2d (value) FLOPs:
+ * 2G/b per byte, G = 1 (MHA), 8 (GQA with H_kv = H/8, from H = 8), H (MQA). */
+static void part_intensity_csv(FILE *f)
+{
+    const kv_mla_dims m = kv_mla_preset_find("deepseek-v2")->mla;
+    const double b = 2, row = kv_mla_row(&m), per_head = 2.0 * (m.d_c + m.d_rope) + 2.0 * m.d_c;
+    const double d = m.d_nope, gqa_per_g = 4 * d / (2 * d * b);
+    fprintf(f, "H,mla_flops_per_row,mla_row_bytes,mla_absorbed,mha,gqa8,mqa,cuda_core_ridge,"
+               "tensor_core_ridge\n");
+    for (int h = 1; h <= 256; h *= 2) {
+        char gqa[32] = "";
+        if (h >= 8) snprintf(gqa, sizeof gqa, "%g", 8 * gqa_per_g);
+        fprintf(f, "%d,%g,%g,%.4f,%g,%s,%g,%.4f,%.4f\n", h, per_head * h, row * b,
+                per_head * h / (row * b), gqa_per_g, gqa, h * gqa_per_g,
+                CH11_CUDA_FP32 / CH11_HBM_BPS, CH11_TC_BF16 / CH11_HBM_BPS);
+    }
 }
 
 static int part_formats(const kv_demo_ctx *ctx, kv_err *err)
@@ -180,7 +209,10 @@ static int part_formats(const kv_demo_ctx *ctx, kv_err *err)
 
 int kv_demo_ch11(const kv_demo_ctx *ctx, kv_err *err)
 {
-    if (ctx->csv) return KV_OK; /* counted tables only: no per-step series to plot */
+    if (ctx->csv) { /* the one series to plot: part 3 against H */
+        part_intensity_csv(ctx->out);
+        return KV_OK;
+    }
     part_bill(ctx->out);
     int st = part_two_ways(ctx, err);
     if (!st) part_intensity(ctx->out);
