@@ -3,8 +3,9 @@
  * device memory. The planes are laid out by the same kv_cache_layout() as on the CPU, so an
  * fp32 cache is chapter 02's k, v [L][n_slots][H_kv][capacity][d] and a quantized one holds the
  * same bytes at the same offsets as its CPU twin (tests/test_gpu_quant_cache.c compares them).
- * Slot lengths and KIVI's quantized counts stay on the host (struct kvcu_cache in
- * kvcu_internal.cuh); the counts are mirrored to the device for the kernels that read them.
+ * The cache is a kv_cache in device memory (struct kvcu_cache in kvcu_internal.cuh): its host
+ * state (lengths, KIVI counts, tables) is made, checked and freed by the CPU's functions
+ * (kv_cache_state.c), and what the kernels read of it is mirrored to the device.
  *
  * Here are the cache's life and the write that composes the parts; each chapter's part is a
  * file of its own (kvcu_cache_internal.cuh lists them): the row codec's kernels
@@ -20,6 +21,36 @@
 #include "kv_quant.h"
 #include "kvcu_cache_internal.cuh"
 
+/* The device's memory for the host state's few moves of the bytes (kv_cache_device: a fork's
+ * scales and windows, the undo log's entries): cudaMalloc'ed and zeroed, cudaFree'd, copied
+ * device to device. */
+static int device_alloc(void **p, size_t bytes, const char *who, kv_err *err)
+{
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaSuccess) e = cudaMemset(*p, 0, bytes);
+    if (e == cudaSuccess) return KV_OK;
+    cudaFree(*p);
+    *p = NULL;
+    return kv_fail(err, KVCU_STATUS(kvcu_clear_error(e)), "%s: %zu bytes of device memory: %s",
+                   who, bytes, cudaGetErrorString(e));
+}
+static void device_release(void *p) { cudaFree(p); }
+static int device_copy(void *dst, const void *src, size_t bytes, const char *who, kv_err *err)
+{
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice);
+    if (e == cudaSuccess) return KV_OK;
+    return kv_fail(err, KVCU_STATUS(kvcu_clear_error(e)), "%s: %s", who, cudaGetErrorString(e));
+}
+static const kv_cache_device kvcu_device = {device_alloc, device_release, device_copy};
+
+/* The host's qlen [L][n_slots] into its device mirror. */
+int kvcu_cache_sync_qlen(kvcu_cache *c, kv_err *err)
+{
+    KV_CUDA_TRY(cudaMemcpy(c->d_qlen, c->qlen, (size_t)c->n_layers * c->spec.n_slots * sizeof(int),
+                           cudaMemcpyHostToDevice), err);
+    return KV_OK;
+}
+
 /**
  * Allocate a device cache for a model config; the twin of kv_cache_create().
  * Unsupported spec -> KV_ERR_UNSUPPORTED; device out of memory -> KV_ERR_NOMEM.
@@ -28,60 +59,29 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
                       kv_err *err)
 {
     *out = NULL;
-    int st = kv_cache_spec_check_caps("kvcu_cache_create", cfg, spec, KV_CACHE_CAN_WINDOW, err);
-    if (st) return st;
-    const int paged = spec->layout.kind == KV_LAYOUT_PAGED;
-    const int L = cfg->n_layers, d = kv_config_head_dim(cfg);
-    /* a window keeps S+W rows per slot however many positions the capacity allows */
-    const int span = (int)kv_window_rows(spec->window.size, spec->window.n_sinks, spec->capacity);
-    const int rows = paged ? spec->layout.n_blocks * spec->layout.block_size : span;
-    /* elements of K (and of V) as fp32, checked for overflow; a paged pool's rows belong to
-     * no slot, so its heads are the H_kv of one pool */
-    const size_t factors[5] = {(size_t)L, paged ? (size_t)1 : (size_t)spec->n_slots,
-                               (size_t)cfg->n_kv_heads, (size_t)rows, (size_t)d};
-    size_t n = 1;
-    for (int i = 0; i < 5; i++) {
-        if (n > SIZE_MAX / sizeof(float) / factors[i])
-            return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_create: cache size overflows size_t");
-        n *= factors[i];
-    }
     kvcu_cache *c = (kvcu_cache *)calloc(1, sizeof *c);
-    if (c) {
-        c->len = (int *)calloc((size_t)spec->n_slots, sizeof(int));
-        c->fmt = (int *)calloc((size_t)L, sizeof(int));
-        c->n_planes = KV_CACHE_KV_PLANES;
-        c->planes = (kv_cache_plane *)calloc((size_t)c->n_planes * L, sizeof(kv_cache_plane));
-        c->qlen = (int *)calloc((size_t)L * spec->n_slots, sizeof(int));
-        c->rows = rows;
-        c->span = span;
-        if (paged) {
-            c->max_blocks = (span + spec->layout.block_size - 1) / spec->layout.block_size;
-            c->tables = (int *)calloc((size_t)spec->n_slots * c->max_blocks, sizeof(int));
-            c->n_mapped = (int *)calloc((size_t)spec->n_slots, sizeof(int));
-            c->seg_mark = (int *)calloc(2 * (size_t)spec->layout.n_blocks, sizeof(int));
-        }
+    if (!c) return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_create: host memory");
+    /* the host state both devices share (kv_cache_state.c): checks, tables, the planes' sizes */
+    int st = kv_cache_state_create(c, "kvcu_cache_create", cfg, spec, KV_CACHE_KV_PLANES, err);
+    if (st) {
+        free(c);
+        return st;
     }
-    if (!c || !c->len || !c->fmt || !c->planes || !c->qlen ||
-        (paged && (!c->tables || !c->n_mapped || !c->seg_mark))) {
+    c->device = &kvcu_device;
+    const int paged = c->tables != NULL, L = c->n_layers;
+    c->span = (int)kv_window_rows(spec->window.size, spec->window.n_sinks, spec->capacity);
+    if (paged) c->seg_mark = (int *)calloc(2 * (size_t)spec->layout.n_blocks, sizeof(int));
+    if (paged && !c->seg_mark) {
         kvcu_cache_free(c);
         return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_create: host memory");
     }
-    c->spec = *spec;
-    c->n_layers = L;
-    c->n_kv_heads = cfg->n_kv_heads;
-    c->head_dim = d;
-    int all_f32 = 1;
-    for (int l = 0; l < L; l++) {
-        c->fmt[l] = kv_cache_spec_layer_dtype(spec, l);
-        all_f32 &= c->fmt[l] == KV_QF_F32;
-        if (kvq_is_kivi(c->fmt[l]))
-            c->window = spec->quant.kivi_window ? spec->quant.kivi_window : KV_KIVI_WINDOW;
-    }
-    const size_t total = kv_cache_layout(spec, L, c->n_kv_heads, d, NULL, c->planes);
+    const size_t total = c->mem_bytes;
     const size_t n_table = (size_t)spec->n_slots * c->max_blocks;
-    cudaError_t e = cudaMalloc(&c->mem, total);
+    uint8_t *mem = NULL;
+    cudaError_t e = cudaMalloc(&mem, total);
     /* zeroed like the CPU's calloc, so the two buffers agree byte for byte everywhere */
-    if (e == cudaSuccess) e = cudaMemset(c->mem, 0, total);
+    if (e == cudaSuccess) e = cudaMemset(mem, 0, total);
+    if (e == cudaSuccess) kv_cache_state_place(c, mem);
     if (e == cudaSuccess) e = cudaMalloc(&c->d_qlen, (size_t)L * spec->n_slots * sizeof(int));
     if (e == cudaSuccess) e = cudaMemset(c->d_qlen, 0, (size_t)L * spec->n_slots * sizeof(int));
     if (paged && e == cudaSuccess) e = cudaMalloc(&c->d_tables, n_table * sizeof(int));
@@ -89,14 +89,13 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
     if (paged && e == cudaSuccess) e = cudaMalloc(&c->d_planes, (size_t)c->n_planes * L * sizeof(kv_cache_plane));
     if (paged && e == cudaSuccess) e = cudaMalloc(&c->d_fmt, (size_t)L * sizeof(int));
     if (e != cudaSuccess) {
+        if (!c->mem) cudaFree(mem);
         kvcu_cache_free(c);
         cudaGetLastError(); /* a failed allocation is not sticky: clear it */
         return kv_fail(err, e == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE,
                        "kvcu_cache_create: could not allocate %zu bytes of K/V storage on "
                        "the device: %s", total, cudaGetErrorString(e));
     }
-    c->mem_bytes = total;
-    kv_cache_layout(spec, L, c->n_kv_heads, d, c->mem, c->planes);
     /* fp8 scales start at 1, as on the CPU (calibration overwrites them at position 0) */
     const size_t heads = (size_t)spec->n_slots * c->n_kv_heads;
     float *ones = NULL;
@@ -126,10 +125,6 @@ int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spe
         kvcu_cache_free(c);
         return st;
     }
-    if (all_f32 && !paged && spec->window.size == 0) { /* chapter 02's arrays: contiguous, no ring */
-        c->k = (float *)(void *)kv_cache_plane_of(c->planes, L, 0, 0)->codes;
-        c->v = (float *)(void *)kv_cache_plane_of(c->planes, L, 1, 0)->codes;
-    }
     *out = c;
     return KV_OK;
 }
@@ -146,14 +141,9 @@ void kvcu_cache_free(kvcu_cache *c)
     cudaFree(c->d_fmt);
     cudaFree(c->d_pairs);
     cudaFree(c->d_rope_cs);
-    kvcu_cache_undo_free(c); /* chapter 10 */
-    free(c->tables);
-    free(c->n_mapped);
+    kv_cache_undo_free(c); /* chapter 10: the logs' rows */
     free(c->seg_mark);
-    free(c->len);
-    free(c->fmt);
-    free(c->planes);
-    free(c->qlen);
+    kv_cache_state_free(c);
     free(c);
 }
 
@@ -161,14 +151,9 @@ void kvcu_cache_free(kvcu_cache *c)
 void kvcu_cache_reset(kvcu_cache *c, int slot)
 {
     if (!c || slot < 0 || slot >= c->spec.n_slots) return;
-    c->len[slot] = 0;
-    if (c->n_mapped) c->n_mapped[slot] = 0; /* paged: the blocks go back with the table */
-    kvcu_cache_undo_disarm(c, slot);        /* chapter 10 */
     int any = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        any |= c->qlen[(size_t)l * c->spec.n_slots + slot] != 0;
-        c->qlen[(size_t)l * c->spec.n_slots + slot] = 0;
-    }
+    for (int l = 0; l < c->n_layers; l++) any |= c->qlen[(size_t)l * c->spec.n_slots + slot] != 0;
+    kv_cache_reset(c, slot); /* the host state: length, KIVI counts, table, undo log */
     if (any) /* the device mirror too; a failure here resurfaces at the next checked call */
         cudaMemcpy(c->d_qlen, c->qlen, (size_t)c->n_layers * c->spec.n_slots * sizeof(int),
                    cudaMemcpyHostToDevice);
@@ -225,7 +210,7 @@ int kvcu_cache_write_seq(kvcu_cache *c, int layer, int slot, int pos, int n, con
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_seq: slot %d, pos %d, n %d", slot, pos, n);
     kv_seq s = {slot, pos, n, NULL};
     if (c->tables) { /* a paged slot writes only into the blocks its table maps */
-        int rc = kv_cache_check_rows("kvcu_cache_write_seq", &c->spec, c->n_mapped, &s, 1, err);
+        int rc = kv_cache_check_rows("kvcu_cache_write_seq", c, &s, 1, err);
         if (rc) return rc;
     }
     int *h = (int *)malloc(2 * (size_t)n * sizeof(int)), *dv = NULL;

@@ -16,6 +16,7 @@
 #ifndef KVCU_CACHE_INTERNAL_CUH
 #define KVCU_CACHE_INTERNAL_CUH
 
+#include "kv_cache_internal.h" /* the CPU cache's parts: the locator, the undo log's hooks */
 #include "kvcu_internal.cuh"
 
 #define KVCU_CACHE_THREADS 128
@@ -75,11 +76,10 @@ int kvcu_cache_kivi_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_se
  * window overwrites, or KIVI's window rows, into the slot's armed log. */
 int kvcu_cache_undo_rows(kvcu_cache *c, int layer, const kv_seq *s, int t0, const float *k,
                          const float *v, kv_err *err);
-/* KIVI: the group of 32 rows at (rhead, prow), group start g, before a spill encodes it. */
-int kvcu_cache_undo_group(kvcu_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
-                          int64_t rhead, int64_t prow, int pos, int n, int g, kv_err *err);
-/* Disarm a slot's log; free every log. */
-void kvcu_cache_undo_disarm(kvcu_cache *c, int slot);
-void kvcu_cache_undo_free(kvcu_cache *c);
+
+/* ---- the device's memory for the host state (kvcu_cache.cu) --------------------------------- */
+
+/* The host's qlen [L][n_slots] into its device mirror d_qlen. */
+int kvcu_cache_sync_qlen(kvcu_cache *c, kv_err *err);
 
 #endif

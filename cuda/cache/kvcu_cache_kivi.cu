@@ -94,8 +94,8 @@ int kvcu_cache_kivi_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_se
                                     (rhead * p->meta_entries + kvq_meta_index(fmt, role, prow, 0, d)) * 4;
                     const float *x = c->stage + (((size_t)r * Hkv + h) * rows + (g - q0)) * d;
                     for (int gg = g; gg < end; gg += KV_KIVI_GROUP) { /* chapter 10 */
-                        int rc = kvcu_cache_undo_group(c, layer, p, slot, h, rhead,
-                                                       prow + (gg - g), pos, n, gg, err);
+                        const kv_row_loc at = {(int64_t)slot * Hkv + h, rhead, prow + (gg - g)};
+                        int rc = kv_cache_undo_group(c, layer, p, slot, h, at, pos, n, gg, err);
                         if (rc) return rc;
                     }
                     int rc = kvcu_quant_encode(fmt, role, x, end - g, d, 0.0f, codes, meta, err);
@@ -106,10 +106,10 @@ int kvcu_cache_kivi_write(kvcu_cache *c, int layer, const kv_seq *seqs, int n_se
         *qlen = q1;
         changed = 1;
     }
-    if (changed)
-        KV_CUDA_TRY(cudaMemcpy(c->d_qlen, c->qlen,
-                               (size_t)c->n_layers * c->spec.n_slots * sizeof(int),
-                               cudaMemcpyHostToDevice), err);
+    if (changed) {
+        int rc = kvcu_cache_sync_qlen(c, err);
+        if (rc) return rc;
+    }
     dim3 grid(T, Hkv, np);
     KV_LAUNCH(kivi_window_kernel, grid, KVCU_CACHE_THREADS, 0, 0, kvcu_layer_planes_of(c, layer, k, v),
               tok_slot, tok_pos, Hkv, d, R);

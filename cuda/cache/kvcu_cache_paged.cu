@@ -24,73 +24,27 @@
 
 #define COPY_THREADS 128
 
-static int paged_slot(const kvcu_cache *c, const char *who, int slot, kv_err *err)
-{
-    return kv_cache_check_slot(who, c ? &c->spec : NULL, c && c->tables, slot, err);
-}
-
 int kvcu_cache_set_blocks(kvcu_cache *c, int slot, const int *blocks, int n, kv_err *err)
 {
-    int rc = paged_slot(c, "kvcu_cache_set_blocks", slot, err);
-    if (!rc) /* the CPU's and the GPU's checks, in one place */
-        rc = kv_cache_check_blocks("kvcu_cache_set_blocks", &c->spec, 1, c->max_blocks,
-                                   c->len[slot], slot, blocks, n, err);
+    /* the checks and the host's table (kv_cache_state.c), then its device mirror */
+    int rc = kv_cache_state_set_blocks(c, "kvcu_cache_set_blocks", slot, blocks, n, err);
     if (rc) return rc;
-    int *row = c->tables + (size_t)slot * c->max_blocks; /* [max_blocks] */
-    memcpy(row, blocks, (size_t)n * sizeof(int));
-    c->n_mapped[slot] = n;
     if (n > 0) /* entries past n are never read: the batch check keeps positions below n·B */
-        KV_CUDA_TRY(cudaMemcpy(c->d_tables + (size_t)slot * c->max_blocks, row,
-                               (size_t)n * sizeof(int), cudaMemcpyHostToDevice), err);
+        KV_CUDA_TRY(cudaMemcpy(c->d_tables + (size_t)slot * c->max_blocks,
+                               c->tables + (size_t)slot * c->max_blocks, (size_t)n * sizeof(int),
+                               cudaMemcpyHostToDevice), err);
     return KV_OK;
 }
 
 int kvcu_cache_fork_slot(kvcu_cache *c, int dst, int src, kv_err *err)
 {
-    if (c && c->spec.retain.select) /* chapter 09: kv_cache_fork_slot()'s refusal, in its words */
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_fork_slot: a cache with %s "
-                       "retention keeps per-sequence selection state that a fork would not "
-                       "copy", kv_select_method_name(c->spec.retain.select));
-    int rc = paged_slot(c, "kvcu_cache_fork_slot", dst, err);
-    if (!rc) rc = paged_slot(c, "kvcu_cache_fork_slot", src, err);
-    if (rc || dst == src) return rc;
-    if (c->spec.window.size > 0) /* the ring would overwrite rows the other sequence still reads */
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_fork_slot: a sliding-window "
-                       "sequence cannot share its blocks (its ring rewrites them in place)");
-    const size_t Hkv = (size_t)c->n_kv_heads, d = (size_t)c->head_dim, ns = (size_t)c->spec.n_slots;
-    c->len[dst] = c->len[src];
-    for (int l = 0; l < c->n_layers; l++) {
-        c->qlen[l * ns + dst] = c->qlen[l * ns + src];
-        for (int i = 0; i < c->n_planes; i++) {
-            const kv_cache_plane *p = kv_cache_plane_of(c->planes, c->n_layers, i, l);
-            if (p->scale)
-                KV_CUDA_TRY(cudaMemcpy(p->scale + dst * Hkv, p->scale + src * Hkv,
-                                       Hkv * sizeof(float), cudaMemcpyDeviceToDevice), err);
-            if (p->ring) {
-                const size_t w = Hkv * c->window * d; /* one slot's [H_kv][window][d] */
-                KV_CUDA_TRY(cudaMemcpy(p->ring + dst * w, p->ring + src * w, w * sizeof(float),
-                                       cudaMemcpyDeviceToDevice), err);
-            }
-        }
-    }
-    KV_CUDA_TRY(cudaMemcpy(c->d_qlen, c->qlen, (size_t)c->n_layers * ns * sizeof(int),
-                           cudaMemcpyHostToDevice), err);
-    return KV_OK;
+    int rc = kv_cache_state_fork(c, "kvcu_cache_fork_slot", dst, src, err);
+    return rc || dst == src ? rc : kvcu_cache_sync_qlen(c, err);
 }
 
 int kvcu_cache_set_length(kvcu_cache *c, int slot, int len, kv_err *err)
 {
-    if (c && c->spec.retain.select) /* chapter 09: kv_cache_set_length()'s refusal, in its words */
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_set_length: a cache with %s "
-                       "retention would adopt rows its selection state never saw",
-                       kv_select_method_name(c->spec.retain.select));
-    int rc = paged_slot(c, "kvcu_cache_set_length", slot, err);
-    if (!rc)
-        rc = kv_cache_check_length("kvcu_cache_set_length", &c->spec, c->fmt, c->n_layers,
-                                   slot, c->len[slot], c->n_mapped[slot], len, err);
-    if (rc) return rc;
-    c->len[slot] = len;
-    return KV_OK;
+    return kv_cache_state_set_length(c, "kvcu_cache_set_length", slot, len, err);
 }
 
 /* n bytes from src to dst by the block's threads, in 16-, 4- or 1-byte words as the
@@ -131,15 +85,9 @@ __global__ void copy_blocks_kernel(const kv_block_copy *pairs, const kv_cache_pl
 
 int kvcu_cache_copy_blocks(kvcu_cache *c, const kv_block_copy *pairs, int n, kv_err *err)
 {
-    if (!c || !c->tables)
-        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_copy_blocks: the cache is not paged");
-    if (n < 0 || (n > 0 && !pairs))
-        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_copy_blocks: %d pairs", n);
+    int rc = kv_cache_check_pairs("kvcu_cache_copy_blocks", c, pairs, n, err);
+    if (rc) return rc;
     const int N = c->spec.layout.n_blocks;
-    for (int i = 0; i < n; i++)
-        if (pairs[i].src < 0 || pairs[i].src >= N || pairs[i].dst < 0 || pairs[i].dst >= N)
-            return kv_fail(err, KV_ERR_ARG, "kvcu_cache_copy_blocks: pair %d (%d -> %d) is "
-                           "outside the pool [0, %d)", i, pairs[i].src, pairs[i].dst, N);
     if (n == 0) return KV_OK;
     if (n > c->pairs_cap) {
         cudaFree(c->d_pairs);
@@ -194,17 +142,7 @@ static __host__ __device__ inline int64_t head_block_bytes(const kv_cache_plane 
     return (int64_t)block_size * p->row_bytes + meta * 4;
 }
 
-size_t kvcu_cache_block_bytes(const kvcu_cache *c)
-{
-    if (!c || !c->tables) return 0;
-    size_t n = 0;
-    for (int l = 0; l < c->n_layers; l++)
-        for (int i = 0; i < c->n_planes; i++)
-            n += (size_t)c->n_kv_heads *
-                 (size_t)head_block_bytes(kv_cache_plane_of(c->planes, c->n_layers, i, l),
-                                          c->fmt[l], c->spec.layout.block_size, c->head_dim);
-    return n;
-}
+size_t kvcu_cache_block_bytes(const kvcu_cache *c) { return c ? kv_cache_block_bytes(c) : 0; }
 
 /* Block (i, part, h): pair i, part = n_planes·layer + plane (0 K, 1 V) in the host block's
  * order, kv head h. to_stage: pool block pairs[i].src -> staged block i; else staged block i -> pool block
@@ -243,25 +181,12 @@ __global__ void block_io_kernel(const kv_block_copy *pairs, const kv_cache_plane
 static int block_io_check(kvcu_cache *c, const kv_block_copy *pairs, int n, const void *host,
                           size_t block_bytes, int dev_is_src, const char *who, kv_err *err)
 {
-    if (!c || !c->tables) return kv_fail(err, KV_ERR_ARG, "%s: the cache is not paged", who);
-    if (n < 0 || (n > 0 && (!pairs || !host)))
-        return kv_fail(err, KV_ERR_ARG, "%s: %d pairs", who, n);
-    if (block_bytes != kvcu_cache_block_bytes(c))
-        return kv_fail(err, KV_ERR_ARG, "%s: host blocks of %zu bytes but the cache's blocks "
-                       "are %zu bytes", who, block_bytes, kvcu_cache_block_bytes(c));
-    const int N = c->spec.layout.n_blocks;
-    int rc = KV_OK;
-    for (int i = 0; i < n && !rc; i++) {
-        const int dev = dev_is_src ? pairs[i].src : pairs[i].dst;
-        const int host_blk = dev_is_src ? pairs[i].dst : pairs[i].src;
-        if (dev < 0 || dev >= N || host_blk < 0)
-            rc = kv_fail(err, KV_ERR_ARG, "%s: pair %d (%d -> %d): pool block outside [0, %d) "
-                         "or negative host block", who, i, pairs[i].src, pairs[i].dst, N);
-        else if (!dev_is_src && c->seg_mark[dev]++)
-            rc = kv_fail(err, KV_ERR_ARG, "%s: pool block %d is written twice", who, dev);
-    }
-    for (int i = 0; i < n && !dev_is_src; i++) /* seg_mark is all 0 between calls */
-        if (pairs[i].dst >= 0 && pairs[i].dst < N) c->seg_mark[pairs[i].dst] = 0;
+    int rc = kv_cache_check_block_io(who, c, pairs, n, host, block_bytes, dev_is_src, err);
+    if (rc || dev_is_src) return rc;
+    for (int i = 0; i < n && !rc; i++) /* the device's own rule (above) */
+        if (c->seg_mark[pairs[i].dst]++)
+            rc = kv_fail(err, KV_ERR_ARG, "%s: pool block %d is written twice", who, pairs[i].dst);
+    for (int i = 0; i < n; i++) c->seg_mark[pairs[i].dst] = 0; /* all 0 between calls */
     return rc;
 }
 
@@ -509,19 +434,8 @@ int kvcu_cache_write_blocks_async(kvcu_cache *c, kvcu_io *io, const kv_block_cop
 int kvcu_cache_write_slots(kvcu_cache *c, int layer, const int64_t *slots, int n, const float *k,
                            const float *v, kv_err *err)
 {
-    if (!c || !c->tables)
-        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_slots: the cache is not paged");
-    if (layer < 0 || layer >= c->n_layers || n < 0 || (n > 0 && (!slots || !k || !v)))
-        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_slots: layer %d, %d tokens", layer, n);
-    const int fmt = c->fmt[layer];
-    if (kvq_is_fp8(fmt) || kvq_is_kivi(fmt)) /* the CPU's refusal, in its words */
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_write_slots: layer %d stores %s, "
-                       "whose scales or window belong to a sequence, not to a slot",
-                       layer, kv_quant_name(fmt));
-    for (int i = 0; i < n; i++)
-        if (slots[i] >= c->rows)
-            return kv_fail(err, KV_ERR_ARG, "kvcu_cache_write_slots: token %d goes to slot %lld, "
-                           "outside the pool's %d rows", i, (long long)slots[i], c->rows);
+    int rc = kv_cache_check_slots("kvcu_cache_write_slots", c, layer, slots, n, k, v, err);
+    if (rc) return rc;
     if (n == 0) return KV_OK;
     int64_t *ds = NULL; /* [n] the mapping, on the device */
     KVCU_ALLOC_TRY(&ds, (size_t)n * sizeof(int64_t), err);
@@ -531,7 +445,7 @@ int kvcu_cache_write_slots(kvcu_cache *c, int layer, const int64_t *slots, int n
         return kv_fail(err, KVCU_STATUS(kvcu_clear_error(e)), "kvcu_cache_write_slots: %s",
                        cudaGetErrorString(e));
     }
-    const int rc = kvcu_cache_encode_slots(c, layer, ds, n, k, v, err);
+    rc = kvcu_cache_encode_slots(c, layer, ds, n, k, v, err);
     e = kvcu_clear_error(cudaFree(ds)); /* waits for the kernel */
     if (rc) return rc;
     return e == cudaSuccess ? KV_OK

@@ -13,16 +13,14 @@
 
 int kvcu_cache_window_create(kvcu_cache *c, const kv_config *cfg, kv_err *err)
 {
-    c->rotary_dim = cfg->rotary_dim;
-    if (c->spec.window.size == 0 || c->spec.window.pos_scheme != KV_POS_CACHE) return KV_OK;
-    size_t bytes = 0;
-    float *cs = kv_cache_rope_table(cfg, &c->spec, &bytes); /* the host's lines, same libm */
-    if (!cs)
-        return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_create: RoPE table of %d positions",
-                       c->spec.window.n_sinks + c->spec.window.size);
+    /* the host's table (the CPU's lines, same libm), then its device copy */
+    int rc = kv_cache_window_create(c, "kvcu_cache_create", cfg, err);
+    if (rc || !c->rope_cs) return rc;
+    const int64_t n = kv_window_keep(c->spec.window.size, c->spec.window.n_sinks) *
+                      (c->rotary_dim / 2) * 2; /* [S+W][rotary_dim/2][2] */
+    const size_t bytes = (size_t)(n > 0 ? n : 1) * sizeof(float);
     cudaError_t e = cudaMalloc(&c->d_rope_cs, bytes);
-    if (e == cudaSuccess) e = cudaMemcpy(c->d_rope_cs, cs, bytes, cudaMemcpyHostToDevice);
-    kv_free(cs);
+    if (e == cudaSuccess) e = cudaMemcpy(c->d_rope_cs, c->rope_cs, bytes, cudaMemcpyHostToDevice);
     if (e != cudaSuccess) {
         cudaGetLastError(); /* a failed allocation is not sticky: clear it */
         return kv_fail(err, e == cudaErrorMemoryAllocation ? KV_ERR_NOMEM : KV_ERR_DEVICE,

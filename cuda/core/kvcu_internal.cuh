@@ -14,55 +14,28 @@
 #include "kvcu.h"
 #include "kv_heads.h"
 
-/* The device cache: the same spec and the same layout as the CPU's kv_cache (planes placed
- * by kv_cache_layout()), so a chapter's figure of the memory holds for both. Slot lengths
- * and KIVI's quantized counts live on the host: the batch checks, the spill decisions and
- * the launch sizes need them there; kernels get each token's position explicitly and the
- * counts from the d_qlen mirror. */
-struct kvcu_cache {
-    kv_cache_spec spec;
-    int n_layers, n_kv_heads, head_dim;
-    int window;          /* KIVI window R (0 when no layer is KIVI) */
-    float *k;            /* device, all-fp32 contiguous caches without a window:
-                          * [L][n_slots][H_kv][capacity][d] (layer l at kp[l].codes,
-                          * at the CPU's offsets), else NULL */
-    float *v;            /* device, same shape as k, else NULL */
-    int *len;            /* host [n_slots] tokens currently stored per slot */
-    int *fmt;            /* host [L] storage format of each layer */
-    int n_planes;        /* planes per layer: KV_CACHE_KV_PLANES (K, V) */
-    kv_cache_plane *planes; /* host [n_planes][L], device pointers: kv_cache_plane_of() */
-    int *qlen;           /* host [L][n_slots] KIVI tokens already quantized */
-    int *d_qlen;         /* device mirror of qlen */
-    uint8_t *mem;        /* device: every plane */
-    size_t mem_bytes;
+/* The device cache: a kv_cache (reference_cpu/cache/kv_cache.h) whose planes, k, v and mem
+ * point to device memory, laid out by the same kv_cache_layout(), so a chapter's figure of the
+ * memory holds for both. Its host state (spec, formats, slot lengths, KIVI counts, block
+ * tables, undo bookkeeping) is the CPU's struct, made, checked and freed by the same
+ * functions (cache/kv_cache_state.c): the batch checks, the spill decisions and the launch
+ * sizes read it on the host. What only the device needs follows: mirrors of the host arrays
+ * the kernels read, and scratch. */
+struct kvcu_cache : kv_cache {
+    int *d_qlen;         /* device mirror of qlen [L][n_slots] */
     float *stage;        /* device scratch of a KIVI spill: [2][H_kv][rows][d] */
     size_t stage_bytes;
-    /* chapter 05, paged layout (spec.layout.kind KV_LAYOUT_PAGED); contiguous: rows = capacity,
-     * the rest 0 / NULL. The tables live twice: the host copy answers the batch checks and
-     * places KIVI spills, the device copy is what the write and attention kernels read. */
-    int rows;            /* rows per head of a plane: span (contiguous), or N·B pool rows */
     int span;            /* rows one slot ever holds, the most positions a query attends:
                           * capacity, or min(capacity, S+W) with a window (chapter 06) */
-    int max_blocks;      /* table entries per slot: ceil(span / B) */
-    int *tables;         /* host [n_slots][max_blocks] physical block of each logical block */
-    int *n_mapped;       /* host [n_slots] entries set */
-    int *d_tables;       /* device mirror of tables */
+    int *d_tables;       /* device mirror of tables [n_slots][max_blocks] (chapter 05) */
     kv_cache_plane *d_planes; /* device copy of planes [n_planes][L]: the block-copy kernel's */
     int *d_fmt;          /* device [L] copy of fmt */
     kv_block_copy *d_pairs;   /* device scratch of a copy list */
     int pairs_cap;
-    int *seg_mark;       /* host [n_blocks] scratch of kvcu_cache_copy_blocks() */
-    /* chapter 06, KV_POS_CACHE: keys are stored before RoPE and rotated at attention time by
-     * their cache index, with the CPU cache's table (kv_cache.h rope_cs), bit for bit */
-    int rotary_dim;      /* the model's rotary dims */
-    float *d_rope_cs;    /* device [S+W][rotary_dim/2][2] cos, sin per cache index, else NULL */
-    /* chapter 09: selected-set retention (kv_retain.h). The state is the CPU's, on the host,
-     * written by kvcu_retain_attend() (cuda/engine/kvcu_retain.cu), whose scratch follows it. */
-    struct kv_retain *retain;                /* host, or NULL when spec.retain.select is 0 */
-    struct kvcu_retain_scratch *rscratch;    /* device buffers and host staging, or NULL */
-    /* chapter 10: [n_slots] undo logs (kv_cache.h), host bookkeeping, rows and groups in
-     * device memory; NULL until the first kvcu_cache_speculate() of a window or KIVI cache */
-    kv_undo *undo;
+    int *seg_mark;       /* host [2][n_blocks] scratch of kvcu_cache_copy_blocks() */
+    float *d_rope_cs;    /* chapter 06, KV_POS_CACHE: device copy of rope_cs, else NULL */
+    struct kvcu_retain_scratch *rscratch; /* chapter 09: kvcu_retain_attend()'s device
+                                           * buffers and host staging, or NULL */
 };
 
 /* Where logical row t of @p slot is stored: t itself in a contiguous cache (tables NULL), else

@@ -403,7 +403,7 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
     KVCU_TRY(kv_batch_check("kvcu_forward", &shape, &c->spec, c->n_layers, c->n_kv_heads,
                             c->head_dim, c->len, seqs, n_seqs, &T, err));
     if (c->tables) /* paged: every row written must fall in the slot's mapped blocks */
-        KVCU_TRY(kv_cache_check_rows("kvcu_forward", &c->spec, c->n_mapped, seqs, n_seqs, err));
+        KVCU_TRY(kv_cache_check_rows("kvcu_forward", c, seqs, n_seqs, err));
     if (c->spec.retain.select && sh) /* chapter 09's state is sized by the whole model's heads */
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_forward: %s retention on a "
                        "tensor-parallel shard is not supported",

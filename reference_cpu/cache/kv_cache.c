@@ -118,91 +118,34 @@ int kv_cache_create_planes(kv_cache *c, const kv_config *cfg, const kv_cache_spe
     if (n_planes < 1 || n_planes > KV_CACHE_KV_PLANES)
         return kv_fail(err, KV_ERR_ARG, "kv_cache_create: %d planes per layer (1 or %d)",
                        n_planes, KV_CACHE_KV_PLANES);
-    memset(c, 0, sizeof *c);
-    int rc = kv_cache_spec_check_caps("kv_cache_create", cfg, spec, KV_CACHE_CAN_WINDOW, err);
+    /* the host state both devices share (kv_cache_state.c): checks, tables, the planes' sizes */
+    int rc = kv_cache_state_create(c, "kv_cache_create", cfg, spec, n_planes, err);
     if (rc) return rc;
-
-    const int d = kv_config_head_dim(cfg), L = cfg->n_layers;
-    const int64_t heads = (int64_t)spec->n_slots * cfg->n_kv_heads;
-    const int window = spec->quant.kivi_window ? spec->quant.kivi_window : KV_KIVI_WINDOW;
-    /* bytes of codes of one fp32 layer (the largest format), checked for overflow */
-    const size_t factors[4] = {(size_t)spec_row_heads(spec, cfg->n_kv_heads),
-                               (size_t)spec_rows(spec), (size_t)d, 2 * (size_t)L};
-    size_t n = sizeof(float);
-    for (int i = 0; i < 4; i++) {
-        if (n > SIZE_MAX / 4 / factors[i])
-            return kv_fail(err, KV_ERR_NOMEM, "kv_cache_create: cache size overflows size_t");
-        n *= factors[i];
-    }
-
-    c->spec = *spec;
-    c->n_layers = L;
-    c->n_kv_heads = cfg->n_kv_heads;
-    c->head_dim = d;
-    c->fmt = kv_calloc((size_t)L * sizeof(int));
-    c->n_planes = n_planes;
-    c->planes = kv_calloc((size_t)c->n_planes * L * sizeof(kv_cache_plane));
-    c->qlen = kv_calloc((size_t)L * spec->n_slots * sizeof(int));
-    c->len = kv_calloc((size_t)spec->n_slots * sizeof(int));
-    c->rows = spec_rows(spec);
-    if (spec->layout.kind == KV_LAYOUT_PAGED) {
-        c->max_blocks = (slot_rows(spec) + spec->layout.block_size - 1) / spec->layout.block_size;
-        c->tables = kv_calloc((size_t)spec->n_slots * c->max_blocks * sizeof(int));
-        c->n_mapped = kv_calloc((size_t)spec->n_slots * sizeof(int));
-    }
-    if (!c->fmt || !c->planes || !c->qlen || !c->len ||
-        (spec->layout.kind == KV_LAYOUT_PAGED && (!c->tables || !c->n_mapped))) {
-        kv_cache_free(c);
-        return kv_fail(err, KV_ERR_NOMEM, "kv_cache_create: host memory for the cache tables");
-    }
-    int all_f32 = 1;
-    for (int l = 0; l < L; l++) {
-        c->fmt[l] = kv_cache_spec_layer_dtype(spec, l);
-        all_f32 &= c->fmt[l] == KV_QF_F32;
-        if (kvq_is_kivi(c->fmt[l])) c->window = window;
-    }
-    const size_t total = kv_cache_layout_planes(spec, n_planes, L, cfg->n_kv_heads, d, NULL,
-                                                c->planes);
-    c->mem = kv_calloc(total);
-    if (!c->mem) {
+    const size_t total = c->mem_bytes;
+    uint8_t *mem = kv_calloc(total);
+    if (!mem) {
         kv_cache_free(c);
         return kv_fail(err, KV_ERR_NOMEM,
                        "kv_cache_create: could not allocate %zu bytes of K/V storage", total);
     }
-    c->mem_bytes = total;
-    kv_cache_layout_planes(spec, n_planes, L, cfg->n_kv_heads, d, c->mem, c->planes);
-    for (int i = 0; i < c->n_planes * L; i++) {
+    kv_cache_state_place(c, mem);
+    const int64_t heads = (int64_t)spec->n_slots * c->n_kv_heads;
+    for (int i = 0; i < c->n_planes * c->n_layers; i++) {
         kv_cache_plane *p = &c->planes[i];
-        if (p->scale)
+        if (p->scale) /* fp8 scales start at 1 (calibration overwrites them at position 0) */
             for (int64_t h = 0; h < heads; h++) p->scale[h] = 1.0f;
     }
-    rc = kv_cache_window_create(c, cfg, err); /* chapter 06: KV_POS_CACHE's rotations */
-    if (rc) {
-        kv_cache_free(c);
-        return rc;
-    }
-    if (all_f32 && !c->tables && spec->window.size == 0) {
-        /* chapter 02's arrays: kv_cache_k() / kv_cache_v() work on them */
-        c->k = (float *)(void *)kv_cache_plane_of(c->planes, L, 0, 0)->codes;
-        c->v = n_planes > 1 ? (float *)(void *)kv_cache_plane_of(c->planes, L, 1, 0)->codes
-                            : NULL;
-    }
-    return KV_OK;
+    rc = kv_cache_window_create(c, "kv_cache_create", cfg, err); /* chapter 06: KV_POS_CACHE */
+    if (rc) kv_cache_free(c);
+    return rc;
 }
 
 void kv_cache_free(kv_cache *c)
 {
     if (!c) return;
     kv_free(c->mem);
-    kv_free(c->fmt);
-    kv_free(c->planes);
-    kv_free(c->qlen);
-    kv_free(c->len);
-    kv_free(c->tables);
-    kv_free(c->n_mapped);
-    kv_free(c->rope_cs);
-    kv_cache_undo_free(c); /* chapter 10 */
-    memset(c, 0, sizeof *c);
+    kv_cache_undo_free(c); /* chapter 10: the logs' rows */
+    kv_cache_state_free(c);
 }
 
 void kv_cache_reset(kv_cache *c, int slot)
@@ -265,8 +208,8 @@ static int write_rows(kv_cache *c, int layer, kv_cache_plane *p, int slot, int p
         for (int t = 0; t < n; t++) {
             const float *xr = x + ((size_t)t * c->n_kv_heads + h) * c->head_dim; /* [d] */
             const kv_row_loc at = kv_cache_locate(c, slot, h, kv_cache_logical_row(c, pos + t));
-            kv_cache_undo_row(c, layer, p, slot, h, at, pos, n, pos + t);
-            int rc = kv_cache_row_encode(c, layer, p, at, xr, err);
+            int rc = kv_cache_undo_row(c, layer, p, slot, h, at, pos, n, pos + t, err);
+            if (!rc) rc = kv_cache_row_encode(c, layer, p, at, xr, err);
             if (rc) return rc;
         }
     return KV_OK;

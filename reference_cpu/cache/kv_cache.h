@@ -141,6 +141,17 @@ typedef struct kv_undo {
     double copied;       /* bytes copied into the log so far (a measurement) */
 } kv_undo;
 
+/**
+ * Where a cache's bytes live, for the host state's few moves of them (fork, the undo log):
+ * NULL in a kv_cache (host memory: kv_calloc, memcpy); the CUDA cache's functions allocate,
+ * free and copy device memory. Each returns KV_OK or fails with a message naming @p who.
+ */
+typedef struct kv_cache_device {
+    int (*alloc)(void **p, size_t bytes, const char *who, kv_err *err); /* zeroed */
+    void (*release)(void *p);
+    int (*copy)(void *dst, const void *src, size_t bytes, const char *who, kv_err *err);
+} kv_cache_device;
+
 typedef struct {
     kv_cache_spec spec;
     int n_layers, n_kv_heads, head_dim;
@@ -172,6 +183,7 @@ typedef struct {
                                * reads it; NULL otherwise */
     kv_undo *undo;     /* chapter 10: [n_slots] undo logs, allocated by the first
                         * kv_cache_speculate() of a windowed or KIVI cache, else NULL */
+    const kv_cache_device *device; /* NULL: host memory; the CUDA cache: device memory */
 } kv_cache;
 
 /**
@@ -253,6 +265,58 @@ static inline KV_HD kv_head_view kv_cache_plane_view_paged(const kv_cache_plane 
 }
 
 
+/* ---- the host state both devices share (cache/kv_cache_state.c) ---------------------------
+ * A cache's spec, shapes, formats, lengths, KIVI counts, block tables and undo bookkeeping
+ * live in host memory on either device: the CUDA cache is a kv_cache whose planes (and k, v,
+ * mem) point to device memory (struct kvcu_cache derives from it, cuda/core/kvcu_internal.cuh).
+ * These functions are that state's life and every check on it; each device calls them, then
+ * moves its own bytes, so a refusal has one text on both devices (@p who names the entry
+ * point that refuses). */
+
+/** The spec's checks (kv_cache_spec_check_caps()), the host arrays (formats, lengths, KIVI
+ * counts, block tables, the list of @p n_planes planes per layer) and the planes' sizes:
+ * c->mem_bytes is what kv_cache_state_place() lays out. KV_ERR_UNSUPPORTED, KV_ERR_NOMEM, named. */
+int kv_cache_state_create(kv_cache *c, const char *who, const kv_config *cfg,
+                          const kv_cache_spec *spec, int n_planes, kv_err *err);
+/** Point the planes into @p base (c->mem_bytes bytes, host or device memory), and k, v at
+ * chapter 02's arrays when every layer is fp32, contiguous, without a window. */
+void kv_cache_state_place(kv_cache *c, uint8_t *base);
+/** Free the host arrays and zero the struct (not mem, not the undo logs' rows). */
+void kv_cache_state_free(kv_cache *c);
+/** Chapter 05: kv_cache_set_blocks()'s checks and table (a paged cache, a slot in range, at
+ * most max_blocks entries holding the slot's cached rows, every id inside the pool). */
+int kv_cache_state_set_blocks(kv_cache *c, const char *who, int slot, const int *blocks, int n,
+                              kv_err *err);
+/** kv_cache_set_length()'s checks and length. */
+int kv_cache_state_set_length(kv_cache *c, const char *who, int slot, int len, kv_err *err);
+/** kv_cache_fork_slot(): its checks, the length and KIVI counts, and the fp8 scales and KIVI
+ * windows of every plane (copied in the cache's memory). */
+int kv_cache_state_fork(kv_cache *c, const char *who, int dst, int src, kv_err *err);
+/** kv_cache_speculate() and kv_cache_truncate() (chapter 10), their checks and their undo
+ * log, whose entries live in the cache's memory (c->device). */
+int kv_cache_state_speculate(kv_cache *c, const char *who, int slot, int max_tokens,
+                             kv_err *err);
+int kv_cache_state_truncate(kv_cache *c, const char *who, int slot, int len, kv_err *err);
+/**
+ * Chapter 05's rule on a step, for both devices' forward passes and writes: every row a
+ * sequence of @p seqs writes must fall inside the blocks mapped to its slot. Without a window
+ * those are its positions pos .. pos+n-1; with one (chapter 06) its rows, min(pos + n, S+W):
+ * the table stops growing once the ring is mapped. KV_ERR_CAPACITY naming the sequence.
+ */
+int kv_cache_check_rows(const char *who, const kv_cache *c, const kv_seq *seqs, int n_seqs,
+                        kv_err *err);
+/** kv_cache_copy_blocks()'s checks: a paged cache, n >= 0, every pair inside the pool. */
+int kv_cache_check_pairs(const char *who, const kv_cache *c, const kv_block_copy *pairs, int n,
+                         kv_err *err);
+/** kv_cache_read_blocks()'s and kv_cache_write_blocks()'s checks (@p dev_is_src: the pool
+ * block is pairs[i].src, a read). */
+int kv_cache_check_block_io(const char *who, const kv_cache *c, const kv_block_copy *pairs,
+                            int n, const void *host, size_t block_bytes, int dev_is_src,
+                            kv_err *err);
+/** kv_cache_write_slots()'s checks. */
+int kv_cache_check_slots(const char *who, const kv_cache *c, int layer, const int64_t *slots,
+                         int n, const float *k, const float *v, kv_err *err);
+
 /** Allocate a cache for a model config; unsupported spec -> KV_ERR_UNSUPPORTED, named. */
 int kv_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec, kv_err *err);
 /**
@@ -296,19 +360,8 @@ int kv_cache_truncate(kv_cache *c, int slot, int len, kv_err *err);
  */
 int kv_cache_speculate(kv_cache *c, int slot, int max_tokens, kv_err *err);
 /** 1 when a cache of @p spec with layer formats @p fmt [n_layers] needs the undo log to
- * truncate (a window, or a KIVI layer), else 0. Shared with the CUDA cache. */
+ * truncate (a window, or a KIVI layer), else 0. */
 int kv_cache_needs_undo(const kv_cache_spec *spec, const int *fmt, int n_layers);
-/** Size an undo log of @p max_tokens for a cache's @p planes [n_planes][n_layers] (@p window:
- * spec.window.size, W; ring rows
- * are logged only when W > 0): u->max_tokens, n_groups, the strides,
- * and the bytes of rows + groups returned. Shared with the CUDA cache (same planes). */
-size_t kv_undo_plan(kv_undo *u, const kv_cache_plane *planes, int n_planes, const int *fmt,
-                    int n_layers, int n_kv_heads, int d, int window, int max_tokens);
-/** The refusals of an undo-log truncation (@p who prefixes), shared with the CUDA cache:
- * KV_ERR_UNSUPPORTED unless @p u is armed, len >= its len0 and at most max_tokens positions
- * (up to u->end) are dropped. */
-int kv_undo_check(const char *who, const kv_undo *u, int slot, int len, int cur_len,
-                  kv_err *err);
 /**
  * Where rows prow .. prow+n-1 of head @p rhead (of @p rows rows) of plane @p p keep their
  * bytes: off[0] codes offset and off[1] bytes (from p->codes), off[2] metadata offset and
@@ -371,38 +424,6 @@ int kv_cache_write_seq(kv_cache *c, int layer, int slot, int pos, int n, const f
  * outside the pool, or a map that no longer covers the slot's cached tokens.
  */
 int kv_cache_set_blocks(kv_cache *c, int slot, const int *blocks, int n, kv_err *err);
-
-/** Chapter 05's first rule, for both devices (@p who names the caller): the cache is paged
- * (@p paged) and @p slot lies inside it; KV_ERR_ARG otherwise. */
-int kv_cache_check_slot(const char *who, const kv_cache_spec *spec, int paged, int slot,
-                        kv_err *err);
-/**
- * The checks of kv_cache_set_blocks(), shared with the CUDA cache so both refuse the same
- * tables with the same words (@p who prefixes): a paged cache (@p paged), a slot in range, at
- * most @p max_blocks entries, enough to hold the slot's @p len cached tokens (its ring's rows
- * under a window), every id inside the pool. KV_ERR_ARG naming the problem, else KV_OK.
- */
-int kv_cache_check_blocks(const char *who, const kv_cache_spec *spec, int paged, int max_blocks,
-                          int len, int slot, const int *blocks, int n, kv_err *err);
-/**
- * Chapter 05's rule on a step, for both devices' forward passes and writes (@p who names the
- * caller): every row a sequence of @p seqs writes must fall inside the blocks @p n_mapped
- * [n_slots] maps to its slot. Without a window those are its positions pos .. pos+n-1; with
- * one (chapter 06) its rows, min(pos + n, S+W): the table stops growing once the ring is
- * mapped. KV_ERR_CAPACITY naming the sequence otherwise.
- */
-int kv_cache_check_rows(const char *who, const kv_cache_spec *spec, const int *n_mapped,
-                        const kv_seq *seqs, int n_seqs, kv_err *err);
-
-/**
- * The checks of kv_cache_set_length(), shared with the CUDA cache (@p who prefixes): no
- * window, no fp8 or KIVI layer among @p fmt [n_layers] (KV_ERR_UNSUPPORTED: their per-sequence
- * state is not in the rows), the slot empty (@p cur_len 0) and @p len within its @p n_mapped
- * blocks (KV_ERR_ARG). KV_OK when the slot may adopt the rows.
- */
-int kv_cache_check_length(const char *who, const kv_cache_spec *spec, const int *fmt,
-                          int n_layers, int slot, int cur_len, int n_mapped, int len,
-                          kv_err *err);
 
 /**
  * A fork's per-sequence state: @p dst takes @p src's length, KIVI quantized count and fp32

@@ -15,16 +15,31 @@
  * combination. KIVI (chapter 04) is the one format whose rows are not self-contained: it
  * quantizes groups of 32 rows and stages the newest tokens in an fp32 window, so its write is
  * its own (kv_cache_kivi.c), built from the same locator and the same log.
- * The spec's checks and the spec-string parser are kv_cache_spec.c.
+ * The spec's checks and the spec-string parser are kv_cache_spec.c; the host state both
+ * devices share (lengths, tables, every check on them) is kv_cache_state.c. The CUDA cache
+ * (cuda/cache/) includes this header too: it is the same cache with device memory.
  */
 #ifndef KV_CACHE_INTERNAL_H
 #define KV_CACHE_INTERNAL_H
 
 #include "kv_cache.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Limits that catch a mistyped spec before it asks for absurd memory. */
 #define KV_CACHE_MAX_SLOTS 65536
 #define KV_CACHE_MAX_CAPACITY (1 << 24) /* 16M tokens per slot */
+
+/* ---- the cache's memory (kv_cache_state.c): host, or c->device's functions ------------------ */
+
+/** n bytes from src to dst inside the cache's memory. */
+int kv_cache_copy(const kv_cache *c, void *dst, const void *src, size_t n, const char *who,
+                  kv_err *err);
+/** n zeroed bytes of the cache's memory into *p; kv_cache_release() frees them (NULL is fine). */
+int kv_cache_alloc(const kv_cache *c, void **p, size_t n, const char *who, kv_err *err);
+void kv_cache_release(const kv_cache *c, void *p);
 
 /* ---- the row locator ------------------------------------------------------------------------ */
 
@@ -64,8 +79,9 @@ int kv_cache_row_encode(kv_cache *c, int layer, kv_cache_plane *p, kv_row_loc at
 
 /** The spec rules of a window, for a cache with capabilities @p caps (KV_CACHE_CAN_*). */
 int kv_cache_window_check(const char *who, const kv_cache_spec *spec, int caps, kv_err *err);
-/** KV_POS_CACHE: c->rope_cs, the rotation of every cache index; nothing otherwise. */
-int kv_cache_window_create(kv_cache *c, const kv_config *cfg, kv_err *err);
+/** KV_POS_CACHE: c->rope_cs, the rotation of every cache index, in host memory (the CUDA
+ * cache uploads it); nothing otherwise. */
+int kv_cache_window_create(kv_cache *c, const char *who, const kv_config *cfg, kv_err *err);
 
 /* ---- chapter 04: KIVI (kv_cache_kivi.c) ----------------------------------------------------- */
 
@@ -81,20 +97,23 @@ int kv_cache_kivi_qlen(int len, int R, int q_armed);
 
 /** A windowed cache is about to write position t (of a write of n at pos) into row @p at:
  * save what the row holds when the slot's log is armed and a rollback can reach t. */
-void kv_cache_undo_row(kv_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
-                       kv_row_loc at, int pos, int n, int64_t t);
+int kv_cache_undo_row(kv_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
+                      kv_row_loc at, int pos, int n, int64_t t, kv_err *err);
 /** KIVI: save each new token's fp32 window row as a one-token-at-a-time run would find it
  * (the chunk's token t-R when it is in the chunk x [n][H_kv][d], else the window @p ring). */
-void kv_cache_undo_window(kv_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
-                          int pos, int n, const float *x, const float *ring);
+int kv_cache_undo_window(kv_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
+                         int pos, int n, const float *x, const float *ring, kv_err *err);
 /** KIVI: save the group of 32 rows at @p at (group start @p g) before a spill encodes it. */
-void kv_cache_undo_group(kv_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
-                         kv_row_loc at, int pos, int n, int g);
+int kv_cache_undo_group(kv_cache *c, int layer, const kv_cache_plane *p, int slot, int h,
+                        kv_row_loc at, int pos, int n, int g, kv_err *err);
 /** After a write of n at pos: the end of what the armed log covers. */
 void kv_cache_undo_written(kv_cache *c, int slot, int pos, int n);
 /** Disarm @p slot's log (nothing to roll back into). */
 void kv_cache_undo_disarm(kv_cache *c, int slot);
-/** Free every slot's log. */
+/** Free every slot's log rows (kv_cache_state_free() frees the rest). */
 void kv_cache_undo_free(kv_cache *c);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -33,7 +33,8 @@ static int kivi_write_plane(kv_cache *c, int layer, kv_cache_plane *p, int slot,
     for (int h = 0; h < Hkv; h++) {
         float *ring = p->ring + ((int64_t)slot * Hkv + h) * R * d;        /* [R][d] */
         /* chapter 10: each new token's window row, before anything overwrites it */
-        kv_cache_undo_window(c, layer, p, slot, h, pos, n, x, ring);
+        int rc = kv_cache_undo_window(c, layer, p, slot, h, pos, n, x, ring, err);
+        if (rc) return rc;
         if (q1 > q0) {
             float *stage = kv_calloc((size_t)(q1 - q0) * d * sizeof(float)); /* [q1-q0][d] */
             if (!stage)
@@ -44,11 +45,10 @@ static int kivi_write_plane(kv_cache *c, int layer, kv_cache_plane *p, int slot,
                        t < pos ? ring + (size_t)(t % R) * d : x + ((size_t)(t - pos) * Hkv + h) * d,
                        (size_t)d * sizeof(float));
             /* one 32-token group at a time: a group never straddles two blocks (32 | B) */
-            int rc = KV_OK;
             for (int g = q0; g < q1 && !rc; g += KV_KIVI_GROUP) {
                 const kv_row_loc at = kv_cache_locate(c, slot, h, g);
-                kv_cache_undo_group(c, layer, p, slot, h, at, pos, n, g); /* chapter 10 */
-                rc = kv_quant_encode(fmt, role, stage + (size_t)(g - q0) * d, KV_KIVI_GROUP, d,
+                rc = kv_cache_undo_group(c, layer, p, slot, h, at, pos, n, g, err); /* chapter 10 */
+                if (!rc) rc = kv_quant_encode(fmt, role, stage + (size_t)(g - q0) * d, KV_KIVI_GROUP, d,
                                      0.0f, p->codes + (at.rhead * c->rows + at.row) * p->row_bytes,
                                      (uint8_t *)p->meta + (at.rhead * p->meta_entries +
                                                            kvq_meta_index(fmt, role, at.row, 0, d)) * 4,

@@ -27,150 +27,26 @@ int64_t kv_cache_paged_row(const kv_cache *c, int slot, int64_t r)
     return (int64_t)c->tables[(size_t)slot * c->max_blocks + r / B] * B + r % B;
 }
 
-int kv_cache_check_slot(const char *who, const kv_cache_spec *spec, int paged, int slot,
-                        kv_err *err)
-{
-    if (!spec || !paged) return kv_fail(err, KV_ERR_ARG, "%s: the cache is not paged", who);
-    if (slot < 0 || slot >= spec->n_slots)
-        return kv_fail(err, KV_ERR_ARG, "%s: slot %d is outside [0, %d)", who, slot,
-                       spec->n_slots);
-    return KV_OK;
-}
-
-/* Every operation here needs a paged cache and a slot inside it. */
-static int paged_slot(const kv_cache *c, const char *who, int slot, kv_err *err)
-{
-    return kv_cache_check_slot(who, c ? &c->spec : NULL, c && c->tables, slot, err);
-}
-
-int kv_cache_check_blocks(const char *who, const kv_cache_spec *spec, int paged, int max_blocks,
-                          int len, int slot, const int *blocks, int n, kv_err *err)
-{
-    int rc = kv_cache_check_slot(who, spec, paged, slot, err);
-    if (rc) return rc;
-    if (n < 0 || n > max_blocks || (n > 0 && !blocks))
-        return kv_fail(err, KV_ERR_ARG, "%s: %d blocks for slot %d (max %d)", who, n, slot,
-                       max_blocks);
-    if ((int64_t)n * spec->layout.block_size < kv_window_rows(spec->window.size, spec->window.n_sinks, len))
-        return kv_fail(err, KV_ERR_ARG, "%s: %d blocks cannot hold the %d tokens slot %d "
-                       "caches", who, n, len, slot);
-    for (int i = 0; i < n; i++)
-        if (blocks[i] < 0 || blocks[i] >= spec->layout.n_blocks)
-            return kv_fail(err, KV_ERR_ARG, "%s: slot %d entry %d is block %d, outside the pool "
-                           "[0, %d)", who, slot, i, blocks[i], spec->layout.n_blocks);
-    return KV_OK;
-}
-
-int kv_cache_check_rows(const char *who, const kv_cache_spec *spec, const int *n_mapped,
-                        const kv_seq *seqs, int n_seqs, kv_err *err)
-{
-    const int B = spec->layout.block_size, W = spec->window.size, S = spec->window.n_sinks;
-    for (int i = 0; i < n_seqs; i++) {
-        const int64_t end = (int64_t)seqs[i].pos + seqs[i].n_tokens;
-        const int64_t mapped = (int64_t)n_mapped[seqs[i].slot] * B;
-        if (W == 0 && end > mapped) /* a write past the mapped blocks has nowhere to go */
-            return kv_fail(err, KV_ERR_CAPACITY,
-                           "%s: sequence %d: positions up to %lld but slot %d has %d blocks "
-                           "(%lld tokens) mapped", who, i, (long long)end - 1, seqs[i].slot,
-                           n_mapped[seqs[i].slot], (long long)mapped);
-        const int64_t rows = kv_window_rows(W, S, end); /* chapter 06: stops growing at S+W */
-        if (W > 0 && rows > mapped)
-            return kv_fail(err, KV_ERR_CAPACITY, "%s: sequence %d: its window needs %lld rows "
-                           "but slot %d has %d blocks (%lld rows) mapped", who, i,
-                           (long long)rows, seqs[i].slot, n_mapped[seqs[i].slot],
-                           (long long)mapped);
-    }
-    return KV_OK;
-}
-
 int kv_cache_set_blocks(kv_cache *c, int slot, const int *blocks, int n, kv_err *err)
 {
-    int rc = paged_slot(c, "kv_cache_set_blocks", slot, err);
-    if (!rc) /* the CPU's and the GPU's checks, in one place */
-        rc = kv_cache_check_blocks("kv_cache_set_blocks", &c->spec, 1, c->max_blocks, c->len[slot], slot,
-                                   blocks, n, err);
-    if (rc) return rc;
-    memcpy(c->tables + (size_t)slot * c->max_blocks, blocks, (size_t)n * sizeof(int));
-    c->n_mapped[slot] = n;
-    return KV_OK;
+    return kv_cache_state_set_blocks(c, "kv_cache_set_blocks", slot, blocks, n, err);
 }
 
 int kv_cache_fork_slot(kv_cache *c, int dst, int src, kv_err *err)
 {
-    if (c && c->spec.retain.select) /* chapter 09: the kept sets are per sequence, not per block */
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_fork_slot: a cache with %s "
-                       "retention keeps per-sequence selection state that a fork would not "
-                       "copy", kv_select_method_name(c->spec.retain.select));
-    int rc = paged_slot(c, "kv_cache_fork_slot", dst, err);
-    if (!rc) rc = paged_slot(c, "kv_cache_fork_slot", src, err);
-    if (rc || dst == src) return rc;
-    if (c->spec.window.size > 0) /* the ring would overwrite rows the other sequence still reads */
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_fork_slot: a sliding-window "
-                       "sequence cannot share its blocks (its ring rewrites them in place)");
-    const int64_t Hkv = c->n_kv_heads, d = c->head_dim;
-    c->len[dst] = c->len[src];
-    for (int l = 0; l < c->n_layers; l++) {
-        const size_t ns = (size_t)c->spec.n_slots;
-        c->qlen[l * ns + dst] = c->qlen[l * ns + src];
-        for (int i = 0; i < c->n_planes; i++) {
-            kv_cache_plane *p = kv_cache_plane_of(c->planes, c->n_layers, i, l);
-            if (p->scale) memcpy(p->scale + dst * Hkv, p->scale + src * Hkv, Hkv * sizeof(float));
-            if (p->ring)
-                memcpy(p->ring + dst * Hkv * c->window * d, p->ring + src * Hkv * c->window * d,
-                       (size_t)(Hkv * c->window * d) * sizeof(float));
-        }
-    }
-    return KV_OK;
-}
-
-int kv_cache_check_length(const char *who, const kv_cache_spec *spec, const int *fmt,
-                          int n_layers, int slot, int cur_len, int n_mapped, int len,
-                          kv_err *err)
-{
-    if (spec->window.size > 0)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: a sliding-window cache cannot adopt "
-                       "another sequence's blocks (its ring rewrites them)", who);
-    for (int l = 0; l < n_layers; l++)
-        if (kvq_is_fp8(fmt[l]) || kvq_is_kivi(fmt[l]))
-            return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: layer %d stores %s, whose scales or "
-                           "window belong to the sequence that wrote the rows: its blocks "
-                           "cannot be adopted by another sequence", who, l,
-                           kv_quant_name(fmt[l]));
-    if (cur_len != 0)
-        return kv_fail(err, KV_ERR_ARG, "%s: slot %d already holds %d tokens", who, slot,
-                       cur_len);
-    if (len < 0 || (int64_t)len > (int64_t)n_mapped * spec->layout.block_size)
-        return kv_fail(err, KV_ERR_ARG, "%s: %d tokens but slot %d maps %d blocks of %d", who,
-                       len, slot, n_mapped, spec->layout.block_size);
-    return KV_OK;
+    return kv_cache_state_fork(c, "kv_cache_fork_slot", dst, src, err);
 }
 
 int kv_cache_set_length(kv_cache *c, int slot, int len, kv_err *err)
 {
-    if (c && c->spec.retain.select) /* chapter 09: adopted rows were never seen by the selection */
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_set_length: a cache with %s "
-                       "retention would adopt rows its selection state never saw",
-                       kv_select_method_name(c->spec.retain.select));
-    int rc = paged_slot(c, "kv_cache_set_length", slot, err);
-    if (!rc)
-        rc = kv_cache_check_length("kv_cache_set_length", &c->spec, c->fmt, c->n_layers, slot,
-                                   c->len[slot], c->n_mapped[slot], len, err);
-    if (rc) return rc;
-    c->len[slot] = len;
-    return KV_OK;
+    return kv_cache_state_set_length(c, "kv_cache_set_length", slot, len, err);
 }
 
 int kv_cache_copy_blocks(kv_cache *c, const kv_block_copy *pairs, int n, kv_err *err)
 {
-    if (!c || !c->tables)
-        return kv_fail(err, KV_ERR_ARG, "kv_cache_copy_blocks: the cache is not paged");
+    int rc = kv_cache_check_pairs("kv_cache_copy_blocks", c, pairs, n, err);
+    if (rc) return rc;
     const int B = c->spec.layout.block_size, d = c->head_dim;
-    for (int i = 0; i < n; i++)
-        if (pairs[i].src < 0 || pairs[i].src >= c->spec.layout.n_blocks || pairs[i].dst < 0 ||
-            pairs[i].dst >= c->spec.layout.n_blocks)
-            return kv_fail(err, KV_ERR_ARG, "kv_cache_copy_blocks: pair %d (%d -> %d) is "
-                           "outside the pool [0, %d)", i, pairs[i].src, pairs[i].dst,
-                           c->spec.layout.n_blocks);
     for (int i = 0; i < n; i++) {
         const int64_t s0 = (int64_t)pairs[i].src * B, d0 = (int64_t)pairs[i].dst * B;
         for (int l = 0; l < c->n_layers; l++)
@@ -249,32 +125,10 @@ static void block_move(const kv_cache *c, int dev, uint8_t *out, const uint8_t *
         }
 }
 
-/* The checks both directions share; dev_is_src: the pool block is pairs[i].src. */
-static int check_block_pairs(const kv_cache *c, const kv_block_copy *pairs, int n,
-                             const void *host, size_t block_bytes, int dev_is_src,
-                             const char *who, kv_err *err)
-{
-    if (!c || !c->tables) return kv_fail(err, KV_ERR_ARG, "%s: the cache is not paged", who);
-    if (n < 0 || (n > 0 && (!pairs || !host)))
-        return kv_fail(err, KV_ERR_ARG, "%s: %d pairs", who, n);
-    if (block_bytes != kv_cache_block_bytes(c))
-        return kv_fail(err, KV_ERR_ARG, "%s: host blocks of %zu bytes but the cache's blocks "
-                       "are %zu bytes", who, block_bytes, kv_cache_block_bytes(c));
-    for (int i = 0; i < n; i++) {
-        const int dev = dev_is_src ? pairs[i].src : pairs[i].dst;
-        const int host_blk = dev_is_src ? pairs[i].dst : pairs[i].src;
-        if (dev < 0 || dev >= c->spec.layout.n_blocks || host_blk < 0)
-            return kv_fail(err, KV_ERR_ARG, "%s: pair %d (%d -> %d): pool block outside "
-                           "[0, %d) or negative host block", who, i, pairs[i].src,
-                           pairs[i].dst, c->spec.layout.n_blocks);
-    }
-    return KV_OK;
-}
-
 int kv_cache_read_blocks(const kv_cache *c, const kv_block_copy *pairs, int n, uint8_t *host,
                          size_t block_bytes, kv_err *err)
 {
-    int rc = check_block_pairs(c, pairs, n, host, block_bytes, 1, "kv_cache_read_blocks", err);
+    int rc = kv_cache_check_block_io("kv_cache_read_blocks", c, pairs, n, host, block_bytes, 1, err);
     for (int i = 0; i < n && !rc; i++)
         block_move(c, pairs[i].src, host + (size_t)pairs[i].dst * block_bytes, NULL);
     return rc;
@@ -283,7 +137,7 @@ int kv_cache_read_blocks(const kv_cache *c, const kv_block_copy *pairs, int n, u
 int kv_cache_write_blocks(kv_cache *c, const kv_block_copy *pairs, int n, const uint8_t *host,
                           size_t block_bytes, kv_err *err)
 {
-    int rc = check_block_pairs(c, pairs, n, host, block_bytes, 0, "kv_cache_write_blocks", err);
+    int rc = kv_cache_check_block_io("kv_cache_write_blocks", c, pairs, n, host, block_bytes, 0, err);
     for (int i = 0; i < n && !rc; i++)
         block_move(c, pairs[i].dst, NULL, host + (size_t)pairs[i].src * block_bytes);
     return rc;
@@ -292,19 +146,9 @@ int kv_cache_write_blocks(kv_cache *c, const kv_block_copy *pairs, int n, const 
 int kv_cache_write_slots(kv_cache *c, int layer, const int64_t *slots, int n, const float *k,
                          const float *v, kv_err *err)
 {
-    if (!c || !c->tables)
-        return kv_fail(err, KV_ERR_ARG, "kv_cache_write_slots: the cache is not paged");
-    if (layer < 0 || layer >= c->n_layers || n < 0 || (n > 0 && (!slots || !k || !v)))
-        return kv_fail(err, KV_ERR_ARG, "kv_cache_write_slots: layer %d, %d tokens", layer, n);
-    const int fmt = c->fmt[layer], d = c->head_dim, Hkv = c->n_kv_heads;
-    if (kvq_is_fp8(fmt) || kvq_is_kivi(fmt))
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_cache_write_slots: layer %d stores %s, "
-                       "whose scales or window belong to a sequence, not to a slot",
-                       layer, kv_quant_name(fmt));
-    for (int i = 0; i < n; i++)
-        if (slots[i] >= c->rows)
-            return kv_fail(err, KV_ERR_ARG, "kv_cache_write_slots: token %d goes to slot %lld, "
-                           "outside the pool's %d rows", i, (long long)slots[i], c->rows);
+    int rc = kv_cache_check_slots("kv_cache_write_slots", c, layer, slots, n, k, v, err);
+    if (rc) return rc;
+    const int d = c->head_dim, Hkv = c->n_kv_heads;
     for (int i = 0; i < n; i++) {
         if (slots[i] < 0) continue; /* padding */
         const float *xs[KV_CACHE_KV_PLANES] = {k, v}; /* each plane's rows [n][H_kv][d] */
@@ -313,7 +157,7 @@ int kv_cache_write_slots(kv_cache *c, int layer, const int64_t *slots, int n, co
             for (int h = 0; h < Hkv; h++) {
                 const float *x = xs[pl] + ((size_t)i * Hkv + h) * d;               /* [d] */
                 const kv_row_loc at = {h, h, slots[i]}; /* no per-sequence scale to find */
-                int rc = kv_cache_row_encode(c, layer, p, at, x, err);
+                rc = kv_cache_row_encode(c, layer, p, at, x, err);
                 if (rc) return rc;
             }
         }

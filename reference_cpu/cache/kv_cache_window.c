@@ -63,14 +63,13 @@ float *kv_cache_rope_table(const kv_config *cfg, const kv_cache_spec *spec, size
     return cs;
 }
 
-int kv_cache_window_create(kv_cache *c, const kv_config *cfg, kv_err *err)
+int kv_cache_window_create(kv_cache *c, const char *who, const kv_config *cfg, kv_err *err)
 {
-    c->rotary_dim = cfg->rotary_dim;
     if (c->spec.window.size == 0 || c->spec.window.pos_scheme != KV_POS_CACHE) return KV_OK;
     size_t bytes = 0;
     c->rope_cs = kv_cache_rope_table(cfg, &c->spec, &bytes);
     if (!c->rope_cs)
-        return kv_fail(err, KV_ERR_NOMEM, "kv_cache_create: RoPE table of %lld positions",
+        return kv_fail(err, KV_ERR_NOMEM, "%s: RoPE table of %lld positions", who,
                        (long long)kv_window_keep(c->spec.window.size, c->spec.window.n_sinks));
     return KV_OK;
 }

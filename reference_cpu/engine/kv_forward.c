@@ -185,7 +185,7 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
     int rc = kv_batch_check("kv_forward", &shape, &c->spec, c->n_layers, c->n_kv_heads,
                             c->head_dim, c->len, seqs, n_seqs, &T, err);
     if (!rc && c->tables) /* paged: every row written must fall in the slot's mapped blocks */
-        rc = kv_cache_check_rows("kv_forward", &c->spec, c->n_mapped, seqs, n_seqs, err);
+        rc = kv_cache_check_rows("kv_forward", c, seqs, n_seqs, err);
     if (!rc && c->spec.retain.select && sh) /* chapter 09's state is sized by the whole model's heads */
         rc = kv_fail(err, KV_ERR_UNSUPPORTED, "kv_forward: %s retention on a tensor-parallel "
                      "shard is not supported", kv_select_method_name(c->spec.retain.select));
