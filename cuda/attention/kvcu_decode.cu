@@ -340,6 +340,14 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
 
 static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
+/* The formats with a kernel of their own (dec_kernel()); another format goes through the
+ * staged template. */
+static int dec_has_kernel(int f)
+{
+    return f == KV_QF_F32 || f == KV_QF_F16 || f == KV_QF_BF16 || f == KV_QF_FP8_E4M3 ||
+           f == KV_QF_FP8_E5M2 || kvq_is_int8(f);
+}
+
 /* Whether version 4 reads this layer with H query heads, and its shape; 0 when it does not.
  * A format's own template where its rows are whole 16-byte chunks, at most 32 of them, a
  * power of two; else the staged template (DEC_ELEM: KIVI, KV_POS_CACHE, rows of other sizes)
@@ -350,7 +358,7 @@ static int dec_plan(const attn_src &src, int n_heads, int n_kv_heads, int d, dec
     if (f < 0 || f >= KV_QF_COUNT || d <= 0) return 0;
     memset(p, 0, sizeof *p);
     const int vec = 128 / kvq_code_bits(f), lpr = d / vec;
-    const int native = !kvq_is_kivi(f) && !src.rope_cs && d % vec == 0 && lpr <= KV_WARP &&
+    const int native = dec_has_kernel(f) && !src.rope_cs && d % vec == 0 && lpr <= KV_WARP &&
                        !(lpr & (lpr - 1)) &&
                        ((uintptr_t)src.kp.codes | (uintptr_t)src.vp.codes) % 16 == 0;
     if (native) {

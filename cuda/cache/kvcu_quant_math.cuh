@@ -16,8 +16,8 @@
 
 #include "kvcu_internal.cuh"
 
-/* Element i of a float-format buffer (fp32, fp16, bf16, fp8; fp8 divided by its scale
- * first) from v. */
+/* Element i of a KVQ_ELEM buffer (fp32, fp16, bf16, fp8; fp8 divided by its scale first) from
+ * v: the device's native conversions where it has them, else kv_quant_math.h's. */
 __device__ inline void kvcu_encode_float(int fmt, uint8_t *codes, int64_t i, float v, float scale)
 {
     switch (fmt) {
@@ -28,6 +28,7 @@ __device__ inline void kvcu_encode_float(int fmt, uint8_t *codes, int64_t i, flo
         break;
     case KV_QF_FP8_E4M3: codes[i] = __nv_fp8_e4m3(__fdiv_rn(v, scale)).__x; break;
     case KV_QF_FP8_E5M2: codes[i] = __nv_fp8_e5m2(__fdiv_rn(v, scale)).__x; break;
+    default: kvq_elem_encode(fmt, codes, i, v, scale); /* no native conversion: the CPU's lines */
     }
 }
 

@@ -8,12 +8,8 @@
 
 #include <string.h>
 
-static const char *const names[KV_QF_COUNT] = {
-    "fp32", "fp16", "bf16", "int8", "int8-g32", "int8-g64", "int8-g128",
-    "fp8-e4m3", "fp8-e5m2", "int4-kivi", "int2-kivi",
-};
-
-const char *kv_quant_name(int fmt) { return fmt >= 0 && fmt < KV_QF_COUNT ? names[fmt] : "?"; }
+/* The names are the format table's (kv_quant_math.h, kvq_format_of()). */
+const char *kv_quant_name(int fmt) { return fmt >= 0 && fmt < KV_QF_COUNT ? kvq_format_of(fmt).name : "?"; }
 
 int kv_quant_parse(const char *name)
 {
@@ -22,7 +18,7 @@ int kv_quant_parse(const char *name)
     };
     if (!name) return -1;
     for (int f = 0; f < KV_QF_COUNT; f++)
-        if (!strcmp(name, names[f])) return f;
+        if (!strcmp(name, kv_quant_name(f))) return f;
     for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
         if (!strcmp(name, aliases[i].alias)) return aliases[i].fmt;
     return -1;
@@ -66,21 +62,21 @@ int kv_quant_check(int fmt, int role, int64_t n, int d, float scale, kv_err *err
     if (role != KV_QROLE_VALUE && role != KV_QROLE_KEY)
         return kv_fail(err, KV_ERR_ARG, "kv_quant: role %d is neither value (0) nor key (1)", role);
     if (d < 1 || n < 0)
-        return kv_fail(err, KV_ERR_ARG, "kv_quant %s: bad shape n %lld, d %d", names[fmt],
+        return kv_fail(err, KV_ERR_ARG, "kv_quant %s: bad shape n %lld, d %d", kv_quant_name(fmt),
                        (long long)n, d);
     const int g = kvq_row_group(fmt, role, d);
     if (g && d % g)
         return kv_fail(err, KV_ERR_ARG, "kv_quant %s: d = %d is not a multiple of the group %d",
-                       names[fmt], d, g);
+                       kv_quant_name(fmt), d, g);
     if (kvq_is_kivi(fmt) && d % KV_KIVI_GROUP)
         return kv_fail(err, KV_ERR_ARG, "kv_quant %s: d = %d is not a multiple of %d",
-                       names[fmt], d, KV_KIVI_GROUP);
+                       kv_quant_name(fmt), d, KV_KIVI_GROUP);
     if (kvq_is_kivi(fmt) && role == KV_QROLE_KEY && n % KV_KIVI_GROUP)
         return kv_fail(err, KV_ERR_ARG, "kv_quant %s keys: %lld rows is not a whole number of "
-                       "%d-token blocks", names[fmt], (long long)n, KV_KIVI_GROUP);
+                       "%d-token blocks", kv_quant_name(fmt), (long long)n, KV_KIVI_GROUP);
     if (kvq_is_fp8(fmt) && !(scale > 0.0f && !kvq_nonfinite(scale)))
         return kv_fail(err, KV_ERR_ARG, "kv_quant %s: scale %g must be finite and > 0",
-                       names[fmt], (double)scale);
+                       kv_quant_name(fmt), (double)scale);
     return KV_OK;
 }
 
@@ -168,31 +164,21 @@ static kv_qsz encode_kivi_group(const float *x, int64_t stride, int g, int bits,
     return p;
 }
 
-/* One token row of a per-token format (everything but KIVI keys).
+/* One token row of a per-token format (everything but KIVI keys), by the format's codec.
  * x [d]; row [d * bits / 8]; meta_row: this row's d / G entries (int8, KIVI values) or NULL. */
 static void encode_row(int fmt, const float *x, int d, float scale, uint8_t *row, void *meta_row)
 {
-    switch (fmt) {
-    case KV_QF_F32:
-        memcpy(row, x, (size_t)d * sizeof(float));
+    switch (kvq_format_of(fmt).codec) {
+    case KVQ_ELEM: /* element by element: fp32, fp16, bf16; fp8 divided by its scale */
+        for (int j = 0; j < d; j++) kvq_elem_encode(fmt, row, j, x[j], scale);
         break;
-    case KV_QF_F16: case KV_QF_BF16:
-        for (int j = 0; j < d; j++) {
-            const uint16_t h = fmt == KV_QF_F16 ? kvq_f32_to_f16(x[j]) : kvq_f32_to_bf16(x[j]);
-            memcpy(row + (size_t)j * 2, &h, 2);
-        }
-        break;
-    case KV_QF_FP8_E4M3: case KV_QF_FP8_E5M2:
-        for (int j = 0; j < d; j++) /* fl(x / scale), then one rounding to fp8 */
-            row[j] = kvq_f32_to_fp8(KVQ_DIV(x[j], scale), fmt == KV_QF_FP8_E5M2);
-        break;
-    case KV_QF_INT8: case KV_QF_INT8_G32: case KV_QF_INT8_G64: case KV_QF_INT8_G128: {
+    case KVQ_SYM: {
         const int g = kvq_row_group(fmt, KV_QROLE_VALUE, d);
         for (int j0 = 0; j0 < d; j0 += g)
             encode_int8_group(x + j0, g, (int8_t *)row + j0, (float *)meta_row + j0 / g);
         break;
     }
-    case KV_QF_INT4_KIVI: case KV_QF_INT2_KIVI: {
+    case KVQ_ASYM: {
         const int bits = kvq_code_bits(fmt);
         uint8_t q[KV_KIVI_GROUP];
         for (int j0 = 0; j0 < d; j0 += KV_KIVI_GROUP) {
@@ -225,7 +211,7 @@ int kv_quant_encode(int fmt, int role, const float *x, int64_t n, int d, float s
     int rc = kv_quant_check(fmt, role, n, d, scale, err);
     if (rc) return rc;
     if (n > 0 && (!x || !codes || (!meta && kv_quant_meta_bytes(fmt, role, n, d) > 0)))
-        return kv_fail(err, KV_ERR_ARG, "kv_quant_encode %s: NULL buffer", names[fmt]);
+        return kv_fail(err, KV_ERR_ARG, "kv_quant_encode %s: NULL buffer", kv_quant_name(fmt));
     const int64_t rb = kvq_row_bytes(fmt, d);
     uint8_t *cb = (uint8_t *)codes;
 
@@ -267,7 +253,7 @@ int kv_quant_decode(int fmt, int role, const void *codes, const void *meta, int6
     int rc = kv_quant_check(fmt, role, n, d, scale, err);
     if (rc) return rc;
     if (n > 0 && (!x || !codes || (!meta && kv_quant_meta_bytes(fmt, role, n, d) > 0)))
-        return kv_fail(err, KV_ERR_ARG, "kv_quant_decode %s: NULL buffer", names[fmt]);
+        return kv_fail(err, KV_ERR_ARG, "kv_quant_decode %s: NULL buffer", kv_quant_name(fmt));
     #pragma omp parallel for if (n * d >= (1 << 16))
     for (int64_t t = 0; t < n; t++)
         for (int j = 0; j < d; j++)

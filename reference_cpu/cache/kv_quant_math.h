@@ -94,39 +94,82 @@ static inline KV_HD float kvq_bits_f32(uint32_t u)
 /** 1 for NaN and +-inf. */
 static inline KV_HD int kvq_nonfinite(float x) { return (kvq_f32_bits(x) & 0x7fffffffu) >= 0x7f800000u; }
 
-/* ---- format table ----------------------------------------------------------------------- */
+/* ---- format table -----------------------------------------------------------------------
+ * Every format is one of three codecs, and every path (the CPU's rows, the CUDA write kernels,
+ * the attention loops) implements each codec once, reading a format's parameters from its row
+ * of this table. So a new storage format is its enum value above and its row here, plus, for a
+ * KVQ_ELEM format, its element conversion in kvq_elem_encode() / kvq_elem_decode() below:
+ * the one place per device that knows it (docs/design.md §7). */
 
-/** Bits of one stored code (32, 16, 8, 4 or 2); 0 for an unknown format. */
-static inline KV_HD int kvq_code_bits(int fmt)
+/** The codecs. */
+enum {
+    KVQ_ELEM = 0, /**< each element converted on its own (fp32, fp16, bf16; fp8 divided by a
+                   *   calibrated per-head scale first) */
+    KVQ_SYM,      /**< symmetric int8 groups along a row, one fp32 scale per group */
+    KVQ_ASYM      /**< KIVI: asymmetric groups of 2^bits codes, binary16 scale and zero; values
+                   *   per token along the row, keys per channel over 32 tokens */
+};
+
+/** One row of the format table. */
+typedef struct {
+    const char *name; /**< what kv_quant_parse() and the spec strings read */
+    int bits;         /**< of one stored code */
+    int group;        /**< KVQ_SYM, KVQ_ASYM: channels sharing a scale (0: the whole row, d) */
+    int codec;        /**< KVQ_ELEM, KVQ_SYM, KVQ_ASYM; -1 for an unknown format */
+    int scaled;       /**< KVQ_ELEM: 1 when a calibrated per-head scale divides the values */
+} kvq_format;
+
+static inline KV_HD kvq_format kvq_format_row(const char *name, int bits, int group, int codec,
+                                              int scaled)
+{
+    kvq_format f;
+    f.name = name;
+    f.bits = bits;
+    f.group = group;
+    f.codec = codec;
+    f.scaled = scaled;
+    return f;
+}
+
+/** The format table. */
+static inline KV_HD kvq_format kvq_format_of(int fmt)
 {
     switch (fmt) {
-    case KV_QF_F32: return 32;
-    case KV_QF_F16: case KV_QF_BF16: return 16;
-    case KV_QF_INT4_KIVI: return 4;
-    case KV_QF_INT2_KIVI: return 2;
-    case KV_QF_INT8: case KV_QF_INT8_G32: case KV_QF_INT8_G64: case KV_QF_INT8_G128:
-    case KV_QF_FP8_E4M3: case KV_QF_FP8_E5M2: return 8;
-    default: return 0;
+    case KV_QF_F32:       return kvq_format_row("fp32", 32, 0, KVQ_ELEM, 0);
+    case KV_QF_F16:       return kvq_format_row("fp16", 16, 0, KVQ_ELEM, 0);
+    case KV_QF_BF16:      return kvq_format_row("bf16", 16, 0, KVQ_ELEM, 0);
+    case KV_QF_INT8:      return kvq_format_row("int8", 8, 0, KVQ_SYM, 0);
+    case KV_QF_INT8_G32:  return kvq_format_row("int8-g32", 8, 32, KVQ_SYM, 0);
+    case KV_QF_INT8_G64:  return kvq_format_row("int8-g64", 8, 64, KVQ_SYM, 0);
+    case KV_QF_INT8_G128: return kvq_format_row("int8-g128", 8, 128, KVQ_SYM, 0);
+    case KV_QF_FP8_E4M3:  return kvq_format_row("fp8-e4m3", 8, 0, KVQ_ELEM, 1);
+    case KV_QF_FP8_E5M2:  return kvq_format_row("fp8-e5m2", 8, 0, KVQ_ELEM, 1);
+    case KV_QF_INT4_KIVI: return kvq_format_row("int4-kivi", 4, KV_KIVI_GROUP, KVQ_ASYM, 0);
+    case KV_QF_INT2_KIVI: return kvq_format_row("int2-kivi", 2, KV_KIVI_GROUP, KVQ_ASYM, 0);
+    default:              return kvq_format_row("?", 0, 0, -1, 0);
     }
 }
+
+/** Bits of one stored code (32, 16, 8, 4 or 2); 0 for an unknown format. */
+static inline KV_HD int kvq_code_bits(int fmt) { return kvq_format_of(fmt).bits; }
 
 /** Channels sharing one scale along a row: d for per-row int8, 32/64/128 for the grouped
  * int8 and the KIVI values; 0 for formats without per-row metadata (fp, fp8, KIVI keys). */
 static inline KV_HD int kvq_row_group(int fmt, int role, int d)
 {
-    switch (fmt) {
-    case KV_QF_INT8: return d;
-    case KV_QF_INT8_G32: return 32;
-    case KV_QF_INT8_G64: return 64;
-    case KV_QF_INT8_G128: return 128;
-    case KV_QF_INT4_KIVI: case KV_QF_INT2_KIVI: return role == KV_QROLE_KEY ? 0 : KV_KIVI_GROUP;
-    default: return 0;
-    }
+    const kvq_format f = kvq_format_of(fmt);
+    if (f.codec == KVQ_SYM) return f.group ? f.group : d;
+    if (f.codec == KVQ_ASYM) return role == KV_QROLE_KEY ? 0 : f.group;
+    return 0;
 }
 
-static inline KV_HD int kvq_is_kivi(int fmt) { return fmt == KV_QF_INT4_KIVI || fmt == KV_QF_INT2_KIVI; }
-static inline KV_HD int kvq_is_int8(int fmt) { return fmt >= KV_QF_INT8 && fmt <= KV_QF_INT8_G128; }
-static inline KV_HD int kvq_is_fp8(int fmt) { return fmt == KV_QF_FP8_E4M3 || fmt == KV_QF_FP8_E5M2; }
+static inline KV_HD int kvq_is_kivi(int fmt) { return kvq_format_of(fmt).codec == KVQ_ASYM; }
+static inline KV_HD int kvq_is_int8(int fmt) { return kvq_format_of(fmt).codec == KVQ_SYM; }
+static inline KV_HD int kvq_is_fp8(int fmt)
+{
+    const kvq_format f = kvq_format_of(fmt);
+    return f.codec == KVQ_ELEM && f.scaled;
+}
 
 /** Bytes of codes in one row of d elements (d * bits / 8; d is a multiple of 32 for KIVI). */
 static inline KV_HD int64_t kvq_row_bytes(int fmt, int d) { return (int64_t)d * kvq_code_bits(fmt) / 8; }
@@ -382,6 +425,45 @@ static inline KV_HD uint32_t kvq_unpack(const uint8_t *row, int j, int bits)
     return ((uint32_t)row[j / per] >> ((j % per) * bits)) & ((1u << bits) - 1u);
 }
 
+/* ---- one element of a KVQ_ELEM format ---------------------------------------------------
+ * The software conversions, one case per element format: the CPU's rows and attention call
+ * them, and the CUDA kernels too wherever the device has no native conversion of its own
+ * (cuda/cache/kvcu_quant_math.cuh). @p scale: a scaled format's per-head scale (fp8). */
+static inline KV_HD void kvq_elem_encode(int fmt, uint8_t *codes, int64_t i, float v, float scale)
+{
+    switch (fmt) {
+    case KV_QF_F32: memcpy(codes + i * 4, &v, 4); break;
+    case KV_QF_F16: case KV_QF_BF16: {
+        const uint16_t h = fmt == KV_QF_F16 ? kvq_f32_to_f16(v) : kvq_f32_to_bf16(v);
+        memcpy(codes + i * 2, &h, 2);
+        break;
+    }
+    case KV_QF_FP8_E4M3: case KV_QF_FP8_E5M2: /* fl(x / scale), then one rounding to fp8 */
+        codes[i] = kvq_f32_to_fp8(KVQ_DIV(v, scale), fmt == KV_QF_FP8_E5M2);
+        break;
+    }
+}
+
+static inline KV_HD float kvq_elem_decode(int fmt, const uint8_t *codes, int64_t i, float scale)
+{
+    switch (fmt) {
+    case KV_QF_F32: {
+        float v;
+        memcpy(&v, codes + i * 4, 4);
+        return v;
+    }
+    case KV_QF_F16: case KV_QF_BF16: {
+        uint16_t h;
+        memcpy(&h, codes + i * 2, 2);
+        return fmt == KV_QF_F16 ? kvq_f16_to_f32(h) : kvq_bf16_to_f32(h);
+    }
+    case KV_QF_FP8_E4M3: case KV_QF_FP8_E5M2:
+        return kvq_fp8_to_f32(codes[i], fmt == KV_QF_FP8_E5M2) * scale;
+    default:
+        return kvq_bits_f32(KVQ_F32_NAN);
+    }
+}
+
 /* ---- one element, any format -------------------------------------------------------------
  * "Dequantize element j of row t": what attention calls inline. codes is the [n][row bytes]
  * plane of one (layer, slot, kv head), meta its metadata plane; scale is the fp8 scale of that
@@ -390,23 +472,13 @@ static inline KV_HD float kvq_decode_element(int fmt, int role, const void *code
                                             const void *meta, int64_t t, int j, int d, float scale)
 {
     const uint8_t *row = (const uint8_t *)codes + t * kvq_row_bytes(fmt, d);
-    switch (fmt) {
-    case KV_QF_F32: {
-        float v;
-        memcpy(&v, row + (size_t)j * 4, 4);
-        return v;
-    }
-    case KV_QF_F16: case KV_QF_BF16: {
-        uint16_t h;
-        memcpy(&h, row + (size_t)j * 2, 2);
-        return fmt == KV_QF_F16 ? kvq_f16_to_f32(h) : kvq_bf16_to_f32(h);
-    }
-    case KV_QF_FP8_E4M3: case KV_QF_FP8_E5M2:
-        return kvq_fp8_to_f32(row[j], fmt == KV_QF_FP8_E5M2) * scale;
-    case KV_QF_INT8: case KV_QF_INT8_G32: case KV_QF_INT8_G64: case KV_QF_INT8_G128:
+    switch (kvq_format_of(fmt).codec) {
+    case KVQ_ELEM:
+        return kvq_elem_decode(fmt, row, j, scale);
+    case KVQ_SYM:
         return kvq_int8_decode((int8_t)row[j],
                                ((const float *)meta)[kvq_meta_index(fmt, role, t, j, d)]);
-    case KV_QF_INT4_KIVI: case KV_QF_INT2_KIVI: {
+    case KVQ_ASYM: {
         const kv_qsz p = ((const kv_qsz *)meta)[kvq_meta_index(fmt, role, t, j, d)];
         return kvq_asym_decode(kvq_unpack(row, j, kvq_code_bits(fmt)), kvq_f16_to_f32(p.scale),
                                kvq_f16_to_f32(p.zero));
