@@ -270,6 +270,10 @@ int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, in
  * is at most 32 chunks of 16 bytes (a power of two) in its format or as fp32 (d = 4, 8, .. 128),
  * and the group's shared memory is within 160 KiB; else 0 (the engine then runs v2/v3). */
 int kvcu_cache_decode_reads(const kvcu_cache *c, int layer, int n_heads);
+/** 1 when version 4 runs that layer's group on tensor cores (cuda/attention/kvcu_decode_mma.cu:
+ * G >= 4 with per-token int8 or fp8, MQA with those or fp16 / bf16; d a multiple of 16 up to
+ * 128, G <= 64), else 0. */
+int kvcu_cache_decode_mma(const kvcu_cache *c, int layer, int n_heads);
 /** GPU twin of kv_cache_write_slots(): k, v [n][H_kv][d] device rows into pool rows
  * @p slots [n] (host memory; negative = padding, skipped), the CPU's bytes; fp8 and KIVI
  * refused with the CPU's words. */

@@ -1,6 +1,7 @@
 #!/bin/sh
-# check_ptx.sh NVCC ROOT WORKDIR: the engine's decode kernels (cuda/attention/kvcu_decode.cu)
-# compiled to PTX for sm_90 and assembled by ptxas, no GPU needed. Fails when a kernel's body
+# check_ptx.sh NVCC ROOT WORKDIR: the engine's decode kernels (cuda/attention/kvcu_decode.cu,
+# and the tensor-core one of kvcu_decode_mma.cu: mma.sync, ldmatrix, cp.async in each format's
+# body) compiled to PTX for sm_90 and assembled by ptxas, no GPU needed. Fails when a kernel's body
 # lacks the instructions its design promises (16-byte cp.async copies of the rows, the wait,
 # 16-byte shared loads; per format its conversion: cvt.f32.f16 pairs, the bf16 shift, fp8x2
 # cvt on sm_90, PRMT for int8), when it loads rows byte by byte from global memory, or when
@@ -63,8 +64,49 @@ for f in "0 fp32 ld.shared.v4" "1 fp16 cvt.f32.f16" "2 bf16 -65536" "3 int8 prmt
         bad=$((bad + 1))
     fi
 done
+
+# the tensor-core decode (cuda/attention/kvcu_decode_mma.cu): per format its body holds
+# mma.sync m16n8k16, the query's ldmatrix and the rows' cp.async copies; no spills
+mptx="$work/kvcu_decode_mma.ptx"
+# shellcheck disable=SC2086
+"$nvcc" -arch=sm_90 -std=c++17 -O3 -ptx $inc "$root/cuda/attention/kvcu_decode_mma.cu" -o "$mptx" ||
+    { echo "FAIL: nvcc could not compile kvcu_decode_mma.cu"; exit 1; }
+"$ptxas" -arch=sm_90 -v "$mptx" -o "$work/kvcu_decode_mma.cubin" > "$work/ptxas_mma.txt" 2>&1 ||
+    { cat "$work/ptxas_mma.txt"; echo "FAIL: ptxas (tensor-core decode)"; exit 1; }
+for f in "1 fp16 mma.sync.aligned.m16n8k16.row.col.f32.f16" "2 bf16 mma.sync.aligned.m16n8k16.row.col.f32.bf16" \
+         "3 int8 mma.sync.aligned.m16n8k16.row.col.f32.f16" "7 fp8-e4m3 cvt.rn.f16x2.e4m3x2" \
+         "8 fp8-e5m2 cvt.rn.f16x2.e5m2x2"; do
+    set -- $f
+    name=$2
+    entry="_Z15attn_mma_kernelILi$1EE"
+    body="$work/body_mma_$name.ptx"
+    awk -v e="$entry" 'index($0, ".entry " e) {f = 1} f {print} f && /^}/ {exit}' "$mptx" > "$body"
+    if [ ! -s "$body" ]; then
+        echo "FAIL mma $name: no kernel $entry in the PTX"
+        bad=$((bad + 1))
+        continue
+    fi
+    for want in "mma.sync.aligned.m16n8k16" "ldmatrix.sync.aligned.m8n8.x4" \
+                "cp.async.cg.shared.global" "$3"; do
+        if ! grep -q -e "$want" "$body"; then
+            echo "FAIL mma $name: the kernel has no $want"
+            bad=$((bad + 1))
+        fi
+    done
+    stats=$(awk -v e="$entry" '
+        index($0, "Compiling entry function") && index($0, e) {f = 1; next}
+        f && /spill stores/ {st = $5; ld = $9}
+        f && /Used [0-9]+ registers/ {for (i = 1; i <= NF; i++) if ($i == "Used") r = $(i + 1); print r, st, ld; exit}
+    ' "$work/ptxas_mma.txt")
+    set -- $stats
+    echo "attn_mma_kernel<$name>: ${1:-?} registers, ${2:-?} bytes spill stores, ${3:-?} bytes spill loads"
+    if [ -z "$1" ] || [ "${2:-1}" != 0 ] || [ "${3:-1}" != 0 ]; then
+        echo "FAIL: spills or no ptxas report"
+        bad=$((bad + 1))
+    fi
+done
 if [ "$bad" -ne 0 ]; then
     echo "$bad failed"
     exit 1
 fi
-echo "6 kernels checked, 0 failed"
+echo "11 kernels checked, 0 failed"

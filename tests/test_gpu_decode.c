@@ -27,6 +27,20 @@
  *  (c) the sums: the (2N + 5)·u·V of test_attn_fast.c, plus a multiply by the factor per
  *      tile on the running output and sum (2R·u·V) and fp8's value scale applied once (3u·V).
  * So |ô - o| <= 1.01·(expm1(2Δ') + (2N + 8 + 2R)·u)·V. The test prints max |err| / bound.
+ *
+ * The tensor-core kernel (kvcu_decode_mma.cu; kvcu_cache_decode_mma() says where version 4
+ * runs it: G >= 4 with int8 per token or fp8, MQA with fp16 / bf16 too) rounds two things to
+ * 16 bits, with unit roundoff h = 2^-11 (fp16) or 2^-8 (bf16): the query, which moves a score
+ * by at most h·Σ_j |q_j||k_ij| / √d <= h·S (keys and values enter exactly: fp16 holds int8
+ * codes and fp8 values), and each weight P (times an int8 row's scale) that multiplies V,
+ * which moves the output by at most h·V (the exp-sum stays fp32). Its scores add d products
+ * in fp32 in the tensor core's order, (d + 30)·u·S in place of (a); so
+ *   |ô - o| <= 1.01·(expm1(2Δ_h) + h + (2N + 8 + 2R)·u)·V,
+ *   Δ_h = h·S + u·((d + 30)·S + 4 + R·(2S + 5)),
+ * against the reference fed the query as it is (no 16-bit integer query there). Predicted:
+ * every shape and format above that the rule sends to tensor cores meets it, paged ==
+ * contiguous bit for bit, the engine's choice is this kernel; and G 16 int8 (one head block,
+ * four warps over a tile's keys) and MQA with 32 heads (two head blocks) too.
  * Exits 77 (skipped) without a usable device. */
 #include "kv_attention.h"
 #include "kv_quant.h"
@@ -43,7 +57,7 @@
 enum { N_MAX = 700, B = 16 };
 
 static kv_rng rng;
-static double worst_ratio;
+static double worst_ratio, worst_mma; /* max |err| / bound: CUDA cores, tensor cores */
 static int pos_cache; /* the next cache keeps its keys before RoPE (KV_POS_CACHE) */
 
 typedef struct {
@@ -51,16 +65,18 @@ typedef struct {
     int H, Hkv, d;
 } shape;
 
-/* The bound of the top of the file for head h of the query (reference query qh) at pos. */
-static double bound_of(const kv_cache *c, int pos, int h, int H, const float *qh)
+/* The bound of the top of the file for head h of the query (reference query qh) at pos;
+ * h16: the tensor-core kernel's 16-bit unit roundoff, 0 for the CUDA-core kernel. */
+static double bound_of(const kv_cache *c, int pos, int h, int H, const float *qh, double h16)
 {
     const int d = c->head_dim;
     const int64_t n = kv_window_count(c->spec.window.size, c->spec.window.n_sinks, pos);
     double smax, vmax;
     kv_test_attn_sv(c, pos, h, H, qh, &smax, &vmax);
     const double u = 0x1p-24, R = ceil(n / 8.0) + ceil(n / 256.0) + 2;
-    const double delta = u * ((d / 16 + 30) * smax + 4 + R * (2 * smax + 5));
-    return 1.01 * (expm1(2 * delta) + (2.0 * (double)n + 8 + 2 * R) * u) * vmax;
+    const double dots = h16 > 0 ? d + 30 : d / 16 + 30;
+    const double delta = h16 * smax + u * (dots * smax + 4 + R * (2 * smax + 5));
+    return 1.01 * (expm1(2 * delta) + h16 + (2.0 * (double)n + 8 + 2 * R) * u) * vmax;
 }
 
 static float *dev_floats(const float *h, size_t n)
@@ -112,6 +128,14 @@ static void check_cache(const shape *sh, int fmt, int paged, int W, int S, int n
              kvcu_cache_set_blocks(g, 0, blocks, c.max_blocks, &e) == KV_OK;
     }
     KV_CHECK(kvcu_cache_decode_reads(g, 0, H) == 1, "%s: version 4 reads it", what);
+    const int G = H / Hkv, one_byte = fmt == KV_QF_INT8 || fmt == KV_QF_FP8_E4M3 ||
+                                      fmt == KV_QF_FP8_E5M2;
+    const int mma = kvcu_cache_decode_mma(g, 0, H);
+    const double h16 = !mma ? 0.0 : fmt == KV_QF_BF16 ? 0x1p-8 : 0x1p-11;
+    const int two_byte = fmt == KV_QF_F16 || fmt == KV_QF_BF16;
+    KV_CHECK(mma == (!pos_cache && d % 16 == 0 && d <= 128 && G >= 4 && G <= 64 &&
+                     (one_byte || (Hkv == 1 && two_byte))),
+             "%s: tensor cores %s, as the rule says", what, mma ? "on" : "off");
     const size_t kvs = (size_t)Hkv * d;
     float *k = malloc(sizeof(float) * n * kvs), *v = malloc(sizeof(float) * n * kvs);
     for (size_t i = 0; i < n * kvs; i++) {
@@ -138,7 +162,7 @@ static void check_cache(const shape *sh, int fmt, int paged, int W, int S, int n
         for (int i = 0; i < H * d; i++) q[i] = kv_rng_uniform(&rng, -1.0f, 1.0f);
         const kv_head_view kh = kv_cache_view(&c, 0, 0, 0, KV_QROLE_KEY);
         for (int h = 0; h < H; h++)
-            if (kv_attn_int_keys(&kh)) kv_attn_query_rounded(q + h * d, d, qr + h * d);
+            if (kv_attn_int_keys(&kh) && !mma) kv_attn_query_rounded(q + h * d, d, qr + h * d);
             else memcpy(qr + h * d, q + h * d, sizeof(float) * d);
         ok = kvcu_upload(dq, q, sizeof(float) * H * d, &e) == KV_OK &&
              kv_attention_ref(&c, 0, 0, pos[pi], qr, ref, H) == KV_OK &&
@@ -150,14 +174,15 @@ static void check_cache(const shape *sh, int fmt, int paged, int W, int S, int n
         KV_CHECK(!memcmp(got, eng, sizeof(float) * H * d), "%s pos %d: the engine's choice is "
                  "version 4, bit for bit", what, pos[pi]);
         for (int h = 0; h < H; h++) {
-            const double b = bound_of(&c, pos[pi], h, H, qr + (size_t)h * d);
+            const double b = bound_of(&c, pos[pi], h, H, qr + (size_t)h * d, h16);
             double err = 0.0;
             int at = 0;
             for (int j = 0; j < d; j++) {
                 const double x = fabs((double)got[h * d + j] - ref[h * d + j]);
                 if (!(x <= err)) err = x, at = j;
             }
-            worst_ratio = fmax(worst_ratio, err / b);
+            if (mma) worst_mma = fmax(worst_mma, err / b);
+            else worst_ratio = fmax(worst_ratio, err / b);
             if (!(err <= b) && outside++ < 3)
                 printf("  %s pos %d head %d: |err| %.3g at [%d] (got %.9g, ref %.9g) > %.3g\n",
                        what, pos[pi], h, err, at, got[h * d + at], ref[h * d + at], b);
@@ -195,7 +220,7 @@ int main(void)
     const shape shapes[] = {{"GQA G4 d64", 8, 2, 64}, {"MHA d128", 4, 4, 128}, {"MQA G8 d64", 8, 1, 64}};
     const int fmts[] = {KV_QF_F32, KV_QF_F16, KV_QF_BF16, KV_QF_INT8, KV_QF_INT8_G32,
                         KV_QF_FP8_E4M3, KV_QF_FP8_E5M2};
-    float bits[2][8 * 128];
+    static float bits[2][32 * 128];
     for (int si = 0; si < 3; si++)
         for (int fi = 0; fi < 7; fi++) {
             /* MHA d128 in the 16-bit formats only: fp32 and int8 take the other shapes */
@@ -211,6 +236,19 @@ int main(void)
     for (int paged = 0; paged < 2; paged++) /* a window of 300 behind 4 sinks, 700 positions */
         check_cache(&shapes[0], KV_QF_F16, paged, 300, 4, N_MAX, NULL);
     check_cache(&shapes[2], KV_QF_INT8, 1, 300, 4, N_MAX, NULL);
+    /* tensor cores: G 16 (one head block, four warps over a tile's keys), MQA of 32 heads (two
+     * blocks, two warps each), bf16 MQA */
+    const shape big[] = {{"GQA G16 d128", 32, 2, 128}, {"MQA G32 d64", 32, 1, 64}};
+    const int bigf[2] = {KV_QF_INT8, KV_QF_F16};
+    for (int si = 0; si < 2; si++) {
+        for (int paged = 0; paged < 2; paged++) {
+            kv_rng_seed(&rng, 501 + (uint64_t)si);
+            check_cache(&big[si], bigf[si], paged, 0, 0, N_MAX, bits[paged]);
+        }
+        KV_CHECK(!memcmp(bits[0], bits[1], sizeof(float) * big[si].H * big[si].d),
+                 "%s: paged == contiguous, bit for bit", big[si].name);
+    }
+    check_cache(&shapes[2], KV_QF_BF16, 1, 0, 0, N_MAX, NULL);
     /* the staged fp32 tiles: KIVI, and keys rotated at attention (paged == contiguous there) */
     check_cache(&shapes[0], KV_QF_INT4_KIVI, 0, 0, 0, N_MAX, NULL);
     check_cache(&shapes[2], KV_QF_INT2_KIVI, 0, 0, 0, N_MAX, NULL);
@@ -224,7 +262,7 @@ int main(void)
     check_cache(&shapes[2], KV_QF_INT8, 0, 300, 4, N_MAX, NULL);
     pos_cache = 0;
     check_refusals();
-    printf("max |err| / bound %.3g\n", worst_ratio);
+    printf("max |err| / bound %.3g (CUDA cores), %.3g (tensor cores)\n", worst_ratio, worst_mma);
     printf("%d passed, %d failed\n", kv_test_passed, kv_test_failed);
     return kv_test_failed ? 1 : 0;
 }

@@ -46,95 +46,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kvcu_internal.cuh"
-#include "kvcu_vec.cuh"
-
-#define DEC_THREADS 128
-#define DEC_MIN_BLOCKS 4                    /* resident blocks per SM asked of ptxas: <= 128 registers */
-#define DEC_STAGE_BYTES 8192                /* K codes of one tile, about */
-#define KVCU_DECODE_WAVES 2
-#define KVCU_DECODE_SMEM_MAX (160 * 1024)   /* sm_80 allows 163 KiB per block, sm_90 227 KiB */
-
-/* The staged path's pseudo-format: rows dequantized element by element into fp32 tiles. */
-#define DEC_ELEM (-1)
-
-/* Elements per 16 bytes of format F (DEC_ELEM: of its fp32 tiles), as a constant. */
-template <int F>
-struct dec_fmt {
-    static constexpr int kind = F == KV_QF_F32 || F == DEC_ELEM ? KVCU_V_F32
-                              : F == KV_QF_F16 ? KVCU_V_F16
-                              : F == KV_QF_BF16 ? KVCU_V_BF16 : F == KV_QF_FP8_E4M3 ? KVCU_V_E4M3
-                              : F == KV_QF_FP8_E5M2 ? KVCU_V_E5M2 : KVCU_V_I8;
-    static constexpr int vec = kvcu_vec_elems(kind);
-    static constexpr bool int8 = F >= KV_QF_INT8 && F <= KV_QF_INT8_G128;
-    static constexpr bool fp8 = F == KV_QF_FP8_E4M3 || F == KV_QF_FP8_E5M2;
-};
-
-/* The launch's shape and shared-memory map, computed once on the host (dec_plan()). */
-struct dec_plan_t {
-    int G, d, lpr, lpr_shift; /* heads per group, head dim, lanes per row (2^lpr_shift) */
-    int tile;                 /* rows per pipeline stage */
-    int ng;                   /* int8: scales per row (d / group), else 0 */
-    int qint;                 /* per-token int8 keys: integer scores of the 16-bit query */
-    int fmt;                  /* the template: the layer's format, or DEC_ELEM */
-    int64_t rb;               /* bytes per row */
-    size_t off_s, off_m, off_o, off_buf, stage, smem; /* byte offsets; q at 0 */
-};
-
-/* Index i of the positions a query at tpos retains -> the logical row it lives in: i itself,
- * the i-th of chapter 06's sinks and window (kvcu_attention.cu's attn_row()), or position
- * lst[i] of chapter 09's selected set. kv_view_row() then finds the physical row: the one row
- * locator of contiguous and paged, windowed, selected or not. */
-__device__ __forceinline__ int64_t dec_lrow(const attn_src &s, const int *lst, int64_t tpos,
-                                            int64_t i)
-{
-    if (lst) return lst[i];
-    return s.keep_w ? kv_window_row(s.keep_w, s.keep_s, kv_window_pos(s.keep_w, s.keep_s, tpos, i))
-                    : i;
-}
-
-/* Tile `it` of [lo, hi) into stage st: K rows at 0, V rows at tile·rb, then (int8) the K and V
- * scales [tile][ng] each. 16-byte copies for codes, 4-byte ones for scales. DEC_ELEM: each
- * element dequantized (kv_ld(), under KV_POS_CACHE rotated by its index, key_ld()) into fp32
- * rows, plain stores that the tile's barrier publishes. */
-template <int F>
-__device__ __forceinline__ void dec_issue(const dec_plan_t &p, const attn_src &src,
-                                          const int *lst, const kv_head_view &kh,
-                                          const kv_head_view &vh, int64_t tpos, int64_t i0, int n,
-                                          uint8_t *st)
-{
-    if (F == DEC_ELEM) {
-        const int dsh = p.lpr_shift + 2, m = n << dsh; /* d = 4·lpr elements a row */
-        for (int c = threadIdx.x; c < 2 * m; c += DEC_THREADS) {
-            const int v = c >= m, cc = v ? c - m : c, row = cc >> dsh, i = cc & (p.d - 1);
-            const int64_t lr = dec_lrow(src, lst, tpos, i0 + row);
-            const float x = v ? kv_ld(vh, NULL, lr, kv_view_row(&vh, lr), i)
-                              : key_ld(kh, NULL, lr, kv_view_row(&kh, lr), i,
-                                       attn_rope(src, i0 + row), src.rotary_dim);
-            ((float *)(void *)(st + (v ? p.tile * p.rb : 0) + row * p.rb))[i] = x;
-        }
-        return;
-    }
-    const int chunks = n << p.lpr_shift;
-    for (int c = threadIdx.x; c < 2 * chunks; c += DEC_THREADS) {
-        const int v = c >= chunks, cc = v ? c - chunks : c;
-        const int row = cc >> p.lpr_shift, ch = cc & (p.lpr - 1);
-        const int64_t pr = kv_view_row(v ? &vh : &kh, dec_lrow(src, lst, tpos, i0 + row));
-        const uint8_t *g = (v ? vh.codes : kh.codes) + pr * p.rb + ch * 16;
-        kvcu_cp16(st + (v ? p.tile * p.rb : 0) + row * p.rb + ch * 16, g);
-    }
-    if (dec_fmt<F>::int8) {
-        float *sc = (float *)(void *)(st + 2 * p.tile * p.rb); /* [2][tile][ng] */
-        const int m = n * p.ng;
-        for (int c = threadIdx.x; c < 2 * m; c += DEC_THREADS) {
-            const int v = c >= m, cc = v ? c - m : c, row = cc / p.ng, j = cc % p.ng;
-            const int64_t pr = kv_view_row(v ? &vh : &kh, dec_lrow(src, lst, tpos, i0 + row));
-            const float *meta = (const float *)(v ? vh.meta : kh.meta);
-            __pipeline_memcpy_async(sc + (v ? p.tile * p.ng : 0) + row * p.ng + j,
-                                    meta + pr * p.ng + j, 4);
-        }
-    }
-}
+#include "kvcu_decode.cuh"
 
 /* The integer dot product of 16 int8 codes (one 16-byte chunk) with 16 16-bit query codes:
  * exact, as the CPU's (kv_attn_dot_q16()). */
@@ -400,6 +312,16 @@ int kvcu_cache_decode_reads(const kvcu_cache *c, int layer, int n_heads)
     return kvcu_decode_supported(cache_src(c, layer), n_heads, c->n_kv_heads, c->head_dim);
 }
 
+int kvcu_cache_decode_mma(const kvcu_cache *c, int layer, int n_heads)
+{
+    dec_plan_t p;
+    const void *k;
+    if (!kvcu_cache_decode_reads(c, layer, n_heads)) return 0;
+    const attn_src src = cache_src(c, layer);
+    return dec_plan(src, n_heads, c->n_kv_heads, c->head_dim, &p) &&
+           kvcu_decode_mma_plan(src, c->n_kv_heads, &p, &k);
+}
+
 /* The kernel of template f (dec_plan_t.fmt). */
 static const void *dec_kernel(int f)
 {
@@ -442,7 +364,10 @@ int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_row
 {
     dec_plan_t p;
     if (!dec_plan(src, n_heads, n_kv_heads, head_dim, &p)) return 0;
-    const void *kernel = dec_kernel(p.fmt);
+    const void *kernel = NULL;
+    /* the group on tensor cores where the rule says (kvcu_decode_mma.cu) */
+    const int mma = kvcu_decode_mma_plan(src, n_kv_heads, &p, &kernel);
+    if (!mma) kernel = dec_kernel(p.fmt);
     if (p.smem > 48 * 1024)
         (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)p.smem); /* a refusal shows at the launch */
@@ -452,6 +377,11 @@ int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_row
     if (n_parts < 1) n_parts = 1;
     const attn_parts parts = attn_parts_at(scratch, T, n_heads, n_parts);
     const dim3 grid(n_kv_heads, n_parts, T);
+    if (mma) {
+        kvcu_decode_mma_launch(grid, p, q, src, rows, parts, n_heads, n_kv_heads);
+        kvcu_attn_merge_launch(out, src, rows, parts, T, n_heads, head_dim);
+        return 1;
+    }
     switch (p.fmt) {
 #define DEC_CASE(F)                                                                             \
     case F:                                                                                     \

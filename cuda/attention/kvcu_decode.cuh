@@ -1,0 +1,116 @@
+/*
+ * What the engine's decode kernels share (cuda/attention/kvcu_decode.cu, the CUDA-core kernel;
+ * kvcu_decode_mma.cu, the tensor-core one for large groups): the per-format traits, the
+ * launch's plan, the row locator and the cp.async tile copy. kvcu_decode.cu's head comment
+ * says what each technique adds.
+ */
+#ifndef KVCU_DECODE_CUH
+#define KVCU_DECODE_CUH
+
+#include <stdint.h>
+#include <string.h>
+
+#include "kvcu_internal.cuh"
+#include "kvcu_vec.cuh"
+
+#define DEC_THREADS 128
+#define DEC_MIN_BLOCKS 4                    /* resident blocks per SM asked of ptxas: <= 128 registers */
+#define DEC_STAGE_BYTES 8192                /* K codes of one tile, about */
+#define KVCU_DECODE_WAVES 2
+#define KVCU_DECODE_SMEM_MAX (160 * 1024)   /* sm_80 allows 163 KiB per block, sm_90 227 KiB */
+
+/* The staged path's pseudo-format: rows dequantized element by element into fp32 tiles. */
+#define DEC_ELEM (-1)
+
+/* Elements per 16 bytes of format F (DEC_ELEM: of its fp32 tiles), as a constant. */
+template <int F>
+struct dec_fmt {
+    static constexpr int kind = F == KV_QF_F32 || F == DEC_ELEM ? KVCU_V_F32
+                              : F == KV_QF_F16 ? KVCU_V_F16
+                              : F == KV_QF_BF16 ? KVCU_V_BF16 : F == KV_QF_FP8_E4M3 ? KVCU_V_E4M3
+                              : F == KV_QF_FP8_E5M2 ? KVCU_V_E5M2 : KVCU_V_I8;
+    static constexpr int vec = kvcu_vec_elems(kind);
+    static constexpr bool int8 = F >= KV_QF_INT8 && F <= KV_QF_INT8_G128;
+    static constexpr bool fp8 = F == KV_QF_FP8_E4M3 || F == KV_QF_FP8_E5M2;
+};
+
+/* The launch's shape and shared-memory map, computed once on the host (dec_plan()). */
+struct dec_plan_t {
+    int G, d, lpr, lpr_shift; /* heads per group, head dim, lanes per row (2^lpr_shift) */
+    int tile;                 /* rows per pipeline stage */
+    int ng;                   /* int8: scales per row (d / group), else 0 */
+    int qint;                 /* per-token int8 keys: integer scores of the 16-bit query */
+    int fmt;                  /* the template: the layer's format, or DEC_ELEM */
+    int mb, ks;               /* tensor cores: 16-head blocks, warps per block over a tile */
+    int64_t rb;               /* bytes per row */
+    size_t off_s, off_m, off_o, off_buf, stage, smem; /* byte offsets; q at 0 */
+};
+
+/* Index i of the positions a query at tpos retains -> the logical row it lives in: i itself,
+ * the i-th of chapter 06's sinks and window (kvcu_attention.cu's attn_row()), or position
+ * lst[i] of chapter 09's selected set. kv_view_row() then finds the physical row: the one row
+ * locator of contiguous and paged, windowed, selected or not. */
+__device__ __forceinline__ int64_t dec_lrow(const attn_src &s, const int *lst, int64_t tpos,
+                                            int64_t i)
+{
+    if (lst) return lst[i];
+    return s.keep_w ? kv_window_row(s.keep_w, s.keep_s, kv_window_pos(s.keep_w, s.keep_s, tpos, i))
+                    : i;
+}
+
+/* Tile `it` of [lo, hi) into stage st: K rows at 0, V rows at tile·rb, then (int8) the K and V
+ * scales [tile][ng] each. 16-byte copies for codes, 4-byte ones for scales. DEC_ELEM: each
+ * element dequantized (kv_ld(), under KV_POS_CACHE rotated by its index, key_ld()) into fp32
+ * rows, plain stores that the tile's barrier publishes. */
+template <int F>
+__device__ __forceinline__ void dec_issue(const dec_plan_t &p, const attn_src &src,
+                                          const int *lst, const kv_head_view &kh,
+                                          const kv_head_view &vh, int64_t tpos, int64_t i0, int n,
+                                          uint8_t *st)
+{
+    if (F == DEC_ELEM) {
+        const int dsh = p.lpr_shift + 2, m = n << dsh; /* d = 4·lpr elements a row */
+        for (int c = threadIdx.x; c < 2 * m; c += DEC_THREADS) {
+            const int v = c >= m, cc = v ? c - m : c, row = cc >> dsh, i = cc & (p.d - 1);
+            const int64_t lr = dec_lrow(src, lst, tpos, i0 + row);
+            const float x = v ? kv_ld(vh, NULL, lr, kv_view_row(&vh, lr), i)
+                              : key_ld(kh, NULL, lr, kv_view_row(&kh, lr), i,
+                                       attn_rope(src, i0 + row), src.rotary_dim);
+            ((float *)(void *)(st + (v ? p.tile * p.rb : 0) + row * p.rb))[i] = x;
+        }
+        return;
+    }
+    const int chunks = n << p.lpr_shift;
+    for (int c = threadIdx.x; c < 2 * chunks; c += DEC_THREADS) {
+        const int v = c >= chunks, cc = v ? c - chunks : c;
+        const int row = cc >> p.lpr_shift, ch = cc & (p.lpr - 1);
+        const int64_t pr = kv_view_row(v ? &vh : &kh, dec_lrow(src, lst, tpos, i0 + row));
+        const uint8_t *g = (v ? vh.codes : kh.codes) + pr * p.rb + ch * 16;
+        kvcu_cp16(st + (v ? p.tile * p.rb : 0) + row * p.rb + ch * 16, g);
+    }
+    if (dec_fmt<F>::int8) {
+        float *sc = (float *)(void *)(st + 2 * p.tile * p.rb); /* [2][tile][ng] */
+        const int m = n * p.ng;
+        for (int c = threadIdx.x; c < 2 * m; c += DEC_THREADS) {
+            const int v = c >= m, cc = v ? c - m : c, row = cc / p.ng, j = cc % p.ng;
+            const int64_t pr = kv_view_row(v ? &vh : &kh, dec_lrow(src, lst, tpos, i0 + row));
+            const float *meta = (const float *)(v ? vh.meta : kh.meta);
+            __pipeline_memcpy_async(sc + (v ? p.tile * p.ng : 0) + row * p.ng + j,
+                                    meta + pr * p.ng + j, 4);
+        }
+    }
+}
+
+/* ---- the tensor-core kernel (kvcu_decode_mma.cu) -------------------------------------------- */
+
+/* Whether the group's scores and P·V go to the tensor cores (the one rule; the comment at its
+ * definition says why), and if so the plan p becomes that kernel's (its tile, shared memory)
+ * and *kernel its entry; 0 leaves p alone. */
+int kvcu_decode_mma_plan(const attn_src &src, int n_kv_heads, dec_plan_t *p,
+                         const void **kernel);
+/* Launch it over grid (H_kv, ranges, T) with plan p. */
+void kvcu_decode_mma_launch(dim3 grid, const dec_plan_t &p, const float *q,
+                            const attn_src &src, const attn_rows &rows,
+                            const attn_parts &parts, int n_heads, int n_kv_heads);
+
+#endif
