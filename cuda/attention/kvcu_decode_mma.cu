@@ -124,10 +124,12 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
     const bool active = mb < p.mb;
     uint32_t qa[MMA_MAX_D / 16][4];
     float o[MMA_MAX_D / 8][4];
-    for (int kb = 0; kb < d / 16; kb++)
-        kvcu_ldmatrix_x4(qa[kb], qh + (size_t)((active ? mb : 0) * 16 + lane % 16) * ld + kb * 16 +
+    KV_UNROLL
+    for (int kb = 0; kb < MMA_MAX_D / 16; kb++)
+        if (kb < d / 16) kvcu_ldmatrix_x4(qa[kb], qh + (size_t)((active ? mb : 0) * 16 + lane % 16) * ld + kb * 16 +
                                      (lane / 16) * 8);
-    for (int nd = 0; nd < d / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+    KV_UNROLL
+    for (int nd = 0; nd < MMA_MAX_D / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* rows gq, gq + 8 */
     const float factor = (FP8 ? kh.scale : 1.0f) / sqrtf((float)d);
 
@@ -150,11 +152,15 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
             /* S = Q·Kᵀ over this warp's keys: s[nb] holds keys k0 + 8nb + 2tq, +1 of heads
              * gq (s[nb][0..1]) and gq + 8 (s[nb][2..3]); keys past n read as zeros */
             float s[MMA_TILE / 8][4];
-            for (int nb = 0; nb < NK / 8; nb++) {
+            KV_UNROLL
+            for (int nb = 0; nb < MMA_TILE / 8; nb++) {
                 s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+                if (nb >= NK / 8) continue;
                 const int key = k0 + nb * 8 + gq;
                 const uint8_t *kr = kst + (size_t)key * p.rb;
-                for (int kb = 0; kb < d / 16; kb++) {
+                KV_UNROLL
+                for (int kb = 0; kb < MMA_MAX_D / 16; kb++) {
+                    if (kb >= d / 16) continue;
                     const uint32_t b[2] = {key < n ? mma_pair<F>(kr, kb * 16 + 2 * tq) : 0u,
                                            key < n ? mma_pair<F>(kr, kb * 16 + 2 * tq + 8) : 0u};
                     kvcu_mma<BF>(s[nb], qa[kb], b);
@@ -162,8 +168,9 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
             }
             /* scale (int8: the row's scale, then the factor), mask, the tile's max per head */
             float mx[2] = {-INFINITY, -INFINITY};
-            for (int nb = 0; nb < NK / 8; nb++)
-                for (int e = 0; e < 4; e++) {
+            KV_UNROLL
+            for (int nb = 0; nb < MMA_TILE / 8; nb++)
+                for (int e = 0; e < 4 && nb < NK / 8; e++) {
                     const int key = k0 + nb * 8 + 2 * tq + (e & 1), h = gq + (e >> 1) * 8;
                     float x = -INFINITY;
                     if (key < n) {
@@ -181,8 +188,9 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
                 const float mn = fmaxf(m[h], mx[h]);
                 const float a = mn == -INFINITY ? 1.0f : expf(m[h] - mn);
                 float sum = 0.0f;
-                for (int nb = 0; nb < NK / 8; nb++)
-                    for (int e = 2 * h; e < 2 * h + 2; e++) {
+                KV_UNROLL
+                for (int nb = 0; nb < MMA_TILE / 8; nb++)
+                    for (int e = 2 * h; e < 2 * h + 2 && nb < NK / 8; e++) {
                         const int key = k0 + nb * 8 + 2 * tq + (e & 1);
                         const float pe = mn == -INFINITY ? 0.0f : expf(s[nb][e] - mn);
                         sum += pe;
@@ -190,13 +198,16 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
                     }
                 l[h] = fmaf(l[h], a, sum);
                 m[h] = mn;
-                for (int nd = 0; nd < d / 8; nd++) {
+                KV_UNROLL
+                for (int nd = 0; nd < MMA_MAX_D / 8; nd++) {
                     o[nd][2 * h] *= a;
                     o[nd][2 * h + 1] *= a;
                 }
             }
             /* O += P·V: keys 16kb .. 16kb + 15 of the warp's are one A fragment (two S blocks) */
-            for (int kb = 0; kb < NK / 16; kb++) {
+            KV_UNROLL
+            for (int kb = 0; kb < MMA_TILE / 16; kb++) {
+                if (kb >= NK / 16) continue;
                 const uint32_t a[4] = {kvcu_pack2<BF>(pv[2 * kb][0], pv[2 * kb][1]),
                                        kvcu_pack2<BF>(pv[2 * kb][2], pv[2 * kb][3]),
                                        kvcu_pack2<BF>(pv[2 * kb + 1][0], pv[2 * kb + 1][1]),
@@ -204,7 +215,9 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
                 const int ka = k0 + kb * 16 + 2 * tq; /* keys ka, ka + 1, ka + 8, ka + 9 */
                 const uint8_t *v0 = vst + (size_t)ka * p.rb, *v1 = v0 + p.rb;
                 const uint8_t *v8 = v0 + 8 * p.rb, *v9 = v0 + 9 * p.rb;
-                for (int nd = 0; nd < d / 8; nd++) {
+                KV_UNROLL
+                for (int nd = 0; nd < MMA_MAX_D / 8; nd++) {
+                    if (nd >= d / 8) continue;
                     const int j = nd * 8 + gq;
                     const uint32_t b[2] = {
                         (ka < n ? mma_elem<F>(v0, j) : 0u) |
@@ -225,7 +238,9 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
         float *row = cb + ((size_t)warp * 16 + gq + 8 * h) * (d + 2);
-        for (int nd = 0; active && nd < d / 8; nd++) {
+        KV_UNROLL
+        for (int nd = 0; nd < MMA_MAX_D / 8; nd++) {
+            if (!active || nd >= d / 8) continue;
             row[nd * 8 + 2 * tq] = o[nd][2 * h];
             row[nd * 8 + 2 * tq + 1] = o[nd][2 * h + 1];
         }
