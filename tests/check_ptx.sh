@@ -19,36 +19,39 @@ inc=""
 for d in "$root"/reference_cpu/* "$root"/cuda/core "$root"/cuda/cache "$root"/cuda/attention "$root"/cuda; do
     [ -d "$d" ] && inc="$inc -I$d"
 done
-ptx="$work/kvcu_decode.ptx"
-# shellcheck disable=SC2086
-"$nvcc" -arch=sm_90 -std=c++17 -O3 -ptx $inc "$root/cuda/attention/kvcu_decode.cu" -o "$ptx" ||
-    { echo "FAIL: nvcc could not compile kvcu_decode.cu"; exit 1; }
-"$ptxas" -arch=sm_90 -v "$ptx" -o "$work/kvcu_decode.cubin" > "$work/ptxas.txt" 2>&1 ||
-    { cat "$work/ptxas.txt"; echo "FAIL: ptxas"; exit 1; }
-
 bad=0
-# format index (kv_qformat) -> name and the conversion its body must hold
-for f in "0 fp32 ld.shared.v4" "1 fp16 cvt.f32.f16" "2 bf16 -65536" "3 int8 prmt.b32" \
-         "7 fp8-e4m3 cvt.rn.f16x2.e4m3x2" "8 fp8-e5m2 cvt.rn.f16x2.e5m2x2"; do
-    set -- $f
-    name=$2
-    conv=$3
-    entry="_Z16attn_fast_kernelILi$1EE"
-    body="$work/body_$name.ptx"
-    awk -v e="$entry" 'index($0, ".entry " e) {f = 1} f {print} f && /^}/ {exit}' "$ptx" > "$body"
+
+# compile SRC (a file under cuda/attention) to PTX and assemble it: $work/NAME.ptx, NAME.txt
+compile() {
+    # shellcheck disable=SC2086
+    "$nvcc" -arch=sm_90 -std=c++17 -O3 -ptx $inc "$root/cuda/attention/$1.cu" -o "$work/$1.ptx" ||
+        { echo "FAIL: nvcc could not compile $1.cu"; exit 1; }
+    "$ptxas" -arch=sm_90 -v "$work/$1.ptx" -o "$work/$1.cubin" > "$work/$1.txt" 2>&1 ||
+        { cat "$work/$1.txt"; echo "FAIL: ptxas ($1.cu)"; exit 1; }
+}
+
+# check NAME LABEL ENTRY BYTELOADS WANT...: kernel ENTRY (a mangled-name prefix) of NAME's PTX
+# holds every WANT, no byte or 16-bit row loads when BYTELOADS is 0, and no spills in ptxas's
+# report; prints its registers and spills
+check() {
+    src=$1 label=$2 entry=$3 loads=$4
+    shift 4
+    body="$work/body_$label.ptx"
+    awk -v e="$entry" 'index($0, ".entry " e) {f = 1} f {print} f && /^}/ {exit}' "$work/$src.ptx" > "$body"
     if [ ! -s "$body" ]; then
-        echo "FAIL $name: no kernel $entry in the PTX"
+        echo "FAIL $label: no kernel $entry in the PTX"
         bad=$((bad + 1))
-        continue
+        return
     fi
-    for want in "cp.async.cg.shared.global" "cp.async.wait_group" "ld.shared.v4" "$conv"; do
+    for want in "$@"; do
         if ! grep -q -e "$want" "$body"; then
-            echo "FAIL $name: the kernel has no $want"
+            echo "FAIL $label: the kernel has no $want"
             bad=$((bad + 1))
         fi
     done
-    if grep -Eq "ld(\.global)?(\.nc)?\.(u8|s8|b8)[^0-9]|ld\.shared(\.v[24])?\.(u8|s8|u16|b16)[^0-9]" "$body"; then
-        echo "FAIL $name: byte or 16-bit loads of rows (they come 16 bytes at a time)"
+    if [ "$loads" = 0 ] &&
+       grep -Eq "ld(\.global)?(\.nc)?\.(u8|s8|b8)[^0-9]|ld\.shared(\.v[24])?\.(u8|s8|u16|b16)[^0-9]" "$body"; then
+        echo "FAIL $label: byte or 16-bit loads of rows (they come 16 bytes at a time)"
         bad=$((bad + 1))
     fi
     # ptxas -v: the "Function properties" line (spills) and the "Used" line after the entry
@@ -56,54 +59,34 @@ for f in "0 fp32 ld.shared.v4" "1 fp16 cvt.f32.f16" "2 bf16 -65536" "3 int8 prmt
         index($0, "Compiling entry function") && index($0, e) {f = 1; next}
         f && /spill stores/ {st = $5; ld = $9}
         f && /Used [0-9]+ registers/ {for (i = 1; i <= NF; i++) if ($i == "Used") r = $(i + 1); print r, st, ld; exit}
-    ' "$work/ptxas.txt")
+    ' "$work/$src.txt")
     set -- $stats
-    echo "attn_fast_kernel<$name>: ${1:-?} registers, ${2:-?} bytes spill stores, ${3:-?} bytes spill loads"
+    echo "$label: ${1:-?} registers, ${2:-?} bytes spill stores, ${3:-?} bytes spill loads"
     if [ -z "$1" ] || [ "${2:-1}" != 0 ] || [ "${3:-1}" != 0 ]; then
         echo "FAIL: spills or no ptxas report"
         bad=$((bad + 1))
     fi
+}
+
+# the CUDA-core decode: format index (kv_qformat) -> name and the conversion its body must hold
+compile kvcu_decode
+for f in "0 fp32 ld.shared.v4" "1 fp16 cvt.f32.f16" "2 bf16 -65536" "3 int8 prmt.b32" \
+         "7 fp8-e4m3 cvt.rn.f16x2.e4m3x2" "8 fp8-e5m2 cvt.rn.f16x2.e5m2x2"; do
+    set -- $f
+    check kvcu_decode "attn_fast_kernel<$2>" "_Z16attn_fast_kernelILi$1EE" 0 \
+        "cp.async.cg.shared.global" "cp.async.wait_group" "ld.shared.v4" "$3"
 done
 
-# the tensor-core decode (cuda/attention/kvcu_decode_mma.cu): per format its body holds
-# mma.sync m16n8k16, the query's ldmatrix and the rows' cp.async copies; no spills
-mptx="$work/kvcu_decode_mma.ptx"
-# shellcheck disable=SC2086
-"$nvcc" -arch=sm_90 -std=c++17 -O3 -ptx $inc "$root/cuda/attention/kvcu_decode_mma.cu" -o "$mptx" ||
-    { echo "FAIL: nvcc could not compile kvcu_decode_mma.cu"; exit 1; }
-"$ptxas" -arch=sm_90 -v "$mptx" -o "$work/kvcu_decode_mma.cubin" > "$work/ptxas_mma.txt" 2>&1 ||
-    { cat "$work/ptxas_mma.txt"; echo "FAIL: ptxas (tensor-core decode)"; exit 1; }
-for f in "1 fp16 mma.sync.aligned.m16n8k16.row.col.f32.f16" "2 bf16 mma.sync.aligned.m16n8k16.row.col.f32.bf16" \
+# the tensor-core decode (kvcu_decode_mma.cu): per format its body holds mma.sync m16n8k16 (of
+# its 16-bit type), the query's ldmatrix and the rows' cp.async copies, fp8 its cvt
+compile kvcu_decode_mma
+for f in "1 fp16 mma.sync.aligned.m16n8k16.row.col.f32.f16" \
+         "2 bf16 mma.sync.aligned.m16n8k16.row.col.f32.bf16" \
          "3 int8 mma.sync.aligned.m16n8k16.row.col.f32.f16" "7 fp8-e4m3 cvt.rn.f16x2.e4m3x2" \
          "8 fp8-e5m2 cvt.rn.f16x2.e5m2x2"; do
     set -- $f
-    name=$2
-    entry="_Z15attn_mma_kernelILi$1EE"
-    body="$work/body_mma_$name.ptx"
-    awk -v e="$entry" 'index($0, ".entry " e) {f = 1} f {print} f && /^}/ {exit}' "$mptx" > "$body"
-    if [ ! -s "$body" ]; then
-        echo "FAIL mma $name: no kernel $entry in the PTX"
-        bad=$((bad + 1))
-        continue
-    fi
-    for want in "mma.sync.aligned.m16n8k16" "ldmatrix.sync.aligned.m8n8.x4" \
-                "cp.async.cg.shared.global" "$3"; do
-        if ! grep -q -e "$want" "$body"; then
-            echo "FAIL mma $name: the kernel has no $want"
-            bad=$((bad + 1))
-        fi
-    done
-    stats=$(awk -v e="$entry" '
-        index($0, "Compiling entry function") && index($0, e) {f = 1; next}
-        f && /spill stores/ {st = $5; ld = $9}
-        f && /Used [0-9]+ registers/ {for (i = 1; i <= NF; i++) if ($i == "Used") r = $(i + 1); print r, st, ld; exit}
-    ' "$work/ptxas_mma.txt")
-    set -- $stats
-    echo "attn_mma_kernel<$name>: ${1:-?} registers, ${2:-?} bytes spill stores, ${3:-?} bytes spill loads"
-    if [ -z "$1" ] || [ "${2:-1}" != 0 ] || [ "${3:-1}" != 0 ]; then
-        echo "FAIL: spills or no ptxas report"
-        bad=$((bad + 1))
-    fi
+    check kvcu_decode_mma "attn_mma_kernel<$2>" "_Z15attn_mma_kernelILi$1EE" 1 \
+        "mma.sync.aligned.m16n8k16" "ldmatrix.sync.aligned.m8n8.x4" "cp.async.cg.shared.global" "$3"
 done
 if [ "$bad" -ne 0 ]; then
     echo "$bad failed"

@@ -80,35 +80,19 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
     constexpr int VEC = dec_fmt<F>::vec;
     KV_DYNAMIC_SMEM(uint4, smem4);
     uint8_t *sm = (uint8_t *)smem4;
-    const int kvh = blockIdx.x, part = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
-    const attn_span r = attn_span_kv(src, rows, t, kvh);
-    int64_t lo, hi;
-    if (!attn_split_span(r, part, &lo, &hi)) return; /* the row is shorter: the block leaves */
-    const int G = p.G, d = p.d, TILE = p.tile;
+    const int tid = threadIdx.x, G = p.G, d = p.d, TILE = p.tile;
+    uint8_t *buf = sm + p.off_buf;
+    dec_block blk;
+    kv_head_view kh, vh;
+    if (!dec_open<F>(blk, kh, vh, q, src, rows, p, TILE, n_heads, n_kv_heads, buf))
+        return; /* the row is shorter: the block leaves */
     const bool qint = dec_fmt<F>::int8 && p.qint;
     float *qs = (float *)(void *)sm;
     const int *qi = (const int *)(const void *)sm;
     float *ps = (float *)(void *)(sm + p.off_s);
     float *mx = (float *)(void *)(sm + p.off_m), *ls = mx + G, *al = ls + G, *st = al + G;
     float *os = (float *)(void *)(sm + p.off_o);
-    uint8_t *buf = sm + p.off_buf;
-    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, d, r.slot, kvh);
-    const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, d, r.slot, kvh);
-    const int *lst = rows.sel ? rows.sel + rows.sel_off[(size_t)kvh * rows.sel_n +
-                                                        (r.tr - rows.sel_j0)]
-                              : NULL;
-    /* a selected set's scores, [G][sel_stride] by list index, for the mass (the merge turns
-     * them into weights) */
-    float *satt = rows.sel ? rows.sel_att + ((size_t)t * n_heads + (size_t)kvh * G) *
-                                                rows.sel_stride
-                           : NULL;
-
-    /* the first tile's copies go out before anything else */
-    const int ntiles = (int)((hi - lo + TILE - 1) / TILE);
-    dec_issue<F>(p, src, lst, kh, vh, r.tpos, lo, (int)(hi - lo < TILE ? hi - lo : TILE), buf);
-    kvcu_cp_commit();
-
-    const float *qg = q + ((size_t)r.tr * n_heads + (size_t)kvh * G) * d; /* [G][d] */
+    const float *qg = blk.qg;
     for (int g = tid; qint && g < G; g += DEC_THREADS)
         st[g] = kvq_q16_query_step(qg + (size_t)g * d, d);
     for (int i = tid; i < G * d; i += DEC_THREADS) os[i] = 0.0f;
@@ -130,30 +114,18 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
     const int grp = tid >> p.lpr_shift, ngrp = DEC_THREADS >> p.lpr_shift; /* row lanes */
     const int gsub = dec_fmt<F>::int8 ? sub * VEC / (d / p.ng) : 0;        /* chunk's scale */
 
-    for (int it = 0; it < ntiles; it++) {
-        const int64_t i0 = lo + (int64_t)it * TILE;
-        const int n = (int)(hi - i0 < TILE ? hi - i0 : TILE);
-        if (it + 1 < ntiles) {
-            const int64_t i1 = i0 + TILE;
-            dec_issue<F>(p, src, lst, kh, vh, r.tpos, i1, (int)(hi - i1 < TILE ? hi - i1 : TILE),
-                         buf + (size_t)((it + 1) & 1) * p.stage);
-        }
-        kvcu_cp_commit(); /* an empty batch on the last tile keeps the wait below uniform */
-        kvcu_cp_wait<1>(); /* this tile's copies (this thread's) have landed */
-        __syncthreads();   /* ... and every thread's */
-        const uint8_t *kst = buf + (size_t)(it & 1) * p.stage, *vst = kst + TILE * p.rb;
-        const float *ksc = (const float *)(const void *)(kst + 2 * TILE * p.rb);
-        const float *vsc = ksc + TILE * p.ng;
+    for (int it = 0; it < blk.ntiles; it++) {
+        const dec_tile tl = dec_turn<F>(blk, kh, vh, p, src, it, TILE, buf);
 
         /* scores: lane `sub` of a row's lanes dots its chunk with each head's, summed across
          * the row's lanes by xor shuffles (all lanes take part, rows past n with zeros); int8
          * sums the codes and scales once, per chunk (groups) or per row (integer keys) */
-        for (int r0 = 0; r0 < n; r0 += ngrp) {
+        for (int r0 = 0; r0 < tl.n; r0 += ngrp) {
             const int row = r0 + grp;
-            const bool live = row < n;
-            const uint4 raw = live ? *(const uint4 *)(const void *)(kst + row * p.rb + sub * 16)
+            const bool live = row < tl.n;
+            const uint4 raw = live ? *(const uint4 *)(const void *)(tl.k + row * p.rb + sub * 16)
                                    : make_uint4(0u, 0u, 0u, 0u);
-            const float ks = dec_fmt<F>::int8 && live ? ksc[row * p.ng + gsub] : 1.0f;
+            const float ks = dec_fmt<F>::int8 && live ? tl.ks[row * p.ng + gsub] : 1.0f;
             float x[VEC];
             if (!qint) kvcu_unpack<dec_fmt<F>::kind>(raw, x);
             for (int g = 0; g < G; g++) {
@@ -182,7 +154,7 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
                 }
                 if (live && sub == 0) {
                     ps[g * TILE + row] = sc;
-                    if (satt) satt[(size_t)g * rows.sel_stride + i0 + row] = sc;
+                    if (blk.satt) blk.satt[(size_t)g * rows.sel_stride + tl.i0 + row] = sc;
                 }
             }
         }
@@ -190,19 +162,19 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
 
         /* online softmax: warp w takes heads w, w+4, ...; a lane takes rows lane, lane+32 */
         for (int g = warp; g < G; g += DEC_THREADS / KV_WARP) {
-            const float s0 = lane < n ? ps[g * TILE + lane] : -INFINITY;
-            const float s1 = lane + KV_WARP < n ? ps[g * TILE + lane + KV_WARP] : -INFINITY;
+            const float s0 = lane < tl.n ? ps[g * TILE + lane] : -INFINITY;
+            const float s1 = lane + KV_WARP < tl.n ? ps[g * TILE + lane + KV_WARP] : -INFINITY;
             const float mo = mx[g], mn = fmaxf(mo, kv_warp_max(fmaxf(s0, s1)));
             const bool any = mn != -INFINITY;
             const float a = any ? expf(mo - mn) : 1.0f;
-            const float p0 = any && lane < n ? expf(s0 - mn) : 0.0f;
-            const float p1 = any && lane + KV_WARP < n ? expf(s1 - mn) : 0.0f;
-            if (lane < n) ps[g * TILE + lane] = p0;
-            if (lane + KV_WARP < n) ps[g * TILE + lane + KV_WARP] = p1;
+            const float p0 = any && lane < tl.n ? expf(s0 - mn) : 0.0f;
+            const float p1 = any && lane + KV_WARP < tl.n ? expf(s1 - mn) : 0.0f;
+            if (lane < tl.n) ps[g * TILE + lane] = p0;
+            if (lane + KV_WARP < tl.n) ps[g * TILE + lane + KV_WARP] = p1;
             __syncwarp();
             if (lane == 0) { /* the exp-sum in position order, as the CPU adds it */
                 float sum = 0.0f;
-                for (int i = 0; i < n; i++) sum += ps[g * TILE + i];
+                for (int i = 0; i < tl.n; i++) sum += ps[g * TILE + i];
                 mx[g] = mn;
                 ls[g] = fmaf(ls[g], a, sum);
                 al[g] = a;
@@ -217,12 +189,12 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
         for (int g = grp; g < G; g += ngrp) {
             float acc[VEC];
             for (int k = 0; k < VEC; k++) acc[k] = 0.0f;
-            for (int row = 0; row < n; row++) {
+            for (int row = 0; row < tl.n; row++) {
                 float x[VEC];
-                const uint4 raw = *(const uint4 *)(const void *)(vst + row * p.rb + sub * 16);
+                const uint4 raw = *(const uint4 *)(const void *)(tl.v + row * p.rb + sub * 16);
                 kvcu_unpack<dec_fmt<F>::kind>(raw, x);
                 float w = ps[g * TILE + row];
-                if (dec_fmt<F>::int8) w *= vsc[row * p.ng + gsub];
+                if (dec_fmt<F>::int8) w *= tl.vs[row * p.ng + gsub];
                 KV_UNROLL
                 for (int k = 0; k < VEC; k++) acc[k] = fmaf(w, x[k], acc[k]);
             }
@@ -235,7 +207,7 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
     }
 
     /* the range's state, fp8's value scale applied once */
-    const size_t ph = ((size_t)t * n_heads + (size_t)kvh * G) * pp.n_parts + part;
+    const size_t ph = dec_part_index(p, pp, n_heads);
     const float vs = dec_fmt<F>::fp8 ? vh.scale : 1.0f;
     for (int i = tid; i < G * d; i += DEC_THREADS) {
         const int g = i / d, j = i - g * d;
@@ -325,15 +297,9 @@ int kvcu_cache_decode_mma(const kvcu_cache *c, int layer, int n_heads)
 /* The kernel of template f (dec_plan_t.fmt). */
 static const void *dec_kernel(int f)
 {
-    switch (f) {
-    case KV_QF_F32: return (const void *)attn_fast_kernel<KV_QF_F32>;
-    case KV_QF_F16: return (const void *)attn_fast_kernel<KV_QF_F16>;
-    case KV_QF_BF16: return (const void *)attn_fast_kernel<KV_QF_BF16>;
-    case KV_QF_FP8_E4M3: return (const void *)attn_fast_kernel<KV_QF_FP8_E4M3>;
-    case KV_QF_FP8_E5M2: return (const void *)attn_fast_kernel<KV_QF_FP8_E5M2>;
-    case DEC_ELEM: return (const void *)attn_fast_kernel<DEC_ELEM>;
-    default: return (const void *)attn_fast_kernel<KV_QF_INT8>; /* every int8: scales per ng */
-    }
+    const void *k = NULL;
+    dec_dispatch(f, [&](auto c) { k = (const void *)attn_fast_kernel<decltype(c)::value>; });
+    return k;
 }
 
 /* Ranges a row may be cut into: about KVCU_DECODE_WAVES waves of resident blocks over the
@@ -377,28 +343,13 @@ int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_row
     if (n_parts < 1) n_parts = 1;
     const attn_parts parts = attn_parts_at(scratch, T, n_heads, n_parts);
     const dim3 grid(n_kv_heads, n_parts, T);
-    if (mma) {
+    if (mma)
         kvcu_decode_mma_launch(grid, p, q, src, rows, parts, n_heads, n_kv_heads);
-        kvcu_attn_merge_launch(out, src, rows, parts, T, n_heads, head_dim);
-        return 1;
-    }
-    switch (p.fmt) {
-#define DEC_CASE(F)                                                                             \
-    case F:                                                                                     \
-        KV_LAUNCH(attn_fast_kernel<F>, grid, DEC_THREADS, p.smem, 0, q, src, rows, parts, p,    \
-                  n_heads, n_kv_heads);                                                         \
-        break;
-        DEC_CASE(KV_QF_F32)
-        DEC_CASE(KV_QF_F16)
-        DEC_CASE(KV_QF_BF16)
-        DEC_CASE(KV_QF_FP8_E4M3)
-        DEC_CASE(KV_QF_FP8_E5M2)
-        DEC_CASE(DEC_ELEM)
-#undef DEC_CASE
-    default:
-        KV_LAUNCH(attn_fast_kernel<KV_QF_INT8>, grid, DEC_THREADS, p.smem, 0, q, src, rows,
-                  parts, p, n_heads, n_kv_heads);
-    }
+    else
+        dec_dispatch(p.fmt, [&](auto c) {
+            KV_LAUNCH(attn_fast_kernel<decltype(c)::value>, grid, DEC_THREADS, p.smem, 0, q, src,
+                      rows, parts, p, n_heads, n_kv_heads);
+        });
     kvcu_attn_merge_launch(out, src, rows, parts, T, n_heads, head_dim);
     return 1;
 }

@@ -10,11 +10,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "kvcu_internal.cuh"
 #include "kvcu_vec.cuh"
 
 #define DEC_THREADS 128
-#define DEC_MIN_BLOCKS 4                    /* resident blocks per SM asked of ptxas: <= 128 registers */
+#define DEC_MIN_BLOCKS 4                    /* blocks per SM asked of ptxas: <= 128 registers */
 #define DEC_STAGE_BYTES 8192                /* K codes of one tile, about */
 #define KVCU_DECODE_WAVES 2
 #define KVCU_DECODE_SMEM_MAX (160 * 1024)   /* sm_80 allows 163 KiB per block, sm_90 227 KiB */
@@ -33,6 +35,23 @@ struct dec_fmt {
     static constexpr bool int8 = F >= KV_QF_INT8 && F <= KV_QF_INT8_G128;
     static constexpr bool fp8 = F == KV_QF_FP8_E4M3 || F == KV_QF_FP8_E5M2;
 };
+
+/* The one switch from a plan's template (dec_plan_t.fmt) to a kernel's instance: fn(c), c a
+ * std::integral_constant<int, F> of that format (every int8 layout runs KV_QF_INT8's, its
+ * scales per dec_plan_t.ng). */
+template <class Fn>
+static inline void dec_dispatch(int f, Fn &&fn)
+{
+    switch (f) {
+    case KV_QF_F32: fn(std::integral_constant<int, KV_QF_F32>()); break;
+    case KV_QF_F16: fn(std::integral_constant<int, KV_QF_F16>()); break;
+    case KV_QF_BF16: fn(std::integral_constant<int, KV_QF_BF16>()); break;
+    case KV_QF_FP8_E4M3: fn(std::integral_constant<int, KV_QF_FP8_E4M3>()); break;
+    case KV_QF_FP8_E5M2: fn(std::integral_constant<int, KV_QF_FP8_E5M2>()); break;
+    case DEC_ELEM: fn(std::integral_constant<int, DEC_ELEM>()); break;
+    default: fn(std::integral_constant<int, KV_QF_INT8>()); break;
+    }
+}
 
 /* The launch's shape and shared-memory map, computed once on the host (dec_plan()). */
 struct dec_plan_t {
@@ -99,6 +118,91 @@ __device__ __forceinline__ void dec_issue(const dec_plan_t &p, const attn_src &s
                                     meta + pr * p.ng + j, 4);
         }
     }
+}
+
+/* Block (kvh, part, t) of grid (H_kv, ranges, T), as both kernels open it: launch row t's G
+ * query heads of KV head kvh over range `part` of the row's retained keys (or of its selected
+ * set, rows.sel). The head's K and V views stay apart (kv_view_row() takes their address, so
+ * they live in local memory; the rest stays in registers). */
+struct dec_block {
+    attn_span r;         /* the row's keys for this KV head */
+    int64_t lo, hi;      /* this block's range of them */
+    int ntiles;          /* tiles of `tile` rows over [lo, hi) */
+    const int *lst;      /* the row's selected set, or NULL */
+    float *satt;         /* its scores [G][sel_stride] by list index, for the mass (the merge
+                          * turns them into weights), or NULL */
+    const float *qg;     /* [G][d] the group's queries */
+};
+
+/* Rows of the tile at i0 of [lo, hi). */
+__device__ __forceinline__ int dec_rows(const dec_block &b, int64_t i0, int tile)
+{
+    return (int)(b.hi - i0 < tile ? b.hi - i0 : tile);
+}
+
+/* The block's range and views (kh, vh); 0 when the row is shorter than the range (the block
+ * leaves). The first tile's copies go out into stage 0 before anything else. */
+template <int F>
+__device__ __forceinline__ bool dec_open(dec_block &b, kv_head_view &kh, kv_head_view &vh,
+                                         const float *q, const attn_src &src,
+                                         const attn_rows &rows, const dec_plan_t &p, int tile,
+                                         int n_heads, int n_kv_heads, uint8_t *buf)
+{
+    const int kvh = blockIdx.x;
+    b.r = attn_span_kv(src, rows, blockIdx.z, kvh);
+    if (!attn_split_span(b.r, blockIdx.y, &b.lo, &b.hi)) return false;
+    kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, p.d, b.r.slot, kvh);
+    vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, p.d, b.r.slot, kvh);
+    b.lst = rows.sel ? rows.sel + rows.sel_off[(size_t)kvh * rows.sel_n + (b.r.tr - rows.sel_j0)]
+                     : NULL;
+    const size_t h0 = (size_t)kvh * p.G; /* the group's first query head */
+    b.satt = rows.sel ? rows.sel_att + ((size_t)blockIdx.z * n_heads + h0) * rows.sel_stride
+                      : NULL;
+    b.ntiles = (int)((b.hi - b.lo + tile - 1) / tile);
+    dec_issue<F>(p, src, b.lst, kh, vh, b.r.tpos, b.lo, dec_rows(b, b.lo, tile), buf);
+    kvcu_cp_commit();
+    b.qg = q + ((size_t)b.r.tr * n_heads + h0) * p.d;
+    return true;
+}
+
+/* A tile in its stage: keys i0 .. i0 + n - 1 of the range; K rows, V rows, int8 scales. */
+struct dec_tile {
+    int64_t i0;
+    int n;
+    const uint8_t *k, *v; /* [tile][rb] each */
+    const float *ks, *vs; /* [tile][ng] each (int8) */
+};
+
+/* Tile it's turn in the double buffer: tile it + 1's copies go out into the other stage (an
+ * empty batch after the last keeps the wait uniform), then every thread waits for tile it's. */
+template <int F>
+__device__ __forceinline__ dec_tile dec_turn(const dec_block &b, const kv_head_view &kh,
+                                             const kv_head_view &vh, const dec_plan_t &p,
+                                             const attn_src &src, int it, int tile, uint8_t *buf)
+{
+    dec_tile t;
+    t.i0 = b.lo + (int64_t)it * tile;
+    t.n = dec_rows(b, t.i0, tile);
+    if (it + 1 < b.ntiles) {
+        const int64_t i1 = t.i0 + tile;
+        dec_issue<F>(p, src, b.lst, kh, vh, b.r.tpos, i1, dec_rows(b, i1, tile),
+                     buf + (size_t)((it + 1) & 1) * p.stage);
+    }
+    kvcu_cp_commit();
+    kvcu_cp_wait<1>(); /* this tile's copies (this thread's) have landed */
+    __syncthreads();   /* ... and every thread's */
+    t.k = buf + (size_t)(it & 1) * p.stage;
+    t.v = t.k + (size_t)tile * p.rb;
+    t.ks = (const float *)(const void *)(t.k + 2 * (size_t)tile * p.rb);
+    t.vs = t.ks + (size_t)tile * p.ng;
+    return t;
+}
+
+/* The block's first head in the partial states pp: [T][H][n_parts] entries. */
+__device__ __forceinline__ size_t dec_part_index(const dec_plan_t &p, const attn_parts &pp,
+                                                 int n_heads)
+{
+    return ((size_t)blockIdx.z * n_heads + (size_t)blockIdx.x * p.G) * pp.n_parts + blockIdx.y;
 }
 
 /* ---- the tensor-core kernel (kvcu_decode_mma.cu) -------------------------------------------- */

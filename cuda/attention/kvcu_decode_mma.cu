@@ -45,12 +45,18 @@
  * tighter, and for fp32 and the staged formats. Shapes: d a multiple of 16 up to 128, G <= 64
  * (four warps of 16 heads).
  */
+static constexpr bool mma_one_byte(int f)
+{
+    return f == KV_QF_INT8 || f == KV_QF_FP8_E4M3 || f == KV_QF_FP8_E5M2;
+}
+/* The formats with a tensor-core instance. */
+template <int F>
+constexpr bool mma_fmt = mma_one_byte(F) || F == KV_QF_F16 || F == KV_QF_BF16;
+
 static int dec_mma_rule(int fmt, int G, int n_kv_heads, int d)
 {
-    if (d % 16 || d > MMA_MAX_D || G > 64) return 0;
-    const int one_byte = fmt == KV_QF_INT8 || fmt == KV_QF_FP8_E4M3 || fmt == KV_QF_FP8_E5M2;
-    const int two_byte = fmt == KV_QF_F16 || fmt == KV_QF_BF16;
-    return (one_byte && G >= 4) || ((one_byte || two_byte) && n_kv_heads == 1 && G >= 4);
+    if (d % 16 || d > MMA_MAX_D || G > 64 || G < 4) return 0;
+    return mma_one_byte(fmt) || (n_kv_heads == 1 && (fmt == KV_QF_F16 || fmt == KV_QF_BF16));
 }
 
 /* Elements j, j + 1 (j even) of a raw stage row as two 16-bit values of the kernel's type,
@@ -93,27 +99,14 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
     constexpr bool INT8 = F == KV_QF_INT8, FP8 = F == KV_QF_FP8_E4M3 || F == KV_QF_FP8_E5M2;
     KV_DYNAMIC_SMEM(uint4, smem4);
     uint8_t *sm = (uint8_t *)smem4;
-    const int kvh = blockIdx.x, part = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
-    const attn_span r = attn_span_kv(src, rows, t, kvh);
-    int64_t lo, hi;
-    if (!attn_split_span(r, part, &lo, &hi)) return;
-    const int G = p.G, d = p.d, ld = d + MMA_PAD, KS = p.ks, NK = MMA_TILE / p.ks;
+    const int tid = threadIdx.x, G = p.G, d = p.d, ld = d + MMA_PAD;
+    const int KS = p.ks, NK = MMA_TILE / p.ks;
     uint16_t *qh = (uint16_t *)(void *)sm;
     uint8_t *buf = sm + p.off_buf;
-    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, d, r.slot, kvh);
-    const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, d, r.slot, kvh);
-    const int *lst = rows.sel ? rows.sel + rows.sel_off[(size_t)kvh * rows.sel_n +
-                                                        (r.tr - rows.sel_j0)]
-                              : NULL;
-    float *satt = rows.sel ? rows.sel_att + ((size_t)t * n_heads + (size_t)kvh * G) *
-                                                rows.sel_stride
-                           : NULL;
-    const int ntiles = (int)((hi - lo + MMA_TILE - 1) / MMA_TILE);
-    dec_issue<F>(p, src, lst, kh, vh, r.tpos, lo, (int)(hi - lo < MMA_TILE ? hi - lo : MMA_TILE),
-                 buf);
-    kvcu_cp_commit();
-
-    const float *qg = q + ((size_t)r.tr * n_heads + (size_t)kvh * G) * d; /* [G][d] */
+    dec_block blk;
+    kv_head_view kh, vh;
+    if (!dec_open<F>(blk, kh, vh, q, src, rows, p, MMA_TILE, n_heads, n_kv_heads, buf)) return;
+    const float *qg = blk.qg;
     for (int i = tid; i < p.mb * 16 * ld; i += DEC_THREADS) {
         const int row = i / ld, j = i - row * ld;
         qh[i] = kvcu_bits16<BF>(row < G && j < d ? qg[(size_t)row * d + j] : 0.0f);
@@ -126,29 +119,17 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
     float o[MMA_MAX_D / 8][4];
     KV_UNROLL
     for (int kb = 0; kb < MMA_MAX_D / 16; kb++)
-        if (kb < d / 16) kvcu_ldmatrix_x4(qa[kb], qh + (size_t)((active ? mb : 0) * 16 + lane % 16) * ld + kb * 16 +
-                                     (lane / 16) * 8);
+        if (kb < d / 16)
+            kvcu_ldmatrix_x4(qa[kb], qh + (size_t)((active ? mb : 0) * 16 + lane % 16) * ld +
+                                         kb * 16 + (lane / 16) * 8);
     KV_UNROLL
     for (int nd = 0; nd < MMA_MAX_D / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* rows gq, gq + 8 */
     const float factor = (FP8 ? kh.scale : 1.0f) / sqrtf((float)d);
 
-    for (int it = 0; it < ntiles; it++) {
-        const int64_t i0 = lo + (int64_t)it * MMA_TILE;
-        const int n = (int)(hi - i0 < MMA_TILE ? hi - i0 : MMA_TILE);
-        if (it + 1 < ntiles) {
-            const int64_t i1 = i0 + MMA_TILE;
-            dec_issue<F>(p, src, lst, kh, vh, r.tpos, i1,
-                         (int)(hi - i1 < MMA_TILE ? hi - i1 : MMA_TILE),
-                         buf + (size_t)((it + 1) & 1) * p.stage);
-        }
-        kvcu_cp_commit();
-        kvcu_cp_wait<1>();
-        __syncthreads();
-        const uint8_t *kst = buf + (size_t)(it & 1) * p.stage, *vst = kst + MMA_TILE * p.rb;
-        const float *ksc = (const float *)(const void *)(kst + 2 * MMA_TILE * p.rb);
-        const float *vsc = ksc + MMA_TILE * p.ng;
-        if (active && k0 < n) {
+    for (int it = 0; it < blk.ntiles; it++) {
+        const dec_tile tl = dec_turn<F>(blk, kh, vh, p, src, it, MMA_TILE, buf);
+        if (active && k0 < tl.n) {
             /* S = Q·Kᵀ over this warp's keys: s[nb] holds keys k0 + 8nb + 2tq, +1 of heads
              * gq (s[nb][0..1]) and gq + 8 (s[nb][2..3]); keys past n read as zeros */
             float s[MMA_TILE / 8][4];
@@ -157,12 +138,12 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
                 s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
                 if (nb >= NK / 8) continue;
                 const int key = k0 + nb * 8 + gq;
-                const uint8_t *kr = kst + (size_t)key * p.rb;
+                const uint8_t *kr = tl.k + (size_t)key * p.rb;
                 KV_UNROLL
                 for (int kb = 0; kb < MMA_MAX_D / 16; kb++) {
                     if (kb >= d / 16) continue;
-                    const uint32_t b[2] = {key < n ? mma_pair<F>(kr, kb * 16 + 2 * tq) : 0u,
-                                           key < n ? mma_pair<F>(kr, kb * 16 + 2 * tq + 8) : 0u};
+                    const uint32_t b[2] = {key < tl.n ? mma_pair<F>(kr, kb * 16 + 2 * tq) : 0u,
+                                           key < tl.n ? mma_pair<F>(kr, kb * 16 + 2 * tq + 8) : 0u};
                     kvcu_mma<BF>(s[nb], qa[kb], b);
                 }
             }
@@ -173,10 +154,11 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
                 for (int e = 0; e < 4 && nb < NK / 8; e++) {
                     const int key = k0 + nb * 8 + 2 * tq + (e & 1), h = gq + (e >> 1) * 8;
                     float x = -INFINITY;
-                    if (key < n) {
-                        x = (INT8 ? s[nb][e] * ksc[key] : s[nb][e]) * factor;
+                    if (key < tl.n) {
+                        x = (INT8 ? s[nb][e] * tl.ks[key] : s[nb][e]) * factor;
                         const int hg = mb * 16 + h;
-                        if (satt && hg < G) satt[(size_t)hg * rows.sel_stride + i0 + key] = x;
+                        if (blk.satt && hg < G)
+                            blk.satt[(size_t)hg * rows.sel_stride + tl.i0 + key] = x;
                     }
                     s[nb][e] = x;
                     mx[e >> 1] = fmaxf(mx[e >> 1], x);
@@ -194,7 +176,7 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
                         const int key = k0 + nb * 8 + 2 * tq + (e & 1);
                         const float pe = mn == -INFINITY ? 0.0f : expf(s[nb][e] - mn);
                         sum += pe;
-                        pv[nb][e] = INT8 && key < n ? pe * vsc[key] : pe;
+                        pv[nb][e] = INT8 && key < tl.n ? pe * tl.vs[key] : pe;
                     }
                 l[h] = fmaf(l[h], a, sum);
                 m[h] = mn;
@@ -213,17 +195,17 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
                                        kvcu_pack2<BF>(pv[2 * kb + 1][0], pv[2 * kb + 1][1]),
                                        kvcu_pack2<BF>(pv[2 * kb + 1][2], pv[2 * kb + 1][3])};
                 const int ka = k0 + kb * 16 + 2 * tq; /* keys ka, ka + 1, ka + 8, ka + 9 */
-                const uint8_t *v0 = vst + (size_t)ka * p.rb, *v1 = v0 + p.rb;
+                const uint8_t *v0 = tl.v + (size_t)ka * p.rb, *v1 = v0 + p.rb;
                 const uint8_t *v8 = v0 + 8 * p.rb, *v9 = v0 + 9 * p.rb;
                 KV_UNROLL
                 for (int nd = 0; nd < MMA_MAX_D / 8; nd++) {
                     if (nd >= d / 8) continue;
                     const int j = nd * 8 + gq;
                     const uint32_t b[2] = {
-                        (ka < n ? mma_elem<F>(v0, j) : 0u) |
-                            (ka + 1 < n ? mma_elem<F>(v1, j) : 0u) << 16,
-                        (ka + 8 < n ? mma_elem<F>(v8, j) : 0u) |
-                            (ka + 9 < n ? mma_elem<F>(v9, j) : 0u) << 16};
+                        (ka < tl.n ? mma_elem<F>(v0, j) : 0u) |
+                            (ka + 1 < tl.n ? mma_elem<F>(v1, j) : 0u) << 16,
+                        (ka + 8 < tl.n ? mma_elem<F>(v8, j) : 0u) |
+                            (ka + 9 < tl.n ? mma_elem<F>(v9, j) : 0u) << 16};
                     kvcu_mma<BF>(o[nd], a, b);
                 }
             }
@@ -250,7 +232,7 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
         }
     }
     __syncthreads();
-    const size_t ph = ((size_t)t * n_heads + (size_t)kvh * G) * pp.n_parts + part;
+    const size_t ph = dec_part_index(p, pp, n_heads);
     const float vs = FP8 ? vh.scale : 1.0f;
     for (int i = tid; i < G * (d + 1); i += DEC_THREADS) {
         const int g = i / (d + 1), j = i - g * (d + 1); /* j == d: the head's m and l */
@@ -288,13 +270,10 @@ int kvcu_decode_mma_plan(const attn_src &src, int n_kv_heads, dec_plan_t *p,
     const size_t cb = (size_t)4 * 16 * (d + 2) * 4;
     p->smem = p->off_buf + (2 * p->stage > cb ? 2 * p->stage : cb);
     if (p->smem > KVCU_DECODE_SMEM_MAX) return 0;
-    switch (p->fmt) {
-    case KV_QF_F16: *kernel = (const void *)attn_mma_kernel<KV_QF_F16>; break;
-    case KV_QF_BF16: *kernel = (const void *)attn_mma_kernel<KV_QF_BF16>; break;
-    case KV_QF_FP8_E4M3: *kernel = (const void *)attn_mma_kernel<KV_QF_FP8_E4M3>; break;
-    case KV_QF_FP8_E5M2: *kernel = (const void *)attn_mma_kernel<KV_QF_FP8_E5M2>; break;
-    default: *kernel = (const void *)attn_mma_kernel<KV_QF_INT8>; break;
-    }
+    dec_dispatch(p->fmt, [&](auto c) {
+        if constexpr (mma_fmt<decltype(c)::value>)
+            *kernel = (const void *)attn_mma_kernel<decltype(c)::value>;
+    });
     return 1;
 }
 
@@ -302,18 +281,9 @@ void kvcu_decode_mma_launch(dim3 grid, const dec_plan_t &p, const float *q,
                             const attn_src &src, const attn_rows &rows,
                             const attn_parts &parts, int n_heads, int n_kv_heads)
 {
-    switch (p.fmt) {
-#define MMA_CASE(F)                                                                             \
-    case F:                                                                                     \
-        KV_LAUNCH(attn_mma_kernel<F>, grid, DEC_THREADS, p.smem, 0, q, src, rows, parts, p,     \
-                  n_heads, n_kv_heads);                                                         \
-        break;
-        MMA_CASE(KV_QF_F16)
-        MMA_CASE(KV_QF_BF16)
-        MMA_CASE(KV_QF_FP8_E4M3)
-        MMA_CASE(KV_QF_FP8_E5M2)
-        MMA_CASE(KV_QF_INT8)
-#undef MMA_CASE
-    default: break;
-    }
+    dec_dispatch(p.fmt, [&](auto c) {
+        if constexpr (mma_fmt<decltype(c)::value>)
+            KV_LAUNCH(attn_mma_kernel<decltype(c)::value>, grid, DEC_THREADS, p.smem, 0, q, src,
+                      rows, parts, p, n_heads, n_kv_heads);
+    });
 }
