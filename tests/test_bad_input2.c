@@ -366,6 +366,13 @@ static void test_cli(void)
     free(r.err);
     CLI_BAD("--threads|more than the", "generate", "--threads", "100000");
     CLI_BAD("--threads|out of range", "serve", "--trace", trace, "--threads", "0");
+    /* --weights / --prefill: dialogue and eval ppl parse them as generate does (cli.h) */
+    CLI_BAD("--weights|need --device cuda", "dialogue", "x.dlg", "--weights", "fp16");
+    CLI_BAD("--weights|'int8'", "dialogue", "x.dlg", "--weights", "int8");
+    CLI_BAD("--prefill|needs --device cuda", "dialogue", "x.dlg", "--prefill", "mma");
+    CLI_BAD("--weights|need --device cuda", "eval", "ppl", "--weights", "bf16");
+    CLI_BAD("--prefill|'v5'", "eval", "ppl", "--prefill", "v5");
+    CLI_BAD("--prefill|needs --device cuda", "eval", "ppl", "--prefill", "mma");
     r = run_in(dir, (const char *const[]){"generate", "--steps", "2", "--threads", "1", NULL});
     KV_CHECK(r.rc == 0, "generate --threads 1: exit %d (%s)", r.rc, r.err);
     free(r.out);

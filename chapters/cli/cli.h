@@ -69,9 +69,9 @@ int kv_cli_backend(kv_backend **out, const char *device, const kv_model *model,
 
 /**
  * --weights / --prefill (chapter 08): the tensor-core choices of a CUDA engine (kvcu.h's
- * kvcu_engine_opts), for the commands that run a model (generate, serve): put
- * KV_CLI_ENGINE_OPTS(en) in the option table (both fields NULL before parsing), check them
- * with kv_cli_engine_check() once the device is known, and build the backend with
+ * kvcu_engine_opts), for the commands that run a model (generate, serve, dialogue, eval
+ * ppl): put KV_CLI_ENGINE_OPTS(en) in the option table (both fields NULL before parsing),
+ * check them with kv_cli_engine_check() once the device is known, and build the backend with
  * kv_cli_backend_engine(). Defaults on --device cuda: fp32 weights (the reference's
  * arithmetic) and the prefill on tensor cores (v5, held to the reference by a bound; a
  * speculative verification chunk still takes the per-row kernels, kvcu_state_set_prefill()).

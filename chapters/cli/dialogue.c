@@ -51,7 +51,8 @@ static int on_turn(void *user, kv_session *s, int t, kv_err *err)
 }
 
 static int run_one(const char *cmd, const kv_dialogue *d, int kind, const char *cache,
-                   const kv_cli_layout *lo, const char *device, int recompute, int *failed)
+                   const kv_cli_layout *lo, const char *device, const kv_cli_engine *en,
+                   int recompute, int *failed)
 {
     kv_recall_vocab v;
     kv_recall_vocab_get(&v);
@@ -65,7 +66,7 @@ static int run_one(const char *cmd, const kv_dialogue *d, int kind, const char *
     kv_backend *b = NULL;
     st = kv_needle_cache_spec(cache, 2, kv_dialogue_length(d, kind), &cs, &err);
     if (!st) kv_cli_layout_apply(lo, &cs);
-    if (!st) st = kv_cli_backend(&b, device, &m, &cs, &err);
+    if (!st) st = kv_cli_backend_engine(&b, device, &m, &cs, en, &err);
     kv_dlg_result *res = calloc((size_t)d->n_turns, sizeof *res);
     if (!st && !res) st = kv_fail(&err, KV_ERR_NOMEM, "out of memory");
     const double t0 = kv_now();
@@ -115,12 +116,14 @@ int cmd_dialogue(int argc, char **argv)
     const char *model = "both", *cache = "fp32", *device = "cpu";
     int recompute = 0;
     kv_cli_layout lo = {"contiguous", 0, 0};
+    kv_cli_engine en = {NULL, NULL};
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--model", KV_OPT_CHOICE, &model, 0, 0, model_names, "M", "recall model: direct, induction or both (default both)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant (default fp32; or a storage format: fp16 int8 fp8 int4 int2 ..., chapter 04)", 0},
         {"--recompute", KV_OPT_FLAG, &recompute, 0, 0, NULL, NULL, "also run each turn's whole history from scratch and compare", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
+        KV_CLI_ENGINE_OPTS(en),
         KV_CLI_LAYOUT_OPTS(lo),
         KV_CLI_THREADS_OPT(threads),
     };
@@ -154,6 +157,7 @@ int cmd_dialogue(int argc, char **argv)
     int e = kv_cli_layout_check(cmd, &lo);
     if (e) return e;
     e = kv_cli_check_device(cmd, device);
+    if (!e) e = kv_cli_engine_check(cmd, device, &en);
     if (e) return e;
     kv_err err = {{0}};
     kv_cache_spec cs;
@@ -166,7 +170,7 @@ int cmd_dialogue(int argc, char **argv)
     for (int k = 0; k < 2 && rc == KV_EXIT_OK; k++) {
         const int kind = k ? KV_MODEL_RECALL_INDUCTION : KV_MODEL_RECALL_DIRECT;
         if (strcmp(model, "both") && kv_recall_kind_parse(model) != kind) continue;
-        rc = run_one(cmd, &d, kind, cache, &lo, device, recompute, &failed);
+        rc = run_one(cmd, &d, kind, cache, &lo, device, &en, recompute, &failed);
     }
     kv_dialogue_free(&d);
     if (rc == KV_EXIT_OK && failed) rc = KV_EXIT_FAIL;

@@ -92,6 +92,7 @@ static int cmd_eval_ppl(int argc, char **argv)
     int recompute = 0, every = 1, kivi_bits = 2, kivi_window = 128;
     int64_t limit = 0;
     kv_cli_layout lo = {"contiguous", 0, 0};
+    kv_cli_engine en = {NULL, NULL};
     kv_opt opts[] = {
         {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "checkpoint, or `trained` (default): the shipped model, its tokenizer and its held-out text", 0},
         {"--tokenizer", KV_OPT_STRING, &tok_path, 0, 0, NULL, "FILE", "llama2.c tokenizer.bin (required with a model file)", 0},
@@ -111,6 +112,7 @@ static int cmd_eval_ppl(int argc, char **argv)
         {"--sinks", KV_OPT_INT, &sinks, 0, 1 << 20, NULL, "S", "with --recent: first tokens kept forever (default 0)", 0},
         {"--scheme", KV_OPT_CHOICE, &scheme, 0, 0, schemes, "P", "with --recent: RoPE by original position (default) or cache index (StreamingLLM)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
+        KV_CLI_ENGINE_OPTS(en),
         {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "print a header and one comma-separated row", 0},
         KV_CLI_LAYOUT_OPTS(lo),
         KV_CLI_THREADS_OPT(threads),
@@ -132,7 +134,8 @@ static int cmd_eval_ppl(int argc, char **argv)
         return kv_args_bad(cmd, "--recompute", "needs a window T and cached mode, no --kl or --kivi-keys");
     int e = kv_cli_layout_check(cmd, &lo);
     if (e) return e;
-    if ((e = kv_cli_check_device(cmd, device))) return e;
+    if ((e = kv_cli_check_device(cmd, device)) || (e = kv_cli_engine_check(cmd, device, &en)))
+        return e;
 
     eval_inputs in;
     int rc = inputs_load(cmd, model_path, tok_path, text_path, &in), st;
@@ -159,12 +162,13 @@ static int cmd_eval_ppl(int argc, char **argv)
         spec.window.pos_scheme = kv_window_scheme_parse(scheme);
     }
     kv_cli_layout_apply(&lo, &spec);
-    if ((st = kv_cli_backend(&b, device, &in.m, &spec, &err))) {
+    if ((st = kv_cli_backend_engine(&b, device, &in.m, &spec, &en, &err))) {
         rc = kv_cli_fail(cmd, "backend", st, &err);
         goto done;
     }
     kv_cache_spec exact = kv_cache_spec_default(1, capacity);
-    if (kl && (st = kv_cli_backend(&ref, device, &in.m, &exact, &err))) {
+    /* the exact cache on the same engine (weights, prefill), so KL measures the cache alone */
+    if (kl && (st = kv_cli_backend_engine(&ref, device, &in.m, &exact, &en, &err))) {
         rc = kv_cli_fail(cmd, "--kl backend", st, &err);
         goto done;
     }
