@@ -35,7 +35,7 @@ static void putf(unsigned char *b, size_t off, float v) { memcpy(b + off, &v, 4)
 /* dim 8, hidden 8, L 1, H 2, H_kv 1 (d 4), vocab 300, seq 16; untied, so both tables exist */
 static void small_model(kv_model *m, int tied)
 {
-    kv_config c = {8, 8, 1, 2, 1, 300, 16, 0, 0, 0, 0, 0};
+    kv_config c = {8, 8, 1, 2, 1, 300, 16, 0, 0, 0, 0, 0, 0, {0}};
     kv_config_set_defaults(&c);
     c.tied_classifier = tied;
     kv_err err;

@@ -83,7 +83,7 @@ static void test_sampler(void)
 /* dim 8, hidden 8, L 2 (a 1-layer draft for kvlab spec), H 2, H_kv 1, vocab @p vocab, seq 32 */
 static void tiny_model(kv_model *m, int vocab, uint64_t seed)
 {
-    kv_config c = {8, 8, 2, 2, 1, vocab, 32, 0, 0, 0, 0, 0};
+    kv_config c = {8, 8, 2, 2, 1, vocab, 32, 0, 0, 0, 0, 0, 0, {0}};
     kv_config_set_defaults(&c);
     kv_err err;
     if (kv_model_alloc(m, &c, &err)) {

@@ -180,7 +180,7 @@ static void test_presets(void)
 
 static void test_defaults(void)
 {
-    const char *names[KV_DEFAULT_COUNT] = {"tiny", "tiny-gqa", "small"};
+    const char *names[KV_DEFAULT_COUNT] = {"tiny", "tiny-gqa", "small", "tiny-mla"};
     uint64_t seeds[KV_DEFAULT_COUNT];
     for (int i = 0; i < KV_DEFAULT_COUNT; i++) {
         kv_err err = {{0}};
@@ -200,6 +200,8 @@ static void test_defaults(void)
     }
     KV_CHECK(seeds[0] != seeds[1] && seeds[1] != seeds[2] && seeds[0] != seeds[2],
              "default seeds are not distinct");
+    for (int i = 0; i < KV_DEFAULT_COUNT - 1; i++) /* and tiny-mla's (chapter 11) is its own */
+        KV_CHECK(seeds[i] != seeds[KV_DEFAULT_COUNT - 1], "tiny-mla's seed is not its own");
     kv_config t, g, s;
     kv_config_default(KV_DEFAULT_TINY, &t, NULL);
     kv_config_default(KV_DEFAULT_TINY_GQA, &g, NULL);

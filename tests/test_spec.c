@@ -170,7 +170,8 @@ static void softmax(double *p, const float *l, int n)
 static void test_sampling(int k)
 {
     kv_err e;
-    const kv_config c = {16, 32, 2, 2, 2, SV, 32, 10000.0f, 8, 1e-5f, 0, KV_MODEL_GENERIC};
+    const kv_config c = {16, 32, 2, 2, 2, SV, 32, 10000.0f, 8, 1e-5f, 0, KV_MODEL_GENERIC,
+                         KV_ATTN_GQA, {0}};
     kv_model m = {0}, dm;
     kv_backend *t = NULL, *d = NULL;
     int ok = kv_model_alloc(&m, &c, &e) == KV_OK;

@@ -281,6 +281,7 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
     int st;
     if (model_path) { /* a user's checkpoint: its own shape; formats it cannot take are refused */
         st = kv_checkpoint_read(model_path, &m, err);
+        if (!st && (st = kv_config_require_gqa(&m.config, "--model", err))) kv_model_free(&m);
         if (st) return st;
         cfg = m.config;
     } else {

@@ -19,6 +19,8 @@
 #include "kv_tokenizer.h"
 
 static const char *const modes[] = {"naive", "cached", NULL};
+/* kv_cli_defaults and chapter 11's MLA model, which only this command runs (on the cpu) */
+static const char *const models[] = {"tiny", "tiny-gqa", "small", "tiny-mla", NULL};
 
 /* When the first and the last step ended (kv_now()): run.c's tokens/s leaves the first out. */
 typedef struct {
@@ -44,7 +46,7 @@ static void print_piece(const char *s)
 int cmd_generate(int argc, char **argv)
 {
     const char *cmd = "kvlab generate";
-    const char *model_path = NULL, *def = NULL, *tok_path = NULL, *text = NULL;
+    const char *model_path = NULL, *def = NULL, *tok_path = NULL, *text = NULL, *save = NULL;
     const char *mode = "cached", *device = "cpu", *cache = "fp32";
     int steps = 64, no_stop = 0;
     double temperature = 0.0, top_p = 1.0;
@@ -54,7 +56,8 @@ int cmd_generate(int argc, char **argv)
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint, or `trained`: the model kvlab ships (datasets/models/, with its tokenizer)", 0},
-        {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded model (default tiny)", 0},
+        {"--default", KV_OPT_CHOICE, &def, 0, 0, models, "NAME", "embedded model (default tiny; tiny-mla: multi-head latent attention, chapter 11, cpu only)", 0},
+        {"--save-model", KV_OPT_STRING, &save, 0, 0, NULL, "FILE", "also write the model as a kvlab checkpoint before generating (e.g. --default tiny-mla --save-model mla.bin, then --model mla.bin)", 0},
         {"--tokenizer", KV_OPT_STRING, &tok_path, 0, 0, NULL, "FILE", "llama2.c tokenizer.bin (defaults: the embedded byte tokenizer)", 0},
         {"--prompt", KV_OPT_TEXT, &text, 0, 0, NULL, "TEXT", "prompt text (needs a tokenizer unless empty; default and \"\": BOS only)", 0},
         {"--steps", KV_OPT_INT, &steps, 1, 1 << 24, NULL, "N", "tokens to generate (default 64; cut, with a note, to what the model's seq_len holds after the prompt)", 0},
@@ -72,7 +75,9 @@ int cmd_generate(int argc, char **argv)
     int r = kv_args_parse(cmd,
                           "Generate tokens after a prompt and print them as text (with a tokenizer)\n"
                           "or as ids, then the speed reached. The embedded defaults have random\n"
-                          "weights: their text is noise; they exist for timing and for the chapters.",
+                          "weights: their text is noise; they exist for timing and for the chapters.\n"
+                          "A model with multi-head latent attention (tiny-mla, or a kvlab file of one)\n"
+                          "caches one latent row per token (chapter 11) and runs on the cpu.",
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
@@ -107,6 +112,10 @@ int cmd_generate(int argc, char **argv)
     int st = model_path ? kv_checkpoint_read(model_path, &m, &err) : kv_cli_default_model(&m, def, &err);
     if (st) {
         rc = kv_cli_fail(cmd, model_path ? model_path : def, st, &err);
+        goto done;
+    }
+    if (save && (st = kv_checkpoint_write(save, &m, KV_FILE_KVLAB, &err))) {
+        rc = kv_cli_fail(cmd, save, st, &err);
         goto done;
     }
     const int vocab = m.config.vocab_size;

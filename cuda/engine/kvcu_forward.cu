@@ -173,6 +173,8 @@ int kvcu_model_upload(kvcu_model **out, const kv_model *m, kv_err *err)
     *out = NULL;
     if (!m || !m->data || m->n_floats <= 0)
         return kv_fail(err, KV_ERR_ARG, "kvcu_model_upload: model has no weights");
+    /* the CUDA engine has the MHA/GQA block only: an MLA model (chapter 11) is refused here */
+    if (m->config.attn != KV_ATTN_GQA) return kv_config_require_gqa(&m->config, "kvcu_model_upload", err);
     kvcu_model *g = (kvcu_model *)calloc(1, sizeof *g);
     if (!g) return kv_fail(err, KV_ERR_NOMEM, "kvcu_model_upload: host memory");
     g->config = m->config;

@@ -61,7 +61,8 @@ int kv_mla_attention_naive(const kv_mla_layer *w, const float *q_nope, const flo
     float *rows, *scratch; /* [n][d_c + d_R], [threads][per] */
     rc = buffers("kv_mla_attention_naive", lat, n, width, per, &rows, &scratch, err);
     if (rc) return rc;
-    #pragma omp parallel for schedule(static)
+    /* a team only when the heads' work pays for one (a decode step of a tiny model does not) */
+    #pragma omp parallel for schedule(static) if (kv_parallel_worth((int64_t)H * n * dc * (dn + dv)))
     for (int h = 0; h < H; h++) {
         float *k = scratch + (size_t)omp_get_thread_num() * per; /* [n][qk] */
         float *v = k + (size_t)n * qk;                            /* [n][d_v] */
@@ -107,7 +108,7 @@ int kv_mla_attention_absorbed(const kv_mla_layer *w, const float *q_nope, const 
     float *rows, *scratch; /* [n][d_c + d_R]: every head reads these; [threads][per] */
     rc = buffers("kv_mla_attention_absorbed", lat, n, width, per, &rows, &scratch, err);
     if (rc) return rc;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if (kv_parallel_worth((int64_t)H * (n + dn) * dc))
     for (int h = 0; h < H; h++) {
         float *qt = scratch + (size_t)omp_get_thread_num() * per; /* [d_c] */
         float *o = qt + dc;                                        /* [d_c] */

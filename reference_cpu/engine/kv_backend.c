@@ -306,8 +306,9 @@ int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec 
         free(p);
         return kv_fail(err, KV_ERR_NOMEM, "kv_backend_cpu: out of memory");
     }
-    /* the engine composes the cache with chapter 09's retention state, when the spec asks */
-    int rc = kv_retain_cache_create(&p->cache, &model->config, spec, err);
+    /* the cache the model's attention block reads (with chapter 09's retention state, when
+     * the spec asks) */
+    int rc = kv_forward_cache_create(&p->cache, &model->config, spec, err);
     if (rc) {
         free(b);
         free(p);

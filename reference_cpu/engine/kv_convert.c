@@ -56,6 +56,7 @@ int kv_convert_pool_kv_heads(kv_model *out, const kv_model *in, int n_kv_heads, 
 {
     if (!out || !in || !in->data) return kv_fail(err, KV_ERR_ARG, "kv_convert: NULL model");
     const kv_config *c = &in->config;
+    if (c->attn != KV_ATTN_GQA) return kv_config_require_gqa(c, "kv_convert", err); /* K/V heads */
     if (n_kv_heads < 1 || c->n_kv_heads % n_kv_heads)
         return kv_fail(err, KV_ERR_ARG,
                        "kv_convert: %d KV heads cannot be pooled into %d (must divide H_kv %d; "
@@ -78,6 +79,7 @@ int kv_convert_expand_kv_heads(kv_model *out, const kv_model *in, int n_kv_heads
 {
     if (!out || !in || !in->data) return kv_fail(err, KV_ERR_ARG, "kv_convert: NULL model");
     const kv_config *c = &in->config;
+    if (c->attn != KV_ATTN_GQA) return kv_config_require_gqa(c, "kv_convert", err); /* K/V heads */
     if (n_kv_heads < c->n_kv_heads || n_kv_heads % c->n_kv_heads || c->n_heads % n_kv_heads)
         return kv_fail(err, KV_ERR_ARG,
                        "kv_convert: cannot expand %d KV heads to %d (a multiple of H_kv that "
@@ -115,6 +117,7 @@ int kv_convert_widen(kv_model *out, const kv_model *in, int n_heads, uint64_t se
 {
     if (!out || !in || !in->data) return kv_fail(err, KV_ERR_ARG, "kv_convert: NULL model");
     const kv_config *c = &in->config;
+    if (c->attn != KV_ATTN_GQA) return kv_config_require_gqa(c, "kv_convert", err); /* K/V heads */
     if (c->n_kv_heads != c->n_heads)
         return kv_fail(err, KV_ERR_ARG, "kv_convert_widen: needs an MHA model (H_kv %d != H %d);"
                        " expand its KV heads first", c->n_kv_heads, c->n_heads);

@@ -7,7 +7,7 @@
  * logits are bit-identical whether it runs solo, in a batch, or on any number of threads. The
  * matrix products go through kv_ops_fast.h: kv_matmul()'s bits, four rows at a time. */
 #include "kv_forward.h"
-#include "kv_attention.h"
+#include "kv_attn_block.h"
 #include "kv_ops.h"
 #include "kv_ops_fast.h"
 #include "kv_retain.h"
@@ -179,10 +179,17 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
                      kv_err *err)
 {
     if (!m || !c || !s) return kv_fail(err, KV_ERR_ARG, "kv_forward: NULL model, cache or state");
+    /* the model's attention block, chosen by its kind (kv_attn_block.h): no branch below */
+    const kv_attn_block *blk = kv_attn_block_of(&m->config);
+    if (!blk)
+        return kv_fail(err, KV_ERR_ARG, "kv_forward: attention kind %d has no block",
+                       m->config.attn);
     int T = 0;
-    kv_config shape = m->config; /* a tensor-parallel rank's cache holds its shard's KV heads */
-    if (sh) shape.n_kv_heads = sh->n_kv_heads;
-    int rc = kv_batch_check("kv_forward", &shape, &c->spec, c->n_layers, c->n_kv_heads,
+    kv_config shape = m->config; /* the cache's shape: a rank's KV heads, a latent row */
+    blk->cache_shape(&shape, sh);
+    int rc = blk->check(&m->config, &c->spec, sh, err);
+    if (!rc)
+        rc = kv_batch_check("kv_forward", &shape, &c->spec, c->n_layers, c->n_kv_heads,
                             c->head_dim, c->len, seqs, n_seqs, &T, err);
     if (!rc && c->tables) /* paged: every row written must fall in the slot's mapped blocks */
         rc = kv_cache_check_rows("kv_forward", c, seqs, n_seqs, err);
@@ -199,21 +206,13 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
 
     const kv_config *p = &m->config;
     const kv_weights *w = &m->w;
-    const int dim = p->dim, H = p->n_heads, d = kv_config_head_dim(p);
-    const int qdim = H * d, kvdim = kv_config_kv_dim(p), hidden = p->hidden_dim;
-    /* chapter 10: the rank's query heads q0.., KV heads kv0.. and hidden units f0.. (the
-     * whole model without a shard); qs, kvs: widths of its q and k/v rows */
-    const int Hs = sh ? sh->n_q_heads : H, KVs = sh ? sh->n_kv_heads : p->n_kv_heads;
-    const int q0 = sh ? sh->q_head0 : 0, kv0 = sh ? sh->kv_head0 : 0;
+    const int dim = p->dim, hidden = p->hidden_dim;
+    /* chapter 10: the rank's hidden units f0.. (the whole MLP without a shard) */
     const int f0 = sh ? sh->hidden0 : 0, fs = sh ? sh->n_hidden : hidden;
-    const int qs = Hs * d, kvs = KVs * d;
 
     /* flatten: row t is token tokens[j] of sequence i, at position pos + j of its slot.
-     * The query is rotated at q_pos: its position, or its index in a KV_POS_CACHE window;
-     * such a cache stores keys unrotated (attention rotates them by their cache index). */
+     * q_pos: the position a query is rotated by, or its index in a KV_POS_CACHE window. */
     const int W = c->spec.window.size, S = c->spec.window.n_sinks;
-    const int keys_at_cache_pos = W > 0 && c->spec.window.pos_scheme == KV_POS_CACHE;
-    int max_len = 0; /* longest attention span of any row: scores scratch per thread */
     for (int i = 0, t = 0; i < n_seqs; i++) {
         for (int j = 0; j < seqs[i].n_tokens; j++, t++) {
             s->tok_slot[t] = seqs[i].slot;
@@ -222,69 +221,21 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
         }
         kv_embed(s->x + (size_t)(t - seqs[i].n_tokens) * dim, w->token_embedding,
                  seqs[i].tokens, seqs[i].n_tokens, dim);
-        const int span = (int)kv_window_count(W, S, seqs[i].pos + seqs[i].n_tokens - 1);
-        if (span > max_len) max_len = span;
     }
-    /* per thread: one group's scores [G][max_len] and a row (kv_attention_scratch) */
-    const size_t att_floats = kv_attention_scratch(c, Hs, max_len);
-    float *att = kv_calloc(att_floats * sizeof(float));
-    if (!att)
-        return kv_fail(err, KV_ERR_NOMEM, "kv_forward: could not allocate %.1f MiB of scores",
-                       (double)att_floats * 4 / 1048576.0);
+    kv_attn_step a = {m, c, s, sh, seqs, n_seqs, T, NULL, 0};
+    rc = blk->begin(&a, err); /* the block's scratch for this step */
+    if (rc) return rc;
 
     for (int l = 0; l < p->n_layers; l++) {
-        /* attention block: x += Wo · attention(RoPE(Wq·xb), cache(RoPE(Wk·xb), Wv·xb)) */
+        /* attention block: x += the block's output projection of attention over the cache
+         * (kv_forward_gqa.c: Wo · attention(RoPE(Wq·xb), cache(RoPE(Wk·xb), Wv·xb));
+         * kv_forward_mla.c: Wo · latent attention over cache(c_KV ‖ k_R)) */
         kv_rmsnorm(s->xb, s->x, w->rms_att + (size_t)l * dim, T, dim, p->norm_eps);
-        kv_matmul_fast(s->q, s->xb, w->wq + ((size_t)l * qdim + (size_t)q0 * d) * dim, T, dim, qs);
-        kv_matmul_fast(s->k, s->xb, w->wk + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs);
-        kv_matmul_fast(s->v, s->xb, w->wv + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs);
-        kv_rope(s->q, s->q_pos, T, Hs, d, p->rotary_dim, p->rope_theta);
-        if (!keys_at_cache_pos)
-            kv_rope(s->k, s->tok_pos, T, KVs, d, p->rotary_dim, p->rope_theta);
-        /* Rows' K/V first, so a prefill row can attend to the rows before it; one call per
-         * sequence, whose rows are consecutive, so a quantized cache sees the whole chunk
-         * (fp8 calibrates on a prefill, KIVI spills whole blocks: kv_cache.h). Without a
-         * window that is one wave: every row written, then every row attends. A window's
-         * ring reuses rows, so a wave only takes the rows that can be written before any of
-         * them attends without overwriting what one of them reads (kv_window_chunk(): the
-         * rows up to S+W at once, then one token per sequence per wave). */
-        for (int i = 0; i < n_seqs; i++) s->done[i] = 0;
-        for (;;) {
-            int n_rows = 0; /* rows of this wave, listed in s->wave */
-            for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
-                const int left = seqs[i].n_tokens - s->done[i], p0 = seqs[i].pos + s->done[i];
-                if (left == 0) continue;
-                const int n = kv_window_chunk(W, S, p0, left), t0 = t + s->done[i];
-                rc = kv_cache_write_seq(c, l, seqs[i].slot, p0, n, s->k + (size_t)t0 * kvs,
-                                        s->v + (size_t)t0 * kvs, err);
-                if (rc) {
-                    kv_free(att);
-                    return rc;
-                }
-                for (int j = 0; j < n; j++) s->wave[n_rows++] = t0 + j;
-                s->done[i] += n;
-            }
-            if (n_rows == 0) break;
-            if (c->retain) { /* chapter 09: each KV head reads only what its method keeps or
-                              * picks (kv_retain.h); no window, so this wave was every row */
-                for (int i = 0, t = 0; !rc && i < n_seqs; t += seqs[i].n_tokens, i++)
-                    rc = kv_retain_attend(c, l, seqs[i].slot, seqs[i].pos, seqs[i].n_tokens,
-                                          s->q + (size_t)t * qs, s->xb + (size_t)t * qs, err);
-                if (rc) {
-                    kv_free(att);
-                    return rc;
-                }
-                break;
-            }
-            /* each (row, KV head) a group of G query heads: spread over the threads, or each
-             * split over them when a wave has fewer groups than threads (kv_attention.h) */
-            kv_attention_rows(c, l, n_rows, s->wave, s->tok_slot, s->tok_pos, s->q, s->xb, qs,
-                              Hs, max_len, att); /* q, xb [T][Hs*d]: [T][dim] unsharded */
+        rc = blk->layer(&a, l, err); /* xb -> cache -> xb2 */
+        if (rc) {
+            blk->end(&a);
+            return rc;
         }
-        /* a rank multiplies its heads' columns of Wo: a partial sum, completed by the
-         * all-reduce over the ranks (chapter 10) */
-        kv_matmul_strided_fast(s->xb2, s->xb, w->wo + (size_t)l * dim * qdim + (size_t)q0 * d,
-                               T, qs, dim, qdim);
         if (sh) sh->all_reduce(sh, s->xb2, (int64_t)T * dim);
         kv_add(s->x, s->xb2, (int64_t)T * dim);
 
@@ -298,7 +249,7 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
         if (sh) sh->all_reduce(sh, s->xb2, (int64_t)T * dim);
         kv_add(s->x, s->xb2, (int64_t)T * dim);
     }
-    kv_free(att);
+    blk->end(&a);
 
     /* chapter 10: a sequence that asks for all_logits gets the classifier over each of its
      * rows, row by row exactly as a one-token step would run it (kv_matmul computes each
@@ -322,7 +273,7 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
 
     for (int i = 0; i < n_seqs; i++) c->len[seqs[i].slot] = seqs[i].pos + seqs[i].n_tokens;
     if (cnt) {
-        kv_counters_add_step(cnt, p, &c->spec, seqs, n_seqs);
+        blk->count(cnt, p, &c->spec, seqs, n_seqs); /* kv_counters_add_step() for MHA/GQA */
         /* the formula counts one classifier per sequence, or one per row with all_logits */
         for (int i = 0; i < n_seqs; i++) {
             if (!logits && !seqs[i].all_logits) /* no classifier was run */
@@ -332,4 +283,15 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
         }
     }
     return KV_OK;
+}
+
+int kv_forward_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec,
+                            kv_err *err)
+{
+    const kv_attn_block *blk = kv_attn_block_of(cfg);
+    if (!c || !spec || !blk)
+        return kv_fail(err, KV_ERR_ARG, "kv_forward_cache_create: NULL argument or unknown "
+                       "attention kind");
+    int rc = blk->check(cfg, spec, NULL, err);
+    return rc ? rc : blk->cache_create(c, cfg, spec, err);
 }

@@ -12,6 +12,10 @@
  * Chapter 06 (a windowed spec) changes three things only, all chosen by the spec: the query is
  * rotated at kv_window_query_pos(); KV_POS_CACHE keys go into the cache unrotated; and a chunk
  * is written and attended in waves (kv_window_chunk()) because the ring reuses rows.
+ * What sits between a layer's RMSNorm and its residual add ("Q,K,V → ... → Wo" above) is the
+ * model's attention block (kv_attn_block.h), chosen by its kind: MHA/GQA (kv_forward_gqa.c)
+ * or, chapter 11, multi-head latent attention (kv_forward_mla.c). The cache a model's block
+ * reads is made by kv_forward_cache_create().
  */
 #ifndef KV_FORWARD_H
 #define KV_FORWARD_H
@@ -122,6 +126,17 @@ typedef struct kv_shard {
 int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard *sh,
                      const kv_seq *seqs, int n_seqs, float *logits, kv_counters *cnt,
                      kv_err *err);
+
+/**
+ * The cache @p spec describes, shaped for the attention block of a model of config @p cfg
+ * (kv_attn_block.h): K and V planes of H_kv heads for MHA/GQA, with chapter 09's retention
+ * state when the spec selects (kv_retain_cache_create()); one plane of latent rows for MLA
+ * (kv_cache_create_planes(), kv_mla_cache_config()). A spec the block cannot run (say a
+ * window on an MLA model) is refused first with KV_ERR_UNSUPPORTED, naming it. Free it with
+ * kv_retain_cache_free(). What kv_backend_cpu() builds its cache with.
+ */
+int kv_forward_cache_create(kv_cache *c, const kv_config *cfg, const kv_cache_spec *spec,
+                            kv_err *err);
 
 #ifdef __cplusplus
 }

@@ -55,6 +55,7 @@ struct kv_tp {
 int kv_tp_check(const kv_config *cfg, int p, kv_err *err)
 {
     const int H = cfg->n_heads, Hkv = cfg->n_kv_heads;
+    if (cfg->attn != KV_ATTN_GQA) return kv_config_require_gqa(cfg, "kv_tp", err); /* ch. 11 */
     if (p < 1 || p > KV_TP_MAX_RANKS)
         return kv_fail(err, KV_ERR_ARG, "kv_tp: %d ranks (need 1 .. %d)", p, KV_TP_MAX_RANKS);
     if (H % p)

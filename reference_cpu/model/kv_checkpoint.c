@@ -20,7 +20,8 @@
 #include <unistd.h>
 
 #define KV_KVLAB_MAGIC "KVLB"
-#define KV_KVLAB_VERSION 1
+#define KV_KVLAB_VERSION 1     /* MHA/GQA models */
+#define KV_KVLAB_VERSION_ATTN 2 /* version 1 + the attention kind and MLA's dims (chapter 11) */
 #define KV_KVLAB_HEADER_BYTES 256
 #define KV_LLAMA2C_HEADER_BYTES 28 /* 7 x int32 */
 /* llama2.c's export.py versions 1 and 2 start with this magic ("ak42"); run.c reads neither */
@@ -29,8 +30,14 @@
 /* kvlab header v1, byte offsets (all 4-byte fields; the rest up to 256 is zero):
  *   0 magic "KVLB" | 4 version | 8 dim, hidden_dim, n_layers, n_heads, n_kv_heads,
  *   vocab_size, seq_len (7 x int32) | 36 rope_theta f32 | 40 rotary_dim | 44 norm_eps f32 |
- *   48 tied_classifier | 52 kind | 56..255 zero                                            */
+ *   48 tied_classifier | 52 kind | 56..255 zero
+ * kvlab header v2 adds, for a model v1 cannot describe (an MLA model; an MHA/GQA model is
+ * always written as v1, so its files stay as they were):
+ *   56 attn | 60 d_c | 64 d_R | 68 d_nope | 72 d_v | 76 q_rank | 80..255 zero
+ * The weights follow in kv_model.h's order either way (an MLA model's attention tensors in
+ * place of wq, wk, wv, wo).                                                                */
 #define KV_KVLAB_USED_BYTES 56
+#define KV_KVLAB_USED_BYTES_ATTN 80
 
 static int32_t get_i32(const unsigned char *p) { int32_t v; memcpy(&v, p, 4); return v; }
 static float get_f32(const unsigned char *p) { float v; memcpy(&v, p, 4); return v; }
@@ -81,11 +88,14 @@ static int parse_header(const char *path, const unsigned char *hdr, size_t have,
                            "'%s': truncated header: the kvlab header is %d bytes, the file has %zu",
                            path, KV_KVLAB_HEADER_BYTES, have);
         int version = get_i32(hdr + 4);
-        if (version != KV_KVLAB_VERSION)
+        if (version != KV_KVLAB_VERSION && version != KV_KVLAB_VERSION_ATTN)
             return kv_fail(err, KV_ERR_FORMAT,
-                           "'%s': kvlab file version %d is not supported (this build reads version %d)",
-                           path, version, KV_KVLAB_VERSION);
-        for (int i = KV_KVLAB_USED_BYTES; i < KV_KVLAB_HEADER_BYTES; i++)
+                           "'%s': kvlab file version %d is not supported (this build reads "
+                           "versions %d and %d)", path, version, KV_KVLAB_VERSION,
+                           KV_KVLAB_VERSION_ATTN);
+        const int used = version == KV_KVLAB_VERSION ? KV_KVLAB_USED_BYTES
+                                                     : KV_KVLAB_USED_BYTES_ATTN;
+        for (int i = used; i < KV_KVLAB_HEADER_BYTES; i++)
             if (hdr[i] != 0)
                 return kv_fail(err, KV_ERR_FORMAT,
                                "'%s': kvlab header padding byte %d is nonzero (corrupt header)",
@@ -96,6 +106,19 @@ static int parse_header(const char *path, const unsigned char *hdr, size_t have,
         c->norm_eps = get_f32(hdr + 44);
         c->tied_classifier = get_i32(hdr + 48);
         c->kind = get_i32(hdr + 52);
+        if (version == KV_KVLAB_VERSION_ATTN) {
+            c->attn = get_i32(hdr + 56);
+            c->mla.d_c = get_i32(hdr + 60);
+            c->mla.d_rope = get_i32(hdr + 64);
+            c->mla.d_nope = get_i32(hdr + 68);
+            c->mla.d_v = get_i32(hdr + 72);
+            c->mla.q_rank = get_i32(hdr + 76);
+            /* one spelling per model: what version 1 describes is written as version 1 */
+            if (c->attn == KV_ATTN_GQA)
+                return kv_fail(err, KV_ERR_FORMAT, "'%s': kvlab file version 2 with attention "
+                               "kind 0 (MHA/GQA), which kvlab writes as version 1 (corrupt "
+                               "header)", path);
+        }
         kv_err why;
         if (kv_config_validate(c, &why))
             return kv_fail(err, KV_ERR_FORMAT, "'%s': invalid kvlab header: %s", path, why.msg);
@@ -253,6 +276,9 @@ static int write_rope_tables(FILE *f, const kv_config *c)
 static int llama2c_can_express(const kv_config *c, kv_err *err)
 {
     const char *hint = "; write the kvlab format instead";
+    if (c->attn != KV_ATTN_GQA)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "an MLA model (chapter 11) cannot be stored in "
+                       "a llama2.c file (its header knows only MHA/GQA shapes)%s", hint);
     if (c->rope_theta != 10000.0f)
         return kv_fail(err, KV_ERR_UNSUPPORTED,
                        "rope_theta %g cannot be stored in a llama2.c file (it assumes 10000)%s",
@@ -289,13 +315,21 @@ int kv_checkpoint_write(const char *path, const kv_model *m, int format, kv_err 
     size_t hdr_bytes;
     if (format == KV_FILE_KVLAB) {
         memcpy(hdr, KV_KVLAB_MAGIC, 4);
-        put_i32(hdr + 4, KV_KVLAB_VERSION);
+        put_i32(hdr + 4, c->attn == KV_ATTN_GQA ? KV_KVLAB_VERSION : KV_KVLAB_VERSION_ATTN);
         put_seven(hdr + 8, c, c->vocab_size);
         put_f32(hdr + 36, c->rope_theta);
         put_i32(hdr + 40, c->rotary_dim);
         put_f32(hdr + 44, c->norm_eps);
         put_i32(hdr + 48, c->tied_classifier);
         put_i32(hdr + 52, c->kind);
+        if (c->attn != KV_ATTN_GQA) {
+            put_i32(hdr + 56, c->attn);
+            put_i32(hdr + 60, c->mla.d_c);
+            put_i32(hdr + 64, c->mla.d_rope);
+            put_i32(hdr + 68, c->mla.d_nope);
+            put_i32(hdr + 72, c->mla.d_v);
+            put_i32(hdr + 76, c->mla.q_rank);
+        }
         hdr_bytes = KV_KVLAB_HEADER_BYTES;
     } else {
         put_seven(hdr, c, c->tied_classifier ? c->vocab_size : -c->vocab_size);

@@ -8,7 +8,9 @@
  *
  * kvlab layout: a 256-byte header (magic "KVLB", version, the seven fields, rope_theta,
  * rotary_dim, norm_eps, tied flag, model kind, zero padding), then the weights in the same
- * order without the RoPE tables. Byte offsets: kv_checkpoint.c. llama2.c's later export
+ * order without the RoPE tables. Version 1 holds MHA/GQA models; version 2 adds the attention
+ * kind and MLA's dims (chapter 11), and an MLA model's weights carry its attention tensors in
+ * place of wq, wk, wv, wo (kv_model.h). Byte offsets: kv_checkpoint.c. llama2.c's later export
  * versions (magic "ak42") are recognised and refused with a message saying so.
  */
 #ifndef KV_CHECKPOINT_H
@@ -23,7 +25,7 @@ extern "C" {
 /** The two checkpoint layouts kvlab reads and writes. */
 typedef enum {
     KV_FILE_LLAMA2C = 0, /**< llama2.c fp32 checkpoint (legacy version 0) */
-    KV_FILE_KVLAB = 1    /**< kvlab header v1 + the same weights */
+    KV_FILE_KVLAB = 1    /**< kvlab header (v1, or v2 for an MLA model) + the same weights */
 } kv_file_format;
 
 /**
@@ -34,8 +36,8 @@ typedef enum {
 int kv_checkpoint_read(const char *path, kv_model *m, kv_err *err);
 
 /**
- * Write @p m in @p format. llama2.c files cannot carry rope_theta != 10000, partial rotary,
- * norm_eps != 1e-5 or a model kind: KV_ERR_UNSUPPORTED then. The file is written to a
+ * Write @p m in @p format. llama2.c files cannot carry an MLA model, rope_theta != 10000,
+ * partial rotary, norm_eps != 1e-5 or a model kind: KV_ERR_UNSUPPORTED then. The file is written to a
  * temporary name and renamed, so a failure leaves no partial file.
  */
 int kv_checkpoint_write(const char *path, const kv_model *m, int format, kv_err *err);

@@ -21,6 +21,23 @@ typedef enum {
     KV_MODEL_RECALL_INDUCTION = 2 /**< constructed previous-token + induction recall model */
 } kv_model_kind;
 
+/** A model's attention block: what it caches per token and how it attends. The forward pass
+ * runs the block the kind names (engine/kv_attn_block.h) without a branch on it. */
+typedef enum {
+    KV_ATTN_GQA = 0, /**< MHA, GQA or MQA: H query heads over H_kv cached K/V heads (01-10) */
+    KV_ATTN_MLA = 1, /**< multi-head latent attention: one cached latent row per token (11) */
+    KV_ATTN_COUNT
+} kv_attn_kind;
+
+/** The dims MLA adds to a model's config (names as in DeepSeek's config.json; kv_mla.h). */
+typedef struct {
+    int d_c;    /**< kv_lora_rank: the cached latent c_KV */
+    int d_rope; /**< qk_rope_head_dim: d_R, the shared RoPE key k_R (and each q_R) */
+    int d_nope; /**< qk_nope_head_dim: the part of each head's q·k that comes from c_KV */
+    int d_v;    /**< v_head_dim */
+    int q_rank; /**< q_lora_rank: the query bottleneck; 0 = queries from x directly */
+} kv_mla_dims;
+
 typedef struct {
     /* the seven llama2.c header fields */
     int dim;        /**< residual stream width (= H * d) */
@@ -36,6 +53,10 @@ typedef struct {
     float norm_eps;   /**< RMSNorm epsilon, 1e-5 in llama2.c */
     int tied_classifier; /**< 1: the classifier reuses the token embedding */
     int kind;         /**< ::kv_model_kind */
+    /* fields of kvlab header v2 (zero in v1 files and llama2.c's) */
+    int attn;         /**< ::kv_attn_kind */
+    kv_mla_dims mla;  /**< KV_ATTN_MLA: its dims (then n_kv_heads is 1: one latent row per
+                       *   token, and rotary_dim is d_R: only q_R and k_R rotate); else zero */
 } kv_config;
 
 /** Head dimension d = dim / n_heads. */
@@ -45,7 +66,8 @@ static inline int kv_config_kv_dim(const kv_config *c) { return c->n_kv_heads * 
 
 /**
  * Fill the kvlab defaults for the fields llama2.c lacks (theta 10000, full rotary, eps 1e-5),
- * plus tied classifier and generic kind. Set dim and n_heads first: rotary_dim = dim / n_heads.
+ * plus tied classifier, generic kind and MHA/GQA attention (no MLA dims). Set dim and n_heads
+ * first: rotary_dim = dim / n_heads.
  */
 void kv_config_set_defaults(kv_config *c);
 
@@ -54,8 +76,18 @@ void kv_config_set_defaults(kv_config *c);
  * L <= 1024, vocab and seq_len <= 2^24, at most 2^40 parameters), H divides dim, H_kv divides
  * H, d even, even rotary_dim <= d, positive finite theta/eps. Returns KV_OK or KV_ERR_ARG with
  * the field and its value named, e.g. "n_kv_heads (3) must divide n_heads (8)".
+ * An MLA model (attn KV_ATTN_MLA) has no head dim d = dim / H: instead H <= 1024, n_kv_heads
+ * 1, the dims of kv_mla_dims_check(), rotary_dim = d_R, and the generic kind (the recall
+ * models are constructions over K/V heads).
  */
 int kv_config_validate(const kv_config *c, kv_err *err);
+
+/**
+ * KV_OK for an MHA/GQA model; KV_ERR_UNSUPPORTED, naming @p who, for a model whose attention
+ * block only the CPU forward pass has (MLA): what the CUDA engine, tensor-parallel ranks and
+ * the K/V-head conversions say before they touch the weights.
+ */
+int kv_config_require_gqa(const kv_config *c, const char *who, kv_err *err);
 
 /** Number of fp32 parameters the model holds (embedding counted once when tied). */
 int64_t kv_config_param_count(const kv_config *c);
@@ -68,6 +100,7 @@ typedef enum {
     KV_DEFAULT_TINY = 0,  /**< tiny MHA model: fast tests and the tour */
     KV_DEFAULT_TINY_GQA,  /**< tiny GQA model (H_kv = H / 2)  */
     KV_DEFAULT_SMALL,     /**< llama2.c-15M-sized model for timing */
+    KV_DEFAULT_TINY_MLA,  /**< tiny with multi-head latent attention (chapter 11) */
     KV_DEFAULT_COUNT
 } kv_default_model;
 
@@ -76,7 +109,7 @@ int kv_config_default(kv_default_model which, kv_config *out, kv_err *err);
 /** Name of an embedded default ("tiny", ...), or NULL when @p which is out of range. */
 const char *kv_config_default_name(kv_default_model which);
 /**
- * Look up an embedded default by name ("tiny", "tiny-gqa", "small"); @p seed (may be NULL)
+ * Look up an embedded default by name ("tiny", "tiny-gqa", "small", "tiny-mla"); @p seed (may be NULL)
  * receives the fixed seed its weights are drawn from. Unknown or NULL name -> KV_ERR_ARG.
  */
 int kv_config_default_by_name(const char *name, kv_config *out, uint64_t *seed, kv_err *err);

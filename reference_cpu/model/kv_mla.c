@@ -32,7 +32,7 @@ static const kv_mla_preset kv_mla_table[] = {
  * model the DeepSeek-V2 paper names when it reports its 93.3 % smaller KV cache. */
 static const kv_preset kv_mla_base = {
     "deepseek-67b", {8192, 22016, 95, 64, 8, 102400, 4096, 10000.0f, 128, 1e-6f, 0,
-                     KV_MODEL_GENERIC}, 0};
+                     KV_MODEL_GENERIC, KV_ATTN_GQA, {0}}, 0};
 
 const kv_mla_preset *kv_mla_presets(int *n)
 {
@@ -99,6 +99,60 @@ static void fill(float *x, int64_t n, int fan_in, kv_rng *r)
     for (int64_t i = 0; i < n; i++) x[i] = kv_rng_uniform(r, -a, a);
 }
 
+/* floats per layer of each tensor, in the order they are laid out and filled */
+typedef struct {
+    int64_t wq, qa, qn, qb, kva, kvn, uk, uv, wo;
+} mla_sizes;
+
+static mla_sizes sizes(const kv_mla_dims *m, int dim, int n_heads)
+{
+    const int64_t H = n_heads, qk = m->d_nope + m->d_rope, R = m->q_rank;
+    mla_sizes z;
+    z.wq = R ? 0 : H * qk * dim;
+    z.qa = R * dim;
+    z.qn = R;
+    z.qb = R ? H * qk * R : 0;
+    z.kva = (int64_t)kv_mla_row(m) * dim;
+    z.kvn = m->d_c;
+    z.uk = H * m->d_nope * m->d_c;
+    z.uv = H * m->d_v * m->d_c;
+    z.wo = (int64_t)dim * H * m->d_v;
+    return z;
+}
+
+int64_t kv_mla_layer_floats(const kv_mla_dims *m, int dim, int n_heads)
+{
+    const mla_sizes z = sizes(m, dim, n_heads);
+    return z.wq + z.qa + z.qn + z.qb + z.kva + z.kvn + z.uk + z.uv + z.wo;
+}
+
+float *kv_mla_layers_carve(kv_mla_layer *w, int n_layers, int dim, int n_heads,
+                           const kv_mla_dims *m, float *p)
+{
+    const mla_sizes z = sizes(m, dim, n_heads);
+    const int64_t L = n_layers;
+    /* tensor by tensor: layer l of a tensor of n floats per layer starts at base + l·n */
+    float *wq = p, *qa = wq + L * z.wq, *qn = qa + L * z.qa, *qb = qn + L * z.qn;
+    float *kva = qb + L * z.qb, *kvn = kva + L * z.kva, *uk = kvn + L * z.kvn;
+    float *uv = uk + L * z.uk, *wo = uv + L * z.uv;
+    for (int64_t l = 0; l < L; l++) {
+        kv_mla_layer *x = &w[l];
+        x->dim = dim;
+        x->n_heads = n_heads;
+        x->m = *m;
+        x->wq = z.wq ? wq + l * z.wq : NULL;
+        x->wq_a = z.qa ? qa + l * z.qa : NULL;
+        x->q_norm = z.qn ? qn + l * z.qn : NULL;
+        x->wq_b = z.qb ? qb + l * z.qb : NULL;
+        x->wkv_a = kva + l * z.kva;
+        x->kv_norm = kvn + l * z.kvn;
+        x->w_uk = uk + l * z.uk;
+        x->w_uv = uv + l * z.uv;
+        x->wo = wo + l * z.wo;
+    }
+    return wo + L * z.wo;
+}
+
 int kv_mla_layer_init(kv_mla_layer *w, int dim, int n_heads, const kv_mla_dims *m,
                       uint64_t seed, kv_err *err)
 {
@@ -109,42 +163,28 @@ int kv_mla_layer_init(kv_mla_layer *w, int dim, int n_heads, const kv_mla_dims *
     if (dim < 1 || dim > 65536 || n_heads < 1 || n_heads > 1024)
         return kv_fail(err, KV_ERR_ARG, "kv_mla_layer_init: dim %d, H %d (need 1..65536, 1..1024)",
                        dim, n_heads);
-    const int64_t H = n_heads, qk = m->d_nope + m->d_rope, R = m->q_rank;
-    const int64_t n_wq = R ? 0 : H * qk * dim, n_qa = R * dim, n_qb = R ? H * qk * R : 0;
-    const int64_t n_kva = (int64_t)kv_mla_row(m) * dim, n_uk = H * m->d_nope * m->d_c;
-    const int64_t n_uv = H * m->d_v * m->d_c, n_wo = (int64_t)dim * H * m->d_v;
-    const int64_t total = n_wq + n_qa + R + n_qb + n_kva + m->d_c + n_uk + n_uv + n_wo;
-    w->data = kv_calloc((size_t)total * sizeof(float));
-    if (!w->data)
+    const mla_sizes z = sizes(m, dim, n_heads);
+    const int64_t total = kv_mla_layer_floats(m, dim, n_heads);
+    float *data = kv_calloc((size_t)total * sizeof(float));
+    if (!data)
         return kv_fail(err, KV_ERR_NOMEM, "kv_mla_layer_init: %.1f MiB of weights",
                        (double)total * 4 / 1048576.0);
-    w->dim = dim;
-    w->n_heads = n_heads;
-    w->m = *m;
-    float *p = w->data;
-    w->wq = n_wq ? p : NULL, p += n_wq;
-    w->wq_a = R ? p : NULL, p += n_qa;
-    w->q_norm = R ? p : NULL, p += R;
-    w->wq_b = R ? p : NULL, p += n_qb;
-    w->wkv_a = p, p += n_kva;
-    w->kv_norm = p, p += m->d_c;
-    w->w_uk = p, p += n_uk;
-    w->w_uv = p, p += n_uv;
-    w->wo = p;
+    kv_mla_layers_carve(w, 1, dim, n_heads, m, data);
+    w->data = data;
 
     kv_rng r;
     kv_rng_seed(&r, seed);
-    if (w->wq) fill(w->wq, n_wq, dim, &r);
-    if (R) {
-        fill(w->wq_a, n_qa, dim, &r);
-        for (int64_t i = 0; i < R; i++) w->q_norm[i] = 1.0f;
-        fill(w->wq_b, n_qb, (int)R, &r);
+    if (w->wq) fill(w->wq, z.wq, dim, &r);
+    if (m->q_rank) {
+        fill(w->wq_a, z.qa, dim, &r);
+        for (int64_t i = 0; i < z.qn; i++) w->q_norm[i] = 1.0f;
+        fill(w->wq_b, z.qb, m->q_rank, &r);
     }
-    fill(w->wkv_a, n_kva, dim, &r);
+    fill(w->wkv_a, z.kva, dim, &r);
     for (int i = 0; i < m->d_c; i++) w->kv_norm[i] = 1.0f;
-    fill(w->w_uk, n_uk, m->d_c, &r);
-    fill(w->w_uv, n_uv, m->d_c, &r);
-    fill(w->wo, n_wo, (int)(H * m->d_v), &r);
+    fill(w->w_uk, z.uk, m->d_c, &r);
+    fill(w->w_uv, z.uv, m->d_c, &r);
+    fill(w->wo, z.wo, n_heads * m->d_v, &r);
     return KV_OK;
 }
 

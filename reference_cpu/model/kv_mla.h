@@ -32,14 +32,8 @@
 extern "C" {
 #endif
 
-/** The dims MLA adds to a model's config (names as in DeepSeek's config.json). */
-typedef struct {
-    int d_c;    /**< kv_lora_rank: the cached latent c_KV */
-    int d_rope; /**< qk_rope_head_dim: d_R, the shared RoPE key k_R (and each q_R) */
-    int d_nope; /**< qk_nope_head_dim: the part of each head's q·k that comes from c_KV */
-    int d_v;    /**< v_head_dim */
-    int q_rank; /**< q_lora_rank: the query bottleneck; 0 = queries from x directly */
-} kv_mla_dims;
+/* The dims themselves (d_c, d_R, d_nope, d_v, q_rank) are ::kv_mla_dims in kv_config.h: a
+ * model's config carries them (kv_config.mla). */
 
 /** Elements cached per token and layer: d_c + d_R (one latent row, no V). */
 static inline int kv_mla_row(const kv_mla_dims *m) { return m->d_c + m->d_rope; }
@@ -84,8 +78,17 @@ typedef struct {
     float *w_uk;    /* [H][d_nope][d_c]          W_UK: latent -> head h's no-RoPE key */
     float *w_uv;    /* [H][d_v][d_c]             W_UV: latent -> head h's value */
     float *wo;      /* [dim][H*d_v] */
-    float *data;    /* one allocation holding all of the above */
+    float *data;    /* one allocation holding all of the above (kv_mla_layer_init()); NULL in
+                     * a model's layers, which point into the model's (kv_model.h) */
 } kv_mla_layer;
+
+/** Floats of one layer's MLA attention weights (every pointer of ::kv_mla_layer but data). */
+int64_t kv_mla_layer_floats(const kv_mla_dims *m, int dim, int n_heads);
+/** Point @p n_layers layers' weights into @p p, tensor by tensor (every layer's wq, then every
+ * layer's wq_a, ... as llama2.c lays out a model's tensors): the layout of an MLA model's
+ * attention weights in kv_model.h's one allocation. Returns the float after the last. */
+float *kv_mla_layers_carve(kv_mla_layer *w, int n_layers, int dim, int n_heads,
+                           const kv_mla_dims *m, float *p);
 
 /** Check MLA dims: d_c, d_nope, d_v in 1..4096, d_R even in 2..512, q_rank 0..16384;
  * KV_ERR_ARG naming the field otherwise. */

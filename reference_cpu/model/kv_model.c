@@ -19,8 +19,37 @@ typedef struct {
     int fan_in;        /* input width of the matrix; 0 for RMSNorm gains, -1 for embeddings */
 } kv_tensor;
 
-/* The tensors in llama2.c file order; returns how many (11, or 12 with an untied wcls). */
-static int kv_model_tensors(const kv_model *m, kv_tensor t[12])
+#define KV_MAX_TENSORS 17 /* an MLA model with query compression and an untied wcls */
+
+/* An MLA model's attention tensors (kv_mla.h), in the order kv_mla_layers_carve() lays them
+ * out: each tensor for every layer in turn, from layer 0's pointer. Returns how many (6, or 8
+ * with query compression). */
+static int mla_tensors(const kv_model *m, kv_tensor *t)
+{
+    const kv_config *c = &m->config;
+    const kv_mla_layer *w = &m->mla[0];
+    const kv_mla_dims *d = &c->mla;
+    const int64_t dim = c->dim, H = c->n_heads, qk = d->d_nope + d->d_rope, R = d->q_rank;
+    const int L = c->n_layers;
+    int n = 0;
+    if (R) {
+        t[n++] = (kv_tensor){"wq_a", w->wq_a, R * dim, L, c->dim};
+        t[n++] = (kv_tensor){"q_norm", w->q_norm, R, L, 0};
+        t[n++] = (kv_tensor){"wq_b", w->wq_b, H * qk * R, L, d->q_rank};
+    } else {
+        t[n++] = (kv_tensor){"wq", w->wq, H * qk * dim, L, c->dim};
+    }
+    t[n++] = (kv_tensor){"wkv_a", w->wkv_a, (int64_t)kv_mla_row(d) * dim, L, c->dim};
+    t[n++] = (kv_tensor){"kv_norm", w->kv_norm, d->d_c, L, 0};
+    t[n++] = (kv_tensor){"w_uk", w->w_uk, H * d->d_nope * d->d_c, L, d->d_c};
+    t[n++] = (kv_tensor){"w_uv", w->w_uv, H * d->d_v * d->d_c, L, d->d_c};
+    t[n++] = (kv_tensor){"wo", w->wo, dim * H * d->d_v, L, (int)(H * d->d_v)};
+    return n;
+}
+
+/* The tensors in llama2.c file order; returns how many (11, or 12 with an untied wcls; an MLA
+ * model has its attention tensors in place of wq, wk, wv, wo). */
+static int kv_model_tensors(const kv_model *m, kv_tensor t[KV_MAX_TENSORS])
 {
     const kv_config *c = &m->config;
     const int64_t dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_config_kv_dim(c);
@@ -28,10 +57,14 @@ static int kv_model_tensors(const kv_model *m, kv_tensor t[12])
     int n = 0;
     t[n++] = (kv_tensor){"token_embedding", m->w.token_embedding, c->vocab_size * dim, 1, -1};
     t[n++] = (kv_tensor){"rms_att", m->w.rms_att, dim, L, 0};
-    t[n++] = (kv_tensor){"wq", m->w.wq, dim * dim, L, c->dim};
-    t[n++] = (kv_tensor){"wk", m->w.wk, kv_dim * dim, L, c->dim};
-    t[n++] = (kv_tensor){"wv", m->w.wv, kv_dim * dim, L, c->dim};
-    t[n++] = (kv_tensor){"wo", m->w.wo, dim * dim, L, c->dim};
+    if (m->mla) {
+        n += mla_tensors(m, t + n);
+    } else {
+        t[n++] = (kv_tensor){"wq", m->w.wq, dim * dim, L, c->dim};
+        t[n++] = (kv_tensor){"wk", m->w.wk, kv_dim * dim, L, c->dim};
+        t[n++] = (kv_tensor){"wv", m->w.wv, kv_dim * dim, L, c->dim};
+        t[n++] = (kv_tensor){"wo", m->w.wo, dim * dim, L, c->dim};
+    }
     t[n++] = (kv_tensor){"rms_ffn", m->w.rms_ffn, dim, L, 0};
     t[n++] = (kv_tensor){"w1", m->w.w1, hidden * dim, L, c->dim};
     t[n++] = (kv_tensor){"w2", m->w.w2, dim * hidden, L, c->hidden_dim};
@@ -68,10 +101,19 @@ int kv_model_alloc(kv_model *m, const kv_config *c, kv_err *err)
     kv_weights *w = &m->w;
     w->token_embedding = p; p += vocab * dim;
     w->rms_att = p;         p += L * dim;
-    w->wq = p;              p += L * dim * dim;
-    w->wk = p;              p += L * kv_dim * dim;
-    w->wv = p;              p += L * kv_dim * dim;
-    w->wo = p;              p += L * dim * dim;
+    if (c->attn == KV_ATTN_MLA) { /* kv_mla.h's tensors where wq, wk, wv, wo would be */
+        m->mla = kv_calloc((size_t)L * sizeof(kv_mla_layer));
+        if (!m->mla) {
+            kv_model_free(m);
+            return kv_fail(err, KV_ERR_NOMEM, "cannot allocate %d MLA layers", (int)L);
+        }
+        p = kv_mla_layers_carve(m->mla, c->n_layers, c->dim, c->n_heads, &c->mla, p);
+    } else {
+        w->wq = p;          p += L * dim * dim;
+        w->wk = p;          p += L * kv_dim * dim;
+        w->wv = p;          p += L * kv_dim * dim;
+        w->wo = p;          p += L * dim * dim;
+    }
     w->rms_ffn = p;         p += L * dim;
     w->w1 = p;              p += L * hidden * dim;
     w->w2 = p;              p += L * dim * hidden;
@@ -93,6 +135,7 @@ void kv_model_free(kv_model *m)
 {
     if (!m) return;
     kv_free(m->data);
+    kv_free(m->mla);
     memset(m, 0, sizeof *m);
 }
 
@@ -118,7 +161,7 @@ void kv_model_randomize(kv_model *m, uint64_t seed)
 {
     kv_rng r;
     kv_rng_seed(&r, seed);
-    kv_tensor t[12];
+    kv_tensor t[KV_MAX_TENSORS];
     const int nt = kv_model_tensors(m, t);
     const float emb_scale = 2.0f / sqrtf((float)m->config.dim);
     for (int i = 0; i < nt; i++) {
@@ -154,7 +197,7 @@ int kv_model_default(kv_model *m, kv_default_model which, kv_err *err)
 int kv_model_check_finite(const kv_model *m, kv_err *err)
 {
     if (!m || !m->data) return kv_fail(err, KV_ERR_ARG, "model has no weights");
-    kv_tensor t[12];
+    kv_tensor t[KV_MAX_TENSORS];
     const int nt = kv_model_tensors(m, t);
     for (int i = 0; i < nt; i++) {
         for (int l = 0; l < t[i].layers; l++) {

@@ -3,11 +3,15 @@
  * Weights of a Llama-style model, in the llama2.c order and layout.
  *
  * Every matrix is row-major [out][in], so y = W x is y[i] = sum_j W[i][j] x[j].
+ * An MLA model (config.attn KV_ATTN_MLA, chapter 11) holds its attention weights where an
+ * MHA/GQA model holds wq, wk, wv, wo (those stay NULL): kv_mla.h's tensors, each for every
+ * layer in turn, and kv_model.mla points each layer's kv_mla_layer into them.
  */
 #ifndef KV_MODEL_H
 #define KV_MODEL_H
 
 #include "kv_config.h"
+#include "kv_mla.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -16,10 +20,10 @@ extern "C" {
 typedef struct {
     float *token_embedding; /* [vocab][dim] */
     float *rms_att;         /* [L][dim] */
-    float *wq;              /* [L][H*d][dim] */
-    float *wk;              /* [L][H_kv*d][dim] */
-    float *wv;              /* [L][H_kv*d][dim] */
-    float *wo;              /* [L][dim][H*d] */
+    float *wq;              /* [L][H*d][dim]      (MHA/GQA; NULL for MLA) */
+    float *wk;              /* [L][H_kv*d][dim]   (MHA/GQA) */
+    float *wv;              /* [L][H_kv*d][dim]   (MHA/GQA) */
+    float *wo;              /* [L][dim][H*d]      (MHA/GQA) */
     float *rms_ffn;         /* [L][dim] */
     float *w1;              /* [L][hidden][dim]  gate */
     float *w2;              /* [L][dim][hidden]  down */
@@ -33,6 +37,7 @@ typedef struct {
     kv_weights w;   /* pointers into data */
     float *data;    /* one allocation holding every weight, llama2.c order */
     int64_t n_floats;
+    kv_mla_layer *mla; /* [L] MLA: each layer's attention weights, pointing into data; else NULL */
 } kv_model;
 
 /**

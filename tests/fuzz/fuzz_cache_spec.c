@@ -108,7 +108,7 @@ static void check_ranges(const char *v, const kv_cache_spec *s, int n_slots, int
 /* A model of dim = H·d with L layers and one KV head (nothing but the shape is read). */
 static kv_config model(int d, int heads, int layers)
 {
-    kv_config c = {d * heads, 4 * d * heads, layers, heads, 1, 32, 64, 0, 0, 0, 0, 0};
+    kv_config c = {d * heads, 4 * d * heads, layers, heads, 1, 32, 64, 0, 0, 0, 0, 0, 0, {0}};
     kv_config_set_defaults(&c);
     return c;
 }

@@ -46,7 +46,7 @@ static void put(const char *target, const char *name, const void *data, size_t n
 
 static void checkpoint(const char *name, int format, int tied, int n_kv_heads, float theta)
 {
-    kv_config c = {4, 4, 1, 2, n_kv_heads, 4, 3, 0, 0, 0, 0, 0};
+    kv_config c = {4, 4, 1, 2, n_kv_heads, 4, 3, 0, 0, 0, 0, 0, 0, {0}};
     kv_config_set_defaults(&c);
     c.tied_classifier = tied;
     c.rope_theta = theta;
