@@ -6,8 +6,8 @@
  *  2. weights: the attention tensors of kv_mla.h laid out where wq, wk, wv, wo would be, each
  *     for every layer in turn; seeded random init (same seed, same bytes; gains 1);
  *  3. generation: greedy tokens and logits with the cache == chapter 01's naive recompute,
- *     BIT FOR BIT, in every per-token storage format; paged == contiguous bit for bit in every
- *     format (KIVI and fp8 too); a batch == its sequences run solo. Why bit-identical and not
+ *     BIT FOR BIT, in every storage format but fp8; paged == contiguous bit for bit in every
+ *     format; a batch == its sequences run solo. Why bit-identical and not
  *     within a bound: both runs evaluate the same float expressions in the same order. Every
  *     row's projections are computed alone (kv_matmul's rows, RMSNorm and RoPE per row), so a
  *     token's latent row has the same bits in a prefill chunk as in a one-token step; a
