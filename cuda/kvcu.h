@@ -13,6 +13,7 @@
 #include "kv_backend.h"
 #include "kv_flash.h"
 #include "kv_forward.h"
+#include "kv_mla.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -231,6 +232,40 @@ typedef struct {
  * weights type or prefill version those two setters refuse. */
 int kvcu_backend_create_opts(kv_backend **out, const kv_model *model, const kv_cache_spec *spec,
                              const kvcu_engine_opts *o, kv_err *err);
+
+/* ---- chapter 11: multi-head latent attention (MLA), twins of kv_attention_mla.h ---------- */
+/** kv_cache_create_planes() on the device: @p n_planes planes per layer, KV_CACHE_KV_PLANES
+ * (kvcu_cache_create()) or 1, a latent cache (chapter 11: one KV head of d_c + d_R elements,
+ * written with kvcu_cache_write_seq(c, l, slot, pos, n, rows, NULL, err), plane 0 read with
+ * role KV_QROLE_KEY), with the CPU cache's bytes at the CPU cache's offsets. */
+int kvcu_cache_create_planes(kvcu_cache **out, const kv_config *cfg, const kv_cache_spec *spec,
+                             int n_planes, kv_err *err);
+/**
+ * The latent attention of kv_mla_attention_absorbed() on tensor cores
+ * (cuda/attention/kvcu_attention_mla.cu): one token's H heads, q_lat [H][d_c] (q̃ = W_UKᵀ
+ * q_nope) and q_rope [H][d_R], over rows 0 .. n-1 of @p slot of a latent cache (one plane,
+ * rows of d_c + d_R; d_c = the cache's row - d_rope), o_lat [H][d_c] = Σ_t softmax_t(scale ·
+ * (q_lat·c_t + q_rope·kR_t)) c_t; device pointers. Shapes: d_c a multiple of 64 up to 512,
+ * d_R a multiple of 16, d_c + d_R <= 576; every per-token format (fp16 and bf16 rows copied
+ * as they are, the others dequantized to fp16), contiguous or paged. @p n_parts: split-KV
+ * ranges (0: from the device's SM count; ranges are multiples of 64 rows, so fewer may run).
+ * @p scratch: kvcu_mla_attention_scratch() floats, or NULL to allocate one and wait. Refused:
+ * a cache of two planes (KV_ERR_ARG), KIVI or a window (KV_ERR_UNSUPPORTED), bad shapes.
+ */
+int kvcu_mla_attention_latent(const kvcu_cache *c, int layer, int slot, int n,
+                              const float *q_lat, const float *q_rope, float *o_lat,
+                              float *scratch, int n_heads, int d_rope, float scale, int n_parts,
+                              kv_err *err);
+/** Twin of kv_mla_attention_absorbed(): q̃ = W_UKᵀ q_nope (a plain fp32 kernel), the latent
+ * attention above with scale 1/√(d_nope + d_R), then out = W_UV o (fp32). w_uk [H][d_nope][d_c],
+ * w_uv [H][d_v][d_c], q_nope [H][d_nope], q_rope [H][d_R], out [H][d_v]: device. */
+int kvcu_mla_attention_absorbed(const float *w_uk, const float *w_uv, const kv_mla_dims *m,
+                                int n_heads, const float *q_nope, const float *q_rope,
+                                const kvcu_cache *c, int layer, int slot, int n, float *out,
+                                float *scratch, int n_parts, kv_err *err);
+/** Floats of scratch either call needs for @p n rows: H·ceil(n / 64)·(d_c + 2) range states
+ * and 2·H·d_c (q̃ and the latent output of the absorbed call). */
+size_t kvcu_mla_attention_scratch(int n_heads, int d_c, int n);
 
 /* ---- chapter 04: KV-cache quantization, twins of kv_quant.h (device pointers) -------- */
 /**

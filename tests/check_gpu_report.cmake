@@ -2,10 +2,12 @@
 # the structure of what it writes (never its timings):
 #  - the script exits 0 and says every step that ran passed;
 #  - the report has its sections: build, GPU tests, compute-sanitizer (skipped, with a note),
-#    the two device benches, ncu (skipped, with a note);
+#    the three device benches, ncu (skipped, with a note);
 #  - bench attention's table: the CSV header, 13 cells a row, every (layout, dtype, B, N) of the
 #    dry sweep (2 layouts x 3 formats x B 1, 2 x N 64) holding the same kernels, at least 6,
-#    numbers where numbers belong; bench engine's: its header and one row of 11 cells.
+#    numbers where numbers belong; bench engine's: its header and one row of 11 cells; bench
+#    mla's: its header and the --quick rows (H 16, n 256: paged bf16 and fp16, contiguous bf16),
+#    numbers in them.
 # Run as: cmake -DSCRIPT=<gpu-report.sh> -DBUILD=<build dir> -DOUT=<report> -P check_gpu_report.cmake
 execute_process(COMMAND bash ${SCRIPT} --dry-run --no-build --build-dir ${BUILD} --out ${OUT}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -19,7 +21,8 @@ if(NOT (rc EQUAL 0))
 endif()
 file(READ ${OUT} report)
 foreach(heading "## Build" "## GPU tests (ctest -L gpu)" "## compute-sanitizer"
-        "## bench attention --device cuda" "## bench engine --device cuda" "## ncu (Nsight Compute)")
+        "## bench attention --device cuda" "## bench engine --device cuda"
+        "## bench mla --device cuda" "## ncu (Nsight Compute)")
   string(FIND "${report}" "${heading}" at)
   if(NOT (NOT at EQUAL -1))
     fail("the report has no section '${heading}'")
@@ -38,9 +41,17 @@ endif()
 string(REPLACE "\n" ";" lines "${report}")
 set(attn_rows 0)
 set(eng_rows 0)
+set(mla_rows 0)
 set(groups)
 foreach(line IN LISTS lines)
-  if(line MATCHES "^\\| (contiguous|paged) \\|")
+  if(line MATCHES "^\\| (paged|contiguous) \\| (bf16|fp16) \\| 16 \\| 256 \\| 512 \\| 64 \\|")
+    set(num "\\| [0-9.e+-]+ ")
+    string(REGEX MATCH "^\\| [a-z]+ \\| [a-z0-9]+ \\| 16 \\| 256 \\| 512 \\| 64 ${num}${num}${num}${num}${num}${num}\\|$" m "${line}")
+    if(NOT (m))
+      fail("mla row not of the form layout|dtype|H|n|d_c|d_R|six numbers: ${line}")
+    endif()
+    math(EXPR mla_rows "${mla_rows} + 1")
+  elseif(line MATCHES "^\\| (contiguous|paged) \\|")
     string(REGEX MATCHALL "\\|[^|]*" cells "${line}")
     list(LENGTH cells n)
     if(NOT (n EQUAL 14))
@@ -81,6 +92,13 @@ if(n_groups GREATER 0)
   if(NOT (whole EQUAL attn_rows AND per GREATER_EQUAL 6))
     fail("${attn_rows} attention rows over ${n_groups} cases: not the same kernels (>= 6) in each")
   endif()
+endif()
+string(FIND "${report}" "| layout | dtype | H | n | d_c | d_R | seconds | flop_per_byte | TFLOPs | of_mma | GBps | of_bw |" at)
+if(NOT (NOT at EQUAL -1))
+  fail("no bench mla header")
+endif()
+if(NOT (mla_rows EQUAL 3))
+  fail("${mla_rows} bench mla rows, want 3 (paged bf16 and fp16, contiguous bf16)")
 endif()
 if(NOT (eng_rows EQUAL 1))
   fail("${eng_rows} bench engine rows, want 1")

@@ -680,6 +680,7 @@ static void test_cli(void)
     CLI_BAD("--prefill|needs --device cuda", "generate", "--prefill", "mma");
     CLI_BAD("--prefill|'v5'", "generate", "--prefill", "v5");
     CLI_BAD("--device|give --device cuda", "bench", "prefill");
+    CLI_BAD("--device|give --device cuda", "bench", "mla");
     CLI_BAD("--csv|takes no value", "tour", "--chapter", "8", "--csv=1");
     CLI_BAD("unexpected argument '8'", "tour", "--chapter", "7", "8");
 

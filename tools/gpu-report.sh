@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # gpu-report.sh: one Markdown report of what this project's CUDA half does on the GPU of this
 # machine. Builds for the local architecture, runs the GPU tests (ctest -L gpu), the four
-# compute-sanitizer tools over the core GPU tests, the device benches (kvlab bench attention
-# --device cuda, kvlab bench engine --device cuda) and Nsight Compute's sections on a 32k
-# decode when ncu is there. Every step runs under its own time budget (timeout); a step that
-# fails or runs out of time is reported as such and the next one runs. The budgets add up to
-# 10 minutes on one H200.
+# compute-sanitizer tools over the core GPU tests, the device benches (kvlab bench attention,
+# engine and mla --device cuda) and Nsight Compute's sections on a 32k decode when ncu is
+# there. Every step runs under its own time budget (timeout); a step that fails or runs out of
+# time is reported as such and the next one runs. The budgets add up to about 10 minutes on
+# one H200.
 #
 # Dry mode (--dry-run, or no GPU found): the emulation build (CUDA kernels on CPU fibers),
 # the emulator's own GPU tests only, the benches at their --quick sizes, sanitizer and ncu
@@ -57,7 +57,7 @@ FAILED=0
 T_START=$(date +%s)
 
 # Budgets in seconds (a GPU run; dry mode runs at the benches' --quick sizes).
-B_BUILD=170 B_TESTS=120 B_SAN=25 B_ATTN=105 B_ENGINE=60 B_NCU=35
+B_BUILD=170 B_TESTS=120 B_SAN=25 B_ATTN=105 B_ENGINE=60 B_MLA=25 B_NCU=35
 
 report() { printf '%s\n' "$*" >>"$OUT"; }
 
@@ -216,6 +216,17 @@ report ''
 if [ $DRY -eq 1 ]; then ENG=(--quick); else ENG=(--repeats 3); fi
 run bench_engine "$B_ENGINE" "$KVLAB" bench engine --device cuda --csv "${ENG[@]}"
 csv_table bench_engine config,
+
+report ''
+report '## bench mla --device cuda'
+report ''
+if [ $DRY -eq 1 ]; then MLA=(--quick); else MLA=(--repeats 3); fi
+run bench_mla "$B_MLA" "$KVLAB" bench mla --device cuda --csv "${MLA[@]}"
+csv_table bench_mla layout,
+report ''
+report 'The absorbed MLA decode (chapter 11): flop_per_byte = 2176 H / (576 b); of_mma: TFLOP/s over'
+report 'the mma.sync throughput of the tile type (bf16 for bf16 rows, else fp16), of_bw: GB/s over'
+report 'the read bandwidth, both measured in the same run.'
 
 # ---- 5. Nsight Compute ------------------------------------------------------------------------
 report ''

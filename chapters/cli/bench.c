@@ -299,6 +299,7 @@ static const kv_bench benches[] = {
     {"paged", cmd_bench_paged, "decode attention: contiguous vs paged caches (B 8/16/32); GPU v2 vs v3 (split-KV)"},
     {"attention", cmd_bench_attention, "naive vs tiled vs split-KV attention: time, bytes, GB/s vs read bandwidth"},
     {"prefill", cmd_bench_prefill, "GPU prefill on tensor cores: v5 and the 16-bit GEMM in TFLOP/s vs measured mma, time to first token"},
+    {"mla", cmd_bench_mla, "GPU absorbed MLA decode on tensor cores: TFLOP/s vs measured mma, GB/s vs read bandwidth"},
     {"swap", cmd_bench_swap, "swap vs recompute of a preempted sequence by length: bytes, link time, FLOPs, crossover"},
 };
 
@@ -313,11 +314,11 @@ int cmd_bench(int argc, char **argv)
         return KV_EXIT_OK;
     }
     if (argc < 2) {
-        fprintf(stderr, "kvlab bench: missing the benchmark name (decode, attention-gqa, quant, bandwidth, engine, paged, attention, prefill, swap); see kvlab bench --help\n");
+        fprintf(stderr, "kvlab bench: missing the benchmark name (decode, attention-gqa, quant, bandwidth, engine, paged, attention, prefill, mla, swap); see kvlab bench --help\n");
         return KV_EXIT_USAGE;
     }
     for (int i = 0; i < n; i++)
         if (strcmp(argv[1], benches[i].name) == 0) return benches[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "kvlab bench: unknown benchmark '%s' (decode, attention-gqa, quant, bandwidth, engine, paged, attention, prefill, swap); see kvlab bench --help\n", argv[1]);
+    fprintf(stderr, "kvlab bench: unknown benchmark '%s' (decode, attention-gqa, quant, bandwidth, engine, paged, attention, prefill, mla, swap); see kvlab bench --help\n", argv[1]);
     return KV_EXIT_USAGE;
 }

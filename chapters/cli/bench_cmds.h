@@ -27,6 +27,9 @@ int cmd_bench_engine_cuda(int argc, char **argv);
 /** `bench prefill --device cuda` (bench_prefill.c, chapter 08): v5 and the 16-bit GEMM in TFLOP/s
  * against the same run's mma throughput, and a prompt's time to first token. */
 int cmd_bench_prefill(int argc, char **argv);
+/** `bench mla --device cuda` (bench_mla.c, chapter 11): the absorbed MLA decode in TFLOP/s and
+ * GB/s against the same run's mma throughput and read bandwidth. */
+int cmd_bench_mla(int argc, char **argv);
 /** The value of --device in argv ("--device X" or "--device=X"), "cpu" when absent: lets a
  * bench hand a device run to its own parser before parsing its own options. */
 const char *kv_cli_device_arg(int argc, char **argv);

@@ -306,15 +306,8 @@ static const void *dec_kernel(int f)
  * H_kv blocks of one row. The same for every launch on a device, so rows keep their bits. */
 static int dec_split_target(const void *kernel, size_t smem, int n_kv_heads)
 {
-    int dev = 0, sms = 1, per_sm = 1;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        sms = 1;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, DEC_THREADS, smem) !=
-            cudaSuccess || per_sm < 1)
-        per_sm = 1;
-    (void)cudaGetLastError(); /* a refused query is not the launch's error */
-    const int target = KVCU_DECODE_WAVES * sms * per_sm / n_kv_heads;
+    const int target = KVCU_DECODE_WAVES * kvcu_resident_blocks(kernel, DEC_THREADS, smem) /
+                       n_kv_heads;
     return target > 1 ? target : 1;
 }
 

@@ -58,11 +58,21 @@ int kvcu_cache_sync_qlen(kvcu_cache *c, kv_err *err)
 int kvcu_cache_create(kvcu_cache **out, const kv_config *cfg, const kv_cache_spec *spec,
                       kv_err *err)
 {
+    return kvcu_cache_create_planes(out, cfg, spec, KV_CACHE_KV_PLANES, err);
+}
+
+/** The twin of kv_cache_create_planes(): @p n_planes planes per layer (1: a latent cache). */
+int kvcu_cache_create_planes(kvcu_cache **out, const kv_config *cfg, const kv_cache_spec *spec,
+                             int n_planes, kv_err *err)
+{
     *out = NULL;
+    if (n_planes < 1 || n_planes > KV_CACHE_KV_PLANES)
+        return kv_fail(err, KV_ERR_ARG, "kvcu_cache_create: %d planes per layer (1 or %d)",
+                       n_planes, KV_CACHE_KV_PLANES);
     kvcu_cache *c = (kvcu_cache *)calloc(1, sizeof *c);
     if (!c) return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_create: host memory");
     /* the host state both devices share (kv_cache_state.c): checks, tables, the planes' sizes */
-    int st = kv_cache_state_create(c, "kvcu_cache_create", cfg, spec, KV_CACHE_KV_PLANES, err);
+    int st = kv_cache_state_create(c, "kvcu_cache_create", cfg, spec, n_planes, err);
     if (st) {
         free(c);
         return st;

@@ -276,6 +276,22 @@ int kvcu_attn_list_launch(int n_kv_heads, int rows, float *out, const float *q,
                           const int *off, const int *cnt, const int *lists, int slot, int r0,
                           int j0, int n, int n_heads, int head_dim, int stride);
 
+/* Blocks of @p kernel (threads, dynamic smem bytes) resident on the device at once: its SM
+ * count times its occupancy per SM, at least 1; what a split-KV launch sizes its ranges from. A
+ * refused query counts 1 and is not left as the next launch's error. */
+static inline int kvcu_resident_blocks(const void *kernel, int threads, size_t smem)
+{
+    int dev = 0, sms = 1, per_sm = 1;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        sms = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) !=
+            cudaSuccess || per_sm < 1)
+        per_sm = 1;
+    (void)cudaGetLastError();
+    return sms * per_sm;
+}
+
 /* Layer @p layer of a device cache. */
 static inline attn_src cache_src(const kvcu_cache *c, int layer)
 {
