@@ -99,12 +99,12 @@ __device__ inline void mla_tile(const kv_head_view &h, uint16_t *ts, int D, int6
             else *(uint4 *)(void *)dst = make_uint4(0, 0, 0, 0);
         }
         kvcu_cp_commit();
-        return;
-    }
-    for (int e = threadIdx.x; e < MLA_KT * D; e += blockDim.x) {
-        const int j = e / D, i = e % D;
-        const float x = j < nt ? kv_ld(h, NULL, t0 + j, kv_view_row(&h, t0 + j), i) : 0.0f;
-        ts[j * ld + i] = kvcu_bits16<BF16>(x);
+    } else {
+        for (int e = threadIdx.x; e < MLA_KT * D; e += blockDim.x) {
+            const int j = e / D, i = e % D;
+            const float x = j < nt ? kv_ld(h, NULL, t0 + j, kv_view_row(&h, t0 + j), i) : 0.0f;
+            ts[j * ld + i] = kvcu_bits16<BF16>(x);
+        }
     }
 }
 
