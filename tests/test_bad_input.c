@@ -372,6 +372,8 @@ static void test_datasets(void)
         {"window/w64/cache/original", "'original' is not known for window"},
         {"window/w64/int8/fp16", "'fp16' is not known for window"},
         {"window/w64/b16", "'b16' is not known for window"},
+        {"window/w16/w32", "'w' is given twice"},
+        {"window/s6/s86/s8/s168/w16", "'s' is given twice"},
     };
     for (size_t i = 0; i < sizeof cv / sizeof cv[0]; i++) {
         kv_cache_spec cs;

@@ -265,7 +265,7 @@ static int window_spec(const char *variant, char *save, int n_slots, int capacit
                        kv_cache_spec *out, kv_err *err)
 {
     kv_cache_spec s = kv_cache_spec_default(n_slots, capacity);
-    int have_fmt = 0, have_scheme = 0;
+    int have_fmt = 0, have_scheme = 0, have_w = 0, have_s = 0;
     char *part;
     while ((part = strtok_r(NULL, "/", &save))) {
         long v = 0;
@@ -274,6 +274,12 @@ static int window_spec(const char *variant, char *save, int n_slots, int capacit
             if (kv_parse_count(part + 1, 0, KV_CACHE_MAX_CAPACITY, &v))
                 return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': option '%s' needs "
                                "a count after '%c'", variant, part, part[0]);
+            /* "window/w16/w32" is refused rather than read as the last of the two */
+            int *seen = part[0] == 'w' ? &have_w : &have_s;
+            if (*seen)
+                return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%s': '%c' is given "
+                               "twice (one window size wN, one sink count sN)", variant, part[0]);
+            *seen = 1;
             if (part[0] == 'w') s.window.size = (int)v;
             else s.window.n_sinks = (int)v;
         } else if (scheme >= 0 && !have_scheme) {

@@ -12,17 +12,21 @@
  * Properties:
  *  - the parser returns KV_OK, or KV_ERR_UNSUPPORTED with a message; the same status for
  *    every (slots, capacity) it is asked for, and on KV_OK the same spec but for those two;
- *  - an accepted spec is contiguous, has no chapter 06 window, a known format, per-head fp8
- *    scales only on fp8, a KIVI window (a multiple of 32 in [32, 2^20]) only on KIVI,
+ *  - an accepted "window/..." spec has a window of at least one token, S + W within a slot's
+ *    largest capacity, a known scheme and one per-token format, nothing else;
+ *  - any other accepted spec is contiguous, has no chapter 06 window, a known format,
+ *    per-head fp8 scales only on fp8, a KIVI window (a multiple of 32 in [32, 2^20]) only on KIVI,
  *    selective layers only without a selection method, and selection fields that pass
  *    kv_retain_spec_check() (one budget, S + W within it, dense layers only for quest/top-k,
  *    no KIVI) or are all 0 without a method;
  *  - kv_cache_spec_check() against two small models (d 64, L 2 and d 16, L 64) returns KV_OK
- *    or an error with a message, the same as kv_cache_spec_check_caps(KV_CACHE_CAN_WINDOW)
- *    (the spec has no window); when it is OK, kv_retain_cache_create() builds the cache for a
- *    tiny capacity (its memory bounded: a KIVI window of 2^20 rows is only checked), with the
- *    engine's retention state exactly when the spec selects, and kv_retain_cache_free()
- *    releases both (LeakSanitizer sees the rest);
+ *    or an error with a message; kv_cache_spec_check_caps(KV_CACHE_CAN_WINDOW), what the CPU
+ *    cache builds, gives the same status for a spec without a window, and kv_cache_spec_check()
+ *    (a device without windows) refuses every spec with one; when the CPU check is OK,
+ *    kv_retain_cache_create() builds the cache for a tiny capacity (its memory bounded: a
+ *    KIVI window of 2^20 rows is only checked) with the rows a window keeps, with the engine's
+ *    retention state exactly when the spec selects, and kv_retain_cache_free() releases both
+ *    (LeakSanitizer sees the rest);
  *  - the rule parser returns KV_OK with the spec copied and a known rule, or KV_ERR_ARG with
  *    a message; a name lookup returns -1 or a value whose name parses back to it.
  */
@@ -60,6 +64,25 @@ static void check_ranges(const char *v, const kv_cache_spec *s, int n_slots, int
                      !s->layout.n_blocks,
                  "'%s': layout %d, blocks %d x %d", v, s->layout.kind, s->layout.n_blocks,
                  s->layout.block_size);
+    /* chapter 06's "window/wN[/sN][/cache|original][/FORMAT]": a window of at least one token,
+     * S + W within a slot's largest capacity, one per-token format and nothing of chapter 09;
+     * every other variant has no window at all */
+    if (!strncmp(v, "window/", 7)) {
+        FUZZ_REQUIRE(s->window.size >= 1 && s->window.n_sinks >= 0 &&
+                         (int64_t)s->window.size + s->window.n_sinks <= MAX_CAPACITY &&
+                         (s->window.pos_scheme == KV_POS_ORIGINAL ||
+                          s->window.pos_scheme == KV_POS_CACHE),
+                     "'%s': window %d, sinks %d, scheme %d", v, s->window.size, s->window.n_sinks,
+                     s->window.pos_scheme);
+        FUZZ_REQUIRE(s->quant.dtype >= 0 && s->quant.dtype < KV_QF_COUNT &&
+                         !kvq_is_kivi(s->quant.dtype) && !s->quant.dtype_layers &&
+                         !s->quant.fp8_per_head && !s->quant.kivi_window &&
+                         s->retain.select == KV_SELECT_NONE,
+                     "'%s': %s (layers 0x%llx, per-head %d, KIVI %d, method %d) beside a window",
+                     v, kv_quant_name(s->quant.dtype), (unsigned long long)s->quant.dtype_layers,
+                     s->quant.fp8_per_head, s->quant.kivi_window, s->retain.select);
+        return;
+    }
     FUZZ_REQUIRE(!s->window.size && !s->window.n_sinks && s->window.pos_scheme == KV_POS_ORIGINAL,
                  "'%s': window %d, sinks %d, scheme %d", v, s->window.size, s->window.n_sinks,
                  s->window.pos_scheme);
@@ -116,9 +139,13 @@ static kv_config model(int d, int heads, int layers)
 static void check_build(const char *v, const kv_cache_spec *s, const kv_config *cfg)
 {
     kv_err e = {{0}}, e2 = {{0}};
-    const int rc = kv_cache_spec_check("fuzz", cfg, s, &e);
-    const int rc2 = kv_cache_spec_check_caps("fuzz", cfg, s, KV_CACHE_CAN_WINDOW, &e2);
-    FUZZ_REQUIRE(rc == rc2, "'%s': check %d, check with windows %d", v, rc, rc2);
+    const int windowed = s->window.size > 0;
+    const int rc0 = kv_cache_spec_check("fuzz", cfg, s, &e2);
+    const int rc = kv_cache_spec_check_caps("fuzz", cfg, s, KV_CACHE_CAN_WINDOW, &e);
+    /* a device that builds no window refuses every window spec, and only those */
+    FUZZ_REQUIRE(windowed ? rc0 != KV_OK && (rc != KV_OK || rc0 == KV_ERR_UNSUPPORTED)
+                          : rc0 == rc,
+                 "'%s': check %d, check with windows %d", v, rc0, rc);
     if (rc != KV_OK) {
         FUZZ_REQUIRE((rc == KV_ERR_UNSUPPORTED || rc == KV_ERR_ARG) && e.msg[0] &&
                          memchr(e.msg, '\0', sizeof e.msg),
@@ -140,7 +167,7 @@ static void check_build(const char *v, const kv_cache_spec *s, const kv_config *
     FUZZ_REQUIRE(cr == KV_OK, "'%s' passed the check but kv_retain_cache_create says %d: %s", v, cr,
                  e.msg);
     FUZZ_REQUIRE(c.n_layers == cfg->n_layers && c.head_dim == kv_config_head_dim(cfg) &&
-                     c.rows == s->capacity && c.spec.quant.dtype == s->quant.dtype && c.fmt && c.len,
+                     c.rows == kv_window_rows(s->window.size, s->window.n_sinks, s->capacity) && c.spec.quant.dtype == s->quant.dtype && c.fmt && c.len,
                  "'%s': cache of %d layers, d %d, %d rows", v, c.n_layers, c.head_dim, c.rows);
     for (int l = 0; l < c.n_layers; l++)
         FUZZ_REQUIRE(c.fmt[l] == kv_cache_spec_layer_dtype(s, l), "'%s': layer %d stores %d", v,
