@@ -112,15 +112,14 @@ __device__ inline void attn_walk_from(kv_window_walk *k, const attn_src &s, int6
     const int n = (int)row_.p1
 
 __global__ void attn_decode_kernel_v1(float *out, const float *q, attn_src src, float *scores,
-                                      attn_rows rows, int n_heads, int n_kv_heads, int head_dim,
-                                      int stride)
+                                      attn_rows rows, int n_heads, int head_dim, int stride)
 {
     KV_DYNAMIC_SMEM(float, red); /* [32] block reduction scratch, then the query [d] */
     const int h = blockIdx.x, t = blockIdx.y;
     ATTN_TOKEN(t);
-    const int kvh = kv_attn_kv_head(h, n_heads, n_kv_heads);
-    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
-    const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
+    const int kvh = kv_attn_kv_head(h, n_heads, src.n_kv_heads);
+    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, head_dim, slot, kvh);
+    const kv_head_view vh = attn_view(src, KV_QROLE_VALUE, head_dim, slot, kvh);
     const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
     const float *vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)vh.codes : NULL;
     float *qh = red + KV_WARP; /* [d] the query, rounded where int8 keys meet it */
@@ -184,18 +183,17 @@ struct attn_group {
 /* The group of KV head kvh for token row t (q [t][H][d]): shared memory carved, views
  * opened, the G queries copied in. Every thread of the block calls it (a barrier inside). */
 __device__ inline attn_group group_open(float *smem, const attn_src &src, const float *q, int t,
-                                        int slot, int kvh, int n_heads, int n_kv_heads,
-                                        int head_dim)
+                                        int slot, int kvh, int n_heads, int head_dim)
 {
     attn_group a;
-    a.G = kv_heads_group(n_heads, n_kv_heads);
+    a.G = kv_heads_group(n_heads, src.n_kv_heads);
     a.d = head_dim;
     a.qs = smem;
     a.red = smem + (size_t)a.G * head_dim;
     a.mx = a.red + KV_WARP;
     a.l = a.mx + a.G;
-    a.kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
-    a.vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, head_dim, slot, kvh);
+    a.kh = attn_view(src, KV_QROLE_KEY, head_dim, slot, kvh);
+    a.vh = attn_view(src, KV_QROLE_VALUE, head_dim, slot, kvh);
     a.kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)a.kh.codes : NULL;
     a.vf = src.fmt == KV_QF_F32 ? (const float *)(const void *)a.vh.codes : NULL;
     const float *qg = q + ((size_t)t * n_heads + (size_t)kvh * a.G) * head_dim; /* [G][d] */
@@ -296,13 +294,12 @@ static __device__ void attn_group_span(const attn_group &a, const attn_src &src,
 
 /* Block (kvh, t) computes query heads kvh·G .. kvh·G + G - 1 over all n positions. */
 __global__ void attn_decode_kernel_v2(float *out, const float *q, attn_src src, float *scores,
-                                      attn_rows rows, int n_heads, int n_kv_heads, int head_dim,
-                                      int stride)
+                                      attn_rows rows, int n_heads, int head_dim, int stride)
 {
     KV_DYNAMIC_SMEM(float, smem);
     const int kvh = blockIdx.x, t = blockIdx.y;
     ATTN_TOKEN(t);
-    const attn_group a = group_open(smem, src, q, tr, slot, kvh, n_heads, n_kv_heads, head_dim);
+    const attn_group a = group_open(smem, src, q, tr, slot, kvh, n_heads, head_dim);
     const int h0 = kvh * a.G;
     float *att = scores + ((size_t)t * n_heads + h0) * stride; /* [G][stride] */
     float *oh = out + ((size_t)tr * n_heads + h0) * head_dim;  /* [G][d] */
@@ -312,8 +309,7 @@ __global__ void attn_decode_kernel_v2(float *out, const float *q, attn_src src, 
 /* Block (kvh, part, t): v2's passes over partition `part` of token t, unnormalized, into
  * the partition results that follow the scores [T][H][stride] in the same scratch. */
 __global__ void attn_decode_kernel_v3(const float *q, attn_src src, float *scores, attn_rows rows,
-                                      int T, int n_heads, int n_kv_heads, int head_dim,
-                                      int stride, int n_parts)
+                                      int T, int n_heads, int head_dim, int stride, int n_parts)
 {
     KV_DYNAMIC_SMEM(float, smem);
     const int kvh = blockIdx.x, part = blockIdx.y, t = blockIdx.z;
@@ -322,8 +318,7 @@ __global__ void attn_decode_kernel_v3(const float *q, attn_src src, float *score
     if (!attn_split_span(r, part, &lo, &hi)) return; /* the token is shorter: the block leaves */
     const attn_parts pp =
         attn_parts_at(scores + (size_t)T * n_heads * stride, T, n_heads, n_parts);
-    const attn_group a =
-        group_open(smem, src, q, r.tr, r.slot, kvh, n_heads, n_kv_heads, head_dim);
+    const attn_group a = group_open(smem, src, q, r.tr, r.slot, kvh, n_heads, head_dim);
     const int h0 = kvh * a.G;
     float *att = scores + ((size_t)t * n_heads + h0) * stride;     /* [G][stride] */
     const size_t ph = ((size_t)t * n_heads + h0) * n_parts + part; /* head h0's entry */
@@ -419,31 +414,31 @@ static attn_rows engine_rows(const int *tok_slot, const int *tok_pos, const int 
  * sees max_len positions. stride: positions per head of the scores scratch (>= max_len); v3's
  * partition results follow them. */
 static void launch(int version, float *out, const float *q, const attn_src &src, float *scores,
-                   const attn_rows &rows, int max_len, int T, int n_heads, int n_kv_heads,
-                   int head_dim, int stride)
+                   const attn_rows &rows, int max_len, int T, int n_heads, int head_dim,
+                   int stride)
 {
-    if (version == 4 && !kvcu_decode_launch(out, q, src, rows, scores, max_len, T, n_heads,
-                                            n_kv_heads, head_dim))
+    if (version == 4 &&
+        !kvcu_decode_launch(out, q, src, rows, scores, max_len, T, n_heads, head_dim))
         version = max_len > KVCU_FLASH_SPLIT_KEYS ? 3 : 2;
     if (version == 4) return;
-    const size_t smem = group_smem(kv_heads_group(n_heads, n_kv_heads), head_dim);
+    const size_t smem = group_smem(kv_heads_group(n_heads, src.n_kv_heads), head_dim);
     if (version == 3 && smem <= ATTN_SMEM_MAX) {
         const int n_parts = attn_n_splits(stride);
-        dim3 grid(n_kv_heads, attn_n_splits(max_len), T);
+        dim3 grid(src.n_kv_heads, attn_n_splits(max_len), T);
         KV_LAUNCH(attn_decode_kernel_v3, grid, ATTN_THREADS, smem, 0, q, src, scores, rows, T,
-                  n_heads, n_kv_heads, head_dim, stride, n_parts);
+                  n_heads, head_dim, stride, n_parts);
         float *parts = scores + (size_t)T * n_heads * stride; /* after the scores */
         kvcu_attn_merge_launch(out, src, rows, attn_parts_at(parts, T, n_heads, n_parts), T,
                                n_heads, head_dim);
     } else if (version >= 2 && smem <= ATTN_SMEM_MAX) {
-        dim3 grid(n_kv_heads, T);
+        dim3 grid(src.n_kv_heads, T);
         KV_LAUNCH(attn_decode_kernel_v2, grid, ATTN_THREADS, smem, 0, out, q, src, scores, rows,
-                  n_heads, n_kv_heads, head_dim, stride);
+                  n_heads, head_dim, stride);
     } else {
         dim3 grid(n_heads, T);
         const size_t smem1 = (KV_WARP + (size_t)head_dim) * sizeof(float); /* red, query */
         KV_LAUNCH(attn_decode_kernel_v1, grid, ATTN_THREADS, smem1, 0, out, q, src, scores, rows,
-                  n_heads, n_kv_heads, head_dim, stride);
+                  n_heads, head_dim, stride);
     }
 }
 
@@ -451,8 +446,8 @@ static void launch(int version, float *out, const float *q, const attn_src &src,
  * @p scores is NULL, kvcu_attn_decode_scratch() floats allocated and freed here (cudaFree
  * waits for the kernels); the first error of the launch or of the free. */
 static int launch_one(int version, float *out, const float *q, const attn_src &src,
-                      float *scores, int slot, int64_t pos, int n, int n_heads, int n_kv_heads,
-                      int head_dim, int stride, kv_err *err)
+                      float *scores, int slot, int64_t pos, int n, int n_heads, int head_dim,
+                      int stride, kv_err *err)
 {
     float *own = NULL;
     if (!scores) {
@@ -462,7 +457,7 @@ static int launch_one(int version, float *out, const float *q, const attn_src &s
         scores = own;
     }
     launch(version, out, q, src, scores, engine_rows(NULL, NULL, NULL, slot, pos), n, 1, n_heads,
-           n_kv_heads, head_dim, stride);
+           head_dim, stride);
     cudaError_t e = cudaGetLastError(), f = own ? cudaFree(own) : cudaSuccess;
     KV_CUDA_TRY(e, err);
     KV_CUDA_TRY(f, err);
@@ -470,10 +465,12 @@ static int launch_one(int version, float *out, const float *q, const attn_src &s
 }
 
 /* fp32 arrays [H_kv][max_seq][d] as a layer: what the plain-array entry points read. */
-static attn_src f32_src(const float *k, const float *v, int head_dim, int max_seq)
+static attn_src f32_src(const float *k, const float *v, int n_kv_heads, int head_dim,
+                        int max_seq)
 {
     attn_src s;
     memset(&s, 0, sizeof s);
+    s.n_kv_heads = n_kv_heads;
     s.kp.codes = (uint8_t *)(void *)k;
     s.kp.row_bytes = (int64_t)head_dim * 4;
     s.vp.codes = (uint8_t *)(void *)v;
@@ -496,8 +493,8 @@ int kvcu_attn_decode_version(int version, const float *q, const float *k, const 
     if (len <= 0 || len > max_seq)
         return kv_fail(err, KV_ERR_ARG, "kvcu_attn_decode: len %d outside 1..max_seq %d", len,
                        max_seq);
-    return launch_one(version, out, q, f32_src(k, v, head_dim, max_seq), scores, 0, len - 1,
-                      len, n_heads, n_kv_heads, head_dim, max_seq, err);
+    return launch_one(version, out, q, f32_src(k, v, n_kv_heads, head_dim, max_seq), scores, 0,
+                      len - 1, len, n_heads, head_dim, max_seq, err);
 }
 
 int kvcu_attn_decode(const float *q, const float *k, const float *v, float *out, int n_heads,
@@ -520,8 +517,8 @@ int kvcu_attention(const kvcu_cache *c, int layer, const int *tok_slot, const in
     /* v4, or where it does not read the layer (launch() says which) v2 / v3: never chosen
      * by the batch */
     launch(4, out, q, cache_src(c, layer), scores,
-           engine_rows(tok_slot, tok_pos, row_of, 0, 0), max_len, T, n_heads, c->n_kv_heads,
-           c->head_dim, c->span);
+           engine_rows(tok_slot, tok_pos, row_of, 0, 0), max_len, T, n_heads, c->head_dim,
+           c->span);
     KV_CUDA_TRY_LAUNCH(err);
     return KV_OK;
 }
@@ -547,7 +544,7 @@ int kvcu_cache_attention_version(int version, const kvcu_cache *c, int layer, in
     if (st) return st;
     if (version == 0) version = 4;
     return launch_one(version, out, q, cache_src(c, layer), scratch, slot, pos, n, n_heads,
-                      c->n_kv_heads, c->head_dim, c->span, err);
+                      c->head_dim, c->span, err);
 }
 
 int kvcu_cache_attention(const kvcu_cache *c, int layer, int slot, int pos, const float *q,

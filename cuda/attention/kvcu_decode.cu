@@ -75,7 +75,7 @@ __device__ __forceinline__ int dec_dot_q16(const uint4 &raw, const int *qi)
 template <int F>
 __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)
 attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec_plan_t p,
-                 int n_heads, int n_kv_heads)
+                 int n_heads)
 {
     constexpr int VEC = dec_fmt<F>::vec;
     KV_DYNAMIC_SMEM(uint4, smem4);
@@ -84,7 +84,7 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
     uint8_t *buf = sm + p.off_buf;
     dec_block blk;
     kv_head_view kh, vh;
-    if (!dec_open<F>(blk, kh, vh, q, src, rows, p, TILE, n_heads, n_kv_heads, buf))
+    if (!dec_open<F>(blk, kh, vh, q, src, rows, p, TILE, n_heads, buf))
         return; /* the row is shorter: the block leaves */
     const bool qint = dec_fmt<F>::int8 && p.qint;
     float *qs = (float *)(void *)sm;
@@ -236,7 +236,7 @@ static int dec_has_kernel(int f)
  * A format's own template where its rows are whole 16-byte chunks, at most 32 of them, a
  * power of two; else the staged template (DEC_ELEM: KIVI, KV_POS_CACHE, rows of other sizes)
  * where d / 4 is such a count. Nothing else (the engine runs v2/v3 there). */
-static int dec_plan(const attn_src &src, int n_heads, int n_kv_heads, int d, dec_plan_t *p)
+static int dec_plan(const attn_src &src, int n_heads, int d, dec_plan_t *p)
 {
     const int f = src.fmt;
     if (f < 0 || f >= KV_QF_COUNT || d <= 0) return 0;
@@ -257,7 +257,7 @@ static int dec_plan(const attn_src &src, int n_heads, int n_kv_heads, int d, dec
         p->lpr = d / 4;
         p->rb = (int64_t)d * 4;
     }
-    p->G = kv_heads_group(n_heads, n_kv_heads);
+    p->G = kv_heads_group(n_heads, src.n_kv_heads);
     p->d = d;
     while ((1 << p->lpr_shift) < p->lpr) p->lpr_shift++;
     p->tile = 8;
@@ -271,17 +271,17 @@ static int dec_plan(const attn_src &src, int n_heads, int n_kv_heads, int d, dec
     return p->smem <= KVCU_DECODE_SMEM_MAX;
 }
 
-int kvcu_decode_supported(const attn_src &src, int n_heads, int n_kv_heads, int head_dim)
+int kvcu_decode_supported(const attn_src &src, int n_heads, int head_dim)
 {
     dec_plan_t p;
-    return dec_plan(src, n_heads, n_kv_heads, head_dim, &p);
+    return dec_plan(src, n_heads, head_dim, &p);
 }
 
 int kvcu_cache_decode_reads(const kvcu_cache *c, int layer, int n_heads)
 {
     if (!c || layer < 0 || layer >= c->n_layers || n_heads <= 0 || n_heads % c->n_kv_heads)
         return 0;
-    return kvcu_decode_supported(cache_src(c, layer), n_heads, c->n_kv_heads, c->head_dim);
+    return kvcu_decode_supported(cache_src(c, layer), n_heads, c->head_dim);
 }
 
 int kvcu_cache_decode_mma(const kvcu_cache *c, int layer, int n_heads)
@@ -290,8 +290,7 @@ int kvcu_cache_decode_mma(const kvcu_cache *c, int layer, int n_heads)
     const void *k;
     if (!kvcu_cache_decode_reads(c, layer, n_heads)) return 0;
     const attn_src src = cache_src(c, layer);
-    return dec_plan(src, n_heads, c->n_kv_heads, c->head_dim, &p) &&
-           kvcu_decode_mma_plan(src, c->n_kv_heads, &p, &k);
+    return dec_plan(src, n_heads, c->head_dim, &p) && kvcu_decode_mma_plan(src, &p, &k);
 }
 
 /* The kernel of template f (dec_plan_t.fmt). */
@@ -318,30 +317,29 @@ size_t kvcu_decode_scratch(int T, int n_heads, int head_dim, int capacity)
 }
 
 int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_rows rows,
-                       float *scratch, int max_len, int T, int n_heads, int n_kv_heads,
-                       int head_dim)
+                       float *scratch, int max_len, int T, int n_heads, int head_dim)
 {
     dec_plan_t p;
-    if (!dec_plan(src, n_heads, n_kv_heads, head_dim, &p)) return 0;
+    if (!dec_plan(src, n_heads, head_dim, &p)) return 0;
     const void *kernel = NULL;
     /* the group on tensor cores where the rule says (kvcu_decode_mma.cu) */
-    const int mma = kvcu_decode_mma_plan(src, n_kv_heads, &p, &kernel);
+    const int mma = kvcu_decode_mma_plan(src, &p, &kernel);
     if (!mma) kernel = dec_kernel(p.fmt);
     if (p.smem > 48 * 1024)
         (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)p.smem); /* a refusal shows at the launch */
-    rows.split_target = dec_split_target(kernel, p.smem, n_kv_heads);
+    rows.split_target = dec_split_target(kernel, p.smem, src.n_kv_heads);
     int n_parts = (int)((max_len + KVCU_DECODE_MIN_KEYS - 1) / KVCU_DECODE_MIN_KEYS);
     if (n_parts > rows.split_target) n_parts = rows.split_target;
     if (n_parts < 1) n_parts = 1;
     const attn_parts parts = attn_parts_at(scratch, T, n_heads, n_parts);
-    const dim3 grid(n_kv_heads, n_parts, T);
+    const dim3 grid(src.n_kv_heads, n_parts, T);
     if (mma)
-        kvcu_decode_mma_launch(grid, p, q, src, rows, parts, n_heads, n_kv_heads);
+        kvcu_decode_mma_launch(grid, p, q, src, rows, parts, n_heads);
     else
         dec_dispatch(p.fmt, [&](auto c) {
             KV_LAUNCH(attn_fast_kernel<decltype(c)::value>, grid, DEC_THREADS, p.smem, 0, q, src,
-                      rows, parts, p, n_heads, n_kv_heads);
+                      rows, parts, p, n_heads);
         });
     kvcu_attn_merge_launch(out, src, rows, parts, T, n_heads, head_dim);
     return 1;
@@ -349,7 +347,7 @@ int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_row
 
 /* Chapter 09: the same kernel and merge over selected sets (attn_rows.sel), so a set that
  * lists every position gives the plain decode's bits. */
-int kvcu_attn_list_launch(int n_kv_heads, int rows, float *out, const float *q,
+int kvcu_attn_list_launch(int rows, float *out, const float *q,
                           const attn_src &src, float *att, float *sums, float *parts,
                           const int *off, const int *cnt, const int *lists, int slot, int r0,
                           int j0, int n, int n_heads, int head_dim, int stride)
@@ -364,10 +362,9 @@ int kvcu_attn_list_launch(int n_kv_heads, int rows, float *out, const float *q,
     r.sel_r0 = r0;
     r.sel_j0 = j0;
     r.sel_n = n;
-    r.sel_group = kv_heads_group(n_heads, n_kv_heads);
+    r.sel_group = kv_heads_group(n_heads, src.n_kv_heads);
     r.sel_stride = stride;
     r.sel_att = att;
     r.sel_sums = sums;
-    return kvcu_decode_launch(out, q, src, r, parts, stride, rows, n_heads, n_kv_heads,
-                              head_dim);
+    return kvcu_decode_launch(out, q, src, r, parts, stride, rows, n_heads, head_dim);
 }

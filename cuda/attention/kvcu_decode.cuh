@@ -146,13 +146,13 @@ template <int F>
 __device__ __forceinline__ bool dec_open(dec_block &b, kv_head_view &kh, kv_head_view &vh,
                                          const float *q, const attn_src &src,
                                          const attn_rows &rows, const dec_plan_t &p, int tile,
-                                         int n_heads, int n_kv_heads, uint8_t *buf)
+                                         int n_heads, uint8_t *buf)
 {
     const int kvh = blockIdx.x;
     b.r = attn_span_kv(src, rows, blockIdx.z, kvh);
     if (!attn_split_span(b.r, blockIdx.y, &b.lo, &b.hi)) return false;
-    kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, p.d, b.r.slot, kvh);
-    vh = attn_view(src, KV_QROLE_VALUE, n_kv_heads, p.d, b.r.slot, kvh);
+    kh = attn_view(src, KV_QROLE_KEY, p.d, b.r.slot, kvh);
+    vh = attn_view(src, KV_QROLE_VALUE, p.d, b.r.slot, kvh);
     b.lst = rows.sel ? rows.sel + rows.sel_off[(size_t)kvh * rows.sel_n + (b.r.tr - rows.sel_j0)]
                      : NULL;
     const size_t h0 = (size_t)kvh * p.G; /* the group's first query head */
@@ -210,11 +210,10 @@ __device__ __forceinline__ size_t dec_part_index(const dec_plan_t &p, const attn
 /* Whether the group's scores and P·V go to the tensor cores (the one rule; the comment at its
  * definition says why), and if so the plan p becomes that kernel's (its tile, shared memory)
  * and *kernel its entry; 0 leaves p alone. */
-int kvcu_decode_mma_plan(const attn_src &src, int n_kv_heads, dec_plan_t *p,
-                         const void **kernel);
+int kvcu_decode_mma_plan(const attn_src &src, dec_plan_t *p, const void **kernel);
 /* Launch it over grid (H_kv, ranges, T) with plan p. */
 void kvcu_decode_mma_launch(dim3 grid, const dec_plan_t &p, const float *q,
                             const attn_src &src, const attn_rows &rows,
-                            const attn_parts &parts, int n_heads, int n_kv_heads);
+                            const attn_parts &parts, int n_heads);
 
 #endif

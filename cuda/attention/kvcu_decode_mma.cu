@@ -93,7 +93,7 @@ __device__ __forceinline__ uint32_t mma_elem(const uint8_t *row, int j)
 template <int F>
 __global__ void __launch_bounds__(DEC_THREADS)
 attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec_plan_t p,
-                int n_heads, int n_kv_heads)
+                int n_heads)
 {
     constexpr int BF = F == KV_QF_BF16;
     constexpr bool INT8 = F == KV_QF_INT8, FP8 = F == KV_QF_FP8_E4M3 || F == KV_QF_FP8_E5M2;
@@ -105,7 +105,7 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
     uint8_t *buf = sm + p.off_buf;
     dec_block blk;
     kv_head_view kh, vh;
-    if (!dec_open<F>(blk, kh, vh, q, src, rows, p, MMA_TILE, n_heads, n_kv_heads, buf)) return;
+    if (!dec_open<F>(blk, kh, vh, q, src, rows, p, MMA_TILE, n_heads, buf)) return;
     const float *qg = blk.qg;
     for (int i = tid; i < p.mb * 16 * ld; i += DEC_THREADS) {
         const int row = i / ld, j = i - row * ld;
@@ -257,10 +257,9 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
 
 static size_t mma_align16(size_t n) { return (n + 15) / 16 * 16; }
 
-int kvcu_decode_mma_plan(const attn_src &src, int n_kv_heads, dec_plan_t *p,
-                         const void **kernel)
+int kvcu_decode_mma_plan(const attn_src &src, dec_plan_t *p, const void **kernel)
 {
-    if (p->fmt != src.fmt || !dec_mma_rule(p->fmt, p->G, n_kv_heads, p->d)) return 0;
+    if (p->fmt != src.fmt || !dec_mma_rule(p->fmt, p->G, src.n_kv_heads, p->d)) return 0;
     const int d = p->d;
     p->mb = (p->G + 15) / 16;
     p->ks = p->mb >= 4 ? 1 : p->mb == 1 ? 4 : 2; /* warps over heads x warps over a tile's keys */
@@ -279,11 +278,11 @@ int kvcu_decode_mma_plan(const attn_src &src, int n_kv_heads, dec_plan_t *p,
 
 void kvcu_decode_mma_launch(dim3 grid, const dec_plan_t &p, const float *q,
                             const attn_src &src, const attn_rows &rows,
-                            const attn_parts &parts, int n_heads, int n_kv_heads)
+                            const attn_parts &parts, int n_heads)
 {
     dec_dispatch(p.fmt, [&](auto c) {
         if constexpr (mma_fmt<decltype(c)::value>)
             KV_LAUNCH(attn_mma_kernel<decltype(c)::value>, grid, DEC_THREADS, p.smem, 0, q, src,
-                      rows, parts, p, n_heads, n_kv_heads);
+                      rows, parts, p, n_heads);
     });
 }

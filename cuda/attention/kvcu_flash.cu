@@ -74,7 +74,7 @@ __global__ void flash_scores_kernel_v1(flash_args a, flash_scores sc)
 {
     KV_DYNAMIC_SMEM(float, qh); /* [d] the query, rounded where int8 keys meet it */
     const int t = blockIdx.x, h = blockIdx.y;
-    const flash_kv kv = flash_views(a, kv_attn_kv_head(h, a.H, a.H_kv));
+    const flash_kv kv = flash_views(a, kv_attn_kv_head(h, a.H, a.src.n_kv_heads));
     const float *q = a.q + ((size_t)t * a.H + h) * a.d; /* [d] */
     for (int i = threadIdx.x; i < a.d; i += blockDim.x) qh[i] = q[i];
     __syncthreads();
@@ -121,7 +121,7 @@ __global__ void flash_softmax_kernel_v1(flash_args a, flash_scores sc)
 __global__ void flash_pv_kernel_v1(flash_args a, flash_scores sc)
 {
     const int t = blockIdx.x, h = blockIdx.y;
-    const flash_kv kv = flash_views(a, kv_attn_kv_head(h, a.H, a.H_kv));
+    const flash_kv kv = flash_views(a, kv_attn_kv_head(h, a.H, a.src.n_kv_heads));
     const float *row = sc.S + ((size_t)h * a.T + t) * sc.n_vis; /* [n_vis] */
     const float sum = sc.rowsum[(size_t)h * a.T + t];
     float *oh = a.out + ((size_t)t * a.H + h) * a.d;             /* [d] */
@@ -173,7 +173,7 @@ __global__ void flash_kernel_v2(flash_args a, int BQ, int BK)
     const flash_smem sm = flash_carve(base, BQ, a.d, BK);
     const int t0 = blockIdx.x * BQ, h = blockIdx.y;
     const int n = a.T - t0 < BQ ? a.T - t0 : BQ; /* queries of this tile */
-    const flash_kv kv = flash_views(a, kv_attn_kv_head(h, a.H, a.H_kv));
+    const flash_kv kv = flash_views(a, kv_attn_kv_head(h, a.H, a.src.n_kv_heads));
     const size_t stride = (size_t)a.H * a.d; /* from one query's row of head h to the next */
     flash_load_rows(sm, a, kv, a.q + ((size_t)t0 * a.H + h) * a.d, stride, n, BQ, a.d);
     for (int r = threadIdx.x; r < BQ; r += blockDim.x) sm.end[r] = flash_end(a, t0 + r);
@@ -186,7 +186,8 @@ __global__ void flash_kernel_v2(flash_args a, int BQ, int BK)
 
 /* The heads of the (query, KV head, chunk) a v3/v4 block computes: heads h0 .. h0 + n - 1. */
 #define FLASH_GROUP_BLOCK(a, t, kvh_chunk, GC)                                                \
-    const int G = kv_heads_group((a).H, (a).H_kv), n_chunks = (G + (GC) - 1) / (GC);          \
+    const int G = kv_heads_group((a).H, (a).src.n_kv_heads);                                  \
+    const int n_chunks = (G + (GC) - 1) / (GC);                                               \
     const int kvh = (kvh_chunk) / n_chunks, chunk = (kvh_chunk) % n_chunks;                   \
     const int h0 = kvh * G + chunk * (GC);                                                    \
     const int n = G - chunk * (GC) < (GC) ? G - chunk * (GC) : (GC)
@@ -199,7 +200,8 @@ __global__ void flash_kernel_v3(flash_args a, attn_parts parts, int GC, int BK)
 {
     KV_DYNAMIC_SMEM(unsigned char, base);
     const flash_smem sm = flash_carve(base, GC, a.d, BK);
-    const int G0 = kv_heads_group(a.H, a.H_kv), per_t = a.H_kv * ((G0 + GC - 1) / GC);
+    const int Hkv = a.src.n_kv_heads, G0 = kv_heads_group(a.H, Hkv);
+    const int per_t = Hkv * ((G0 + GC - 1) / GC);
     const int t = blockIdx.x / per_t, part = blockIdx.y;
     FLASH_GROUP_BLOCK(a, t, blockIdx.x % per_t, GC);
     const attn_span row = attn_span_of(a.src, a.rows, t);
@@ -332,7 +334,6 @@ static flash_args flash_args_of(const kvcu_flash_job *j)
     a.out = j->out;
     a.T = j->T;
     a.H = j->n_heads;
-    a.H_kv = j->c->n_kv_heads;
     a.d = j->c->head_dim;
     a.slot = j->slot;
     a.k_begin = j->k_begin;
@@ -349,7 +350,7 @@ static flash_args flash_args_of(const kvcu_flash_job *j)
 static cudaError_t flash_launch(int version, const kvcu_flash_job *j, float *scratch)
 {
     const flash_args a = flash_args_of(j);
-    const int G = kv_heads_group(a.H, a.H_kv);
+    const int G = kv_heads_group(a.H, a.src.n_kv_heads);
     cudaError_t e = cudaSuccess;
     if (version == 1) {
         flash_scores sc;
@@ -375,7 +376,7 @@ static cudaError_t flash_launch(int version, const kvcu_flash_job *j, float *scr
         return cudaGetLastError();
     }
     const int GC = flash_group_rows(G, a.d), BK = flash_tile_keys(GC, a.d);
-    const int per_t = a.H_kv * (int)kv_ceil_div(G, GC); /* blocks of one query */
+    const int per_t = a.src.n_kv_heads * (int)kv_ceil_div(G, GC); /* blocks of one query */
     const size_t smem = flash_smem_bytes(GC, a.d, BK);
     /* v3: one part, normalized in place; v4: the ranges, then the engine's merge */
     const int n_splits = version == 4 ? flash_splits(j) : 1;

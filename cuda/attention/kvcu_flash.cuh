@@ -21,11 +21,11 @@ typedef struct {
 
 /* What every kernel of a job needs, passed by value. */
 typedef struct {
-    attn_src src;          /* the layer's planes, tables, format */
+    attn_src src;          /* the layer's planes, KV heads, tables, format */
     attn_rows rows;        /* the job's queries as the attention family's rows (flash_rows_of()) */
     const float *q;        /* [T][H][d] */
     float *out;            /* [T][H][d] */
-    int T, H, H_kv, d, slot;
+    int T, H, d, slot;
     int64_t k_begin;       /* first key a query may see */
     float scale;           /* 1 / sqrt(d) */
 } flash_args;
@@ -42,8 +42,8 @@ __device__ inline int64_t flash_end(const flash_args &a, int t)
 __device__ inline flash_kv flash_views(const flash_args &a, int kvh)
 {
     flash_kv v;
-    v.kh = attn_view(a.src, KV_QROLE_KEY, a.H_kv, a.d, a.slot, kvh);
-    v.vh = attn_view(a.src, KV_QROLE_VALUE, a.H_kv, a.d, a.slot, kvh);
+    v.kh = attn_view(a.src, KV_QROLE_KEY, a.d, a.slot, kvh);
+    v.vh = attn_view(a.src, KV_QROLE_VALUE, a.d, a.slot, kvh);
     v.kf = a.src.fmt == KV_QF_F32 ? (const float *)(const void *)v.kh.codes : NULL;
     v.vf = a.src.fmt == KV_QF_F32 ? (const float *)(const void *)v.vh.codes : NULL;
     return v;

@@ -111,7 +111,7 @@ template <int BF16, int RAW>
 __global__ void flash_kernel_v5(flash_args a)
 {
     KV_DYNAMIC_SMEM(unsigned char, base);
-    const int G = kv_heads_group(a.H, a.H_kv), QT = flash_mma_queries(G);
+    const int G = kv_heads_group(a.H, a.src.n_kv_heads), QT = flash_mma_queries(G);
     const int t0 = blockIdx.x * QT, kvh = blockIdx.y, d = a.d, ld = d + FLASH_MMA_PAD;
     const int tid = threadIdx.x, warp = tid / KV_WARP, l = tid % KV_WARP, g = l / 4, tq = l % 4;
     int64_t *end = (int64_t *)base;                                  /* [64] */
@@ -299,9 +299,9 @@ static int flash_mma_raw(const attn_src &src)
 
 cudaError_t kvcu_flash_mma_launch(const flash_args &a)
 {
-    const int G = kv_heads_group(a.H, a.H_kv);
+    const int G = kv_heads_group(a.H, a.src.n_kv_heads);
     const size_t smem = flash_mma_smem(a.d);
-    dim3 grid(kv_ceil_div(a.T, flash_mma_queries(G)), a.H_kv);
+    dim3 grid(kv_ceil_div(a.T, flash_mma_queries(G)), a.src.n_kv_heads);
     const int raw = flash_mma_raw(a.src);
     if (a.src.fmt == KV_QF_BF16)
         return raw ? flash_mma_run<1, 1>(a, grid, smem) : flash_mma_run<1, 0>(a, grid, smem);

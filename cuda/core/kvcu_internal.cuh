@@ -92,6 +92,8 @@ size_t kvcu_attention_scratch(int T, int n_heads, int head_dim, int capacity);
 /* What the kernels read of one layer of a cache (or of plain fp32 arrays): passed by value. */
 typedef struct {
     kv_cache_plane kp, vp; /* K and V planes, device pointers */
+    int n_kv_heads;        /* H_kv: the heads of a slot in a plane (the cache's, read here
+                            * by every kernel and launcher rather than passed beside it) */
     int fmt;               /* the layer's format */
     const int *qlen;       /* device [n_slots] KIVI quantized counts, NULL when not KIVI */
     int window;            /* KIVI window (>= 1) */
@@ -104,16 +106,15 @@ typedef struct {
 } attn_src;
 
 /* The view of (slot, kvh) of the K (role KV_QROLE_KEY) or V plane. */
-__device__ inline kv_head_view attn_view(const attn_src &s, int role, int n_kv_heads, int d,
-                                         int slot, int kvh)
+__device__ inline kv_head_view attn_view(const attn_src &s, int role, int d, int slot, int kvh)
 {
     const kv_cache_plane *p = role == KV_QROLE_KEY ? &s.kp : &s.vp;
     const int64_t q = s.qlen ? s.qlen[slot] : 0;
     if (s.tables)
-        return kv_cache_plane_view_paged(p, s.fmt, role, n_kv_heads, s.rows, d, s.window, slot,
+        return kv_cache_plane_view_paged(p, s.fmt, role, s.n_kv_heads, s.rows, d, s.window, slot,
                                          kvh, q, s.tables + (size_t)slot * s.max_blocks,
                                          s.block_size);
-    return kv_cache_plane_view(p, s.fmt, role, n_kv_heads, s.rows, d, s.window, slot, kvh, q);
+    return kv_cache_plane_view(p, s.fmt, role, s.n_kv_heads, s.rows, d, s.window, slot, kvh, q);
 }
 
 /* Element i of logical row p, stored at row r = kv_view_row(p): kv_cache_elem() with the
@@ -261,17 +262,16 @@ void kvcu_attn_merge_launch(float *out, const attn_src &src, const attn_rows &ro
  * layer with H query heads; its launch over T rows whose longest attends max_len keys (0 when
  * the layer is not one it reads: nothing launched), partial states in @p scratch, at least
  * kvcu_decode_scratch() floats, then attn_merge_kernel into out. */
-int kvcu_decode_supported(const attn_src &src, int n_heads, int n_kv_heads, int head_dim);
+int kvcu_decode_supported(const attn_src &src, int n_heads, int head_dim);
 int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_rows rows,
-                       float *scratch, int max_len, int T, int n_heads, int n_kv_heads,
-                       int head_dim);
+                       float *scratch, int max_len, int T, int n_heads, int head_dim);
 size_t kvcu_decode_scratch(int T, int n_heads, int head_dim, int capacity);
 
 /* Chapter 09 (cuda/engine/kvcu_retain.cu): the engine's decode kernel over selected sets, rows
  * r0 .. r0 + rows - 1 of a step (attn_rows.sel says what the arguments mean), stride >= every
  * list's length; partial states in @p parts, kvcu_decode_scratch(rows, H, d, stride) floats.
  * 0 (nothing launched) where kvcu_decode_supported() says no. */
-int kvcu_attn_list_launch(int n_kv_heads, int rows, float *out, const float *q,
+int kvcu_attn_list_launch(int rows, float *out, const float *q,
                           const attn_src &src, float *att, float *sums, float *parts,
                           const int *off, const int *cnt, const int *lists, int slot, int r0,
                           int j0, int n, int n_heads, int head_dim, int stride);
@@ -299,6 +299,7 @@ static inline attn_src cache_src(const kvcu_cache *c, int layer)
     memset(&s, 0, sizeof s);
     s.kp = *kv_cache_plane_of(c->planes, c->n_layers, kv_cache_role_plane(KV_QROLE_KEY), layer);
     s.vp = *kv_cache_plane_of(c->planes, c->n_layers, kv_cache_role_plane(KV_QROLE_VALUE), layer);
+    s.n_kv_heads = c->n_kv_heads;
     s.fmt = c->fmt[layer];
     s.qlen = kvq_is_kivi(s.fmt) ? c->d_qlen + (size_t)layer * c->spec.n_slots : NULL;
     s.window = c->window > 0 ? c->window : 1;

@@ -102,10 +102,10 @@ static int hgrow(void **p, size_t *cap, size_t n, size_t size, kv_err *err)
  * out [H_kv][n][d]. The keys are the grid's x (up to 2^31 - 1 blocks), the heads its y: a
  * prefill step of more than 65535 tokens would not fit in y. */
 __global__ void retain_keys_kernel(float *out, attn_src src, int slot, int pos0, int n,
-                                   int n_kv_heads, int head_dim)
+                                   int head_dim)
 {
     const int j = blockIdx.x, kvh = blockIdx.y;
-    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, n_kv_heads, head_dim, slot, kvh);
+    const kv_head_view kh = attn_view(src, KV_QROLE_KEY, head_dim, slot, kvh);
     const float *kf = src.fmt == KV_QF_F32 ? (const float *)(const void *)kh.codes : NULL;
     const int64_t p = (int64_t)pos0 + j, r = kv_view_row(&kh, p);
     float *o = out + ((size_t)kvh * n + j) * head_dim; /* [d] */
@@ -279,7 +279,7 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
     const int evicts = kv_select_method_evicts(r->method);
     const int prefix = evicts || layer < r->dense_layers;
     const attn_src src = cache_src(c, layer);
-    if (!kvcu_decode_supported(src, H, Hkv, d))
+    if (!kvcu_decode_supported(src, H, d))
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_retain_attend: the decode kernel does "
                        "not read a group of %d heads of dim %d", G, d);
     int rc;
@@ -290,7 +290,7 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
         (rc = hgrow((void **)&s->hkeys, &s->hkeys_n, nk, sizeof(float), err)))
         return rc;
     KV_LAUNCH(retain_keys_kernel, dim3(n, Hkv), RETAIN_THREADS, 0, 0, s->keys, src, slot, pos0,
-              n, Hkv, d);
+              n, d);
     KV_CUDA_TRY_LAUNCH(err);
     KV_CUDA_TRY(cudaMemcpy(s->hkeys, s->keys, nk * sizeof(float), cudaMemcpyDeviceToHost), err);
     for (int kvh = 0; kvh < Hkv; kvh++)
@@ -348,8 +348,8 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
         const int ni = prefix ? n : nr, j0 = prefix ? 0 : r0; /* rows off and cnt cover */
         const int *d_off = s->ints, *d_cnt = d_off + (size_t)Hkv * ni;
         const int *d_lists = d_cnt + (size_t)Hkv * ni;
-        kvcu_attn_list_launch(Hkv, nr, out, q, src, s->att, sums, parts, d_off, d_cnt, d_lists,
-                              slot, r0, j0, ni, H, d, cs);
+        kvcu_attn_list_launch(nr, out, q, src, s->att, sums, parts, d_off, d_cnt, d_lists, slot,
+                              r0, j0, ni, H, d, cs);
         for (int kvh = 0; kvh < Hkv; kvh++) {
             const int a = from[kvh] > r0 ? from[kvh] : r0, b = r0 + nr;
             if (a >= b) continue;
