@@ -215,14 +215,15 @@ static int group_create(kv_backend **out, const kv_model *m, int p, const kv_cac
     int rc = kv_tp_check(&m->config, p, err);
     if (rc) return rc;
     if (p > MAXR) return kv_fail(err, KV_ERR_ARG, "test group: %d ranks (at most %d)", p, MAXR);
-    kv_backend *b = calloc(1, sizeof *b);
     group *g = calloc(1, sizeof *g);
-    if (!b || !g) {
-        free(b);
+    if (!g) return kv_fail(err, KV_ERR_NOMEM, "test group: out of memory");
+    kv_backend *b = NULL;
+    rc = kv_backend_new(&b, "cuda-shards", &m->config, spec, g, group_forward, group_reset,
+                        group_length, group_destroy, err);
+    if (rc) {
         free(g);
-        return kv_fail(err, KV_ERR_NOMEM, "test group: out of memory");
+        return rc;
     }
-    b->impl = g;
     g->p = p;
     g->n_layers = m->config.n_layers;
     g->dim = m->config.dim;
@@ -232,23 +233,13 @@ static int group_create(kv_backend **out, const kv_model *m, int p, const kv_cac
     g->sum = malloc(sizeof(float) * (size_t)g->max_n);
     rc = g->sum ? kvcu_model_upload(&g->m, m, err) : kv_fail(err, KV_ERR_NOMEM, "test group");
     for (int r = 0; r < p && !rc; r++) {
-        kv_tp_shard_of(&m->config, p, r, &g->shard[r]);
-        g->shard[r].all_reduce = all_reduce;
-        g->shard[r].ctx = g;
-        kv_config shape = m->config; /* the rank's cache: its KV heads only */
-        shape.n_kv_heads = g->shard[r].n_kv_heads;
+        kv_config shape; /* the rank's cache: its KV heads only */
+        kv_tp_rank_setup(&m->config, p, r, all_reduce, g, &g->shard[r], &shape);
         g->part[r] = malloc(sizeof(float) * (size_t)g->max_n);
         if (!g->part[r]) rc = kv_fail(err, KV_ERR_NOMEM, "test group");
         if (!rc) rc = kvcu_cache_create(&g->cache[r], &shape, spec, err);
         if (!rc) rc = kvcu_state_create(&g->state[r], err);
     }
-    b->name = "cuda-shards";
-    b->config = &m->config;
-    b->spec = *spec;
-    b->forward = group_forward;
-    b->reset = group_reset;
-    b->length = group_length;
-    b->destroy = group_destroy;
     if (rc) {
         group_destroy(b);
         return rc;

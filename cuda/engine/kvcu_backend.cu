@@ -187,15 +187,16 @@ int kvcu_backend_create_opts(kv_backend **out, const kv_model *model, const kv_c
     *out = NULL;
     int rc = kvcu_device_available(err);
     if (rc) return rc;
-    kv_backend *b = (kv_backend *)calloc(1, sizeof *b);
     cuda_impl *p = (cuda_impl *)calloc(1, sizeof *p);
-    if (!b || !p) {
-        free(b);
+    if (!p) return kv_fail(err, KV_ERR_NOMEM, "kvcu_backend_create: out of memory");
+    p->config = model->config; /* the backend's config is this copy: the host model may go */
+    kv_backend *b = NULL;
+    rc = kv_backend_new(&b, kvcu_is_emulation() ? "cuda-emulation" : "cuda", &p->config, spec, p,
+                        cuda_forward, cuda_reset, cuda_length, cuda_destroy, err);
+    if (rc) {
         free(p);
-        return kv_fail(err, KV_ERR_NOMEM, "kvcu_backend_create: out of memory");
+        return rc;
     }
-    b->impl = p;
-    b->destroy = cuda_destroy;
     if ((rc = kvcu_model_upload(&p->model, model, err)) ||
         (rc = kvcu_retain_cache_create(&p->cache, &model->config, spec, err)) ||
         (rc = kvcu_state_create(&p->state, err)) ||
@@ -204,13 +205,6 @@ int kvcu_backend_create_opts(kv_backend **out, const kv_model *model, const kv_c
         cuda_destroy(b);
         return rc;
     }
-    b->name = kvcu_is_emulation() ? "cuda-emulation" : "cuda";
-    p->config = model->config;
-    b->config = &p->config; /* a copy: the host model may go */
-    b->spec = *spec;
-    b->forward = cuda_forward;
-    b->reset = cuda_reset;
-    b->length = cuda_length;
     b->rollback = &cuda_rollback;
     if (spec->layout.kind == KV_LAYOUT_PAGED) { /* the host pages, the device moves the bytes */
         kv_cache_mem *m = &p->mem;

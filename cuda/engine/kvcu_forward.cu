@@ -400,10 +400,7 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
     const kv_config *p = &m->config;
     const kv_weights *w = &m->w; /* device pointers */
     int T = 0;
-    kv_config shape = *p; /* a tensor-parallel rank's cache holds its shard's KV heads */
-    if (sh) shape.n_kv_heads = sh->n_kv_heads;
-    KVCU_TRY(kv_batch_check("kvcu_forward", &shape, &c->spec, c->n_layers, c->n_kv_heads,
-                            c->head_dim, c->len, seqs, n_seqs, &T, err));
+    KVCU_TRY(kv_batch_check("kvcu_forward", p, sh, c, seqs, n_seqs, &T, err));
     if (c->tables) /* paged: every row written must fall in the slot's mapped blocks */
         KVCU_TRY(kv_cache_check_rows("kvcu_forward", c, seqs, n_seqs, err));
     if (c->spec.retain.select && sh) /* chapter 09's state is sized by the whole model's heads */
@@ -423,7 +420,7 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
     const float eps = p->norm_eps;
     /* chapter 10: the rank's query heads q0.., KV heads kv0.. and hidden units f0.. (the
      * whole model without a shard); qs, kvs: widths of its q and k/v rows */
-    const int Hs = sh ? sh->n_q_heads : H, KVs = sh ? sh->n_kv_heads : p->n_kv_heads;
+    const int Hs = sh ? sh->n_q_heads : H, KVs = c->n_kv_heads; /* the cache's: checked above */
     const int q0 = sh ? sh->q_head0 : 0, kv0 = sh ? sh->kv_head0 : 0;
     const int f0 = sh ? sh->hidden0 : 0, fs = sh ? sh->n_hidden : hidden;
     const int qs = Hs * d, kvs = KVs * d;

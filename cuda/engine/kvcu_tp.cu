@@ -23,7 +23,6 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
-#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,11 +217,14 @@ extern "C" int64_t kvcu_tp_allreduces(const kvcu_tp_comm *c) { return c->all_red
 extern "C" double kvcu_tp_bytes_per_rank(const kvcu_tp_comm *c) { return c->bytes; }
 
 /* ---- the group: p rank threads, one per GPU (kvcu_tp.h) -------------------------------------
- * The CPU group's shape (reference_cpu/engine/kv_tp.c) with a device per rank: rank r's thread sets
- * GPU r once and waits for steps; a step runs kvcu_forward_shard() on every rank at once, and
- * the ranks meet only inside the all_reduce hook, where NCCL itself is the barrier. One thread
- * per GPU is what lets each rank call ncclAllReduce on its own communicator without a group
- * call: NCCL waits inside the collective until every rank has entered it. */
+ * The CPU group (reference_cpu/engine/kv_tp.c) with a device per rank, set up by its functions:
+ * the checks (kv_tp_check_group()), each rank's shard and cache shape (kv_tp_rank_setup()), the
+ * step's check and views (kv_tp_step_begin()) and the rank threads (kv_tp_threads_*()). Rank
+ * r's thread sets GPU r once and waits for steps; a step runs kvcu_forward_shard() on every
+ * rank at once, and the ranks meet only inside the all_reduce hook, where NCCL itself is the
+ * barrier. One thread per GPU is what lets each rank call ncclAllReduce on its own
+ * communicator without a group call: NCCL waits inside the collective until every rank has
+ * entered it. */
 
 struct kvcu_tp {
     const kv_model *host_model; /* config and checks; must outlive the group */
@@ -234,20 +236,8 @@ struct kvcu_tp {
     kv_shard shard[KV_TP_GPU_MAX];
     float *spare[KV_TP_GPU_MAX];       /* GPU r [max_floats] zeros: a failed rank's share */
     int64_t max_floats;
-    pthread_t thread[KV_TP_GPU_MAX];
-    int n_threads;                     /* rank threads started; -1 before the locks exist */
-    pthread_mutex_t mu;                /* guards gen, running, quit */
-    pthread_cond_t go, idle;
-    int64_t gen;
-    int running;
-    int quit;
-    /* the step being run */
-    const kv_seq *seqs;
-    kv_seq *quiet;                     /* [n_seqs] the other ranks' view: no all_logits */
-    int n_seqs, max_seqs;
-    float *logits;
-    kv_counters *cnt;
-    int64_t n_floats;                  /* T·dim: what every all-reduce sums */
+    kv_tp_threads threads;             /* one per rank, 0 .. p-1 (kv_tp.h) */
+    kv_tp_step step;                   /* the step being run, set before the ranks wake */
     int rc[KV_TP_GPU_MAX];
     kv_err err[KV_TP_GPU_MAX];
     int reduces[KV_TP_GPU_MAX];        /* all-reduces rank r joined this step */
@@ -299,58 +289,31 @@ static void nccl_all_reduce(const kv_shard *sh, float *x, int64_t n)
     g->reduces[r]++;
 }
 
-static void run_rank(kvcu_tp *g, int r)
+static void run_rank(void *ctx, int r)
 {
+    kvcu_tp *g = (kvcu_tp *)ctx;
+    const kv_tp_step *s = &g->step;
     const int lead = r == 0; /* rank 0 returns the logits and counts the work */
     g->reduces[r] = 0;
     g->hook_rc[r] = KV_OK;
     g->rc[r] = kvcu_forward_shard(g->model[r], g->cache[r], g->state[r], &g->shard[r],
-                                  lead ? g->seqs : g->quiet, g->n_seqs,
-                                  lead ? g->logits : NULL, lead ? g->cnt : NULL, &g->err[r]);
+                                  lead ? s->seqs : s->quiet, s->n_seqs, lead ? s->logits : NULL,
+                                  lead ? s->cnt : NULL, &g->err[r]);
     while (g->reduces[r] < 2 * g->host_model->config.n_layers)
-        nccl_all_reduce(&g->shard[r], NULL, g->n_floats);
+        nccl_all_reduce(&g->shard[r], NULL, s->n_floats);
 }
 
-typedef struct {
-    kvcu_tp *g;
-    int rank;
-} rank_arg;
-
-static void *rank_main(void *arg)
+/* This thread's device for good: kernels, scratch, NCCL. */
+static void enter_rank(void *ctx, int r)
 {
-    rank_arg a = *(rank_arg *)arg;
-    free(arg);
-    kvcu_tp *g = a.g;
-    cudaSetDevice(a.rank); /* this thread's device for good: kernels, scratch, NCCL */
-    int64_t seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&g->mu);
-        while (g->gen == seen && !g->quit) pthread_cond_wait(&g->go, &g->mu);
-        seen = g->gen;
-        const int quit = g->quit;
-        pthread_mutex_unlock(&g->mu);
-        if (quit) break;
-        run_rank(g, a.rank);
-        pthread_mutex_lock(&g->mu);
-        if (--g->running == 0) pthread_cond_signal(&g->idle);
-        pthread_mutex_unlock(&g->mu);
-    }
-    return NULL;
+    (void)ctx;
+    cudaSetDevice(r);
 }
 
 extern "C" void kvcu_tp_destroy(kvcu_tp *g)
 {
     if (!g) return;
-    if (g->n_threads >= 0) {
-        pthread_mutex_lock(&g->mu);
-        g->quit = 1;
-        pthread_cond_broadcast(&g->go);
-        pthread_mutex_unlock(&g->mu);
-        for (int r = 0; r < g->n_threads; r++) pthread_join(g->thread[r], NULL);
-        pthread_mutex_destroy(&g->mu);
-        pthread_cond_destroy(&g->go);
-        pthread_cond_destroy(&g->idle);
-    }
+    kv_tp_threads_stop(&g->threads);
     int dev = 0;
     cudaGetDevice(&dev);
     for (int r = 0; r < g->p; r++) {
@@ -362,7 +325,7 @@ extern "C" void kvcu_tp_destroy(kvcu_tp *g)
     }
     cudaSetDevice(dev);
     kvcu_tp_comm_destroy(g->comm);
-    free(g->quiet);
+    free(g->step.quiet);
     free(g);
 }
 
@@ -371,20 +334,13 @@ extern "C" int kvcu_tp_create(kvcu_tp **out, const kv_model *m, int p, const kv_
 {
     if (!out || !m || !spec) return kv_fail(err, KV_ERR_ARG, "kvcu_tp_create: NULL argument");
     *out = NULL;
-    int rc = kv_tp_check(&m->config, p, err);
+    int rc = kv_tp_check_group("kvcu_tp_create", &m->config, p, spec, err);
     if (rc) return rc;
     if (p > KV_TP_GPU_MAX)
         return kv_fail(err, KV_ERR_ARG, "kvcu_tp_create: %d ranks (at most %d)", p, KV_TP_GPU_MAX);
-    if (spec->layout.kind == KV_LAYOUT_PAGED)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_tp_create: a paged cache is not supported "
-                       "(every rank's block tables would have to move in step); use contiguous");
-    if (spec->retain.select != 0)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_tp_create: selected-set retention "
-                       "(chapter 09) is not supported with tensor-parallel ranks");
     kvcu_tp *g = (kvcu_tp *)calloc(1, sizeof *g);
     if (!g) return kv_fail(err, KV_ERR_NOMEM, "kvcu_tp_create: out of memory");
     g->host_model = m;
-    g->n_threads = -1;
     rc = kvcu_tp_comm_create(&g->comm, p, err); /* KV_ERR_DEVICE with fewer than p GPUs */
     if (rc) {
         free(g);
@@ -394,11 +350,8 @@ extern "C" int kvcu_tp_create(kvcu_tp **out, const kv_model *m, int p, const kv_
     cudaGetDevice(&dev);
     for (int r = 0; r < p && !rc; r++) {
         g->p = r + 1; /* destroy frees what rank r got so far */
-        kv_tp_shard_of(&m->config, p, r, &g->shard[r]);
-        g->shard[r].all_reduce = nccl_all_reduce;
-        g->shard[r].ctx = g;
-        kv_config shape = m->config; /* the rank's cache: its KV heads only */
-        shape.n_kv_heads = g->shard[r].n_kv_heads;
+        kv_config shape; /* the rank's cache: its KV heads only */
+        kv_tp_rank_setup(&m->config, p, r, nccl_all_reduce, g, &g->shard[r], &shape);
         if (cudaSetDevice(r) != cudaSuccess)
             rc = kv_fail(err, KV_ERR_DEVICE, "kvcu_tp_create: cudaSetDevice(%d) failed", r);
         if (!rc) rc = kvcu_model_upload(&g->model[r], m, err);
@@ -406,24 +359,11 @@ extern "C" int kvcu_tp_create(kvcu_tp **out, const kv_model *m, int p, const kv_
         if (!rc) rc = kvcu_state_create(&g->state[r], err);
     }
     cudaSetDevice(dev);
+    if (!rc) rc = kv_tp_threads_start(&g->threads, 0, p, run_rank, enter_rank, g,
+                                      "kvcu_tp_create", err);
     if (rc) {
         kvcu_tp_destroy(g);
         return rc;
-    }
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->go, NULL);
-    pthread_cond_init(&g->idle, NULL);
-    g->n_threads = 0; /* thread[r] runs rank r */
-    for (int r = 0; r < p; r++) {
-        rank_arg *a = (rank_arg *)malloc(sizeof *a);
-        if (a) *a = (rank_arg){g, r};
-        if (!a || pthread_create(&g->thread[r], NULL, rank_main, a) != 0) {
-            free(a);
-            kvcu_tp_destroy(g);
-            return kv_fail(err, KV_ERR_NOMEM, "kvcu_tp_create: could not start rank thread %d "
-                           "of %d", r, p);
-        }
-        g->n_threads++;
     }
     *out = g;
     return KV_OK;
@@ -435,16 +375,11 @@ extern "C" int kvcu_tp_forward(kvcu_tp *g, const kv_seq *seqs, int n_seqs, float
     if (!g) return kv_fail(err, KV_ERR_ARG, "kvcu_tp_forward: NULL group");
     int rc = comm_broken(g->comm, "kvcu_tp_forward", err);
     if (rc) return rc;
-    /* refuse a bad step here, once, before any rank touches its cache: a rank refused inside
-     * kvcu_forward_shard would still owe its all-reduces (it joins them with zeros) */
-    kv_config shape = g->host_model->config;
-    shape.n_kv_heads = g->shard[0].n_kv_heads;
-    const kvcu_cache *c0 = g->cache[0];
-    int T = 0;
-    rc = kv_batch_check("kvcu_tp_forward", &shape, &c0->spec, c0->n_layers, c0->n_kv_heads,
-                            c0->head_dim, c0->len, seqs, n_seqs, &T, err);
+    /* a bad step is refused here, once, before any rank touches its cache */
+    rc = kv_tp_step_begin(&g->step, "kvcu_tp_forward", &g->host_model->config, &g->shard[0],
+                          g->cache[0], seqs, n_seqs, logits, cnt, err);
     if (rc) return rc;
-    const int64_t n = (int64_t)T * g->host_model->config.dim;
+    const int64_t n = g->step.n_floats;
     if (n > g->max_floats) { /* every rank's zeros for a failed step, sized for this one */
         int dev = 0;
         cudaGetDevice(&dev);
@@ -466,27 +401,8 @@ extern "C" int kvcu_tp_forward(kvcu_tp *g, const kv_seq *seqs, int n_seqs, float
         }
         g->max_floats = n;
     }
-    if (n_seqs > g->max_seqs) {
-        kv_seq *q = (kv_seq *)realloc(g->quiet, sizeof(kv_seq) * (size_t)n_seqs);
-        if (!q) return kv_fail(err, KV_ERR_NOMEM, "kvcu_tp_forward: out of memory");
-        g->quiet = q;
-        g->max_seqs = n_seqs;
-    }
-    for (int i = 0; i < n_seqs; i++) { /* ranks other than 0 compute no logits */
-        g->quiet[i] = seqs[i];
-        g->quiet[i].all_logits = NULL;
-    }
-    g->seqs = seqs;
-    g->n_seqs = n_seqs;
-    g->logits = logits;
-    g->cnt = cnt;
-    g->n_floats = n;
-    pthread_mutex_lock(&g->mu);
-    g->running = g->p;
-    g->gen++;
-    pthread_cond_broadcast(&g->go);
-    while (g->running > 0) pthread_cond_wait(&g->idle, &g->mu);
-    pthread_mutex_unlock(&g->mu);
+    kv_tp_threads_go(&g->threads);
+    kv_tp_threads_wait(&g->threads);
     if (__atomic_load_n(&g->comm->abort, __ATOMIC_SEQ_CST)) { /* the rank threads are idle */
         int dev = 0;
         cudaGetDevice(&dev);
@@ -548,22 +464,11 @@ extern "C" int kvcu_tp_backend(kv_backend **out, const kv_model *m, int p,
 {
     if (!out) return kv_fail(err, KV_ERR_ARG, "kvcu_tp_backend: NULL argument");
     *out = NULL;
-    kv_backend *b = (kv_backend *)calloc(1, sizeof *b);
-    if (!b) return kv_fail(err, KV_ERR_NOMEM, "kvcu_tp_backend: out of memory");
     kvcu_tp *g = NULL;
     int rc = kvcu_tp_create(&g, m, p, spec, err);
-    if (rc) {
-        free(b);
-        return rc;
-    }
-    b->name = "cuda-tp";
-    b->config = &m->config;
-    b->spec = *spec;
-    b->impl = g;
-    b->forward = tp_forward;
-    b->reset = tp_reset;
-    b->length = tp_length;
-    b->destroy = tp_destroy;
-    *out = b;
-    return KV_OK;
+    if (!rc)
+        rc = kv_backend_new(out, "cuda-tp", &m->config, spec, g, tp_forward, tp_reset, tp_length,
+                            tp_destroy, err);
+    if (rc) kvcu_tp_destroy(g); /* NULL is fine */
+    return rc;
 }

@@ -281,6 +281,21 @@ static void io_shutdown(cpu_io *io)
 
 /* ---- creation -------------------------------------------------------------------------------- */
 
+int kv_backend_new(kv_backend **out, const char *name, const kv_config *config,
+                   const kv_cache_spec *spec, void *impl,
+                   int (*forward)(kv_backend *b, const kv_seq *seqs, int n_seqs, float *logits,
+                                  kv_counters *cnt, kv_err *err),
+                   void (*reset)(kv_backend *b, int slot), int (*length)(kv_backend *b, int slot),
+                   void (*destroy)(kv_backend *b), kv_err *err)
+{
+    kv_backend *b = calloc(1, sizeof *b);
+    *out = b;
+    if (!b) return kv_fail(err, KV_ERR_NOMEM, "%s backend: out of memory", name);
+    *b = (kv_backend){.name = name, .config = config, .spec = *spec, .impl = impl,
+                      .forward = forward, .reset = reset, .length = length, .destroy = destroy};
+    return KV_OK;
+}
+
 static void cpu_destroy(kv_backend *b)
 {
     cpu_impl *p = b->impl;
@@ -299,31 +314,25 @@ int kv_backend_cpu(kv_backend **out, const kv_model *model, const kv_cache_spec 
 {
     if (!out || !model || !spec) return kv_fail(err, KV_ERR_ARG, "kv_backend_cpu: NULL argument");
     *out = NULL;
-    kv_backend *b = calloc(1, sizeof *b);
     cpu_impl *p = calloc(1, sizeof *p);
-    if (!b || !p) {
-        free(b);
-        free(p);
-        return kv_fail(err, KV_ERR_NOMEM, "kv_backend_cpu: out of memory");
-    }
+    if (!p) return kv_fail(err, KV_ERR_NOMEM, "kv_backend_cpu: out of memory");
     /* the cache the model's attention block reads (with chapter 09's retention state, when
      * the spec asks) */
     int rc = kv_forward_cache_create(&p->cache, &model->config, spec, err);
     if (rc) {
-        free(b);
         free(p);
         return rc;
     }
     kv_state_init(&p->state);
     p->model = model;
-    b->name = "cpu";
-    b->config = &model->config;
-    b->spec = *spec;
-    b->impl = p;
-    b->forward = cpu_forward;
-    b->reset = cpu_reset;
-    b->length = cpu_length;
-    b->destroy = cpu_destroy;
+    kv_backend *b = NULL;
+    rc = kv_backend_new(&b, "cpu", &model->config, spec, p, cpu_forward, cpu_reset, cpu_length,
+                        cpu_destroy, err);
+    if (rc) {
+        kv_retain_cache_free(&p->cache);
+        free(p);
+        return rc;
+    }
     b->rollback = &cpu_rollback;
     if (spec->layout.kind == KV_LAYOUT_PAGED) {
         p->mem = (kv_cache_mem){

@@ -65,6 +65,19 @@ struct kv_backend {
 };
 
 /**
+ * Every backend is made here: *out a zeroed kv_backend with its name, the model's config, the
+ * spec it was built with, its own state @p impl and the four hooks of the engine interface,
+ * so none is missing by construction; what only some backends have (rollback, mem) its maker
+ * adds after. KV_OK, or KV_ERR_NOMEM naming @p name. @p destroy frees the backend too.
+ */
+int kv_backend_new(kv_backend **out, const char *name, const kv_config *config,
+                   const kv_cache_spec *spec, void *impl,
+                   int (*forward)(kv_backend *b, const kv_seq *seqs, int n_seqs, float *logits,
+                                  kv_counters *cnt, kv_err *err),
+                   void (*reset)(kv_backend *b, int slot), int (*length)(kv_backend *b, int slot),
+                   void (*destroy)(kv_backend *b), kv_err *err);
+
+/**
  * A CPU backend over @p model (borrowed, must outlive the backend) with a cache built
  * from @p spec. *out is allocated; destroy with kv_backend_destroy(). A paged spec gets
  * cache-memory services (b->mem) with a kv_paged (prefix caching off;

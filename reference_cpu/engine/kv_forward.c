@@ -116,16 +116,20 @@ static int state_reserve(kv_state *s, const kv_config *c, int T, int n_seqs, kv_
 
 /* Check the batch against the model and the cache before anything is touched, so a refused
  * step leaves the cache as it was. Returns the total number of new tokens in *T. */
-int kv_batch_check(const char *who, const kv_config *cfg, const kv_cache_spec *spec,
-                   int cache_layers, int cache_kv_heads, int cache_head_dim, const int *len,
+int kv_batch_check(const char *who, const kv_config *cfg, const kv_shard *sh, const kv_cache *c,
                    const kv_seq *seqs, int n_seqs, int *T, kv_err *err)
 {
-    if (cache_layers != cfg->n_layers || cache_kv_heads != cfg->n_kv_heads ||
-        cache_head_dim != kv_config_head_dim(cfg))
-        return kv_fail(err, KV_ERR_ARG,
-                       "%s: cache shape (L %d, H_kv %d, d %d) does not match the model "
-                       "(L %d, H_kv %d, d %d)", who, cache_layers, cache_kv_heads,
-                       cache_head_dim, cfg->n_layers, cfg->n_kv_heads, kv_config_head_dim(cfg));
+    const kv_cache_spec *spec = &c->spec;
+    /* the cache the model's attention block writes: a rank's KV heads, a latent row */
+    const kv_attn_block *blk = kv_attn_block_of(cfg);
+    if (!blk) return kv_fail(err, KV_ERR_ARG, "%s: attention kind %d has no block", who, cfg->attn);
+    kv_config shape = *cfg;
+    blk->cache_shape(&shape, sh);
+    if (c->n_layers != shape.n_layers || c->n_kv_heads != shape.n_kv_heads ||
+        c->head_dim != kv_config_head_dim(&shape))
+        return kv_fail(err, KV_ERR_ARG, "%s: cache shape (L %d, H_kv %d, d %d) does not match "
+                       "the model (L %d, H_kv %d, d %d)", who, c->n_layers, c->n_kv_heads,
+                       c->head_dim, shape.n_layers, shape.n_kv_heads, kv_config_head_dim(&shape));
     if (!seqs || n_seqs < 1)
         return kv_fail(err, KV_ERR_ARG, "%s: empty batch (n_seqs %d)", who, n_seqs);
     if (n_seqs > spec->n_slots)
@@ -146,10 +150,10 @@ int kv_batch_check(const char *who, const kv_config *cfg, const kv_cache_spec *s
                            i, q->n_tokens);
         if (!q->tokens)
             return kv_fail(err, KV_ERR_ARG, "%s: sequence %d: tokens is NULL", who, i);
-        if (q->pos != len[q->slot])
+        if (q->pos != c->len[q->slot])
             return kv_fail(err, KV_ERR_ARG,
                            "%s: sequence %d: pos %d but slot %d holds %d tokens", who, i,
-                           q->pos, q->slot, len[q->slot]);
+                           q->pos, q->slot, c->len[q->slot]);
         if ((int64_t)q->pos + q->n_tokens > spec->capacity)
             return kv_fail(err, KV_ERR_CAPACITY,
                            "%s: sequence %d: pos %d + %d tokens exceeds the capacity %d", who,
@@ -185,12 +189,8 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
         return kv_fail(err, KV_ERR_ARG, "kv_forward: attention kind %d has no block",
                        m->config.attn);
     int T = 0;
-    kv_config shape = m->config; /* the cache's shape: a rank's KV heads, a latent row */
-    blk->cache_shape(&shape, sh);
     int rc = blk->check(&m->config, &c->spec, sh, err);
-    if (!rc)
-        rc = kv_batch_check("kv_forward", &shape, &c->spec, c->n_layers, c->n_kv_heads,
-                            c->head_dim, c->len, seqs, n_seqs, &T, err);
+    if (!rc) rc = kv_batch_check("kv_forward", &m->config, sh, c, seqs, n_seqs, &T, err);
     if (!rc && c->tables) /* paged: every row written must fall in the slot's mapped blocks */
         rc = kv_cache_check_rows("kv_forward", c, seqs, n_seqs, err);
     if (!rc && c->spec.retain.select && sh) /* chapter 09's state is sized by the whole model's heads */

@@ -42,20 +42,20 @@ typedef struct {
 void kv_counters_add_step(kv_counters *cnt, const kv_config *c, const kv_cache_spec *spec,
                           const kv_seq *seqs, int n_seqs);
 
+struct kv_shard;
+
 /**
  * The rules every engine (kv_forward, kvcu_forward) enforces on a step, checked before
  * anything is touched so a refused step leaves the cache as it was: a cache shaped for the
- * model, 1..n_slots sequences in distinct slots, n_tokens >= 1, pos equal to the slot's
- * cached length, pos + n_tokens within capacity, token ids inside the vocabulary.
+ * model (its KV heads the model's, or with a tensor-parallel shard @p sh the shard's),
+ * 1..n_slots sequences in distinct slots, n_tokens >= 1, pos equal to the slot's cached
+ * length, pos + n_tokens within capacity, token ids inside the vocabulary.
  *
- * cache_layers, cache_kv_heads, cache_head_dim  the cache's shape
- * len [spec->n_slots]  tokens cached per slot
- * *T                   total new tokens of the step, on success
- * @p who names the caller in messages ("kv_forward", "kvcu_forward").
+ * @p c is the cache the step writes (a CUDA cache is one too); *T the total new tokens of
+ * the step, on success. @p who names the caller in messages ("kv_forward", "kvcu_forward").
  */
-int kv_batch_check(const char *who, const kv_config *cfg, const kv_cache_spec *spec,
-                   int cache_layers, int cache_kv_heads, int cache_head_dim, const int *len,
-                   const kv_seq *seqs, int n_seqs, int *T, kv_err *err);
+int kv_batch_check(const char *who, const kv_config *cfg, const struct kv_shard *sh,
+                   const kv_cache *c, const kv_seq *seqs, int n_seqs, int *T, kv_err *err);
 
 
 /** Scratch buffers of the CPU forward pass, grown to the largest step seen. A state serves

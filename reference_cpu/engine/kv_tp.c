@@ -25,20 +25,10 @@ struct kv_tp {
     kv_cache cache[KV_TP_MAX_RANKS];  /* rank r's KV heads only */
     kv_state state[KV_TP_MAX_RANKS];
     kv_shard shard[KV_TP_MAX_RANKS];
-    pthread_t thread[KV_TP_MAX_RANKS];
-    int n_threads;           /* rank threads started; -1 before the locks exist */
-    pthread_mutex_t mu;      /* guards gen, running, quit */
-    pthread_cond_t go, idle; /* a new step (or quit) for the ranks; the last rank finished */
-    int64_t gen;             /* steps handed out */
-    int running;             /* ranks still in the current step */
-    int quit;
+    kv_tp_threads threads;   /* ranks 1 .. p-1 (rank 0 runs on the caller's thread) */
+    int barrier_live;        /* reduce exists */
     pthread_barrier_t reduce; /* the p ranks, inside all_reduce() */
-    /* the step being run, set by the caller before it wakes the ranks */
-    const kv_seq *seqs;      /* [n_seqs] rank 0's view */
-    kv_seq *quiet;           /* [n_seqs] the other ranks' view: no all_logits */
-    int n_seqs, max_seqs;
-    float *logits;
-    kv_counters *cnt;
+    kv_tp_step step;         /* the step being run, set before the ranks wake */
     int rc[KV_TP_MAX_RANKS];
     kv_err err[KV_TP_MAX_RANKS];
     int reduces_done[KV_TP_MAX_RANKS]; /* all-reduces rank r joined this step */
@@ -46,7 +36,6 @@ struct kv_tp {
     float *part[KV_TP_MAX_RANKS]; /* rank r's partial sums [n], NULL: contributes nothing */
     float *sum;              /* [max_floats] the reduced result, chunk r written by rank r */
     int64_t max_floats;
-    int64_t n_floats;        /* T·dim of the step being run: what every all-reduce sums */
     kv_tp_stats stats;
 };
 
@@ -91,6 +80,135 @@ void kv_tp_shard_of(const kv_config *cfg, int p, int rank, kv_shard *sh)
 
 double kv_tp_ring_bytes(int p, double n) { return 2.0 * (p - 1) / p * n * 4.0; }
 
+int kv_tp_check_group(const char *who, const kv_config *cfg, int p, const kv_cache_spec *spec,
+                      kv_err *err)
+{
+    int rc = kv_tp_check(cfg, p, err);
+    if (rc) return rc;
+    if (spec->layout.kind == KV_LAYOUT_PAGED)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: a paged cache is not supported (every "
+                       "rank's block tables would have to move in step); use contiguous", who);
+    if (spec->retain.select != 0)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: selected-set retention (chapter 09) is not "
+                       "supported with tensor-parallel ranks", who);
+    return KV_OK;
+}
+
+void kv_tp_rank_setup(const kv_config *cfg, int p, int rank,
+                      void (*all_reduce)(const kv_shard *sh, float *x, int64_t n), void *ctx,
+                      kv_shard *sh, kv_config *cache_cfg)
+{
+    kv_tp_shard_of(cfg, p, rank, sh);
+    sh->all_reduce = all_reduce;
+    sh->ctx = ctx;
+    *cache_cfg = *cfg;
+    cache_cfg->n_kv_heads = sh->n_kv_heads;
+}
+
+/* ---- a step, and the rank threads ------------------------------------------------------- */
+
+int kv_tp_step_begin(kv_tp_step *s, const char *who, const kv_config *cfg, const kv_shard *sh0,
+                     const kv_cache *c0, const kv_seq *seqs, int n_seqs, float *logits,
+                     kv_counters *cnt, kv_err *err)
+{
+    int T = 0;
+    int rc = kv_batch_check(who, cfg, sh0, c0, seqs, n_seqs, &T, err);
+    if (rc) return rc;
+    if (n_seqs > s->max_seqs) {
+        kv_seq *q = realloc(s->quiet, sizeof(kv_seq) * (size_t)n_seqs);
+        if (!q) return kv_fail(err, KV_ERR_NOMEM, "%s: out of memory", who);
+        s->quiet = q;
+        s->max_seqs = n_seqs;
+    }
+    for (int i = 0; i < n_seqs; i++) { /* ranks other than 0 would write the same rows again */
+        s->quiet[i] = seqs[i];
+        s->quiet[i].all_logits = NULL;
+    }
+    s->seqs = seqs;
+    s->n_seqs = n_seqs;
+    s->logits = logits;
+    s->cnt = cnt;
+    s->n_floats = (int64_t)T * cfg->dim;
+    return KV_OK;
+}
+
+/* A rank thread: wait for a new step (gen moves on), run it, report it done. */
+static void *rank_main(void *arg)
+{
+    const kv_tp_thread_arg *a = arg;
+    kv_tp_threads *t = a->t;
+    if (t->enter) t->enter(t->ctx, a->rank);
+    int64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&t->mu);
+        while (t->gen == seen && !t->quit) pthread_cond_wait(&t->go, &t->mu);
+        seen = t->gen;
+        const int quit = t->quit;
+        pthread_mutex_unlock(&t->mu);
+        if (quit) break;
+        t->run(t->ctx, a->rank);
+        pthread_mutex_lock(&t->mu);
+        if (--t->running == 0) pthread_cond_signal(&t->idle);
+        pthread_mutex_unlock(&t->mu);
+    }
+    return NULL;
+}
+
+int kv_tp_threads_start(kv_tp_threads *t, int first, int last, void (*run)(void *ctx, int rank),
+                        void (*enter)(void *ctx, int rank), void *ctx, const char *who,
+                        kv_err *err)
+{
+    t->run = run;
+    t->enter = enter;
+    t->ctx = ctx;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->go, NULL);
+    pthread_cond_init(&t->idle, NULL);
+    t->live = 1;
+    for (int r = first; r < last; r++) {
+        kv_tp_thread_arg *a = &t->arg[t->n_threads];
+        *a = (kv_tp_thread_arg){t, r};
+        if (pthread_create(&t->thread[t->n_threads], NULL, rank_main, a) != 0) {
+            kv_tp_threads_stop(t); /* the started ranks are waiting for a step: quit reaches them */
+            return kv_fail(err, KV_ERR_NOMEM, "%s: could not start rank thread %d of %d", who,
+                           r, last);
+        }
+        t->n_threads++;
+    }
+    return KV_OK;
+}
+
+void kv_tp_threads_go(kv_tp_threads *t)
+{
+    pthread_mutex_lock(&t->mu);
+    t->running = t->n_threads;
+    t->gen++;
+    pthread_cond_broadcast(&t->go);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void kv_tp_threads_wait(kv_tp_threads *t)
+{
+    pthread_mutex_lock(&t->mu);
+    while (t->running > 0) pthread_cond_wait(&t->idle, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void kv_tp_threads_stop(kv_tp_threads *t)
+{
+    if (!t->live) return;
+    pthread_mutex_lock(&t->mu);
+    t->quit = 1;
+    pthread_cond_broadcast(&t->go);
+    pthread_mutex_unlock(&t->mu);
+    for (int i = 0; i < t->n_threads; i++) pthread_join(t->thread[i], NULL);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->go);
+    pthread_cond_destroy(&t->idle);
+    t->live = 0;
+    t->n_threads = 0;
+}
+
 /* ---- the all-reduce --------------------------------------------------------------------- */
 
 /* Every rank calls this at the same point with its partial sums x [n] (NULL: a rank whose
@@ -134,44 +252,25 @@ static void all_reduce(const kv_shard *sh, float *x, int64_t n)
 
 /* ---- the ranks -------------------------------------------------------------------------- */
 
-typedef struct {
-    kv_tp *g;
-    int rank;
-} rank_arg;
-
-static void run_rank(kv_tp *g, int r)
+static void run_rank(void *ctx, int r)
 {
+    kv_tp *g = ctx;
+    const kv_tp_step *s = &g->step;
     g->reduces_done[r] = 0;
     const int lead = r == 0; /* rank 0 returns the logits and counts the work */
     g->rc[r] = kv_forward_shard(g->m, &g->cache[r], &g->state[r], &g->shard[r],
-                                lead ? g->seqs : g->quiet, g->n_seqs, lead ? g->logits : NULL,
-                                lead ? g->cnt : NULL, &g->err[r]);
+                                lead ? s->seqs : s->quiet, s->n_seqs, lead ? s->logits : NULL,
+                                lead ? s->cnt : NULL, &g->err[r]);
     /* a failed rank keeps joining the all-reduces it owes, or the others would wait forever */
     while (g->reduces_done[r] < 2 * g->m->config.n_layers)
-        all_reduce(&g->shard[r], NULL, g->n_floats);
+        all_reduce(&g->shard[r], NULL, s->n_floats);
 }
 
-/* A rank thread: wait for a new step (gen moves on), run it, report it done. */
-static void *rank_main(void *arg)
+/* A rank thread's own ops get the rank's share of the cores. */
+static void enter_rank(void *ctx, int r)
 {
-    rank_arg a = *(rank_arg *)arg;
-    free(arg);
-    kv_tp *g = a.g;
-    omp_set_num_threads(g->threads_per_rank); /* this thread's own ops */
-    int64_t seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&g->mu);
-        while (g->gen == seen && !g->quit) pthread_cond_wait(&g->go, &g->mu);
-        seen = g->gen;
-        const int quit = g->quit;
-        pthread_mutex_unlock(&g->mu);
-        if (quit) break;
-        run_rank(g, a.rank);
-        pthread_mutex_lock(&g->mu);
-        if (--g->running == 0) pthread_cond_signal(&g->idle);
-        pthread_mutex_unlock(&g->mu);
-    }
-    return NULL;
+    (void)r;
+    omp_set_num_threads(((kv_tp *)ctx)->threads_per_rank);
 }
 
 /* Run the step set up in g on every rank and wait for all of them. Rank 0 runs on the
@@ -179,18 +278,12 @@ static void *rank_main(void *arg)
  * thread count set to the rank's share for the step and restored after. */
 static void run_step(kv_tp *g)
 {
-    pthread_mutex_lock(&g->mu);
-    g->running = g->p - 1;
-    g->gen++;
-    pthread_cond_broadcast(&g->go);
-    pthread_mutex_unlock(&g->mu);
+    kv_tp_threads_go(&g->threads);
     const int caller_threads = omp_get_max_threads();
     omp_set_num_threads(g->threads_per_rank);
     run_rank(g, 0);
     omp_set_num_threads(caller_threads);
-    pthread_mutex_lock(&g->mu);
-    while (g->running > 0) pthread_cond_wait(&g->idle, &g->mu);
-    pthread_mutex_unlock(&g->mu);
+    kv_tp_threads_wait(&g->threads);
 }
 
 /* ---- the group -------------------------------------------------------------------------- */
@@ -198,23 +291,14 @@ static void run_step(kv_tp *g)
 void kv_tp_destroy(kv_tp *g)
 {
     if (!g) return;
-    if (g->n_threads >= 0) {
-        pthread_mutex_lock(&g->mu);
-        g->quit = 1;
-        pthread_cond_broadcast(&g->go);
-        pthread_mutex_unlock(&g->mu);
-        for (int r = 0; r < g->n_threads; r++) pthread_join(g->thread[r], NULL);
-        pthread_mutex_destroy(&g->mu);
-        pthread_cond_destroy(&g->go);
-        pthread_cond_destroy(&g->idle);
-        pthread_barrier_destroy(&g->reduce);
-    }
+    kv_tp_threads_stop(&g->threads);
+    if (g->barrier_live) pthread_barrier_destroy(&g->reduce);
     for (int r = 0; r < g->p; r++) {
         kv_cache_free(&g->cache[r]);
         kv_state_free(&g->state[r]);
     }
     kv_free(g->sum);
-    free(g->quiet);
+    free(g->step.quiet);
     free(g);
 }
 
@@ -222,31 +306,21 @@ int kv_tp_create(kv_tp **out, const kv_model *m, int p, const kv_cache_spec *spe
 {
     if (!out || !m || !spec) return kv_fail(err, KV_ERR_ARG, "kv_tp_create: NULL argument");
     *out = NULL;
-    int rc = kv_tp_check(&m->config, p, err);
+    int rc = kv_tp_check_group("kv_tp_create", &m->config, p, spec, err);
     if (rc) return rc;
-    if (spec->layout.kind == KV_LAYOUT_PAGED)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_tp_create: a paged cache is not supported "
-                       "(every rank's block tables would have to move in step); use contiguous");
-    if (spec->retain.select != 0)
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_tp_create: selected-set retention "
-                       "(chapter 09) is not supported with tensor-parallel ranks");
     kv_tp *g = calloc(1, sizeof *g);
     if (!g) return kv_fail(err, KV_ERR_NOMEM, "kv_tp_create: out of memory");
     g->m = m;
     g->p = p;
     g->spec = *spec;
-    g->n_threads = -1;
     /* the ranks are the parallelism: each rank's own ops get its share of the cores, so p
      * ranks on c cores run c threads in all (one OpenMP team per rank would run p·c) */
     const int cores = omp_get_max_threads();
     g->threads_per_rank = cores / p > 1 ? cores / p : 1;
     for (int r = 0; r < p; r++) {
-        kv_tp_shard_of(&m->config, p, r, &g->shard[r]);
-        g->shard[r].all_reduce = all_reduce;
-        g->shard[r].ctx = g;
+        kv_config shape; /* the rank's cache: its KV heads only */
+        kv_tp_rank_setup(&m->config, p, r, all_reduce, g, &g->shard[r], &shape);
         kv_state_init(&g->state[r]);
-        kv_config shape = m->config; /* the rank's cache: its KV heads only */
-        shape.n_kv_heads = g->shard[r].n_kv_heads;
         rc = kv_cache_create(&g->cache[r], &shape, spec, err);
         if (rc) {
             g->p = r; /* free the caches made so far */
@@ -254,21 +328,12 @@ int kv_tp_create(kv_tp **out, const kv_model *m, int p, const kv_cache_spec *spe
             return rc;
         }
     }
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->go, NULL);
-    pthread_cond_init(&g->idle, NULL);
     pthread_barrier_init(&g->reduce, NULL, (unsigned)p);
-    g->n_threads = 0; /* thread[i] runs rank i + 1 */
-    for (int r = 1; r < p; r++) {
-        rank_arg *a = malloc(sizeof *a);
-        if (a) *a = (rank_arg){g, r};
-        if (!a || pthread_create(&g->thread[r - 1], NULL, rank_main, a) != 0) {
-            free(a);
-            kv_tp_destroy(g); /* the started ranks are waiting for a step: quit reaches them */
-            return kv_fail(err, KV_ERR_NOMEM, "kv_tp_create: could not start rank thread %d "
-                           "of %d", r, p);
-        }
-        g->n_threads++;
+    g->barrier_live = 1;
+    rc = kv_tp_threads_start(&g->threads, 1, p, run_rank, enter_rank, g, "kv_tp_create", err);
+    if (rc) {
+        kv_tp_destroy(g);
+        return rc;
     }
     *out = g;
     return KV_OK;
@@ -278,15 +343,11 @@ int kv_tp_forward(kv_tp *g, const kv_seq *seqs, int n_seqs, float *logits, kv_co
                   kv_err *err)
 {
     if (!g) return kv_fail(err, KV_ERR_ARG, "kv_tp_forward: NULL group");
-    /* refuse a bad step here, once, before any rank touches its cache */
-    kv_config shape = g->m->config;
-    shape.n_kv_heads = g->shard[0].n_kv_heads;
-    const kv_cache *c0 = &g->cache[0];
-    int T = 0;
-    int rc = kv_batch_check("kv_tp_forward", &shape, &c0->spec, c0->n_layers, c0->n_kv_heads,
-                            c0->head_dim, c0->len, seqs, n_seqs, &T, err);
+    /* a bad step is refused here, once, before any rank touches its cache */
+    int rc = kv_tp_step_begin(&g->step, "kv_tp_forward", &g->m->config, &g->shard[0],
+                              &g->cache[0], seqs, n_seqs, logits, cnt, err);
     if (rc) return rc;
-    const int64_t n = (int64_t)T * g->m->config.dim; /* floats each all-reduce sums */
+    const int64_t n = g->step.n_floats; /* floats each all-reduce sums */
     if (n > g->max_floats) {
         float *sum = kv_calloc((size_t)n * sizeof(float));
         if (!sum)
@@ -296,22 +357,6 @@ int kv_tp_forward(kv_tp *g, const kv_seq *seqs, int n_seqs, float *logits, kv_co
         g->sum = sum;
         g->max_floats = n;
     }
-    if (n_seqs > g->max_seqs) {
-        kv_seq *q = realloc(g->quiet, sizeof(kv_seq) * (size_t)n_seqs);
-        if (!q) return kv_fail(err, KV_ERR_NOMEM, "kv_tp_forward: out of memory");
-        g->quiet = q;
-        g->max_seqs = n_seqs;
-    }
-    /* ranks other than 0 compute no logits: they would write the same rows again */
-    for (int i = 0; i < n_seqs; i++) {
-        g->quiet[i] = seqs[i];
-        g->quiet[i].all_logits = NULL;
-    }
-    g->seqs = seqs;
-    g->n_seqs = n_seqs;
-    g->logits = logits;
-    g->cnt = cnt;
-    g->n_floats = n;
     run_step(g);
     for (int r = 0; r < g->p; r++)
         if (g->rc[r]) {
@@ -382,25 +427,14 @@ int kv_tp_backend(kv_backend **out, const kv_model *m, int p, const kv_cache_spe
 {
     if (!out) return kv_fail(err, KV_ERR_ARG, "kv_tp_backend: NULL argument");
     *out = NULL;
-    kv_backend *b = calloc(1, sizeof *b);
-    if (!b) return kv_fail(err, KV_ERR_NOMEM, "kv_tp_backend: out of memory");
     kv_tp *g = NULL;
     int rc = kv_tp_create(&g, m, p, spec, err);
-    if (rc) {
-        free(b);
-        return rc;
-    }
-    b->name = "cpu-tp";
-    b->config = &m->config;
-    b->spec = *spec;
-    b->impl = g;
-    b->forward = tp_forward;
-    b->reset = tp_reset;
-    b->length = tp_length;
-    b->destroy = tp_destroy;
-    b->rollback = &tp_rollback;
-    *out = b;
-    return KV_OK;
+    if (!rc)
+        rc = kv_backend_new(out, "cpu-tp", &m->config, spec, g, tp_forward, tp_reset, tp_length,
+                            tp_destroy, err);
+    if (rc) kv_tp_destroy(g); /* NULL is fine */
+    else (*out)->rollback = &tp_rollback;
+    return rc;
 }
 
 kv_tp *kv_tp_of_backend(kv_backend *b)

@@ -25,6 +25,8 @@
 #ifndef KV_TP_H
 #define KV_TP_H
 
+#include <pthread.h>
+
 #include "kv_backend.h"
 #include "kv_forward.h"
 
@@ -53,6 +55,87 @@ int kv_tp_check(const kv_config *cfg, int p, kv_err *err);
 
 /** The heads and hidden units of rank @p rank of @p p (no all-reduce hook: kv_tp_create sets it). */
 void kv_tp_shard_of(const kv_config *cfg, int p, int rank, kv_shard *sh);
+
+/* ---- what both devices' groups share (this file's group; cuda/engine/kvcu_tp.cu's GPUs) ---- */
+
+/**
+ * kv_tp_check(), and a spec a group can run: contiguous (every rank's block tables would have
+ * to move in step) and without chapter 09's selection. KV_ERR_ARG or KV_ERR_UNSUPPORTED with
+ * the reason, the message starting with @p who.
+ */
+int kv_tp_check_group(const char *who, const kv_config *cfg, int p, const kv_cache_spec *spec,
+                      kv_err *err);
+
+/**
+ * Rank @p rank of @p p: its shard (kv_tp_shard_of()) talking to the group through
+ * @p all_reduce and @p ctx, and in @p cache_cfg the config its cache is made from: the
+ * model's, with the shard's KV heads (the cache then holds the one H_kv every later step
+ * reads).
+ */
+void kv_tp_rank_setup(const kv_config *cfg, int p, int rank,
+                      void (*all_reduce)(const kv_shard *sh, float *x, int64_t n), void *ctx,
+                      kv_shard *sh, kv_config *cache_cfg);
+
+/** The step a group runs, as its ranks see it. */
+typedef struct {
+    const kv_seq *seqs;  /**< [n_seqs] rank 0's: the caller's */
+    kv_seq *quiet;       /**< [n_seqs] the other ranks': the same without all_logits (rank 0
+                          *   alone computes logits) */
+    int n_seqs, max_seqs;
+    float *logits;       /**< rank 0's */
+    kv_counters *cnt;    /**< rank 0's: the whole model's work */
+    int64_t n_floats;    /**< T·dim: what every all-reduce of the step sums */
+} kv_tp_step;
+
+/**
+ * Check a step once, before any rank touches its cache (kv_batch_check() against rank 0's
+ * shard @p sh0 and cache @p c0; a rank refused inside its forward pass would still owe its
+ * all-reduces), and set @p s up for it. KV_OK, or the check's refusal, or KV_ERR_NOMEM.
+ */
+int kv_tp_step_begin(kv_tp_step *s, const char *who, const kv_config *cfg, const kv_shard *sh0,
+                     const kv_cache *c0, const kv_seq *seqs, int n_seqs, float *logits,
+                     kv_counters *cnt, kv_err *err);
+
+/**
+ * The rank threads of a group: each waits for a step, runs rank r's part of it with
+ * @p run (ctx, r) and reports it done; @p enter (ctx, r), when not NULL, runs once on the
+ * thread before its first step (the CPU ranks take their share of OpenMP threads there, a
+ * GPU rank its device).
+ */
+typedef struct kv_tp_threads kv_tp_threads;
+typedef struct {
+    kv_tp_threads *t;
+    int rank;
+} kv_tp_thread_arg;
+struct kv_tp_threads {
+    void (*run)(void *ctx, int rank);
+    void (*enter)(void *ctx, int rank);
+    void *ctx;
+    int live;                /* the locks exist (kv_tp_threads_start() made them) */
+    int n_threads;           /* threads started */
+    pthread_t thread[KV_TP_MAX_RANKS];
+    kv_tp_thread_arg arg[KV_TP_MAX_RANKS];
+    pthread_mutex_t mu;      /* guards gen, running, quit */
+    pthread_cond_t go, idle; /* a new step (or quit) for the threads; the last one finished */
+    int64_t gen;             /* steps handed out */
+    int running;             /* threads still in the current step */
+    int quit;
+};
+
+/**
+ * Start a thread for each of ranks @p first .. @p last - 1 on a zeroed @p t. On a failure
+ * the threads started so far are stopped (kv_tp_threads_stop()) and KV_ERR_NOMEM names
+ * @p who and the rank.
+ */
+int kv_tp_threads_start(kv_tp_threads *t, int first, int last, void (*run)(void *ctx, int rank),
+                        void (*enter)(void *ctx, int rank), void *ctx, const char *who,
+                        kv_err *err);
+/** Hand every thread the next step. */
+void kv_tp_threads_go(kv_tp_threads *t);
+/** Wait until every thread has finished the step handed out. */
+void kv_tp_threads_wait(kv_tp_threads *t);
+/** Stop and join the threads, free the locks (a zeroed or stopped @p t is fine). */
+void kv_tp_threads_stop(kv_tp_threads *t);
 
 /**
  * A group of @p p ranks over @p m (which must outlive it), each with a cache of its KV heads
