@@ -61,7 +61,7 @@ static int gqa_layer(kv_attn_step *a, int l, kv_err *err)
     const int qdim = H * d, kvdim = kv_config_kv_dim(p);
     /* chapter 10: the rank's query heads q0.. and KV heads kv0.. (the whole model without a
      * shard); qs, kvs: widths of its q and k/v rows */
-    const int Hs = sh ? sh->n_q_heads : H, KVs = sh ? sh->n_kv_heads : p->n_kv_heads;
+    const int Hs = sh ? sh->n_q_heads : H, KVs = c->n_kv_heads; /* the cache's: checked */
     const int q0 = sh ? sh->q_head0 : 0, kv0 = sh ? sh->kv_head0 : 0;
     const int qs = Hs * d, kvs = KVs * d;
     /* The query is rotated at q_pos: its position, or its index in a KV_POS_CACHE window;
