@@ -5,7 +5,8 @@
 #    the three device benches, ncu (skipped, with a note);
 #  - bench attention's table: the CSV header, 13 cells a row, every (layout, dtype, B, N) of the
 #    dry sweep (2 layouts x 3 formats x B 1, 2 x N 64) holding the same kernels, at least 6,
-#    numbers where numbers belong; bench engine's: its header and one row of 11 cells; bench
+#    numbers where numbers belong; the MQA table's (contiguous fp16 and bf16, H 8, H_kv 1,
+#    B 1, N 64) the same kernels; bench engine's: its header and one row of 11 cells; bench
 #    mla's: its header and the --quick rows (H 16, n 256: paged bf16 and fp16, contiguous bf16),
 #    numbers in them.
 # Run as: cmake -DSCRIPT=<gpu-report.sh> -DBUILD=<build dir> -DOUT=<report> -P check_gpu_report.cmake
@@ -42,6 +43,8 @@ string(REPLACE "\n" ";" lines "${report}")
 set(attn_rows 0)
 set(eng_rows 0)
 set(mla_rows 0)
+set(mqa_rows 0)
+set(mqa_groups)
 set(groups)
 foreach(line IN LISTS lines)
   if(line MATCHES "^\\| (paged|contiguous) \\| (bf16|fp16) \\| 16 \\| 256 \\| 512 \\| 64 \\|")
@@ -51,6 +54,9 @@ foreach(line IN LISTS lines)
       fail("mla row not of the form layout|dtype|H|n|d_c|d_R|six numbers: ${line}")
     endif()
     math(EXPR mla_rows "${mla_rows} + 1")
+  elseif(line MATCHES "^\\| contiguous \\| (fp16|bf16) \\| 1 \\| 64 \\| 8 \\| 1 \\| 32 \\| [a-z0-9 ]+ \\| [0-9.e+-]+ \\| [0-9]+ \\| [0-9.]+ \\| [0-9.]+ \\| [0-9.e+-]+ \\|$")
+    list(APPEND mqa_groups "${CMAKE_MATCH_1}")
+    math(EXPR mqa_rows "${mqa_rows} + 1")
   elseif(line MATCHES "^\\| (contiguous|paged) \\|")
     string(REGEX MATCHALL "\\|[^|]*" cells "${line}")
     list(LENGTH cells n)
@@ -93,6 +99,13 @@ if(n_groups GREATER 0)
     fail("${attn_rows} attention rows over ${n_groups} cases: not the same kernels (>= 6) in each")
   endif()
 endif()
+list(REMOVE_DUPLICATES mqa_groups)
+list(LENGTH mqa_groups n_mqa)
+math(EXPR mqa_per "${mqa_rows} / 2")
+math(EXPR mqa_whole "${mqa_per} * 2")
+if(NOT (n_mqa EQUAL 2 AND mqa_whole EQUAL mqa_rows AND per EQUAL mqa_per))
+  fail("${mqa_rows} MQA rows over ${n_mqa} formats: not fp16 and bf16 with the sweep's ${per} kernels each")
+endif()
 string(FIND "${report}" "| layout | dtype | H | n | d_c | d_R | seconds | flop_per_byte | TFLOPs | of_mma | GBps | of_bw |" at)
 if(NOT (NOT at EQUAL -1))
   fail("no bench mla header")
@@ -106,4 +119,4 @@ endif()
 if(failures GREATER 0)
   message(FATAL_ERROR "${failures} failed")
 endif()
-message("gpu-report dry run: ${attn_rows} attention rows over ${n_groups} cases, ${eng_rows} engine row: 1 passed, 0 failed")
+message("gpu-report dry run: ${attn_rows} attention rows over ${n_groups} cases, ${mqa_rows} MQA rows, ${eng_rows} engine row: 1 passed, 0 failed")

@@ -2,8 +2,8 @@
 # gpu-report.sh: one Markdown report of what this project's CUDA half does on the GPU of this
 # machine. Builds for the local architecture, runs the GPU tests (ctest -L gpu), the four
 # compute-sanitizer tools over the core GPU tests, the device benches (kvlab bench attention,
-# engine and mla --device cuda) and Nsight Compute's sections on a 32k decode when ncu is
-# there. Every step runs under its own time budget (timeout); a step that fails or runs out of
+# its MQA rows, engine and mla --device cuda) and Nsight Compute's sections on a 32k decode
+# when ncu is there. Every step runs under its own time budget (timeout); a step that fails or runs out of
 # time is reported as such and the next one runs. The budgets add up to about 10 minutes on
 # one H200.
 #
@@ -57,7 +57,7 @@ FAILED=0
 T_START=$(date +%s)
 
 # Budgets in seconds (a GPU run; dry mode runs at the benches' --quick sizes).
-B_BUILD=170 B_TESTS=120 B_SAN=25 B_ATTN=105 B_ENGINE=60 B_MLA=25 B_NCU=35
+B_BUILD=170 B_TESTS=120 B_SAN=25 B_ATTN=85 B_MQA=20 B_ENGINE=60 B_MLA=25 B_NCU=35
 
 report() { printf '%s\n' "$*" >>"$OUT"; }
 
@@ -209,6 +209,21 @@ csv_table bench_attention layout,
 report ''
 report 'ratio_to_bw: KV bytes read (B 2 H_kv N d b) / time / the device bandwidth measured in'
 report 'the same run; above 1 the ceiling, not the kernel, is wrong.'
+
+report ''
+report '## bench attention --device cuda, MQA (fp16 and bf16 on tensor cores)'
+report ''
+if [ $DRY -eq 1 ]; then
+    MQA=(--quick --heads 8 --lengths 64 --batch 1)
+else
+    MQA=(--lengths 32768 --batch 1,32 --repeats 3)
+fi
+run bench_attention_mqa "$B_MQA" "$KVLAB" bench attention --device cuda --csv --kv-heads 1 \
+    --dtypes fp16,bf16 --layouts contiguous "${MQA[@]}"
+csv_table bench_attention_mqa layout,
+report ''
+report 'One KV head: version 4 runs the H query heads as the rows of mma.sync tiles for 16-bit'
+report 'elements too (the sweep above, G = 4, does so only for int8 and fp8).'
 
 report ''
 report '## bench engine --device cuda'
