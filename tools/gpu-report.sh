@@ -3,9 +3,9 @@
 # machine. Builds for the local architecture, runs the GPU tests (ctest -L gpu), the four
 # compute-sanitizer tools over the core GPU tests, the device benches (kvlab bench attention,
 # its MQA rows, engine and mla --device cuda) and Nsight Compute's sections on a 32k decode
-# when ncu is there. Every step runs under its own time budget (timeout); a step that fails or runs out of
-# time is reported as such and the next one runs. The budgets add up to about 10 minutes on
-# one H200.
+# when ncu is there. Every step runs under its own time budget (timeout); a step that fails
+# or runs out of time is reported as such and the next one runs. The budgets add up to about
+# 10 minutes on one H200.
 #
 # Dry mode (--dry-run, or no GPU found): the emulation build (CUDA kernels on CPU fibers),
 # the emulator's own GPU tests only, the benches at their --quick sizes, sanitizer and ncu
