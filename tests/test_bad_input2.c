@@ -10,7 +10,9 @@
  *  - writers never remove or replace a path they did not create: serve's --csv/--timeline on a
  *    failed run, a FIFO or a symbolic link as an output;
  *  - the CLI: a vocab-1 model under serve, OMP_NUM_THREADS far past the CPUs, --threads, stdout
- *    that cannot be written, serve where every request fails.
+ *    that cannot be written, serve where every request fails;
+ *  - chapters 09 and 10 on the command line: tp's ranks, spec's options, needle's retention
+ *    variants and spec files, tour's chapters without a demo.
  *
  * usage: test_bad_input2 <path to kvlab>
  */
@@ -431,6 +433,111 @@ static void test_loose_options(void)
     free(r.err);
 }
 
+/* Chapters 09 and 10: kvlab tp, kvlab needle's method variants and --chunk, chapter 09 spec
+ * files, kvlab spec's window, KIVI and layout options. */
+static void test_cli_ch09_10(void)
+{
+    /* kvlab tp: ranks must divide the embedded model's heads (small: H 6, tiny: H 4) */
+    CLI_BAD("--ranks|'0'|out of range", "tp", "--ranks", "0");
+    CLI_BAD("--ranks|'-2'|out of range", "tp", "--ranks", "-2");
+    CLI_BAD("--ranks|'65'|out of range", "tp", "--ranks", "65");
+    CLI_BAD("--ranks|not an integer", "tp", "--ranks", "2.5");
+    CLI_BAD("--ranks|not an integer", "tp", "--ranks", "two");
+    CLI_BAD("--ranks|missing value", "tp", "--ranks");
+    CLI_BAD("--ranks|4 ranks do not divide the 6 query heads", "tp", "--ranks", "4");
+    CLI_BAD("--ranks|64 ranks", "tp", "--ranks", "64");
+    CLI_BAD("--ranks|3 ranks|tiny", "tp", "--default", "tiny", "--ranks", "3");
+    CLI_BAD("--default|'nosuch'", "tp", "--default", "nosuch");
+    CLI_BAD("--cache|unknown format 'nosuch'", "tp", "--cache", "nosuch");
+    CLI_BAD("--cache|empty", "tp", "--cache", "");
+    CLI_BAD("--cache|int4-kivi|head dim", "tp", "--cache", "int4-kivi"); /* was named "tp" */
+    CLI_BAD("--tokens|out of range", "tp", "--tokens", "0");
+    CLI_BAD("--tokens|out of range", "tp", "--tokens", "65537");
+    CLI_BAD("--prompt|out of range", "tp", "--prompt", "0");
+    CLI_BAD("--prompt|out of range", "tp", "--prompt", "99999999999");
+    CLI_BAD("--repeats|out of range", "tp", "--repeats", "0");
+    CLI_BAD("unknown option '--tp'", "tp", "--tp", "2");
+    CLI_BAD("unexpected argument 'extra'", "tp", "extra");
+
+    /* kvlab needle --cache METHOD/...: refused before the grid runs or writes --csv */
+    struct { const char *variant, *want; } nv[] = {
+        {"nosuch/b64", "'nosuch/b64' is not known"},
+        {"h2o", "needs a budget"},
+        {"h2o/b64/r0.5", "one budget"},
+        {"h2o/r0", "ratio '0'"},
+        {"h2o/r1.01", "ratio '1.01'"},
+        {"h2o/r0x1p-1", "ratio '0x1p-1'"},
+        {"h2o/b64/w-1", "'w-1'"},
+        {"h2o/b64/sx", "'sx'"},
+        {"topk/b64/d-3", "'d-3'"},
+        {"l2-small/b16/s8/w16", "more than its budget"},
+        {"h2o/b64/w16/d1", "query-aware"},
+        {"snapkv/b64", "observation window"},
+        {"int2-kivi/snapkv/b64", "'snapkv' is not known for int2-kivi"},
+        {"h2o/b64x", "'b64x'"},
+    };
+    for (size_t i = 0; i < sizeof nv / sizeof nv[0]; i++) {
+        char want[160];
+        snprintf(want, sizeof want, "--cache|%s", nv[i].want);
+        CLI_BAD(want, "needle", "--cache", nv[i].variant, "--lengths", "64", "--csv", "out.csv",
+                "--svg", "out.svg");
+    }
+    CLI_BAD("--chunk|'0'|out of range", "needle", "--chunk", "0", "--csv", "out.csv");
+    CLI_BAD("--chunk|'-64'|out of range", "needle", "--chunk", "-64", "--csv", "out.csv");
+    CLI_BAD("--chunk|out of range", "needle", "--chunk", "16777217", "--csv", "out.csv");
+    CLI_BAD("--chunk|out of range", "needle", "--chunk", "99999999999999999999");
+    CLI_BAD("--chunk|not an integer", "needle", "--chunk", "64.5");
+    CLI_BAD("--chunk|not an integer", "needle", "--chunk", "1e3");
+
+    /* chapter 09 spec files: the message names the file and the line */
+    struct { const char *name, *text, *want; } sf[] = {
+        {"kept.needle", "name k\nchunk 64\nvariant h2o/b64/w16 kept:3\n", "line 3|'kept:3'"},
+        {"atleast.needle", "variant snapkv/b64/w16 atleast:-1,16\n", "line 1|'atleast:-1,16'"},
+        {"split.needle", "name s\nvariant fp32 page-split:0\n", "line 2|'page-split:0'"},
+        {"from.needle", "variant h2o/r0.1/w16 from:\n", "line 1|'from:'"},
+        {"chunk0.needle", "name c\n\nchunk 0\n", "line 3|bad chunk '0'"},
+        {"chunk2.needle", "chunk 64 64\n", "line 1|chunk takes one number"},
+        {"chunkneg.needle", "chunk -64\n", "line 1|bad chunk '-64'"},
+    };
+    for (size_t i = 0; i < sizeof sf / sizeof sf[0]; i++) {
+        char path[256], want[160];
+        snprintf(path, sizeof path, "%s", file(sf[i].name));
+        write_bytes(path, sf[i].text, strlen(sf[i].text));
+        snprintf(want, sizeof want, "--spec|%s|%s", sf[i].name, sf[i].want);
+        CLI_BAD(want, "needle", "--spec", path, "--csv", "out.csv");
+    }
+    /* a method a spec file names but no cache knows: named by the file, not by --cache */
+    char unk[256];
+    snprintf(unk, sizeof unk, "%s", file("unknown-method.needle"));
+    write_bytes(unk, "variant nosuch/b64 all\n", 23);
+    CLI_BAD("unknown-method.needle|'nosuch/b64' is not known", "needle", "--spec", unk, "--csv", "out.csv");
+
+    /* kvlab spec: window, sinks, scheme, KIVI window, layout and block size */
+    CLI_BAD("--window|'-1'|out of range", "spec", "--window", "-1");
+    CLI_BAD("--window|out of range", "spec", "--window", "16777217");
+    CLI_BAD("--sinks|out of range", "spec", "--sinks", "-4", "--window", "16");
+    CLI_BAD("--sinks|needs --window", "spec", "--sinks", "4");
+    CLI_BAD("--scheme|unknown 'rope'", "spec", "--scheme", "rope", "--window", "16");
+    CLI_BAD("--scheme|'cache' needs --window", "spec", "--scheme", "cache");
+    CLI_BAD("--kivi-window|needs --cache int4-kivi", "spec", "--kivi-window", "64");
+    CLI_BAD("--kivi-window|48|multiple of 32", "spec", "--cache", "int4-kivi", "--kivi-window", "48");
+    CLI_BAD("--kivi-window|out of range", "spec", "--kivi-window", "-32");
+    CLI_BAD("--cache|int4-kivi|head dim", "spec", "--cache", "int4-kivi");
+    CLI_BAD("--cache|unknown format 'h2o/b64'", "spec", "--cache", "h2o/b64");
+    CLI_BAD("--layout|'ring'", "spec", "--layout", "ring");
+    CLI_BAD("--block-size|needs --layout paged", "spec", "--block-size", "16");
+    CLI_BAD("--block-size|out of range", "spec", "--layout", "paged", "--block-size", "0");
+    CLI_BAD("--block-size|multiple of 32", "spec", "--layout", "paged", "--cache", "int2-kivi",
+            "--block-size", "16");
+    CLI_BAD("--draft-layers|99|6 layers", "spec", "--draft-layers", "99");
+    CLI_BAD("--max-k|out of range", "spec", "--max-k", "65");
+    CLI_BAD("--model|not both", "spec", "--model", "x.bin", "--default", "small");
+
+    /* kvlab tour: chapter 12 has no demo */
+    CLI_BAD("--chapter|no demo for chapter 12", "tour", "--chapter", "12");
+    CLI_BAD("--chapter|no demo for chapter 12", "tour", "--chapter", "12", "--csv");
+}
+
 int main(int argc, char **argv)
 {
     kv_test_cli_init(argc, argv);
@@ -440,6 +547,7 @@ int main(int argc, char **argv)
     test_writers();
     test_cli();
     test_loose_options();
+    test_cli_ch09_10();
     cleanup();
     return kv_test_finish();
 }

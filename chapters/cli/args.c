@@ -73,6 +73,30 @@ int kv_args_bad(const char *cmd, const char *opt, const char *fmt, ...)
     return KV_EXIT_USAGE;
 }
 
+int kv_args_int_list(const char *cmd, const char *opt, const char *s, int *out, int max, int *n,
+                     int64_t hi)
+{
+    *n = 0;
+    for (const char *p = s;; p++) {
+        char item[24];
+        const size_t len = strcspn(p, ",");
+        const char *why = "is too long";
+        int64_t v = 0;
+        if (*n == max)
+            return kv_args_bad(cmd, opt, "'%.60s': more than %d items", s, max);
+        if (len < sizeof item) {
+            memcpy(item, p, len);
+            item[len] = '\0';
+        }
+        if (len >= sizeof item || kv_parse_i64(item, 1, hi, &v, &why))
+            return kv_args_bad(cmd, opt, "'%.*s' %s (expected comma-separated numbers 1..%lld)",
+                               (int)(len < 40 ? len : 40), p, why, (long long)hi);
+        out[(*n)++] = (int)v;
+        p += len;
+        if (!*p) return 0;
+    }
+}
+
 /* "1..4096", ">= 1" or "0..1": the range as a reader would write it. */
 static void range_text(const kv_opt *o, char *buf, size_t n)
 {

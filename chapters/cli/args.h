@@ -68,6 +68,12 @@ int kv_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out, const ch
 /** Parse a whole finite number within [min, max]; 0 on success, -1 with a reason in @p why. */
 int kv_parse_double(const char *s, double min, double max, double *out, const char **why);
 
+/** Comma-separated whole numbers in [1, @p hi], at most @p max of them, into out (*n of them):
+ * 0, or KV_EXIT_USAGE after a message naming @p opt and the item (each through kv_parse_i64:
+ * no spaces, no "5abc", no empty item as in "5,,6" or "5,"). */
+int kv_args_int_list(const char *cmd, const char *opt, const char *s, int *out, int max, int *n,
+                     int64_t hi);
+
 /** Report a bad value of @p opt ("kvlab calc: --config: ...") on stderr; returns KV_EXIT_USAGE. */
 int kv_args_bad(const char *cmd, const char *opt, const char *fmt, ...)
 #if defined(__GNUC__)

@@ -337,30 +337,12 @@ static int resident_time(const attn_case *big, int64_t llc, int repeats, double 
     return e;
 }
 
-/* "N,N,..." or "none" into @p out; 0, or exit 2 with a message naming @p opt and the item.
- * Each item goes through kv_parse_i64 (no spaces, no "5abc", no empty item as in "5,,6"). */
+/* "N,N,..." or "none" into @p out; 0, or exit 2 with a message naming @p opt and the item. */
 static int parse_lengths(const char *cmd, const char *opt, const char *s, int *out, int *n)
 {
     *n = 0;
     if (strcmp(s, "none") == 0) return 0; /* no rows of that mode */
-    for (const char *p = s;; p++) {
-        char item[32];
-        const size_t len = strcspn(p, ",");
-        const char *why = "is too long";
-        int64_t v = 0;
-        if (*n == ATTN_MAX_LENGTHS)
-            return kv_args_bad(cmd, opt, "'%.60s': more than %d lengths", s, ATTN_MAX_LENGTHS);
-        if (len < sizeof item) {
-            memcpy(item, p, len);
-            item[len] = '\0';
-        }
-        if (len >= sizeof item || kv_parse_i64(item, 1, ATTN_MAX_LEN, &v, &why))
-            return kv_args_bad(cmd, opt, "'%.*s' %s (expected comma-separated lengths 1..%d, "
-                               "or none)", (int)(len < 40 ? len : 40), p, why, ATTN_MAX_LEN);
-        out[(*n)++] = (int)v;
-        p += len;
-        if (!*p) return 0;
-    }
+    return kv_args_int_list(cmd, opt, s, out, ATTN_MAX_LENGTHS, n, ATTN_MAX_LEN);
 }
 
 /* 1 when one comma-separated word of @p only is a word of @p name ("cpu naive": "naive"). */

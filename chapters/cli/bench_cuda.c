@@ -299,29 +299,6 @@ static int dcheck(dcase *k, int i, float *worst, kv_err *err)
     return KV_OK;
 }
 
-/* Comma-separated positive integers (at most @p max of them) into out; 0 or exit 2. */
-static int int_list(const char *cmd, const char *opt, const char *s, int *out, int max, int *n,
-                    int64_t hi)
-{
-    *n = 0;
-    for (const char *p = s; *p;) {
-        char item[24];
-        const size_t len = strcspn(p, ",");
-        const char *why = "is too long";
-        int64_t v = 0;
-        if (*n == max || len >= sizeof item)
-            return kv_args_bad(cmd, opt, "'%.40s': at most %d items of 1..%lld", s, max,
-                               (long long)hi);
-        memcpy(item, p, len);
-        item[len] = '\0';
-        if (kv_parse_i64(item, 1, hi, &v, &why))
-            return kv_args_bad(cmd, opt, "'%s' %s", item, why);
-        out[(*n)++] = (int)v;
-        p += len + (p[len] == ',');
-    }
-    return *n ? 0 : kv_args_bad(cmd, opt, "an empty list");
-}
-
 int cmd_bench_attention_cuda(int argc, char **argv)
 {
     const char *cmd = "kvlab bench attention --device cuda";
@@ -364,8 +341,8 @@ int cmd_bench_attention_cuda(int argc, char **argv)
         if (!opts[5].seen) batch_s = "1,3";
     }
     int lens[8], batch[8], fmts[8], lays[2], n_lens, n_batch, n_fmts = 0, n_lays = 0, e;
-    if ((e = int_list(cmd, "--lengths", lens_s, lens, 8, &n_lens, 1 << 24)) ||
-        (e = int_list(cmd, "--batch", batch_s, batch, 8, &n_batch, 4096)))
+    if ((e = kv_args_int_list(cmd, "--lengths", lens_s, lens, 8, &n_lens, 1 << 24)) ||
+        (e = kv_args_int_list(cmd, "--batch", batch_s, batch, 8, &n_batch, 4096)))
         return e;
     for (const char *p = dtypes_s; *p && n_fmts < 8;) {
         char name[32];
