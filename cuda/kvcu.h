@@ -10,6 +10,8 @@
 #ifndef KVCU_H
 #define KVCU_H
 
+#include <math.h>
+
 #include "kv_backend.h"
 #include "kv_flash.h"
 #include "kv_forward.h"
@@ -309,6 +311,26 @@ int kvcu_cache_decode_reads(const kvcu_cache *c, int layer, int n_heads);
  * G >= 4 with per-token int8 or fp8, MQA with those or fp16 / bf16; d a multiple of 16 up to
  * 128, G <= 64), else 0. */
 int kvcu_cache_decode_mma(const kvcu_cache *c, int layer, int n_heads);
+/** The 16-bit unit roundoff h of the tensor-core decode for format @p fmt: its query and
+ * weights are bf16 (2^-8) for a bf16 cache, fp16 (2^-11) otherwise. */
+static inline double kvcu_decode_mma_roundoff(int fmt)
+{
+    return fmt == KV_QF_BF16 ? 0x1p-8 : 0x1p-11;
+}
+/** The forward-error bound version 4 keeps against kv_attention_ref() (test_gpu_decode.c
+ * derives it) for one query head over @p n retained rows of head dim @p d, with
+ * S = max_i Σ_j |q_j|·|k_ij| / √d, V = max |v_ij| and @p h the tensor-core roundoff
+ * (kvcu_decode_mma_roundoff()), 0 for the CUDA-core kernel:
+ *   |ô - o| <= 1.01·(expm1(2Δ) + h + (2n + 8 + 2R)·u)·V,
+ *   Δ = h·S + u·(c·S + 4 + R·(2S + 5)),  c = d + 30 on tensor cores, ⌊d/16⌋ + 30 else,
+ *   R = ⌈n/8⌉ + ⌈n/256⌉ + 2, u = 2^-24. */
+static inline double kvcu_decode_bound(int d, int64_t n, double S, double V, double h)
+{
+    const double u = 0x1p-24, R = ceil(n / 8.0) + ceil(n / 256.0) + 2;
+    const double dots = h > 0 ? d + 30 : d / 16 + 30;
+    const double delta = h * S + u * (dots * S + 4 + R * (2 * S + 5));
+    return 1.01 * (expm1(2 * delta) + h + (2.0 * (double)n + 8 + 2 * R) * u) * V;
+}
 /** GPU twin of kv_cache_write_slots(): k, v [n][H_kv][d] device rows into pool rows
  * @p slots [n] (host memory; negative = padding, skipped), the CPU's bytes; fp8 and KIVI
  * refused with the CPU's words. */

@@ -69,14 +69,10 @@ typedef struct {
  * h16: the tensor-core kernel's 16-bit unit roundoff, 0 for the CUDA-core kernel. */
 static double bound_of(const kv_cache *c, int pos, int h, int H, const float *qh, double h16)
 {
-    const int d = c->head_dim;
     const int64_t n = kv_window_count(c->spec.window.size, c->spec.window.n_sinks, pos);
     double smax, vmax;
     kv_test_attn_sv(c, pos, h, H, qh, &smax, &vmax);
-    const double u = 0x1p-24, R = ceil(n / 8.0) + ceil(n / 256.0) + 2;
-    const double dots = h16 > 0 ? d + 30 : d / 16 + 30;
-    const double delta = h16 * smax + u * (dots * smax + 4 + R * (2 * smax + 5));
-    return 1.01 * (expm1(2 * delta) + h16 + (2.0 * (double)n + 8 + 2 * R) * u) * vmax;
+    return kvcu_decode_bound(c->head_dim, n, smax, vmax, h16);
 }
 
 static float *dev_floats(const float *h, size_t n)
@@ -131,7 +127,7 @@ static void check_cache(const shape *sh, int fmt, int paged, int W, int S, int n
     const int G = H / Hkv, one_byte = fmt == KV_QF_INT8 || fmt == KV_QF_FP8_E4M3 ||
                                       fmt == KV_QF_FP8_E5M2;
     const int mma = kvcu_cache_decode_mma(g, 0, H);
-    const double h16 = !mma ? 0.0 : fmt == KV_QF_BF16 ? 0x1p-8 : 0x1p-11;
+    const double h16 = mma ? kvcu_decode_mma_roundoff(fmt) : 0.0;
     const int two_byte = fmt == KV_QF_F16 || fmt == KV_QF_BF16;
     KV_CHECK(mma == (!pos_cache && d % 16 == 0 && d <= 128 && G >= 4 && G <= 64 &&
                      (one_byte || (Hkv == 1 && two_byte))),

@@ -129,29 +129,27 @@ static int run_flash(const dcase *k, int version, kv_err *err)
  * what the engine runs, also rescales its running sums once per tile and per range, R
  * rescalings of one rounding each (test_gpu_decode.c's bound): twice the tolerance, 2e-4.
  * Where version 4 runs the group on tensor cores, the query and the weights are rounded to
- * 16 bits, far above 2e-4: those rows take tc_tolerance() instead. */
+ * 16 bits, which 2e-4 does not account for: those rows take tc_tolerance() instead. */
 static const dkernel kernels[] = {
     {"attn v2", run_attn, 2, "one block per KV head, the group together, per sequence: the "
-                             "reference", 0.0f},
+                             "reference", 0.0f, 0},
     {"engine", run_engine, 0, "kvcu_decode_batch(): what kvcu_forward runs (v4), one launch",
      2e-4f, 1},
     {"attn v4", run_attn, 4, "v4 alone (kvcu_decode.cu), per sequence", 2e-4f, 1},
-    {"attn v1", run_attn, 1, "one block per query head, per sequence", 1e-4f},
+    {"attn v1", run_attn, 1, "one block per query head, per sequence", 1e-4f, 0},
     {"attn v3", run_attn, 3, "v2 split over 512-position partitions + merge, per sequence",
-     1e-4f},
+     1e-4f, 0},
     {"flash v3", run_flash, 3, "chapter 08 decode: a block per (query, KV head), per sequence",
-     1e-4f},
-    {"flash v4", run_flash, 4, "chapter 08 split-KV + log-sum-exp merge, per sequence", 1e-4f},
+     1e-4f, 0},
+    {"flash v4", run_flash, 4, "chapter 08 split-KV + log-sum-exp merge, per sequence", 1e-4f, 0},
 };
 #define N_KERNELS ((int)(sizeof kernels / sizeof kernels[0]))
 
-/* The tolerance of a row version 4 runs on tensor cores: test_gpu_decode.c's bound for that
- * kernel, |ô - o| <= 1.01·(expm1(2Δ_h) + h + (2N + 8 + 2R)·u)·V with
- * Δ_h = h·S + u·((d + 30)·S + 4 + R·(2S + 5)), R = ⌈N/8⌉ + ⌈N/256⌉ + 2, h the 16-bit unit
- * roundoff (2^-8 bf16, else 2^-11), plus attn v2's own 1e-4. Every key and value the case
- * writes is in [-1, 1] and every format here decodes it to at most 1 in magnitude (a
- * symmetric int8 or fp8 scale maps the row's largest to the largest code), so V <= 1 and
- * S <= max over the queries of Σ|q_j| / √d (q: host [rows][d]). */
+/* The tolerance of a row version 4 runs on tensor cores: that kernel's bound
+ * (kvcu_decode_bound() with its 16-bit roundoff), plus attn v2's own 1e-4. Every key and
+ * value the case writes is in [-1, 1] and every format here decodes it to at most 1 in
+ * magnitude (a symmetric int8 or fp8 scale maps the row's largest to the largest code), so
+ * V <= 1 and S <= max over the queries of Σ|q_j| / √d (q: host [rows][d]). */
 static float tc_tolerance(const float *q, size_t rows, int d, int fmt, int N)
 {
     double l1 = 0.0;
@@ -160,10 +158,8 @@ static float tc_tolerance(const float *q, size_t rows, int d, int fmt, int N)
         for (int j = 0; j < d; j++) a += fabs(q[r * d + j]);
         if (a > l1) l1 = a;
     }
-    const double u = 0x1p-24, h = fmt == KV_QF_BF16 ? 0x1p-8 : 0x1p-11, S = l1 / sqrt(d);
-    const double R = ceil(N / 8.0) + ceil(N / 256.0) + 2;
-    const double dh = h * S + u * ((d + 30) * S + 4 + R * (2 * S + 5));
-    return (float)(1.01 * (expm1(2 * dh) + h + (2.0 * N + 8 + 2 * R) * u) + 1e-4);
+    const double S = l1 / sqrt(d);
+    return (float)(kvcu_decode_bound(d, N, S, 1.0, kvcu_decode_mma_roundoff(fmt)) + 1e-4);
 }
 
 static size_t case_scratch(const dcase *k)
