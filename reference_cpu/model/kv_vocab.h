@@ -1,0 +1,65 @@
+/**
+ * @file kv_vocab.h
+ * The tokenizers a GGUF file carries (tokenizer.ggml.*), giving the ids llama.cpp gives.
+ *
+ * Two kinds, named by tokenizer.ggml.model:
+ *  - `gpt2`: byte-level BPE. Text is split by a pre-tokenizer (tokenizer.ggml.pre: `gpt2`,
+ *    `llama-bpe`, `smollm`, ...), each piece's bytes are mapped to GPT-2's printable
+ *    characters, then merged pair by pair in the order of tokenizer.ggml.merges (rank = index).
+ *  - `llama`: SentencePiece-style BPE. Spaces become U+2581 "▁" (one is put in front when
+ *    tokenizer.ggml.add_space_prefix asks), then the adjacent pair whose join is the token of
+ *    highest score merges first; a character with no token falls back to <0xXX> byte tokens.
+ *
+ * Control tokens (token_type 3) and user-defined tokens (4) are matched in the text as single
+ * tokens only when the caller asks (special = 1); otherwise they are text like any other.
+ */
+#ifndef KV_VOCAB_H
+#define KV_VOCAB_H
+
+#include <stddef.h>
+
+#include "kv_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kv_gguf kv_gguf; /* kv_gguf.h */
+typedef struct kv_vocab kv_vocab;
+
+/**
+ * Build the tokenizer of an open GGUF file. A missing or malformed tokenizer.ggml key, a
+ * model or pre-tokenizer kvlab does not know, a merge naming no token -> KV_ERR_FORMAT or
+ * KV_ERR_UNSUPPORTED naming it. The vocabulary copies what it needs: @p g may be closed after.
+ */
+int kv_vocab_from_gguf(const kv_gguf *g, kv_vocab **out, kv_err *err);
+/** Free (NULL is fine). */
+void kv_vocab_free(kv_vocab *v);
+/** Number of tokens. */
+int kv_vocab_size(const kv_vocab *v);
+
+/**
+ * text (len bytes, any bytes) -> ids; special = 1 matches control tokens (<|im_start|>...)
+ * in the text, 0 treats them as plain text; add_bos: prepend BOS when the vocab asks for it
+ * (tokenizer.ggml.add_bos_token). Writes at most cap ids; *n = the count needed
+ * (KV_ERR_CAPACITY when it exceeds cap).
+ */
+int kv_vocab_encode(const kv_vocab *v, const char *text, size_t len, int add_bos, int special,
+                    int *ids, int cap, int *n, kv_err *err);
+/**
+ * The bytes of one token's text (byte-level BPE decoded; <0xXX> as the byte; ▁ as a space);
+ * returns the full length, or -1 for an id outside the vocabulary; writes at most cap bytes.
+ */
+int kv_vocab_piece(const kv_vocab *v, int id, char *buf, int cap);
+/** id of the token whose stored text is exactly @p token_text, or -1. */
+int kv_vocab_find(const kv_vocab *v, const char *token_text);
+/** BOS and EOS ids (-1 when the file names none). */
+int kv_vocab_bos(const kv_vocab *v);
+int kv_vocab_eos(const kv_vocab *v);
+/** 1 for a control or user-defined token (token_type 3 or 4), 0 otherwise or out of range. */
+int kv_vocab_is_control(const kv_vocab *v, int id);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
