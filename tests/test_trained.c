@@ -300,13 +300,14 @@ static void test_probes(const kv_model *m, const int *ids)
     free(post);
 }
 
-/* copy the shipped files into dir/datasets/models, with kjv.bin or the tokenizer damaged */
+/* copy the shipped files into dir/datasets/models, with kjv.bin, the tokenizer or the held-out
+ * text damaged */
 static void copy_models(const char *damage)
 {
     char cmd[8 * PATH_MAX];
     snprintf(cmd, sizeof cmd, "rm -rf '%s/datasets' && mkdir -p '%s/datasets/models' && "
-             "cp '%s'/kjv.bin '%s'/kjv-tokenizer.bin '%s'/SHA256SUMS '%s/datasets/models/'%s%s",
-             dir, dir, models, models, models, dir, damage[0] ? " && " : "", damage);
+             "cp '%s'/kjv.bin '%s'/kjv-tokenizer.bin '%s'/kjv-heldout.txt '%s'/SHA256SUMS "
+             "'%s/datasets/models/'%s%s", dir, dir, models, models, models, models, dir, damage[0] ? " && " : "", damage);
     KV_CHECK(system(cmd) == 0, "could not copy the model: %s", cmd);
 }
 
@@ -352,6 +353,17 @@ static void test_cli(const char *datasets)
     snprintf(cmd, sizeof cmd, "rm '%s/datasets/models/SHA256SUMS'", dir);
     copy_models(cmd);
     CLI_BAD("SHA256SUMS|KVLAB_DATASETS", "generate", "--model", "trained");
+    /* an edited held-out text would move the perplexity eval reports by default (one word of
+     * it changed): refused when it is the default text, read as given with --text */
+    snprintf(cmd, sizeof cmd, "sed -i 's/Jesus/Moses/' '%s/datasets/models/kjv-heldout.txt'", dir);
+    copy_models(cmd);
+    CLI_BAD("kjv-heldout.txt|corrupt or truncated", "eval", "ppl", "--limit", "40");
+    CLI_BAD("kjv-heldout.txt|corrupt or truncated", "eval", "mass", "--tokens", "8");
+    snprintf(path, sizeof path, "%s/models/kjv-heldout.txt", scratch);
+    r = run_in(dir, (const char *const[]){"eval", "ppl", "--text", path, "--limit", "40", NULL});
+    KV_CHECK(r.rc == 0, "eval ppl --text (an edited copy, named): exit %d, stderr %s", r.rc, r.err);
+    free(r.out);
+    free(r.err);
     /* an intact copy works from anywhere: nothing but the three files is needed */
     copy_models("");
     r = run_in(dir, (const char *const[]){"generate", "--model", "trained", "--steps", "4", NULL});

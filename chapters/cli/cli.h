@@ -37,8 +37,9 @@ typedef struct {
     char model[KV_CLI_PATH_MAX + 64], tokenizer[KV_CLI_PATH_MAX + 64], heldout[KV_CLI_PATH_MAX + 64];
 } kv_cli_trained_files;
 /** Find the shipped model (under $KVLAB_DATASETS, else the source tree's datasets/) and check
- *  the checkpoint's and the tokenizer's SHA-256: KV_ERR_FORMAT names a corrupt file. */
-int kv_cli_trained(kv_cli_trained_files *t, kv_err *err);
+ *  the checkpoint's and the tokenizer's SHA-256, and the held-out text's when @p heldout (it
+ *  is read): KV_ERR_FORMAT names a corrupt file. */
+int kv_cli_trained(kv_cli_trained_files *t, int heldout, kv_err *err);
 
 /** Exit code for a library status: bad input (ARG, IO, FORMAT, UNSUPPORTED) 2, else 1. */
 int kv_cli_exit_code(int status);

@@ -53,7 +53,7 @@ static int inputs_load(const char *cmd, const char *model_path, const char *tok_
     kv_err err = {{0}};
     kv_cli_trained_files trained;
     if (strcmp(model_path, "trained") == 0) {
-        int ts = kv_cli_trained(&trained, &err);
+        int ts = kv_cli_trained(&trained, !text_path, &err);
         if (ts) return kv_cli_fail(cmd, "--model trained", ts, &err);
         model_path = trained.model;
         if (!tok_path) tok_path = trained.tokenizer;

@@ -86,7 +86,7 @@ int cmd_generate(int argc, char **argv)
     kv_cli_trained_files trained;
     if (model_path && strcmp(model_path, "trained") == 0) {
         kv_err terr = {{0}};
-        int ts = kv_cli_trained(&trained, &terr);
+        int ts = kv_cli_trained(&trained, 0, &terr);
         if (ts) return kv_cli_fail(cmd, "--model trained", ts, &terr);
         model_path = trained.model;
         if (!tok_path) tok_path = trained.tokenizer;

@@ -2,7 +2,8 @@
  * `--model trained`: the model kvlab ships (datasets/models/, trained by tools/train/), found
  * from the source tree this binary was built from (KV_SOURCE_DIR, set by CMake) or from
  * $KVLAB_DATASETS, and checked against datasets/models/SHA256SUMS before it is read, so a
- * corrupted or truncated file is named as such instead of producing odd text.
+ * corrupted or truncated file is named as such instead of producing odd text (or, for the
+ * held-out text, another perplexity).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +34,7 @@ static int expected_digest(const char *sums, const char *name, char want[65])
     return 0;
 }
 
-int kv_cli_trained(kv_cli_trained_files *t, kv_err *err)
+int kv_cli_trained(kv_cli_trained_files *t, int heldout, kv_err *err)
 {
     const char *env = getenv("KVLAB_DATASETS");
     char dir[KV_CLI_PATH_MAX];
@@ -50,8 +51,10 @@ int kv_cli_trained(kv_cli_trained_files *t, kv_err *err)
     if (rc)
         return kv_fail(err, rc, "the trained model's checksums: %s (set KVLAB_DATASETS to the "
                        "datasets/ folder of a kvlab checkout)", why.msg);
-    const char *files[2] = {t->model, t->tokenizer};
-    for (int i = 0; i < 2 && !rc; i++) {
+    /* the held-out text too when it is read (eval's default text): an edited copy would
+     * change the perplexity reported for the shipped model without a word */
+    const char *files[3] = {t->model, t->tokenizer, t->heldout};
+    for (int i = 0; i < (heldout ? 3 : 2) && !rc; i++) {
         const char *name = strrchr(files[i], '/') + 1;
         char want[65], got[65];
         if (!expected_digest(sums, name, want)) {

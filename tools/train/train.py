@@ -14,7 +14,8 @@ beside each other in --out:
     NAME.check          what kvlab's tests compare against: held-out tokens and mean NLL
                         (fp32, this trainer's own evaluation), the fixed prompt's ids
     NAME.logits         float32 [prompt tokens][vocab]: the logits after every prompt token
-    SHA256SUMS          sha256sum lines of the checkpoint and the tokenizer
+    NAME-heldout.txt    the held-out split, eval ppl's default text
+    SHA256SUMS          sha256sum lines of the checkpoint, the tokenizer and the held-out text
 
 Held-out perplexity is defined as kvlab eval ppl computes it: the stream [BOS] + encode(held-out
 text) cut into windows of seq_len tokens that overlap by one (stride seq_len - 1), each window
@@ -25,6 +26,7 @@ import csv
 import hashlib
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -270,8 +272,10 @@ def main():
         f.write(f"train_seconds {train_s:.0f}\nparameters {n_params}\n")
         f.write(f"prompt_text {PROMPT}\n")
         f.write("prompt_ids " + " ".join(str(t) for t in [len(prompt)] + prompt) + "\n")
+    heldout_path = os.path.join(a.out, a.name + "-heldout.txt")
+    shutil.copyfile(os.path.join(a.work, "heldout.txt"), heldout_path)
     with open(os.path.join(a.out, "SHA256SUMS"), "w") as f:
-        for p in (ckpt, tok_path):
+        for p in (ckpt, tok_path, heldout_path):
             f.write(f"{sha256(p)}  {os.path.basename(p)}\n")
     print(f"done in {time.time() - t_start:.0f} s (training {train_s:.0f} s): train loss "
           f"{sum(tail) / len(tail):.4f} (mean of the last 5 %), held-out NLL {nll:.4f} "
