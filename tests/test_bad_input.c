@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include "kv_checkpoint.h"
+#include "kv_file.h"
 #include "kv_dialogue.h"
 #include "kv_needle.h"
 #include "kv_tokenizer.h"
@@ -174,7 +175,7 @@ static void test_checkpoint(void)
     signal(SIGXFSZ, SIG_DFL);
     KV_CHECK(rc == KV_ERR_IO && !exists(cut), "write cut short: status %d, file %s (%s)", rc,
              exists(cut) ? "left behind" : "absent", err.msg);
-    KV_CHECK(count_files(".tmp.") == 0, "a failed write left a temporary file");
+    KV_CHECK(count_files(KV_FILE_TMP_PREFIX) == 0, "a failed write left a temporary file");
     free(g);
     free(g2);
     kv_model_free(&m);
@@ -253,7 +254,8 @@ static void test_tokenizer(void)
     /* a failed write leaves nothing behind */
     t.lengths[5] = t.max_token_length + 1;
     const char *w = file("bad-write.tok");
-    KV_CHECK(kv_tokenizer_write(w, &t, &err) == KV_ERR_ARG && !exists(w) && count_files(".tmp.") == 0,
+    KV_CHECK(kv_tokenizer_write(w, &t, &err) == KV_ERR_ARG && !exists(w) &&
+                 count_files(KV_FILE_TMP_PREFIX) == 0,
              "tokenizer write of a bad length: %s", err.msg);
     t.lengths[5] = 6;
     free(b);

@@ -276,7 +276,7 @@ static void test_writers(void)
     unsigned char *a = slurp(keep, &n), *b = slurp(tl, &n);
     KV_CHECK(a && !strcmp((char *)a, "precious\n") && b && !strcmp((char *)b, "also precious\n"),
              "a failed serve left --csv / --timeline as they were");
-    KV_CHECK(count_files(".tmp.") == 0, "a failed serve left a temporary file");
+    KV_CHECK(count_files(KV_FILE_TMP_PREFIX) == 0, "a failed serve left a temporary file");
     free(a);
     free(b);
     free(r.out);

@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include "kv_checkpoint.h"
+#include "kv_file.h"
 #include "common/kv_test.h"
 
 #include <dirent.h>
@@ -24,7 +25,7 @@ static const char *file(const char *name)
     return path;
 }
 
-/* number of entries in the scratch folder whose name contains ".tmp." */
+/* number of entries in the scratch folder whose name contains KV_FILE_TMP_PREFIX */
 static int temp_files_left(void)
 {
     int n = 0;
@@ -32,7 +33,7 @@ static int temp_files_left(void)
     if (!d) return -1;
     struct dirent *e;
     while ((e = readdir(d)))
-        if (strstr(e->d_name, ".tmp.")) n++;
+        if (strstr(e->d_name, KV_FILE_TMP_PREFIX)) n++;
     closedir(d);
     return n;
 }

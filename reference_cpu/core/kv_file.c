@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* "64 KiB", "1 MiB": a cap as the messages name it */
@@ -128,6 +130,28 @@ int kv_file_check_target(const char *path, kv_err *err)
     return KV_OK;
 }
 
+/* A fresh temporary file in the folder of @p path: "<dir>/.kvtmp.XXXXXX", a name whose length
+ * does not depend on the target's (a legal 255-byte name plus a suffix would not be), opened
+ * O_EXCL so nothing that already has the name is written through. @p mode as open(2) takes it. */
+static int open_temp(const char *path, char *tmp, size_t n, mode_t mode)
+{
+    static const char digits[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+    const char *slash = strrchr(path, '/');
+    const int dir_len = slash ? (int)(slash - path) + 1 : 0; /* with its '/' */
+    unsigned long long x = (unsigned long long)getpid() * 0x9E3779B97F4A7C15ull ^
+                           (unsigned long long)(uintptr_t)tmp ^ (unsigned long long)time(NULL);
+    for (int attempt = 0; attempt < 100; attempt++) {
+        char suffix[7];
+        for (int i = 0; i < 6; i++, x /= 36) suffix[i] = digits[x % 36];
+        suffix[6] = '\0';
+        x = x * 6364136223846793005ull + 1442695040888963407ull + (unsigned)attempt;
+        snprintf(tmp, n, "%.*s" KV_FILE_TMP_PREFIX "%s", dir_len, path, suffix);
+        const int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    return -1; /* errno EEXIST */
+}
+
 int kv_file_create(const char *path, kv_file_out *o, kv_err *err)
 {
     memset(o, 0, sizeof *o);
@@ -140,9 +164,23 @@ int kv_file_create(const char *path, kv_file_out *o, kv_err *err)
         kv_file_abort(o);
         return kv_fail(err, KV_ERR_NOMEM, "out of memory");
     }
-    snprintf(o->tmp, tn, "%s.tmp.%ld", path, (long)getpid());
-    /* O_EXCL: never write through whatever already has the temporary name */
-    int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    /* Replacing a file keeps its mode and (where permitted) its owner: a 0600 file stays
+     * 0600. The temporary is created 0600 then, so it is never more open than the old file
+     * while the bytes arrive; a new file gets 0666 less the umask, as open(2) would give. */
+    struct stat old;
+    const int replacing = stat(path, &old) == 0;
+    int fd = open_temp(path, o->tmp, tn, replacing ? 0600 : 0666);
+    if (fd >= 0 && replacing) {
+        /* best effort: only root may give a file away; the mode below is what matters */
+        if (fchown(fd, old.st_uid, old.st_gid) != 0) errno = 0;
+        if (fchmod(fd, old.st_mode & 07777) != 0) {
+            const int e = errno;
+            close(fd);
+            unlink(o->tmp);
+            errno = e;
+            fd = -1;
+        }
+    }
     if (fd < 0 || !(o->f = fdopen(fd, "wb"))) {
         int e = errno;
         if (fd >= 0) {

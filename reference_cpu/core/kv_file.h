@@ -9,10 +9,11 @@
  * refuses CR-only line endings (LF and CRLF are the two accepted), for the parsers.
  *
  * Writers (checkpoints, tokenizers, serve's CSV files, needle's outputs) go through
- * kv_file_create() + kv_file_commit(): the bytes go to a temporary file beside the target,
- * renamed over it only once all of it is written, so a failed run leaves the old file (or no
- * file) and never removes a path it did not create; a target that exists and is not a regular
- * file (a device node, a FIFO, a symbolic link, a directory) is refused, never replaced.
+ * kv_file_create() + kv_file_commit(): the bytes go to a temporary file beside the target
+ * (".kvtmp.XXXXXX" in its folder), renamed over it only once all of it is written, so a failed
+ * run leaves the old file (or no file) and never removes a path it did not create; a target
+ * that exists and is not a regular file (a device node, a FIFO, a symbolic link, a directory)
+ * is refused, never replaced. A replaced file keeps its mode and, where permitted, its owner.
  */
 #ifndef KV_FILE_H
 #define KV_FILE_H
@@ -46,6 +47,9 @@ int kv_file_read_text(const char *path, int64_t max_bytes, char **text, size_t *
 
 /** KV_ERR_FORMAT ("line N ends in a bare CR ...") when @p text has a CR not followed by LF. */
 int kv_text_check_lines(const char *text, kv_err *err);
+
+/** How the name of a temporary file starts, in the target's folder (6 random characters follow). */
+#define KV_FILE_TMP_PREFIX ".kvtmp."
 
 /** A file being written: fwrite to @c f, then kv_file_commit or kv_file_abort. */
 typedef struct {

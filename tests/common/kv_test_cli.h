@@ -62,14 +62,15 @@ static inline int exists(const char *p)
     return stat(p, &st) == 0;
 }
 
-/* entries in the scratch folder whose name contains @p part */
+/* entries in the scratch folder whose name contains @p part (dot files too: the temporary
+ * files of kv_file.h start with a dot) */
 static inline int count_files(const char *part)
 {
     int n = 0;
     DIR *d = opendir(dir);
     if (!d) return -1;
     for (struct dirent *e; (e = readdir(d));)
-        if (e->d_name[0] != '.' && strstr(e->d_name, part)) n++;
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strstr(e->d_name, part)) n++;
     closedir(d);
     return n;
 }
