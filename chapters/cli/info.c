@@ -59,7 +59,11 @@ int cmd_info(int argc, char **argv)
     char buf[256];
     kv_err err = {{0}};
     if (kvcu_device_describe(buf, sizeof buf, &err) == KV_OK) printf("device       %s\n", buf);
-    else printf("device       none usable: %s\n", err.msg);
+    else /* CUDA's own words ("driver version is insufficient") mean "no GPU" to most readers */
+        printf("device       no usable GPU (CUDA says: %s).\n"
+               "             Everything but --device cuda works: the CPU engine and every chapter;\n"
+               "             the emulation build (cmake --preset emulation) runs the GPU tests on the CPU.\n",
+               err.msg);
 #else
     printf("device       none (built without CUDA)\n");
 #endif

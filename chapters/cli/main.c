@@ -23,7 +23,8 @@ static const kv_subcommand commands[] = {
     {"generate", cmd_generate, "generate text or token ids from a model, naive or cached"},
     {"calc", cmd_calc, "KV-cache memory for a preset or a config: L*2*N*H_kv*d*b"},
     {"info", cmd_info, "version, build, SIMD level, threads, CUDA mode and device"},
-    {"bench", cmd_bench, "benchmarks (bench decode: naive vs cached tokens/s)"},
+    {"bench", cmd_bench, "benchmarks: decode, attention-gqa, quant, bandwidth, engine, paged,\n"
+                          "             attention, prefill, mla, swap (kvlab bench --help)"},
     {"needle", cmd_needle, "needle-in-a-haystack grid over the recall models: lengths x depths x cache"},
     {"convert", cmd_convert, "MHA -> GQA/MQA: mean-pool K/V heads per group, write a new checkpoint"},
     {"dialogue", cmd_dialogue, "run a multi-turn dialogue file on the recall models, turn by turn"},
@@ -31,7 +32,8 @@ static const kv_subcommand commands[] = {
     {"stream", cmd_stream, "an endless stream through a sliding-window cache: memory and tokens/s stay flat"},
     {"spec", cmd_spec, "speculative decoding: draft k tokens, verify in one step, roll back the rejected K/V"},
     {"tp", cmd_tp, "tensor-parallel heads: P ranks as threads, per-rank cache, all-reduces per layer"},
-    {"eval", cmd_eval, "perplexity of a model over a text file under any cache (eval ppl)"},
+    {"eval", cmd_eval, "eval ppl: perplexity over a text under any cache; eval keys: key\n"
+                        "             channels before/after RoPE; eval mass: attention mass by position"},
     /* a new subcommand: its own file, and one row here */
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);

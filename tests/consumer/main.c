@@ -1,11 +1,11 @@
-/* Links the installed kvlab and runs one cached generation on the tiny default model. */
+/* Links the installed kvlab (headers as <kvlab/...>) and runs one cached generation on the tiny default model. */
 #include <stdio.h>
 
-#include "kv_backend.h"
-#include "kv_generate.h"
-#include "kv_model.h"
+#include <kvlab/kv_backend.h>
+#include <kvlab/kv_generate.h>
+#include <kvlab/kv_model.h>
 #ifdef CONSUMER_HAS_CUDA
-#include "kvcu.h"
+#include <kvlab/kvcu.h>
 #endif
 
 int main(void)
