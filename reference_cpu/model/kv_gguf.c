@@ -34,6 +34,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define _FILE_OFFSET_BITS 64
 #include "kv_gguf_internal.h"
+#include "kv_gguf_quant.h"
 #include "kv_file.h"
 
 #include <errno.h>
@@ -251,7 +252,7 @@ static int read_tensor(cursor *c, kv_gguf *g, int64_t i)
     /* bytes of one row of ne[0] elements, times the rows */
     uint64_t row;
     kv_err why;
-    if (kv_gguf_row_bytes(t->type, t->ne[0], &row, &why))
+    if (kv_ggml_row_bytes(t->type, t->ne[0], &row, &why))
         return kv_fail(c->err, KV_ERR_FORMAT, "'%s': %s: %s", c->path, c->ctx, why.msg);
     const uint64_t rows = (uint64_t)(count / t->ne[0]);
     if (rows && row > UINT64_MAX / rows)

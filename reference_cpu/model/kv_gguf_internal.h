@@ -42,8 +42,5 @@ int kv_gguf_index_tensors(kv_gguf *g, const char *path, kv_err *err);
 const kv_gguf_kv *kv_gguf_lookup(const kv_gguf *g, const char *key);
 /* [n_tensors] tensor indices in order of offset (malloc'd; NULL when out of memory). */
 int64_t *kv_gguf_tensors_by_offset(const kv_gguf *g);
-/* Bytes of a row of @p n elements of ggml type @p type; KV_ERR_FORMAT for an unknown type or
- * a row that is not a whole number of blocks. */
-int kv_gguf_row_bytes(int type, int64_t n, uint64_t *bytes, kv_err *err);
 
 #endif

@@ -261,34 +261,3 @@ int kv_gguf_get_array(const kv_gguf *g, const char *key, int *elem_type, uint64_
     *data = kv->value;
     return KV_OK;
 }
-
-/* ---- tensor sizes ----------------------------------------------------------------------- */
-
-/* ggml's block sizes: elements per block and bytes per block (ggml.c's type traits) */
-static const struct { int type; const char *name; int block, bytes; } ggml_sizes[] = {
-    {0, "F32", 1, 4},        {1, "F16", 1, 2},        {2, "Q4_0", 32, 18},
-    {3, "Q4_1", 32, 20},     {6, "Q5_0", 32, 22},     {7, "Q5_1", 32, 24},
-    {8, "Q8_0", 32, 34},     {9, "Q8_1", 32, 36},     {10, "Q2_K", 256, 84},
-    {11, "Q3_K", 256, 110},  {12, "Q4_K", 256, 144},  {13, "Q5_K", 256, 176},
-    {14, "Q6_K", 256, 210},  {15, "Q8_K", 256, 292},  {24, "I8", 1, 1},
-    {25, "I16", 1, 2},       {26, "I32", 1, 4},       {27, "I64", 1, 8},
-    {28, "F64", 1, 8},       {30, "BF16", 1, 2},
-};
-
-int kv_gguf_row_bytes(int type, int64_t n, uint64_t *bytes, kv_err *err)
-{
-    for (size_t k = 0; k < sizeof ggml_sizes / sizeof ggml_sizes[0]; k++) {
-        if (ggml_sizes[k].type != type) continue;
-        if (n % ggml_sizes[k].block)
-            return kv_fail(err, KV_ERR_FORMAT, "a row of %lld %s elements is not a whole "
-                           "number of %d-element blocks", (long long)n, ggml_sizes[k].name,
-                           ggml_sizes[k].block);
-        const uint64_t blocks = (uint64_t)(n / ggml_sizes[k].block);
-        if (n < 0 || blocks > UINT64_MAX / (uint64_t)ggml_sizes[k].bytes)
-            return kv_fail(err, KV_ERR_FORMAT, "a row of %lld %s elements is out of range",
-                           (long long)n, ggml_sizes[k].name);
-        *bytes = blocks * (uint64_t)ggml_sizes[k].bytes;
-        return KV_OK;
-    }
-    return kv_fail(err, KV_ERR_FORMAT, "ggml type %d is not one kvlab knows", type);
-}

@@ -24,6 +24,13 @@ extern "C" {
  */
 int kv_gguf_model_load(const kv_gguf *g, kv_model *m, kv_err *err);
 
+/** Called after each tensor: @p done of @p total weights dequantized. */
+typedef void (*kv_gguf_progress)(void *ctx, int64_t done, int64_t total);
+/** kv_gguf_model_load() with a progress callback (may be NULL): the library prints nothing,
+ * a caller that loads a large model says how far it is. */
+int kv_gguf_model_load_progress(const kv_gguf *g, kv_model *m, kv_gguf_progress progress,
+                                void *ctx, kv_err *err);
+
 /** Read the config alone (no weights): what kv_gguf_model_load() allocates for. */
 int kv_gguf_model_config(const kv_gguf *g, kv_config *c, kv_err *err);
 
