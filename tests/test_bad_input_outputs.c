@@ -5,7 +5,12 @@
  *  - replacing a file keeps its mode: a 0600 file stays 0600 (its temporary is never more
  *    open than the old file); a new file gets 0666 less the umask;
  *  - the temporary's name does not depend on the output's length: a legal name of 250 bytes
- *    is written, not refused for a suffix that pushes it past NAME_MAX.
+ *    is written, not refused for a suffix that pushes it past NAME_MAX;
+ *  - two outputs naming one file (the same spelling, another spelling of the same path, a hard
+ *    link, a --save-models file) are refused before any work, naming both options and the
+ *    path; so is an output in a folder that does not exist;
+ *  - a write that fails once the run is under way (the file size limit) exits 1 in every
+ *    command (kvlab --help), and the old file stays.
  *
  * usage: test_bad_input_outputs <path to kvlab>
  */
@@ -15,6 +20,8 @@
 #include "common/kv_test_cli.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
 
 static const char *trace_file; /* a shipped request trace (absolute) */
 
@@ -109,6 +116,81 @@ static void test_long_names(void)
     KV_CHECK(exists(path), "generate --save-model did not write a 250-byte name");
 }
 
+/* ---- one file named twice ---------------------------------------------------------------- */
+
+static void test_same_file(void)
+{
+    const char *const needle[] = {"needle", "--models", "direct", "--lengths", "64",
+                                  "--depths", "50"};
+#define NEEDLE(...) needle[0], needle[1], needle[2], needle[3], needle[4], needle[5], needle[6], \
+                    __VA_ARGS__
+    CLI_BAD("--csv|--svg|same.out|each output needs a file of its own",
+            NEEDLE("--csv", "same.out", "--svg", "same.out"));
+    CLI_BAD("--csv|--svg|same.out", NEEDLE("--csv", "same.out", "--svg", "./same.out"));
+    CLI_BAD("--csv|--svg|same.out", NEEDLE("--csv", "same.out", "--svg", "../cwd/same.out"));
+    CLI_BAD("--save-models|--csv|p-direct.bin", NEEDLE("--csv", "p-direct.bin",
+                                                       "--save-models", "p"));
+    CLI_BAD("--csv|no-such-folder", NEEDLE("--csv", "no-such-folder/x.csv"));
+    CLI_BAD("--csv|--timeline|s.csv|each output needs a file of its own", "serve", "--trace",
+            trace_file, "--max-requests", "2", "--timeline", "s.csv", "--csv", "s.csv");
+    CLI_BAD("--save-model|no-such-folder", "generate", "--steps", "1", "--save-model",
+            "no-such-folder/m.bin");
+    CLI_BAD("--out|no-such-folder", "convert", "--default", "tiny", "--kv-heads", "1", "--out",
+            "no-such-folder/m.bin");
+    /* a hard link is the same file under another name: refused, both left as they were */
+    const char *a = file("linked.csv"), *b = file("link.csv");
+    plant(a, 0644);
+    unlink(b);
+    KV_CHECK(link(a, b) == 0, "link %s", b);
+    char pa[PATH_MAX], pb[PATH_MAX];
+    snprintf(pa, sizeof pa, "%s", a);
+    snprintf(pb, sizeof pb, "%s", b);
+    CLI_BAD("--csv|--svg|link", NEEDLE("--csv", pa, "--svg", pb));
+    size_t n = 0;
+    unsigned char *bytes = slurp(pa, &n);
+    KV_CHECK(bytes && n == 4 && !memcmp(bytes, "old\n", 4), "a refused run changed %s", pa);
+    free(bytes);
+#undef NEEDLE
+}
+
+/* ---- one exit code for a failed write ----------------------------------------------------- */
+
+static void test_write_failure(void)
+{
+    /* 2 KiB per file: stdout (about 0.5 and 1.3 KiB here) fits, the SVG of 11 cells (2.7 KiB)
+     * and serve's timeline of 20 requests (10 KiB) do not */
+    struct rlimit old, small = {2048, 2048};
+    getrlimit(RLIMIT_FSIZE, &old);
+    small.rlim_max = old.rlim_max;
+    signal(SIGXFSZ, SIG_IGN); /* write(2) then fails with EFBIG instead of a signal */
+    plant(file("big.svg"), 0644);
+    plant(file("big.csv"), 0644);
+    KV_CHECK(setrlimit(RLIMIT_FSIZE, &small) == 0, "setrlimit");
+    result rn = run_in(dir, (const char *const[]){"needle", "--models", "direct", "--lengths",
+                        "64", "--depths", "0,10,20,30,40,50,60,70,80,90,100", "--svg", "big.svg",
+                        NULL});
+    result rs = run_in(dir, (const char *const[]){"serve", "--trace", trace_file,
+                        "--max-requests", "20", "--timeline", "big.csv", NULL});
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, SIG_DFL);
+    KV_CHECK(rn.rc == 1 && strstr(rn.err, "--svg"), "needle, --svg past the size limit: exit "
+             "%d, expected 1 (stderr %s)", rn.rc, rn.err);
+    KV_CHECK(rs.rc == 1 && strstr(rs.err, "--timeline"), "serve, --timeline past the size "
+             "limit: exit %d, expected 1 (stderr %s)", rs.rc, rs.err);
+    static const char *const names[] = {"big.svg", "big.csv"};
+    for (int i = 0; i < 2; i++) {
+        size_t n = 0;
+        unsigned char *b = slurp(file(names[i]), &n);
+        KV_CHECK(b && n == 4, "a failed write replaced %s (%zu bytes)", names[i], n);
+        free(b);
+    }
+    KV_CHECK(count_files(KV_FILE_TMP_PREFIX) == 0, "a failed write left a temporary file");
+    free(rn.out);
+    free(rn.err);
+    free(rs.out);
+    free(rs.err);
+}
+
 int main(int argc, char **argv)
 {
     kv_test_cli_init(argc, argv);
@@ -122,6 +204,8 @@ int main(int argc, char **argv)
     umask(022);
     test_modes();
     test_long_names();
+    test_same_file();
+    test_write_failure();
     cleanup();
     return kv_test_finish();
 }

@@ -46,6 +46,24 @@ int kv_cli_exit_code(int status);
 /** Print "cmd: what: message" on stderr and return kv_cli_exit_code(status). */
 int kv_cli_fail(const char *cmd, const char *what, int status, const kv_err *err);
 
+/** One output file of a command: the option that names it and its path (NULL: not given). */
+typedef struct {
+    const char *opt;  /**< "--csv" */
+    const char *path;
+} kv_cli_output;
+#define KV_CLI_MAX_OUTPUTS 8
+
+/**
+ * The outputs of a command, checked before any work (outputs.c): each can be replaced
+ * (kv_file_check_target()) in a folder that exists and takes new files, and no two name the
+ * same file (the same device and inode when it exists, the same path with its folder resolved
+ * otherwise). Returns 0, or the exit code (2) after a message naming the option(s) and path.
+ */
+int kv_cli_outputs_check(const char *cmd, const kv_cli_output *outs, int n);
+/** A write that failed once the run was under way (a full disk, a refused rename): "cmd: opt:
+ * message" on stderr; returns 1, a run failure, for every command alike. */
+int kv_cli_write_fail(const char *cmd, const char *opt, const kv_err *err);
+
 /**
  * --threads N, for the commands that run a model: KV_CLI_THREADS_OPT(n) in the option table,
  * then kv_cli_threads(cmd, n) once parsed. More threads than the machine has CPUs is refused

@@ -44,9 +44,10 @@ int cmd_convert(int argc, char **argv)
     if (!out_path) return kv_args_bad(cmd, "--out", "missing (the checkpoint to write)");
 
     kv_err err = {{0}};
-    /* a device node, FIFO or symbolic link as --out is refused now, before any work */
-    int st = kv_file_check_target(out_path, &err);
-    if (st) return kv_cli_fail(cmd, "--out", st, &err);
+    /* a device node, FIFO, symbolic link or missing folder as --out is refused now, before
+     * any work */
+    int st = kv_cli_outputs_check(cmd, (const kv_cli_output[]){{"--out", out_path}}, 1);
+    if (st) return st;
     kv_model in = {0}, out = {0};
     st = in_path ? kv_checkpoint_read(in_path, &in, &err) : kv_cli_default_model(&in, def, &err);
     if (st) return kv_cli_fail(cmd, in_path ? in_path : def, st, &err);
@@ -88,7 +89,8 @@ int cmd_convert(int argc, char **argv)
                              &err);
     kv_model_free(&in);
     kv_model_free(&out);
-    if (st) return kv_cli_fail(cmd, out_path, st, &err);
+    if (st) return st == KV_ERR_IO ? kv_cli_write_fail(cmd, "--out", &err)
+                                   : kv_cli_fail(cmd, out_path, st, &err);
     printf("wrote %s (%s format)\n", out_path, format);
     return KV_EXIT_OK;
 }

@@ -98,6 +98,7 @@ int cmd_generate(int argc, char **argv)
     if (e) return e;
     e = kv_cli_check_device(cmd, device);
     if (!e) e = kv_cli_engine_check(cmd, device, &en);
+    if (!e) e = kv_cli_outputs_check(cmd, (const kv_cli_output[]){{"--save-model", save}}, 1);
     if (e) return e;
 
     kv_err err = {{0}};
@@ -115,7 +116,8 @@ int cmd_generate(int argc, char **argv)
         goto done;
     }
     if (save && (st = kv_checkpoint_write(save, &m, KV_FILE_KVLAB, &err))) {
-        rc = kv_cli_fail(cmd, save, st, &err);
+        rc = st == KV_ERR_IO ? kv_cli_write_fail(cmd, "--save-model", &err)
+                             : kv_cli_fail(cmd, save, st, &err);
         goto done;
     }
     const int vocab = m.config.vocab_size;

@@ -45,8 +45,9 @@ static void usage(FILE *f)
                "commands:\n", KV_VERSION_STRING);
     for (int i = 0; i < n_commands; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\nexit codes: 0 success, 1 a run failed (library or device error),"
-               " 2 bad arguments or input files\n");
+    fprintf(f, "\nexit codes: 0 success; 1 a run failed (a library or device error, or an output\n"
+               "file that could not be written once the run was under way); 2 bad usage (bad\n"
+               "arguments or input files, or an output path refused before any work)\n");
 }
 
 /* OMP_NUM_THREADS above the machine's CPUs buys nothing and, large enough (100000), crashes

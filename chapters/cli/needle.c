@@ -170,9 +170,7 @@ static int write_out(const char *cmd, const char *opt, const char *path, grid_wr
         fn(o.f, s, res, n);
         st = kv_file_commit(&o, &err);
     }
-    if (!st) return KV_EXIT_OK;
-    fprintf(stderr, "%s: %s: %s\n", cmd, opt, err.msg);
-    return KV_EXIT_FAIL;
+    return st ? kv_cli_write_fail(cmd, opt, &err) : KV_EXIT_OK;
 }
 
 /* A list or cache option becomes one line of spec text: a newline (or a '#') in it would
@@ -237,11 +235,6 @@ int cmd_needle(int argc, char **argv)
             return kv_args_bad(cmd, names[i], "list too long");
     }
     if ((e = one_line(cmd, "--cache", cache))) return e;
-    /* outputs that could never be replaced are refused before the grid runs */
-    const char *outs[2] = {csv, svg}, *out_opts[2] = {"--csv", "--svg"};
-    for (int i = 0; i < 2; i++)
-        if (outs[i] && kv_file_check_target(outs[i], &err))
-            return kv_cli_fail(cmd, out_opts[i], KV_ERR_IO, &err);
     if (cache) {
         size_t k = strlen(text);
         /* int2's outcome is measured, not predicted (chapters/04-quantization/README.md), and
@@ -264,21 +257,32 @@ int cmd_needle(int argc, char **argv)
             return kv_cli_fail(cmd, cache ? "--cache" : spec_path, KV_ERR_UNSUPPORTED, &err);
     }
 
+    /* every output, --save-models' files included, checked before the grid runs: each can be
+     * written, and no two are one file */
+    enum { N_MODELS = sizeof s.models / sizeof s.models[0] };
+    char saved[N_MODELS][1024];
+    kv_cli_output outs[2 + N_MODELS] = {{"--csv", csv}, {"--svg", svg}};
+    for (int i = 0; save && i < s.n_models; i++) {
+        if (snprintf(saved[i], sizeof saved[i], "%s-%s.bin", save,
+                     kv_recall_kind_name(s.models[i])) >= (int)sizeof saved[i])
+            /* cut short, it would name another file */
+            return kv_args_bad(cmd, "--save-models", "prefix of %zu characters: longer than "
+                               "%zu", strlen(save), sizeof saved[i] - 16);
+        outs[2 + i] = (kv_cli_output){"--save-models", saved[i]};
+    }
+    if ((e = kv_cli_outputs_check(cmd, outs, 2 + s.n_models))) return e;
+
     for (int i = 0; save && i < s.n_models; i++) { /* the same models the grid builds */
         kv_recall_opts o;
         kv_recall_opts_default(&o, s.models[i]);
         o.seed = s.model_seed;
         kv_model m;
-        char path[1024];
-        if (snprintf(path, sizeof path, "%s-%s.bin", save, kv_recall_kind_name(s.models[i])) >=
-            (int)sizeof path) /* cut short, it would name another file */
-            return kv_args_bad(cmd, "--save-models", "prefix of %zu characters: longer than "
-                               "%zu", strlen(save), sizeof path - 16);
         int st = kv_recall_build(&m, &o, &err);
-        if (!st) st = kv_checkpoint_write(path, &m, KV_FILE_KVLAB, &err);
+        if (st) return kv_cli_fail(cmd, "--save-models", st, &err);
+        st = kv_checkpoint_write(saved[i], &m, KV_FILE_KVLAB, &err);
         kv_model_free(&m);
-        if (st) return kv_cli_fail(cmd, path, st, &err);
-        fprintf(stderr, "%s: wrote %s\n", cmd, path);
+        if (st) return kv_cli_write_fail(cmd, "--save-models", &err);
+        fprintf(stderr, "%s: wrote %s\n", cmd, saved[i]);
     }
 
     progress_state ps;

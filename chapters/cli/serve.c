@@ -125,6 +125,8 @@ int cmd_serve(int argc, char **argv)
                            "no host tier)");
     int e = kv_cli_check_device(cmd, device);
     if (!e) e = kv_cli_engine_check(cmd, device, &en);
+    if (!e) e = kv_cli_outputs_check(cmd, (const kv_cli_output[]){{"--timeline", timeline},
+                                                                 {"--csv", csv}}, 2);
     if (e) return e;
 
     kv_err err = {{0}};
@@ -303,8 +305,8 @@ int cmd_serve(int argc, char **argv)
         goto done;
     }
     for (int i = 0; i < 2; i++) /* the run succeeded: the files replace their paths now */
-        if (out_paths[i] && (st = kv_file_commit(&outs[i], &err))) {
-            rc = kv_cli_fail(cmd, out_paths[i], st, &err);
+        if (out_paths[i] && kv_file_commit(&outs[i], &err)) {
+            rc = kv_cli_write_fail(cmd, i ? "--csv" : "--timeline", &err);
             goto done;
         }
 done:
