@@ -10,6 +10,7 @@
 
 #include "args.h"
 #include "kv_backend.h"
+#include "kv_gguf_model.h"
 #include "kv_model.h"
 #include "kv_mla.h"
 
@@ -40,6 +41,17 @@ typedef struct {
  *  the checkpoint's and the tokenizer's SHA-256, and the held-out text's when @p heldout (it
  *  is read): KV_ERR_FORMAT names a corrupt file. */
 int kv_cli_trained(kv_cli_trained_files *t, int heldout, kv_err *err);
+
+/* Models fetched by tools/fetch-model.sh (model_gguf.c) */
+/** The models folder: $KVLAB_MODELS, else $HOME/.cache/kvlab/models. */
+int kv_cli_models_dir(char *dir, size_t n, kv_err *err);
+/** `--model NAME`: a fetched model's name ("smollm2") becomes its file's path in the models
+ *  folder, KV_ERR_IO "model 'smollm2' is not fetched: run tools/fetch-model.sh smollm2" when
+ *  it is absent; any other name is copied unchanged (a path). */
+int kv_cli_model_resolve(const char *name, char *path, size_t n, kv_err *err);
+/** Open the GGUF file @p path and load its model (kv_gguf_model_load), progress on stderr after
+ *  a second; *g (may be NULL: closed) keeps the file open for its tokenizer (kv_vocab.h). */
+int kv_cli_gguf_load(const char *path, kv_model *m, kv_gguf **g, kv_err *err);
 
 /** Exit code for a library status: bad input (ARG, IO, FORMAT, UNSUPPORTED) 2, else 1. */
 int kv_cli_exit_code(int status);
