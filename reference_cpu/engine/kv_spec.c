@@ -31,6 +31,7 @@ int kv_model_layer_prefix(kv_model *view, const kv_model *m, int n_layers, kv_er
     view->config = m->config;
     view->config.n_layers = n_layers;
     view->w = m->w;
+    view->mla = m->mla; /* MLA: the layers' attention weights, [L] like the rest */
     return KV_OK;
 }
 
@@ -39,10 +40,15 @@ double kv_spec_acceptance(const kv_spec_stats *st)
     return st && st->drafted > 0 ? (double)st->accepted / (double)st->drafted : 0.0;
 }
 
-/* Bytes one cached token takes in backend b: L · 2 · H_kv · d · b (the counters' formula). */
+/* Bytes one cached token takes in backend b: L · 2 · H_kv · d · b (the counters' formula);
+ * an MLA model caches one latent row, L · (d_c + d_R) · b (kv_forward_mla.c). */
 static double token_bytes(const kv_backend *b)
 {
     const kv_config *c = b->config;
+    if (c->attn == KV_ATTN_MLA) {
+        const int r = kv_mla_row(&c->mla);
+        return c->n_layers * (double)r * kv_cache_spec_bytes_per_element(&b->spec, c->n_layers, r);
+    }
     const int d = kv_config_head_dim(c);
     return c->n_layers * 2.0 * c->n_kv_heads * d *
            kv_cache_spec_bytes_per_element(&b->spec, c->n_layers, d);

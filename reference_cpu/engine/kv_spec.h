@@ -57,9 +57,10 @@ typedef struct {
 
 /**
  * A model that is the first @p n_layers layers of @p m: its weight pointers alias @p m's
- * (layer-major arrays, so layer l of the view is layer l of m), embedding, final norm and
- * classifier shared. Nothing is allocated; do not kv_model_free() the view, and keep @p m
- * alive. KV_ERR_ARG unless 1 <= n_layers <= m's layers.
+ * (layer-major arrays, so layer l of the view is layer l of m; an MLA model's kv_mla_layer
+ * array likewise), embedding, final norm and classifier shared. Nothing is allocated; do not
+ * kv_model_free() the view, and keep @p m alive. KV_ERR_ARG unless 1 <= n_layers <= m's
+ * layers.
  */
 int kv_model_layer_prefix(kv_model *view, const kv_model *m, int n_layers, kv_err *err);
 

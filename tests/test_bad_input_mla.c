@@ -1,0 +1,139 @@
+/*
+ * Bad input on a multi-head latent attention model (chapter 11): the commands written for
+ * per-head keys, given a model whose cache holds one latent row per token.
+ *
+ *  - speculation: the draft (kv_model_layer_prefix()) keeps the target's MLA layers, so greedy
+ *    speculation emits the target's greedy tokens; the draft alone decodes cached exactly as it
+ *    recomputes every prefix (chapter 01 against 02); the bytes rolled back are latent rows,
+ *    L · (d_c + d_R) · 4 a token, so written - rolled back is what the cache holds at the end.
+ *    On the command line, kvlab spec on a saved tiny-mla model.
+ *
+ * usage: test_bad_input_mla <path to kvlab>
+ */
+#define _GNU_SOURCE
+#include "kv_generate.h"
+#include "kv_spec.h"
+#include "common/kv_test.h"
+#include "common/kv_test_cli.h"
+#include "common/kv_test_backend.h"
+
+#define P 7  /* prompt tokens */
+#define N 40 /* tokens to emit */
+
+static const int PROMPT[P] = {17, 301, 5, 88, 240, 17, 9};
+
+/* tiny-mla with its fixed seed's weights */
+static int mla_model(kv_model *m)
+{
+    kv_err e = {{0}};
+    const int rc = kv_model_default(m, KV_DEFAULT_TINY_MLA, &e);
+    KV_CHECK(rc == KV_OK, "tiny-mla: %s", e.msg);
+    return rc;
+}
+
+/* ---- speculation with a draft of the target's first layer ------------------------------ */
+
+/* n tokens after PROMPT, greedy, in @p mode */
+static int greedy(const kv_model *m, int mode, int *out, kv_err *e)
+{
+    kv_backend *b = NULL;
+    const kv_cache_spec spec = kv_cache_spec_default(1, P + N + 64);
+    const kv_gen_opts o = {mode, 0, N, NULL, NULL, NULL, NULL};
+    int rc = kv_backend_cpu(&b, m, &spec, e);
+    if (!rc) rc = kv_generate(b, PROMPT, P, &o, out, NULL, e);
+    kv_backend_destroy(b);
+    return rc;
+}
+
+static void test_spec(void)
+{
+    kv_model m, dm;
+    if (mla_model(&m)) return;
+    kv_err e = {{0}};
+    int rc = kv_model_layer_prefix(&dm, &m, 1, &e);
+    KV_CHECK(rc == KV_OK && dm.config.n_layers == 1, "layer prefix: %s", e.msg);
+    KV_CHECK(dm.mla == m.mla, "the draft lost the MLA layers (mla %p, the target's %p)",
+             (void *)dm.mla, (void *)m.mla);
+    if (rc || dm.mla != m.mla) { /* the forward pass would read layer 0 of a NULL array */
+        kv_model_free(&m);
+        return;
+    }
+    int want[N], naive[N], cached[N], got[N];
+    /* the draft alone: cached decode is chapter 01's recompute, token for token */
+    rc = greedy(&dm, KV_MODE_NAIVE, naive, &e);
+    if (!rc) rc = greedy(&dm, KV_MODE_CACHED, cached, &e);
+    KV_CHECK(rc == KV_OK && !memcmp(naive, cached, sizeof naive), "draft: cached != naive (%s)",
+             e.msg);
+    rc = greedy(&m, KV_MODE_CACHED, want, &e);
+    KV_CHECK(rc == KV_OK, "target greedy: %s", e.msg);
+
+    kv_backend *t = NULL, *d = NULL;
+    const kv_cache_spec spec = kv_cache_spec_default(1, P + N + 64);
+    if (!rc) rc = kv_backend_cpu(&t, &m, &spec, &e);
+    if (!rc) rc = kv_backend_cpu(&d, &dm, &spec, &e);
+    for (int k = 1; !rc && k <= 4; k++) {
+        const kv_spec_opts o = {k, N, 0, 0.0f, 7};
+        kv_spec_stats st;
+        t->reset(t, 0);
+        d->reset(d, 0);
+        rc = kv_spec_generate(t, d, PROMPT, P, &o, got, &st, &e);
+        KV_CHECK(rc == KV_OK, "k %d: %s", k, e.msg);
+        if (rc) break;
+        KV_CHECK(!memcmp(got, want, sizeof want), "k %d: speculation differs from greedy", k);
+        /* every row written is either still cached or was rolled back once */
+        const double row = 2.0 * 64 * sizeof(float); /* L · (d_c + d_R) · 4 */
+        const double kept_t = st.target_kv_written - st.target_kv_rolled_back;
+        const double kept_d = st.draft_kv_written - st.draft_kv_rolled_back;
+        KV_CHECK(kept_t == t->length(t, 0) * row, "k %d: target wrote %.0f B, rolled back %.0f "
+                 "B, holds %d rows of %.0f B", k, st.target_kv_written, st.target_kv_rolled_back,
+                 t->length(t, 0), row);
+        KV_CHECK(kept_d == d->length(d, 0) * row / 2, "k %d: draft wrote %.0f B, rolled back "
+                 "%.0f B, holds %d rows of %.0f B", k, st.draft_kv_written,
+                 st.draft_kv_rolled_back, d->length(d, 0), row / 2);
+        KV_CHECK(st.target_kv_rolled_back > 0 || k == 1, "k %d: nothing rolled back", k);
+    }
+    KV_CHECK(rc == KV_OK, "backends: %s", e.msg);
+    kv_backend_destroy(t);
+    kv_backend_destroy(d);
+    kv_model_free(&m);
+}
+
+/* ---- the command line ---------------------------------------------------------------------- */
+
+static char mla[256]; /* tiny-mla, saved by kvlab generate */
+
+/* kvlab @p args exits 0, prints every '|'-separated word of @p want, and no spec row whose
+ * "= greedy" column says NO */
+static void expect_ok(const char *want, const char *const *args)
+{
+    result r = run_in(dir, args);
+    KV_CHECK(r.rc == 0, "kvlab %s %s: exit %d (%s)", args[0], args[1], r.rc, r.err);
+    char words[256];
+    snprintf(words, sizeof words, "%s", want);
+    for (char *w = strtok(words, "|"); r.out && w; w = strtok(NULL, "|"))
+        KV_CHECK(strstr(r.out, w) != NULL, "kvlab %s %s: stdout lacks '%s':\n%s", args[0],
+                 args[1], w, r.out);
+    KV_CHECK(r.out && !strstr(r.out, " NO"), "kvlab %s %s: a row differs from greedy:\n%s",
+             args[0], args[1], r.out);
+    free(r.out);
+    free(r.err);
+}
+
+#define CLI_OK(want, ...) expect_ok(want, (const char *const[]){__VA_ARGS__, NULL})
+
+static void cli_spec(void)
+{
+    CLI_OK("draft = its first 1 layer|yes", "spec", "--model", mla, "--max-k", "3", "--tokens",
+           "24");
+}
+
+int main(int argc, char **argv)
+{
+    kv_test_cli_init(argc, argv);
+    snprintf(mla, sizeof mla, "%s", file("mla.kvlab"));
+    CLI_OK("", "generate", "--default", "tiny-mla", "--steps", "2", "--save-model", mla);
+    test_spec();
+    cli_spec();
+    cleanup();
+    return kv_test_finish();
+}
