@@ -147,7 +147,8 @@ int kv_demo_ch02(const kv_demo_ctx *ctx, kv_err *err)
                     (cached.sum.flops_proj + cached.sum.flops_attn));
         if (first_diff < 0)
             fprintf(f, "tokens: naive and cached chose the same %d tokens: identical\n", steps);
-        print_memory(f, c, CH02_PROMPT + steps, capacity, err);
+        /* the last token chosen is never fed back: the cache holds prompt + steps - 1 rows */
+        print_memory(f, c, CH02_PROMPT + steps - 1, capacity, err);
         fprintf(f, "\nthe bill at real sizes (fp16 cache, one sequence; kvlab calc explains a row):\n\n");
         kv_calc_table(f, "fp16", 0, 1);
     }

@@ -52,7 +52,7 @@ static void demo_ring(FILE *f, int csv)
 }
 
 /* Part 3: needles through windows on the induction recall model: one in the sink region, one
- * beyond the window, one inside it; the prediction (kept iff distance <= W or the value token
+ * beyond the window, one inside it; the prediction (kept iff distance <= W - 1 or the value token
  * is a sink) printed beside what was measured. Returns -1 when a prediction fails. */
 static int demo_needles(FILE *f, int csv, int quick, kv_err *err)
 {

@@ -204,11 +204,13 @@ static int cmd_eval_ppl(int argc, char **argv)
         if (kl) printf("%.9f,%.6f\n", res.kl, res.top1);
         else printf(",\n");
     } else {
+        char span[48];
+        if (window) snprintf(span, sizeof span, "%d tokens", window);
+        else snprintf(span, sizeof span, "the whole stream");
         printf("perplexity %.4f (NLL %.6f nats/token) over %ld predicted tokens of %s: %d "
                "%s of %s, mode %s, cache %s (%s)\n", res.ppl, res.nll, res.n_predicted,
                in.text_path, res.n_windows, recompute ? "recomputed prefill(s)" :
-               res.n_windows == 1 ? "window" : "windows",
-               window ? "T tokens" : "the whole stream", how, cname, lname);
+               res.n_windows == 1 ? "window" : "windows", span, how, cname, lname);
         if (kl) printf("against the exact fp32 cache: KL %.6f nats/token, top-1 agreement %.2f %%\n",
                        res.kl, 100.0 * res.top1);
     }

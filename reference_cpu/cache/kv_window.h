@@ -22,8 +22,8 @@
  *
  * Why rotate at attention time rather than re-rotate the cache: under KV_POS_CACHE every
  * retained key's position drops by one each step once the window slides. Re-rotating in place
- * would rewrite all S+W rows per step (bandwidth of a full cache write per token) and, worse,
- * re-round them every time: fp32 rounding accumulates over a million steps, and a quantized
+ * would rewrite the W window rows per step (the sinks' indices do not move: nearly a full
+ * cache write per token) and, worse, re-round them every time: fp32 rounding accumulates over a million steps, and a quantized
  * row would be decoded and re-encoded each step, its error compounding. Storing the key
  * before RoPE keeps every row written once and never touched again; the price is one rotation
  * of rotary_dim/2 pairs per key read (cos/sin from a table of the S+W indices, no
