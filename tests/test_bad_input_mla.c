@@ -7,12 +7,16 @@
  *    recomputes every prefix (chapter 01 against 02); the bytes rolled back are latent rows,
  *    L · (d_c + d_R) · 4 a token, so written - rolled back is what the cache holds at the end.
  *    On the command line, kvlab spec on a saved tiny-mla model.
+ *  - the probes (eval keys, eval mass, eval ppl --kivi-keys): refused in words, since there
+ *    are no per-head keys to measure, never a latent row read as key rows;
  *
  * usage: test_bad_input_mla <path to kvlab>
  */
 #define _GNU_SOURCE
 #include "kv_generate.h"
+#include "kv_probe.h"
 #include "kv_spec.h"
+#include "kv_tokenizer.h"
 #include "common/kv_test.h"
 #include "common/kv_test_cli.h"
 #include "common/kv_test_backend.h"
@@ -98,6 +102,50 @@ static void test_spec(void)
     kv_model_free(&m);
 }
 
+/* ---- the probes ---------------------------------------------------------------------------- */
+
+#define NO_KEYS "no per-head keys (multi-head latent attention caches one latent row per token)"
+
+static void test_probes(void)
+{
+    kv_model m;
+    if (mla_model(&m)) return;
+    kv_err e = {{0}};
+    enum { T = 40 };
+    int tok[T];
+    for (int i = 0; i < T; i++) tok[i] = (37 * i + 11) % m.config.vocab_size;
+    /* room for a GQA reading of the shape, so a wrong answer is a wrong answer, not a fault */
+    double *pre = calloc(4096, sizeof(double)), *post = calloc(4096, sizeof(double));
+    int rc = kv_probe_key_channels(&m, tok, T, pre, post, &e);
+    KV_CHECK(rc == KV_ERR_UNSUPPORTED && strstr(e.msg, NO_KEYS), "key channels: %s (%s)",
+             kv_status_name(rc), e.msg);
+    e.msg[0] = '\0';
+    rc = kv_probe_attention_mass(&m, tok, T, pre, &e);
+    KV_CHECK(rc == KV_ERR_UNSUPPORTED && strstr(e.msg, NO_KEYS), "attention mass: %s (%s)",
+             kv_status_name(rc), e.msg);
+    free(pre);
+    free(post);
+
+    /* the KIVI emulation hook on a latent cache */
+    kv_probe_kivi k;
+    kv_backend *b = NULL;
+    const kv_cache_spec spec = kv_cache_spec_default(1, 64);
+    float *logits = malloc(sizeof(float) * (size_t)m.config.vocab_size);
+    rc = kv_probe_kivi_init(&k, KV_QF_INT2_KIVI, 0, 32, &e);
+    if (!rc) rc = kv_backend_cpu(&b, &m, &spec, &e);
+    for (int pos = 0; !rc && pos < T; pos += 32) {
+        const int n = T - pos < 32 ? T - pos : 32;
+        const kv_seq s = {0, pos, n, tok + pos, NULL};
+        rc = kv_probe_kivi_step(&k, b, pos, n, &e);
+        if (!rc) rc = b->forward(b, &s, 1, logits, NULL, &e);
+    }
+    KV_CHECK(rc == KV_ERR_UNSUPPORTED && strstr(e.msg, NO_KEYS), "KIVI emulation: %s (%s)",
+             kv_status_name(rc), e.msg);
+    kv_backend_destroy(b);
+    free(logits);
+    kv_model_free(&m);
+}
+
 /* ---- the command line ---------------------------------------------------------------------- */
 
 static char mla[256]; /* tiny-mla, saved by kvlab generate */
@@ -127,6 +175,26 @@ static void cli_spec(void)
            "24");
 }
 
+static void cli_probes(void)
+{
+    char tok[256], text[256];
+    snprintf(tok, sizeof tok, "%s", file("tok.bin"));
+    snprintf(text, sizeof text, "%s", file("text.txt"));
+    kv_tokenizer t;
+    kv_err e = {{0}};
+    KV_CHECK(kv_tokenizer_bytes(&t, 512, &e) == KV_OK && kv_tokenizer_write(tok, &t, &e) == KV_OK,
+             "tokenizer: %s", e.msg);
+    kv_tokenizer_free(&t);
+    const char *words = "the cache of a latent attention model holds one row per token. ";
+    char body[2048] = "";
+    for (int i = 0; i < 12; i++) strcat(body, words);
+    write_bytes(text, body, strlen(body));
+    CLI_BAD("probe|" NO_KEYS, "eval", "keys", "--model", mla, "--tokenizer", tok, "--text", text);
+    CLI_BAD("probe|" NO_KEYS, "eval", "mass", "--model", mla, "--tokenizer", tok, "--text", text);
+    CLI_BAD(NO_KEYS, "eval", "ppl", "--model", mla, "--tokenizer", tok, "--text", text,
+            "--kivi-keys", "channel", "--kivi-window", "32");
+}
+
 int main(int argc, char **argv)
 {
     kv_test_cli_init(argc, argv);
@@ -134,6 +202,8 @@ int main(int argc, char **argv)
     CLI_OK("", "generate", "--default", "tiny-mla", "--steps", "2", "--save-model", mla);
     test_spec();
     cli_spec();
+    test_probes();
+    cli_probes();
     cleanup();
     return kv_test_finish();
 }

@@ -16,6 +16,17 @@
 
 #define PROBE_CHUNK 64
 
+/* Every probe here reads per-head keys (and values) out of the cache; an MLA model caches one
+ * latent row c_KV ‖ k_R per token instead (chapter 11), which is no key of any head. */
+static int per_head_keys(const kv_config *c, const char *who, kv_err *err)
+{
+    if (!c) return kv_fail(err, KV_ERR_ARG, "%s: NULL model", who);
+    if (c->attn == KV_ATTN_MLA)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: the model has no per-head keys (multi-head "
+                       "latent attention caches one latent row per token)", who);
+    return KV_OK;
+}
+
 /* tokens [n] through a CPU backend of @p spec from position 0, in chunks; the backend is
  * left holding them */
 static int prefill(kv_backend **b, const kv_model *m, const kv_cache_spec *spec,
@@ -36,11 +47,13 @@ static int prefill(kv_backend **b, const kv_model *m, const kv_cache_spec *spec,
 int kv_probe_key_channels(const kv_model *m, const int *tokens, int n, double *pre,
                           double *post, kv_err *err)
 {
+    int st = per_head_keys(m ? &m->config : NULL, "probe: key channels", err);
+    if (st) return st;
     const kv_config *cfg = &m->config;
     const int L = cfg->n_layers, Hkv = cfg->n_kv_heads, d = kv_config_head_dim(cfg);
     kv_backend *b = NULL;
     kv_cache_spec spec = kv_cache_spec_default(1, n > 0 ? n : 1);
-    int st = prefill(&b, m, &spec, tokens, n, err);
+    st = prefill(&b, m, &spec, tokens, n, err);
     float *row = malloc(sizeof(float) * (size_t)d); /* [d] one key, rotated back */
     if (!st && !row) st = kv_fail(err, KV_ERR_NOMEM, "probe: out of memory");
     const kv_cache *c = st ? NULL : kv_backend_cpu_cache(b);
@@ -69,6 +82,8 @@ int kv_probe_key_channels(const kv_model *m, const int *tokens, int n, double *p
 int kv_probe_attention_mass(const kv_model *m, const int *tokens, int n, double *mass,
                             kv_err *err)
 {
+    int st = per_head_keys(m ? &m->config : NULL, "probe: attention mass", err);
+    if (st) return st;
     const kv_config *cfg = &m->config;
     const int L = cfg->n_layers, Hkv = cfg->n_kv_heads;
     if (n < 1) return kv_fail(err, KV_ERR_ARG, "probe: n = %d, need at least one token", n);
@@ -77,7 +92,7 @@ int kv_probe_attention_mass(const kv_model *m, const int *tokens, int n, double 
     snprintf(variant, sizeof variant, "h2o/b%d", n);
     kv_cache_spec spec;
     kv_backend *b = NULL;
-    int st = kv_needle_cache_spec(variant, 1, n, &spec, err);
+    st = kv_needle_cache_spec(variant, 1, n, &spec, err);
     if (!st) st = prefill(&b, m, &spec, tokens, n, err);
     const kv_cache *c = st ? NULL : kv_backend_cpu_cache(b);
     for (int l = 0; c && l < L; l++) {
@@ -116,8 +131,10 @@ static int round_trip(int fmt, int role, float *rows, int d, uint8_t *codes, voi
 int kv_probe_kivi_step(void *hook, kv_backend *b, int pos, int n, kv_err *err)
 {
     kv_probe_kivi *k = hook;
+    int st = per_head_keys(b ? b->config : NULL, "KIVI emulation", err);
+    if (st) return st;
     const kv_cache *c = kv_backend_cpu_cache(b);
-    if (!c || !c->k || c->spec.layout.kind != KV_LAYOUT_CONTIGUOUS)
+    if (!c || !c->k || !c->v || c->spec.layout.kind != KV_LAYOUT_CONTIGUOUS)
         return kv_fail(err, KV_ERR_ARG, "KIVI emulation needs an fp32 contiguous CPU cache");
     if (pos % KV_KIVI_GROUP || n > KV_KIVI_GROUP)
         return kv_fail(err, KV_ERR_ARG, "KIVI emulation: steps of at most %d tokens at multiples "
@@ -127,7 +144,7 @@ int kv_probe_kivi_step(void *hook, kv_backend *b, int pos, int n, kv_err *err)
     uint8_t *codes = malloc(kv_quant_code_bytes(k->fmt, KV_KIVI_GROUP, d)); /* [32][row bytes] */
     void *meta = malloc(kv_quant_meta_bytes(k->fmt, KV_QROLE_VALUE, KV_KIVI_GROUP, d) +
                         kv_quant_meta_bytes(k->fmt, KV_QROLE_KEY, KV_KIVI_GROUP, d));
-    int st = codes && meta ? KV_OK : kv_fail(err, KV_ERR_NOMEM, "KIVI emulation: out of memory");
+    st = codes && meta ? KV_OK : kv_fail(err, KV_ERR_NOMEM, "KIVI emulation: out of memory");
     /* the cache's rule: the step's tokens must fit in the window beside the unquantized rows */
     while (!st && pos + n - k->quantized > k->window) {
         const int q = k->quantized;

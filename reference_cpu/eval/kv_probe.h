@@ -33,14 +33,16 @@ extern "C" {
 /**
  * Mean |K| per channel over tokens [n] from position 0 on the CPU with an fp32 cache:
  * pre, post [L][H_kv][d] (before / after RoPE). n >= 1 and within seq_len is the caller's
- * choice (the model runs any n the cache holds). KV_OK, KV_ERR_ARG, KV_ERR_NOMEM.
+ * choice (the model runs any n the cache holds). KV_OK, KV_ERR_ARG, KV_ERR_NOMEM;
+ * KV_ERR_UNSUPPORTED for an MLA model, whose cache holds latent rows, no per-head keys (so for
+ * the other probes here too).
  */
 int kv_probe_key_channels(const kv_model *m, const int *tokens, int n, double *pre,
                           double *post, kv_err *err);
 
 /**
  * Attention mass per position: mass [L][n], each layer's row summing to 1 (file comment).
- * KV_OK, KV_ERR_ARG, KV_ERR_NOMEM.
+ * KV_OK, KV_ERR_ARG, KV_ERR_NOMEM, KV_ERR_UNSUPPORTED (an MLA model).
  */
 int kv_probe_attention_mass(const kv_model *m, const int *tokens, int n, double *mass,
                             kv_err *err);
