@@ -27,6 +27,53 @@ extern "C" {
 typedef struct kv_gguf kv_gguf; /* kv_gguf.h */
 typedef struct kv_vocab kv_vocab;
 
+/** Bytes, not NUL-terminated. */
+typedef struct {
+    const char *s;
+    size_t n;
+} kv_vocab_str;
+
+/** A field the file does not give: the model's default applies (llama.cpp's defaults). */
+#define KV_VOCAB_UNSET (-2)
+
+/**
+ * A tokenizer as the tokenizer.ggml.* keys describe it; kv_vocab_create() copies it all.
+ * Defaults for UNSET fields: `llama` BOS 1, EOS 2, unknown 0, add BOS, no EOS, space prefix;
+ * `gpt2` BOS = EOS = 11 (when in range), no unknown, no BOS (except the Llama 3 family of
+ * pre-tokenizers, which adds it), no EOS.
+ */
+typedef struct {
+    const char *model;          /**< tokenizer.ggml.model: "gpt2" or "llama" */
+    const char *pre;            /**< tokenizer.ggml.pre, NULL when absent ("default") */
+    int n_tokens;               /**< tokenizer.ggml.tokens */
+    const kv_vocab_str *tokens; /**< [n_tokens] */
+    const float *scores;        /**< [n_tokens] tokenizer.ggml.scores, NULL: all 0 */
+    const int *types;           /**< [n_tokens] tokenizer.ggml.token_type, NULL: all normal (1) */
+    int n_merges;               /**< tokenizer.ggml.merges (gpt2 only) */
+    const kv_vocab_str *merges; /**< [n_merges] "left right"; rank = index */
+    int bos, eos, unk;          /**< token ids, or KV_VOCAB_UNSET */
+    int add_bos, add_eos;       /**< 0/1, or KV_VOCAB_UNSET */
+    int add_space_prefix;       /**< 0/1, or KV_VOCAB_UNSET (llama only) */
+} kv_vocab_desc;
+
+/** The token types of tokenizer.ggml.token_type. */
+enum {
+    KV_TOKEN_UNDEFINED = 0,
+    KV_TOKEN_NORMAL = 1,
+    KV_TOKEN_UNKNOWN = 2,
+    KV_TOKEN_CONTROL = 3,
+    KV_TOKEN_USER_DEFINED = 4,
+    KV_TOKEN_UNUSED = 5,
+    KV_TOKEN_BYTE = 6
+};
+
+/**
+ * Build a tokenizer from its description (what kv_vocab_from_gguf() reads; tests build small
+ * ones by hand). An unknown model or pre-tokenizer -> KV_ERR_UNSUPPORTED; a duplicate token,
+ * a type outside 0..6, a gpt2 vocabulary without merges -> KV_ERR_FORMAT naming it.
+ */
+int kv_vocab_create(const kv_vocab_desc *d, kv_vocab **out, kv_err *err);
+
 /**
  * Build the tokenizer of an open GGUF file. A missing or malformed tokenizer.ggml key, a
  * model or pre-tokenizer kvlab does not know, a merge naming no token -> KV_ERR_FORMAT or
