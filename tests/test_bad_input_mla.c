@@ -9,10 +9,13 @@
  *    On the command line, kvlab spec on a saved tiny-mla model.
  *  - the probes (eval keys, eval mass, eval ppl --kivi-keys): refused in words, since there
  *    are no per-head keys to measure, never a latent row read as key rows;
+ *  - MLA dims no cache can hold: d_c + d_R odd refused when the header is read, naming the sum;
+ *    a storage format whose group does not divide the latent row, naming the latent row.
  *
  * usage: test_bad_input_mla <path to kvlab>
  */
 #define _GNU_SOURCE
+#include "kv_checkpoint.h"
 #include "kv_generate.h"
 #include "kv_probe.h"
 #include "kv_spec.h"
@@ -146,6 +149,59 @@ static void test_probes(void)
     kv_model_free(&m);
 }
 
+/* ---- MLA dims no cache can hold --------------------------------------------------------------- */
+
+static void test_dims(void)
+{
+    kv_config c;
+    kv_err e = {{0}};
+    kv_config_default(KV_DEFAULT_TINY_MLA, &c, NULL);
+    c.mla.d_c = 7; /* 7 + 16 = 23 */
+    int rc = kv_config_validate(&c, &e);
+    KV_CHECK(rc == KV_ERR_ARG && strstr(e.msg, "d_c + d_R (23) must be even"), "d_c 7: %s (%s)",
+             kv_status_name(rc), e.msg);
+
+    /* int8-g32 over a latent row of 24 + 16 = 40: the row is what the group must divide */
+    kv_config_default(KV_DEFAULT_TINY_MLA, &c, NULL);
+    c.mla.d_c = 24;
+    kv_model m;
+    if (kv_test_model_random(&m, &c, 5)) return;
+    kv_cache_spec spec = kv_cache_spec_default(1, 64);
+    spec.quant.dtype = KV_QF_INT8_G32;
+    kv_backend *b = NULL;
+    rc = kv_backend_cpu(&b, &m, &spec, &e);
+    KV_CHECK(rc == KV_ERR_UNSUPPORTED && strstr(e.msg, "latent row (d_c + d_R = 40)") &&
+                 !strstr(e.msg, "head dim"), "int8-g32 on a row of 40: %s (%s)",
+             kv_status_name(rc), e.msg);
+    kv_backend_destroy(b);
+    KV_CHECK(kv_checkpoint_write(file("row40.kvlab"), &m, KV_FILE_KVLAB, &e) == KV_OK, "%s",
+             e.msg);
+    kv_model_free(&m);
+
+    /* a file whose header says d_c 7: written with d_c 8, the field patched (offset 60,
+     * kv_checkpoint.c) and the weights cut to what d_c 7 implies, so only the sum is wrong */
+    kv_config_default(KV_DEFAULT_TINY_MLA, &c, NULL);
+    c.mla.d_c = 8;
+    if (kv_test_model_random(&m, &c, 6)) return;
+    KV_CHECK(kv_checkpoint_write(file("odd.kvlab"), &m, KV_FILE_KVLAB, &e) == KV_OK, "%s", e.msg);
+    kv_model_free(&m);
+    c.mla.d_c = 7;
+    size_t n = 0;
+    unsigned char *bytes = slurp(file("odd.kvlab"), &n);
+    const size_t want = 256 + (size_t)kv_config_param_count(&c) * sizeof(float);
+    KV_CHECK(bytes && n > want, "odd.kvlab: %zu bytes", n);
+    if (!bytes || n <= want) return;
+    const int32_t d_c = 7;
+    memcpy(bytes + 60, &d_c, sizeof d_c);
+    write_bytes(file("odd.kvlab"), bytes, want);
+    free(bytes);
+    kv_model r;
+    rc = kv_checkpoint_read(file("odd.kvlab"), &r, &e);
+    KV_CHECK(rc == KV_ERR_FORMAT && strstr(e.msg, "d_c + d_R (23) must be even"),
+             "odd.kvlab: %s (%s)", kv_status_name(rc), e.msg);
+    if (rc == KV_OK) kv_model_free(&r);
+}
+
 /* ---- the command line ---------------------------------------------------------------------- */
 
 static char mla[256]; /* tiny-mla, saved by kvlab generate */
@@ -195,6 +251,19 @@ static void cli_probes(void)
             "--kivi-keys", "channel", "--kivi-window", "32");
 }
 
+static void cli_dims(void)
+{
+    /* KIVI groups the latent row of 64 (tiny-mla's dim / H = 16 is no row of its cache) */
+    CLI_OK("yes", "spec", "--model", mla, "--cache", "int2-kivi", "--max-k", "2", "--tokens",
+           "24");
+    CLI_BAD("latent row (d_c + d_R)|has 40", "spec", "--model", file("row40.kvlab"), "--cache",
+            "int2-kivi");
+    CLI_BAD("latent row (d_c + d_R = 40)", "generate", "--model", file("row40.kvlab"), "--cache",
+            "int8-g32", "--steps", "2");
+    CLI_BAD("odd.kvlab|d_c + d_R (23) must be even", "generate", "--model", file("odd.kvlab"),
+            "--steps", "2");
+}
+
 int main(int argc, char **argv)
 {
     kv_test_cli_init(argc, argv);
@@ -204,6 +273,8 @@ int main(int argc, char **argv)
     cli_spec();
     test_probes();
     cli_probes();
+    test_dims();
+    cli_dims();
     cleanup();
     return kv_test_finish();
 }

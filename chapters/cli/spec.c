@@ -242,12 +242,14 @@ int cmd_spec(int argc, char **argv)
         return kv_args_bad(cmd, "--draft-layers", "%d, but %s has %d layers", draft_layers, def,
                            n_layers);
     }
-    const int head_dim = kv_config_head_dim(&m.config);
-    if (kivi && head_dim % KV_KIVI_GROUP) {
+    /* the row a KIVI group spans: a head's, or an MLA model's latent row (chapter 11) */
+    const int mla = m.config.attn == KV_ATTN_MLA;
+    const int row = mla ? kv_mla_row(&m.config.mla) : kv_config_head_dim(&m.config);
+    if (kivi && row % KV_KIVI_GROUP) {
         kv_model_free(&m);
-        return kv_args_bad(cmd, "--cache", "%s needs the head dim to be a multiple of %d; %s has "
-                           "%d (give --model with such a checkpoint)", cache, KV_KIVI_GROUP, def,
-                           head_dim);
+        return kv_args_bad(cmd, "--cache", "%s needs the %s to be a multiple of %d; %s has "
+                           "%d (give --model with such a checkpoint)", cache,
+                           mla ? "latent row (d_c + d_R)" : "head dim", KV_KIVI_GROUP, def, row);
     }
     kv_cache_spec spec = kv_cache_spec_default(1, prompt + tokens);
     spec.quant.dtype = fmt;

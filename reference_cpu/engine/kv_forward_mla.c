@@ -17,16 +17,17 @@
  *
  * What it refuses (check()): a window (the block reads rows 0..pos, not a ring's rows),
  * chapter 09's retention (its selectors score per-head keys, which a latent cache never
- * holds) and tensor-parallel shards (ranks split KV heads; MLA has one latent row, which every
- * rank would hold whole). The CUDA engine has no MLA block and refuses the model at upload. */
+ * holds), tensor-parallel shards (ranks split KV heads; MLA has one latent row, which every
+ * rank would hold whole) and a storage format whose group does not divide the latent row (the
+ * cache's own check would call the row a head dim). The CUDA engine has no MLA block and refuses the model at upload. */
 #include "kv_attn_block.h"
 #include "kv_attention_mla.h"
 #include "kv_ops_fast.h"
+#include "kv_quant.h"
 
 static int mla_check(const kv_config *cfg, const kv_cache_spec *spec, const kv_shard *sh,
                      kv_err *err)
 {
-    (void)cfg;
     if (sh)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_forward: an MLA model on a tensor-parallel "
                        "shard is not supported: ranks split KV heads, and MLA caches one latent "
@@ -39,6 +40,13 @@ static int mla_check(const kv_config *cfg, const kv_cache_spec *spec, const kv_s
         return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_forward: %s retention (chapter 09) on an MLA "
                        "model is not supported: its selectors score per-head keys, which a latent "
                        "cache never holds", kv_select_method_name(spec->retain.select));
+    /* the group the cache's own check asks every row to hold (kv_cache_spec_check_caps()),
+     * which would call the row a head dim: here it is the latent row */
+    const int r = kv_mla_row(&cfg->mla), f = spec->quant.dtype;
+    const int g = f >= 0 && f < KV_QF_COUNT ? kvq_row_group(f, KV_QROLE_VALUE, r) : 0;
+    if (g && r % g)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "kv_forward: %s needs the latent row (d_c + d_R "
+                       "= %d) to be a multiple of its group %d", kv_quant_name(f), r, g);
     return KV_OK;
 }
 

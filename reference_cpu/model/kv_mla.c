@@ -89,6 +89,11 @@ int kv_mla_dims_check(const kv_mla_dims *m, kv_err *err)
     if (m->d_rope % 2)
         return kv_fail(err, KV_ERR_ARG, "MLA dims: d_R (%d) must be even (RoPE rotates pairs)",
                        m->d_rope);
+    /* the latent row is cached as one head of d_c + d_R (kv_mla_cache_config()), and a head's
+     * width is even (kv_config_validate()): say so here, naming the dims, not a head dim later */
+    if (kv_mla_row(m) % 2)
+        return kv_fail(err, KV_ERR_ARG, "MLA dims: d_c + d_R (%d) must be even: the latent row "
+                       "is cached as one head, whose width is even", kv_mla_row(m));
     return KV_OK;
 }
 

@@ -90,8 +90,9 @@ int64_t kv_mla_layer_floats(const kv_mla_dims *m, int dim, int n_heads);
 float *kv_mla_layers_carve(kv_mla_layer *w, int n_layers, int dim, int n_heads,
                            const kv_mla_dims *m, float *p);
 
-/** Check MLA dims: d_c, d_nope, d_v in 1..4096, d_R even in 2..512, q_rank 0..16384;
- * KV_ERR_ARG naming the field otherwise. */
+/** Check MLA dims: d_c, d_nope, d_v in 1..4096, d_R even in 2..512, q_rank 0..16384, and
+ * d_c + d_R even (the latent row is cached as one head); KV_ERR_ARG naming the field or the
+ * sum otherwise. */
 int kv_mla_dims_check(const kv_mla_dims *m, kv_err *err);
 /** Allocate one layer's weights for @p dim, @p n_heads and @p m, filled with seeded random
  * values (kv_model_randomize()'s scale: uniform ±sqrt(3/fan_in), norm gains 1). */
