@@ -86,13 +86,13 @@ int kv_demo_ch01(const kv_demo_ctx *ctx, kv_err *err)
     char desc[256];
     kv_config_describe(c, desc, sizeof desc);
     if (ctx->csv) {
-        fprintf(f, "chapter,mode,step,position,tokens_run,seconds,flops_proj,flops_attn,"
-                   "kv_bytes_written,kv_bytes_read\n");
+        kv_csv_printf(f, "chapter,mode,step,position,tokens_run,seconds,flops_proj,flops_attn,"
+                         "kv_bytes_written,kv_bytes_read\n");
         for (int i = 0; i < steps; i++) {
             const kv_counters *w = &log.work[i];
-            fprintf(f, "1,naive,%d,%d,%lld,%.9g,%.0f,%.0f,%.0f,%.0f\n", i, CH01_PROMPT + i,
-                    (long long)w->tokens, kv_run_step_median(&log, i), w->flops_proj,
-                    w->flops_attn, w->kv_bytes_written, w->kv_bytes_read);
+            kv_csv_printf(f, "1,naive,%d,%d,%lld,%.9g,%.0f,%.0f,%.0f,%.0f\n", i, CH01_PROMPT + i,
+                          (long long)w->tokens, kv_run_step_median(&log, i), w->flops_proj,
+                          w->flops_attn, w->kv_bytes_written, w->kv_bytes_read);
         }
         goto done;
     }

@@ -103,15 +103,16 @@ int kv_demo_ch02(const kv_demo_ctx *ctx, kv_err *err)
         if (naive.tokens[i] != cached.tokens[i]) first_diff = i;
 
     if (ctx->csv) {
-        fprintf(f, "chapter,mode,step,position,tokens_run,seconds,flops_proj,flops_attn,"
-                   "kv_bytes_written,kv_bytes_read\n");
+        kv_csv_printf(f, "chapter,mode,step,position,tokens_run,seconds,flops_proj,flops_attn,"
+                         "kv_bytes_written,kv_bytes_read\n");
         const kv_run_log *runs[2] = {&naive, &cached};
         for (int k = 0; k < 2; k++)
             for (int i = 0; i < steps; i++) {
                 const kv_counters *w = &runs[k]->work[i];
-                fprintf(f, "2,%s,%d,%d,%lld,%.9g,%.0f,%.0f,%.0f,%.0f\n", k ? "cached" : "naive", i,
-                        CH02_PROMPT + i, (long long)w->tokens, kv_run_step_median(runs[k], i),
-                        w->flops_proj, w->flops_attn, w->kv_bytes_written, w->kv_bytes_read);
+                kv_csv_printf(f, "2,%s,%d,%d,%lld,%.9g,%.0f,%.0f,%.0f,%.0f\n",
+                              k ? "cached" : "naive", i, CH02_PROMPT + i, (long long)w->tokens,
+                              kv_run_step_median(runs[k], i), w->flops_proj, w->flops_attn,
+                              w->kv_bytes_written, w->kv_bytes_read);
             }
     } else {
         char desc[256];

@@ -130,7 +130,9 @@ static int part_conversion(const kv_demo_ctx *ctx, kv_err *err)
     for (int i = 1; i < 3 && !st; i++) st = wide_recall(&s[i].mha, s[i].kind, err);
     if (st) goto done;
 
-    if (ctx->csv) fprintf(f, "model,G,H_kv,kl_mean,kl_max,top1_agree,identical,needles_found,predicted\n");
+    if (ctx->csv)
+        kv_csv_printf(f,
+                      "model,G,H_kv,kl_mean,kl_max,top1_agree,identical,needles_found,predicted\n");
     else {
         fprintf(f, "\n4. MHA -> GQA by mean-pooling K/V heads (Ainslie et al. 2023), no uptraining.\n"
                    "   KL(original || pooled) mean over %d teacher-forced tokens, top-1 agreement,\n"
@@ -171,9 +173,9 @@ static int part_conversion(const kv_demo_ctx *ctx, kv_err *err)
             }
             held &= ok;
             if (ctx->csv)
-                fprintf(f, "%s,%d,%d,%.6g,%.6g,%.4f,%d,%d,\"%s\"\n", s[i].name, G,
-                        CH03_WIDE_HEADS / G, df.kl_mean, df.kl_max, df.top1_agree, df.identical,
-                        found, pred);
+                kv_csv_printf(f, "%s,%d,%d,%.6g,%.6g,%.4f,%d,%d,%s\n", s[i].name, G,
+                              CH03_WIDE_HEADS / G, df.kl_mean, df.kl_max, df.top1_agree,
+                              df.identical, found, pred);
             else {
                 char nd[16] = "-";
                 if (found >= 0) snprintf(nd, sizeof nd, "%d/3", found);

@@ -346,8 +346,8 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
         fprintf(f, "%-14s %8s %9s %9s %9s %10s %7s %7s %9s %7s\n", "format", "B/token", "K err",
                 "V err", "attn err", "KL", "top-1", "needles", "attn ms", "GB/s");
     } else if (!st) {
-        fprintf(f, "format,bytes_per_token,k_rel_err,v_rel_err,attn_rel_err,kl,top1,steps,"
-                "needles,needle_cells,attn_ms,attn_gb_per_s,N\n");
+        kv_csv_printf(f, "format,bytes_per_token,k_rel_err,v_rel_err,attn_rel_err,kl,top1,steps,"
+                         "needles,needle_cells,attn_ms,attn_gb_per_s,N\n");
     }
     for (int i = 0; i < N_VARIANTS && !st; i++) {
         q_row r;
@@ -357,7 +357,8 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
         if (st) break;
         kv_err why;
         if (kv_cache_spec_check("cache", &cfg, &spec, &why)) { /* e.g. KIVI needs 32 | d */
-            fprintf(f, csv ? "%s,refused,,,,,,,,,,\n" : "%-14s refused: %s\n", variants[i], why.msg);
+            kv_table_printf(f, csv, csv ? "%s,refused,,,,,,,,,,,\n" : "%-14s refused: %s\n",
+                            variants[i], why.msg);
             continue;
         }
         r.bytes_token = cfg.n_layers * 2.0 * cfg.n_kv_heads * d *
@@ -371,9 +372,9 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
         char nd[16] = "-";
         if (needles) snprintf(nd, sizeof nd, "%d/%d", r.needles, r.needle_cells);
         if (csv)
-            fprintf(f, "%s,%.1f,%.3e,%.3e,%.3e,%.3e,%d,%d,%d,%d,%.4f,%.3f,%d\n", variants[i],
-                    r.bytes_token, r.k_err, r.v_err, r.attn_err, r.kl, r.top1, steps, r.needles,
-                    r.needle_cells, r.time_ms, r.gbs, N);
+            kv_csv_printf(f, "%s,%.1f,%.3e,%.3e,%.3e,%.3e,%d,%d,%d,%d,%.4f,%.3f,%d\n", variants[i],
+                          r.bytes_token, r.k_err, r.v_err, r.attn_err, r.kl, r.top1, steps,
+                          r.needles, r.needle_cells, r.time_ms, r.gbs, N);
         else
             fprintf(f, "%-14s %8.0f %9.2e %9.2e %9.2e %10.2e %3d/%-3d %7s %9.3f %7.2f\n",
                     variants[i], r.bytes_token, r.k_err, r.v_err, r.attn_err, r.kl, r.top1,

@@ -49,7 +49,8 @@ static int part_walk(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
                 "block*B + offset.\n\n");
         fprintf(f, "   step  pos  logical  offset  physical  slot   table of seq 0   pool used/free  event\n");
     } else {
-        fprintf(f, "part,step,pos,logical_block,offset,physical_block,slot,table,used,free\n");
+        kv_csv_printf(f,
+                      "part,step,pos,logical_block,offset,physical_block,slot,table,used,free\n");
     }
     const kv_paged *pg = pb->mem->paged;
     int len[2] = {0, 0}, n_in[2] = {P0, P1}, live1 = 1, identical = 1;
@@ -92,9 +93,10 @@ static int part_walk(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
                      pos % B == 0 && pos == len[0] - 1 && event[0] ? "; " : "",
                      pos == len[0] - 1 ? event : "");
             if (ctx->csv) {
-                fprintf(f, "1,%d,%d,%d,%d,%d,%lld,", step, pos, pos / B, pos % B, blk, (long long)slot);
+                kv_csv_printf(f, "1,%d,%d,%d,%d,%d,%lld,", step, pos, pos / B, pos % B, blk,
+                              (long long)slot);
                 print_table(f, t0, ' ');
-                fprintf(f, ",%d,%d\n", pg->pool.n_used, kv_pool_available(&pg->pool));
+                kv_csv_printf(f, ",%d,%d\n", pg->pool.n_used, kv_pool_available(&pg->pool));
             } else {
                 char tb[64];
                 int w = snprintf(tb, sizeof tb, "[");
@@ -326,8 +328,8 @@ static int part_memory(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
         fprintf(f, "   %-18s %3s %14s %12s %12s %11s\n", "policy", "B", "peak reserved",
                 "held then", "waste@peak", "waste avg");
     } else if (!st) {
-        fprintf(f, "part,policy,block_size,peak_reserved_bytes,peak_held_bytes,waste_at_peak,"
-                "waste_avg\n");
+        kv_csv_printf(f, "part,policy,block_size,peak_reserved_bytes,peak_held_bytes,waste_at_peak,"
+                         "waste_avg\n");
     }
     for (int r = 0; r < N_POL + 3 && !st; r++) {
         const mem_row *x = &rows[r];
@@ -335,7 +337,8 @@ static int part_memory(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
         const int B = r < N_POL ? 0 : Bs[r - N_POL];
         const double wp = 1.0 - x->peak_held / x->peak_reserved, wa = 1.0 - x->sum_held / x->sum_reserved;
         if (ctx->csv) {
-            fprintf(f, "2,%s,%d,%.0f,%.0f,%.4f,%.4f\n", pn, B, x->peak_reserved, x->peak_held, wp, wa);
+            kv_csv_printf(f, "2,%s,%d,%.0f,%.0f,%.4f,%.4f\n", pn, B, x->peak_reserved, x->peak_held,
+                          wp, wa);
         } else {
             char a[32], c[32], bs[8] = "-";
             if (B) snprintf(bs, sizeof bs, "%d", B);
@@ -345,11 +348,11 @@ static int part_memory(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
         }
     }
     if (!st && ctx->csv) { /* the timeline behind the table, for docs/figures.cmake */
-        fprintf(f, "part,step,held_bytes,max_bytes,pow2_bytes,oracle_bytes,paged8_bytes,"
-                "paged16_bytes,paged32_bytes\n");
+        kv_csv_printf(f, "part,step,held_bytes,max_bytes,pow2_bytes,oracle_bytes,paged8_bytes,"
+                         "paged16_bytes,paged32_bytes\n");
         for (int t = 0; t < rows[0].n; t++) {
-            fprintf(f, "2t,%d,%.0f", t, rows[0].held[t]);
-            for (int r = 0; r < N_POL + 3; r++) fprintf(f, ",%.0f", rows[r].reserved[t]);
+            kv_csv_printf(f, "2t,%d,%.0f", t, rows[0].held[t]);
+            for (int r = 0; r < N_POL + 3; r++) kv_csv_printf(f, ",%.0f", rows[r].reserved[t]);
             fputc('\n', f);
         }
     }

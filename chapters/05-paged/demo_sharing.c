@@ -46,7 +46,7 @@ int kv_demo_ch05_sharing(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
         fprintf(f, "; blocks used %d for %lld table entries\n", pg->pool.n_used,
                 (long long)pg->pool.total_refs);
     } else {
-        fprintf(f, "part,metric,value\n");
+        kv_csv_printf(f, "part,metric,value\n");
         fprintf(f, "3,refcount_after_fork,%d\n", pg->pool.refcount[t0->blocks[0]]);
     }
     for (int s = 0; s < NS; s++) {
@@ -105,8 +105,10 @@ int kv_demo_ch05_sharing(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
     }
     if (st) goto done;
     if (ctx->csv) {
-        fprintf(f, "3,copy_on_write,%lld\n3,blocks_used,%d\n3,blocks_unshared,%lld\n"
-                "3,identical,%d\n", cow, used, entries, identical);
+        kv_csv_printf(f,
+                      "3,copy_on_write,%lld\n3,blocks_used,%d\n3,blocks_unshared,%lld\n"
+                      "3,identical,%d\n",
+                      cow, used, entries, identical);
     } else {
         fprintf(f, "   after %d tokens each (%d-token sequences): blocks used %d vs %lld for %d "
                 "unshared copies (%.0f %% saved);\n   copy-on-write copies %lld. Each sample vs "
@@ -178,9 +180,10 @@ int kv_demo_ch05_prefix(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
     if (st) goto done;
     const int identical = memcmp(lb, lr, sizeof(float) * nl) == 0;
     if (ctx->csv) {
-        fprintf(f, "part,metric,value\n4,request_a_hit_tokens,%d\n4,cached_blocks_after_a,%d\n"
-                "4,request_b_hit_tokens,%d\n4,request_b_prefilled,%d\n4,identical,%d\n", hit_a,
-                cached, hit_b, NB - hit_b, identical);
+        kv_csv_printf(f,
+                      "part,metric,value\n4,request_a_hit_tokens,%d\n4,cached_blocks_after_a,%d\n"
+                      "4,request_b_hit_tokens,%d\n4,request_b_prefilled,%d\n4,identical,%d\n",
+                      hit_a, cached, hit_b, NB - hit_b, identical);
     } else {
         fprintf(f, "4. Prefix caching: an %d-token system prompt, then different user turns "
                 "(B = %d, greedy %d tokens, device %s)\n", CH05_SYSTEM, B, CH05_GEN, dev);

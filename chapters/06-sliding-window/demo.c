@@ -25,7 +25,7 @@
 static void demo_ring(FILE *f, int csv)
 {
     enum { W = 8, S = 4, N = 24 };
-    if (csv) fprintf(f, "position,row,overwrites\n");
+    if (csv) kv_csv_printf(f, "position,row,overwrites\n");
     else
         fprintf(f, "1. the ring: W = %d recent + S = %d sink rows; position p >= S goes to row "
                 "S + (p - S) mod W,\n   overwriting p - W, which no later query can see. "
@@ -33,7 +33,7 @@ static void demo_ring(FILE *f, int csv)
     for (int p = 0; p < N; p++) {
         const int64_t row = kv_window_row(W, S, p);
         const int over = p >= S + W ? p - W : -1;
-        if (csv) fprintf(f, "%d,%lld,%d\n", p, (long long)row, over);
+        if (csv) kv_csv_printf(f, "%d,%lld,%d\n", p, (long long)row, over);
         else fprintf(f, "%3d", p);
     }
     if (csv) return;
@@ -77,7 +77,7 @@ static int demo_needles(FILE *f, int csv, int quick, kv_err *err)
     kv_needle_item items[3];
     kv_needle_result res[3];
     rc = kv_needle_build(KV_MODEL_RECALL_INDUCTION, LEN, depths, 3, 61, tokens, items, err);
-    if (csv) fprintf(f, "cache,needle_pos,distance,predicted,measured,margin\n");
+    if (csv) kv_csv_printf(f, "cache,needle_pos,distance,predicted,measured,margin\n");
     else
         fprintf(f, "\n3. needles on the induction recall model (a constructed model: kept iff the "
                 "fact's value token\n   is still cached), %d-token haystack, W = %d, fp16:\n\n"
@@ -102,9 +102,9 @@ static int demo_needles(FILE *f, int csv, int quick, kv_err *err)
                                                res[i].position + 1);
             wrong += kept != res[i].pass;
             if (csv)
-                fprintf(f, "%s,%d,%ld,%s,%s,%.3f\n", vs[v].name, res[i].position,
-                        res[i].distance, kept ? "kept" : "lost", res[i].pass ? "kept" : "lost",
-                        res[i].margin);
+                kv_csv_printf(f, "%s,%d,%ld,%s,%s,%.3f\n", vs[v].name, res[i].position,
+                              res[i].distance, kept ? "kept" : "lost",
+                              res[i].pass ? "kept" : "lost", res[i].margin);
             else
                 fprintf(f, "%-28s %6d %9ld %10s %10s %8.3f\n", vs[v].name, res[i].position,
                         res[i].distance, kept ? "kept" : "lost", res[i].pass ? "kept" : "lost",

@@ -87,13 +87,13 @@ static int part_roundtrip(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err
     const double bytes = (double)out.bytes[KV_LINK_OUT];
     char u[32];
     if (ctx->csv) {
-        fprintf(f, "part,tokens,blocks,block_bytes,bytes_out,bytes_in,link_s_out,link_s_in,"
-                "pool_used_before,pool_used_out,pool_used_other,pool_used_in,identical\n");
-        fprintf(f, "roundtrip,%d,%lld,%zu,%lld,%lld,%.6e,%.6e,%d,%d,%d,%d,%d\n", CH07_PROMPT,
-                (long long)out.blocks[KV_LINK_OUT], sw.pool.block_bytes,
-                (long long)out.bytes[KV_LINK_OUT], (long long)sw.stats.bytes[KV_LINK_IN],
-                out.seconds[KV_LINK_OUT], sw.stats.seconds[KV_LINK_IN], used0, used_out,
-                used_other, used_in, identical);
+        kv_csv_printf(f, "part,tokens,blocks,block_bytes,bytes_out,bytes_in,link_s_out,link_s_in,"
+                         "pool_used_before,pool_used_out,pool_used_other,pool_used_in,identical\n");
+        kv_csv_printf(f, "roundtrip,%d,%lld,%zu,%lld,%lld,%.6e,%.6e,%d,%d,%d,%d,%d\n", CH07_PROMPT,
+                      (long long)out.blocks[KV_LINK_OUT], sw.pool.block_bytes,
+                      (long long)out.bytes[KV_LINK_OUT], (long long)sw.stats.bytes[KV_LINK_IN],
+                      out.seconds[KV_LINK_OUT], sw.stats.seconds[KV_LINK_IN], used0, used_out,
+                      used_other, used_in, identical);
     } else {
         fprintf(f, "1. One sequence out to the host tier and back (tiny model, fp32, B = %d, "
                 "device %s)\n", CH07_B, dev);
@@ -239,10 +239,11 @@ static int part_serve(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
         }
     }
     if (ctx->csv)
-        fprintf(f, "mode,requests,high,preemptions,by_swap,lru_pauses,evicted_blocks,"
-                "prefetch_blocks,bytes_out,bytes_in,link_s,stall_s,tokens_recomputed,"
-                "tokens_processed,steps,clock_s,high_ttft_p50,high_ttft_p99,normal_ttft_p50,"
-                "normal_e2e_p99,failed,same_tokens\n");
+        kv_csv_printf(f,
+                      "mode,requests,high,preemptions,by_swap,lru_pauses,evicted_blocks,"
+                      "prefetch_blocks,bytes_out,bytes_in,link_s,stall_s,tokens_recomputed,"
+                      "tokens_processed,steps,clock_s,high_ttft_p50,high_ttft_p99,normal_ttft_p50,"
+                      "normal_e2e_p99,failed,same_tokens\n");
     else
         fprintf(f, "\n3. Serving %d requests of the '%s' trace (%d high priority%s; prompts <= "
                 "%d, outputs <= %d\n   tokens) through %d blocks of %d tokens, 8 slots, budget "
@@ -259,15 +260,17 @@ static int part_serve(const kv_demo_ctx *ctx, const kv_model *m, kv_err *err)
         const kv_sched_metrics *x = &outs[k].m;
         char u[32], v[32];
         if (ctx->csv)
-            fprintf(f, "%s,%d,%d,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%.6e,%.6e,%lld,%lld,%lld,"
-                    "%.4f,%.4f,%.4f,%.4f,%.4f,%d,%d\n", modes[k], t.n, n_high,
-                    (long long)x->preemptions, (long long)x->swap_preemptions,
-                    (long long)x->lru_pauses, (long long)x->evicted_blocks,
-                    (long long)x->prefetch_blocks, (long long)x->swap_bytes_out,
-                    (long long)x->swap_bytes_in, x->swap_seconds_out + x->swap_seconds_in,
-                    x->stall_s, (long long)x->tokens_recomputed, (long long)x->tokens_processed,
-                    (long long)x->steps, x->clock_s, x->ttft_p50[1], x->ttft_p99[1],
-                    x->ttft_p50[0], x->e2e_p99[0], x->n_failed, same);
+            kv_csv_printf(f,
+                          "%s,%d,%d,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%.6e,%.6e,%lld,%lld,%lld,"
+                          "%.4f,%.4f,%.4f,%.4f,%.4f,%d,%d\n",
+                          modes[k], t.n, n_high, (long long)x->preemptions,
+                          (long long)x->swap_preemptions, (long long)x->lru_pauses,
+                          (long long)x->evicted_blocks, (long long)x->prefetch_blocks,
+                          (long long)x->swap_bytes_out, (long long)x->swap_bytes_in,
+                          x->swap_seconds_out + x->swap_seconds_in, x->stall_s,
+                          (long long)x->tokens_recomputed, (long long)x->tokens_processed,
+                          (long long)x->steps, x->clock_s, x->ttft_p50[1], x->ttft_p99[1],
+                          x->ttft_p50[0], x->e2e_p99[0], x->n_failed, same);
         else
             fprintf(f, "   %-9s %7lld %10s %10s %8.3f %8.3f %6lld %7.2f %7.3f / %5.3f %8.3f\n",
                     modes[k], (long long)x->preemptions,

@@ -83,8 +83,8 @@ int kv_demo_ch08(const kv_demo_ctx *ctx, kv_err *err)
     const char *names[3] = {"naive", "tiled 64x64", "split 8"};
     const int H = 8, d = 64;
     if (ctx->csv)
-        fprintf(f, "mode,n_keys,T,algorithm,max_abs_diff,kv_bytes,score_bytes,total_bytes,"
-                "seconds\n");
+        kv_csv_printf(f, "mode,n_keys,T,algorithm,max_abs_diff,kv_bytes,score_bytes,total_bytes,"
+                         "seconds\n");
     else {
         fprintf(f, "attention of H %d heads (H_kv 2, d %d) over an fp16 cache, causal; median of "
                 "%d calls on the CPU\n", H, d, repeats);
@@ -127,9 +127,9 @@ int kv_demo_ch08(const kv_demo_ctx *ctx, kv_err *err)
                                         bytes.score_bytes);
             const double sec = kv_median(t, repeats);
             if (ctx->csv)
-                fprintf(f, "%s,%d,%d,%s,%.3g,%lld,%lld,%.0f,%.6e\n", sizes[si].mode, n, T,
-                        names[a], diff, (long long)bytes.kv_bytes, (long long)bytes.score_bytes,
-                        all, sec);
+                kv_csv_printf(f, "%s,%d,%d,%s,%.3g,%lld,%lld,%.0f,%.6e\n", sizes[si].mode, n, T,
+                              names[a], diff, (long long)bytes.kv_bytes,
+                              (long long)bytes.score_bytes, all, sec);
             else {
                 char b1[32], b2[32], b3[32];
                 fprintf(f, "%-8s %6d %5d %-12s %10.2e %11s %11s %11s %10.4f\n", sizes[si].mode,

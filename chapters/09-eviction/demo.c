@@ -68,8 +68,8 @@ static int ch09_kept_csv(FILE *f, int len, kv_err *err)
     int is_needle[CH09_LEN] = {0};
     for (int i = 0; i < CH09_DEPTHS && !rc; i++) {
         is_needle[items[i].pos] = 1;
-        fprintf(f, "kept,%s,needles,%d,fact %d%%,%d,1\n", kv_recall_kind_name(kind), layer,
-                items[i].depth, items[i].pos);
+        kv_csv_printf(f, "kept,%s,needles,%d,fact %d%%,%d,1\n", kv_recall_kind_name(kind), layer,
+                      items[i].depth, items[i].pos);
     }
     const int n_var = (int)(sizeof ch09_variants / sizeof ch09_variants[0]);
     for (int v = 1; v < n_var && !rc; v++) {
@@ -90,8 +90,8 @@ static int ch09_kept_csv(FILE *f, int len, kv_err *err)
         const kv_retain_head *h = rc ? NULL : kv_retain_at(c.retain, 0, layer, 0);
         const int evicts = kv_select_method_evicts(c.retain->method);
         for (int j = 0; h && evicts && j < h->kept.n; j++)
-            fprintf(f, "kept,%s,%s,%d,kept,%d,%d\n", kv_recall_kind_name(kind), name, layer,
-                    h->kept.pos[j], h->kept.pos[j] < len && is_needle[h->kept.pos[j]]);
+            kv_csv_printf(f, "kept,%s,%s,%d,kept,%d,%d\n", kv_recall_kind_name(kind), name, layer,
+                          h->kept.pos[j], h->kept.pos[j] < len && is_needle[h->kept.pos[j]]);
         int pos = len;
         for (int i = 0; i < CH09_DEPTHS && !rc && !evicts; i++) {
             int qt[2];
@@ -128,8 +128,8 @@ int kv_demo_ch09(const kv_demo_ctx *ctx, kv_err *err)
     const int depths[CH09_DEPTHS] = {0, 50, 100};
     const int len = ctx->quick ? CH09_QUICK_LEN : CH09_LEN;
     if (ctx->csv)
-        fprintf(f, "part,model,cache,depth_pct,pass,margin,rows_kept,bytes_kept,bytes_exact,"
-                   "rows_read,rows_full\n");
+        kv_csv_printf(f, "part,model,cache,depth_pct,pass,margin,rows_kept,bytes_kept,bytes_exact,"
+                         "rows_read,rows_full\n");
     else
         fprintf(f, "haystack %d tokens in steps of %d, needles at 0/50/100 %%, each question a "
                    "step of its own\n%-9s %-16s %-27s %10s %12s %7s\n", len, CH09_CHUNK,
@@ -173,11 +173,12 @@ int kv_demo_ch09(const kv_demo_ctx *ctx, kv_err *err)
             }
             for (int i = 0; i < CH09_DEPTHS && !rc; i++) {
                 if (ctx->csv)
-                    fprintf(f, "needle,%s,%s,%d,%d,%.3f,%lld,%lld,%lld,%lld,%lld\n",
-                            kv_recall_kind_name(kind), variants[v], depths[i], res[i].pass,
-                            res[i].margin, rows, bytes,
-                            (long long)((exact.total - exact.index_bytes) * m.config.n_layers),
-                            rows_read, rows_full);
+                    kv_csv_printf(
+                        f, "needle,%s,%s,%d,%d,%.3f,%lld,%lld,%lld,%lld,%lld\n",
+                        kv_recall_kind_name(kind), variants[v], depths[i], res[i].pass,
+                        res[i].margin, rows, bytes,
+                        (long long)((exact.total - exact.index_bytes) * m.config.n_layers),
+                        rows_read, rows_full);
             }
             if (!rc && !ctx->csv) {
                 char marks[64];

@@ -62,10 +62,12 @@ static int ch10_rows(const kv_demo_ctx *ctx, const char *name, const kv_model *m
     const double tok = (double)c->n_layers * 2 * c->n_kv_heads * kv_config_head_dim(c) * 4;
     if (!st) {
         if (ctx->csv)
-            fprintf(f, "k,target_steps,plain_steps,tokens_per_step,acceptance,"
-                    "target_kv_written,target_kv_rolled_back,draft_kv_written,"
-                    "draft_kv_rolled_back,seconds\n0,%d,%d,1.000,,%.0f,0,,,%.4f\n", CH10_TOKENS,
-                    CH10_TOKENS, (CH10_PROMPT + CH10_TOKENS - 1) * tok, plain_sec);
+            kv_csv_printf(f,
+                          "k,target_steps,plain_steps,tokens_per_step,acceptance,"
+                          "target_kv_written,target_kv_rolled_back,draft_kv_written,"
+                          "draft_kv_rolled_back,seconds\n0,%d,%d,1.000,,%.0f,0,,,%.4f\n",
+                          CH10_TOKENS, CH10_TOKENS, (CH10_PROMPT + CH10_TOKENS - 1) * tok,
+                          plain_sec);
         else {
             fprintf(f, "target: %s (%d layers, dim %d, vocab %d); draft: its first layer; "
                     "prompt %d, %d tokens, greedy\none cached target token = %d * 2 * %d * %d * "
@@ -98,10 +100,10 @@ static int ch10_rows(const kv_demo_ctx *ctx, const char *name, const kv_model *m
         if (st) break;
         const double tps = (double)s.emitted / (double)s.target_steps;
         if (ctx->csv) {
-            fprintf(f, "%d,%lld,%d,%.3f,%.4f,%.0f,%.0f,%.0f,%.0f,%.4f\n", ks[i],
-                    (long long)s.target_steps, CH10_TOKENS, tps, kv_spec_acceptance(&s),
-                    s.target_kv_written, s.target_kv_rolled_back, s.draft_kv_written,
-                    s.draft_kv_rolled_back, sec);
+            kv_csv_printf(f, "%d,%lld,%d,%.3f,%.4f,%.0f,%.0f,%.0f,%.0f,%.4f\n", ks[i],
+                          (long long)s.target_steps, CH10_TOKENS, tps, kv_spec_acceptance(&s),
+                          s.target_kv_written, s.target_kv_rolled_back, s.draft_kv_written,
+                          s.draft_kv_rolled_back, sec);
         } else {
             char b[4][32];
             fprintf(f, "%2d %7lld %6d %9.2f %6.1f%% %11s %11s %10s %11s %9.3f\n", ks[i],
@@ -130,7 +132,7 @@ static void ch10_trace_row(FILE *f, int csv, const char *stage, kv_backend *t)
     const kv_pool *p = &t->mem->paged->pool;
     const int len = t->length(t, 0);
     if (csv)
-        fprintf(f, "%s,%d,%d,%d\n", stage, len, t->mem->paged->tables[0].n_blocks, p->n_free);
+        kv_csv_printf(f, "%s,%d,%d,%d\n", stage, len, t->mem->paged->tables[0].n_blocks, p->n_free);
     else
         fprintf(f, "  %-34s %7d %12d %10d\n", stage, len, t->mem->paged->tables[0].n_blocks,
                 p->n_free);
@@ -154,8 +156,7 @@ static int ch10_trace(const kv_demo_ctx *ctx, const kv_model *m, const kv_model 
     if (!st) st = kv_cli_backend(&t, ctx->device, m, &ts, err);
     if (!st) st = kv_cli_backend(&d, ctx->device, dm, &ds, err);
     if (st) goto done;
-    if (ctx->csv)
-        fprintf(f, "\nstage,target_cached_tokens,blocks_held,pool_free_blocks\n");
+    if (ctx->csv) kv_csv_printf(f, "\nstage,target_cached_tokens,blocks_held,pool_free_blocks\n");
     else
         fprintf(f, "\none round on a paged target (blocks of %d tokens, pool of %d), k = %d:\n"
                 "  %-34s %7s %12s %10s\n", CH10_BLOCK, ts.layout.n_blocks, K, "stage", "cached",
@@ -216,8 +217,9 @@ static int ch10_tp(const kv_demo_ctx *ctx, kv_err *err)
     const kv_cache_spec spec = kv_cache_spec_default(1, PROMPT + TOKENS);
     const kv_gen_opts go = {KV_MODE_CACHED, 0, TOKENS, NULL, NULL, NULL, NULL};
     if (ctx->csv)
-        fprintf(f, "\np,kv_heads_of_ranks,cache_bytes_per_rank,cache_bytes_all_ranks,"
-                "all_reduces_per_step,rank0_bytes_read,rank0_bytes_predicted,same_tokens\n");
+        kv_csv_printf(f,
+                      "\np,kv_heads_of_ranks,cache_bytes_per_rank,cache_bytes_all_ranks,"
+                      "all_reduces_per_step,rank0_bytes_read,rank0_bytes_predicted,same_tokens\n");
     else
         fprintf(f, "\ntensor-parallel heads on CPU ranks (threads): tiny-gqa (L %d, H %d, H_kv %d, "
                 "d %d, dim %d), fp32,\nprompt %d, %d tokens greedy; a cache of %d tokens per "
@@ -251,9 +253,9 @@ static int ch10_tp(const kv_demo_ctx *ctx, kv_err *err)
                                        (TOKENS - 1) * kv_tp_ring_bytes(p, c->dim));
         const int same = !i || !memcmp(got, want, sizeof want);
         if (ctx->csv) {
-            fprintf(f, "%d,%s,%.0f,%.0f,%.2f,%.0f,%.0f,%s\n", p, heads, rank, all,
-                    (double)ts->all_reduces / (double)ts->steps, ts->rank_bytes[0], pred,
-                    same ? "yes" : "no");
+            kv_csv_printf(f, "%d,%s,%.0f,%.0f,%.2f,%.0f,%.0f,%s\n", p, heads, rank, all,
+                          (double)ts->all_reduces / (double)ts->steps, ts->rank_bytes[0], pred,
+                          same ? "yes" : "no");
         } else {
             char b1[32], b2[32], b3[32];
             fprintf(f, "  %2d  %-12s %12s %12s %13.0f %14s %8s\n", p, heads,

@@ -153,14 +153,14 @@ static void part_intensity_csv(FILE *f)
     const kv_mla_dims m = kv_mla_preset_find("deepseek-v2")->mla;
     const double b = 2, row = kv_mla_row(&m), per_head = 2.0 * (m.d_c + m.d_rope) + 2.0 * m.d_c;
     const double d = m.d_nope, gqa_per_g = 4 * d / (2 * d * b);
-    fprintf(f, "H,mla_flops_per_row,mla_row_bytes,mla_absorbed,mha,gqa8,mqa,cuda_core_ridge,"
-               "tensor_core_ridge\n");
+    kv_csv_printf(f, "H,mla_flops_per_row,mla_row_bytes,mla_absorbed,mha,gqa8,mqa,cuda_core_ridge,"
+                     "tensor_core_ridge\n");
     for (int h = 1; h <= 256; h *= 2) {
         char gqa[32] = "";
         if (h >= 8) snprintf(gqa, sizeof gqa, "%g", 8 * gqa_per_g);
-        fprintf(f, "%d,%g,%g,%.4f,%g,%s,%g,%.4f,%.4f\n", h, per_head * h, row * b,
-                per_head * h / (row * b), gqa_per_g, gqa, h * gqa_per_g,
-                CH11_CUDA_FP32 / CH11_HBM_BPS, CH11_TC_BF16 / CH11_HBM_BPS);
+        kv_csv_printf(f, "%d,%g,%g,%.4f,%g,%s,%g,%.4f,%.4f\n", h, per_head * h, row * b,
+                      per_head * h / (row * b), gqa_per_g, gqa, h * gqa_per_g,
+                      CH11_CUDA_FP32 / CH11_HBM_BPS, CH11_TC_BF16 / CH11_HBM_BPS);
     }
 }
 

@@ -190,7 +190,9 @@ int kv_attn_gqa_table(FILE *f, const char *device, int H, int d, int N, int repe
     }
 #endif
     const double flops = 4.0 * H * (double)N * d; /* q·k and p·v, 2 FLOPs per multiply-add */
-    if (csv) fprintf(f, "device,H,H_kv,G,d,N,version,bytes,flops,seconds,GBps,GFLOPs,time_vs_G1\n");
+    if (csv)
+        kv_csv_printf(f,
+                      "device,H,H_kv,G,d,N,version,bytes,flops,seconds,GBps,GFLOPs,time_vs_G1\n");
     else {
         fprintf(f, "decode attention, one token: H %d, d %d, N %d cached positions, fp32; "
                 "median of %d calls; device %s\n", H, d, N, repeats, device);
@@ -225,9 +227,9 @@ int kv_attn_gqa_table(FILE *f, const char *device, int H, int d, int N, int repe
             if (G == 1) base[ver - 1] = med;
             const char *what = gpu ? (ver == 1 ? "v1" : "v2") : "cpu";
             if (csv)
-                fprintf(f, "%s,%d,%d,%d,%d,%d,%s,%.0f,%.0f,%.6e,%.3f,%.3f,%.4f\n", device, H, Hkv, G,
-                        d, N, what, bytes, flops, med, bytes / med * 1e-9, flops / med * 1e-9,
-                        med / base[ver - 1]);
+                kv_csv_printf(f, "%s,%d,%d,%d,%d,%d,%s,%.0f,%.0f,%.6e,%.3f,%.3f,%.4f\n", device, H,
+                              Hkv, G, d, N, what, bytes, flops, med, bytes / med * 1e-9,
+                              flops / med * 1e-9, med / base[ver - 1]);
             else {
                 char b[32];
                 fprintf(f, "%5d %4d %3s %4s %12s %12.3e %10.2f %10.2f %9.3fx\n", Hkv, G, what,

@@ -455,8 +455,9 @@ int cmd_bench_attention(int argc, char **argv)
     if (gpu && kvcu_read_bandwidth(0, 5, &gbw, &err)) return kv_cli_fail(cmd, "bandwidth", 1, &err);
 #endif
     if (csv)
-        printf("mode,device,algorithm,H,H_kv,d,dtype,T,n_keys,splits,seconds,bytes,GBps,"
-               "ratio_to_read_bw\n");
+        kv_csv_printf(stdout,
+                      "mode,device,algorithm,H,H_kv,d,dtype,T,n_keys,splits,seconds,bytes,GBps,"
+                      "ratio_to_read_bw\n");
     else {
         printf("bench attention: d %d, %s cache, causal; decode H %d / H_kv %d, prefill H %d / "
                "H_kv %d; tiles %dx%d, %d splits; %d OpenMP threads\n", d, kv_dtype_name(dtype),
@@ -509,10 +510,10 @@ int cmd_bench_attention(int argc, char **argv)
                 if (al->gpu) roof = gbw;
 #endif
                 if (csv)
-                    printf("%s,%s,%s,%d,%d,%d,%s,%d,%d,%d,%.6e,%.0f,%.3f,%.4f\n",
-                           mode ? "prefill" : "decode", al->gpu ? "cuda" : "cpu", al->name, h,
-                           hkv, d, kv_dtype_name(dtype), T, n, splits, sec, bytes, rate * 1e-9,
-                           roof > 0 ? rate / roof : 0.0);
+                    kv_csv_printf(stdout, "%s,%s,%s,%d,%d,%d,%s,%d,%d,%d,%.6e,%.0f,%.3f,%.4f\n",
+                                  mode ? "prefill" : "decode", al->gpu ? "cuda" : "cpu", al->name,
+                                  h, hkv, d, kv_dtype_name(dtype), T, n, splits, sec, bytes,
+                                  rate * 1e-9, roof > 0 ? rate / roof : 0.0);
                 else {
                     char b[32];
                     printf("%-8s %7d %5d %-14s %11.4e %11s %9.2f %7.1f%%",
@@ -537,9 +538,12 @@ int cmd_bench_attention(int argc, char **argv)
                     if (st) break;
                     const double rr = rs > 0 ? rb / rs : 0.0;
                     if (csv)
-                        printf("decode,cpu,cpu engine resident,%d,%d,%d,%s,1,%d,%d,%.6e,%.0f,"
-                               "%.3f,%.4f\n", h, hkv, d, kv_dtype_name(dtype), nr, splits, rs,
-                               rb, rr * 1e-9, rr / roof);
+                        kv_csv_printf(
+                            stdout,
+                            "decode,cpu,cpu engine resident,%d,%d,%d,%s,1,%d,%d,%.6e,%.0f,"
+                            "%.3f,%.4f\n",
+                            h, hkv, d, kv_dtype_name(dtype), nr, splits, rs, rb, rr * 1e-9,
+                            rr / roof);
                     else
                         printf("%-8s %7d %5d %-14s %11.4e %11s %9.2f %7.1f%%  the same call, "
                                "K/V in the LLC: %s\n", "", nr, 1, "  (resident)", rs,

@@ -370,7 +370,9 @@ int cmd_bench_attention_cuda(int argc, char **argv)
     if (st) return kv_cli_fail(cmd, "bandwidth", st, &err);
     const double roof = roofline(&bw0, NULL);
     if (csv)
-        printf("layout,dtype,B,N,H,H_kv,d,kernel,seconds,kv_bytes,GBps,ratio_to_bw,max_diff\n");
+        kv_csv_printf(
+            stdout,
+            "layout,dtype,B,N,H,H_kv,d,kernel,seconds,kv_bytes,GBps,ratio_to_bw,max_diff\n");
     else {
         printf("bench attention --device cuda: %s%s\n", dev,
                kvcu_is_emulation() ? "; emulated timings say nothing about a GPU" : "");
@@ -411,10 +413,10 @@ int cmd_bench_attention_cuda(int argc, char **argv)
                         rows++;
                         above += ratio > 1.0;
                         if (csv)
-                            printf("%s,%s,%d,%d,%d,%d,%d,%s,%.6e,%.0f,%.3f,%.4f,%.3g\n",
-                                   k.paged ? "paged" : "contiguous", kv_dtype_name(k.fmt), k.B,
-                                   k.N, H, Hkv, d, kernels[i].name, sec, kvb, rate * 1e-9,
-                                   ratio, worst);
+                            kv_csv_printf(
+                                stdout, "%s,%s,%d,%d,%d,%d,%d,%s,%.6e,%.0f,%.3f,%.4f,%.3g\n",
+                                k.paged ? "paged" : "contiguous", kv_dtype_name(k.fmt), k.B, k.N, H,
+                                Hkv, d, kernels[i].name, sec, kvb, rate * 1e-9, ratio, worst);
                         else
                             printf("%-10s %-9s %3d %7d %-9s %11.4e %10s %9.2f %6.1f%%%s\n",
                                    k.paged ? "paged" : "contiguous", kv_dtype_name(k.fmt), k.B,
@@ -500,9 +502,9 @@ static int gpu_engine_row(const gpu_engine_cfg *e, const char *cache, int repeat
         char desc[256], wb[32], kb[32];
         kv_config_describe(&c, desc, sizeof desc);
         if (csv)
-            printf("%s,%s,%d,%d,%.6e,%.1f,%.0f,%.0f,%.3f,%.3f,%.4f\n", e->name, cache,
-                   e->tokens, repeats, t, e->tokens / t, wbytes, kvbytes, roof * 1e-9,
-                   (wbytes + kvbytes) / t * 1e-9, ratio);
+            kv_csv_printf(stdout, "%s,%s,%d,%d,%.6e,%.1f,%.0f,%.0f,%.3f,%.3f,%.4f\n", e->name,
+                          cache, e->tokens, repeats, t, e->tokens / t, wbytes, kvbytes, roof * 1e-9,
+                          (wbytes + kvbytes) / t * 1e-9, ratio);
         else {
             printf("\n[%s] %s; %s\n", e->name, desc, e->why);
             printf("  weights %s per token, KV read %s per token on average (cache %s); %d "
@@ -550,8 +552,9 @@ int cmd_bench_engine_cuda(int argc, char **argv)
     char dev[256] = "";
     kvcu_device_describe(dev, sizeof dev, &err);
     if (csv)
-        printf("config,cache,tokens,repeats,seconds,tokens_per_s,weight_bytes,kv_bytes,"
-               "roofline_GBps,GBps,ratio\n");
+        kv_csv_printf(stdout,
+                      "config,cache,tokens,repeats,seconds,tokens_per_s,weight_bytes,kv_bytes,"
+                      "roofline_GBps,GBps,ratio\n");
     else
         printf("bench engine --device cuda: %s%s; fp32 weights, cache %s\n", dev,
                kvcu_is_emulation() ? "; emulated timings say nothing about a GPU" : "", cache);

@@ -140,7 +140,8 @@ int cmd_bench_mla(int argc, char **argv)
     if (kvcu_read_bandwidth(quick ? ((size_t)1 << 20) : 0, repeats, &bw, &err))
         return kv_cli_fail(cmd, "read bandwidth", 1, &err);
     if (csv) {
-        printf("layout,dtype,H,n,d_c,d_R,seconds,flop_per_byte,TFLOPs,of_mma,GBps,of_bw\n");
+        kv_csv_printf(stdout,
+                      "layout,dtype,H,n,d_c,d_R,seconds,flop_per_byte,TFLOPs,of_mma,GBps,of_bw\n");
     } else {
         printf("bench mla --device cuda: %s%s; medians of %d runs\n", dev,
                quick ? " (--quick sizes)" : "", repeats);
@@ -164,9 +165,10 @@ int cmd_bench_mla(int argc, char **argv)
                     const double pk = peak[fmts[f] == KV_QF_BF16];
                     const char *lay = paged ? "paged" : "contiguous";
                     if (csv)
-                        printf("%s,%s,%d,%d,%d,%d,%.6g,%.1f,%.4g,%.3f,%.1f,%.3f\n", lay,
-                               kv_quant_name(fmts[f]), H, n, m.d_c, m.d_rope, s, flops / bytes,
-                               flops / s * 1e-12, flops / s / pk, bytes / s * 1e-9, bytes / s / bw);
+                        kv_csv_printf(stdout, "%s,%s,%d,%d,%d,%d,%.6g,%.1f,%.4g,%.3f,%.1f,%.3f\n",
+                                      lay, kv_quant_name(fmts[f]), H, n, m.d_c, m.d_rope, s,
+                                      flops / bytes, flops / s * 1e-12, flops / s / pk,
+                                      bytes / s * 1e-9, bytes / s / bw);
                     else
                         printf("%-10s %-9s %4d %6d %9.3f ms %9.1f %9.4g %6.1f%% %9.1f %6.1f%%\n", lay,
                                kv_quant_name(fmts[f]), H, n, s * 1e3, flops / bytes,

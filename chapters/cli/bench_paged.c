@@ -287,8 +287,10 @@ int cmd_bench_paged(int argc, char **argv)
         mem_bw[L] = bw.bytes_per_s;
     }
     if (csv)
-        printf("device,dtype,H,H_kv,d,N,layout,B,version,kv_bytes,seconds,GBps,ratio_vs_contiguous,"
-               "ratio_v3_v2,read_bw_GBps,ratio_to_read_bw\n");
+        kv_csv_printf(
+            stdout,
+            "device,dtype,H,H_kv,d,N,layout,B,version,kv_bytes,seconds,GBps,ratio_vs_contiguous,"
+            "ratio_v3_v2,read_bw_GBps,ratio_to_read_bw\n");
     else {
         printf("bench paged: one decode token, H %d, H_kv %d, d %d, %s (b = %.4g bytes/element); "
                "device %s; median of %d rounds\n", H, Hkv, d, kv_dtype_name(dtype), b, device,
@@ -369,10 +371,11 @@ int cmd_bench_paged(int argc, char **argv)
                 else snprintf(name, sizeof name, "contiguous");
                 const double of_bw = gpu ? 0.0 : bytes / med / mem_bw[L];
                 if (csv)
-                    printf("%s,%s,%d,%d,%d,%d,%s,%d,%s,%.0f,%.6e,%.3f,%.4f,%.4f,%.3f,%.4f\n",
-                           device, kv_dtype_name(dtype), H, Hkv, d, N,
-                           paged_blocks[L] ? "paged" : "contiguous", paged_blocks[L], what,
-                           bytes, med, bytes / med * 1e-9, rc, r32, mem_bw[L] * 1e-9, of_bw);
+                    kv_csv_printf(stdout,
+                                  "%s,%s,%d,%d,%d,%d,%s,%d,%s,%.0f,%.6e,%.3f,%.4f,%.4f,%.3f,%.4f\n",
+                                  device, kv_dtype_name(dtype), H, Hkv, d, N,
+                                  paged_blocks[L] ? "paged" : "contiguous", paged_blocks[L], what,
+                                  bytes, med, bytes / med * 1e-9, rc, r32, mem_bw[L] * 1e-9, of_bw);
                 else {
                     char bb[32], r3[16] = "";
                     if (gpu && ver == 1) snprintf(r3, sizeof r3, "%9.3fx", r32);

@@ -228,19 +228,19 @@ int kv_swap_bench_run(FILE *f, int csv, const kv_swap_bench *sb, const int *lens
     const int d = kv_config_head_dim(c);
     char u[32];
     if (csv) {
-        fprintf(f, "model,dtype,block_size,n,blocks,bytes_each_way,swap_s,flops,cpu_s,gpu_s,"
-                "cpu_over_swap,gpu_over_swap\n");
+        kv_csv_printf(f, "model,dtype,block_size,n,blocks,bytes_each_way,swap_s,flops,cpu_s,gpu_s,"
+                         "cpu_over_swap,gpu_over_swap\n");
         for (int i = 0; i < n_lens; i++) {
             const kv_swap_row *r = &rows[i];
-            fprintf(f, "%s,%s,%d,%d,%lld,%lld,%.6e,%.6e,", sb->name, kv_dtype_name(sb->spec.quant.dtype),
-                    sb->block_size, r->n, (long long)r->blocks, (long long)r->bytes, r->swap_s,
-                    r->flops);
-            if (r->cpu_s >= 0) fprintf(f, "%.6e,", r->cpu_s);
-            else fprintf(f, ",");
-            fprintf(f, "%.6e,", r->gpu_s);
-            if (r->cpu_s >= 0) fprintf(f, "%.4f,", r->cpu_s / r->swap_s);
-            else fprintf(f, ",");
-            fprintf(f, "%.4f\n", r->gpu_s / r->swap_s);
+            kv_csv_printf(f, "%s,%s,%d,%d,%lld,%lld,%.6e,%.6e,", sb->name,
+                          kv_dtype_name(sb->spec.quant.dtype), sb->block_size, r->n,
+                          (long long)r->blocks, (long long)r->bytes, r->swap_s, r->flops);
+            if (r->cpu_s >= 0) kv_csv_printf(f, "%.6e,", r->cpu_s);
+            else kv_csv_printf(f, ",");
+            kv_csv_printf(f, "%.6e,", r->gpu_s);
+            if (r->cpu_s >= 0) kv_csv_printf(f, "%.4f,", r->cpu_s / r->swap_s);
+            else kv_csv_printf(f, ",");
+            kv_csv_printf(f, "%.4f\n", r->gpu_s / r->swap_s);
         }
         kv_free(rows);
         return KV_OK;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "args.h"
+#include "csv.h"
 #include "kv_backend.h"
 #include "kv_gguf_model.h"
 #include "kv_model.h"

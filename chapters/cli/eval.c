@@ -198,11 +198,12 @@ static int cmd_eval_ppl(int argc, char **argv)
     else snprintf(cname, sizeof cname, "%s", cache);
     const char *how = recompute ? "recompute" : mode;
     if (csv) {
-        printf("text,tokens,predicted,windows,window,mode,cache,layout,nll,ppl,kl,top1\n");
-        printf("%s,%d,%ld,%d,%d,%s,%s,\"%s\",%.9f,%.6f,", in.text_path, n, res.n_predicted,
-               res.n_windows, window, how, cname, lname, res.nll, res.ppl);
-        if (kl) printf("%.9f,%.6f\n", res.kl, res.top1);
-        else printf(",\n");
+        kv_csv_printf(stdout,
+                      "text,tokens,predicted,windows,window,mode,cache,layout,nll,ppl,kl,top1\n");
+        kv_csv_printf(stdout, "%s,%d,%ld,%d,%d,%s,%s,%s,%.9f,%.6f,", in.text_path, n,
+                      res.n_predicted, res.n_windows, window, how, cname, lname, res.nll, res.ppl);
+        if (kl) kv_csv_printf(stdout, "%.9f,%.6f\n", res.kl, res.top1);
+        else kv_csv_printf(stdout, ",\n");
     } else {
         char span[48];
         if (window) snprintf(span, sizeof span, "%d tokens", window);
@@ -286,10 +287,10 @@ static int cmd_eval_keys(int argc, char **argv)
                                 : kv_fail(&err, KV_ERR_NOMEM, "out of memory");
     if (st) rc = kv_cli_fail(cmd, "probe", st, &err);
     else if (csv) {
-        printf("layer,kv_head,channel,mean_abs_pre_rope,mean_abs_post_rope\n");
+        kv_csv_printf(stdout, "layer,kv_head,channel,mean_abs_pre_rope,mean_abs_post_rope\n");
         for (size_t i = 0; i < cells; i++)
-            printf("%d,%d,%d,%.6f,%.6f\n", (int)(i / ((size_t)Hkv * d)), (int)(i / d % Hkv),
-                   (int)(i % d), pre[i], post[i]);
+            kv_csv_printf(stdout, "%d,%d,%d,%.6f,%.6f\n", (int)(i / ((size_t)Hkv * d)),
+                          (int)(i / d % Hkv), (int)(i % d), pre[i], post[i]);
     } else {
         printf("mean |K| per channel over the first %d tokens of %s (%d KV heads x %d channels "
                "per layer)\n\n%5s  %28s  %28s\n%5s  %8s %8s %10s  %8s %8s %10s\n", n, in.text_path,
@@ -343,9 +344,10 @@ static int cmd_eval_mass(int argc, char **argv)
     for (int t = 0; t < n; t++) even0 += 1.0 / (t + 1) / n;
     if (st) rc = kv_cli_fail(cmd, "probe", st, &err);
     else if (csv) {
-        printf("layer,position,mass\n");
+        kv_csv_printf(stdout, "layer,position,mass\n");
         for (int l = 0; l < L; l++)
-            for (int p = 0; p < n; p++) printf("%d,%d,%.9f\n", l, p, mass[(size_t)l * n + p]);
+            for (int p = 0; p < n; p++)
+                kv_csv_printf(stdout, "%d,%d,%.9f\n", l, p, mass[(size_t)l * n + p]);
     } else {
         printf("attention mass per position over the first %d tokens of %s, summed over %d "
                "heads; even causal attention would give position 0 %.4f\n\n%5s %10s %10s %12s "

@@ -101,15 +101,15 @@ static void print_tables(const kv_needle_spec *s, const kv_needle_result *res)
 
 static void write_csv(FILE *f, const kv_needle_spec *s, const kv_needle_result *res, int n)
 {
-    fprintf(f, "model,cache,seed,length,depth_pct,key,value,position,distance,answer,pass,"
-               "predicted,logit_value,logit_other,margin\n");
+    kv_csv_printf(f, "model,cache,seed,length,depth_pct,key,value,position,distance,answer,pass,"
+                     "predicted,logit_value,logit_other,margin\n");
     for (int i = 0; i < n; i++) {
         const kv_needle_result *r = &res[i];
-        fprintf(f, "%s,%s,%llu,%d,%d,%d,%d,%d,%ld,%d,%d,%d,%.6f,%.6f,%.6f\n",
-                kv_recall_kind_name(r->kind), s->variants[r->variant].spec,
-                (unsigned long long)r->seed, r->length, r->depth, r->key, r->value, r->position,
-                r->distance, r->answer, r->pass, r->expected, r->logit_value, r->logit_other,
-                r->margin);
+        kv_csv_printf(f, "%s,%s,%llu,%d,%d,%d,%d,%d,%ld,%d,%d,%d,%.6f,%.6f,%.6f\n",
+                      kv_recall_kind_name(r->kind), s->variants[r->variant].spec,
+                      (unsigned long long)r->seed, r->length, r->depth, r->key, r->value,
+                      r->position, r->distance, r->answer, r->pass, r->expected, r->logit_value,
+                      r->logit_other, r->margin);
     }
 }
 

@@ -32,9 +32,9 @@ static void on_step(void *user, const kv_sched_step_info *s)
 {
     serve_ctx *c = user;
     if (c->timeline)
-        fprintf(c->timeline, "%lld,%.4f,%d,%d,%d,%d,%d,%d,%d\n", (long long)s->step, s->clock_s,
-                s->used_blocks, s->cached_blocks, s->reserved_blocks, s->running_seqs,
-                s->running_reqs, s->waiting, s->batch_tokens);
+        kv_csv_printf(c->timeline, "%lld,%.4f,%d,%d,%d,%d,%d,%d,%d\n", (long long)s->step,
+                      s->clock_s, s->used_blocks, s->cached_blocks, s->reserved_blocks,
+                      s->running_seqs, s->running_reqs, s->waiting, s->batch_tokens);
     kv_progress_update(&c->progress, s->done, s->total);
 }
 
@@ -44,17 +44,19 @@ static void pct_row(const char *what, double v) { printf("  %-34s %8.2f %%\n", w
  * (opened before the run, so that a bad path fails before any work). */
 static void write_latency_csv(FILE *f, const kv_sched_out *out, const kv_trace *t)
 {
-    fprintf(f, "request,priority,prompt_len,output_len,status,preemptions,arrival_s,"
-               "first_token_s,finish_s,ttft_s,e2e_s\n");
+    kv_csv_printf(f, "request,priority,prompt_len,output_len,status,preemptions,arrival_s,"
+                     "first_token_s,finish_s,ttft_s,e2e_s\n");
     for (int i = 0; i < out->n; i++) {
         const kv_sched_result *r = &out->results[i];
         const kv_request *q = &t->req[out->index[i]];
         const int ok = r->status == KV_OK && r->first_token_s >= 0;
-        fprintf(f, "%d,%d,%d,%d,%s,%d,%.6f,%.6f,%.6f,", out->index[i], r->priority,
-                q->prompt_len, q->output_len, r->status == KV_OK ? "ok" : "failed",
-                r->preemptions, r->arrival_s, r->first_token_s, r->finish_s);
-        if (ok) fprintf(f, "%.6f,%.6f\n", r->first_token_s - r->arrival_s, r->finish_s - r->arrival_s);
-        else fprintf(f, ",\n");
+        kv_csv_printf(f, "%d,%d,%d,%d,%s,%d,%.6f,%.6f,%.6f,", out->index[i], r->priority,
+                      q->prompt_len, q->output_len, r->status == KV_OK ? "ok" : "failed",
+                      r->preemptions, r->arrival_s, r->first_token_s, r->finish_s);
+        if (ok)
+            kv_csv_printf(f, "%.6f,%.6f\n", r->first_token_s - r->arrival_s,
+                          r->finish_s - r->arrival_s);
+        else kv_csv_printf(f, ",\n");
     }
 }
 
@@ -190,8 +192,8 @@ int cmd_serve(int argc, char **argv)
         }
     ctx.timeline = outs[0].f;
     if (ctx.timeline)
-        fprintf(ctx.timeline, "step,clock_s,used_blocks,cached_blocks,reserved_blocks,"
-                              "running_seqs,running_reqs,waiting,batch_tokens\n");
+        kv_csv_printf(ctx.timeline, "step,clock_s,used_blocks,cached_blocks,reserved_blocks,"
+                                    "running_seqs,running_reqs,waiting,batch_tokens\n");
     kv_sched_opts o = kv_sched_opts_default();
     o.policy = kv_policy_by_name(policy);
     o.token_budget = budget;

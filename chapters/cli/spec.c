@@ -95,9 +95,10 @@ static int spec_table(const kv_model *m, const char *name, const char *device, i
     char lay[64];
     const int logged = snapshot_bytes(t) >= 0.0; /* a window or KIVI on the CPU: undo columns */
     if (csv) {
-        printf("k,target_steps,plain_steps,steps_saved,tokens_per_step,acceptance,"
-               "target_kv_written,target_kv_rolled_back,draft_kv_written,draft_kv_rolled_back,"
-               "matches_greedy%s\n", logged ? ",undo_log_bytes,ring_copy_bytes" : "");
+        kv_csv_printf(stdout, "k,target_steps,plain_steps,steps_saved,tokens_per_step,"
+                              "acceptance,target_kv_written,target_kv_rolled_back,draft_kv_written,"
+                              "draft_kv_rolled_back,matches_greedy");
+        kv_csv_printf(stdout, logged ? ",undo_log_bytes,ring_copy_bytes\n" : "\n");
     } else {
         printf("speculative decoding: target %s (%d layers), draft = its first %d layer%s\n"
                "device %s, cache %s, prompt %d tokens, %d tokens emitted, %s\n\n",
@@ -123,13 +124,13 @@ static int spec_table(const kv_model *m, const char *name, const char *device, i
         const int same = greedy && !memcmp(got, want, sizeof(int) * n_tokens);
         const double tps = (double)st.emitted / (double)st.target_steps;
         if (csv) {
-            printf("%d,%lld,%d,%lld,%.3f,%.4f,%.0f,%.0f,%.0f,%.0f,%s", k,
-                   (long long)st.target_steps, n_tokens, (long long)(n_tokens - st.target_steps),
-                   tps, kv_spec_acceptance(&st), st.target_kv_written, st.target_kv_rolled_back,
-                   st.draft_kv_written, st.draft_kv_rolled_back,
-                   greedy ? (same ? "yes" : "no") : "n/a");
-            if (logged) printf(",%.0f,%.0f", undo, snap);
-            printf("\n");
+            kv_csv_printf(stdout, "%d,%lld,%d,%lld,%.3f,%.4f,%.0f,%.0f,%.0f,%.0f,%s", k,
+                          (long long)st.target_steps, n_tokens,
+                          (long long)(n_tokens - st.target_steps), tps, kv_spec_acceptance(&st),
+                          st.target_kv_written, st.target_kv_rolled_back, st.draft_kv_written,
+                          st.draft_kv_rolled_back, greedy ? (same ? "yes" : "no") : "n/a");
+            if (logged) kv_csv_printf(stdout, ",%.0f,%.0f", undo, snap);
+            kv_csv_printf(stdout, "\n");
         } else {
             char b[6][32];
             printf("%2d  %6lld %6d %6lld %9.2f %6.1f%%  %11s %11s  %11s %11s  %8s", k,

@@ -96,8 +96,8 @@ static int stream_one(FILE *f, int csv, const char *label, const kv_model *m,
         reports++;
         char u1[32], u2[32];
         if (csv)
-            fprintf(f, "%s,%ld,%lld,%.0f,%.0f,%.1f\n", label, p + 1, (long long)rows, kv, grown,
-                    tps);
+            kv_csv_printf(f, "%s,%ld,%lld,%.0f,%.0f,%.1f\n", label, p + 1, (long long)rows, kv,
+                          grown, tps);
         else
             fprintf(f, "%-10s %10ld %8lld %12s %14s %12.0f\n", label, p + 1, (long long)rows,
                     kv_fmt_bytes(kv, u1, sizeof u1),
@@ -120,7 +120,7 @@ int kv_stream_study(FILE *f, int csv, const kv_model *m, const kv_cache_spec *wi
 {
     char u1[32], u2[32], u3[32], u4[32];
     const int W = win->window.size, S = win->window.n_sinks;
-    if (csv) fprintf(f, "run,tokens,rows,kv_bytes,rss_growth_bytes,tokens_per_s\n");
+    if (csv) kv_csv_printf(f, "run,tokens,rows,kv_bytes,rss_growth_bytes,tokens_per_s\n");
     else
         fprintf(f, "stream on a %d-layer model (dim %d, H %d, H_kv %d, vocab %d), greedy, one token "
                 "per step, cache %s%s\nwindow: W = %d recent + S = %d sink tokens, positions by %s "

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Every CSV kvlab writes, read back by a real CSV parser (Python's csv module, RFC 4180).
+
+Each command that prints or writes CSV runs at small sizes, with user-chosen strings that hold
+commas where it takes them (a cache spec int8/l0,1, a text file named a,b.txt, output and trace
+files named with commas); every row must have its header's column count, and the fields that
+carry those strings must read back as the strings themselves. A stream may hold several tables
+(kvlab tour): a '#' comment line or a blank line ends one, and a header starts the next.
+
+usage: check_csv.py <kvlab> <datasets folder>     (exit 0: all passed, 1: a failure)
+"""
+import csv
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+failures = []
+checks = 0
+
+
+def fail(msg):
+    failures.append(msg)
+    print("FAIL " + msg)
+
+
+def is_header(row):
+    # a header names its columns: words, none of them a number
+    return all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", f) for f in row)
+
+
+def tables(text, what):
+    """The tables of @p text: [(header, rows)], checking that each row has the header's width."""
+    out = []
+    header, rows = None, []
+    lines = text.splitlines(keepends=True)
+    # comment lines and blank lines end a table; the csv module reads the rest
+    chunk = []
+
+    def flush():
+        global checks
+        nonlocal header, rows, chunk
+        for row in csv.reader(io.StringIO("".join(chunk)), strict=True):
+            if header is None or (is_header(row) and rows):
+                if header is not None:
+                    out.append((header, rows))
+                if not is_header(row):
+                    fail(f"{what}: a table starts with a row that is not a header: {row}")
+                header, rows = row, []
+                continue
+            checks += 1
+            if len(row) != len(header):
+                fail(f"{what}: a row of {len(row)} fields under a header of {len(header)}: "
+                     f"{row} (header {header})")
+            rows.append(row)
+        if header is not None:
+            out.append((header, rows))
+        header, rows, chunk = None, [], []
+
+    for line in lines:
+        if line.startswith("#") or not line.strip():
+            flush()
+        else:
+            chunk.append(line)
+    flush()
+    if not any(rows for _, rows in out):
+        fail(f"{what}: no CSV rows in: {text[:300]!r}")
+    return out
+
+
+def column(tbls, name):
+    return [r[h.index(name)] for h, rows in tbls if name in h for r in rows]
+
+
+def run(kvlab, cwd, args):
+    r = subprocess.run([kvlab] + args, cwd=cwd, capture_output=True, text=True, timeout=300)
+    what = "kvlab " + " ".join(args)
+    if r.returncode != 0:
+        fail(f"{what}: exit {r.returncode}: {r.stderr[-600:]}")
+    return what, r.stdout
+
+
+def expect(tbls, what, name, want):
+    got = column(tbls, name)
+    if not got or any(g != want for g in got):
+        fail(f"{what}: column {name} reads {sorted(set(got))}, expected {want!r}")
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__)
+        return 2
+    kvlab, datasets = os.path.abspath(sys.argv[1]), sys.argv[2]
+    d = tempfile.mkdtemp(prefix="kvlab_csv_")
+    try:
+        shutil.copy(os.path.join(datasets, "models", "kjv-heldout.txt"), os.path.join(d, "a,b.txt"))
+        shutil.copy(os.path.join(datasets, "traces", "alpaca.csv"), os.path.join(d, "tr,ace.csv"))
+        cache = "int8/l0,1"
+
+        # eval: the text's name, the cache spec and the layout name (which holds commas) as fields
+        for extra in ([], ["--layout", "paged"], ["--recent", "32", "--kl"]):
+            what, out = run(kvlab, d, ["eval", "ppl", "--text", "a,b.txt", "--limit", "60",
+                                       "--cache", cache, "--csv"] + extra)
+            t = tables(out, what)
+            expect(t, what, "text", "a,b.txt")
+            if not extra:
+                expect(t, what, "cache", cache)
+            if extra and extra[0] == "--layout":
+                got = column(t, "layout")
+                if len(got) != 1 or not got[0].startswith("paged, blocks of"):
+                    fail(f"{what}: layout reads {got}")
+            if extra and extra[0] == "--recent":
+                got = column(t, "cache")
+                if len(got) != 1 or not got[0].startswith(cache + "/recent32"):
+                    fail(f"{what}: cache reads {got}")
+        for sub in ("keys", "mass"):
+            what, out = run(kvlab, d, ["eval", sub, "--text", "a,b.txt", "--tokens", "16", "--csv"])
+            tables(out, what)
+
+        # needle and serve: files named with commas, the cache spec in a column
+        what, _ = run(kvlab, d, ["needle", "--models", "direct", "--lengths", "64", "--depths",
+                                 "0,50", "--cache", cache, "--csv", "n,1.csv"])
+        with open(os.path.join(d, "n,1.csv"), newline="") as f:
+            expect(tables(f.read(), what), what, "cache", cache)
+        what, _ = run(kvlab, d, ["serve", "--trace", "tr,ace.csv", "--max-requests", "4",
+                                 "--csv", "l,1.csv", "--timeline", "t,1.csv"])
+        for name in ("l,1.csv", "t,1.csv"):
+            with open(os.path.join(d, name), newline="") as f:
+                tables(f.read(), what + " (" + name + ")")
+
+        # every other command's --csv, at small sizes
+        for args in (["stream", "--tokens", "400", "--full-tokens", "200", "--csv"],
+                     ["spec", "--default", "tiny", "--tokens", "16", "--max-k", "2", "--csv"],
+                     ["spec", "--default", "tiny", "--tokens", "16", "--max-k", "2", "--window",
+                      "32", "--csv"],
+                     ["bench", "attention-gqa", "--seq", "256", "--repeats", "1", "--csv"],
+                     ["bench", "swap", "--max", "64", "--measure-max", "32", "--repeats", "1",
+                      "--csv"],
+                     ["bench", "paged", "--lengths", "64", "--repeats", "1", "--heads", "4",
+                      "--kv-heads", "2", "--head-dim", "32", "--csv"],
+                     ["bench", "attention", "--decode", "64", "--prefill", "64", "--repeats", "1",
+                      "--prefill-repeats", "1", "--heads", "4", "--kv-heads", "2", "--csv"],
+                     ["bench", "quant", "--quick", "--no-needles", "--seq", "256", "--repeats",
+                      "1", "--csv"],
+                     ["tour", "--quick", "--csv"]):
+            what, out = run(kvlab, d, args)
+            tables(out, what)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    print(f"{checks} rows checked; {checks - len(failures)} passed, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
