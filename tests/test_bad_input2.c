@@ -9,8 +9,9 @@
  *    cap; NUL bytes and CR-only line endings in the text formats (LF and CRLF accepted);
  *  - writers never remove or replace a path they did not create: serve's --csv/--timeline on a
  *    failed run, a FIFO or a symbolic link as an output;
- *  - the CLI: a vocab-1 model under serve, OMP_NUM_THREADS far past the CPUs, --threads, stdout
- *    that cannot be written, serve where every request fails;
+ *  - the CLI: a vocab-1 model under serve, OMP_NUM_THREADS far past the CPUs (also past 2^31
+ *    and 2^32, which omp_get_max_threads() returns cut to a negative, zero or one int),
+ *    --threads, stdout that cannot be written, serve where every request fails;
  *  - chapters 09 and 10 on the command line: tp's ranks, spec's options, needle's retention
  *    variants and spec files, tour's chapters without a demo.
  *
@@ -31,6 +32,7 @@
 
 #include <fcntl.h>
 #include <math.h>
+#include <sched.h>
 
 /* every '|'-separated word of @p want is in @p msg */
 static int has_words(const char *msg, const char *want)
@@ -339,6 +341,50 @@ static int run_stdout(const char *out_path, const char *const *args, char *err_b
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/* OMP_NUM_THREADS past the CPUs, as the environment gives it: capped to the CPUs with a note,
+ * never a crash inside libgomp, an absurd allocation or a negative count. libgomp holds the
+ * value as an unsigned long; omp_get_max_threads() returns it cut to an int (2^31 negative,
+ * 2^32 zero, 2^32 + 1 one), so kvlab must read the variable itself. */
+static void test_omp_threads(void)
+{
+    cpu_set_t set;
+    const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    const char *values[] = {"100000", "2147483648", "4294967296", "4294967297"};
+    const char *const cmds[][8] = {
+        {"info", NULL},
+        {"generate", "--steps", "4", NULL},
+        {"tp", "--default", "tiny", "--tokens", "8", NULL},
+        {"eval", "ppl", "--limit", "64", NULL},
+    };
+    for (size_t i = 0; i < sizeof values / sizeof values[0]; i++)
+        for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
+            setenv("OMP_NUM_THREADS", values[i], 1);
+            result r = run_in(dir, cmds[c]);
+            unsetenv("OMP_NUM_THREADS");
+            KV_CHECK(r.rc == 0 && strstr(r.err, "more than the"), "OMP_NUM_THREADS=%s kvlab %s: "
+                     "exit %d (%s)", values[i], cmds[c][0], r.rc, r.err);
+            const char *line = c == 0 ? strstr(r.out, "OpenMP ") : NULL;
+            int n = 0;
+            if (c == 0)
+                KV_CHECK(line && sscanf(line + 7, "%d threads", &n) == 1 && n >= 1 && n <= cpus,
+                         "OMP_NUM_THREADS=%s kvlab info: %d threads (%d CPUs)", values[i], n,
+                         cpus);
+            free(r.out);
+            free(r.err);
+        }
+    /* the team that bench engine starts even on a busy machine */
+    setenv("OMP_NUM_THREADS", "4294967296", 1);
+    result r = run_in(dir, (const char *const[]){"bench", "engine", "--ignore-load", "--repeats",
+                                                 "1", "--tokens", "8", "--dim", "64", "--layers",
+                                                 "1", "--heads", "4", "--hidden", "64", "--vocab",
+                                                 "64", "--seq-len", "16", NULL});
+    unsetenv("OMP_NUM_THREADS");
+    KV_CHECK(r.rc == 0 && strstr(r.err, "more than the"), "OMP_NUM_THREADS=4294967296 kvlab bench "
+             "engine --ignore-load: exit %d (%.300s)", r.rc, r.err);
+    free(r.out);
+    free(r.err);
+}
+
 static void test_cli(void)
 {
     /* a valid checkpoint with a one-token vocabulary under serve: no division by vocab - 1 */
@@ -546,6 +592,7 @@ int main(int argc, char **argv)
     test_readers();
     test_writers();
     test_cli();
+    test_omp_threads();
     test_loose_options();
     test_cli_ch09_10();
     cleanup();

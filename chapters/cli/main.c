@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -52,13 +53,28 @@ static void usage(FILE *f)
 
 /* OMP_NUM_THREADS above the machine's CPUs buys nothing and, large enough (100000), crashes
  * inside libgomp when the first parallel region starts its team: cap it before any region
- * runs (a command's --threads can only ask for fewer, kv_cli_threads()). */
+ * runs (a command's --threads can only ask for fewer, kv_cli_threads()). libgomp keeps the
+ * variable as an unsigned long, and omp_get_max_threads() returns it cut to an int: 2^32 reads
+ * as 0, 2^31 as negative, 2^32 + 1 as 1, while the team it would start is the full value. So
+ * the variable's first number is read here; a count below 1 from omp_get_max_threads() is
+ * capped like one above the CPUs. */
 static void cap_threads(void)
 {
-    const int cpus = omp_get_num_procs();
-    if (omp_get_max_threads() <= cpus) return;
-    fprintf(stderr, "kvlab: note: OMP_NUM_THREADS asks for %d threads, more than the %d CPUs: "
-            "using %d\n", omp_get_max_threads(), cpus, cpus);
+    const int cpus = omp_get_num_procs(), now = omp_get_max_threads();
+    unsigned long long asked = now > 0 ? (unsigned long long)now : 0;
+    const char *p = getenv("OMP_NUM_THREADS");
+    while (p && (*p == ' ' || *p == '\t')) p++;
+    if (p && *p >= '0' && *p <= '9') { /* libgomp refuses 0, an overflow and a sign */
+        errno = 0;
+        const unsigned long long v = strtoull(p, NULL, 10);
+        if (errno == 0 && v >= 1) asked = v;
+    }
+    if (now >= 1 && asked <= (unsigned long long)cpus) return;
+    if (asked > (unsigned long long)cpus)
+        fprintf(stderr, "kvlab: note: OMP_NUM_THREADS asks for %llu threads, more than the %d "
+                "CPUs: using %d\n", asked, cpus, cpus);
+    else
+        fprintf(stderr, "kvlab: note: OpenMP reports %d threads: using the %d CPUs\n", now, cpus);
     omp_set_num_threads(cpus);
 }
 
