@@ -8,8 +8,8 @@
  * the input back (every input here is valid UTF-8). Run for llama-spm (SentencePiece-style),
  * llama-bpe (Llama 3), gpt-2, and, when fetched with them, qwen2, starcoder, refact, command-r.
  *
- * The files come from `tools/fetch-model.sh llama-vocab` into ${KVLAB_MODELS:-~/.cache/kvlab/models}
- * (or its llama-vocab/ folder); without them the test exits 77 (skipped) and says so.
+ * The files come from `tools/fetch-model.sh llama-vocab` into ${KVLAB_MODELS:-~/.cache/kvlab/models};
+ * without them the test exits 77 (skipped) and says so.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,25 +44,17 @@ static char *read_all(const char *path, size_t *n)
     return buf;
 }
 
-/* the folder holding ggml-vocab-NAME.gguf, or NULL */
+/* the models folder if it holds ggml-vocab-NAME.gguf, else NULL */
 static const char *find_dir(const char *name, char *buf, size_t cap)
 {
     const char *env = getenv("KVLAB_MODELS"), *home = getenv("HOME");
-    char base[1024];
-    if (env && *env) snprintf(base, sizeof base, "%s", env);
-    else snprintf(base, sizeof base, "%s/.cache/kvlab/models", home ? home : ".");
-    const char *sub[] = {"/llama-vocab", ""};
-    for (int i = 0; i < 2; i++) {
-        char path[1200];
-        snprintf(buf, cap, "%s%s", base, sub[i]);
-        snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", buf, name);
-        FILE *f = fopen(path, "rb");
-        if (f) {
-            fclose(f);
-            return buf;
-        }
-    }
-    return NULL;
+    if (env && *env) snprintf(buf, cap, "%s", env);
+    else snprintf(buf, cap, "%s/.cache/kvlab/models", home ? home : ".");
+    char path[1200];
+    snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", buf, name);
+    FILE *f = fopen(path, "rb");
+    if (f) fclose(f);
+    return f ? buf : NULL;
 }
 
 /* every case of one vocabulary; returns the number of cases run */

@@ -31,6 +31,7 @@ int cmd_serve(int argc, char **argv);    /* serve.c */
 int cmd_spec(int argc, char **argv);     /* spec.c */
 int cmd_tp(int argc, char **argv);       /* tp.c */
 int cmd_eval(int argc, char **argv);     /* eval.c */
+int cmd_tokenize(int argc, char **argv); /* tokenize.c */
 
 /* `--model trained` (trained.c): datasets/models/kjv.*, checked against its SHA256SUMS */
 #define KV_CLI_PATH_MAX 4096

@@ -35,6 +35,7 @@ static const kv_subcommand commands[] = {
     {"tp", cmd_tp, "tensor-parallel heads: P ranks as threads, per-rank cache, all-reduces per layer"},
     {"eval", cmd_eval, "eval ppl: perplexity over a text under any cache; eval keys: key\n"
                         "             channels before/after RoPE; eval mass: attention mass by position"},
+    {"tokenize", cmd_tokenize, "a GGUF file's tokenizer: text -> ids and pieces, or --decode ids -> bytes"},
     /* a new subcommand: its own file, and one row here */
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);
