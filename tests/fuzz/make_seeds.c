@@ -154,6 +154,35 @@ static void encode_seeds(void)
     }
 }
 
+/* ---- vocab: [u8 flags: 1 SentencePiece, 2 special, 4 BOS][text, any bytes] --------------- */
+
+#define SEED(flags, text) {flags, text, sizeof text - 1}
+
+static void vocab_seeds(void)
+{
+    static const struct {
+        int flags;
+        const char *text;
+        size_t n;
+    } seeds[] = { /* the text's bytes, NULs included */
+        SEED(0, "Hello world 12 the"),
+        SEED(2, "<|im_start|>user\nHi<|im_end|>\n"),
+        SEED(0, "\xe2\x82\xac 5 \xf0\x9f\x98\x80 \xe6\x97\xa5\xe6\x9c\xac"),
+        SEED(0, "\xff\xfe\x80 broken \xc3 \xc0\x80 \xed\xa0\x80 \xf5\x80\x80\x80"),
+        SEED(0, "a\0b  \t\r\n\n  x"),
+        SEED(5, "Hello the world \xc3\xa9"),
+        SEED(1, "\xe2\x96\x81 \xe2 x"),
+        SEED(4, ""),
+    };
+    for (int i = 0; i < (int)(sizeof seeds / sizeof seeds[0]); i++) {
+        char name[32], data[64];
+        data[0] = (char)seeds[i].flags;
+        memcpy(data + 1, seeds[i].text, seeds[i].n);
+        snprintf(name, sizeof name, "text%d", i);
+        put("vocab", name, data, seeds[i].n + 1);
+    }
+}
+
 /* ---- args: [u8 mode][word\0word\0...] ---------------------------------------------------- */
 
 static void args_seed(const char *name, int mode, const char *const *words)
@@ -317,6 +346,7 @@ int main(int argc, char **argv)
     checkpoint("llama2c-untied", KV_FILE_LLAMA2C, 0, 2, 10000.0f);
     tokenizers();
     encode_seeds();
+    vocab_seeds();
     args_seeds();
     text_seeds();
     sampler_seeds();

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 secs=${1:-30}
 build=${2:-build-fuzz}
 jobs=${KV_FUZZ_JOBS:-$(nproc 2>/dev/null || echo 2)}
-targets=${KV_FUZZ_TARGETS:-"fuzz_checkpoint fuzz_tokenizer fuzz_encode fuzz_args fuzz_needle fuzz_dialogue fuzz_trace fuzz_sampler fuzz_cache_spec"}
+targets=${KV_FUZZ_TARGETS:-"fuzz_checkpoint fuzz_tokenizer fuzz_encode fuzz_args fuzz_needle fuzz_dialogue fuzz_trace fuzz_sampler fuzz_cache_spec fuzz_vocab"}
 
 if ! command -v clang >/dev/null; then
   echo "run_bounded.sh: clang not found (Debian: apt-get install clang libclang-rt-14-dev libomp-14-dev)" >&2
