@@ -26,6 +26,7 @@
 
 #include "bench_cmds.h"
 #include "cli.h"
+#include "model_load.h"
 #include "kv_generate.h"
 #include "kv_needle.h"
 #include "kv_ops.h"
@@ -61,10 +62,12 @@ static int measure_bandwidth(double bw[2], double token_bytes, kv_err *err)
 
 /* One config: build the model, decode `repeats` times, print one result row. *missed counts
  * configs under target. */
-static int run_config(const engine_cfg *e, const char *cache, int repeats, int custom,
-                      int *missed, kv_err *err)
+static int run_config(const engine_cfg *e, const kv_model *given, const char *cache, int repeats,
+                      int custom, int *missed, kv_err *err)
 {
     kv_config c = {0};
+    if (given) c = given->config; /* --model: its own weights, shape and classifier */
+    else {
     c.dim = e->dim;
     c.hidden_dim = e->hidden;
     c.n_layers = e->layers;
@@ -74,6 +77,7 @@ static int run_config(const engine_cfg *e, const char *cache, int repeats, int c
     c.seq_len = e->seq_len;
     kv_config_set_defaults(&c);
     c.tied_classifier = 0; /* llama2.c checkpoints of this size carry their own classifier */
+    }
     int st = kv_config_validate(&c, err);
     if (st) return st;
     kv_model m = {0};
@@ -81,11 +85,11 @@ static int run_config(const engine_cfg *e, const char *cache, int repeats, int c
     kv_run_log run = {0};
     kv_cache_spec spec;
     st = kv_needle_cache_spec(cache, 1, e->seq_len, &spec, err);
-    if (!st) st = kv_model_alloc(&m, &c, err);
-    if (!st) {
-        kv_model_randomize(&m, 1234);
-        st = kv_backend_cpu(&b, &m, &spec, err);
+    if (!st && !given) {
+        st = kv_model_alloc(&m, &c, err);
+        if (!st) kv_model_randomize(&m, 1234);
     }
+    if (!st) st = kv_backend_cpu(&b, given ? given : &m, &spec, err);
     if (!st) st = kv_run_log_init(&run, KV_MODE_CACHED, e->tokens, repeats, err);
     /* a token's bytes: the weights and the KV it reads on average over the run */
     const double token_bytes = kv_decode_weight_bytes(&c) + (double)c.n_layers * 2 *
@@ -111,7 +115,7 @@ static int run_config(const engine_cfg *e, const char *cache, int repeats, int c
         const int64_t llc = kv_llc_bytes(NULL, NULL);
         char desc[256], wb[32], kb[32];
         kv_config_describe(&c, desc, sizeof desc);
-        printf("\n[%s] %s; %s\n", custom ? "custom" : e->name, desc, e->why);
+        printf("\n[%s] %s; %s\n", custom && !given ? "custom" : e->name, desc, e->why);
         printf("  weights %s per token (%.1fx the LLC); KV read %s per token on average "
                "(cache %s); %d tokens, %d repeats, median\n",
                kv_fmt_bytes(wbytes / e->tokens, wb, sizeof wb),
@@ -150,12 +154,13 @@ int cmd_bench_engine(int argc, char **argv)
 #ifdef KV_HAVE_CUDA /* the model on the GPU: its own options (bench_cuda.c) */
     if (!strcmp(kv_cli_device_arg(argc, argv), "cuda")) return cmd_bench_engine_cuda(argc, argv);
 #endif
-    const char *which = "small", *cache = "fp32", *device = "cpu";
+    const char *which = "small", *cache = "fp32", *device = "cpu", *model = NULL;
     int ignore_load = 0;
     int repeats = 0, tokens = 0, dim = 0, layers = 0, heads = 0, hidden = 0, vocab = 0, seq = 0;
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--config", KV_OPT_CHOICE, &which, 0, 0, config_names, "NAME", "small (dim 288, L 6, vocab 32000, 256 tokens), long (the same, 8000 tokens, seq_len 8192), large (dim 768, L 12), or all (default small)", 0},
+        {"--model", KV_OPT_STRING, &model, 0, 0, NULL, "M", "a model's own weights instead of a random config: a llama2.c / kvlab checkpoint, or `trained` (256 tokens unless --tokens; no target)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "cache storage, as kvlab generate --cache (default fp32; the targets are for fp32)", 0},
         {"--ignore-load", KV_OPT_FLAG, &ignore_load, 0, 0, NULL, NULL, "run the OpenMP team even when the machine has no idle core (kv_parallel_ignore_load; default: ops fall back to one thread then)", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "runs per config, median (default 5; long: 1)", 0},
@@ -195,7 +200,20 @@ int cmd_bench_engine(int argc, char **argv)
     if (wait && (strcmp(wait, "passive") == 0 || strcmp(wait, "PASSIVE") == 0))
         printf("  note: OMP_WAIT_POLICY=passive: each of a step's parallel regions waits for its "
                "threads to wake;\n  expect a far lower ratio than with the default policy\n");
-    for (int i = 0; i < N_CONFIGS && !st; i++) {
+    if (model) { /* one run on the model's weights */
+        if (opts[0].seen || dim || layers || heads || hidden || vocab || seq)
+            return kv_args_bad(cmd, "--model", "takes the model's own shape: no --config, --dim, "
+                               "--layers, --heads, --hidden, --vocab or --seq-len");
+        const kv_cli_model_args ma = {model, NULL, NULL, NULL, KV_CLI_TEXT_NONE};
+        kv_cli_model mdl;
+        if ((st = kv_cli_model_load(cmd, &ma, &mdl))) return st;
+        engine_cfg e = {mdl.name, 0, 0, 0, 0, 0, tokens ? tokens : 256, 0, 0, "its own weights"};
+        e.seq_len = e.tokens + 1;
+        st = run_config(&e, &mdl.m, cache, repeats ? repeats : 3, 1, &missed, &err);
+        kv_cli_model_close(&mdl);
+        ran = 1;
+    }
+    for (int i = 0; i < N_CONFIGS && !st && !model; i++) {
         if (strcmp(which, "all") && strcmp(which, configs[i].name)) continue;
         engine_cfg e = configs[i];
         if (tokens) e.tokens = tokens;
@@ -211,7 +229,7 @@ int cmd_bench_engine(int argc, char **argv)
             return kv_args_bad(cmd, "--tokens", "BOS + %d tokens exceed the cache capacity %d",
                                e.tokens, e.seq_len);
         const int reps = repeats ? repeats : (e.tokens > 2048 ? 1 : 5);
-        st = run_config(&e, cache, reps, custom, &missed, &err);
+        st = run_config(&e, NULL, cache, reps, custom, &missed, &err);
         ran++;
     }
     if (st) return kv_cli_fail(cmd, "run", st, &err);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "model_load.h"
 #include "kv_checkpoint.h"
 #include "kv_convert.h"
 #include "kv_file.h"
@@ -21,7 +22,7 @@ int cmd_convert(int argc, char **argv)
     const char *in_path = NULL, *def = NULL, *out_path = NULL, *format = "kvlab";
     int kv_heads = 0, compare = 128;
     kv_opt opts[] = {
-        {"--model", KV_OPT_STRING, &in_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint to convert", 0},
+        {"--model", KV_OPT_STRING, &in_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint to convert, or `trained`", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "or an embedded model", 0},
         {"--kv-heads", KV_OPT_INT, &kv_heads, 1, 1 << 16, NULL, "N", "KV heads after pooling (divides the model's H_kv; 1 = MQA)", 0},
         {"--out", KV_OPT_STRING, &out_path, 0, 0, NULL, "FILE", "where to write the converted checkpoint", 0},
@@ -48,13 +49,15 @@ int cmd_convert(int argc, char **argv)
      * any work */
     int st = kv_cli_outputs_check(cmd, (const kv_cli_output[]){{"--out", out_path}}, 1);
     if (st) return st;
-    kv_model in = {0}, out = {0};
-    st = in_path ? kv_checkpoint_read(in_path, &in, &err) : kv_cli_default_model(&in, def, &err);
-    if (st) return kv_cli_fail(cmd, in_path ? in_path : def, st, &err);
-    const kv_config *c = &in.config;
-    st = kv_convert_pool_kv_heads(&out, &in, kv_heads, &err);
+    kv_model out = {0};
+    kv_cli_model mdl;
+    const kv_cli_model_args ma = {in_path, def, NULL, NULL, KV_CLI_TEXT_NONE};
+    if ((st = kv_cli_model_load(cmd, &ma, &mdl))) return st;
+    const kv_model *const in = &mdl.m;
+    const kv_config *c = &in->config;
+    st = kv_convert_pool_kv_heads(&out, in, kv_heads, &err);
     if (st) {
-        kv_model_free(&in);
+        kv_cli_model_close(&mdl);
         return kv_cli_fail(cmd, "--kv-heads", st, &err);
     }
     const int d = kv_config_head_dim(c);
@@ -73,11 +76,11 @@ int cmd_convert(int argc, char **argv)
         kv_rng_seed(&rng, 1);
         for (int i = 0; tok && i < n; i++) tok[i] = (int)(kv_rng_u32(&rng) % (uint32_t)c->vocab_size);
         kv_convert_diff df;
-        st = tok ? kv_convert_compare(&in, &out, tok, n, &df, &err)
+        st = tok ? kv_convert_compare(in, &out, tok, n, &df, &err)
                  : kv_fail(&err, KV_ERR_NOMEM, "tokens");
         kv_free(tok);
         if (st) {
-            kv_model_free(&in);
+            kv_cli_model_close(&mdl);
             kv_model_free(&out);
             return kv_cli_fail(cmd, "compare", st, &err);
         }
@@ -87,7 +90,7 @@ int cmd_convert(int argc, char **argv)
     }
     st = kv_checkpoint_write(out_path, &out, strcmp(format, "kvlab") ? KV_FILE_LLAMA2C : KV_FILE_KVLAB,
                              &err);
-    kv_model_free(&in);
+    kv_cli_model_close(&mdl);
     kv_model_free(&out);
     if (st) return st == KV_ERR_IO ? kv_cli_write_fail(cmd, "--out", &err)
                                    : kv_cli_fail(cmd, out_path, st, &err);

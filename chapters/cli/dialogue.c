@@ -119,7 +119,7 @@ int cmd_dialogue(int argc, char **argv)
     kv_cli_engine en = {NULL, NULL};
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
-        {"--model", KV_OPT_CHOICE, &model, 0, 0, model_names, "M", "recall model: direct, induction or both (default both)", 0},
+        {"--model", KV_OPT_STRING, &model, 0, 0, NULL, "M", "recall model: direct, induction or both (default both); a model file or a GGUF model converses with `kvlab chat --script FILE` instead", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant (default fp32; or a storage format: fp16 int8 fp8 int4 int2 ..., chapter 04)", 0},
         {"--recompute", KV_OPT_FLAG, &recompute, 0, 0, NULL, NULL, "also run each turn's whole history from scratch and compare", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
@@ -153,6 +153,14 @@ int cmd_dialogue(int argc, char **argv)
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
+    int known = 0;
+    for (int i = 0; model_names[i]; i++) known |= !strcmp(model, model_names[i]);
+    if (!known) /* what the one model loader opens has no planted facts to check answers by */
+        return kv_args_bad(cmd, "--model", "'%s': a dialogue file runs on the constructed recall "
+                           "models (direct, induction or both), whose right answer is known by "
+                           "construction (docs/recall-models.md); a model file, `trained` or a "
+                           "GGUF model converses with `kvlab chat --model M --script FILE`",
+                           model);
     if (!file) return kv_args_bad(cmd, "FILE", "a dialogue file is required (datasets/dialogues/*.dlg)");
     int e = kv_cli_layout_check(cmd, &lo);
     if (e) return e;

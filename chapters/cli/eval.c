@@ -11,13 +11,12 @@
 #include <string.h>
 
 #include "cli.h"
-#include "kv_checkpoint.h"
 #include "kv_eval.h"
 #include "kv_file.h"
 #include "kv_needle.h"
 #include "kv_probe.h"
 #include "kv_quant.h"
-#include "kv_tokenizer.h"
+#include "model_load.h"
 #include "kv_window.h"
 
 #define KV_EVAL_MAX_TEXT (64 << 20)
@@ -29,8 +28,7 @@ static const char *const kivi_keys[] = {"off", "channel", "token", NULL};
 
 /* what every eval subcommand reads: the model, its tokenizer, the text encoded with BOS */
 typedef struct {
-    kv_model m;
-    kv_tokenizer tok;
+    kv_cli_model mdl; /* the model and its tokenizer */
     char *text;
     int *ids; /* [n] */
     int n;
@@ -39,10 +37,10 @@ typedef struct {
 
 static void inputs_free(eval_inputs *in)
 {
-    kv_tokenizer_free(&in->tok);
-    kv_model_free(&in->m);
+    kv_cli_model_close(&in->mdl);
     free(in->text);
     free(in->ids);
+    memset(in, 0, sizeof *in);
 }
 
 /* KV_EXIT_OK, or the exit code after a message on stderr */
@@ -51,15 +49,10 @@ static int inputs_load(const char *cmd, const char *model_path, const char *tok_
 {
     memset(in, 0, sizeof *in);
     kv_err err = {{0}};
-    kv_cli_trained_files trained;
-    if (strcmp(model_path, "trained") == 0) {
-        int ts = kv_cli_trained(&trained, !text_path, &err);
-        if (ts) return kv_cli_fail(cmd, "--model trained", ts, &err);
-        model_path = trained.model;
-        if (!tok_path) tok_path = trained.tokenizer;
-        if (!text_path) text_path = trained.heldout;
-    }
-    if (!tok_path) return kv_args_bad(cmd, "--tokenizer", "a model file needs its tokenizer");
+    kv_cli_model_args ma = {model_path, NULL, NULL, tok_path, KV_CLI_TEXT_NEED, !text_path};
+    int rc = kv_cli_model_load(cmd, &ma, &in->mdl);
+    if (rc) return rc;
+    if (!text_path && in->mdl.heldout[0]) text_path = in->mdl.heldout;
     if (!text_path) return kv_args_bad(cmd, "--text", "a text file is required with a model file");
     static char text_name[2 * KV_CLI_PATH_MAX];
     const char *base = strrchr(text_path, '/'); /* printed: the file's name, not where it lies */
@@ -67,15 +60,9 @@ static int inputs_load(const char *cmd, const char *model_path, const char *tok_
     in->text_path = text_name;
     int st;
     size_t len = 0;
-    if ((st = kv_checkpoint_read(model_path, &in->m, &err)))
-        return kv_cli_fail(cmd, model_path, st, &err);
-    if ((st = kv_tokenizer_read(tok_path, in->m.config.vocab_size, &in->tok, &err)))
-        return kv_cli_fail(cmd, tok_path, st, &err);
     if ((st = kv_file_read_text(text_path, KV_EVAL_MAX_TEXT, &in->text, &len, &err)))
         return kv_cli_fail(cmd, text_path, st, &err);
-    in->ids = malloc((len + 3) * sizeof(int)); /* [len + 3] as encode asks */
-    if (!in->ids) return kv_cli_fail(cmd, "text", KV_ERR_NOMEM, &err);
-    if ((st = kv_tokenizer_encode(&in->tok, in->text, 1, 0, in->ids, &in->n, &err)))
+    if ((st = kv_cli_encode(&in->mdl, in->text, 1, &in->ids, &in->n, &err)))
         return kv_cli_fail(cmd, text_path, st, &err);
     return KV_EXIT_OK;
 }
@@ -144,7 +131,7 @@ static int cmd_eval_ppl(int argc, char **argv)
     if (rc) goto done;
     int n = in.n;
     if (limit > 0 && limit < n) n = (int)limit;
-    if (window < 0) window = in.m.config.seq_len;
+    if (window < 0) window = in.mdl.m.config.seq_len;
     const int capacity = window ? (window < n ? window : n) : n;
 
     kv_cache_spec spec;
@@ -162,13 +149,13 @@ static int cmd_eval_ppl(int argc, char **argv)
         spec.window.pos_scheme = kv_window_scheme_parse(scheme);
     }
     kv_cli_layout_apply(&lo, &spec);
-    if ((st = kv_cli_backend_engine(&b, device, &in.m, &spec, &en, &err))) {
+    if ((st = kv_cli_backend_engine(&b, device, &in.mdl.m, &spec, &en, &err))) {
         rc = kv_cli_fail(cmd, "backend", st, &err);
         goto done;
     }
     kv_cache_spec exact = kv_cache_spec_default(1, capacity);
     /* the exact cache on the same engine (weights, prefill), so KL measures the cache alone */
-    if (kl && (st = kv_cli_backend_engine(&ref, device, &in.m, &exact, &en, &err))) {
+    if (kl && (st = kv_cli_backend_engine(&ref, device, &in.mdl.m, &exact, &en, &err))) {
         rc = kv_cli_fail(cmd, "--kl backend", st, &err);
         goto done;
     }
@@ -259,7 +246,7 @@ static int probe_begin(const char *cmd, const char *help, int argc, char **argv,
         inputs_free(in);
         return rc;
     }
-    const int T = in->m.config.seq_len;
+    const int T = in->mdl.m.config.seq_len;
     *n = *tokens && *tokens < in->n ? *tokens : (T < in->n ? T : in->n);
     return KV_EXIT_OK;
 }
@@ -277,13 +264,13 @@ static int cmd_eval_keys(int argc, char **argv)
                             argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
                             (const char *const *[]){&model_path, &tok_path, &text_path}, &tokens, &in, &n);
     if (rc) return rc < 0 ? KV_EXIT_OK : rc;
-    const kv_config *cfg = &in.m.config;
+    const kv_config *cfg = &in.mdl.m.config;
     const int L = cfg->n_layers, Hkv = cfg->n_kv_heads, d = kv_config_head_dim(cfg);
     const size_t cells = (size_t)L * Hkv * d;
     double *pre = malloc(sizeof(double) * cells), *post = malloc(sizeof(double) * cells); /* [L][H_kv][d] */
     double *tmp = malloc(sizeof(double) * (size_t)Hkv * d); /* [H_kv * d] one layer, sorted */
     kv_err err = {{0}};
-    int st = pre && post && tmp ? kv_probe_key_channels(&in.m, in.ids, n, pre, post, &err)
+    int st = pre && post && tmp ? kv_probe_key_channels(&in.mdl.m, in.ids, n, pre, post, &err)
                                 : kv_fail(&err, KV_ERR_NOMEM, "out of memory");
     if (st) rc = kv_cli_fail(cmd, "probe", st, &err);
     else if (csv) {
@@ -332,12 +319,12 @@ static int cmd_eval_mass(int argc, char **argv)
                             argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
                             (const char *const *[]){&model_path, &tok_path, &text_path}, &tokens, &in, &n);
     if (rc) return rc < 0 ? KV_EXIT_OK : rc;
-    const kv_config *cfg = &in.m.config;
+    const kv_config *cfg = &in.mdl.m.config;
     const int L = cfg->n_layers;
     if (first > n) first = n;
     double *mass = malloc(sizeof(double) * (size_t)L * n); /* [L][n] */
     kv_err err = {{0}};
-    int st = mass ? kv_probe_attention_mass(&in.m, in.ids, n, mass, &err)
+    int st = mass ? kv_probe_attention_mass(&in.mdl.m, in.ids, n, mass, &err)
                   : kv_fail(&err, KV_ERR_NOMEM, "out of memory");
     /* the same mass if every row spread its attention evenly over 0 .. t: (1/n) sum 1/(t+1) */
     double even0 = 0.0;

@@ -16,7 +16,7 @@
 #include "kv_checkpoint.h"
 #include "kv_generate.h"
 #include "kv_needle.h"
-#include "kv_tokenizer.h"
+#include "model_load.h"
 
 static const char *const modes[] = {"naive", "cached", NULL};
 /* kv_cli_defaults and chapter 11's MLA model, which only this command runs (on the cpu) */
@@ -82,18 +82,6 @@ int cmd_generate(int argc, char **argv)
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
-    if (model_path && def) return kv_args_bad(cmd, "--model", "give either --model or --default, not both");
-    kv_cli_trained_files trained;
-    if (model_path && strcmp(model_path, "trained") == 0) {
-        kv_err terr = {{0}};
-        int ts = kv_cli_trained(&trained, 0, &terr);
-        if (ts) return kv_cli_fail(cmd, "--model trained", ts, &terr);
-        model_path = trained.model;
-        if (!tok_path) tok_path = trained.tokenizer;
-    }
-    if (!model_path && !def) def = "tiny";
-    if (text && text[0] && !tok_path && model_path)
-        return kv_args_bad(cmd, "--prompt", "a model file needs --tokenizer FILE to encode the prompt");
     int e = kv_cli_layout_check(cmd, &lo);
     if (e) return e;
     e = kv_cli_check_device(cmd, device);
@@ -101,61 +89,49 @@ int cmd_generate(int argc, char **argv)
     if (!e) e = kv_cli_outputs_check(cmd, (const kv_cli_output[]){{"--save-model", save}}, 1);
     if (e) return e;
 
+    const char *ptext = text ? text : "";
+    kv_cli_model_args ma = {model_path, def, "tiny", tok_path,
+                            ptext[0] ? KV_CLI_TEXT_NEED : KV_CLI_TEXT_ANY};
+    kv_cli_model mdl;
+    if ((e = kv_cli_model_load(cmd, &ma, &mdl))) return e;
+    kv_model *const mp = &mdl.m;
     kv_err err = {{0}};
-    kv_model m = {0};
-    kv_tokenizer tok;
-    int have_tok = 0, *prompt = NULL, *out = NULL, n_prompt = 0, rc = KV_EXIT_OK;
+    int *prompt = NULL, *out = NULL, n_prompt = 0, rc = KV_EXIT_OK, st;
     kv_backend *b = NULL;
     kv_sampler sampler;
     int have_sampler = 0;
-    memset(&tok, 0, sizeof tok);
-
-    int st = model_path ? kv_checkpoint_read(model_path, &m, &err) : kv_cli_default_model(&m, def, &err);
-    if (st) {
-        rc = kv_cli_fail(cmd, model_path ? model_path : def, st, &err);
-        goto done;
-    }
-    if (save && (st = kv_checkpoint_write(save, &m, KV_FILE_KVLAB, &err))) {
+    if (save && (st = kv_checkpoint_write(save, mp, KV_FILE_KVLAB, &err))) {
         rc = st == KV_ERR_IO ? kv_cli_write_fail(cmd, "--save-model", &err)
                              : kv_cli_fail(cmd, save, st, &err);
         goto done;
     }
-    const int vocab = m.config.vocab_size;
-    if (tok_path) st = kv_tokenizer_read(tok_path, vocab, &tok, &err);
-    else if (!model_path) st = kv_tokenizer_bytes(&tok, vocab, &err);
-    if (st) {
-        rc = kv_cli_fail(cmd, tok_path ? tok_path : "byte tokenizer", st, &err);
-        goto done;
-    }
-    have_tok = tok_path || !model_path;
-
-    const char *ptext = text ? text : "";
-    prompt = malloc((strlen(ptext) + 3) * sizeof(int)); /* [strlen + 3] as encode asks */
-    if (!prompt) {
-        rc = kv_cli_fail(cmd, "prompt", KV_ERR_NOMEM, &err);
-        goto done;
-    }
+    const int vocab = mp->config.vocab_size, have_tok = kv_cli_has_text(&mdl);
     if (have_tok && ptext[0]) {
-        st = kv_tokenizer_encode(&tok, ptext, 1, 0, prompt, &n_prompt, &err);
-        if (st) {
+        if ((st = kv_cli_encode(&mdl, ptext, 1, &prompt, &n_prompt, &err))) {
             rc = kv_cli_fail(cmd, "--prompt", st, &err);
             goto done;
         }
-    } else {
-        prompt[0] = 1; /* BOS */
+    }
+    if (!n_prompt) { /* an empty prompt (or no tokenizer): BOS alone, as run.c */
+        free(prompt);
+        if (!(prompt = malloc(sizeof(int)))) {
+            rc = kv_cli_fail(cmd, "prompt", KV_ERR_NOMEM, &err);
+            goto done;
+        }
+        prompt[0] = kv_cli_bos(&mdl);
         n_prompt = 1;
     }
     /* the prompt and every token fed back take a position; the last chosen token is never fed */
-    if (n_prompt > m.config.seq_len) {
+    if (n_prompt > mp->config.seq_len) {
         fprintf(stderr, "%s: --prompt: %d tokens exceed the model's seq_len %d\n", cmd, n_prompt,
-                m.config.seq_len);
+                mp->config.seq_len);
         rc = KV_EXIT_USAGE;
         goto done;
     }
-    if ((int64_t)n_prompt + steps - 1 > m.config.seq_len) {
-        const int fit = m.config.seq_len - n_prompt + 1;
+    if ((int64_t)n_prompt + steps - 1 > mp->config.seq_len) {
+        const int fit = mp->config.seq_len - n_prompt + 1;
         fprintf(stderr, "%s: note: --steps %d cut to %d: the model's seq_len %d holds the %d-token "
-                "prompt and %d more tokens\n", cmd, steps, fit, m.config.seq_len, n_prompt, fit - 1);
+                "prompt and %d more tokens\n", cmd, steps, fit, mp->config.seq_len, n_prompt, fit - 1);
         steps = fit;
     }
     out = malloc((size_t)steps * sizeof(int)); /* [steps] */
@@ -169,7 +145,7 @@ int cmd_generate(int argc, char **argv)
         rc = kv_cli_fail(cmd, "output", KV_ERR_NOMEM, &err);
         goto done;
     }
-    if ((st = kv_cli_backend_engine(&b, device, &m, &spec, &en, &err))) {
+    if ((st = kv_cli_backend_engine(&b, device, mp, &spec, &en, &err))) {
         rc = kv_cli_fail(cmd, "backend", st, &err);
         goto done;
     }
@@ -198,12 +174,13 @@ int cmd_generate(int argc, char **argv)
         goto done;
     }
     if (have_tok) {
-        char bytebuf[2];
+        char piece[256];
         fputs(ptext, stdout);
         int prev = prompt[n_prompt - 1];
         for (int i = 0; i < n_out; i++) {
             if (!no_stop && (out[i] == 1 || out[i] == 2)) break; /* the stop token: not text */
-            print_piece(kv_tokenizer_decode(&tok, prev, out[i], bytebuf));
+            kv_cli_piece(&mdl, prev, out[i], piece, sizeof piece);
+            print_piece(piece);
             prev = out[i];
         }
         printf("\n");
@@ -223,9 +200,8 @@ int cmd_generate(int argc, char **argv)
 done:
     if (have_sampler) kv_sampler_free(&sampler);
     if (b) kv_backend_destroy(b);
-    if (have_tok) kv_tokenizer_free(&tok);
     free(prompt);
     free(out);
-    kv_model_free(&m);
+    kv_cli_model_close(&mdl);
     return rc;
 }

@@ -187,12 +187,14 @@ int cmd_needle(int argc, char **argv)
     const char *cmd = "kvlab needle";
     const char *spec_path = NULL, *models = NULL, *lengths = NULL, *depths = NULL, *cache = NULL;
     const char *seeds = NULL, *csv = NULL, *svg = NULL, *device = "cpu", *save = NULL;
+    const char *model = NULL;
     int chunk = 0;
     kv_cli_layout lo = {"contiguous", 0, 0};
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--spec", KV_OPT_STRING, &spec_path, 0, 0, NULL, "FILE", "grid spec (datasets/needle/*.needle; default: both models, 1k and 4k, depths 0..100 by 25)", 0},
         {"--models", KV_OPT_STRING, &models, 0, 0, NULL, "LIST", "direct,induction (overrides the spec)", 0},
+        {"--model", KV_OPT_STRING, &model, 0, 0, NULL, "M", "refused, with why: the grid runs the constructed recall models only (--models)", 0},
         {"--lengths", KV_OPT_STRING, &lengths, 0, 0, NULL, "LIST", "context lengths, e.g. 1024,65536", 0},
         {"--depths", KV_OPT_STRING, &depths, 0, 0, NULL, "LIST", "needle depths in percent, e.g. 0,50,100", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant: fp32, or a storage format (fp16 int8 fp8 int4 ... with /head /wR /lA,B; see kvlab generate --help), predicted to pass every cell (int2: measured, not predicted); or a chapter 06 window window/wN with /sN /cache /FORMAT, e.g. window/w512/s4/cache (measured, not predicted: datasets/needle/ch06-grid.needle holds the predictions); or a chapter 09 method l2-large l2-small h2o snapkv quest topk with /bN or /rX and /wN /sN /dN /FORMAT, e.g. h2o/b64/w16 (measured, not predicted: datasets/needle/ch09.txt holds the predictions)", 0},
@@ -214,6 +216,12 @@ int cmd_needle(int argc, char **argv)
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (model) /* what the one model loader opens has no planted facts to score */
+        return kv_args_bad(cmd, "--model", "'%s': the needle grid runs the constructed recall "
+                           "models (--models direct,induction), where a cell passes when the answer "
+                           "is the fact planted by construction (docs/recall-models.md); a model "
+                           "file, `trained` or a GGUF model has no planted facts to score: `kvlab "
+                           "eval ppl --model M --cache SPEC` measures a cache on it", model);
     if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     int e = kv_cli_layout_check(cmd, &lo);
     if (e) return e;

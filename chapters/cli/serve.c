@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "kv_checkpoint.h"
+#include "model_load.h"
 #include "kv_file.h"
 #include "kv_sched.h"
 #include "kv_trace.h"
@@ -133,7 +133,8 @@ int cmd_serve(int argc, char **argv)
 
     kv_err err = {{0}};
     kv_trace t = {0};
-    kv_model m = {0};
+    kv_cli_model mdl = {0};
+    kv_model *const mp = &mdl.m;
     kv_backend *b = NULL;
     kv_sched_out out = {0};
     serve_ctx ctx = {0};
@@ -147,13 +148,8 @@ int cmd_serve(int argc, char **argv)
         rc = kv_cli_fail(cmd, trace_path, st, &err);
         goto done;
     }
-    int is_default = 0;
-    for (int i = 0; kv_cli_defaults[i]; i++) is_default |= strcmp(model_arg, kv_cli_defaults[i]) == 0;
-    st = is_default ? kv_cli_default_model(&m, model_arg, &err) : kv_checkpoint_read(model_arg, &m, &err);
-    if (st) {
-        rc = kv_cli_fail(cmd, model_arg, st, &err);
-        goto done;
-    }
+    const kv_cli_model_args ma = {model_arg, NULL, NULL, NULL, KV_CLI_TEXT_NONE};
+    if ((rc = kv_cli_model_load(cmd, &ma, &mdl))) goto done;
     const int n_req = max_requests < t.n ? max_requests : t.n;
     /* The longest request of the whole trace sets the sequence length the model must serve:
      * RoPE has no hard limit, so a shorter seq_len is raised (and said so). */
@@ -166,19 +162,19 @@ int cmd_serve(int argc, char **argv)
                          (long long)longest);
         goto done;
     }
-    if (m.config.seq_len < longest) {
+    if (mp->config.seq_len < longest) {
         fprintf(stderr, "%s: note: the model's seq_len %d is raised to %lld, the trace's longest "
-                "request (RoPE positions have no hard limit)\n", cmd, m.config.seq_len,
+                "request (RoPE positions have no hard limit)\n", cmd, mp->config.seq_len,
                 (long long)longest);
-        m.config.seq_len = (int)longest;
+        mp->config.seq_len = (int)longest;
     }
-    if (!max_len) max_len = m.config.seq_len;
+    if (!max_len) max_len = mp->config.seq_len;
 
-    kv_cache_spec spec = kv_cache_spec_default(max_seqs, m.config.seq_len > max_len ? m.config.seq_len : max_len);
+    kv_cache_spec spec = kv_cache_spec_default(max_seqs, mp->config.seq_len > max_len ? mp->config.seq_len : max_len);
     spec.layout.kind = KV_LAYOUT_PAGED;
     spec.layout.block_size = block_size;
     spec.layout.n_blocks = n_blocks;
-    if ((st = kv_cli_backend_engine(&b, device, &m, &spec, &en, &err)) ||
+    if ((st = kv_cli_backend_engine(&b, device, mp, &spec, &en, &err)) ||
         (prefix && (st = kv_backend_enable_prefix_cache(b, &err)))) {
         rc = kv_cli_fail(cmd, "backend", st, &err);
         goto done;
@@ -226,7 +222,7 @@ int cmd_serve(int argc, char **argv)
 
     const kv_sched_metrics *x = &out.m;
     char desc[160];
-    kv_config_describe(&m.config, desc, sizeof desc);
+    kv_config_describe(&mp->config, desc, sizeof desc);
     printf("kvlab serve: %s, %d requests, policy %s, %d blocks x %d tokens, prefix cache %s\n",
            trace_path, n_req, policy, n_blocks, block_size, prefix ? "on" : "off");
     printf("model %s (%s); budget %d tokens/step, %d slots, max_len %d; clock %.1f ms/step%s\n",
@@ -315,7 +311,7 @@ done:
     for (int i = 0; i < 2; i++) kv_file_abort(&outs[i]); /* a failure: the old files stay */
     kv_sched_out_free(&out);
     kv_backend_destroy(b);
-    kv_model_free(&m);
+    kv_cli_model_close(&mdl);
     kv_trace_free(&t);
     return rc;
 }

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "kv_checkpoint.h"
+#include "model_load.h"
 #include "kv_generate.h"
 #include "kv_quant.h"
 #include "kv_spec.h"
@@ -230,27 +230,27 @@ int cmd_spec(int argc, char **argv)
     if (paged && kivi && block % KV_KIVI_GROUP)
         return kv_args_bad(cmd, "--block-size", "%d: a paged %s cache needs a multiple of %d", block,
                            cache, KV_KIVI_GROUP);
-    if (model_path && def) return kv_args_bad(cmd, "--model", "give either --model or --default, not both");
-    if (!model_path && !def) def = "small";
-    kv_model m;
+    const kv_cli_model_args ma = {model_path, def, "small", NULL, KV_CLI_TEXT_NONE};
+    kv_cli_model mdl;
+    int st = kv_cli_model_load(cmd, &ma, &mdl);
+    if (st) return st;
     kv_err err = {{0}};
-    int st = model_path ? kv_checkpoint_read(model_path, &m, &err) : kv_cli_default_model(&m, def, &err);
-    if (st) return kv_cli_fail(cmd, model_path ? model_path : def, st, &err);
-    if (model_path) def = model_path;
-    const int n_layers = m.config.n_layers;
-    if (draft_layers > n_layers) {
-        kv_model_free(&m);
-        return kv_args_bad(cmd, "--draft-layers", "%d, but %s has %d layers", draft_layers, def,
-                           n_layers);
-    }
+    const kv_model *const mp = &mdl.m;
+    def = mdl.name;
+    const int n_layers = mp->config.n_layers;
     /* the row a KIVI group spans: a head's, or an MLA model's latent row (chapter 11) */
-    const int mla = m.config.attn == KV_ATTN_MLA;
-    const int row = mla ? kv_mla_row(&m.config.mla) : kv_config_head_dim(&m.config);
-    if (kivi && row % KV_KIVI_GROUP) {
-        kv_model_free(&m);
-        return kv_args_bad(cmd, "--cache", "%s needs the %s to be a multiple of %d; %s has "
-                           "%d (give --model with such a checkpoint)", cache,
-                           mla ? "latent row (d_c + d_R)" : "head dim", KV_KIVI_GROUP, def, row);
+    const int mla = mp->config.attn == KV_ATTN_MLA;
+    const int row = mla ? kv_mla_row(&mp->config.mla) : kv_config_head_dim(&mp->config);
+    if (draft_layers > n_layers)
+        st = kv_args_bad(cmd, "--draft-layers", "%d, but %s has %d layers", draft_layers, def,
+                         n_layers);
+    else if (kivi && row % KV_KIVI_GROUP)
+        st = kv_args_bad(cmd, "--cache", "%s needs the %s to be a multiple of %d; %s has "
+                         "%d (give --model with such a checkpoint)", cache,
+                         mla ? "latent row (d_c + d_R)" : "head dim", KV_KIVI_GROUP, def, row);
+    if (st) {
+        kv_cli_model_close(&mdl);
+        return st;
     }
     kv_cache_spec spec = kv_cache_spec_default(1, prompt + tokens);
     spec.quant.dtype = fmt;
@@ -263,8 +263,8 @@ int cmd_spec(int argc, char **argv)
         spec.layout.block_size = block;
         spec.layout.n_blocks = (prompt + tokens + block - 1) / block;
     }
-    st = spec_table(&m, def, device, draft_layers, &spec, prompt, tokens, max_k, temperature, (uint64_t)seed,
+    st = spec_table(mp, def, device, draft_layers, &spec, prompt, tokens, max_k, temperature, (uint64_t)seed,
                     csv, &err);
-    kv_model_free(&m);
+    kv_cli_model_close(&mdl);
     return st ? kv_cli_fail(cmd, "spec", st, &err) : KV_EXIT_OK;
 }

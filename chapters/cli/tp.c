@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "model_load.h"
 #include "kv_generate.h"
 #include "kv_quant.h"
 #include "kv_tp.h"
@@ -152,12 +153,13 @@ done:
 int cmd_tp(int argc, char **argv)
 {
     const char *cmd = "kvlab tp";
-    const char *def = "small", *cache = "fp32";
+    const char *def = NULL, *model_path = NULL, *cache = "fp32";
     int ranks = 2, prompt = 16, tokens = 32, repeats = 3;
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--ranks", KV_OPT_INT, &ranks, 1, KV_TP_MAX_RANKS, NULL, "P", "tensor-parallel ranks (threads; default 2)", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded model (default small)", 0},
+        {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "or a model file: a llama2.c / kvlab checkpoint, or `trained`", 0},
         {"--prompt", KV_OPT_INT, &prompt, 1, 1 << 16, NULL, "N", "prompt tokens (default 16)", 0},
         {"--tokens", KV_OPT_INT, &tokens, 1, 1 << 16, NULL, "N", "tokens to generate (default 32)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2", 0},
@@ -178,22 +180,23 @@ int cmd_tp(int argc, char **argv)
     if (fmt < 0)
         return kv_args_bad(cmd, "--cache", "unknown format '%s' (fp32, fp16, bf16, int8, "
                            "int8-g32, int8-g64, int8-g128, fp8-e4m3, fp8-e5m2)", cache);
-    kv_model m;
+    const kv_cli_model_args ma = {model_path, def, "small", NULL, KV_CLI_TEXT_NONE};
+    kv_cli_model mdl;
+    int st = kv_cli_model_load(cmd, &ma, &mdl);
+    if (st) return st;
     kv_err err = {{0}};
-    int st = kv_cli_default_model(&m, def, &err);
-    if (st) return kv_cli_fail(cmd, def, st, &err);
-    if (kvq_is_kivi(fmt) && kv_config_head_dim(&m.config) % KV_KIVI_GROUP) {
-        const int d = kv_config_head_dim(&m.config);
-        kv_model_free(&m);
-        return kv_args_bad(cmd, "--cache", "%s needs the head dim to be a multiple of %d; %s has %d",
-                           cache, KV_KIVI_GROUP, def, d);
+    const kv_config *c = &mdl.m.config;
+    if (kvq_is_kivi(fmt) && kv_config_head_dim(c) % KV_KIVI_GROUP)
+        st = kv_args_bad(cmd, "--cache", "%s needs the head dim to be a multiple of %d; %s has %d",
+                         cache, KV_KIVI_GROUP, mdl.name, kv_config_head_dim(c));
+    else if (kv_tp_check(c, ranks, &err))
+        st = kv_args_bad(cmd, "--ranks", "%s (%s: H %d, H_kv %d)", err.msg, mdl.name, c->n_heads,
+                         c->n_kv_heads);
+    if (st) {
+        kv_cli_model_close(&mdl);
+        return st;
     }
-    if (kv_tp_check(&m.config, ranks, &err)) {
-        const int H = m.config.n_heads, Hkv = m.config.n_kv_heads;
-        kv_model_free(&m);
-        return kv_args_bad(cmd, "--ranks", "%s (%s: H %d, H_kv %d)", err.msg, def, H, Hkv);
-    }
-    st = tp_run(&m, def, ranks, cache, prompt, tokens, repeats, &err);
-    kv_model_free(&m);
+    st = tp_run(&mdl.m, mdl.name, ranks, cache, prompt, tokens, repeats, &err);
+    kv_cli_model_close(&mdl);
     return st ? kv_cli_fail(cmd, "tp", st, &err) : KV_EXIT_OK;
 }

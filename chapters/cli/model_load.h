@@ -1,0 +1,90 @@
+/**
+ * @file model_load.h
+ * The one model loader of the kvlab commands: every `--model` (and `--default`, `--tokenizer`)
+ * goes through kv_cli_model_open(), which returns the fp32 model and its text codec.
+ *
+ * What --model names:
+ *  - an embedded default ("tiny", "tiny-gqa", "small"; --default NAME too): random weights
+ *    from a fixed seed, with the embedded byte tokenizer when the command reads text;
+ *  - `trained`: the model kvlab ships (datasets/models/, checked by SHA-256) with its
+ *    tokenizer and held-out text;
+ *  - a llama2.c or kvlab checkpoint FILE, with --tokenizer FILE (llama2.c's tokenizer.bin)
+ *    when the command reads or writes text.
+ *
+ * The text codec hides which tokenizer a model came with behind four calls: encode, the
+ * piece of one token, BOS and EOS (kv_cli_encode(), kv_cli_piece(), kv_cli_bos(),
+ * kv_cli_eos()).
+ */
+#ifndef KV_CLI_MODEL_LOAD_H
+#define KV_CLI_MODEL_LOAD_H
+
+#include "cli.h"
+#include "kv_tokenizer.h"
+
+/** Where a model came from (kv_cli_model.source). */
+typedef enum {
+    KV_CLI_SRC_DEFAULT = 0, /**< an embedded default: random weights from a fixed seed */
+    KV_CLI_SRC_FILE,        /**< a llama2.c or kvlab checkpoint */
+    KV_CLI_SRC_TRAINED      /**< `trained`: the shipped model (a kvlab checkpoint) */
+} kv_cli_source;
+
+/** Whether a command needs a tokenizer (kv_cli_model_args.text). */
+typedef enum {
+    KV_CLI_TEXT_NONE = 0, /**< token ids only: no tokenizer is read */
+    KV_CLI_TEXT_NEED,     /**< text in or out: a model without a tokenizer is refused */
+    KV_CLI_TEXT_ANY       /**< text when the model has a tokenizer (the embedded defaults' byte
+                           *   tokenizer, --tokenizer, trained's), ids otherwise */
+} kv_cli_text_need;
+
+/** What a command was given. */
+typedef struct {
+    const char *model;     /**< --model: an embedded default's name, trained, or a FILE; NULL */
+    const char *def;       /**< --default NAME (an embedded default), or NULL */
+    const char *fallback;  /**< the embedded default when neither is given (NULL: one is required) */
+    const char *tokenizer; /**< --tokenizer FILE for a checkpoint, or NULL */
+    int text;              /**< ::kv_cli_text_need: does the command read or write text */
+    int heldout;           /**< trained: the command reads its held-out text (checked too) */
+} kv_cli_model_args;
+
+/** A loaded model and its text codec. */
+typedef struct {
+    kv_model m;      /**< fp32 weights */
+    int source;      /**< ::kv_cli_source */
+    char name[KV_CLI_PATH_MAX + 64];    /**< what messages call it: "tiny", "trained", the path */
+    char heldout[KV_CLI_PATH_MAX + 64]; /**< trained: its held-out text; else "" */
+    kv_tokenizer tok; /**< llama2.c's tokenizer, when have_tok */
+    int have_tok;
+} kv_cli_model;
+
+/**
+ * Load what @p a names into @p out (zeroed first). On failure *what names the argument at
+ * fault ("--model", "--tokenizer" or the file), @p err says why, and @p out holds nothing.
+ * --model and --default together, or --tokenizer with an embedded default, are KV_ERR_ARG.
+ */
+int kv_cli_model_open(const kv_cli_model_args *a, kv_cli_model *out, const char **what,
+                      kv_err *err);
+/** Free the model and its codec (safe on a zeroed struct). */
+void kv_cli_model_close(kv_cli_model *mdl);
+
+/** kv_cli_model_open() for a command: on failure prints "cmd: what: why" and returns the exit
+ * code (kv_cli_fail()); KV_EXIT_OK when loaded. */
+int kv_cli_model_load(const char *cmd, const kv_cli_model_args *a, kv_cli_model *out);
+
+/** 1 when the model has a tokenizer (text in and out); 0: token ids only. */
+int kv_cli_has_text(const kv_cli_model *mdl);
+/** BOS and EOS ids of the model's tokenizer (llama2.c: 1 and 2). */
+int kv_cli_bos(const kv_cli_model *mdl);
+int kv_cli_eos(const kv_cli_model *mdl);
+/**
+ * Encode @p text into *ids (allocated here, [*n], the caller frees), with BOS first when
+ * @p bos (and the tokenizer asks for one). KV_ERR_ARG when the model has no tokenizer.
+ */
+int kv_cli_encode(const kv_cli_model *mdl, const char *text, int bos, int **ids, int *n,
+                  kv_err *err);
+/**
+ * The text of token @p id following @p prev, NUL-terminated in @p buf [cap] (cut to fit);
+ * returns its length in bytes (0 for an id outside the vocabulary).
+ */
+int kv_cli_piece(const kv_cli_model *mdl, int prev, int id, char *buf, int cap);
+
+#endif
