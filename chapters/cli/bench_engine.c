@@ -160,7 +160,7 @@ int cmd_bench_engine(int argc, char **argv)
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--config", KV_OPT_CHOICE, &which, 0, 0, config_names, "NAME", "small (dim 288, L 6, vocab 32000, 256 tokens), long (the same, 8000 tokens, seq_len 8192), large (dim 768, L 12), or all (default small)", 0},
-        {"--model", KV_OPT_STRING, &model, 0, 0, NULL, "M", "a model's own weights instead of a random config: a llama2.c / kvlab checkpoint, or `trained` (256 tokens unless --tokens; no target)", 0},
+        {"--model", KV_OPT_STRING, &model, 0, 0, NULL, "M", "a model's own weights instead of a random config: a llama2.c / kvlab checkpoint, `trained`, a GGUF file or smollm2 (256 tokens unless --tokens; no target)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "cache storage, as kvlab generate --cache (default fp32; the targets are for fp32)", 0},
         {"--ignore-load", KV_OPT_FLAG, &ignore_load, 0, 0, NULL, NULL, "run the OpenMP team even when the machine has no idle core (kv_parallel_ignore_load; default: ops fall back to one thread then)", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "runs per config, median (default 5; long: 1)", 0},
@@ -191,6 +191,14 @@ int cmd_bench_engine(int argc, char **argv)
     kv_cache_spec probe;
     if ((st = kv_needle_cache_spec(cache, 1, 1 << 12, &probe, &err)))
         return kv_cli_fail(cmd, "--cache", st, &err);
+    kv_cli_model mdl = {0};
+    if (model) { /* the model first: a refusal before any output */
+        if (opts[0].seen || dim || layers || heads || hidden || vocab || seq)
+            return kv_args_bad(cmd, "--model", "takes the model's own shape: no --config, --dim, "
+                               "--layers, --heads, --hidden, --vocab or --seq-len");
+        const kv_cli_model_args ma = {model, NULL, NULL, NULL, KV_CLI_TEXT_NONE, 0};
+        if ((st = kv_cli_model_load(cmd, &ma, &mdl))) return st;
+    }
     kv_parallel_ignore_load(ignore_load);
     printf("bench engine: %d OpenMP threads%s, fp32 weights, cache %s\n", omp_get_max_threads(),
            ignore_load ? " (even on a busy machine)" : " (one thread while the machine is busy)", cache);
@@ -201,12 +209,6 @@ int cmd_bench_engine(int argc, char **argv)
         printf("  note: OMP_WAIT_POLICY=passive: each of a step's parallel regions waits for its "
                "threads to wake;\n  expect a far lower ratio than with the default policy\n");
     if (model) { /* one run on the model's weights */
-        if (opts[0].seen || dim || layers || heads || hidden || vocab || seq)
-            return kv_args_bad(cmd, "--model", "takes the model's own shape: no --config, --dim, "
-                               "--layers, --heads, --hidden, --vocab or --seq-len");
-        const kv_cli_model_args ma = {model, NULL, NULL, NULL, KV_CLI_TEXT_NONE};
-        kv_cli_model mdl;
-        if ((st = kv_cli_model_load(cmd, &ma, &mdl))) return st;
         engine_cfg e = {mdl.name, 0, 0, 0, 0, 0, tokens ? tokens : 256, 0, 0, "its own weights"};
         e.seq_len = e.tokens + 1;
         st = run_config(&e, &mdl.m, cache, repeats ? repeats : 3, 1, &missed, &err);

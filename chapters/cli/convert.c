@@ -22,7 +22,7 @@ int cmd_convert(int argc, char **argv)
     const char *in_path = NULL, *def = NULL, *out_path = NULL, *format = "kvlab";
     int kv_heads = 0, compare = 128;
     kv_opt opts[] = {
-        {"--model", KV_OPT_STRING, &in_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint to convert, or `trained`", 0},
+        {"--model", KV_OPT_STRING, &in_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint to convert, `trained`, a GGUF file or smollm2", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "or an embedded model", 0},
         {"--kv-heads", KV_OPT_INT, &kv_heads, 1, 1 << 16, NULL, "N", "KV heads after pooling (divides the model's H_kv; 1 = MQA)", 0},
         {"--out", KV_OPT_STRING, &out_path, 0, 0, NULL, "FILE", "where to write the converted checkpoint", 0},

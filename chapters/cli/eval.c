@@ -81,7 +81,7 @@ static int cmd_eval_ppl(int argc, char **argv)
     kv_cli_layout lo = {"contiguous", 0, 0};
     kv_cli_engine en = {NULL, NULL};
     kv_opt opts[] = {
-        {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "checkpoint, or `trained` (default): the shipped model, its tokenizer and its held-out text", 0},
+        {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "checkpoint, `trained` (default): the shipped model, its tokenizer and its held-out text; a GGUF file or smollm2 (with --text)", 0},
         {"--tokenizer", KV_OPT_STRING, &tok_path, 0, 0, NULL, "FILE", "llama2.c tokenizer.bin (required with a model file)", 0},
         {"--text", KV_OPT_STRING, &text_path, 0, 0, NULL, "FILE", "text to score (default with --model trained: its held-out split)", 0},
         {"--window", KV_OPT_INT, &window, 0, 1 << 24, NULL, "T", "tokens per window, stride T-1 (default: the model's seq_len); 0 = the whole text as one stream", 0},
@@ -211,7 +211,7 @@ done:
 
 /* the options kvlab eval keys and eval mass share */
 #define PROBE_OPTS                                                                                   \
-    {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "checkpoint, or `trained` (default)", 0}, \
+    {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "checkpoint, `trained` (default), a GGUF file or smollm2", 0}, \
     {"--tokenizer", KV_OPT_STRING, &tok_path, 0, 0, NULL, "FILE", "llama2.c tokenizer.bin (required with a model file)", 0}, \
     {"--text", KV_OPT_STRING, &text_path, 0, 0, NULL, "FILE", "text (default with --model trained: its held-out split)", 0}, \
     {"--tokens", KV_OPT_INT, &tokens, 1, 1 << 20, NULL, "N", "the first N tokens of the text (default: the model's seq_len)", 0}, \

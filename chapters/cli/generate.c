@@ -55,7 +55,7 @@ int cmd_generate(int argc, char **argv)
     kv_cli_engine en = {NULL, NULL};
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
-        {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint, or `trained`: the model kvlab ships (datasets/models/, with its tokenizer)", 0},
+        {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "llama2.c or kvlab checkpoint, `trained`: the model kvlab ships (datasets/models/, with its tokenizer), a GGUF file, or smollm2: SmolLM2-135M-Instruct (tools/fetch-model.sh smollm2; docs/real-model.md)", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, models, "NAME", "embedded model (default tiny; tiny-mla: multi-head latent attention, chapter 11, cpu only)", 0},
         {"--save-model", KV_OPT_STRING, &save, 0, 0, NULL, "FILE", "also write the model as a kvlab checkpoint before generating (e.g. --default tiny-mla --save-model mla.bin, then --model mla.bin)", 0},
         {"--tokenizer", KV_OPT_STRING, &tok_path, 0, 0, NULL, "FILE", "llama2.c tokenizer.bin (defaults: the embedded byte tokenizer)", 0},
@@ -63,9 +63,7 @@ int cmd_generate(int argc, char **argv)
         {"--steps", KV_OPT_INT, &steps, 1, 1 << 24, NULL, "N", "tokens to generate (default 64; cut, with a note, to what the model's seq_len holds after the prompt)", 0},
         {"--no-stop", KV_OPT_FLAG, &no_stop, 0, 0, NULL, NULL, "generate all N tokens (default: end at BOS or EOS, as llama2.c's run.c)", 0},
         {"--mode", KV_OPT_CHOICE, &mode, 0, 0, modes, "M", "naive recompute or KV cache (default cached)", 0},
-        {"--temperature", KV_OPT_FLOAT, &temperature, 0, 100, NULL, "T", "0 = greedy (default 0)", 0},
-        {"--top-p", KV_OPT_FLOAT, &top_p, 1e-6, 1, NULL, "P", "nucleus sampling cut (default 1 = off)", 0},
-        {"--seed", KV_OPT_I64, &seed, 0, 9.0e15, NULL, "S", "sampler seed (default 42)", 0},
+        KV_CLI_SAMPLER_OPTS(temperature, top_p, seed),
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "cache storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2, int4, int2; options /head (fp8 per-head scales), /wR (KIVI window), /lA,B (only those layers; the rest fp16) (chapter 04)", 0},
         KV_CLI_LAYOUT_OPTS(lo),
@@ -90,6 +88,8 @@ int cmd_generate(int argc, char **argv)
     if (e) return e;
 
     const char *ptext = text ? text : "";
+    if (ptext[0] && !tok_path && !kv_cli_model_has_text(model_path))
+        return kv_args_bad(cmd, "--prompt", "a model file needs --tokenizer FILE to encode the prompt");
     kv_cli_model_args ma = {model_path, def, "tiny", tok_path,
                             ptext[0] ? KV_CLI_TEXT_NEED : KV_CLI_TEXT_ANY};
     kv_cli_model mdl;
@@ -162,6 +162,9 @@ int cmd_generate(int argc, char **argv)
     step_times times = {0, 0};
     o.on_step = on_step;
     o.user = &times;
+    int stops[8];
+    o.n_stop = kv_cli_stop_ids(&mdl, stops, 8);
+    o.stop = stops;
     kv_counters total = {0};
     int n_out = 0;
     double t0 = kv_now();
@@ -178,18 +181,25 @@ int cmd_generate(int argc, char **argv)
         fputs(ptext, stdout);
         int prev = prompt[n_prompt - 1];
         for (int i = 0; i < n_out; i++) {
-            if (!no_stop && (out[i] == 1 || out[i] == 2)) break; /* the stop token: not text */
-            kv_cli_piece(&mdl, prev, out[i], piece, sizeof piece);
-            print_piece(piece);
+            int stop = 0;
+            for (int k = 0; k < o.n_stop && !no_stop; k++) stop |= out[i] == stops[k];
+            if (stop) break; /* the stop token: not text */
+            const int len = kv_cli_piece(&mdl, prev, out[i], piece, sizeof piece);
+            if (mdl.vocab) fwrite(piece, 1, (size_t)len, stdout); /* bytes of UTF-8, as they come */
+            else print_piece(piece);
             prev = out[i];
         }
         printf("\n");
     } else {
         for (int i = 0; i < n_out; i++) printf("%d%c", out[i], i + 1 < n_out ? ' ' : '\n');
     }
-    if (n_out < steps)
+    if (n_out < steps) {
+        char name[64] = "EOS";
+        if (mdl.vocab) kv_cli_piece_name(&mdl, out[n_out - 1], name, sizeof name);
+        else if (out[n_out - 1] == 1) snprintf(name, sizeof name, "BOS");
         fprintf(stderr, "%s: stopped at %s after %d of %d tokens (--no-stop to go on)\n", cmd,
-                out[n_out - 1] == 1 ? "BOS" : "EOS", n_out, steps);
+                name, n_out, steps);
+    }
     char lname[96], runc[64] = "";
     if (n_out > 1) /* run.c's figure: steps after the first, from the end of the first */
         snprintf(runc, sizeof runc, " (%.1f from the second token on, as run.c)",

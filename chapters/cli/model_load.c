@@ -10,6 +10,37 @@
 #include <string.h>
 
 #include "kv_checkpoint.h"
+#include "kv_gguf_model.h"
+#include "kv_vocab.h"
+
+/* A GGUF model: the weights dequantized to fp32, the tokenizer and the chat template (when
+ * the command reads text) copied out of the file, which is closed again: nothing keeps its
+ * mapping. */
+static int open_gguf(const char *path, int text, kv_cli_model *out, kv_err *err)
+{
+    kv_gguf *g = NULL;
+    int st = kv_cli_gguf_load(path, &out->m, text == KV_CLI_TEXT_NONE ? NULL : &g, err);
+    if (st || !g) return st;
+    st = kv_vocab_from_gguf(g, &out->vocab, err);
+    kv_gguf_str tpl;
+    if (!st && kv_gguf_has(g, "tokenizer.chat_template") &&
+        !(st = kv_gguf_get_str(g, "tokenizer.chat_template", &tpl, err))) {
+        if (tpl.n > (1u << 20))
+            st = kv_fail(err, KV_ERR_FORMAT, "tokenizer.chat_template: %llu bytes (kvlab reads "
+                         "at most 1 MiB)", (unsigned long long)tpl.n);
+        else if (!(out->chat_template = malloc(tpl.n + 1)))
+            st = kv_fail(err, KV_ERR_NOMEM, "out of memory for the chat template");
+        else {
+            memcpy(out->chat_template, tpl.s, tpl.n);
+            out->chat_template[tpl.n] = '\0';
+        }
+    }
+    kv_gguf_close(g);
+    if (!st && kv_vocab_size(out->vocab) != out->m.config.vocab_size)
+        st = kv_fail(err, KV_ERR_FORMAT, "the tokenizer has %d tokens, the model's vocabulary %d",
+                      kv_vocab_size(out->vocab), out->m.config.vocab_size);
+    return st;
+}
 
 /* an embedded default by name: --default NAME, or --model NAME where NAME is one */
 static int is_default_name(const char *name)
@@ -32,17 +63,15 @@ int kv_cli_model_open(const kv_cli_model_args *a, kv_cli_model *out, const char 
     if (!path && !def) return kv_fail(err, KV_ERR_ARG, "a model is required (--model FILE)");
     int st;
     if (def) {
-        if (tok_path) {
-            *what = "--tokenizer";
-            return kv_fail(err, KV_ERR_ARG, "the embedded model %s has the byte tokenizer; "
-                           "--tokenizer goes with a checkpoint file", def);
-        }
         out->source = KV_CLI_SRC_DEFAULT;
         snprintf(out->name, sizeof out->name, "%s", def);
         *what = def;
         if ((st = kv_cli_default_model(&out->m, def, err))) return st;
-        if (a->text != KV_CLI_TEXT_NONE) {
-            if ((st = kv_tokenizer_bytes(&out->tok, out->m.config.vocab_size, err))) {
+        if (a->text != KV_CLI_TEXT_NONE) { /* --tokenizer, else the embedded byte tokenizer */
+            *what = tok_path ? tok_path : "byte tokenizer";
+            st = tok_path ? kv_tokenizer_read(tok_path, out->m.config.vocab_size, &out->tok, err)
+                          : kv_tokenizer_bytes(&out->tok, out->m.config.vocab_size, err);
+            if (st) {
                 kv_cli_model_close(out);
                 return st;
             }
@@ -51,7 +80,24 @@ int kv_cli_model_open(const kv_cli_model_args *a, kv_cli_model *out, const char 
         return KV_OK;
     }
     kv_cli_trained_files trained;
+    char named[KV_CLI_PATH_MAX];
     out->source = KV_CLI_SRC_FILE;
+    if (strcmp(path, "trained") != 0) { /* a fetched model's name (smollm2) becomes its file */
+        if ((st = kv_cli_model_resolve(path, named, sizeof named, err))) return st;
+        if (strcmp(named, path)) snprintf(out->name, sizeof out->name, "%s", path);
+        path = named;
+    }
+    if (kv_model_path_is_gguf(path)) {
+        if (tok_path) {
+            *what = "--tokenizer";
+            return kv_fail(err, KV_ERR_ARG, "a GGUF file carries its own tokenizer");
+        }
+        out->source = KV_CLI_SRC_GGUF;
+        if (!out->name[0]) snprintf(out->name, sizeof out->name, "%s", path);
+        *what = path;
+        if ((st = open_gguf(path, a->text, out, err))) kv_cli_model_close(out);
+        return st;
+    }
     if (!strcmp(path, "trained")) {
         if ((st = kv_cli_trained(&trained, a->heldout, err))) return st;
         out->source = KV_CLI_SRC_TRAINED;
@@ -82,8 +128,17 @@ int kv_cli_model_open(const kv_cli_model_args *a, kv_cli_model *out, const char 
 void kv_cli_model_close(kv_cli_model *mdl)
 {
     if (mdl->have_tok) kv_tokenizer_free(&mdl->tok);
+    kv_vocab_free(mdl->vocab);
+    free(mdl->chat_template);
     kv_model_free(&mdl->m);
     memset(mdl, 0, sizeof *mdl);
+}
+
+int kv_cli_model_has_text(const char *model)
+{
+    if (!model || is_default_name(model) || !strcmp(model, "trained") || !strcmp(model, "smollm2"))
+        return 1;
+    return kv_model_path_is_gguf(model);
 }
 
 int kv_cli_model_load(const char *cmd, const kv_cli_model_args *a, kv_cli_model *out)
@@ -98,18 +153,18 @@ int kv_cli_model_load(const char *cmd, const kv_cli_model_args *a, kv_cli_model 
 
 /* ---- the text codec --------------------------------------------------------------------- */
 
-int kv_cli_has_text(const kv_cli_model *mdl) { return mdl->have_tok; }
+int kv_cli_has_text(const kv_cli_model *mdl) { return mdl->have_tok || mdl->vocab; }
 
 int kv_cli_bos(const kv_cli_model *mdl)
 {
-    (void)mdl;
-    return 1; /* llama2.c's <s> */
+    const int id = mdl->vocab ? kv_vocab_bos(mdl->vocab) : -1;
+    return id >= 0 ? id : 1; /* llama2.c's <s> */
 }
 
 int kv_cli_eos(const kv_cli_model *mdl)
 {
-    (void)mdl;
-    return 2; /* llama2.c's </s> */
+    const int id = mdl->vocab ? kv_vocab_eos(mdl->vocab) : -1;
+    return id >= 0 ? id : 2; /* llama2.c's </s> */
 }
 
 int kv_cli_encode(const kv_cli_model *mdl, const char *text, int bos, int **ids, int *n,
@@ -117,8 +172,22 @@ int kv_cli_encode(const kv_cli_model *mdl, const char *text, int bos, int **ids,
 {
     *ids = NULL;
     *n = 0;
-    if (!mdl->have_tok) return kv_fail(err, KV_ERR_ARG, "%s has no tokenizer", mdl->name);
+    if (!kv_cli_has_text(mdl)) return kv_fail(err, KV_ERR_ARG, "%s has no tokenizer", mdl->name);
     const size_t len = strlen(text);
+    if (len > (1u << 28)) return kv_fail(err, KV_ERR_ARG, "%zu bytes of text: too long", len);
+    if (mdl->vocab) { /* every token is at least one byte: len ids, BOS and a space prefix */
+        const int cap = (int)len + 3;
+        int *v = malloc((size_t)cap * sizeof(int)); /* [len + 3] */
+        if (!v) return kv_fail(err, KV_ERR_NOMEM, "out of memory for %d ids", cap);
+        int st;
+        if ((st = kv_vocab_encode(mdl->vocab, text, len, bos, 0, v, cap, n, err))) {
+            free(v);
+            *n = 0;
+            return st;
+        }
+        *ids = v;
+        return KV_OK;
+    }
     int *v = malloc((len + 3) * sizeof(int)); /* [len + 3] as kv_tokenizer_encode asks */
     if (!v) return kv_fail(err, KV_ERR_NOMEM, "out of memory for %zu bytes of text", len);
     const int st = kv_tokenizer_encode(&mdl->tok, text, bos, 0, v, n, err);
@@ -135,6 +204,13 @@ int kv_cli_piece(const kv_cli_model *mdl, int prev, int id, char *buf, int cap)
 {
     if (cap <= 0) return 0;
     buf[0] = '\0';
+    if (mdl->vocab) { /* a control token (<|im_end|>, ...) is no text */
+        if (kv_vocab_is_control(mdl->vocab, id)) return 0;
+        int len = kv_vocab_piece(mdl->vocab, id, buf, cap - 1);
+        len = len < 0 ? 0 : len > cap - 1 ? cap - 1 : len;
+        buf[len] = '\0';
+        return len;
+    }
     if (!mdl->have_tok || id < 0 || id >= mdl->tok.vocab_size) return 0;
     char bytebuf[2];
     const char *s = kv_tokenizer_decode(&mdl->tok, prev, id, bytebuf);
@@ -144,4 +220,31 @@ int kv_cli_piece(const kv_cli_model *mdl, int prev, int id, char *buf, int cap)
     memcpy(buf, s, (size_t)len);
     buf[len] = '\0';
     return len;
+}
+
+int kv_cli_stop_ids(const kv_cli_model *mdl, int *ids, int cap)
+{
+    int n = 0;
+    if (!mdl->vocab) {
+        if (cap >= 2) ids[n++] = 1, ids[n++] = 2; /* llama2.c's BOS and EOS, as run.c */
+        return n;
+    }
+    static const char *const ends[] = {"<|endoftext|>", "<|im_end|>", "<|eot_id|>",
+                                       "<|end_of_text|>"};
+    if (kv_vocab_eos(mdl->vocab) >= 0 && n < cap) ids[n++] = kv_vocab_eos(mdl->vocab);
+    for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++) {
+        const int id = kv_vocab_find(mdl->vocab, ends[i]);
+        int seen = id < 0;
+        for (int j = 0; j < n && !seen; j++) seen = ids[j] == id;
+        if (!seen && n < cap) ids[n++] = id;
+    }
+    return n;
+}
+
+void kv_cli_piece_name(const kv_cli_model *mdl, int id, char *buf, int cap)
+{
+    if (cap <= 0) return;
+    int len = mdl->vocab ? kv_vocab_piece(mdl->vocab, id, buf, cap - 1) : -1;
+    if (len < 0) len = snprintf(buf, (size_t)cap, "token %d", id);
+    buf[len < cap - 1 ? len : cap - 1] = '\0';
 }

@@ -9,7 +9,12 @@
  *  - `trained`: the model kvlab ships (datasets/models/, checked by SHA-256) with its
  *    tokenizer and held-out text;
  *  - a llama2.c or kvlab checkpoint FILE, with --tokenizer FILE (llama2.c's tokenizer.bin)
- *    when the command reads or writes text.
+ *    when the command reads or writes text;
+ *  - a GGUF file (recognised by its magic, kv_model_path_is_gguf()), or `smollm2`: the
+ *    SmolLM2-135M-Instruct GGUF that tools/fetch-model.sh fetches into $KVLAB_MODELS (default
+ *    ~/.cache/kvlab/models; kv_cli_model_resolve()). Its weights are dequantized to fp32 once
+ *    (kv_cli_gguf_load()), its tokenizer and chat template come from the file
+ *    (docs/real-model.md).
  *
  * The text codec hides which tokenizer a model came with behind four calls: encode, the
  * piece of one token, BOS and EOS (kv_cli_encode(), kv_cli_piece(), kv_cli_bos(),
@@ -25,7 +30,8 @@
 typedef enum {
     KV_CLI_SRC_DEFAULT = 0, /**< an embedded default: random weights from a fixed seed */
     KV_CLI_SRC_FILE,        /**< a llama2.c or kvlab checkpoint */
-    KV_CLI_SRC_TRAINED      /**< `trained`: the shipped model (a kvlab checkpoint) */
+    KV_CLI_SRC_TRAINED,     /**< `trained`: the shipped model (a kvlab checkpoint) */
+    KV_CLI_SRC_GGUF         /**< a GGUF file (or `smollm2`): weights dequantized, its tokenizer */
 } kv_cli_source;
 
 /** Whether a command needs a tokenizer (kv_cli_model_args.text). */
@@ -54,12 +60,15 @@ typedef struct {
     char heldout[KV_CLI_PATH_MAX + 64]; /**< trained: its held-out text; else "" */
     kv_tokenizer tok; /**< llama2.c's tokenizer, when have_tok */
     int have_tok;
+    struct kv_vocab *vocab; /**< a GGUF model's tokenizer (kv_vocab.h); else NULL */
+    char *chat_template;    /**< a GGUF model's tokenizer.chat_template, NUL-terminated; or NULL */
 } kv_cli_model;
+
 
 /**
  * Load what @p a names into @p out (zeroed first). On failure *what names the argument at
  * fault ("--model", "--tokenizer" or the file), @p err says why, and @p out holds nothing.
- * --model and --default together, or --tokenizer with an embedded default, are KV_ERR_ARG.
+ * --model and --default together are KV_ERR_ARG, and so is --tokenizer with a GGUF file.
  */
 int kv_cli_model_open(const kv_cli_model_args *a, kv_cli_model *out, const char **what,
                       kv_err *err);
@@ -69,6 +78,10 @@ void kv_cli_model_close(kv_cli_model *mdl);
 /** kv_cli_model_open() for a command: on failure prints "cmd: what: why" and returns the exit
  * code (kv_cli_fail()); KV_EXIT_OK when loaded. */
 int kv_cli_model_load(const char *cmd, const kv_cli_model_args *a, kv_cli_model *out);
+
+/** 1 when what --model names brings its tokenizer (an embedded default, trained, smollm2, a
+ * GGUF file; NULL: the fallback default), 0 for a checkpoint file (it needs --tokenizer). */
+int kv_cli_model_has_text(const char *model);
 
 /** 1 when the model has a tokenizer (text in and out); 0: token ids only. */
 int kv_cli_has_text(const kv_cli_model *mdl);
@@ -86,5 +99,12 @@ int kv_cli_encode(const kv_cli_model *mdl, const char *text, int bos, int **ids,
  * returns its length in bytes (0 for an id outside the vocabulary).
  */
 int kv_cli_piece(const kv_cli_model *mdl, int prev, int id, char *buf, int cap);
+
+/** The ids that end a text, into ids [cap]; returns how many: llama2.c's BOS and EOS, or a
+ * GGUF vocabulary's EOS and the end-of-text and end-of-turn tokens it has (<|endoftext|>,
+ * <|im_end|>, <|eot_id|>, <|end_of_text|>). */
+int kv_cli_stop_ids(const kv_cli_model *mdl, int *ids, int cap);
+/** The stored text of token @p id, control tokens included ("<|im_end|>"), for messages. */
+void kv_cli_piece_name(const kv_cli_model *mdl, int id, char *buf, int cap);
 
 #endif

@@ -79,7 +79,7 @@ int cmd_serve(int argc, char **argv)
         {"--policy", KV_OPT_CHOICE, &policy, 0, 0, policies, "P", "paged (blocks on demand) or a contiguous baseline: max, pow2, oracle (default paged)", 0},
         {"--blocks", KV_OPT_INT, &n_blocks, 1, 1 << 22, NULL, "N", "blocks in the pool: the memory budget (default 1024)", 0},
         {"--block-size", KV_OPT_INT, &block_size, 1, 4096, NULL, "B", "tokens per block (default 16)", 0},
-        {"--model", KV_OPT_STRING, &model_arg, 0, 0, NULL, "M", "tiny, tiny-gqa, small (embedded) or a checkpoint FILE (default tiny)", 0},
+        {"--model", KV_OPT_STRING, &model_arg, 0, 0, NULL, "M", "tiny, tiny-gqa, small (embedded), a checkpoint FILE, `trained`, a GGUF file or smollm2 (default tiny)", 0},
         {"--prefix-cache", KV_OPT_FLAG, &prefix, 0, 0, NULL, NULL, "share cached prompt blocks between requests", 0},
         {"--max-requests", KV_OPT_INT, &max_requests, 1, 1 << 24, NULL, "K", "serve the first K requests of the trace (default 100)", 0},
         {"--timeline", KV_OPT_STRING, &timeline, 0, 0, NULL, "CSV", "write per-step pool occupancy to this file", 0},

@@ -181,7 +181,7 @@ int cmd_spec(int argc, char **argv)
     kv_opt opts[] = {
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where both models run (default cpu)", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded target model (default small)", 0},
-        {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "or a llama2.c / kvlab checkpoint as the target (KIVI needs 32 | head dim)", 0},
+        {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "or a model file as the target: a llama2.c / kvlab checkpoint, `trained`, a GGUF file or smollm2 (KIVI needs 32 | head dim)", 0},
         {"--draft-layers", KV_OPT_INT, &draft_layers, 1, 1 << 10, NULL, "N", "layers of the target the draft keeps (default 1)", 0},
         {"--prompt", KV_OPT_INT, &prompt, 1, 1 << 16, NULL, "P", "random prompt tokens (default 16)", 0},
         {"--tokens", KV_OPT_INT, &tokens, 1, 1 << 16, NULL, "N", "tokens to emit per run (default 64)", 0},

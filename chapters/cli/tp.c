@@ -159,7 +159,7 @@ int cmd_tp(int argc, char **argv)
     kv_opt opts[] = {
         {"--ranks", KV_OPT_INT, &ranks, 1, KV_TP_MAX_RANKS, NULL, "P", "tensor-parallel ranks (threads; default 2)", 0},
         {"--default", KV_OPT_CHOICE, &def, 0, 0, kv_cli_defaults, "NAME", "embedded model (default small)", 0},
-        {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "or a model file: a llama2.c / kvlab checkpoint, or `trained`", 0},
+        {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "or a model file: a llama2.c / kvlab checkpoint, `trained`, a GGUF file or smollm2", 0},
         {"--prompt", KV_OPT_INT, &prompt, 1, 1 << 16, NULL, "N", "prompt tokens (default 16)", 0},
         {"--tokens", KV_OPT_INT, &tokens, 1, 1 << 16, NULL, "N", "tokens to generate (default 32)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2", 0},

@@ -83,7 +83,10 @@ static int generate(kv_backend *b, const int *prompt, int n_prompt, const kv_gen
         }
         *n_out = i + 1;
         if (opts->on_step) opts->on_step(opts->user, i, token, &step, seconds);
-        if (stop && (token == 1 || token == 2)) break; /* BOS or EOS: the text has ended */
+        /* llama2.c's BOS or EOS, or one of the caller's stop ids: the text has ended */
+        int end = !opts->stop && (token == 1 || token == 2);
+        for (int k = 0; opts->stop && k < opts->n_stop; k++) end |= token == opts->stop[k];
+        if (stop && end) break;
     }
     free(prefix);
     free(logits);

@@ -34,6 +34,9 @@ typedef struct {
     kv_step_fn on_step;
     void *user;
     float *last_logits;  /**< optional [vocab]: logits that chose the final token */
+    const int *stop;     /**< kv_generate_stop(): the ids that end the text [n_stop]; NULL:
+                          *   llama2.c's BOS (1) and EOS (2) */
+    int n_stop;
 } kv_gen_opts;
 
 /**
@@ -45,7 +48,8 @@ int kv_generate(kv_backend *b, const int *prompt, int n_prompt, const kv_gen_opt
                 int *out, kv_counters *total, kv_err *err);
 
 /**
- * kv_generate() that ends early, as llama2.c's run.c does, after choosing BOS (1) or EOS (2):
+ * kv_generate() that ends early, as llama2.c's run.c does, after choosing BOS (1) or EOS (2)
+ * (or one of opts->stop, a GGUF model's end-of-text and end-of-turn tokens):
  * the stop token is written to out, and *n_out says how many tokens were (n_steps when no stop
  * token came). kvlab generate uses it unless --no-stop.
  */
