@@ -32,6 +32,7 @@ int cmd_spec(int argc, char **argv);     /* spec.c */
 int cmd_tp(int argc, char **argv);       /* tp.c */
 int cmd_eval(int argc, char **argv);     /* eval.c */
 int cmd_tokenize(int argc, char **argv); /* tokenize.c */
+int cmd_chat(int argc, char **argv);     /* chat.c */
 
 /* `--model trained` (trained.c): datasets/models/kjv.*, checked against its SHA256SUMS */
 #define KV_CLI_PATH_MAX 4096
@@ -86,6 +87,13 @@ int kv_cli_write_fail(const char *cmd, const char *opt, const kv_err *err);
 #define KV_CLI_THREADS_OPT(n)                                                                   \
     {"--threads", KV_OPT_INT, &(n), 1, 1 << 20, NULL, "N", "OpenMP threads for the model (default: OMP_NUM_THREADS, or every CPU; at most the CPUs)", 0}
 int kv_cli_threads(const char *cmd, int n);
+
+/** --temperature T, --top-p P, --seed S (double, double, int64_t; defaults 0, 1, 42 set by the
+ * command): the sampler of the commands that generate text (generate, chat; kv_sampler.h). */
+#define KV_CLI_SAMPLER_OPTS(t, p, s)                                                            \
+    {"--temperature", KV_OPT_FLOAT, &(t), 0, 100, NULL, "T", "0 = greedy (default 0)", 0},     \
+    {"--top-p", KV_OPT_FLOAT, &(p), 1e-6, 1, NULL, "P", "nucleus sampling cut (default 1 = off)", 0}, \
+    {"--seed", KV_OPT_I64, &(s), 0, 9.0e15, NULL, "S", "sampler seed (default 42)", 0}
 
 /** Devices a --device option accepts; NULL-terminated. */
 extern const char *const kv_cli_devices[];

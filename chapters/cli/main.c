@@ -22,6 +22,7 @@ typedef struct {
 static const kv_subcommand commands[] = {
     {"tour", cmd_tour, "run the chapter demos and print their measured tables"},
     {"generate", cmd_generate, "generate text or token ids from a model, naive or cached"},
+    {"chat", cmd_chat, "a conversation with a GGUF model; the KV cache kept across turns"},
     {"calc", cmd_calc, "KV-cache memory for a preset or a config: L*2*N*H_kv*d*b"},
     {"info", cmd_info, "version, build, SIMD level, threads, CUDA mode and device"},
     {"bench", cmd_bench, "benchmarks: decode, attention-gqa, quant, bandwidth, engine, paged,\n"
