@@ -74,7 +74,7 @@ int kv_args_bad(const char *cmd, const char *opt, const char *fmt, ...)
 }
 
 int kv_args_int_list(const char *cmd, const char *opt, const char *s, int *out, int max, int *n,
-                     int64_t hi)
+                     int64_t lo, int64_t hi)
 {
     *n = 0;
     for (const char *p = s;; p++) {
@@ -88,13 +88,47 @@ int kv_args_int_list(const char *cmd, const char *opt, const char *s, int *out, 
             memcpy(item, p, len);
             item[len] = '\0';
         }
-        if (len >= sizeof item || kv_parse_i64(item, 1, hi, &v, &why))
-            return kv_args_bad(cmd, opt, "'%.*s' %s (expected comma-separated numbers 1..%lld)",
-                               (int)(len < 40 ? len : 40), p, why, (long long)hi);
+        if (len == 0)
+            return kv_args_bad(cmd, opt, "'%.60s': an empty item (expected comma-separated "
+                               "numbers %lld..%lld)", s, (long long)lo, (long long)hi);
+        if (len >= sizeof item || kv_parse_i64(item, lo, hi, &v, &why))
+            return kv_args_bad(cmd, opt, "'%.*s' %s (expected comma-separated numbers %lld..%lld)",
+                               (int)(len < 40 ? len : 40), p, why, (long long)lo, (long long)hi);
         out[(*n)++] = (int)v;
         p += len;
         if (!*p) return 0;
     }
+}
+
+int kv_args_word_list(const char *cmd, const char *opt, const char *s,
+                      char (*words)[KV_ARGS_WORD], int max, int *n)
+{
+    *n = 0;
+    for (const char *p = s;; p++) {
+        const size_t len = strcspn(p, ",");
+        if (len == 0)
+            return kv_args_bad(cmd, opt, "'%.60s': an empty item", s);
+        if (*n == max)
+            return kv_args_bad(cmd, opt, "'%.60s': more than %d items", s, max);
+        if (len >= KV_ARGS_WORD)
+            return kv_args_bad(cmd, opt, "'%.40s...': an item longer than %d characters", p,
+                               KV_ARGS_WORD - 1);
+        memcpy(words[*n], p, len);
+        words[*n][len] = '\0';
+        for (int i = 0; i < *n; i++)
+            if (!strcmp(words[i], words[*n]))
+                return kv_args_bad(cmd, opt, "'%s' given twice", words[i]);
+        (*n)++;
+        p += len;
+        if (!*p) return 0;
+    }
+}
+
+int kv_args_given(const kv_opt *opts, int n_opts, const char *name)
+{
+    for (int i = 0; i < n_opts; i++)
+        if (!strcmp(opts[i].name, name)) return opts[i].seen;
+    return 0;
 }
 
 /* "1..4096", ">= 1" or "0..1": the range as a reader would write it. */

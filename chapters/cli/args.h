@@ -60,6 +60,9 @@ typedef enum {
 kv_args_result kv_args_parse(const char *cmd, const char *about, int argc, char **argv,
                              kv_opt *opts, int n_opts);
 
+/** 1 when the option @p name of the parsed table @p opts was given, else 0. */
+int kv_args_given(const kv_opt *opts, int n_opts, const char *name);
+
 /** Print the help of a table (what --help prints) to stdout. */
 void kv_args_help(const char *cmd, const char *about, const kv_opt *opts, int n_opts);
 
@@ -68,11 +71,19 @@ int kv_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out, const ch
 /** Parse a whole finite number within [min, max]; 0 on success, -1 with a reason in @p why. */
 int kv_parse_double(const char *s, double min, double max, double *out, const char **why);
 
-/** Comma-separated whole numbers in [1, @p hi], at most @p max of them, into out (*n of them):
- * 0, or KV_EXIT_USAGE after a message naming @p opt and the item (each through kv_parse_i64:
- * no spaces, no "5abc", no empty item as in "5,,6" or "5,"). */
+/** Comma-separated whole numbers in [@p lo, @p hi], at most @p max of them, into out (*n of
+ * them): 0, or KV_EXIT_USAGE after a message naming @p opt and the item (each through
+ * kv_parse_i64: no spaces, no "5abc", no empty item as in "5,,6", ",5" or "5,"). */
 int kv_args_int_list(const char *cmd, const char *opt, const char *s, int *out, int max, int *n,
-                     int64_t hi);
+                     int64_t lo, int64_t hi);
+
+/** The longest word of a kv_args_word_list(), its NUL included. */
+#define KV_ARGS_WORD 32
+/** Comma-separated words, at most @p max of them, into words (*n of them): 0, or KV_EXIT_USAGE
+ * after a message naming @p opt: an empty item ("a,,b", "a,"), a word given twice, more than
+ * @p max words (the limit named), a word of KV_ARGS_WORD characters or more. */
+int kv_args_word_list(const char *cmd, const char *opt, const char *s,
+                      char (*words)[KV_ARGS_WORD], int max, int *n);
 
 /** Report a bad value of @p opt ("kvlab calc: --config: ...") on stderr; returns KV_EXIT_USAGE. */
 int kv_args_bad(const char *cmd, const char *opt, const char *fmt, ...)

@@ -342,7 +342,7 @@ static int parse_lengths(const char *cmd, const char *opt, const char *s, int *o
 {
     *n = 0;
     if (strcmp(s, "none") == 0) return 0; /* no rows of that mode */
-    return kv_args_int_list(cmd, opt, s, out, ATTN_MAX_LENGTHS, n, ATTN_MAX_LEN);
+    return kv_args_int_list(cmd, opt, s, out, ATTN_MAX_LENGTHS, n, 1, ATTN_MAX_LEN);
 }
 
 /* 1 when one comma-separated word of @p only is a word of @p name ("cpu naive": "naive"). */

@@ -337,26 +337,26 @@ int cmd_bench_attention_cuda(int argc, char **argv)
         if (!opts[5].seen) batch_s = "1,3";
     }
     int lens[8], batch[8], fmts[8], lays[2], n_lens, n_batch, n_fmts = 0, n_lays = 0, e;
-    if ((e = kv_args_int_list(cmd, "--lengths", lens_s, lens, 8, &n_lens, 1 << 24)) ||
-        (e = kv_args_int_list(cmd, "--batch", batch_s, batch, 8, &n_batch, 4096)))
+    char words[8][KV_ARGS_WORD];
+    if ((e = kv_args_int_list(cmd, "--lengths", lens_s, lens, 8, &n_lens, 1, 1 << 24)) ||
+        (e = kv_args_int_list(cmd, "--batch", batch_s, batch, 8, &n_batch, 1, 4096)) ||
+        (e = kv_args_word_list(cmd, "--dtypes", dtypes_s, words, 8, &n_fmts)))
         return e;
-    for (const char *p = dtypes_s; *p && n_fmts < 8;) {
-        char name[32];
-        const size_t len = strcspn(p, ",");
-        snprintf(name, sizeof name, "%.*s", (int)(len < 31 ? len : 31), p);
-        const int f = kv_quant_parse(name);
-        if (f < 0 || kvq_is_kivi(f))
+    for (int i = 0; i < n_fmts; i++) {
+        fmts[i] = kv_quant_parse(words[i]);
+        if (fmts[i] < 0 || kvq_is_kivi(fmts[i]))
             return kv_args_bad(cmd, "--dtypes", "'%s': a per-token format (fp32, fp16, bf16, "
-                               "int8, int8-gG, fp8)", name);
-        fmts[n_fmts++] = f;
-        p += len + (p[len] == ',');
+                               "int8, int8-gG, fp8)", words[i]);
+        for (int j = 0; j < i; j++) /* two names of one format (fp8, fp8-e4m3) */
+            if (fmts[j] == fmts[i])
+                return kv_args_bad(cmd, "--dtypes", "'%s' and '%s' are one format", words[j],
+                                   words[i]);
     }
-    for (const char *p = layouts_s; *p && n_lays < 2;) {
-        const size_t len = strcspn(p, ",");
-        if (len == 5 && !strncmp(p, "paged", 5)) lays[n_lays++] = 1;
-        else if (len == 10 && !strncmp(p, "contiguous", 10)) lays[n_lays++] = 0;
-        else return kv_args_bad(cmd, "--layouts", "'%.*s': contiguous or paged", (int)len, p);
-        p += len + (p[len] == ',');
+    if ((e = kv_args_word_list(cmd, "--layouts", layouts_s, words, 2, &n_lays))) return e;
+    for (int i = 0; i < n_lays; i++) {
+        lays[i] = !strcmp(words[i], "paged");
+        if (!lays[i] && strcmp(words[i], "contiguous"))
+            return kv_args_bad(cmd, "--layouts", "'%s': contiguous or paged", words[i]);
     }
     if (H % Hkv) return kv_args_bad(cmd, "--kv-heads", "%d does not divide H = %d", Hkv, H);
     if ((e = kv_cli_check_device(cmd, "cuda"))) return e;

@@ -112,9 +112,22 @@ static int cmd_eval_ppl(int argc, char **argv)
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
+    const int n_opts = (int)(sizeof opts / sizeof opts[0]);
     if (sinks && !recent) return kv_args_bad(cmd, "--sinks", "needs --recent W");
+    if (kv_args_given(opts, n_opts, "--scheme") && !recent)
+        return kv_args_bad(cmd, "--scheme", "needs --recent W");
     if (kivi_bits == 3) return kv_args_bad(cmd, "--kivi-bits", "2 or 4");
     const int emulate = strcmp(kivi, "off") != 0;
+    /* options that only KIVI's emulation reads: refused rather than ignored without it */
+    if (!emulate && kv_args_given(opts, n_opts, "--kivi-bits"))
+        return kv_args_bad(cmd, "--kivi-bits", "needs --kivi-keys channel|token");
+    if (!emulate && kv_args_given(opts, n_opts, "--kivi-window"))
+        return kv_args_bad(cmd, "--kivi-window", "needs --kivi-keys channel|token");
+    /* the emulation steps 32 tokens at a time (its key groups), whatever --chunk says */
+    if (emulate && kv_args_given(opts, n_opts, "--chunk") && chunk != KV_KIVI_GROUP)
+        return kv_args_bad(cmd, "--chunk", "--kivi-keys steps %d tokens at a time (its key "
+                           "groups): leave --chunk out, or give %d", KV_KIVI_GROUP,
+                           KV_KIVI_GROUP);
     if (emulate && (strcmp(cache, "fp32") != 0 || recent || strcmp(device, "cpu") != 0))
         return kv_args_bad(cmd, "--kivi-keys", "emulates on the fp32 cache of the CPU, no --recent");
     if (recompute && (kl || emulate || strcmp(mode, "naive") == 0 || window == 0))
@@ -168,7 +181,7 @@ static int cmd_eval_ppl(int argc, char **argv)
     }
     kv_progress prog;
     kv_progress_start(&prog, "eval ppl");
-    kv_ppl_opts o = {window, emulate ? 32 : chunk, strcmp(mode, "naive") == 0, 0, on_progress, &prog,
+    kv_ppl_opts o = {window, emulate ? KV_KIVI_GROUP : chunk, strcmp(mode, "naive") == 0, 0, on_progress, &prog,
                      recompute, every, ref, emulate ? kv_probe_kivi_step : NULL, &kv_emul};
     kv_ppl_result res;
     st = kv_eval_ppl(b, in.ids, n, &o, &res, &err);

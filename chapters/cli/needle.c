@@ -4,6 +4,7 @@
  * variant on stdout, optional CSV and an SVG heatmap. Exits 1 when any cell contradicts the
  * outcome its variant predicts.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,17 +43,15 @@ static int make_backend(kv_backend **out, const kv_model *m, const kv_cache_spec
 }
 
 /* "1024,4096" -> "lengths 1024 4096\n" appended to the spec text */
-static int add_list(char *text, size_t n, const char *field, const char *list)
+/* printf onto the end of the spec text @p text [n]; -1 when it does not fit */
+static int add_line(char *text, size_t n, const char *fmt, ...)
 {
-    size_t k = strlen(text);
-    int w = snprintf(text + k, n - k, "%s ", field);
-    if (w < 0 || (size_t)w >= n - k) return -1;
-    k += (size_t)w;
-    for (const char *p = list; *p && k + 2 < n; p++) text[k++] = (*p == ',') ? ' ' : *p;
-    if (k + 2 >= n) return -1;
-    text[k++] = '\n';
-    text[k] = 0;
-    return 0;
+    const size_t k = strlen(text);
+    va_list ap;
+    va_start(ap, fmt);
+    const int w = vsnprintf(text + k, n - k, fmt, ap);
+    va_end(ap);
+    return w < 0 || (size_t)w >= n - k ? -1 : 0;
 }
 
 static const char *result_mark(const kv_needle_result *r)
@@ -233,13 +232,33 @@ int cmd_needle(int argc, char **argv)
     kv_needle_spec_default(&s);
     if (spec_path && kv_needle_spec_read(spec_path, &s, &err))
         return kv_cli_fail(cmd, "--spec", KV_ERR_FORMAT, &err);
+    /* the lists, each through the shared parsers (no empty item, no stray word, at most what
+     * a spec holds), then written as the spec's lines */
     char text[2048] = "";
-    const char *fields[] = {"models", "lengths", "depths", "seeds"};
-    const char *names[] = {"--models", "--lengths", "--depths", "--seeds"};
-    const char *values[] = {models, lengths, depths, seeds};
-    for (int i = 0; i < 4; i++) {
-        if ((e = one_line(cmd, names[i], values[i]))) return e;
-        if (values[i] && add_list(text, sizeof text, fields[i], values[i]))
+    char words[2][KV_ARGS_WORD];
+    int n_words = 0;
+    const char *list_opts[] = {"--models", "--lengths", "--depths", "--seeds"};
+    const char *lists[] = {models, lengths, depths, seeds};
+    for (int i = 0; i < 4; i++)
+        if ((e = one_line(cmd, list_opts[i], lists[i]))) return e;
+    if (models && (e = kv_args_word_list(cmd, "--models", models, words, 2, &n_words))) return e;
+    for (int i = 0; i < n_words; i++)
+        if (add_line(text, sizeof text, i ? " %s" : "models %s", words[i]))
+            return kv_args_bad(cmd, "--models", "list too long");
+    if (n_words) add_line(text, sizeof text, "\n");
+    const char *fields[] = {"lengths", "depths", "seeds"};
+    const char *names[] = {"--lengths", "--depths", "--seeds"};
+    const char *values[] = {lengths, depths, seeds};
+    const int least[] = {16, 0, 0}, most[] = {1 << 24, 100, 1 << 30},
+              cap[] = {KV_NEEDLE_MAX_LENGTHS, KV_NEEDLE_MAX_DEPTHS, KV_NEEDLE_MAX_SEEDS};
+    for (int i = 0; i < 3; i++) {
+        int v[KV_NEEDLE_MAX_LENGTHS + KV_NEEDLE_MAX_DEPTHS + KV_NEEDLE_MAX_SEEDS], n_v = 0;
+        if (!values[i]) continue;
+        if ((e = kv_args_int_list(cmd, names[i], values[i], v, cap[i], &n_v, least[i], most[i])))
+            return e;
+        int bad = add_line(text, sizeof text, "%s", fields[i]);
+        for (int k = 0; k < n_v; k++) bad |= add_line(text, sizeof text, " %d", v[k]);
+        if (bad || add_line(text, sizeof text, "\n"))
             return kv_args_bad(cmd, names[i], "list too long");
     }
     if ((e = one_line(cmd, "--cache", cache))) return e;

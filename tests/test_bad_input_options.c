@@ -1,0 +1,124 @@
+/*
+ * Bad input, options that were silently ignored or half read:
+ *
+ *  - the shared list parsers (args.h): kv_args_int_list() refuses an empty item ("1,,2", ",0",
+ *    "1,"), a stray word, a value out of range and one item too many, naming the limit;
+ *    kv_args_word_list() refuses empty items, a word given twice and too many words;
+ *  - eval ppl: --kivi-bits / --kivi-window without --kivi-keys, --scheme without --recent, and a
+ *    --chunk that KIVI's emulation would replace by 32;
+ *  - needle's --models / --lengths / --depths / --seeds through those parsers;
+ *  - bench attention --device cuda's --dtypes and --layouts (in a CUDA build): empty items,
+ *    duplicates (two names of one format too), more than 8 formats.
+ *
+ * usage: test_bad_input_options <path to kvlab>
+ */
+#define _GNU_SOURCE
+#include "args.h"
+#include "common/kv_test.h"
+#include "common/kv_test_cli.h"
+
+/* ---- the parsers -------------------------------------------------------------------------- */
+
+/* kv_args_int_list on @p s: its return and count, stderr swallowed */
+static int int_list(const char *s, int *out, int max, int *n, int lo, int hi)
+{
+    fflush(stderr);
+    FILE *saved = stderr;
+    stderr = fopen("/dev/null", "w");
+    const int rc = kv_args_int_list("test", "--x", s, out, max, n, lo, hi);
+    fclose(stderr);
+    stderr = saved;
+    return rc;
+}
+
+static int word_list(const char *s, char (*w)[KV_ARGS_WORD], int max, int *n)
+{
+    fflush(stderr);
+    FILE *saved = stderr;
+    stderr = fopen("/dev/null", "w");
+    const int rc = kv_args_word_list("test", "--x", s, w, max, n);
+    fclose(stderr);
+    stderr = saved;
+    return rc;
+}
+
+static void test_parsers(void)
+{
+    int v[4], n = -1;
+    KV_CHECK(int_list("0,50,100", v, 4, &n, 0, 100) == 0 && n == 3 && v[0] == 0 && v[2] == 100,
+             "0,50,100 in 0..100: n %d", n);
+    static const char *const bad[] = {"1,,2", ",0", "1,", ",", "", "1, 2", "5abc", "101", "-1",
+                                      "1,2,3,4,5"};
+    for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++)
+        KV_CHECK(int_list(bad[i], v, 4, &n, 0, 100) == KV_EXIT_USAGE,
+                 "int list '%s' (0..100, at most 4) accepted", bad[i]);
+    KV_CHECK(int_list("0", v, 4, &n, 1, 100) == KV_EXIT_USAGE, "0 accepted in 1..100");
+
+    char w[3][KV_ARGS_WORD];
+    KV_CHECK(word_list("fp16,int8", w, 3, &n) == 0 && n == 2 && !strcmp(w[1], "int8"),
+             "fp16,int8: n %d", n);
+    static const char *const bad_words[] = {"int8,", ",int8", "a,,b", "", "paged,paged",
+                                            "a,b,c,d",
+                                            "a-word-of-forty-characters-is-too-long-x"};
+    for (int i = 0; i < (int)(sizeof bad_words / sizeof bad_words[0]); i++)
+        KV_CHECK(word_list(bad_words[i], w, 3, &n) == KV_EXIT_USAGE,
+                 "word list '%s' (at most 3) accepted", bad_words[i]);
+}
+
+/* ---- the commands ------------------------------------------------------------------------- */
+
+static void test_eval(void)
+{
+    CLI_BAD("--kivi-bits|needs --kivi-keys", "eval", "ppl", "--kivi-bits", "4");
+    CLI_BAD("--kivi-window|needs --kivi-keys", "eval", "ppl", "--kivi-window", "64");
+    CLI_BAD("--scheme|needs --recent", "eval", "ppl", "--scheme", "cache");
+    CLI_BAD("--chunk|--kivi-keys|32", "eval", "ppl", "--kivi-keys", "channel", "--chunk", "64");
+}
+
+static void test_needle(void)
+{
+#define NEEDLE(...) "needle", "--models", "direct", __VA_ARGS__
+    CLI_BAD("--depths|empty item", NEEDLE("--lengths", "64", "--depths", "1,,2"));
+    CLI_BAD("--depths|empty item", NEEDLE("--lengths", "64", "--depths", ",0"));
+    CLI_BAD("--lengths|empty item", NEEDLE("--lengths", "64,"));
+    CLI_BAD("--seeds|empty item", NEEDLE("--lengths", "64", "--seeds", "1,"));
+    CLI_BAD("--depths|'101'|0..100", NEEDLE("--lengths", "64", "--depths", "0,101"));
+    CLI_BAD("--seeds|more than 8", NEEDLE("--lengths", "64", "--seeds", "1,2,3,4,5,6,7,8,9"));
+    CLI_BAD("--lengths|'8'|16..", NEEDLE("--lengths", "8"));
+#undef NEEDLE
+    CLI_BAD("--models|given twice", "needle", "--models", "direct,direct", "--lengths", "64");
+    CLI_BAD("--models|empty item", "needle", "--models", "direct,", "--lengths", "64");
+}
+
+static void test_bench_cuda(void)
+{
+    result info = run_in(dir, (const char *const[]){"info", NULL});
+    const int cuda = info.out && !strstr(info.out, "built without CUDA");
+    free(info.out);
+    free(info.err);
+    if (!cuda) { /* the options exist only in a CUDA build: refused as unknown here */
+        CLI_BAD("--dtypes", "bench", "attention", "--device", "cuda", "--dtypes", "int8,");
+        printf("(built without CUDA: bench attention --device cuda's lists not reached)\n");
+        return;
+    }
+#define BENCH(...) "bench", "attention", "--device", "cuda", __VA_ARGS__
+    CLI_BAD("--dtypes|empty item", BENCH("--dtypes", "int8,"));
+    CLI_BAD("--dtypes|given twice", BENCH("--dtypes", "int8,int8"));
+    CLI_BAD("--dtypes|one format", BENCH("--dtypes", "fp8,fp8-e4m3"));
+    CLI_BAD("--dtypes|more than 8", BENCH("--dtypes", "fp32,fp16,bf16,int8,int8-g32,int8-g64,"
+                                                      "int8-g128,fp8-e4m3,fp8-e5m2"));
+    CLI_BAD("--layouts|given twice", BENCH("--layouts", "paged,paged"));
+    CLI_BAD("--layouts|empty item", BENCH("--layouts", ",paged"));
+#undef BENCH
+}
+
+int main(int argc, char **argv)
+{
+    kv_test_cli_init(argc, argv);
+    test_parsers();
+    test_eval();
+    test_needle();
+    test_bench_cuda();
+    cleanup();
+    return kv_test_finish();
+}
