@@ -23,7 +23,7 @@
 #include "kv_vocab.h"
 
 #define CMD "kvlab tokenize"
-#define MAX_TEXT (64 << 20) /* bytes of --file */
+#define MAX_TEXT (16 << 20) /* bytes of --file */
 
 /* a well-formed UTF-8 character at s (no overlong form, no surrogate): 1 and its length */
 static int whole_char(const char *s, int n, int *used)

@@ -334,29 +334,48 @@ static const char *find_bytes(const char *t, size_t tn, const char *s, size_t n)
     return NULL;
 }
 
-/* step 1: cut one special token out of every text fragment of f[0..nf) into g; count of g */
-static int cut_special(const kv_vocab *v, int id, const char *text, const fragment *f, int nf,
-                       fragment *g)
+/* a list of fragments, grown as special tokens are found */
+typedef struct {
+    fragment *f;
+    int n, cap;
+} fragments;
+
+static int push(fragments *l, fragment x)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        fragment *f = realloc(l->f, (size_t)cap * sizeof *f);
+        if (!f) return -1;
+        l->f = f, l->cap = cap;
+    }
+    l->f[l->n++] = x;
+    return 0;
+}
+
+/* step 1: cut one special token out of every text fragment of a into b */
+static int cut_special(const kv_vocab *v, int id, const char *text, const fragments *a,
+                       fragments *b)
 {
     const char *s = v->text + v->tok[id].off;
     size_t n = v->tok[id].len;
-    int ng = 0;
-    for (int i = 0; i < nf; i++) {
-        if (f[i].id >= 0) {
-            g[ng++] = f[i];
+    b->n = 0;
+    for (int i = 0; i < a->n; i++) {
+        const fragment *f = &a->f[i];
+        if (f->id >= 0) {
+            if (push(b, *f)) return -1;
             continue;
         }
-        size_t at = f[i].off, end = f[i].off + f[i].len;
+        size_t at = f->off, end = f->off + f->len;
         const char *m;
         while ((m = find_bytes(text + at, end - at, s, n))) {
             size_t pos = (size_t)(m - text);
-            if (pos > at) g[ng++] = (fragment){-1, at, pos - at};
-            g[ng++] = (fragment){id, pos, n};
+            if (pos > at && push(b, (fragment){-1, at, pos - at})) return -1;
+            if (push(b, (fragment){id, pos, n})) return -1;
             at = pos + n;
         }
-        if (at < end) g[ng++] = (fragment){-1, at, end - at};
+        if (at < end && push(b, (fragment){-1, at, end - at})) return -1;
     }
-    return ng;
+    return 0;
 }
 
 int kv_vocab_encode(const kv_vocab *v, const char *text, size_t len, int add_bos, int special,
@@ -365,41 +384,44 @@ int kv_vocab_encode(const kv_vocab *v, const char *text, size_t len, int add_bos
     if (n) *n = 0;
     if (!v || !n || (len && !text) || cap < 0 || (cap && !ids))
         return kv_fail(err, KV_ERR_ARG, "kv_vocab_encode: a NULL argument or a negative cap");
-    /* every match leaves at most one text fragment and one token behind it */
-    fragment *f = malloc((2 * len + 2) * sizeof *f), *g = malloc((2 * len + 2) * sizeof *g);
-    if (!f || !g) {
-        free(f), free(g);
-        return kv_fail(err, KV_ERR_NOMEM, "kv_vocab_encode: %zu bytes of text", len);
-    }
-    int nf = 0;
-    if (len > 0) f[nf++] = (fragment){-1, 0, len};
-    for (int k = 0; k < v->n_special; k++) {
+    if (len > KV_VOCAB_MAX_TEXT)
+        return kv_fail(err, KV_ERR_ARG, "kv_vocab_encode: %zu bytes of text (at most %d a call)",
+                       len, KV_VOCAB_MAX_TEXT);
+    fragments a = {NULL, 0, 0}, b = {NULL, 0, 0};
+    int status = KV_OK;
+    if (len > 0 && push(&a, (fragment){-1, 0, len})) status = KV_ERR_NOMEM;
+    for (int k = 0; k < v->n_special && !status; k++) {
         int id = v->special[k];
         if (!special && v->type[id] != KV_TOKEN_USER_DEFINED) continue;
-        nf = cut_special(v, id, text, f, nf, g);
-        fragment *t = f;
-        f = g, g = t;
+        if (cut_special(v, id, text, &a, &b)) status = KV_ERR_NOMEM;
+        fragments t = a;
+        a = b, b = t;
+    }
+    if (status) {
+        free(a.f), free(b.f);
+        return kv_fail(err, KV_ERR_NOMEM, "kv_vocab_encode: the special tokens of %zu bytes", len);
     }
     /* step 2 */
     kv_vocab_out out = {ids, cap, 0};
-    int status = KV_OK, after_special = 1; /* the text's start counts as after a special token */
+    int after_special = 1; /* the text's start counts as after a special token */
     if (add_bos && v->add_bos && v->bos >= 0) kv_vocab_emit(&out, v->bos);
-    for (int i = 0; i < nf && status == KV_OK; i++) {
-        if (f[i].id >= 0) {
-            kv_vocab_emit(&out, f[i].id);
+    for (int i = 0; i < a.n && status == KV_OK; i++) {
+        const fragment *f = &a.f[i];
+        if (f->id >= 0) {
+            kv_vocab_emit(&out, f->id);
             after_special = 1;
             continue;
         }
         if (v->kind == KV_VOCAB_SPM)
-            status = kv_vocab_spm_encode(v, text + f[i].off, f[i].len,
+            status = kv_vocab_spm_encode(v, text + f->off, f->len,
                                          v->add_space_prefix && after_special, &out, err);
         else
-            status = kv_vocab_bpe_encode(v, text + f[i].off, f[i].len, &out, err);
+            status = kv_vocab_bpe_encode(v, text + f->off, f->len, &out, err);
         after_special = 0;
     }
     if (add_bos && v->add_eos && v->eos >= 0) kv_vocab_emit(&out, v->eos);
-    free(f);
-    free(g);
+    free(a.f);
+    free(b.f);
     if (status) return status;
     *n = out.n;
     if (out.n > cap)

@@ -70,7 +70,8 @@ enum {
 /**
  * Build a tokenizer from its description (what kv_vocab_from_gguf() reads; tests build small
  * ones by hand). An unknown model or pre-tokenizer -> KV_ERR_UNSUPPORTED; a duplicate token,
- * a type outside 0..6, a gpt2 vocabulary without merges -> KV_ERR_FORMAT naming it.
+ * a score that is not finite, a gpt2 vocabulary without merges -> KV_ERR_FORMAT naming it.
+ * A type outside 0..6 is undefined (decodes to nothing), as llama.cpp reads it.
  */
 int kv_vocab_create(const kv_vocab_desc *d, kv_vocab **out, kv_err *err);
 
@@ -86,10 +87,12 @@ void kv_vocab_free(kv_vocab *v);
 int kv_vocab_size(const kv_vocab *v);
 
 /**
- * text (len bytes, any bytes) -> ids; special = 1 matches control tokens (<|im_start|>...)
- * in the text, 0 treats them as plain text; add_bos: prepend BOS when the vocab asks for it
- * (tokenizer.ggml.add_bos_token). Writes at most cap ids; *n = the count needed
- * (KV_ERR_CAPACITY when it exceeds cap).
+ * text (len bytes, any bytes, at most 256 MiB) -> ids; special = 1 matches control tokens
+ * (<|im_start|>...) in the text, 0 treats them as plain text (user-defined tokens are matched
+ * either way, as llama.cpp does); add_bos: the vocabulary's own additions, llama.cpp's
+ * add_special: BOS in front when it asks (tokenizer.ggml.add_bos_token), EOS at the end when
+ * it asks (add_eos_token). Writes at most cap ids; *n = the count needed (KV_ERR_CAPACITY when
+ * it exceeds cap: invalid UTF-8 can need up to 3 ids a byte).
  */
 int kv_vocab_encode(const kv_vocab *v, const char *text, size_t len, int add_bos, int special,
                     int *ids, int cap, int *n, kv_err *err);

@@ -31,9 +31,9 @@ static int add_pair(const kv_vocab *v, bpe_word *b, int left, int right)
 {
     if (left < 0 || right < 0) return 0;
     const kv_symbol *l = &b->sym[left], *r = &b->sym[right];
-    int rank = kv_vocab_merge_rank(v, b->w + l->off, l->n, b->w + r->off, r->n);
+    int rank = kv_vocab_merge_rank(v, b->w + l->off, (size_t)l->n, b->w + r->off, (size_t)r->n);
     if (rank < 0) return 0;
-    kv_bigram pair = {(double)rank, left, right, l->n + r->n};
+    kv_bigram pair = {(double)rank, left, right, (size_t)(l->n + r->n)};
     return kv_bigram_push(&b->heap, pair);
 }
 
@@ -47,10 +47,10 @@ static int merge_word(const kv_vocab *v, bpe_word *b, size_t wn, kv_vocab_out *o
         return 0;
     }
     int n_sym = 0;
-    for (size_t off = 0; off < wn; n_sym++) {
-        size_t n = (size_t)kv_utf8_len((unsigned char)w[off]);
-        if (n > wn - off) n = wn - off;
-        b->sym[n_sym] = (kv_symbol){off, n, n_sym - 1, off + n == wn ? -1 : n_sym + 1};
+    for (int off = 0; off < (int)wn; n_sym++) {
+        int n = kv_utf8_len((unsigned char)w[off]);
+        if (n > (int)wn - off) n = (int)wn - off;
+        b->sym[n_sym] = (kv_symbol){off, n, n_sym - 1, off + n == (int)wn ? -1 : n_sym + 1};
         off += n;
     }
     b->heap.n = 0;
@@ -61,7 +61,7 @@ static int merge_word(const kv_vocab *v, bpe_word *b, size_t wn, kv_vocab_out *o
         kv_symbol *l = &b->sym[top.left], *r = &b->sym[top.right];
         /* stale: one side was merged away or grew since the pair was queued. Symbols only
          * grow to the right, so equal lengths mean the same text */
-        if (l->n == 0 || r->n == 0 || l->n + r->n != top.size) continue;
+        if (l->n == 0 || r->n == 0 || (size_t)(l->n + r->n) != top.size) continue;
         l->n += r->n;
         r->n = 0;
         l->next = r->next;
@@ -70,12 +70,12 @@ static int merge_word(const kv_vocab *v, bpe_word *b, size_t wn, kv_vocab_out *o
     }
     for (int i = 0; i >= 0 && i < n_sym; i = b->sym[i].next) {
         const kv_symbol *s = &b->sym[i];
-        id = kv_vocab_lookup(v, w + s->off, s->n);
+        id = kv_vocab_lookup(v, w + s->off, (size_t)s->n);
         if (id >= 0) {
             kv_vocab_emit(out, id);
             continue;
         }
-        for (size_t j = 0; j < s->n; j++) { /* step 5's fallback */
+        for (int j = 0; j < s->n; j++) { /* step 5's fallback */
             int byte_id = kv_vocab_lookup(v, w + s->off + j, 1);
             if (byte_id >= 0) kv_vocab_emit(out, byte_id);
         }
@@ -87,15 +87,12 @@ int kv_vocab_bpe_encode(const kv_vocab *v, const char *text, size_t len, kv_voca
                         kv_err *err)
 {
     const unsigned char *t = (const unsigned char *)text;
-    uint32_t *cpt = malloc((len + 1) * sizeof *cpt); /* [len] at most one codepoint a byte */
-    int *words = malloc((len + 1) * 2 * sizeof *words); /* [2][len] word lengths, scratch */
-    char *w = malloc(len * 4 * 2 + 1);                 /* a word's UTF-8 bytes as GPT-2 chars */
-    bpe_word b = {w, malloc((len * 8 + 1) * sizeof *b.sym), {NULL, 0, 0}};
+    uint32_t *cpt = malloc((len + 1) * sizeof *cpt);         /* [len] at most one codepoint a byte */
+    int *words = malloc((len + 1) * 2 * sizeof *words);     /* [2][len] word lengths, scratch */
+    bpe_word b = {NULL, NULL, {NULL, 0, 0}};
+    char *w = NULL;
     int status = KV_OK;
-    if (!cpt || !words || !w || !b.sym) {
-        status = kv_fail(err, KV_ERR_NOMEM, "kv_vocab_encode: %zu bytes of text", len);
-        goto done;
-    }
+    if (!cpt || !words) goto nomem;
     /* 1. codepoints */
     int n = 0;
     for (size_t i = 0; i < len;) {
@@ -103,8 +100,13 @@ int kv_vocab_bpe_encode(const kv_vocab *v, const char *text, size_t len, kv_voca
         cpt[n++] = kv_utf8_read(t + i, len - i, &used);
         i += (size_t)used;
     }
-    /* 2. words */
-    int n_words = kv_vocab_pre_split(v->pre, cpt, n, words, words + len + 1);
+    /* 2. words; room for the longest: a codepoint is at most 4 bytes, a byte's GPT-2
+     * character at most 2, one symbol a byte */
+    int n_words = kv_vocab_pre_split(v->pre, cpt, n, words, words + len + 1), longest = 0;
+    for (int k = 0; k < n_words; k++) longest = words[k] > longest ? words[k] : longest;
+    b.w = w = malloc((size_t)longest * 8 + 1);
+    b.sym = malloc(((size_t)longest * 4 + 1) * sizeof *b.sym);
+    if (!w || !b.sym) goto nomem;
     for (int k = 0, first = 0; k < n_words; first += words[k++]) {
         /* 3. the word's bytes as GPT-2 characters (a codepoint is at most 4 bytes, a
          * character at most 2) */
@@ -116,11 +118,11 @@ int kv_vocab_bpe_encode(const kv_vocab *v, const char *text, size_t len, kv_voca
                                                                      (unsigned char *)w + wn);
         }
         /* 4, 5 */
-        if (merge_word(v, &b, wn, out)) {
-            status = kv_fail(err, KV_ERR_NOMEM, "kv_vocab_encode: the merge queue");
-            goto done;
-        }
+        if (merge_word(v, &b, wn, out)) goto nomem;
     }
+    goto done;
+nomem:
+    status = kv_fail(err, KV_ERR_NOMEM, "kv_vocab_encode: %zu bytes of text", len);
 done:
     free(cpt);
     free(words);

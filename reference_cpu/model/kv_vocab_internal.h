@@ -90,11 +90,14 @@ typedef struct {
 int kv_bigram_push(kv_bigram_heap *h, kv_bigram b); /* 0, or -1 out of memory */
 kv_bigram kv_bigram_pop(kv_bigram_heap *h);        /* h->n > 0 */
 
-/* One symbol of a word being merged: bytes [off, off + n) of the word, in a linked list. */
+/* One symbol of a word being merged: bytes [off, off + n) of the word, in a linked list.
+ * int offsets: kv_vocab_encode() takes at most KV_VOCAB_MAX_TEXT bytes, 3x that escaped. */
 typedef struct {
-    size_t off, n; /* n = 0: merged into its left neighbour */
+    int off, n; /* n = 0: merged into its left neighbour */
     int prev, next;
 } kv_symbol;
+
+#define KV_VOCAB_MAX_TEXT (1 << 28) /* bytes one kv_vocab_encode() takes */
 
 /* kv_vocab_pre.c: split codepoints cpt[0..n) into words by the vocabulary's pre-tokenizer;
  * word lengths (in codepoints) go to len[] (room for n), their count is returned */

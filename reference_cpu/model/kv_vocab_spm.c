@@ -25,7 +25,7 @@ static int add_pair(const kv_vocab *v, const char *t, kv_symbol *sym, kv_bigram_
                     int left, int right)
 {
     if (left < 0 || right < 0) return 0;
-    size_t size = sym[left].n + sym[right].n;
+    size_t size = (size_t)(sym[left].n + sym[right].n);
     int id = kv_vocab_lookup(v, t + sym[left].off, size); /* the two are adjacent in t */
     if (id < 0) return 0;
     kv_bigram pair = {-(double)v->score[id], left, right, size};
@@ -63,10 +63,10 @@ int kv_vocab_spm_encode(const kv_vocab *v, const char *text, size_t len, int spa
     }
     /* 2. symbols */
     int n_sym = 0;
-    for (size_t off = 0; off < n; n_sym++) {
-        size_t c = (size_t)kv_utf8_len((unsigned char)t[off]);
-        if (c > n - off) c = n - off;
-        sym[n_sym] = (kv_symbol){off, c, n_sym - 1, off + c == n ? -1 : n_sym + 1};
+    for (int off = 0; off < (int)n; n_sym++) {
+        int c = kv_utf8_len((unsigned char)t[off]);
+        if (c > (int)n - off) c = (int)n - off;
+        sym[n_sym] = (kv_symbol){off, c, n_sym - 1, off + c == (int)n ? -1 : n_sym + 1};
         off += c;
     }
     /* 3. merges */
@@ -75,7 +75,7 @@ int kv_vocab_spm_encode(const kv_vocab *v, const char *text, size_t len, int spa
     while (heap.n > 0) {
         kv_bigram top = kv_bigram_pop(&heap);
         kv_symbol *l = &sym[top.left], *r = &sym[top.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != top.size) continue; /* stale */
+        if (l->n == 0 || r->n == 0 || (size_t)(l->n + r->n) != top.size) continue; /* stale */
         l->n += r->n;
         r->n = 0;
         l->next = r->next;
@@ -86,12 +86,12 @@ int kv_vocab_spm_encode(const kv_vocab *v, const char *text, size_t len, int spa
     }
     /* 4. tokens */
     for (int i = 0; i >= 0 && i < n_sym; i = sym[i].next) {
-        int id = kv_vocab_lookup(v, t + sym[i].off, sym[i].n);
+        int id = kv_vocab_lookup(v, t + sym[i].off, (size_t)sym[i].n);
         if (id >= 0) {
             kv_vocab_emit(out, id);
             continue;
         }
-        for (size_t j = 0; j < sym[i].n; j++) {
+        for (int j = 0; j < sym[i].n; j++) {
             int b = byte_token(v, (unsigned char)t[sym[i].off + j]);
             if (b >= 0) kv_vocab_emit(out, b);
         }
