@@ -8,14 +8,67 @@
  *    --chunk that KIVI's emulation would replace by 32;
  *  - needle's --models / --lengths / --depths / --seeds through those parsers;
  *  - bench attention --device cuda's --dtypes and --layouts (in a CUDA build): empty items,
- *    duplicates (two names of one format too), more than 8 formats.
+ *    duplicates (two names of one format too), more than 8 formats;
+ *  - eval ppl --limit bounds the work: 16 MiB of text and --limit 300 encode a prefix, not the
+ *    whole text (its memory stays near the text's own size; it held 60 times that), with the
+ *    perplexity of the same 300 tokens read from a file that holds only the start.
  *
- * usage: test_bad_input_options <path to kvlab>
+ * usage: test_bad_input_options <path to kvlab> <datasets folder>
  */
 #define _GNU_SOURCE
 #include "args.h"
 #include "common/kv_test.h"
 #include "common/kv_test_cli.h"
+
+#include <sys/resource.h>
+
+/* ---- --limit ------------------------------------------------------------------------------ */
+
+/* stdout of @p r after its first line's file name: the perplexity and what it was over */
+static const char *after_name(const char *out)
+{
+    const char *p = out ? strstr(out, " of ") : NULL;
+    p = p ? strchr(p + 4, ':') : NULL;
+    return p ? p : "(no result)";
+}
+
+/* Run first, while no other child has run: RUSAGE_CHILDREN's peak is this run's. */
+static void test_limit(const char *datasets)
+{
+    char heldout[PATH_MAX], big[PATH_MAX];
+    snprintf(heldout, sizeof heldout, "%s/models/kjv-heldout.txt", datasets);
+    snprintf(big, sizeof big, "%s/big.txt", dir);
+    size_t n = 0;
+    unsigned char *text = slurp(heldout, &n);
+    KV_CHECK(text && n > 1000, "cannot read %s", heldout);
+    if (!text || n <= 1000) return;
+    FILE *f = fopen(big, "wb");
+    size_t total = 0;
+    for (; f && total < ((size_t)16 << 20); total += n) fwrite(text, 1, n, f);
+    KV_CHECK(f && fclose(f) == 0, "cannot write %s", big);
+    free(text);
+    result r = run_in(dir, (const char *const[]){"eval", "ppl", "--text", big, "--limit", "300",
+                                                 NULL});
+    struct rusage ru;
+    getrusage(RUSAGE_CHILDREN, &ru);
+    const double peak_mib = ru.ru_maxrss / 1024.0, text_mib = total / 1048576.0;
+    result ref = run_in(dir, (const char *const[]){"eval", "ppl", "--text", heldout, "--limit",
+                                                   "300", NULL});
+    KV_CHECK(r.rc == 0 && ref.rc == 0, "eval ppl --limit 300: exit %d (16 MiB) and %d (held-out "
+             "text); stderr %s", r.rc, ref.rc, r.err);
+    KV_CHECK(!strcmp(after_name(r.out), after_name(ref.out)), "--limit 300 of a text that starts "
+             "with the held-out text: '%s', the held-out text alone: '%s'", r.out, ref.out);
+    /* the text itself, the tiny model and the run: well under twice the text (the whole text
+     * encoded held about 60 times it) */
+    KV_CHECK(peak_mib < text_mib + 32, "eval ppl --limit 300 on %.0f MiB of text peaked at %.0f "
+             "MiB: it encoded more than the limit needs", text_mib, peak_mib);
+    printf("eval ppl --limit 300 on %.0f MiB of text: peak %.1f MiB\n", text_mib, peak_mib);
+    free(r.out);
+    free(r.err);
+    free(ref.out);
+    free(ref.err);
+    unlink(big);
+}
 
 /* ---- the parsers -------------------------------------------------------------------------- */
 
@@ -115,6 +168,12 @@ static void test_bench_cuda(void)
 int main(int argc, char **argv)
 {
     kv_test_cli_init(argc, argv);
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s <kvlab> <datasets folder>\n", argv[0]);
+        return 2;
+    }
+    static char datasets[PATH_MAX]; /* absolute: kvlab runs in the scratch folder */
+    test_limit(realpath(argv[2], datasets) ? datasets : argv[2]);
     test_parsers();
     test_eval();
     test_needle();

@@ -43,9 +43,42 @@ static void inputs_free(eval_inputs *in)
     memset(in, 0, sizeof *in);
 }
 
-/* KV_EXIT_OK, or the exit code after a message on stderr */
+/* The ids of the first @p want tokens of @p text [len] (0: all of it), BOS first, into *ids
+ * (*n of them, at least @p want where the text has them). A limit needs only a prefix: one cut
+ * at a line end, about 8 bytes per token wanted, doubled until two prefixes agree on their
+ * first @p want ids (a merge may reach across the cut, never far) or the whole text is taken.
+ * So --limit 300 on 64 MiB of text encodes kilobytes, not all of it. */
+static int encode_first(const kv_cli_model *mdl, char *text, size_t len, long want, int **ids,
+                        int *n, kv_err *err)
+{
+    if (want <= 0) return kv_cli_encode(mdl, text, 1, ids, n, err);
+    int *prev = NULL, n_prev = 0;
+    for (size_t bytes = 8 * (size_t)want + 1024;; bytes *= 2) {
+        size_t cut = bytes < len ? bytes : len;
+        while (cut < len && text[cut - 1] != '\n') cut++; /* a whole line: no codepoint cut */
+        const char saved = text[cut];
+        text[cut] = '\0';
+        int *cur = NULL, n_cur = 0;
+        const int st = kv_cli_encode(mdl, text, 1, &cur, &n_cur, err);
+        text[cut] = saved;
+        const int stable = !st && prev && n_prev > want &&
+                           !memcmp(prev, cur, sizeof(int) * (size_t)want);
+        free(prev);
+        if (st) return st;
+        if (cut == len || stable) {
+            *ids = cur;
+            *n = n_cur;
+            return KV_OK;
+        }
+        prev = cur;
+        n_prev = n_cur;
+    }
+}
+
+/* KV_EXIT_OK, or the exit code after a message on stderr; @p want: the tokens the command
+ * reads (0: the whole text, -1: the model's seq_len) */
 static int inputs_load(const char *cmd, const char *model_path, const char *tok_path,
-                       const char *text_path, eval_inputs *in)
+                       const char *text_path, long want, eval_inputs *in)
 {
     memset(in, 0, sizeof *in);
     kv_err err = {{0}};
@@ -62,7 +95,8 @@ static int inputs_load(const char *cmd, const char *model_path, const char *tok_
     size_t len = 0;
     if ((st = kv_file_read_text(text_path, KV_EVAL_MAX_TEXT, &in->text, &len, &err)))
         return kv_cli_fail(cmd, text_path, st, &err);
-    if ((st = kv_cli_encode(&in->mdl, in->text, 1, &in->ids, &in->n, &err)))
+    if (want < 0) want = in->mdl.m.config.seq_len;
+    if ((st = encode_first(&in->mdl, in->text, len, want, &in->ids, &in->n, &err)))
         return kv_cli_fail(cmd, text_path, st, &err);
     return KV_EXIT_OK;
 }
@@ -89,7 +123,7 @@ static int cmd_eval_ppl(int argc, char **argv)
         {"--mode", KV_OPT_CHOICE, &mode, 0, 0, modes, "M", "cached (default) or naive: recompute every prefix (O(T^2))", 0},
         {"--recompute", KV_OPT_FLAG, &recompute, 0, 0, NULL, NULL, "every token predicted from a fresh prefill of the T-1 tokens before it (StreamingLLM's recompute baseline)", 0},
         {"--every", KV_OPT_INT, &every, 1, 1 << 20, NULL, "S", "score only the tokens t with t % S == 0 (default 1: all); the same subsample in every mode", 0},
-        {"--limit", KV_OPT_I64, &limit, 0, 1 << 30, NULL, "N", "score the first N tokens only (default: all)", 0},
+        {"--limit", KV_OPT_I64, &limit, 0, 1 << 30, NULL, "N", "score the first N tokens only (default: all); only the start of the text they need is encoded", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache: fp32 (default), a storage format, or a chapter 09 method (as kvlab needle --cache)", 0},
         {"--kl", KV_OPT_FLAG, &kl, 0, 0, NULL, NULL, "also run the exact fp32 cache: mean KL(exact || this) and top-1 agreement", 0},
         {"--kivi-keys", KV_OPT_CHOICE, &kivi, 0, 0, kivi_keys, "G", "emulate KIVI on the fp32 cache, keys grouped per channel or per token (chunks of 32)", 0},
@@ -138,7 +172,7 @@ static int cmd_eval_ppl(int argc, char **argv)
         return e;
 
     eval_inputs in;
-    int rc = inputs_load(cmd, model_path, tok_path, text_path, &in), st;
+    int rc = inputs_load(cmd, model_path, tok_path, text_path, (long)limit, &in), st;
     kv_err err = {{0}};
     kv_backend *b = NULL, *ref = NULL;
     if (rc) goto done;
@@ -254,7 +288,7 @@ static int probe_begin(const char *cmd, const char *help, int argc, char **argv,
     if (r == KV_ARGS_HELP) return -1;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     /* paths point at the option variables: read after parsing */
-    int rc = inputs_load(cmd, *paths[0], *paths[1], *paths[2], in);
+    int rc = inputs_load(cmd, *paths[0], *paths[1], *paths[2], *tokens ? *tokens : -1, in);
     if (rc) {
         inputs_free(in);
         return rc;
