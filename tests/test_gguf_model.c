@@ -22,70 +22,6 @@
 
 static const char *dir;
 
-/* where tensor @p name lives in the loaded model, and its weight count */
-static const float *weight_of(const kv_model *m, const char *name, int64_t *n)
-{
-    const kv_config *c = &m->config;
-    const kv_weights *w = &m->w;
-    const int64_t dim = c->dim, hid = c->hidden_dim, kvd = kv_config_kv_dim(c);
-    int l;
-    char part[64];
-    if (strcmp(name, "token_embd.weight") == 0) return *n = c->vocab_size * dim, w->token_embedding;
-    if (strcmp(name, "output.weight") == 0) return *n = c->vocab_size * dim, w->wcls;
-    if (strcmp(name, "output_norm.weight") == 0) return *n = dim, w->rms_final;
-    if (sscanf(name, "blk.%d.%63[a-z_].weight", &l, part) != 2) return NULL;
-    const struct { const char *name; const float *p; int64_t n; } t[] = {
-        {"attn_norm", w->rms_att + l * dim, dim},       {"attn_q", w->wq + l * dim * dim, dim * dim},
-        {"attn_k", w->wk + l * kvd * dim, kvd * dim},   {"attn_v", w->wv + l * kvd * dim, kvd * dim},
-        {"attn_output", w->wo + l * dim * dim, dim * dim}, {"ffn_norm", w->rms_ffn + l * dim, dim},
-        {"ffn_gate", w->w1 + l * hid * dim, hid * dim}, {"ffn_down", w->w2 + l * dim * hid, dim * hid},
-        {"ffn_up", w->w3 + l * hid * dim, hid * dim},
-    };
-    for (size_t k = 0; k < sizeof t / sizeof t[0]; k++)
-        if (strcmp(part, t[k].name) == 0) return *n = t[k].n, t[k].p;
-    return NULL;
-}
-
-static void check_loaded(const kv_model *m, char *text)
-{
-    const kv_config *c = &m->config;
-    int weights = 0, sums = 0, configs = 0;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        char name[128];
-        long long i, n;
-        double v;
-        int dim, hid, L, H, Hkv, vocab, seq, rot, tied;
-        double theta, eps;
-        if (sscanf(line, "config %d %d %d %d %d %d %d %lf %lf %d %d", &dim, &hid, &L, &H, &Hkv,
-                   &vocab, &seq, &theta, &eps, &rot, &tied) == 11) {
-            KV_CHECK(c->dim == dim && c->hidden_dim == hid && c->n_layers == L && c->n_heads == H &&
-                     c->n_kv_heads == Hkv && c->vocab_size == vocab && c->seq_len == seq &&
-                     c->rope_theta == (float)theta && c->norm_eps == (float)eps &&
-                     c->rotary_dim == rot && c->tied_classifier == tied,
-                     "config: %s", line);
-            configs++;
-        } else if (sscanf(line, "weight %127s %lld %lf", name, &i, &v) == 3) {
-            int64_t count = 0;
-            const float *p = weight_of(m, name, &count);
-            KV_CHECK(p && i < count && p[i] == (float)v, "%s[%lld] = %.9g, the package's %.9g",
-                     name, i, p && i < count ? p[i] : NAN, v);
-            weights++;
-        } else if (sscanf(line, "sum %127s %lld %lf", name, &n, &v) == 3) {
-            int64_t count = 0;
-            const float *p = weight_of(m, name, &count);
-            double s = 0, a = 0;
-            for (int64_t k = 0; p && k < count; k++) s += p[k], a += fabs(p[k]);
-            /* a double sum of n floats in another order: within n * 2^-53 * sum|x| */
-            KV_CHECK(p && count == n && fabs(s - v) <= (double)n * 0x1p-53 * a,
-                     "%s: %lld weights summing to %.17g, the package's %lld summing to %.17g",
-                     name, (long long)count, s, n, v);
-            sums++;
-        }
-    }
-    KV_CHECK(configs == 1 && weights >= 100 && sums == 21, "expected.txt: %d config, %d weights, "
-             "%d sums", configs, weights, sums);
-}
-
 /* tiny_llama.gguf with one change: a loader refusal with @p status and @p words in it */
 static void refused(const unsigned char *b, size_t n, const char *what, int status,
                     const char *words)
@@ -166,7 +102,10 @@ int main(int argc, char **argv)
         KV_CHECK(rc == KV_OK, "load: %s", err.msg);
         if (rc == KV_OK) {
             KV_CHECK(m.w.wcls != m.w.token_embedding, "output.weight present: untied");
-            check_loaded(&m, text);
+            int configs, weights, sums;
+            kv_test_gguf_weights(&m, text, &configs, &weights, &sums);
+            KV_CHECK(configs == 1 && weights >= 100 && sums == 21, "expected.txt: %d config, %d "
+                     "weights, %d sums", configs, weights, sums);
             kv_model_free(&m);
         }
         refusals(g, file, n);

@@ -55,6 +55,9 @@ int kv_cli_model_resolve(const char *name, char *path, size_t n, kv_err *err);
 /** Open the GGUF file @p path and load its model (kv_gguf_model_load), progress on stderr after
  *  a second; *g (may be NULL: closed) keeps the file open for its tokenizer (kv_vocab.h). */
 int kv_cli_gguf_load(const char *path, kv_model *m, kv_gguf **g, kv_err *err);
+/** kvlab info --model: a GGUF file's header, metadata and tensor table on stdout (info_gguf.c);
+ *  returns the exit code. */
+int kv_cli_info_gguf(const char *cmd, const char *model);
 
 /** Exit code for a library status: bad input (ARG, IO, FORMAT, UNSUPPORTED) 2, else 1. */
 int kv_cli_exit_code(int status);

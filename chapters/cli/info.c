@@ -38,13 +38,20 @@ static const char *simd_level(void)
 
 int cmd_info(int argc, char **argv)
 {
-    kv_opt *opts = NULL;
+    const char *model = NULL;
+    kv_opt opts[] = {
+        {"--model", KV_OPT_STRING, &model, 0, 0, NULL, "FILE", "a GGUF file (or smollm2, fetched by tools/fetch-model.sh): print its metadata and tensor table instead", 0},
+    };
     int r = kv_args_parse("kvlab info",
                           "Print the version, build type, compiler, SIMD level, OpenMP threads,\n"
-                          "CUDA mode (none, cuda, emulation) and, with CUDA, the device.",
-                          argc - 1, argv + 1, opts, 0);
+                          "CUDA mode (none, cuda, emulation) and, with CUDA, the device.\n"
+                          "With --model FILE.gguf: the file's header, metadata (long arrays as\n"
+                          "type, count and first items), the config kvlab loads from it, and its\n"
+                          "tensors (name, type, shape from the row length up, bytes, offset).",
+                          argc - 1, argv + 1, opts, 1);
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (model) return kv_cli_info_gguf("kvlab info", model);
 
     printf("kvlab        %s\n", KV_VERSION_STRING);
     printf("build type   %s\n", KV_BUILD_TYPE);

@@ -185,47 +185,51 @@ static int need_tensor(const kv_gguf *g, const char *name, int n_dims, int64_t n
     return KV_OK;
 }
 
-/* one tensor's destination: its name, shape and where its fp32 rows go */
+/* one tensor's destination: its name, shape and where its fp32 rows go, as a field of
+ * kv_weights and an offset into it, so the plan (and every check) can be made before the
+ * weights are allocated */
 typedef struct {
     char name[64];
     int n_dims;
     int64_t ne0, ne1;
-    float *dst; /* [ne1][ne0] */
+    float *const *field; /* &m->w.wq ... */
+    int64_t off;         /* rows go to *field + off: [ne1][ne0] */
     const kv_gguf_tensor *t;
 } plan_row;
 
 static void plan(plan_row *r, const char *name, int layer, int n_dims, int64_t ne0, int64_t ne1,
-                 float *dst)
+                 float *const *field, int64_t off)
 {
     if (layer >= 0) snprintf(r->name, sizeof r->name, "blk.%d.%s.weight", layer, name);
     else snprintf(r->name, sizeof r->name, "%s.weight", name);
     r->n_dims = n_dims;
     r->ne0 = ne0;
     r->ne1 = ne1;
-    r->dst = dst;
+    r->field = field;
+    r->off = off;
 }
 
-/* Every tensor the config implies, with its place in @p m; returns the count. */
+/* Every tensor the config implies, with its place in @p m's weights; returns the count. */
 static int make_plan(const kv_model *m, plan_row *rows)
 {
     const kv_config *c = &m->config;
     const kv_weights *w = &m->w;
     const int64_t dim = c->dim, hid = c->hidden_dim, kvd = kv_config_kv_dim(c);
     int n = 0;
-    plan(&rows[n++], "token_embd", -1, 2, dim, c->vocab_size, w->token_embedding);
+    plan(&rows[n++], "token_embd", -1, 2, dim, c->vocab_size, &w->token_embedding, 0);
     for (int l = 0; l < c->n_layers; l++) {
-        plan(&rows[n++], "attn_norm", l, 1, dim, 1, w->rms_att + l * dim);
-        plan(&rows[n++], "attn_q", l, 2, dim, dim, w->wq + l * dim * dim);
-        plan(&rows[n++], "attn_k", l, 2, dim, kvd, w->wk + l * kvd * dim);
-        plan(&rows[n++], "attn_v", l, 2, dim, kvd, w->wv + l * kvd * dim);
-        plan(&rows[n++], "attn_output", l, 2, dim, dim, w->wo + l * dim * dim);
-        plan(&rows[n++], "ffn_norm", l, 1, dim, 1, w->rms_ffn + l * dim);
-        plan(&rows[n++], "ffn_gate", l, 2, dim, hid, w->w1 + l * hid * dim);
-        plan(&rows[n++], "ffn_down", l, 2, hid, dim, w->w2 + l * dim * hid);
-        plan(&rows[n++], "ffn_up", l, 2, dim, hid, w->w3 + l * hid * dim);
+        plan(&rows[n++], "attn_norm", l, 1, dim, 1, &w->rms_att, l * dim);
+        plan(&rows[n++], "attn_q", l, 2, dim, dim, &w->wq, l * dim * dim);
+        plan(&rows[n++], "attn_k", l, 2, dim, kvd, &w->wk, l * kvd * dim);
+        plan(&rows[n++], "attn_v", l, 2, dim, kvd, &w->wv, l * kvd * dim);
+        plan(&rows[n++], "attn_output", l, 2, dim, dim, &w->wo, l * dim * dim);
+        plan(&rows[n++], "ffn_norm", l, 1, dim, 1, &w->rms_ffn, l * dim);
+        plan(&rows[n++], "ffn_gate", l, 2, dim, hid, &w->w1, l * hid * dim);
+        plan(&rows[n++], "ffn_down", l, 2, hid, dim, &w->w2, l * dim * hid);
+        plan(&rows[n++], "ffn_up", l, 2, dim, hid, &w->w3, l * hid * dim);
     }
-    plan(&rows[n++], "output_norm", -1, 1, dim, 1, w->rms_final);
-    if (!c->tied_classifier) plan(&rows[n++], "output", -1, 2, dim, c->vocab_size, w->wcls);
+    plan(&rows[n++], "output_norm", -1, 1, dim, 1, &w->rms_final, 0);
+    if (!c->tied_classifier) plan(&rows[n++], "output", -1, 2, dim, c->vocab_size, &w->wcls, 0);
     return n;
 }
 
@@ -235,9 +239,10 @@ static void dequant_tensor(const plan_row *r)
     uint64_t row_bytes = 0;
     kv_ggml_row_bytes(r->t->type, r->ne0, &row_bytes, NULL); /* checked at open */
     const unsigned char *src = r->t->data;
+    float *dst = *r->field + r->off;
     #pragma omp parallel for schedule(static) if (r->ne1 > 64)
     for (int64_t i = 0; i < r->ne1; i++)
-        kv_ggml_dequant_row(r->t->type, src + (size_t)i * row_bytes, r->dst + i * r->ne0, r->ne0);
+        kv_ggml_dequant_row(r->t->type, src + (size_t)i * row_bytes, dst + i * r->ne0, r->ne0);
 }
 
 int kv_gguf_model_load_progress(const kv_gguf *g, kv_model *m, kv_gguf_progress progress,
@@ -246,21 +251,19 @@ int kv_gguf_model_load_progress(const kv_gguf *g, kv_model *m, kv_gguf_progress 
     if (!m) return kv_fail(err, KV_ERR_ARG, "model is NULL");
     memset(m, 0, sizeof *m);
     if (!g) return kv_fail(err, KV_ERR_ARG, "GGUF file is NULL");
-    kv_config c;
-    int rc = kv_gguf_model_config(g, &c, err);
+    int rc = kv_gguf_model_config(g, &m->config, err);
     if (rc) return rc;
-    if ((rc = kv_model_alloc(m, &c, err))) return rc;
-    const int n_rows = 2 + 9 * c.n_layers + !c.tied_classifier;
+    const int n_rows = 2 + 9 * m->config.n_layers + !m->config.tied_classifier;
     plan_row *rows = calloc((size_t)n_rows, sizeof *rows);
-    if (!rows) {
-        kv_model_free(m);
-        return kv_fail(err, KV_ERR_NOMEM, "out of memory");
-    }
+    if (!rows) return kv_fail(err, KV_ERR_NOMEM, "out of memory");
     const int n = make_plan(m, rows);
-    /* every shape and type checked before a weight is read */
+    /* every shape and type checked before the weights are allocated: a file's tensors bound
+     * what it can ask for */
     for (int k = 0; k < n && !rc; k++)
         rc = need_tensor(g, rows[k].name, rows[k].n_dims, rows[k].ne0, rows[k].ne1, &rows[k].t,
                          err);
+    const kv_config c = m->config;
+    if (!rc) rc = kv_model_alloc(m, &c, err); /* fills the fields the plan points at */
     int64_t done = 0;
     for (int k = 0; k < n && !rc; k++) {
         dequant_tensor(&rows[k]);
@@ -269,7 +272,7 @@ int kv_gguf_model_load_progress(const kv_gguf *g, kv_model *m, kv_gguf_progress 
     }
     free(rows);
     if (!rc) rc = kv_model_check_finite(m, err);
-    if (rc) kv_model_free(m);
+    if (rc) kv_model_free(m); /* zeroes it, config included */
     return rc;
 }
 

@@ -332,6 +332,54 @@ static void cache_spec_seeds(void)
     cache_spec_seed("int2", "within:+5");
 }
 
+/* ---- GGUF: small files by hand (tests/data/gguf/ adds the gguf package's) -------------- */
+
+static void u32(buf *x, uint32_t v) { add(x, &v, 4); }
+static void u64(buf *x, uint64_t v) { add(x, &v, 8); }
+static void gstr(buf *x, const char *s) { u64(x, strlen(s)); add(x, s, strlen(s)); }
+
+static void gguf_seeds(void)
+{
+    buf x = {0};
+    add(&x, "GGUF", 4); /* version 3, no tensors, no keys */
+    u32(&x, 3);
+    u64(&x, 0);
+    u64(&x, 0);
+    put("gguf", "empty-v3", x.b, x.n);
+    x.n = 0; /* version 2: an alignment, a string array, an array of arrays, one F32 tensor */
+    add(&x, "GGUF", 4);
+    u32(&x, 2);
+    u64(&x, 1);
+    u64(&x, 3);
+    gstr(&x, "general.alignment");
+    u32(&x, 4); /* u32 */
+    u32(&x, 64);
+    gstr(&x, "tokenizer.ggml.tokens");
+    u32(&x, 9); /* array */
+    u32(&x, 8); /* of strings */
+    u64(&x, 2);
+    gstr(&x, "a");
+    gstr(&x, "<s>");
+    gstr(&x, "nested");
+    u32(&x, 9);
+    u32(&x, 9); /* of arrays */
+    u64(&x, 1);
+    u32(&x, 5); /* of i32 */
+    u64(&x, 2);
+    u32(&x, 7);
+    u32(&x, 8);
+    gstr(&x, "w");
+    u32(&x, 1); /* n_dims */
+    u64(&x, 4);
+    u32(&x, 0); /* F32 */
+    u64(&x, 0); /* offset */
+    while (x.n % 64) add(&x, "", 1);
+    const float w[4] = {1, -2, 0.5f, 3};
+    add(&x, w, sizeof w);
+    put("gguf", "one-tensor-align64-v2", x.b, x.n);
+    free(x.b);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -351,5 +399,6 @@ int main(int argc, char **argv)
     text_seeds();
     sampler_seeds();
     cache_spec_seeds();
+    gguf_seeds();
     return 0;
 }

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 secs=${1:-30}
 build=${2:-build-fuzz}
 jobs=${KV_FUZZ_JOBS:-$(nproc 2>/dev/null || echo 2)}
-targets=${KV_FUZZ_TARGETS:-"fuzz_checkpoint fuzz_tokenizer fuzz_encode fuzz_args fuzz_needle fuzz_dialogue fuzz_trace fuzz_sampler fuzz_cache_spec fuzz_vocab"}
+targets=${KV_FUZZ_TARGETS:-"fuzz_checkpoint fuzz_tokenizer fuzz_encode fuzz_args fuzz_needle fuzz_dialogue fuzz_trace fuzz_sampler fuzz_cache_spec fuzz_vocab fuzz_gguf"}
 
 if ! command -v clang >/dev/null; then
   echo "run_bounded.sh: clang not found (Debian: apt-get install clang libclang-rt-14-dev libomp-14-dev)" >&2
@@ -29,6 +29,7 @@ seeds_of() { # extra read-only seed folders per target
     fuzz_needle) echo datasets/needle ;;
     fuzz_dialogue) echo datasets/dialogues ;;
     fuzz_trace) echo datasets/traces ;;
+    fuzz_gguf) echo tests/data/gguf ;;
   esac
 }
 

@@ -28,8 +28,16 @@ expected.txt, one fact a line (strings as hex bytes, floats as %.17g of their ex
                                         index in the row-major [ne1][ne0] matrix
   sum NAME N SUM                        the sum of a tensor's N dequantized weights (double)
 
+  kvhash KEY TYPE N FNV1A64              a long array: the hash of its elements as the file
+                                        stores them (a string as its u64 length and bytes)
+
 Run from the repository root:  python3 tools/gguf/make_test_files.py
 Deterministic (fixed seed): a rerun writes the same bytes.
+
+With --real FILE it describes SmolLM2-135M-Instruct.Q4_1.gguf instead (as the package reads
+it: every key, each array longer than 64 by its hash, the tensor table, the config and the
+dequantized weights of a few tensors) into tests/data/gguf/smollm2.txt, for
+tests/test_gguf_realmodel.c:  python3 tools/gguf/make_test_files.py --real PATH
 """
 import os
 import sys
@@ -146,12 +154,7 @@ def write(name, fill, version=3, arch="kvlab-test"):
     check_back(r, lines[start + 1:])
     align = int(r.fields["general.alignment"].contents()) if "general.alignment" in r.fields else 32
     lines[start] = "file %s %d %d %d %d" % (name, version, align, len(r.fields) - 3, len(r.tensors))
-    for t in r.tensors:
-        raw = bytes(np.asarray(t.data).view(np.uint8).reshape(-1))
-        ne = list(int(n) for n in t.shape) + [1] * (4 - len(t.shape))
-        lines.append("tensor %s %d %d %d %d %d %d %d %d %d" % (
-            t.name, int(t.tensor_type), len(t.shape), *ne, t.data_offset - r.data_offset,
-            t.n_bytes, fnv1a64(raw)))
+    describe_tensors(r)
     return r
 
 
@@ -206,9 +209,11 @@ def tiny_llama(w, rng):
         float(np.float32(c["eps"])), d // c["H"], 0))
 
 
-def weights(r):
+def weights(r, only=None):
     """Sample dequantized weights and each tensor's sum, as the package computes them."""
     for t in r.tensors:
+        if only is not None and t.name not in only:
+            continue
         x = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(-1)
         n = x.size
         for i in sorted({0, 1, n // 3, n // 2 + 1, n - 1}):
@@ -216,7 +221,62 @@ def weights(r):
         lines.append("sum %s %d %.17g" % (t.name, n, float(np.sum(x.astype(np.float64)))))
 
 
+def describe_tensors(r):
+    for t in r.tensors:
+        raw = bytes(np.asarray(t.data).view(np.uint8).reshape(-1))
+        ne = list(int(n) for n in t.shape) + [1] * (4 - len(t.shape))
+        lines.append("tensor %s %d %d %d %d %d %d %d %d %d" % (
+            t.name, int(t.tensor_type), len(t.shape), *ne, t.data_offset - r.data_offset,
+            t.n_bytes, fnv1a64(raw)))
+
+
+def real(path):
+    """The real model as the package reads it: nothing here is typed in by hand."""
+    r = GGUFReader(path)
+    f = r.fields
+    align = int(f["general.alignment"].contents()) if "general.alignment" in f else 32
+    lines.append("file %s %d %d %d %d" % (os.path.basename(path), int(f["GGUF.version"].contents()),
+                                          align, len(f) - 3, len(r.tensors)))
+    for key, fld in f.items():
+        if key.startswith("GGUF."):
+            continue
+        t = fld.types[0]
+        if t != VT.ARRAY:
+            expect_kv(key, t, fld.contents())
+        elif len(fld.data) <= 64 and fld.types[1] != VT.ARRAY:
+            expect_kv(key, t, fld.contents(), fld.types[1])
+        else:
+            h = 0xcbf29ce484222325
+            for idx in fld.data:
+                b = bytes(fld.parts[idx].tobytes())
+                if fld.types[1] == VT.STRING:
+                    b = len(b).to_bytes(8, "little") + b
+                for x in b:
+                    h = ((h ^ x) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+            lines.append("kvhash %s %s %d %d" % (key, NAMES[fld.types[1]], len(fld.data), h))
+    describe_tensors(r)
+    a = "llama."
+    get = lambda k: f[a + k].contents()
+    dim, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    tied = 0 if any(t.name == "output.weight" for t in r.tensors) else 1
+    lines.append("config %d %d %d %d %d %d %d %.17g %.17g %d %d" % (
+        dim, int(get("feed_forward_length")), int(get("block_count")), heads,
+        int(get("attention.head_count_kv")), int(get("vocab_size")), int(get("context_length")),
+        float(get("rope.freq_base")), float(get("attention.layer_norm_rms_epsilon")),
+        int(get("rope.dimension_count")), tied))
+    some = {"token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight",
+            "blk.0.attn_norm.weight", "blk.15.ffn_up.weight", "blk.29.ffn_down.weight",
+            "output_norm.weight"}
+    weights(r, some)
+    with open(os.path.join(OUT, "smollm2.txt"), "w") as out:
+        out.write("# made by tools/gguf/make_test_files.py --real (the gguf package's GGUFReader "
+                  "and dequantize)\n")
+        out.write("\n".join(lines) + "\n")
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--real":
+        return real(sys.argv[2])
     if not os.path.isdir("tests"):
         sys.exit("run from the repository root")
     os.makedirs(OUT, exist_ok=True)
