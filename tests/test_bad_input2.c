@@ -579,6 +579,18 @@ static void test_cli_ch09_10(void)
     CLI_BAD("--max-k|out of range", "spec", "--max-k", "65");
     CLI_BAD("--model|not both", "spec", "--model", "x.bin", "--default", "small");
 
+    /* the one model loader's refusals, and kvlab chat's: what a command cannot run, in words */
+    CLI_BAD("--model|recall models|kvlab chat", "dialogue", "--model", "trained", "x.dlg");
+    CLI_BAD("--model|recall models|eval ppl", "needle", "--model", "trained");
+    CLI_BAD("--model|a GGUF model is required", "chat");
+    CLI_BAD("--model|no chat template|kvlab generate", "chat", "--model", "trained");
+    setenv("KVLAB_MODELS", dir, 1); /* a models folder without the model, fetched or not */
+    CLI_BAD("--model|not fetched|fetch-model.sh smollm2", "chat", "--model", "smollm2");
+    unsetenv("KVLAB_MODELS");
+    CLI_BAD("--model|takes the model's own shape", "bench", "engine", "--model", "trained",
+            "--dim", "64");
+    CLI_BAD("--max-tokens|out of range", "chat", "--model", "x.gguf", "--max-tokens", "0");
+
     /* kvlab tour: chapter 12 has no demo */
     CLI_BAD("--chapter|no demo for chapter 12", "tour", "--chapter", "12");
     CLI_BAD("--chapter|no demo for chapter 12", "tour", "--chapter", "12", "--csv");

@@ -4,8 +4,8 @@
  *   test_docs <source root>            names: every name a README puts in backticks exists
  *   test_docs <source root> <kvlab>    output: every quoted kvlab output still matches
  *
- * Names. In chapters/NN-* /README.md, README.md, docs/interview.md and docs/errata.md, outside
- * fenced blocks, each `inline code` span is read for
+ * Names. In chapters/NN-* /README.md, README.md, docs/interview.md, docs/errata.md and
+ * docs/real-model.md, outside fenced blocks, each `inline code` span is read for
  *   - a call `name(...)`: name is an identifier of the code (C/CUDA sources with comments and
  *     string literals removed, plus the words of the CMake files, so test names count);
  *   - a bare `kv_x`, `kvq_x`, `kvcu_x`, `KV_X`, `test_x`, `emu_x` or `x_kernel...`: the same;
@@ -588,7 +588,7 @@ int main(int argc, char **argv)
         const int chapter = strncmp(f, "chapters/", 9) == 0 && ends_with(f, "/README.md") &&
                             strchr(f + 9, '/') == strrchr(f, '/');
         const int doc = strcmp(f, "README.md") == 0 || strcmp(f, "docs/interview.md") == 0 ||
-                        strcmp(f, "docs/errata.md") == 0;
+                        strcmp(f, "docs/errata.md") == 0 || strcmp(f, "docs/real-model.md") == 0;
         if (!chapter && !doc) continue;
         readmes++;
         if (argc > 2)

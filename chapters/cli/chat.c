@@ -221,6 +221,7 @@ int cmd_chat(int argc, char **argv)
         }
         if (skipping) continue;
         if (!interactive) printf("> %s\n", msg);
+        fflush(stdout); /* the message before anything on stderr about it */
         kv_chat_stats ts;
         st = kv_chat_turn(&chat, msg, strlen(msg), max_tokens, &sampler, on_token, &o, reply, &ts,
                           &err);
@@ -239,6 +240,7 @@ int cmd_chat(int argc, char **argv)
             for (int i = 0; i < ts.n_reply; i++) printf(" %d", reply[i]);
             printf("\n");
         }
+        fflush(stdout); /* the reply's line before the stats line on stderr */
         o.turns++, o.reused += ts.reused, o.fed += ts.fed, o.replied += ts.n_reply;
         o.prefill_s += ts.prefill_s, o.decode_s += ts.decode_s, o.decode_steps += ts.decode_steps;
         fprintf(stderr, "[turn %ld: %d tokens reused from the cache, %d new; reply %d tokens (%s); "
@@ -252,7 +254,6 @@ int cmd_chat(int argc, char **argv)
             fprintf(stderr, "%s: the context is full (%d tokens): /reset starts again\n", cmd, ctx);
             skipping = !interactive;
         }
-        fflush(stdout);
     }
 done:
     free(msg);

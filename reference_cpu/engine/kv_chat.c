@@ -80,10 +80,10 @@ int kv_chat_turn(kv_chat *c, const char *text, size_t len, int max_tokens, kv_sa
         rc = kv_chat_render_message(c->t, c->v, n == 0, "user", text, len, c->ids, c->cap, &n,
                                     err);
     if (!rc) rc = kv_chat_render_reply_start(c->t, c->v, c->ids, c->cap, &n, err);
-    if (rc == KV_ERR_CAPACITY || (!rc && n >= c->cap))
-        return kv_fail(err, KV_ERR_CAPACITY, "the context is full: the conversation holds %d "
-                       "tokens, this message needs %d more of the %d the cache holds (/reset "
-                       "starts again)", c->n_ids, n - c->n_ids, c->cap);
+    if (rc == KV_ERR_CAPACITY || (!rc && n >= c->cap)) /* n: as far as the rendering got */
+        return kv_fail(err, KV_ERR_CAPACITY, "the context is full: the conversation holds %d of "
+                       "the %d tokens the cache holds, and this message needs %s%d more (/reset "
+                       "starts again)", c->n_ids, c->cap, rc ? "over " : "", n - c->n_ids + !!rc);
     if (rc) return rc;
 
     /* prefill: the new tokens on top of the cache, or everything from position 0 */
