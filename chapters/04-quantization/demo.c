@@ -20,7 +20,6 @@
 
 #include "cli.h"
 #include "kv_attention.h"
-#include "kv_checkpoint.h"
 #include "kv_forward.h"
 #include "kv_needle.h"
 #include "kv_quant.h"
@@ -270,7 +269,8 @@ static void outlier_keys(kv_model *m, int channels, float scale)
 }
 
 int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int needles,
-                   int quick, int outliers, const char *model_path, kv_err *err)
+                   int quick, int outliers, kv_model *model, const char *model_name,
+                   kv_err *err)
 {
     const q_sizes *n = quick ? &q_quick : &q_full;
     const int prompt = n->prompt, steps = n->steps;
@@ -279,10 +279,10 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
     memset(&m, 0, sizeof m);
     memset(rm, 0, sizeof rm);
     int st;
-    if (model_path) { /* a user's checkpoint: its own shape; formats it cannot take are refused */
-        st = kv_checkpoint_read(model_path, &m, err);
-        if (!st && (st = kv_config_require_gqa(&m.config, "--model", err))) kv_model_free(&m);
-        if (st) return st;
+    if (model) { /* a user's model: its own shape (its weights borrowed, its Wk changed by
+                  * --outlier-channels); formats it cannot take are refused */
+        if ((st = kv_config_require_gqa(&model->config, "--model", err))) return st;
+        m = *model;
         cfg = m.config;
     } else {
         st = kv_model_alloc(&m, &cfg, err);
@@ -291,13 +291,13 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
     }
     const int V = cfg.vocab_size, d = kv_config_head_dim(&cfg);
     if (outliers < 0 || outliers > d) {
-        kv_model_free(&m);
+        if (!model) kv_model_free(&m);
         return kv_fail(err, KV_ERR_ARG, "--outlier-channels %d: the head has %d channels",
                        outliers, d);
     }
     outlier_keys(&m, outliers, 20.0f);
     if (prompt + steps > cfg.seq_len) {
-        kv_model_free(&m);
+        if (!model) kv_model_free(&m);
         return kv_fail(err, KV_ERR_ARG, "the model's seq_len %d is below the %d tokens the study "
                        "generates", cfg.seq_len, prompt + steps);
     }
@@ -340,7 +340,7 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
         fprintf(f, "%s: L %d, H %d, H_kv %d, d %d; %d-token prefill + %d teacher-forced "
                 "steps on %s; needles: recall models, %d tokens, depths 0/50/100 (constructed: "
                 "see README); attention time: one layer, N = %d, median of %d.\n\n",
-                model_path ? model_path : "Random model", cfg.n_layers, cfg.n_heads,
+                model ? model_name : "Random model", cfg.n_layers, cfg.n_heads,
                 cfg.n_kv_heads, d, prompt, steps, device,
                 n->needle, N, repeats);
         fprintf(f, "%-14s %8s %9s %9s %9s %10s %7s %7s %9s %7s\n", "format", "B/token", "K err",
@@ -387,7 +387,7 @@ int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int
                 "(2*H_kv*N*d*b) / attention time.\n");
     kv_state_free(&s);
     kv_cache_free(&ref_cache);
-    kv_model_free(&m);
+    if (!model) kv_model_free(&m);
     kv_model_free(&rm[0]);
     kv_model_free(&rm[1]);
     free(text);
@@ -402,5 +402,5 @@ int kv_demo_ch04(const kv_demo_ctx *ctx, kv_err *err)
                 "and more repeats).\n");
     /* tour --quick: a cache of 256 tokens timed once */
     return kv_quant_study(ctx->out, ctx->device, ctx->csv, ctx->quick ? 256 : 2048,
-                          ctx->quick ? 1 : 5, 1, ctx->quick, 0, NULL, err);
+                          ctx->quick ? 1 : 5, 1, ctx->quick, 0, NULL, NULL, err);
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "model_load.h"
 #ifdef KV_HAVE_CUDA
 #include "kvcu.h"
 #endif
@@ -24,7 +25,7 @@ int kv_bench_quant(int argc, char **argv)
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "timed attention calls per format, after one warm-up (default 9)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where caches and attention run (default cpu)", 0},
         {"--no-needles", KV_OPT_FLAG, &no_needles, 0, 0, NULL, NULL, "skip the recall-model needles", 0},
-        {"--model", KV_OPT_STRING, &model, 0, 0, NULL, "FILE", "a llama2.c or kvlab checkpoint to study instead of the random model", 0},
+        {"--model", KV_OPT_STRING, &model, 0, 0, NULL, "FILE", "a model to study instead of the random one: a llama2.c / kvlab checkpoint, `trained`, a GGUF file or smollm2", 0},
         {"--outlier-channels", KV_OPT_INT, &outliers, 0, 512, NULL, "C", "multiply the Wk rows of the last C key channels of every KV head by 20: outlier key channels (chapter 04, exercise 1; default 0)", 0},
         {"--quick", KV_OPT_FLAG, &quick, 0, 0, NULL, NULL, "tour --quick's sizes: a 32-token prompt, 8 teacher-forced steps, a 96-token needle context", 0},
         {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows", 0},
@@ -41,8 +42,12 @@ int kv_bench_quant(int argc, char **argv)
     int e = kv_cli_check_device(cmd, device);
     if (e) return e;
     kv_err err = {{0}};
-    int st = kv_quant_study(stdout, device, csv, N, repeats, !no_needles, quick, outliers, model,
-                            &err);
+    kv_cli_model mdl = {0};
+    const kv_cli_model_args ma = {model, NULL, NULL, NULL, KV_CLI_TEXT_NONE, 0};
+    if (model && (e = kv_cli_model_load(cmd, &ma, &mdl))) return e;
+    int st = kv_quant_study(stdout, device, csv, N, repeats, !no_needles, quick, outliers,
+                            model ? &mdl.m : NULL, mdl.name, &err);
+    kv_cli_model_close(&mdl);
     if (st) return kv_cli_fail(cmd, "run", st, &err);
 #ifdef KV_HAVE_CUDA
     if (strcmp(device, "cpu") && kvcu_is_emulation() && !csv)

@@ -271,13 +271,15 @@ int kv_demo_ch11(const kv_demo_ctx *ctx, kv_err *err); /* 11-mla/demo.c */
  * KV-cache formats side by side (chapter 04's demo, kvlab bench quant): per format bytes per
  * token, K/V and attention error, KL and top-1 over a generation, needles (when @p needles),
  * and the median decode-attention time over @p N tokens (@p repeats calls) on @p device;
- * on the checkpoint @p model_path when not NULL (default: a random d = 64 model).
+ * on @p model, named @p model_name, when not NULL (kvlab bench quant --model: borrowed;
+ * --outlier-channels changes its Wk), else a random d = 64 model.
  * @p quick (tour --quick): a shorter generation and needle context, the same rows.
  * @p outliers (exercise 1, --outlier-channels): the last @p outliers key channels of every KV
  * head made 20 times larger (their Wk rows scaled) before anything runs; 0 = the model as is.
  */
 int kv_quant_study(FILE *f, const char *device, int csv, int N, int repeats, int needles,
-                   int quick, int outliers, const char *model_path, kv_err *err);
+                   int quick, int outliers, kv_model *model, const char *model_name,
+                   kv_err *err);
 /** kvlab bench quant (bench_quant.c). */
 int kv_bench_quant(int argc, char **argv);
 
