@@ -44,18 +44,37 @@ static void put(const char *target, const char *name, const void *data, size_t n
 
 /* ---- checkpoints: a 4-wide model (d 2, H 2, H_kv 1) in both formats -------------------- */
 
+/* a model of config c with seed-7 weights, written in format */
+static void write_model(const char *name, const kv_config *c, int format)
+{
+    kv_model m;
+    kv_err err;
+    if (kv_model_alloc(&m, c, &err)) die(err.msg);
+    kv_model_randomize(&m, 7);
+    if (kv_checkpoint_write(path_of("checkpoint", name), &m, format, &err)) die(err.msg);
+    kv_model_free(&m);
+}
+
 static void checkpoint(const char *name, int format, int tied, int n_kv_heads, float theta)
 {
     kv_config c = {4, 4, 1, 2, n_kv_heads, 4, 3, 0, 0, 0, 0, 0, 0, {0}};
     kv_config_set_defaults(&c);
     c.tied_classifier = tied;
     c.rope_theta = theta;
-    kv_model m;
-    kv_err err;
-    if (kv_model_alloc(&m, &c, &err)) die(err.msg);
-    kv_model_randomize(&m, 7);
-    if (kv_checkpoint_write(path_of("checkpoint", name), &m, format, &err)) die(err.msg);
-    kv_model_free(&m);
+    write_model(name, &c, format);
+}
+
+/* ---- checkpoints: an MLA model (kvlab header v2), 4 wide, 2 layers so a prefix is a part ---- */
+
+static void checkpoint_mla(const char *name, int q_rank, int tied)
+{
+    kv_config c = {4, 4, 2, 2, 1, 4, 3, 0, 0, 0, 0, 0, 0, {0}};
+    kv_config_set_defaults(&c); /* then the MLA fields, which it clears */
+    c.attn = KV_ATTN_MLA;
+    c.mla = (kv_mla_dims){2, 2, 2, 2, q_rank}; /* d_c, d_R, d_nope, d_v, q_rank */
+    c.rotary_dim = c.mla.d_rope; /* only q_R and k_R rotate */
+    c.tied_classifier = tied;
+    write_model(name, &c, KV_FILE_KVLAB);
 }
 
 /* ---- tokenizer: [u16 vocab-1][u8 prompt length][prompt][tokenizer.bin] -------------------- */
@@ -392,6 +411,8 @@ int main(int argc, char **argv)
     checkpoint("kvlab-untied-mha", KV_FILE_KVLAB, 0, 2, 10000.0f);
     checkpoint("llama2c-tied", KV_FILE_LLAMA2C, 1, 1, 10000.0f);
     checkpoint("llama2c-untied", KV_FILE_LLAMA2C, 0, 2, 10000.0f);
+    checkpoint_mla("kvlab-v2-mla", 0, 1);
+    checkpoint_mla("kvlab-v2-mla-qrank-untied", 2, 0);
     tokenizers();
     encode_seeds();
     vocab_seeds();
