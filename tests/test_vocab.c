@@ -27,7 +27,9 @@ static void test_classes(void)
         {'a', KV_UC_LETTER, "Ll"},           {'Z', KV_UC_LETTER, "Lu"},
         {'7', KV_UC_NUMBER, "Nd"},           {' ', KV_UC_SPACE, "Zs space"},
         {'\t', KV_UC_SPACE, "tab"},          {'\n', KV_UC_SPACE, "line feed"},
-        {'!', 0, "Po"},                      {'_', 0, "Pc"},
+        {'!', KV_UC_PUNCT, "Po"},            {'_', KV_UC_PUNCT, "Pc"},
+        {'$', 0, "Sc"},                      {0x2014, KV_UC_PUNCT, "em dash (Pd)"},
+        {0x300C, KV_UC_PUNCT, "corner bracket (Ps)"}, {0xAB, KV_UC_PUNCT, "« (Pi)"},
         {0x00, 0, "NUL"},                    {0x85, KV_UC_SPACE, "NEL"},
         {0xA0, KV_UC_SPACE, "no-break space"}, {0xB2, KV_UC_NUMBER, "superscript two (No)"},
         {0xAA, KV_UC_LETTER, "ordinal a (Lo)"}, {0x01C5, KV_UC_LETTER, "Dž (Lt)"},
@@ -161,6 +163,10 @@ static void test_pre(void)
         {KV_PRE_SMOLLM, "abc123 4", "abc|1|2|3| |4"},
         {KV_PRE_SMOLLM, "v2.0 x", "v|2|.|0| x"},
         {KV_PRE_SMOLLM, "\xD9\xA3\xC2\xB2", "\xD9\xA3|\xC2\xB2"},  /* non-ASCII numbers too */
+        /* default: [\p{P}\$\+<=>\^~\|]+, GPT-2's, \p{N}+, [0-9][0-9][0-9] */
+        {KV_PRE_DEFAULT, "Hello, world!!! 12345 $x", "Hello|,| world|!!!| |123|45| |$|x"},
+        {KV_PRE_DEFAULT, "a`b 1234567\xD9\xA3", "a|`|b| |123|456|7\xD9\xA3"},
+        {KV_PRE_DEFAULT, "\xE3\x80\x8Cok\xE3\x80\x8D.", "\xE3\x80\x8C|ok|\xE3\x80\x8D."},
     };
     char out[1024];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -123,6 +123,7 @@ static const struct {
     {"codeshell", KV_PRE_SMOLLM, 0, 0}, {"exaone", KV_PRE_SMOLLM, 0, 0},
     {"minerva-7b", KV_PRE_SMOLLM, 0, 0}, {"qwen2", KV_PRE_QWEN2, 0, 0},
     {"deepseek-r1-qwen", KV_PRE_QWEN2, 0, 0}, {"stablelm2", KV_PRE_QWEN2, 0, 0},
+    {"default", KV_PRE_DEFAULT, 0, 0}, /* also when the file names none */
 };
 
 static int set_model(kv_vocab *v, const kv_vocab_desc *d, kv_err *err)
@@ -150,7 +151,7 @@ static int set_model(kv_vocab *v, const kv_vocab_desc *d, kv_err *err)
     }
     return kv_fail(err, KV_ERR_UNSUPPORTED,
                    "kv_vocab: pre-tokenizer '%s' (tokenizer.ggml.pre): kvlab has gpt-2, "
-                   "llama-bpe, qwen2 and smollm and the names that share their patterns", pre);
+                   "llama-bpe, qwen2, smollm, default and the names that share their patterns", pre);
 }
 
 /* a special id from the file when in range, else the default when in range, else none */

@@ -19,7 +19,8 @@ enum {
     KV_PRE_GPT2 = 1, /* GPT-2's pattern */
     KV_PRE_LLAMA3,   /* Llama 3's pattern */
     KV_PRE_QWEN2,    /* Llama 3's with one digit a word */
-    KV_PRE_SMOLLM    /* every \p{N} alone, then GPT-2's pattern (SmolLM, StarCoder, ...) */
+    KV_PRE_SMOLLM,   /* every \p{N} alone, then GPT-2's pattern (SmolLM, StarCoder, ...) */
+    KV_PRE_DEFAULT   /* no pre-tokenizer named: punctuation runs, GPT-2's, numbers, threes */
 };
 
 /* bytes of one string inside kv_vocab.text */

@@ -12,6 +12,8 @@
  *           ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
  *   qwen2   llama3 with \p{N} in place of \p{N}{1,3}
  *   smollm  \p{N}  then  gpt2
+ *   default [\p{P}\$\+<=>\^~\|]+  then  gpt2  then  \p{N}+  then  [0-9][0-9][0-9]
+ *           (a file that names no pre-tokenizer)
  *
  * A piece is a run [ini, end) of codepoints; a matcher never looks past its piece's end, as
  * if the piece were the whole text (llama.cpp's OUT_OF_RANGE). The classes \p{L}, \p{N} and \s
@@ -185,6 +187,11 @@ static void split_llama3_digits(piece *p, int max_digits)
 static void split_llama3(piece *p) { split_llama3_digits(p, 3); }
 static void split_qwen2(piece *p) { split_llama3_digits(p, 1); }
 
+/* The patterns llama.cpp runs through std::regex rather than a matcher of its own. A match is
+ * a word and so is each stretch between two matches. std::regex sees an ASCII codepoint as
+ * itself and any other as one byte for its class (a space 0x0B, a number 0xD1, punctuation
+ * 0xD3), which \p{N} and \p{P} then match: the classes below are that, per codepoint. */
+
 /* \p{N}: every number codepoint a word of its own, the runs between them words too */
 static void split_numbers(piece *p)
 {
@@ -194,6 +201,48 @@ static void split_numbers(piece *p)
         word(p, pos - start);
         word(p, 1);
         start = pos + 1;
+    }
+    word(p, p->end - start);
+}
+
+/* a run of codepoints of one class is a word, and so is each run between two of them */
+static void split_runs(piece *p, int (*in)(uint32_t c, int cls))
+{
+    for (int pos = p->ini; pos < p->end;) {
+        int start = pos, match = in(p->cpt[pos], cls_at(p, pos));
+        while (pos < p->end && in(p->cpt[pos], cls_at(p, pos)) == match) pos++;
+        word(p, pos - start);
+    }
+}
+
+/* [\p{P}\$\+<=>\^~\|]: llama.cpp's ASCII punctuation (every printable non-alphanumeric but
+ * '`') and $+<=>^~|, or a non-ASCII codepoint of category P that is not a space */
+static int default_punct(uint32_t c, int cls)
+{
+    if (c < 0x80) return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) ||
+                         (c >= 0x5B && c <= 0x5F) || (c >= 0x7B && c <= 0x7E);
+    return (cls & KV_UC_PUNCT) && !is_space(cls);
+}
+
+static int number(uint32_t c, int cls) { return (void)c, is_number(cls) && !is_space(cls); }
+
+static void split_punct_runs(piece *p) { split_runs(p, default_punct); }
+static void split_number_runs(piece *p) { split_runs(p, number); } /* \p{N}+ */
+
+/* [0-9][0-9][0-9]: three ASCII digits, leftmost first; what is left between them a word */
+static void split_digits3(piece *p)
+{
+    int start = p->ini;
+    for (int pos = p->ini; pos + 3 <= p->end;) {
+        int three = 1;
+        for (int k = 0; k < 3; k++) three &= p->cpt[pos + k] >= '0' && p->cpt[pos + k] <= '9';
+        if (!three) {
+            pos++;
+            continue;
+        }
+        word(p, pos - start);
+        word(p, 3);
+        start = pos += 3;
     }
     word(p, p->end - start);
 }
@@ -210,6 +259,18 @@ static int apply(void (*split)(piece *), const uint32_t *cpt, const int *in, int
     return p.n_out;
 }
 
+/* patterns one after the other, each over the words the one before left (in tmp[0], one) */
+static int chain(void (*const *split)(piece *), int n_split, const uint32_t *cpt, int *len, int *tmp)
+{
+    int n_words = 1;
+    for (int k = 0; k < n_split; k++) {
+        if (k > 0)
+            for (int i = 0; i < n_words; i++) tmp[i] = len[i];
+        n_words = apply(split[k], cpt, tmp, n_words, len);
+    }
+    return n_words;
+}
+
 int kv_vocab_pre_split(int pre, const uint32_t *cpt, int n, int *len, int *tmp)
 {
     if (n == 0) return 0;
@@ -217,11 +278,10 @@ int kv_vocab_pre_split(int pre, const uint32_t *cpt, int n, int *len, int *tmp)
     switch (pre) {
     case KV_PRE_LLAMA3: return apply(split_llama3, cpt, tmp, 1, len);
     case KV_PRE_QWEN2: return apply(split_qwen2, cpt, tmp, 1, len);
-    case KV_PRE_SMOLLM: {
-        int n_num = apply(split_numbers, cpt, tmp, 1, len);
-        for (int i = 0; i < n_num; i++) tmp[i] = len[i];
-        return apply(split_gpt2, cpt, tmp, n_num, len);
-    }
+    case KV_PRE_SMOLLM: return chain((void (*[])(piece *)){split_numbers, split_gpt2}, 2, cpt, len, tmp);
+    case KV_PRE_DEFAULT:
+        return chain((void (*[])(piece *)){split_punct_runs, split_gpt2, split_number_runs,
+                                          split_digits3}, 4, cpt, len, tmp);
     default: return apply(split_gpt2, cpt, tmp, 1, len);
     }
 }

@@ -9,6 +9,7 @@ scripts/gen-unicode-data.py from UnicodeData.txt), because the GGUF tokenizers p
   letter      general category L* (Lu Ll Lt Lm Lo)          what \\p{L} matches
   number      general category N* (Nd Nl No)                what \\p{N} matches
   whitespace  the fixed White_Space list below (PropList)   what \\s matches
+  punctuation general category P* (Pc Pd Ps Pe Pi Pf Po)    what \\p{P} matches
 
 The table is written from the Unicode version of the `unicodedata2` module when it is installed
 (pip install unicodedata2==15.1.0: the version llama.cpp's table was made from), else of Python's
@@ -24,7 +25,7 @@ except ImportError:  # Python's own module: an older Unicode version
     import unicodedata
 
 MAX_CODEPOINTS = 0x110000
-LETTER, NUMBER, WHITESPACE = 1, 2, 4
+LETTER, NUMBER, WHITESPACE, PUNCTUATION = 1, 2, 4, 8
 
 # White_Space of PropList.txt, as llama.cpp lists it (unchanged since Unicode 6.0)
 WHITESPACE_LIST = (list(range(0x0009, 0x000D + 1)) + list(range(0x2000, 0x200A + 1)) +
@@ -39,6 +40,8 @@ def classes():
             cls[cpt] = LETTER
         elif cat[0] == "N":
             cls[cpt] = NUMBER
+        elif cat[0] == "P":
+            cls[cpt] = PUNCTUATION
     for cpt in WHITESPACE_LIST:
         cls[cpt] |= WHITESPACE
     return cls
