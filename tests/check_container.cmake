@@ -1,0 +1,60 @@
+# test_container: the Dockerfile and the dev container stay in step with the tree (Docker itself
+# does not run on CI's machine; CI runs the same install script, tools/setup/install-deps.sh).
+#   cmake -DSRC=<source dir> -P check_container.cmake
+# Every file the Dockerfile copies exists, it installs through install-deps.sh, the script is
+# executable and its --list runs, and .devcontainer/devcontainer.json parses and builds from
+# that Dockerfile.
+set(failed 0)
+macro(check cond msg)
+  if(${cond})
+    message(STATUS "ok: ${msg}")
+  else()
+    message(SEND_ERROR "FAIL: ${msg}")
+    math(EXPR failed "${failed} + 1")
+  endif()
+endmacro()
+
+file(STRINGS ${SRC}/Dockerfile lines)
+set(copies 0)
+foreach(line IN LISTS lines)
+  if(line MATCHES "^COPY ([^ ]+) ")
+    set(from ${CMAKE_MATCH_1})
+    if(NOT from STREQUAL ".")
+      math(EXPR copies "${copies} + 1")
+      set(present FALSE)
+      if(EXISTS ${SRC}/${from})
+        set(present TRUE)
+      endif()
+      check(present "Dockerfile copies ${from}, which exists")
+    endif()
+  endif()
+endforeach()
+check(copies "the Dockerfile copies the install script")
+file(READ ${SRC}/Dockerfile docker)
+string(FIND "${docker}" "install-deps.sh" at)
+set(uses FALSE)
+if(at GREATER -1)
+  set(uses TRUE)
+endif()
+check(uses "the Dockerfile installs through tools/setup/install-deps.sh")
+
+execute_process(COMMAND ${SRC}/tools/setup/install-deps.sh --list RESULT_VARIABLE rc
+                OUTPUT_QUIET ERROR_VARIABLE errout)
+set(ran FALSE)
+if(rc EQUAL 0)
+  set(ran TRUE)
+endif()
+check(ran "tools/setup/install-deps.sh --list runs (${rc}${errout})")
+
+file(READ ${SRC}/.devcontainer/devcontainer.json dc)
+string(JSON dockerfile ERROR_VARIABLE jerr GET "${dc}" build dockerfile)
+set(parsed FALSE)
+if(NOT jerr AND dockerfile STREQUAL "../Dockerfile")
+  set(parsed TRUE)
+endif()
+check(parsed "devcontainer.json parses and builds ../Dockerfile (${jerr})")
+
+if(failed)
+  message(FATAL_ERROR "${failed} failed")
+endif()
+message(STATUS "all container checks passed")
