@@ -118,6 +118,21 @@ static inline float kv_ggml_fp16_at(const uint8_t *p)
     return kv_ggml_fp16((uint16_t)(p[0] | (p[1] << 8)));
 }
 
+/** The 6-bit scale and minimum of sub-block j (0..7) of Q4_K and Q5_K, packed in 12 bytes:
+ *   bytes 0-3:  scales 0-3 in their low 6 bits; the top 2 bits: bits 4-5 of scales 4-7
+ *   bytes 4-7:  minimums 0-3 likewise, the top 2 bits: bits 4-5 of minimums 4-7
+ *   bytes 8-11: low 4 bits of scales 4-7 (low nibble) and of minimums 4-7 (high nibble) */
+static inline void kv_ggml_scale_min_k4(const uint8_t *p, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = p[j] & 63;
+        *m = p[j + 4] & 63;
+    } else {
+        *sc = (p[j + 4] & 15) | (p[j - 4] >> 6) << 4;
+        *m = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
+    }
+}
+
 #ifdef __cplusplus
 }
 #endif

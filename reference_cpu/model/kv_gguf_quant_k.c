@@ -61,25 +61,10 @@ void kv_ggml_dequant_q3_k(const uint8_t *b, float *y)
     }
 }
 
-/* The 6-bit scale and minimum of sub-block j (0..7) of Q4_K and Q5_K, packed in 12 bytes:
- *   bytes 0-3:  scales 0-3 in their low 6 bits; the top 2 bits: bits 4-5 of scales 4-7
- *   bytes 4-7:  minimums 0-3 likewise, the top 2 bits: bits 4-5 of minimums 4-7
- *   bytes 8-11: low 4 bits of scales 4-7 (low nibble) and of minimums 4-7 (high nibble) */
-static void scale_min_k4(const uint8_t *p, int j, int *sc, int *m)
-{
-    if (j < 4) {
-        *sc = p[j] & 63;
-        *m = p[j + 4] & 63;
-    } else {
-        *sc = (p[j + 4] & 15) | (p[j - 4] >> 6) << 4;
-        *m = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
-    }
-}
-
 /* Q4_K, 144 bytes:
  *   struct { uint16_t d;           fp16 step of the scales
  *            uint16_t dmin;        fp16 step of the minimums
- *            uint8_t  scales[12];  8 6-bit scales and 8 6-bit minimums (scale_min_k4())
+ *            uint8_t  scales[12];  8 6-bit scales and 8 6-bit minimums (kv_ggml_scale_min_k4())
  *            uint8_t  qs[128]; }   4-bit codes q in 0..15
  *   weight w = 64 g + 32 s + l (g 0..3, s 0..1, l 0..31): q = (qs[32 g + l] >> 4 s) & 15
  *   sub-block j = w / 32:  w = (d * sc_j) * q - dmin * m_j */
@@ -91,7 +76,7 @@ void kv_ggml_dequant_q4_k(const uint8_t *b, float *y)
         const int g = w / 64, s = (w % 64) / 32, l = w % 32;
         const int q = (qs[32 * g + l] >> (4 * s)) & 15;
         int sc, m;
-        scale_min_k4(scales, w / 32, &sc, &m);
+        kv_ggml_scale_min_k4(scales, w / 32, &sc, &m);
         const float scale = d * (float)sc, min = dmin * (float)m;
         y[w] = scale * (float)q - min;
     }
@@ -111,7 +96,7 @@ void kv_ggml_dequant_q5_k(const uint8_t *b, float *y)
         const int g = w / 64, s = (w % 64) / 32, l = w % 32;
         const int q = ((qs[32 * g + l] >> (4 * s)) & 15) | ((qh[l] >> (w / 32)) & 1) << 4;
         int sc, m;
-        scale_min_k4(scales, w / 32, &sc, &m);
+        kv_ggml_scale_min_k4(scales, w / 32, &sc, &m);
         const float scale = d * (float)sc, min = dmin * (float)m;
         y[w] = scale * (float)q - min;
     }

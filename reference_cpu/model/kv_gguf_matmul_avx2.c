@@ -1,0 +1,147 @@
+/* The x86 twins of kv_gguf_matmul_fast.c's row loops: a block's integer sum of code products
+ * taken 32 codes at a time in 256-bit registers, then the portable loop's float steps
+ * (kv_gguf_term()) unchanged, in the same order, so every output has the portable loop's bits.
+ *
+ * The integer step: _mm256_maddubs_epi16 multiplies 32 unsigned bytes (the weight codes) by 32
+ * signed bytes (the activation codes) and adds neighbours into 16 int16 (at most
+ * 2 * 63 * 127 = 16002 for 6-bit codes: no saturation), _mm256_madd_epi16 by ones (or by the
+ * sub-block scales, Q6_K) widens them into 8 int32, and a horizontal add gives the block's sum.
+ * Signed weight codes (Q8_0) go through the sign trick: |w| as the unsigned operand and c with
+ * w's sign as the signed one (|w| <= 128, so 2 * 128 * 127 = 32512 still fits). Four-bit codes
+ * are unpacked in registers: the low nibbles with a mask, the high ones by a 16-bit shift and
+ * the same mask.
+ *
+ * The functions carry their instruction set as a target attribute (the library is built for
+ * any x86-64) and run only where kv_ops_cpu_avx2() says the CPU has it. */
+#include "kv_gguf_matmul_fast.h"
+#include "kv_gguf_quant.h"
+
+#if !(defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)))
+const kv_gguf_row_dots *kv_gguf_row_dots_avx2(void) { return NULL; }
+#else
+#include <immintrin.h>
+
+#define KV_AVX2 __attribute__((target("avx2")))
+
+/* the sum of 8 int32 */
+KV_AVX2 static inline int32_t hsum(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* sum_j u_j c_j: u 32 unsigned codes (< 64), c 32 signed codes */
+KV_AVX2 static inline int32_t udot(__m256i u, const int8_t *c)
+{
+    const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)c));
+    return hsum(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* 16 bytes of nibbles as 32 codes in weight order: the low nibbles (weights 0-15), then the
+ * high ones (weights 16-31) */
+KV_AVX2 static inline __m256i nibbles16(const uint8_t *qs)
+{
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+static int32_t csum32(const kv_gguf_act *a, int b) { return a->s16[2 * b] + a->s16[2 * b + 1]; }
+
+KV_AVX2 static float dot_q8_0(const uint8_t *row, const kv_gguf_act *a, int n)
+{
+    float acc = 0.0f;
+    for (int b = 0; b < n / 32; b++) {
+        const uint8_t *blk = row + 34 * b;
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        const __m256i c = _mm256_loadu_si256((const __m256i *)(a->q + 32 * b));
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(c, w));
+        const int32_t s = hsum(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+        acc += kv_gguf_term(kv_ggml_fp16_at(blk), a->d[b], s);
+    }
+    return acc;
+}
+
+/* Q4_0 (18-byte blocks: d, codes) and Q4_1 (20 bytes: d, m, codes) */
+KV_AVX2 static inline float dot_q4(const uint8_t *row, const kv_gguf_act *a, int n, int q4_1)
+{
+    const int bytes = q4_1 ? 20 : 18;
+    float acc = 0.0f;
+    for (int b = 0; b < n / 32; b++) {
+        const uint8_t *blk = row + bytes * b;
+        const int32_t s = udot(nibbles16(blk + bytes - 16), a->q + 32 * b);
+        acc += kv_gguf_q4_term(blk, a->d[b], s, csum32(a, b), q4_1);
+    }
+    return acc;
+}
+KV_AVX2 static float dot_q4_0(const uint8_t *row, const kv_gguf_act *a, int n) { return dot_q4(row, a, n, 0); }
+KV_AVX2 static float dot_q4_1(const uint8_t *row, const kv_gguf_act *a, int n) { return dot_q4(row, a, n, 1); }
+
+/* Q4_K: 32 bytes of qs hold sub-block 2 g (low nibbles) and 2 g + 1 (high nibbles) */
+KV_AVX2 static float dot_q4_k(const uint8_t *row, const kv_gguf_act *a, int n)
+{
+    const __m256i m = _mm256_set1_epi8(15);
+    float acc = 0.0f;
+    for (int sb = 0; sb < n / KV_GGML_QK_K; sb++) {
+        const uint8_t *blk = row + 144 * sb;
+        const float d = kv_ggml_fp16_at(blk), dmin = kv_ggml_fp16_at(blk + 2);
+        for (int g = 0; g < 4; g++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g));
+            const __m256i half[2] = {_mm256_and_si256(v, m),
+                                     _mm256_and_si256(_mm256_srli_epi16(v, 4), m)};
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * g + h, b = 8 * sb + j;
+                const int32_t s = udot(half[h], a->q + 32 * b);
+                int sc, mn;
+                kv_ggml_scale_min_k4(blk + 4, j, &sc, &mn);
+                acc += kv_gguf_term(d, a->d[b], sc * s) -
+                       kv_gguf_term(dmin, a->d[b], mn * csum32(a, b));
+            }
+        }
+    }
+    return acc;
+}
+
+/* Q6_K: for half g of a super-block, ql bytes 64 g .. +31 (A) and +32 .. +63 (B) and qh bytes
+ * 32 g .. +31 give the four runs of 32 weights: A's low nibbles with qh bits 0-1, B's low with
+ * bits 2-3, A's high with bits 4-5, B's high with bits 6-7 */
+KV_AVX2 static float dot_q6_k(const uint8_t *row, const kv_gguf_act *a, int n)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    float acc = 0.0f;
+    for (int sb = 0; sb < n / KV_GGML_QK_K; sb++) {
+        const uint8_t *blk = row + 210 * sb;
+        const int8_t *scales = (const int8_t *)(blk + 192);
+        const float d = kv_ggml_fp16_at(blk + 208);
+        for (int g = 0; g < 2; g++) {
+            const __m256i A = _mm256_loadu_si256((const __m256i *)(blk + 64 * g));
+            const __m256i B = _mm256_loadu_si256((const __m256i *)(blk + 64 * g + 32));
+            const __m256i H = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * g));
+            const __m256i low[4] = {_mm256_and_si256(A, m4), _mm256_and_si256(B, m4),
+                                    _mm256_and_si256(_mm256_srli_epi16(A, 4), m4),
+                                    _mm256_and_si256(_mm256_srli_epi16(B, 4), m4)};
+            for (int t = 0; t < 4; t++) {
+                const int k = 4 * g + t, b = 8 * sb + k;
+                const __m256i high = _mm256_and_si256(_mm256_srli_epi16(H, 2 * t), m2);
+                const __m256i q = _mm256_or_si256(low[t], _mm256_slli_epi16(high, 4));
+                const __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256(
+                                                              (const __m256i *)(a->q + 32 * b)));
+                /* int16 lanes 0-7 are weights 0-15 (scale 2 k), lanes 8-15 weights 16-31 */
+                const __m256i sc = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_set1_epi16(scales[2 * k])),
+                    _mm_set1_epi16(scales[2 * k + 1]), 1);
+                const int32_t isum = hsum(_mm256_madd_epi16(p, sc)) -
+                                     32 * (scales[2 * k] * a->s16[2 * b] +
+                                           scales[2 * k + 1] * a->s16[2 * b + 1]);
+                acc += kv_gguf_term(d, a->d[b], isum);
+            }
+        }
+    }
+    return acc;
+}
+
+static const kv_gguf_row_dots DOTS = {dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q6_k};
+const kv_gguf_row_dots *kv_gguf_row_dots_avx2(void) { return &DOTS; }
+#endif

@@ -1,0 +1,250 @@
+/* Quantized-weight matrix products (reference_cpu/model/kv_gguf_matmul.h, kv_gguf_matmul_fast.h).
+ *
+ * The reference, kv_gguf_matmul(), is a dequantized row (kv_ggml_dequant_row(), held bit for
+ * bit to the gguf Python package by test_gguf_quant) times the activations by kv_dot16(): it
+ * must give exactly kv_matmul() on the dequantized matrix. The fast path rounds the activations
+ * to int8 and is held to the reference by the bound derived here:
+ *
+ * Let x_j be an activation, b its block of 32, amax_b = max_{j in b} |x_j|, dx = fl(amax_b/127),
+ * c_j = rint(fl(x_j / dx)) and x^_j = dx c_j (what the fast path multiplies).
+ *   Activation rounding. |fl(x/dx) - x/dx| <= u |x/dx| <= 128 u (|x/dx| <= 127 (1 + 2u)), so
+ *   |x/dx - c| <= 1/2 + 128 u and |x - x^| <= dx (1/2 + 128 u) <= amax/254 (1 + u)(1 + 256 u)
+ *   <= E_b := amax_b / 254 * (1 + 2^-15)   (258 u < 2^-15, u = 2^-24). The clamp to +-127
+ *   never moves a code: |x/dx| <= 127 (1 + 2u) rounds to at most 127. A block whose step
+ *   would be below FLT_MIN is rounded to zero: there E_b := amax_b.
+ *   With w~_j the weight computed exactly (the fast path never rounds it: its integer sums
+ *   are exact), sum_j w~_j (x^_j - x_j) is at most  A = sum_b E_b sum_{j in b} |w~_j|, and
+ *   |w~_j| <= |w_j| (1 + u), w_j = fl(w~_j) the reference's weight.
+ *   Float steps of the fast path. A block's term is fl(fl(s dx) * fl(I)) for an integer sum I
+ *   and a weight scale s (three roundings: 3u of its magnitude), or, with an offset or minimum
+ *   (Q4_1, Q4_K), the sum or difference of two such, P and Q (4u of |P| + |Q|). With a_j the
+ *   scale part of weight j and o_j its offset part (w~_j = a_j + o_j), |P| + |Q| <=
+ *   sum_{j in b} (|a_j| + |o_j|) |x^_j| <= sum (|w_j| + 2 |o_j|)(|x_j| + E_b) (1 + u). The
+ *   terms are added in order into one float over nb = in / 32 blocks (gamma_nb). With the
+ *   reference's rounding of w~ into w (u |w_j| |x^_j|):
+ *   F = (nb + 5) u sum_j (|w_j| + 2 |o_j|)(|x_j| + E_b).
+ *   The reference's own dot: sixteen lanes of in / 16 products each, folded in 4 steps:
+ *   R = (in / 16 + 5) u sum_j |w_j x_j|.
+ * So |fast - reference| <= (A + F + R)(1 + 2^-10), the last factor covering the terms in u^2
+ * (each below 2^-20 of its first-order term at these sizes). o_j is read from the library
+ * itself: the row dequantized with its codes set to zero (Q4_1: m; Q4_K: -dmin m_j).
+ * With activations that are integers with a +-127 in every block, dx = 1 and c = x exactly:
+ * E_b = 0, and the fast path must be within F + R of the reference, float rounding alone.
+ *
+ * The AVX2 and portable loops compute the same integer sums and the same float steps: their
+ * outputs must be equal bit for bit, as must 1 and 2 threads and a batch against its tokens.
+ */
+#include "common/kv_test.h"
+#include "kv_gguf_matmul.h"
+#include "kv_gguf_matmul_fast.h"
+#include "kv_gguf_quant.h"
+#include "kv_ops.h"
+#include "kv_ops_fast.h"
+
+#include <float.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t next_u32(void)
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float uniform(void) { return (float)(next_u32() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
+
+/* the fp16 fields of a block, and (types with an offset) the bytes of its codes */
+typedef struct { int type; int f16[2], n_f16; int code0, code1; } layout;
+static const layout LAYOUTS[] = {
+    {KV_GGML_Q4_0, {0}, 1, 0, 0},        {KV_GGML_Q4_1, {0, 2}, 2, 4, 20},
+    {KV_GGML_Q5_0, {0}, 1, 0, 0},        {KV_GGML_Q5_1, {0, 2}, 2, 0, 0},
+    {KV_GGML_Q8_0, {0}, 1, 0, 0},        {KV_GGML_Q2_K, {80, 82}, 2, 0, 0},
+    {KV_GGML_Q3_K, {108}, 1, 0, 0},      {KV_GGML_Q4_K, {0, 2}, 2, 16, 144},
+    {KV_GGML_Q5_K, {0, 2}, 2, 0, 0},     {KV_GGML_Q6_K, {208}, 1, 0, 0},
+    {KV_GGML_F16, {0}, 0, 0, 0},         {KV_GGML_BF16, {0}, 0, 0, 0},
+    {KV_GGML_F32, {0}, 0, 0, 0},
+};
+
+/* A random matrix [out] rows of @p in weights: random codes, fp16 scales of a trained
+ * matrix's size (2^-10 .. 2^-5; the Q4_1 offset of either sign). Float types: small values. */
+static uint8_t *make_matrix(const layout *L, int in, int out, uint64_t *row_bytes)
+{
+    const kv_ggml_type_info *t = kv_ggml_type(L->type);
+    kv_ggml_row_bytes(L->type, in, row_bytes, NULL);
+    uint8_t *W = malloc(*row_bytes * out);
+    for (uint64_t i = 0; i < *row_bytes * out; i++) W[i] = (uint8_t)next_u32();
+    const int64_t nb = (int64_t)in / t->block * out;
+    for (int64_t k = 0; k < nb; k++) {
+        uint8_t *blk = W + k * t->block_bytes;
+        if (L->type == KV_GGML_F32) {
+            const float v = uniform() * 0.05f;
+            memcpy(blk, &v, 4);
+        } else if (t->block == 1) {            /* F16, BF16: exponents of 2^-10 .. 2^-5 */
+            const uint16_t h = L->type == KV_GGML_F16 ? (uint16_t)((5 + next_u32() % 6) << 10 | (next_u32() & 0x83ff))
+                                                      : (uint16_t)((117 + next_u32() % 6) << 7 | (next_u32() & 0x807f));
+            blk[0] = (uint8_t)h, blk[1] = (uint8_t)(h >> 8);
+        }
+        for (int f = 0; f < L->n_f16; f++) {
+            const int sign = L->type == KV_GGML_Q4_1 && f == 1 && (next_u32() & 1);
+            const uint16_t h = (uint16_t)(sign << 15 | (5 + next_u32() % 6) << 10 | (next_u32() & 0x3ff));
+            blk[L->f16[f]] = (uint8_t)h, blk[L->f16[f] + 1] = (uint8_t)(h >> 8);
+        }
+    }
+    return W;
+}
+
+/* activations: uniform in [-s_b, s_b] with a scale per block of 32 (one block zero, one
+ * below the flush threshold); exact = 1: integers with a +-127 in every block */
+static void make_acts(float *x, int n, int exact)
+{
+    for (int b = 0; b < n / 32; b++) {
+        const float s = b % 7 == 3 ? 0.0f : b % 11 == 5 ? 1e-38f : 0.01f + (float)(b % 5);
+        for (int j = 0; j < 32; j++)
+            x[32 * b + j] = exact ? (float)((int)(next_u32() % 255) - 127) : s * uniform();
+        if (exact) x[32 * b + (int)(next_u32() % 32)] = next_u32() & 1 ? 127.0f : -127.0f;
+    }
+}
+
+/* the bound of the header comment for output row i of token x */
+static double bound(const float *w, const float *o, const float *x, int in, int exact)
+{
+    const double u = 0x1p-24;
+    double A = 0.0, F = 0.0, R = 0.0;
+    for (int b = 0; b < in / 32; b++) {
+        float amax = 0.0f;
+        for (int j = 32 * b; j < 32 * b + 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const double E = exact ? 0.0 : amax / 127.0f < FLT_MIN ? amax : amax / 254.0 * (1 + 0x1p-15);
+        for (int j = 32 * b; j < 32 * b + 32; j++) {
+            A += E * fabs(w[j]) * (1 + u);
+            F += (fabs(w[j]) + 2.0 * fabs(o[j])) * (fabs(x[j]) + E);
+            R += fabs((double)w[j] * x[j]);
+        }
+    }
+    return (A + (in / 32 + 5) * u * F + (in / 16 + 5) * u * R) * (1 + 0x1p-10);
+}
+
+static void check_type(const layout *L, int in, int out, int T, int exact)
+{
+    const char *name = kv_ggml_type_name(L->type);
+    uint64_t rb = 0;
+    uint8_t *W = make_matrix(L, in, out, &rb);
+    float *x = malloc(sizeof(float) * T * in), *wf = malloc(sizeof(float) * in * out);
+    float *o = malloc(sizeof(float) * in * out);
+    float *ref = malloc(sizeof(float) * T * out), *mat = malloc(sizeof(float) * T * out);
+    float *fast = malloc(sizeof(float) * T * out), *port = malloc(sizeof(float) * T * out);
+    float *one = malloc(sizeof(float) * out), *thr1 = malloc(sizeof(float) * T * out);
+    for (int t = 0; t < T; t++) make_acts(x + (size_t)t * in, in, exact);
+
+    /* the dequantized matrix, and its offset parts (codes zeroed) */
+    uint8_t *Z = malloc(rb * out);
+    memcpy(Z, W, rb * out);
+    const kv_ggml_type_info *ti = kv_ggml_type(L->type);
+    for (int64_t k = 0; L->code1 && k < (int64_t)rb * out / ti->block_bytes; k++)
+        memset(Z + k * ti->block_bytes + L->code0, 0, (size_t)(L->code1 - L->code0));
+    for (int i = 0; i < out; i++) {
+        kv_ggml_dequant_row(L->type, W + i * rb, wf + (size_t)i * in, in);
+        kv_ggml_dequant_row(L->type, Z + i * rb, o + (size_t)i * in, in);
+        if (!L->code1) memset(o + (size_t)i * in, 0, sizeof(float) * in); /* no offset term */
+    }
+
+    kv_err err = {{0}};
+    KV_CHECK(kv_gguf_matmul(ref, x, W, L->type, T, in, out, &err) == KV_OK, "%s: %s", name, err.msg);
+    kv_matmul(mat, x, wf, T, in, out);
+    KV_CHECK(memcmp(ref, mat, sizeof(float) * T * out) == 0,
+             "%s: the reference is not kv_matmul() of the dequantized matrix", name);
+
+    kv_matmul_fast_use_avx2(1);
+    KV_CHECK(kv_gguf_matmul_fast(fast, x, W, L->type, T, in, out, &err) == KV_OK, "%s: %s", name, err.msg);
+    kv_matmul_fast_use_avx2(0);
+    KV_CHECK(kv_gguf_matmul_fast(port, x, W, L->type, T, in, out, &err) == KV_OK, "%s: %s", name, err.msg);
+    kv_matmul_fast_use_avx2(1);
+    KV_CHECK(memcmp(fast, port, sizeof(float) * T * out) == 0,
+             "%s: the %s and portable loops differ", name, kv_matmul_fast_isa());
+
+    /* one thread, and each token alone, give the same bits */
+    omp_set_num_threads(1);
+    kv_gguf_matmul_fast(thr1, x, W, L->type, T, in, out, &err);
+    omp_set_num_threads(2);
+    KV_CHECK(memcmp(fast, thr1, sizeof(float) * T * out) == 0, "%s: 1 and 2 threads differ", name);
+    int batch_same = 1;
+    for (int t = 0; t < T; t++) {
+        kv_gguf_matmul_fast(one, x + (size_t)t * in, W, L->type, 1, in, out, &err);
+        batch_same &= memcmp(one, fast + (size_t)t * out, sizeof(float) * out) == 0;
+    }
+    KV_CHECK(batch_same, "%s: a batch differs from its tokens one at a time", name);
+
+    if (!kv_gguf_matmul_fast_has(L->type)) {
+        KV_CHECK(memcmp(fast, ref, sizeof(float) * T * out) == 0,
+                 "%s: no integer path, so the reference's bits", name);
+    } else {
+        long bad = 0;
+        double worst = 0.0, tight = 0.0;
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < out; i++) {
+                const float *xt = x + (size_t)t * in;
+                const double lim = bound(wf + (size_t)i * in, o + (size_t)i * in, xt, in, exact);
+                const double e = fabs((double)fast[t * out + i] - ref[t * out + i]);
+                double mag = 0.0;
+                for (int j = 0; j < in; j++) mag += fabs((double)wf[(size_t)i * in + j] * xt[j]);
+                if (!(e <= lim) && bad++ < 3)
+                    printf("  %s: token %d row %d: fast %.9g, reference %.9g, |err| %.3g > %.3g\n",
+                           name, t, i, fast[t * out + i], ref[t * out + i], e, lim);
+                worst = fmax(worst, e / lim);
+                tight = fmax(tight, lim / mag);
+            }
+        KV_CHECK(bad == 0, "%s: %ld outputs beyond the bound", name, bad);
+        /* a bound that large would pass a wrong product: it stays a small part of the sum */
+        KV_CHECK(tight < (exact ? 1e-4 : 0.05), "%s: bound up to %.3g of sum |w x|", name, tight);
+        printf("%-5s in %d out %d T %d %s: max |err| / bound %.3f, bound <= %.2g sum |w x|\n",
+               name, in, out, T, exact ? "integer acts" : "random acts", worst, tight);
+    }
+    free(W), free(Z), free(x), free(wf), free(o), free(ref), free(mat), free(fast), free(port);
+    free(one), free(thr1);
+}
+
+static void check_special(void)
+{
+    /* a NaN or an infinity among a token's activations: NaN in every output of that token */
+    const layout *L = &LAYOUTS[7]; /* Q4_K */
+    uint64_t rb = 0;
+    const int in = 256, out = 5;
+    uint8_t *W = make_matrix(L, in, out, &rb);
+    float x[2 * 256], y[2 * 5];
+    make_acts(x, 2 * in, 0);
+    x[17] = NAN;
+    x[in + 200] = INFINITY;
+    KV_CHECK(kv_gguf_matmul_fast(y, x, W, L->type, 2, in, out, NULL) == KV_OK, "Q4_K nan");
+    int all_nan = 1;
+    for (int i = 0; i < 2 * out; i++) all_nan &= isnan(y[i]) != 0;
+    KV_CHECK(all_nan, "a non-finite activation gives NaN outputs");
+    free(W);
+
+    /* refusals, named */
+    kv_err err = {{0}};
+    float dummy[64] = {0};
+    uint8_t blocks[64] = {0};
+    KV_CHECK(kv_gguf_matmul(dummy, dummy, blocks, 16, 1, 256, 1, &err) == KV_ERR_UNSUPPORTED &&
+             strstr(err.msg, "IQ2_XXS"), "IQ2_XXS: '%s'", err.msg);
+    KV_CHECK(kv_gguf_matmul_fast(dummy, dummy, blocks, 16, 1, 256, 1, &err) == KV_ERR_UNSUPPORTED,
+             "fast IQ2_XXS: '%s'", err.msg);
+    KV_CHECK(kv_gguf_matmul(dummy, dummy, blocks, KV_GGML_Q4_0, 1, 48, 1, &err) == KV_ERR_ARG &&
+             strstr(err.msg, "Q4_0"), "Q4_0 in 48: '%s'", err.msg);
+    KV_CHECK(kv_gguf_matmul_fast(dummy, dummy, blocks, KV_GGML_Q4_K, 1, 32, 1, &err) == KV_ERR_ARG,
+             "fast Q4_K in 32: '%s'", err.msg);
+    KV_CHECK(kv_gguf_matmul_fast(dummy, dummy, blocks, KV_GGML_Q8_0, -1, 32, 1, &err) == KV_ERR_ARG,
+             "fast T -1: '%s'", err.msg);
+}
+
+int main(void)
+{
+    kv_parallel_ignore_load(1); /* thread counts are compared: the team must run */
+    omp_set_num_threads(2);
+    printf("fast path: %s\n", kv_matmul_fast_isa());
+    for (size_t k = 0; k < sizeof LAYOUTS / sizeof LAYOUTS[0]; k++) {
+        check_type(&LAYOUTS[k], 768, 37, 3, 0);
+        check_type(&LAYOUTS[k], 512, 19, 1, 1);
+    }
+    check_special();
+    return kv_test_finish();
+}
