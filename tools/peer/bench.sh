@@ -1,0 +1,146 @@
+#!/bin/bash
+# bench.sh: kvlab's engine against llama.cpp on the same GGUF file, same threads, alternated.
+#
+# Each pair runs llama.cpp's llama-bench, then kvlab, back to back, so both see the same load
+# on the machine; the ratio is taken within a pair (kvlab tokens/s over llama.cpp tokens/s)
+# and the script prints every pair and the medians. Two rows:
+#   decode   N tokens one at a time after D tokens of context (llama-bench -p 0 -n N -d D;
+#            kvlab bench engine --model FILE --tokens N, which decodes from an empty cache,
+#            so its ratio is like for like at D = 0 only)
+#   prefill  a P-token prompt as one batch (llama-bench -p P -n 0); kvlab's half only when
+#            --kvlab-prefill names a command
+set -eu
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+WORK=${KVLAB_PEER:-$HOME/.cache/kvlab/peer}
+MODEL=${KVLAB_MODELS:-$HOME/.cache/kvlab/models}/SmolLM2-135M-Instruct.Q4_1.gguf
+KVLAB=$ROOT/build-cpu/kvlab
+PAIRS=5
+THREADS=1
+TOKENS=64
+DEPTH=0
+PROMPT=512
+KV_DECODE='{kvlab} bench engine --model {model} --threads {threads} --tokens {tokens} --repeats 1'
+KV_PREFILL=
+LLAMA_ARGS=
+
+usage() {
+    cat <<USAGE
+usage: tools/peer/bench.sh [options]
+
+Alternates llama.cpp's llama-bench and kvlab on one GGUF file, PAIRS times, and prints each
+pair's tokens/s, the same-pair ratio kvlab/llama.cpp, and the medians.
+
+  --model FILE     GGUF file (default \${KVLAB_MODELS:-\$HOME/.cache/kvlab/models}/
+                   SmolLM2-135M-Instruct.Q4_1.gguf)
+  --work DIR       tools/peer/build-llama.sh's work folder
+                   (default \${KVLAB_PEER:-\$HOME/.cache/kvlab/peer})
+  --kvlab FILE     the kvlab binary (default build-cpu/kvlab)
+  --pairs N        pairs per row (default $PAIRS)
+  --threads N      threads for both (default $THREADS)
+  --tokens N       decode row: tokens generated (default $TOKENS)
+  --depth D        decode row: llama.cpp's context before them (default $DEPTH)
+  --prompt P       prefill row: prompt tokens (default $PROMPT; 0 skips the row)
+  --kvlab-decode 'CMD'   kvlab's decode command; {kvlab} {model} {threads} {tokens} are
+                   replaced; the first "N tokens/s" it prints is read (default:
+                   $KV_DECODE)
+  --kvlab-prefill 'CMD'  kvlab's prefill command, with {prompt} too (default: none, the row
+                   runs llama.cpp alone)
+  --llama-args 'ARGS'    more llama-bench options (default none: its f16 cache and
+                   automatic flash attention; llama-bench offers no f32 cache, whose cost
+                   beside the weights is small at depth 0)
+  --help           this text
+USAGE
+}
+
+while [ $# -gt 0 ]; do
+    case $1 in
+    --model) MODEL=$2; shift 2 ;;
+    --work) WORK=$2; shift 2 ;;
+    --kvlab) KVLAB=$2; shift 2 ;;
+    --pairs) PAIRS=$2; shift 2 ;;
+    --threads) THREADS=$2; shift 2 ;;
+    --tokens) TOKENS=$2; shift 2 ;;
+    --depth) DEPTH=$2; shift 2 ;;
+    --prompt) PROMPT=$2; shift 2 ;;
+    --kvlab-decode) KV_DECODE=$2; shift 2 ;;
+    --kvlab-prefill) KV_PREFILL=$2; shift 2 ;;
+    --llama-args) LLAMA_ARGS=$2; shift 2 ;;
+    --help|-h) usage; exit 0 ;;
+    *) echo "bench.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+for n in "$PAIRS" "$THREADS" "$TOKENS" "$DEPTH" "$PROMPT"; do
+    case $n in ''|*[!0-9]*) echo "bench.sh: '$n' is not a count" >&2; exit 2 ;; esac
+done
+[ "$PAIRS" -ge 1 ] && [ "$THREADS" -ge 1 ] && [ "$TOKENS" -ge 1 ] ||
+    { echo "bench.sh: --pairs, --threads and --tokens must be at least 1" >&2; exit 2; }
+BENCH=$WORK/build/bin/llama-bench
+die() { echo "bench.sh: $*" >&2; exit 1; }
+[ -x "$BENCH" ] || die "no $BENCH: run tools/peer/build-llama.sh"
+[ -f "$MODEL" ] || die "no model $MODEL: run tools/fetch-model.sh smollm2"
+
+# llama-bench, one repetition, CSV: the avg_ts column of its one row
+llama_ts() {
+    "$BENCH" -m "$MODEL" -t "$THREADS" -r 1 -o csv $LLAMA_ARGS "$@" 2>/dev/null |
+        awk -F, '{ gsub(/"/, "") } NR == 1 { for (i = 1; i <= NF; i++) if ($i == "avg_ts") c = i }
+                 NR == 2 && c { print $c }'
+}
+
+# kvlab: the template filled in, the first "N tokens/s" of its output ("" when it failed)
+kvlab_ts() {
+    local cmd=$1
+    cmd=${cmd//\{kvlab\}/$KVLAB}
+    cmd=${cmd//\{model\}/$MODEL}
+    cmd=${cmd//\{threads\}/$THREADS}
+    cmd=${cmd//\{tokens\}/$TOKENS}
+    cmd=${cmd//\{prompt\}/$PROMPT}
+    OMP_NUM_THREADS=$THREADS sh -c "$cmd" 2>/dev/null |
+        sed -n 's/.* \([0-9][0-9.]*\) tokens\/s.*/\1/p' | head -n 1 || true
+}
+
+median() {
+    sort -g | awk '{ v[NR] = $1 }
+        END { if (NR == 0) print "-"; else if (NR % 2) printf "%.3f\n", v[(NR + 1) / 2];
+              else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# one row: PAIRS alternated pairs, then the medians
+row() {
+    local name=$1 kvcmd=$2 i l k r= ls="" ks="" rs=""
+    shift 2
+    printf '%-8s %-5s %12s %12s %10s\n' row pair "llama.cpp" kvlab "kvlab/llama"
+    for i in $(seq 1 "$PAIRS"); do
+        l=$(llama_ts "$@")
+        k=
+        [ -z "$kvcmd" ] || k=$(kvlab_ts "$kvcmd")
+        [ -n "$l" ] || { echo "bench.sh: llama-bench gave no result ($*)" >&2; exit 1; }
+        ls="$ls$l\n"
+        if [ -n "$k" ]; then
+            ks="$ks$k\n"
+            r=$(awk -v a="$k" -v b="$l" 'BEGIN { printf "%.3f", a / b }')
+            rs="$rs$r\n"
+        fi
+        printf '%-8s %-5s %12.2f %12s %10s\n' "$name" "$i" "$l" "${k:-n/a}" "${r:-n/a}"
+        r=
+    done
+    printf '%-8s %-5s %12s %12s %10s\n\n' "$name" median "$(printf "$ls" | median)" \
+        "$(printf "$ks" | median)" "$(printf "$rs" | median)"
+}
+
+VERSION=$(head -n 1 "$WORK/VERSION" 2>/dev/null || echo 'llama.cpp version unknown (no VERSION)')
+echo "bench.sh: $VERSION"
+echo "model $MODEL, $THREADS thread(s), $PAIRS pairs, tokens/s (llama-bench avg_ts, -r 1)"
+echo "llama-bench ${LLAMA_ARGS:-with its defaults (f16 KV cache)}"
+echo "kvlab: $KVLAB"
+echo
+echo "decode: $TOKENS tokens at depth $DEPTH (llama-bench -p 0 -n $TOKENS -d $DEPTH)"
+[ "$DEPTH" = 0 ] ||
+    echo "  (kvlab's bench engine decodes from an empty cache: its ratio is not like for like)"
+row decode "$KV_DECODE" -p 0 -n "$TOKENS" -d "$DEPTH"
+if [ "$PROMPT" -gt 0 ]; then
+    echo "prefill: $PROMPT prompt tokens as one batch (llama-bench -p $PROMPT -n 0 -b $PROMPT)"
+    row prefill "$KV_PREFILL" -p "$PROMPT" -n 0 -b "$PROMPT"
+fi
+echo "ratio > 1: kvlab faster; medians of the same-pair ratios, not ratios of medians"
