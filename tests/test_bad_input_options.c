@@ -11,12 +11,16 @@
  *    duplicates (two names of one format too), more than 8 formats;
  *  - eval ppl --limit bounds the work: 16 MiB of text and --limit 300 encode a prefix, not the
  *    whole text (its memory stays near the text's own size; it held 60 times that), with the
- *    perplexity of the same 300 tokens read from a file that holds only the start.
+ *    perplexity of the same 300 tokens read from a file that holds only the start;
+ *  - every bench refuses before it measures: a format the head dim cannot hold (bench paged,
+ *    bench attention), a config that a later run of bench engine --config all would refuse,
+ *    with nothing on stdout (the headers come after the bandwidth runs) and at once.
  *
  * usage: test_bad_input_options <path to kvlab> <datasets folder>
  */
 #define _GNU_SOURCE
 #include "args.h"
+#include "kv_common.h"
 #include "common/kv_test.h"
 #include "common/kv_test_cli.h"
 
@@ -165,6 +169,25 @@ static void test_bench_cuda(void)
 #undef BENCH
 }
 
+/* ---- refusals before measurements ------------------------------------------------------- */
+
+static void test_bench_first(void)
+{
+    const double t0 = kv_now();
+    CLI_BAD("--dtype|int4-kivi|head dim (8)", "bench", "paged", "--dtype", "int4-kivi",
+            "--head-dim", "8", "--lengths", "64");
+    const double t_paged = kv_now() - t0; /* its bandwidth runs took 9-31 s before the refusal */
+    KV_CHECK(t_paged < 5.0, "bench paged refused after %.1f s: after measuring", t_paged);
+    CLI_BAD("--dtype|int8-g32|head dim (16)", "bench", "attention", "--dtype", "int8-g32",
+            "--head-dim", "16", "--decode", "64", "--prefill", "none");
+    CLI_BAD("--dtype|int8-g32|head dim (16)", "bench", "attention", "--dtype", "int8-g32",
+            "--head-dim", "16", "--decode", "none", "--prefill", "64");
+    CLI_BAD("small|int8-g32|head dim (48)", "bench", "engine", "--cache", "int8-g32",
+            "--config", "small");
+    /* small and long take 9 heads (d 32), large's dim 768 does not: refused before small runs */
+    CLI_BAD("large|n_heads (9)", "bench", "engine", "--heads", "9", "--config", "all");
+}
+
 int main(int argc, char **argv)
 {
     kv_test_cli_init(argc, argv);
@@ -178,6 +201,7 @@ int main(int argc, char **argv)
     test_eval();
     test_needle();
     test_bench_cuda();
+    test_bench_first();
     cleanup();
     return kv_test_finish();
 }

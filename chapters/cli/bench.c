@@ -324,3 +324,20 @@ int cmd_bench(int argc, char **argv)
     fprintf(stderr, "kvlab bench: unknown benchmark '%s' (decode, attention-gqa, quant, bandwidth, engine, paged, attention, prefill, mla, swap); see kvlab bench --help\n", argv[1]);
     return KV_EXIT_USAGE;
 }
+
+/* argv scans before a command parses its table: which device, and whether a flag is there */
+const char *kv_cli_device_arg(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc) return argv[i + 1];
+        if (!strncmp(argv[i], "--device=", 9)) return argv[i] + 9;
+    }
+    return "cpu";
+}
+
+int kv_cli_has_flag(int argc, char **argv, const char *flag)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], flag)) return 1;
+    return 0;
+}

@@ -250,23 +250,39 @@ static void case_close(attn_case *k)
     memset(k, 0, sizeof *k);
 }
 
-/* n random tokens in a contiguous cache of @p dtype; T queries at the end, causal. */
-static int case_open(attn_case *k, int H, int Hkv, int d, int dtype, int64_t n, int T, int gpu,
-                     kv_err *err)
+/* The one-layer config and the contiguous cache spec of a case; KV_OK when the two go
+ * together (kv_cache_spec_check), so the command can refuse a format before it measures. */
+void kv_bench_layer_config(kv_config *g, int H, int Hkv, int d, int n)
 {
-    memset(k, 0, sizeof *k);
-    kv_config *g = &k->cfg;
+    memset(g, 0, sizeof *g);
     g->dim = H * d;
     g->hidden_dim = g->dim;
     g->n_layers = 1;
     g->n_heads = H;
     g->n_kv_heads = Hkv;
     g->vocab_size = 2;
-    g->seq_len = (int)n;
+    g->seq_len = n;
     kv_config_set_defaults(g);
-    kv_cache_spec s = kv_cache_spec_default(1, (int)n);
-    s.quant.dtype = dtype;
-    int e = kv_cache_create(&k->c, g, &s, err);
+}
+
+static int case_shape(int H, int Hkv, int d, int dtype, int64_t n, kv_config *g,
+                      kv_cache_spec *s, kv_err *err)
+{
+    kv_bench_layer_config(g, H, Hkv, d, (int)n);
+    *s = kv_cache_spec_default(1, (int)n);
+    s->quant.dtype = dtype;
+    return kv_cache_spec_check("cache", g, s, err);
+}
+
+/* n random tokens in a contiguous cache of @p dtype; T queries at the end, causal. */
+static int case_open(attn_case *k, int H, int Hkv, int d, int dtype, int64_t n, int T, int gpu,
+                     kv_err *err)
+{
+    memset(k, 0, sizeof *k);
+    kv_config *g = &k->cfg;
+    kv_cache_spec s;
+    int e = case_shape(H, Hkv, d, dtype, n, g, &s, err);
+    if (!e) e = kv_cache_create(&k->c, g, &s, err);
     if (e) return e;
     k->H = H, k->Hkv = Hkv, k->d = d, k->T = T, k->n = n, k->causal = 1;
     const size_t qn = (size_t)T * H * d, chunk = 4096, cn = chunk * Hkv * d;
@@ -438,12 +454,20 @@ int cmd_bench_attention(int argc, char **argv)
         return kv_args_bad(cmd, "--prefill-kv-heads", "%d does not divide %d", pHkv, pH);
     if ((e = kv_cli_check_device(cmd, device))) return e;
     const int gpu = strcmp(device, "cpu") != 0;
+    kv_err err = {{0}};
+    for (int mode = 0; mode < 2; mode++) /* every case's format and shape, before any timing */
+        for (int li = 0; li < (mode ? n_pre : n_dec); li++) {
+            kv_config g;
+            kv_cache_spec s;
+            const int st = case_shape(mode ? pH : H, mode ? pHkv : Hkv, d, dtype,
+                                      mode ? pre[li] : dec[li], &g, &s, &err);
+            if (st) return kv_cli_fail(cmd, "--dtype", st, &err);
+        }
 
     /* the whole team on every row, like the chapter 08 algorithms: the engine's attention
      * otherwise falls back to one thread while another process runs (kv_parallel_worth) */
     kv_parallel_ignore_load(1);
     if (loops) kv_attn_simd(0);
-    kv_err err = {{0}};
     kv_bandwidth bw = {0};
     if (kv_read_bandwidth(&bw, (size_t)256 << 20, 5, &err))
         return kv_cli_fail(cmd, "bandwidth", KV_ERR_NOMEM, &err);

@@ -30,6 +30,10 @@ int cmd_bench_prefill(int argc, char **argv);
 /** `bench mla --device cuda` (bench_mla.c, chapter 11): the absorbed MLA decode in TFLOP/s and
  * GB/s against the same run's mma throughput and read bandwidth. */
 int cmd_bench_mla(int argc, char **argv);
+/** The one-layer config the attention benches time (bench_attention.c): H heads, H_kv KV
+ * heads, head dim d, n positions, vocabulary 2, the defaults for the rest. */
+void kv_bench_layer_config(kv_config *g, int H, int Hkv, int d, int n);
+
 /** The value of --device in argv ("--device X" or "--device=X"), "cpu" when absent: lets a
  * bench hand a device run to its own parser before parsing its own options. */
 const char *kv_cli_device_arg(int argc, char **argv);

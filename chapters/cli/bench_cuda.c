@@ -190,34 +190,38 @@ static void dcase_close(dcase *k)
 /* B slots of N random tokens (one chunk of random K/V, written again at every chunk of every
  * slot: the values do not change the bytes read); paged: block i of slot b is block i·B + b,
  * so the sequences' blocks interleave in the pool. */
+/* The one-layer config and cache spec of a case (blocks of 16 tokens when paged); KV_OK when
+ * they go together, so the command refuses a format before it measures anything. */
+static int dcase_shape(int H, int Hkv, int d, int fmt, int paged, int B, int N, kv_config *g,
+                       kv_cache_spec *s, kv_err *err)
+{
+    kv_bench_layer_config(g, H, Hkv, d, N);
+    *s = kv_cache_spec_default(B, N);
+    s->quant.dtype = fmt;
+    if (paged) {
+        s->layout.kind = KV_LAYOUT_PAGED;
+        s->layout.block_size = 16;
+        s->layout.n_blocks = (N + 15) / 16 * B;
+    }
+    return kv_cache_spec_check("cache", g, s, err);
+}
+
 static int dcase_open(dcase *k, int H, int Hkv, int d, int fmt, int paged, int B, int N,
                       kv_err *err)
 {
     memset(k, 0, sizeof *k);
     k->H = H, k->Hkv = Hkv, k->d = d, k->B = B, k->N = N, k->fmt = fmt, k->paged = paged;
-    kv_config g = {0};
-    g.dim = H * d;
-    g.hidden_dim = g.dim;
-    g.n_layers = 1;
-    g.n_heads = H;
-    g.n_kv_heads = Hkv;
-    g.vocab_size = 2;
-    g.seq_len = N;
-    kv_config_set_defaults(&g);
-    const int BS = 16, nb = (N + BS - 1) / BS;
-    kv_cache_spec s = kv_cache_spec_default(B, N);
-    s.quant.dtype = fmt;
-    if (paged) {
-        s.layout.kind = KV_LAYOUT_PAGED;
-        s.layout.block_size = BS;
-        s.layout.n_blocks = nb * B;
-    }
+    kv_config g;
+    kv_cache_spec s;
+    int st = dcase_shape(H, Hkv, d, fmt, paged, B, N, &g, &s, err);
+    if (st) return st;
+    const int nb = (N + 15) / 16; /* blocks per slot */
     const int chunk = N < 4096 ? N : 4096;
     const size_t cn = (size_t)chunk * Hkv * d, qn = (size_t)B * H * d;
     float *h = malloc((cn > qn ? cn : qn) * sizeof(float)), *kk = NULL, *vv = NULL;
     int *blocks = malloc((size_t)nb * sizeof(int)), *hi = malloc(2 * (size_t)B * sizeof(int));
-    int st = h && blocks && hi ? kvcu_cache_create(&k->c, &g, &s, err)
-                               : kv_fail(err, KV_ERR_NOMEM, "bench: host buffers");
+    st = h && blocks && hi ? kvcu_cache_create(&k->c, &g, &s, err)
+                           : kv_fail(err, KV_ERR_NOMEM, "bench: host buffers");
     kv_rng r;
     kv_rng_seed(&r, 4242 + (uint64_t)N);
     if (!st) st = kvcu_malloc((void **)&kk, cn * sizeof(float), err);
@@ -362,6 +366,16 @@ int cmd_bench_attention_cuda(int argc, char **argv)
     if ((e = kv_cli_check_device(cmd, "cuda"))) return e;
 
     kv_err err = {{0}};
+    for (int li = 0; li < n_lays; li++) /* every case's cache, before any measurement */
+        for (int fi = 0; fi < n_fmts; fi++)
+            for (int bi = 0; bi < n_batch; bi++)
+                for (int ni = 0; ni < n_lens; ni++) {
+                    kv_config g;
+                    kv_cache_spec s;
+                    if ((e = dcase_shape(H, Hkv, d, fmts[fi], lays[li], batch[bi], lens[ni], &g,
+                                         &s, &err)))
+                        return kv_cli_fail(cmd, "--dtypes", e, &err);
+                }
     char dev[256] = "";
     kvcu_device_describe(dev, sizeof dev, &err);
     const size_t bw_bytes = quick ? (size_t)16 << 20 : (size_t)1 << 30;
@@ -575,19 +589,3 @@ int cmd_bench_engine_cuda(int argc, char **argv)
 }
 
 #endif /* KV_HAVE_CUDA */
-
-const char *kv_cli_device_arg(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--device") && i + 1 < argc) return argv[i + 1];
-        if (!strncmp(argv[i], "--device=", 9)) return argv[i] + 9;
-    }
-    return "cpu";
-}
-
-int kv_cli_has_flag(int argc, char **argv, const char *flag)
-{
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], flag)) return 1;
-    return 0;
-}

@@ -60,32 +60,57 @@ static int measure_bandwidth(double bw[2], double token_bytes, kv_err *err)
     return st;
 }
 
+/* The model config and cache spec of one run: @p e's shape (or @p given's own), checked
+ * together (kv_config_validate, kv_cache_spec_check), so a bad combination is refused before
+ * any run measures anything. */
+static int run_shape(const engine_cfg *e, const kv_model *given, const char *cache,
+                     kv_config *c, kv_cache_spec *spec, kv_err *err)
+{
+    memset(c, 0, sizeof *c);
+    if (given) *c = given->config; /* --model: its own weights, shape and classifier */
+    else {
+        c->dim = e->dim;
+        c->hidden_dim = e->hidden;
+        c->n_layers = e->layers;
+        c->n_heads = e->heads;
+        c->n_kv_heads = e->heads;
+        c->vocab_size = e->vocab;
+        c->seq_len = e->seq_len;
+        kv_config_set_defaults(c);
+        c->tied_classifier = 0; /* llama2.c checkpoints of this size carry their own classifier */
+    }
+    int st = kv_config_validate(c, err);
+    if (!st) st = kv_needle_cache_spec(cache, 1, e->seq_len, spec, err);
+    if (!st) st = kv_cache_spec_check("cache", c, spec, err);
+    return st;
+}
+
+/* The lines above the results: the team, and a warning where OMP_WAIT_POLICY hurts. */
+static void header(int ignore_load, const char *cache)
+{
+    printf("bench engine: %d OpenMP threads%s, fp32 weights, cache %s\n", omp_get_max_threads(),
+           ignore_load ? " (even on a busy machine)" : " (one thread while the machine is busy)", cache);
+    /* a decode step opens ~50 parallel regions; sleeping threads pay a wake-up at each one
+     * (measured here: 0.29 of the roofline passive against 1.0 active on the small config) */
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    if (wait && (strcmp(wait, "passive") == 0 || strcmp(wait, "PASSIVE") == 0))
+        printf("  note: OMP_WAIT_POLICY=passive: each of a step's parallel regions waits for its "
+               "threads to wake;\n  expect a far lower ratio than with the default policy\n");
+}
+
 /* One config: build the model, decode `repeats` times, print one result row. *missed counts
  * configs under target. */
 static int run_config(const engine_cfg *e, const kv_model *given, const char *cache, int repeats,
                       int custom, int *missed, kv_err *err)
 {
-    kv_config c = {0};
-    if (given) c = given->config; /* --model: its own weights, shape and classifier */
-    else {
-    c.dim = e->dim;
-    c.hidden_dim = e->hidden;
-    c.n_layers = e->layers;
-    c.n_heads = e->heads;
-    c.n_kv_heads = e->heads;
-    c.vocab_size = e->vocab;
-    c.seq_len = e->seq_len;
-    kv_config_set_defaults(&c);
-    c.tied_classifier = 0; /* llama2.c checkpoints of this size carry their own classifier */
-    }
-    int st = kv_config_validate(&c, err);
+    kv_config c;
+    kv_cache_spec spec;
+    int st = run_shape(e, given, cache, &c, &spec, err);
     if (st) return st;
     kv_model m = {0};
     kv_backend *b = NULL;
     kv_run_log run = {0};
-    kv_cache_spec spec;
-    st = kv_needle_cache_spec(cache, 1, e->seq_len, &spec, err);
-    if (!st && !given) {
+    if (!given) {
         st = kv_model_alloc(&m, &c, err);
         if (!st) kv_model_randomize(&m, 1234);
     }
@@ -198,41 +223,53 @@ int cmd_bench_engine(int argc, char **argv)
                                "--layers, --heads, --hidden, --vocab or --seq-len");
         const kv_cli_model_args ma = {model, NULL, NULL, NULL, KV_CLI_TEXT_NONE, 0};
         if ((st = kv_cli_model_load(cmd, &ma, &mdl))) return st;
+        const engine_cfg e = {mdl.name, 0, 0, 0, 0, 0, 0, (tokens ? tokens : 256) + 1, 0, ""};
+        kv_config c;
+        kv_cache_spec spec;
+        if ((st = run_shape(&e, &mdl.m, cache, &c, &spec, &err))) {
+            kv_cli_model_close(&mdl);
+            return kv_cli_fail(cmd, "--cache", st, &err);
+        }
     }
     kv_parallel_ignore_load(ignore_load);
-    printf("bench engine: %d OpenMP threads%s, fp32 weights, cache %s\n", omp_get_max_threads(),
-           ignore_load ? " (even on a busy machine)" : " (one thread while the machine is busy)", cache);
-    /* a decode step opens ~50 parallel regions; sleeping threads pay a wake-up at each one
-     * (measured here: 0.29 of the roofline passive against 1.0 active on the small config) */
-    const char *wait = getenv("OMP_WAIT_POLICY");
-    if (wait && (strcmp(wait, "passive") == 0 || strcmp(wait, "PASSIVE") == 0))
-        printf("  note: OMP_WAIT_POLICY=passive: each of a step's parallel regions waits for its "
-               "threads to wake;\n  expect a far lower ratio than with the default policy\n");
     if (model) { /* one run on the model's weights */
+        header(ignore_load, cache);
         engine_cfg e = {mdl.name, 0, 0, 0, 0, 0, tokens ? tokens : 256, 0, 0, "its own weights"};
         e.seq_len = e.tokens + 1;
         st = run_config(&e, &mdl.m, cache, repeats ? repeats : 3, 1, &missed, &err);
         kv_cli_model_close(&mdl);
         ran = 1;
     }
-    for (int i = 0; i < N_CONFIGS && !st && !model; i++) {
-        if (strcmp(which, "all") && strcmp(which, configs[i].name)) continue;
-        engine_cfg e = configs[i];
-        if (tokens) e.tokens = tokens;
-        if (dim) e.dim = dim;
-        if (layers) e.layers = layers;
-        if (heads) e.heads = heads;
-        if (hidden) e.hidden = hidden;
-        if (vocab) e.vocab = vocab;
-        /* kv_generate() holds room for the prompt (BOS) and every chosen token */
-        if (seq) e.seq_len = seq;
-        else if (e.seq_len < e.tokens + 1) e.seq_len = e.tokens + 1;
-        if (e.tokens + 1 > e.seq_len)
-            return kv_args_bad(cmd, "--tokens", "BOS + %d tokens exceed the cache capacity %d",
-                               e.tokens, e.seq_len);
-        const int reps = repeats ? repeats : (e.tokens > 2048 ? 1 : 5);
-        st = run_config(&e, NULL, cache, reps, custom, &missed, &err);
-        ran++;
+    /* every run's shape first (pass 0), then the runs (pass 1): nothing is refused after a
+     * measurement */
+    for (int pass = 0; pass < 2 && !st && !model; pass++) {
+        if (pass == 1) header(ignore_load, cache);
+        for (int i = 0; i < N_CONFIGS && !st; i++) {
+            if (strcmp(which, "all") && strcmp(which, configs[i].name)) continue;
+            engine_cfg e = configs[i];
+            if (tokens) e.tokens = tokens;
+            if (dim) e.dim = dim;
+            if (layers) e.layers = layers;
+            if (heads) e.heads = heads;
+            if (hidden) e.hidden = hidden;
+            if (vocab) e.vocab = vocab;
+            /* kv_generate() holds room for the prompt (BOS) and every chosen token */
+            if (seq) e.seq_len = seq;
+            else if (e.seq_len < e.tokens + 1) e.seq_len = e.tokens + 1;
+            if (e.tokens + 1 > e.seq_len)
+                return kv_args_bad(cmd, "--tokens", "BOS + %d tokens exceed the cache capacity %d",
+                                   e.tokens, e.seq_len);
+            if (pass == 0) {
+                kv_config c;
+                kv_cache_spec spec;
+                if ((st = run_shape(&e, NULL, cache, &c, &spec, &err)))
+                    return kv_cli_fail(cmd, e.name, st, &err);
+                continue;
+            }
+            const int reps = repeats ? repeats : (e.tokens > 2048 ? 1 : 5);
+            st = run_config(&e, NULL, cache, reps, custom, &missed, &err);
+            ran++;
+        }
     }
     if (st) return kv_cli_fail(cmd, "run", st, &err);
     printf("\n%d config%s run; %d below target\n", ran, ran == 1 ? "" : "s", missed);

@@ -272,6 +272,12 @@ int cmd_bench_paged(int argc, char **argv)
     cfg.rotary_dim = d;
     cfg.norm_eps = 1e-5f;
     kv_err err = {{0}};
+    for (int L = 0; L < PAGED_LAYOUTS; L++) /* every cache this run builds, before any timing */
+        for (int li = 0; li < n_lengths && layout_ok(L, dtype); li++) {
+            const kv_cache_spec s = layout_spec(L, lengths[li], dtype);
+            const int st = kv_cache_spec_check("cache", &cfg, &s, &err);
+            if (st) return kv_cli_fail(cmd, "--dtype", st, &err);
+        }
     const double b = kv_dtype_bytes_d(dtype, d);
     const int versions = gpu ? 2 : 1; /* GPU: v2 and v3 */
     /* CPU: the memory's own rates for each layout, in this run: in order (contiguous), and in
