@@ -17,7 +17,7 @@
  *   |w~_j| <= |w_j| (1 + u), w_j = fl(w~_j) the reference's weight.
  *   Float steps of the fast path. A block's term is fl(fl(s dx) * fl(I)) for an integer sum I
  *   and a weight scale s (three roundings: 3u of its magnitude), or, with an offset or minimum
- *   (Q4_1, Q4_K), the sum or difference of two such, P and Q (4u of |P| + |Q|). With a_j the
+ *   (Q4_1, Q4_K, Q5_K), the sum or difference of two such, P and Q (4u of |P| + |Q|). With a_j the
  *   scale part of weight j and o_j its offset part (w~_j = a_j + o_j), |P| + |Q| <=
  *   sum_{j in b} (|a_j| + |o_j|) |x^_j| <= sum (|w_j| + 2 |o_j|)(|x_j| + E_b) (1 + u). The
  *   terms are added in order into one float over nb = in / 32 blocks (gamma_nb). With the
@@ -27,7 +27,7 @@
  *   R = (in / 16 + 5) u sum_j |w_j x_j|.
  * So |fast - reference| <= (A + F + R)(1 + 2^-10), the last factor covering the terms in u^2
  * (each below 2^-20 of its first-order term at these sizes). o_j is read from the library
- * itself: the row dequantized with its codes set to zero (Q4_1: m; Q4_K: -dmin m_j).
+ * itself: the row dequantized with its codes set to zero (Q4_1: m; Q4_K, Q5_K: -dmin m_j).
  * With activations that are integers with a +-127 in every block, dx = 1 and c = x exactly:
  * E_b = 0, and the fast path must be within F + R of the reference, float rounding alone.
  *
@@ -61,7 +61,7 @@ static const layout LAYOUTS[] = {
     {KV_GGML_Q5_0, {0}, 1, 0, 0},        {KV_GGML_Q5_1, {0, 2}, 2, 0, 0},
     {KV_GGML_Q8_0, {0}, 1, 0, 0},        {KV_GGML_Q2_K, {80, 82}, 2, 0, 0},
     {KV_GGML_Q3_K, {108}, 1, 0, 0},      {KV_GGML_Q4_K, {0, 2}, 2, 16, 144},
-    {KV_GGML_Q5_K, {0, 2}, 2, 0, 0},     {KV_GGML_Q6_K, {208}, 1, 0, 0},
+    {KV_GGML_Q5_K, {0, 2}, 2, 16, 176},     {KV_GGML_Q6_K, {208}, 1, 0, 0},
     {KV_GGML_F16, {0}, 0, 0, 0},         {KV_GGML_BF16, {0}, 0, 0, 0},
     {KV_GGML_F32, {0}, 0, 0, 0},
 };

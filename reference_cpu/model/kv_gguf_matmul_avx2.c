@@ -79,30 +79,33 @@ KV_AVX2 static inline float dot_q4(const uint8_t *row, const kv_gguf_act *a, int
 KV_AVX2 static float dot_q4_0(const uint8_t *row, const kv_gguf_act *a, int n) { return dot_q4(row, a, n, 0); }
 KV_AVX2 static float dot_q4_1(const uint8_t *row, const kv_gguf_act *a, int n) { return dot_q4(row, a, n, 1); }
 
-/* Q4_K: 32 bytes of qs hold sub-block 2 g (low nibbles) and 2 g + 1 (high nibbles) */
-KV_AVX2 static float dot_q4_k(const uint8_t *row, const kv_gguf_act *a, int n)
+/* Q4_K and Q5_K: 32 bytes of qs hold sub-block 2 g (low nibbles) and 2 g + 1 (high nibbles);
+ * Q5_K's fifth bit of sub-block j is bit j of the 32 bytes of qh, moved to bit 4 */
+KV_AVX2 static inline float dot_k45(const uint8_t *row, const kv_gguf_act *a, int n, int q5)
 {
-    const __m256i m = _mm256_set1_epi8(15);
+    const int bytes = q5 ? 176 : 144;
+    const __m256i m = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     float acc = 0.0f;
     for (int sb = 0; sb < n / KV_GGML_QK_K; sb++) {
-        const uint8_t *blk = row + 144 * sb;
-        const float d = kv_ggml_fp16_at(blk), dmin = kv_ggml_fp16_at(blk + 2);
+        const uint8_t *blk = row + bytes * sb;
+        const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
         for (int g = 0; g < 4; g++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g));
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + bytes - 128 + 32 * g));
             const __m256i half[2] = {_mm256_and_si256(v, m),
                                      _mm256_and_si256(_mm256_srli_epi16(v, 4), m)};
             for (int h = 0; h < 2; h++) {
                 const int j = 2 * g + h, b = 8 * sb + j;
-                const int32_t s = udot(half[h], a->q + 32 * b);
-                int sc, mn;
-                kv_ggml_scale_min_k4(blk + 4, j, &sc, &mn);
-                acc += kv_gguf_term(d, a->d[b], sc * s) -
-                       kv_gguf_term(dmin, a->d[b], mn * csum32(a, b));
+                const __m256i fifth = _mm256_and_si256(_mm256_srli_epi16(qh, j), one);
+                const __m256i q = _mm256_or_si256(half[h], _mm256_slli_epi16(fifth, 4));
+                const int32_t s = udot(q, a->q + 32 * b);
+                acc += kv_gguf_k45_term(blk, j, a->d[b], s, csum32(a, b));
             }
         }
     }
     return acc;
 }
+KV_AVX2 static float dot_q4_k(const uint8_t *row, const kv_gguf_act *a, int n) { return dot_k45(row, a, n, 0); }
+KV_AVX2 static float dot_q5_k(const uint8_t *row, const kv_gguf_act *a, int n) { return dot_k45(row, a, n, 1); }
 
 /* Q6_K: for half g of a super-block, ql bytes 64 g .. +31 (A) and +32 .. +63 (B) and qh bytes
  * 32 g .. +31 give the four runs of 32 weights: A's low nibbles with qh bits 0-1, B's low with
@@ -142,6 +145,6 @@ KV_AVX2 static float dot_q6_k(const uint8_t *row, const kv_gguf_act *a, int n)
     return acc;
 }
 
-static const kv_gguf_row_dots DOTS = {dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q6_k};
+static const kv_gguf_row_dots DOTS = {dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q5_k, dot_q6_k};
 const kv_gguf_row_dots *kv_gguf_row_dots_avx2(void) { return &DOTS; }
 #endif

@@ -94,25 +94,29 @@ static float dot_q4(const uint8_t *row, const kv_gguf_act *a, int n, int q4_1)
 static float dot_q4_0(const uint8_t *row, const kv_gguf_act *a, int n) { return dot_q4(row, a, n, 0); }
 static float dot_q4_1(const uint8_t *row, const kv_gguf_act *a, int n) { return dot_q4(row, a, n, 1); }
 
-/* Q4_K: sub-block j of 32 weights meets activation block 8 sb + j */
-static float dot_q4_k(const uint8_t *row, const kv_gguf_act *a, int n)
+/* Q4_K (144-byte blocks) and Q5_K (176: the fifth bits in qh, bytes 16-47): sub-block j of 32
+ * weights meets activation block 8 sb + j */
+static float dot_k45(const uint8_t *row, const kv_gguf_act *a, int n, int q5)
 {
+    const int bytes = q5 ? 176 : 144;
     float acc = 0.0f;
     for (int sb = 0; sb < n / KV_GGML_QK_K; sb++) {
-        const uint8_t *blk = row + 144 * sb, *qs = blk + 16;
-        const float d = kv_ggml_fp16_at(blk), dmin = kv_ggml_fp16_at(blk + 2);
+        const uint8_t *blk = row + bytes * sb, *qh = blk + 16, *qs = blk + bytes - 128;
         for (int j = 0; j < 8; j++) {
             const int b = 8 * sb + j;
             const int8_t *c = a->q + 32 * b;
             int32_t s = 0;
-            for (int l = 0; l < 32; l++) s += ((qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15) * c[l];
-            int sc, mn;
-            kv_ggml_scale_min_k4(blk + 4, j, &sc, &mn);
-            acc += kv_gguf_term(d, a->d[b], sc * s) - kv_gguf_term(dmin, a->d[b], mn * csum32(a, b));
+            for (int l = 0; l < 32; l++) {
+                const int low = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
+                s += (low | (q5 ? (qh[l] >> j) & 1 : 0) << 4) * c[l];
+            }
+            acc += kv_gguf_k45_term(blk, j, a->d[b], s, csum32(a, b));
         }
     }
     return acc;
 }
+static float dot_q4_k(const uint8_t *row, const kv_gguf_act *a, int n) { return dot_k45(row, a, n, 0); }
+static float dot_q5_k(const uint8_t *row, const kv_gguf_act *a, int n) { return dot_k45(row, a, n, 1); }
 
 /* Q6_K: the 32 weights 32 k .. 32 k + 31 (k = 0..7) meet activation block 8 sb + k; their
  * two sub-blocks of 16 have scales 2 k and 2 k + 1 */
@@ -143,7 +147,8 @@ static float dot_q6_k(const uint8_t *row, const kv_gguf_act *a, int n)
     return acc;
 }
 
-static const kv_gguf_row_dots PORTABLE = {dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q6_k};
+static const kv_gguf_row_dots PORTABLE = {dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q5_k,
+                                          dot_q6_k};
 
 /* the row loop of @p type in a set of loops; NULL for a type without one */
 static kv_gguf_row_dot pick(const kv_gguf_row_dots *dots, int type)
@@ -153,6 +158,7 @@ static kv_gguf_row_dot pick(const kv_gguf_row_dots *dots, int type)
     case KV_GGML_Q4_1: return dots->q4_1;
     case KV_GGML_Q8_0: return dots->q8_0;
     case KV_GGML_Q4_K: return dots->q4_k;
+    case KV_GGML_Q5_K: return dots->q5_k;
     case KV_GGML_Q6_K: return dots->q6_k;
     default: return NULL;
     }

@@ -9,7 +9,7 @@
  *     Q8_0: sum_j d q_j  x_j  ~  (d dx) * sum q_j c_j
  *     Q4_0: sum_j d (q_j - 8) x_j  ~  (d dx) * (sum q_j c_j - 8 sum c_j)
  *     Q4_1: sum_j (d q_j + m) x_j  ~  (d dx) * sum q_j c_j + (m dx) * sum c_j
- *     Q4_K: per 32-weight sub-block, (d dx) * sc * sum q_j c_j - (dmin dx) * mn * sum c_j
+ *     Q4_K, Q5_K: per 32-weight sub-block, (d dx) * sc * sum q_j c_j - (dmin dx) * mn * sum c_j
  *     Q6_K: per 32 weights (two sub-blocks of 16), (d dx) * sum_h sc_h (sum q c - 32 sum c)
  * The only approximation is the rounding of the activations, |x - dx c| <= max|x| / 254 per
  * block, so |fast - reference| <= sum_j |w_j| max|x|_block / 254 plus float roundings
@@ -46,7 +46,7 @@ int kv_gguf_matmul_fast(float *y, const float *x, const void *W, int type, int T
                         int out, kv_err *err);
 
 /** 1 when kv_gguf_matmul_fast() has integer dot products for @p type (Q4_0, Q4_1, Q8_0, Q4_K,
- * Q6_K); 0 when it runs the reference's row. */
+ * Q5_K, Q6_K); 0 when it runs the reference's row. */
 int kv_gguf_matmul_fast_has(int type);
 
 /** One token's activations rounded to int8 codes, blocks of 32. */
@@ -70,7 +70,7 @@ void kv_gguf_act_quantize(const float *x, int n, int8_t *q, float *d, int16_t *s
 typedef float (*kv_gguf_row_dot)(const uint8_t *row, const kv_gguf_act *a, int n);
 
 /** The row loops of the types with integer dot products. */
-typedef struct { kv_gguf_row_dot q4_0, q4_1, q8_0, q4_k, q6_k; } kv_gguf_row_dots;
+typedef struct { kv_gguf_row_dot q4_0, q4_1, q8_0, q4_k, q5_k, q6_k; } kv_gguf_row_dots;
 
 /** The AVX2 twins (kv_gguf_matmul_avx2.c); NULL off x86-64. */
 const kv_gguf_row_dots *kv_gguf_row_dots_avx2(void);
@@ -90,6 +90,16 @@ static inline float kv_gguf_q4_term(const uint8_t *blk, float dx, int32_t s, int
         return kv_gguf_term(kv_ggml_fp16_at(blk), dx, s) +
                kv_gguf_term(kv_ggml_fp16_at(blk + 2), dx, csum);
     return kv_gguf_term(kv_ggml_fp16_at(blk), dx, s - 8 * csum);
+}
+
+/** Sub-block @p j's term of a Q4_K or Q5_K block from sum q c (@p s) and sum c (@p csum):
+ * (d dx) (sc s) - (dmin dx) (mn csum). */
+static inline float kv_gguf_k45_term(const uint8_t *blk, int j, float dx, int32_t s, int32_t csum)
+{
+    int sc, mn;
+    kv_ggml_scale_min_k4(blk + 4, j, &sc, &mn);
+    return kv_gguf_term(kv_ggml_fp16_at(blk), dx, sc * s) -
+           kv_gguf_term(kv_ggml_fp16_at(blk + 2), dx, mn * csum);
 }
 
 #ifdef __cplusplus
