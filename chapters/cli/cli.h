@@ -33,6 +33,7 @@ int cmd_tp(int argc, char **argv);       /* tp.c */
 int cmd_eval(int argc, char **argv);     /* eval.c */
 int cmd_tokenize(int argc, char **argv); /* tokenize.c */
 int cmd_chat(int argc, char **argv);     /* chat.c */
+int cmd_passkey(int argc, char **argv);  /* passkey.c */
 
 /* `--model trained` (trained.c): datasets/models/kjv.*, checked against its SHA256SUMS */
 #define KV_CLI_PATH_MAX 4096

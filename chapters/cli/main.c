@@ -28,6 +28,7 @@ static const kv_subcommand commands[] = {
     {"bench", cmd_bench, "benchmarks: decode, attention-gqa, quant, bandwidth, engine, paged,\n"
                           "             attention, prefill, mla, swap (kvlab bench --help)"},
     {"needle", cmd_needle, "needle-in-a-haystack grid over the recall models: lengths x depths x cache"},
+    {"passkey", cmd_passkey, "the pass-key test on a real model: a key hidden in a long text, asked for"},
     {"convert", cmd_convert, "MHA -> GQA/MQA: mean-pool K/V heads per group, write a new checkpoint"},
     {"dialogue", cmd_dialogue, "run a multi-turn dialogue file on the recall models, turn by turn"},
     {"serve", cmd_serve, "replay a request trace: continuous batching on a paged cache, allocator metrics"},

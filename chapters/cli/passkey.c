@@ -1,0 +1,259 @@
+/*
+ * kvlab passkey: the pass-key test on a real model (reference_cpu/eval/kv_passkey.h): a grid of
+ * prompt lengths x depths, several keys a cell, under one cache, greedy answers checked exactly.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "csv.h"
+#include "kv_chat.h"
+#include "kv_file.h"
+#include "kv_needle.h"
+#include "kv_passkey.h"
+#include "model_load.h"
+
+#define PK_MAX_LIST 16
+#define PK_MAX_TEXT (64 << 20) /* a haystack file larger than 64 MiB is refused */
+
+/* the CLI's text codec as the eval layer's callbacks */
+static int codec_encode(void *ctx, const char *text, int **ids, int *n, kv_err *err)
+{
+    return kv_cli_encode(ctx, text, 0, ids, n, err);
+}
+static int codec_piece(void *ctx, int prev, int id, char *buf, int cap)
+{
+    return kv_cli_piece(ctx, prev, id, buf, cap);
+}
+
+/* The test inside the model's chat template (the default; --plain: a completion). pre = the
+ * system message (the template's default) and the user message up to its content; post = the
+ * user message's end, the assistant's header and "The pass key is" (so the reply continues
+ * with the key). The user message's end is found by rendering it empty: its content sits right
+ * before its end-of-turn token, in ChatML and in Llama 3. */
+typedef struct {
+    int pre[256], n_pre, post[256], n_post;
+} pk_frame_ids;
+
+static int chat_frame(const kv_cli_model *mdl, pk_frame_ids *f, kv_err *err)
+{
+    if (!mdl->vocab || !mdl->chat_template)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "the chat frame needs a model with a chat template "
+                       "(a GGUF file carrying tokenizer.chat_template)");
+    kv_chat_template t;
+    int rc = kv_chat_template_parse(mdl->chat_template, strlen(mdl->chat_template), mdl->vocab,
+                                    &t, err);
+    f->n_pre = f->n_post = 0;
+    int first = 1;
+    if (!rc && t.default_system[0]) {
+        rc = kv_chat_render_message(&t, mdl->vocab, 1, "system", t.default_system,
+                                    strlen(t.default_system), f->pre, 256, &f->n_pre, err);
+        first = 0;
+    }
+    int user[64], nu = 0;
+    if (!rc) rc = kv_chat_render_message(&t, mdl->vocab, first, "user", "", 0, user, 64, &nu, err);
+    if (rc) return rc;
+    int end = nu - 1; /* the last end-of-turn token: the content goes before it */
+    while (end >= 0 && user[end] != t.msg_end) end--;
+    if (end < 0 || f->n_pre + end > 256 || nu - end > 256)
+        return kv_fail(err, KV_ERR_FORMAT, "the template's user message has no "
+                       "end-of-turn token");
+    memcpy(f->pre + f->n_pre, user, (size_t)end * sizeof(int));
+    f->n_pre += end;
+    memcpy(f->post, user + end, (size_t)(nu - end) * sizeof(int));
+    f->n_post = nu - end;
+    rc = kv_chat_render_reply_start(&t, mdl->vocab, f->post, 256, &f->n_post, err);
+    int *ids = NULL, n = 0;
+    if (!rc) rc = kv_cli_encode(mdl, "The pass key is", 0, &ids, &n, err);
+    if (!rc && f->n_post + n > 256) rc = kv_fail(err, KV_ERR_FORMAT, "the chat frame is too long");
+    if (!rc) {
+        memcpy(f->post + f->n_post, ids, (size_t)n * sizeof(int));
+        f->n_post += n;
+    }
+    free(ids);
+    return rc;
+}
+
+typedef struct {
+    int length, depth_pct;
+    kv_passkey_result r;
+} pk_cell;
+
+static void write_csv(FILE *f, const char *model, const char *cache, const char *hay,
+                      const pk_cell *cells, int n)
+{
+    kv_csv_printf(f, "model,cache,haystack,length,depth_pct,key,needle_at,answer,found,seconds\n");
+    for (int i = 0; i < n; i++)
+        kv_csv_printf(f, "%s,%s,%s,%d,%d,%d,%d,%s,%d,%.3f\n", model, cache, hay, cells[i].length,
+                      cells[i].depth_pct, cells[i].r.key, cells[i].r.needle_at, cells[i].r.answer,
+                      cells[i].r.found, cells[i].r.seconds);
+}
+
+int cmd_passkey(int argc, char **argv)
+{
+    const char *cmd = "kvlab passkey";
+    const char *model = "smollm2", *lengths_s = "1024", *depths_s = "0,25,50,75,100";
+    const char *hay_s = "filler", *cache = "fp32", *csv = NULL, *device = "cpu";
+    int keys = 3, threads = 0, plain = 0;
+    int64_t seed = 1;
+    kv_cli_layout lo = {"contiguous", 0, 0};
+    kv_cli_engine en = {NULL, NULL};
+    kv_opt opts[] = {
+        {"--model", KV_OPT_STRING, &model, 0, 0, NULL, "M", "a GGUF file, smollm2 (default: SmolLM2-135M-Instruct, tools/fetch-model.sh smollm2) or trained", 0},
+        {"--lengths", KV_OPT_STRING, &lengths_s, 0, 0, NULL, "LIST", "prompt lengths in tokens, comma-separated (default 1024)", 0},
+        {"--depths", KV_OPT_STRING, &depths_s, 0, 0, NULL, "LIST", "needle depths in percent of the haystack (default 0,25,50,75,100)", 0},
+        {"--keys", KV_OPT_INT, &keys, 1, 100, NULL, "K", "keys asked per cell, each a fresh five-digit number (default 3)", 0},
+        {"--seed", KV_OPT_I64, &seed, 0, 9.0e15, NULL, "S", "seed of the keys (default 1)", 0},
+        {"--haystack", KV_OPT_STRING, &hay_s, 0, 0, NULL, "H", "filler (default: the classic repeated sentences) or a text FILE, from its start", 0},
+        {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "the cache, as generate --cache / needle's specs: fp32 (default), fp16, int8, int4, window/w256/s4, h2o/b64/w16, ...", 0},
+        {"--plain", KV_OPT_FLAG, &plain, 0, 0, NULL, NULL, "a plain completion; default: inside the model's chat template when it has one (system message, user turn, the reply started with \"The pass key is\")", 0},
+        {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "also write one row per prompt (the answer included) to FILE", 0},
+        {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
+        KV_CLI_LAYOUT_OPTS(lo),
+        KV_CLI_ENGINE_OPTS(en),
+        KV_CLI_THREADS_OPT(threads),
+    };
+    int r = kv_args_parse(cmd,
+                          "The pass-key test on a trained model: a five-digit key hidden at a depth\n"
+                          "of a long haystack, then asked for; a cell passes when the greedy answer\n"
+                          "starts with the key's digits. A grid of lengths x depths under one cache\n"
+                          "(run it once per cache and compare with the fp32 row: a 135M model also\n"
+                          "misses on its own). reference_cpu/eval/kv_passkey.h has the prompt.",
+                          argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (r == KV_ARGS_HELP) return KV_EXIT_OK;
+    if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
+    int lengths[PK_MAX_LIST], depths[PK_MAX_LIST], n_len = 0, n_dep = 0, e;
+    if ((e = kv_args_int_list(cmd, "--lengths", lengths_s, lengths, PK_MAX_LIST, &n_len, 16,
+                              1 << 20)) ||
+        (e = kv_args_int_list(cmd, "--depths", depths_s, depths, PK_MAX_LIST, &n_dep, 0, 100)))
+        return e;
+    if ((e = kv_cli_layout_check(cmd, &lo)) || (e = kv_cli_check_device(cmd, device)) ||
+        (e = kv_cli_engine_check(cmd, device, &en)))
+        return e;
+    if ((e = kv_cli_outputs_check(cmd, (const kv_cli_output[]){{"--csv", csv}}, 1))) return e;
+    int max_len = 0;
+    for (int i = 0; i < n_len; i++) max_len = lengths[i] > max_len ? lengths[i] : max_len;
+    kv_err err = {{0}};
+    kv_cache_spec spec; /* checked before the model is loaded: a bad spec costs nothing */
+    int st = kv_needle_cache_spec(cache, 1, max_len + 8, &spec, &err);
+    if (st) return kv_cli_fail(cmd, "--cache", st, &err);
+    kv_cli_layout_apply(&lo, &spec);
+
+    kv_cli_model_args ma = {model, NULL, NULL, NULL, KV_CLI_TEXT_NEED, 0};
+    kv_cli_model mdl;
+    if ((e = kv_cli_model_load(cmd, &ma, &mdl))) return e;
+    if (max_len + 8 > mdl.m.config.seq_len) {
+        fprintf(stderr, "%s: --lengths: %d tokens and an 8-token answer exceed the model's "
+                "context of %d\n", cmd, max_len, mdl.m.config.seq_len);
+        kv_cli_model_close(&mdl);
+        return KV_EXIT_USAGE;
+    }
+    int stops[8];
+    kv_text_codec tc = {&mdl, codec_encode, codec_piece, kv_cli_bos(&mdl), stops, 0};
+    tc.n_stop = kv_cli_stop_ids(&mdl, stops, 8);
+    kv_passkey_hay hay = {0};
+    kv_backend *b = NULL;
+    pk_frame_ids fids;
+    kv_passkey_frame frame = {fids.pre, 0, " What is the pass key?", fids.post, 0};
+    pk_cell *cells = calloc((size_t)n_len * n_dep * keys, sizeof *cells);
+    int rc = KV_EXIT_OK, n = 0;
+    if (!cells) {
+        rc = kv_cli_fail(cmd, "grid", KV_ERR_NOMEM, &err);
+        goto done;
+    }
+    const int chat = !plain && mdl.vocab && mdl.chat_template;
+    if (chat) {
+        if ((st = chat_frame(&mdl, &fids, &err))) {
+            rc = kv_cli_fail(cmd, "chat template", st, &err);
+            goto done;
+        }
+        frame.n_pre = fids.n_pre;
+        frame.n_post = fids.n_post;
+    }
+    if (strcmp(hay_s, "filler") == 0) {
+        st = kv_passkey_filler(&tc, &hay, &err);
+    } else {
+        char *text = NULL;
+        size_t tn = 0;
+        st = kv_file_read_text(hay_s, PK_MAX_TEXT, &text, &tn, &err);
+        if (!st) st = kv_passkey_text(&tc, text, &hay, &err);
+        free(text);
+    }
+    if (st) {
+        rc = kv_cli_fail(cmd, "--haystack", st, &err);
+        goto done;
+    }
+    if ((st = kv_cli_backend_engine(&b, device, &mdl.m, &spec, &en, &err))) {
+        rc = kv_cli_fail(cmd, "backend", st, &err);
+        goto done;
+    }
+    printf("kvlab passkey: model %s, cache %s (%s), device %s, haystack %s, %s, %d key%s a "
+           "cell, greedy answers of at most 8 tokens\n\n", mdl.name, cache, lo.layout, device,
+           hay_s, chat ? "chat template" : "plain completion", keys, keys == 1 ? "" : "s");
+    kv_progress p;
+    kv_progress_start(&p, "pass-key prompts");
+    const long total = (long)n_len * n_dep * keys;
+    for (int li = 0; li < n_len && !rc; li++)
+        for (int di = 0; di < n_dep && !rc; di++)
+            for (int k = 0; k < keys; k++) {
+                pk_cell *c = &cells[n];
+                c->length = lengths[li];
+                c->depth_pct = depths[di];
+                const int key = kv_passkey_key((uint64_t)seed, n);
+                st = kv_passkey_run(b, &tc, chat ? &frame : NULL, &hay, lengths[li],
+                                    depths[di] / 100.0, key, &c->r, &err);
+                if (st) {
+                    kv_progress_end(&p);
+                    rc = kv_cli_fail(cmd, "pass-key prompt", st, &err);
+                    break;
+                }
+                n++;
+                kv_progress_update(&p, n, total);
+            }
+    if (rc) goto done;
+    kv_progress_end(&p);
+
+    /* the grid: found / asked per (depth, length), then each length's total */
+    printf("%-10s", "depth");
+    for (int li = 0; li < n_len; li++) printf(" %9d", lengths[li]);
+    printf("   (prompt tokens)\n");
+    int found_all = 0;
+    for (int di = 0; di < n_dep; di++) {
+        printf("%8d %%", depths[di]);
+        for (int li = 0; li < n_len; li++) {
+            int f = 0;
+            for (int k = 0; k < keys; k++) f += cells[(li * n_dep + di) * keys + k].r.found;
+            found_all += f;
+            char cell[16];
+            snprintf(cell, sizeof cell, "%d/%d", f, keys);
+            printf(" %9s", cell);
+        }
+        printf("\n");
+    }
+    printf("%-10s", "all");
+    for (int li = 0; li < n_len; li++) {
+        int f = 0;
+        for (int i = 0; i < n_dep * keys; i++) f += cells[li * n_dep * keys + i].r.found;
+        char cell[24];
+        snprintf(cell, sizeof cell, "%d/%d", f, n_dep * keys);
+        printf(" %9s", cell);
+    }
+    printf("\nfound %d of %d keys\n", found_all, n);
+    if (csv) {
+        kv_file_out o;
+        st = kv_file_create(csv, &o, &err);
+        if (!st) {
+            write_csv(o.f, mdl.name, cache, hay_s, cells, n);
+            st = kv_file_commit(&o, &err);
+        }
+        if (st) rc = kv_cli_write_fail(cmd, "--csv", &err);
+    }
+done:
+    if (b) kv_backend_destroy(b);
+    kv_passkey_hay_free(&hay);
+    free(cells);
+    kv_cli_model_close(&mdl);
+    return rc;
+}

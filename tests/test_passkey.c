@@ -1,0 +1,178 @@
+/*
+ * The pass-key test (reference_cpu/eval/kv_passkey.h, kvlab passkey).
+ *
+ * Without a model (label cpu): the prompt's construction with a one-id-per-byte codec, so every
+ * count below follows from the strings' lengths: the prompt has exactly the length asked for,
+ * the needle sits after `depth` of the haystack (right after the intro at 0, right before the
+ * question at 1), the frame's ids surround it; the answer check; the refusals.
+ *
+ * With the real model (`real`, label realmodel, 77 and the fetch command when it is absent):
+ * kvlab passkey on SmolLM2-135M-Instruct, 256-token prompts through its chat template. With an
+ * fp32 cache it finds the key at depths 0, 50 and 100 % (llama.cpp, the outside reference,
+ * retrieves such keys from 1-2k tokens of filler at every depth); with a 64-token window and
+ * no sinks, the needle at depth 0 has left the cache before the question is asked, and no
+ * model can answer a five-digit key it no longer sees.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/kv_test.h"
+#include "common/kv_test_cli.h"
+#include "kv_passkey.h"
+
+/* one id per byte: ids are the bytes + 1 (0 stays free), so counts are string lengths */
+static int byte_encode(void *ctx, const char *text, int **ids, int *n, kv_err *err)
+{
+    (void)ctx;
+    const int k = (int)strlen(text);
+    *ids = malloc((size_t)(k ? k : 1) * sizeof(int));
+    if (!*ids) return kv_fail(err, KV_ERR_NOMEM, "byte_encode");
+    for (int i = 0; i < k; i++) (*ids)[i] = (unsigned char)text[i] + 1;
+    *n = k;
+    return KV_OK;
+}
+static int byte_piece(void *ctx, int prev, int id, char *buf, int cap)
+{
+    (void)ctx, (void)prev;
+    if (cap < 2) return 0;
+    buf[0] = (char)(id - 1);
+    buf[1] = '\0';
+    return 1;
+}
+
+static void construction(void)
+{
+    kv_err err = {{0}};
+    kv_text_codec tc = {NULL, byte_encode, byte_piece, 0 /* BOS id 0 */, NULL, 0};
+    kv_passkey_hay hay;
+    KV_CHECK(kv_passkey_filler(&tc, &hay, &err) == KV_OK, "filler: %s", err.msg);
+    const int intro = 1 + 133; /* BOS + the intro's 133 bytes */
+    const char *needle = " The pass key is 12345. Remember it. 12345 is the pass key.";
+    const int nn = (int)strlen(needle), nq = (int)strlen(" What is the pass key? The pass key is");
+    const int L = 600, h = L - intro - nn - nq;
+    int last_at = -1;
+    for (int pct = 0; pct <= 100; pct += 25) {
+        int *ids = NULL, n = 0, at = -1;
+        int st = kv_passkey_prompt(&tc, NULL, &hay, L, pct / 100.0, 12345, &ids, &n, &at, &err);
+        KV_CHECK(st == KV_OK && n == L, "depth %d %%: %d ids for %d asked (%s)", pct, n, L, err.msg);
+        if (st) continue;
+        const int want_at = intro + (int)(pct / 100.0 * h + 0.5);
+        KV_CHECK(at == want_at, "depth %d %%: needle at %d, expected %d", pct, at, want_at);
+        KV_CHECK(at > last_at, "depth %d %%: the needle moves later with depth", pct);
+        last_at = at;
+        char text[128];
+        for (int i = 0; i < nn; i++) text[i] = (char)(ids[at + i] - 1);
+        text[nn] = '\0';
+        KV_CHECK(strcmp(text, needle) == 0, "depth %d %%: the needle's ids spell it", pct);
+        KV_CHECK(ids[0] == 0, "BOS first");
+        if (pct == 100) KV_CHECK(at + nn == L - nq, "depth 100 %%: right before the question");
+        free(ids);
+    }
+    /* a frame replaces BOS and surrounds the text */
+    const int pre[3] = {900, 901, 902}, post[2] = {950, 951};
+    kv_passkey_frame fr = {pre, 3, " Q?", post, 2};
+    int *ids = NULL, n = 0, at = -1;
+    int st = kv_passkey_prompt(&tc, &fr, &hay, 400, 0.0, 54321, &ids, &n, &at, &err);
+    KV_CHECK(st == KV_OK && n == 400 && ids[0] == 900 && ids[2] == 902 && ids[3] == 'T' + 1 &&
+                 ids[398] == 950 && ids[399] == 951 && ids[397] == '?' + 1 && at == 3 + 133,
+             "frame: pre ids first, then the intro; the question, then post ids last (%s)", err.msg);
+    free(ids);
+    /* refusals */
+    st = kv_passkey_prompt(&tc, NULL, &hay, 100, 0.5, 12345, &ids, &n, &at, &err);
+    KV_CHECK(st == KV_ERR_ARG && strstr(err.msg, "cannot hold"), "too short: %s", err.msg);
+    st = kv_passkey_prompt(&tc, NULL, &hay, 600, 1.5, 12345, &ids, &n, &at, &err);
+    KV_CHECK(st == KV_ERR_ARG && strstr(err.msg, "depth"), "depth past 1: %s", err.msg);
+    kv_passkey_hay small;
+    st = kv_passkey_text(&tc, "too short", &small, &err);
+    KV_CHECK(st == KV_ERR_ARG && strstr(err.msg, "at least 64"), "short haystack text: %s", err.msg);
+    kv_passkey_hay_free(&hay);
+
+    /* the answer check: the key's digits first, and no more digits */
+    KV_CHECK(kv_passkey_match(" 12345.", 12345) && kv_passkey_match("12345", 12345) &&
+                 kv_passkey_match("\n 12345 is", 12345),
+             "matches: the key after spaces");
+    KV_CHECK(!kv_passkey_match(" 123456", 12345) && !kv_passkey_match(" 1234", 12345) &&
+                 !kv_passkey_match(" the key 12345", 12345) && !kv_passkey_match("", 12345),
+             "refuses: more digits, fewer, words first, nothing");
+    int in_range = 1, distinct = 0;
+    for (int i = 0; i < 100; i++) {
+        const int k = kv_passkey_key(7, i);
+        in_range &= k >= 10000 && k <= 99999;
+        distinct += i > 0 && k != kv_passkey_key(7, i - 1);
+    }
+    KV_CHECK(in_range && distinct > 90 && kv_passkey_key(7, 3) == kv_passkey_key(7, 3),
+             "keys: five digits, seeded, varied");
+}
+
+/* found column of each CSV row, in order */
+static int csv_found(const char *path, int *found, int cap)
+{
+    size_t sz = 0;
+    char *s = (char *)slurp(path, &sz);
+    int n = 0;
+    if (!s) return -1;
+    char *line = strchr(s, '\n'); /* skip the header */
+    while (line && line[1] && n < cap) {
+        line++;
+        char *end = strchr(line, '\n');
+        if (end) *end = '\0';
+        /* found is the second-last field: ...,answer,found,seconds */
+        char *last = strrchr(line, ','), *prev = NULL;
+        if (last) {
+            *last = '\0';
+            prev = strrchr(line, ',');
+        }
+        found[n++] = prev ? atoi(prev + 1) : -1;
+        line = end;
+    }
+    free(s);
+    return n;
+}
+
+static void real_model(void)
+{
+    const char *d = getenv("KVLAB_MODELS"), *home = getenv("HOME");
+    char path[4096];
+    if (d && d[0]) snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", d);
+    else snprintf(path, sizeof path, "%s/.cache/kvlab/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                  home ? home : ".");
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        printf("skipped: %s is absent; fetch it with: tools/fetch-model.sh smollm2\n", path);
+        cleanup();
+        exit(KV_TEST_SKIP);
+    }
+    fclose(f);
+    int found[8];
+    result r = run_in(dir, (const char *const[]){"passkey", "--model", path, "--lengths", "256",
+                                                  "--depths", "0,50,100", "--keys", "1", "--csv",
+                                                  "fp32.csv", NULL});
+    KV_CHECK(r.rc == 0 && strstr(r.out, "found 3 of 3 keys"),
+             "fp32 cache: the key found at depths 0, 50, 100 %% (exit %d)\n%s%s", r.rc,
+             r.out ? r.out : "", r.err ? r.err : "");
+    KV_CHECK(csv_found(file("fp32.csv"), found, 8) == 3 && found[0] == 1 && found[1] == 1 &&
+                 found[2] == 1, "fp32: three CSV rows, each found");
+    free(r.out);
+    free(r.err);
+    r = run_in(dir, (const char *const[]){"passkey", "--model", path, "--lengths", "256",
+                                          "--depths", "0", "--keys", "1", "--cache", "window/w64",
+                                          "--csv", "w64.csv", NULL});
+    KV_CHECK(r.rc == 0 && strstr(r.out, "found 0 of 1 keys"),
+             "a 64-token window without sinks: the needle at depth 0 is gone (exit %d)\n%s%s",
+             r.rc, r.out ? r.out : "", r.err ? r.err : "");
+    free(r.out);
+    free(r.err);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 3 && strcmp(argv[2], "real") == 0) {
+        kv_test_cli_init(argc, argv);
+        real_model();
+        cleanup();
+    } else {
+        construction();
+    }
+    return kv_test_finish();
+}
