@@ -29,7 +29,7 @@ static void check_expected(void)
     char path[1024];
     snprintf(path, sizeof path, "%s/expected.txt", dir);
     kv_test_gguf_counts n = kv_test_gguf_expected(path, dir);
-    KV_CHECK(n.files == 5 && n.kvs >= 70 && n.tensors >= 36, "expected.txt: %d files, %d keys, "
+    KV_CHECK(n.files == 6 && n.kvs >= 71 && n.tensors >= 37, "expected.txt: %d files, %d keys, "
              "%d tensors checked", n.files, n.kvs, n.tensors);
 }
 

@@ -9,7 +9,8 @@
  * each sum agree to the rounding of a double sum of a few thousand floats.
  *
  * Refusals, each by name: another architecture, a key missing, a shape that does not match
- * the config, a missing tensor, a tensor type kvlab does not dequantize.
+ * the config, a missing tensor, a tensor type kvlab does not dequantize, Llama 3's
+ * rope_freqs.weight and RoPE scaling (llama_rope.gguf).
  *
  * Usage: test_gguf_model <tests/data/gguf>
  */
@@ -75,6 +76,23 @@ static void refusals(const kv_gguf *g, const unsigned char *file, size_t n)
         refused(qwen, qn, "qwen2", KV_ERR_UNSUPPORTED,
                 "architecture 'qwen2' is not supported (kvlab runs 'llama')");
     free(qwen);
+
+    /* Llama 3's frequency factors, and RoPE scaling: kvlab's RoPE has neither */
+    snprintf(path, sizeof path, "%s/llama_rope.gguf", dir);
+    unsigned char *rope = kv_test_slurp(path, &qn);
+    kv_gguf *r = NULL;
+    kv_err err;
+    KV_CHECK(rope && kv_gguf_open(path, &r, &err) == KV_OK, "llama_rope.gguf: %s", err.msg);
+    if (rope && r) {
+        refused(rope, qn, "rope_freqs", KV_ERR_UNSUPPORTED, "tensor 'rope_freqs.weight' (Llama 3 "
+                "RoPE frequency factors) is not supported");
+        const kv_gguf_kv *scaling = kv_test_gguf_kv(r, "llama.rope.scaling.type");
+        memcpy(rope + (scaling->str.s - (const char *)kv_test_gguf_base(r)), "yarn", 4);
+        refused(rope, qn, "yarn", KV_ERR_UNSUPPORTED, "RoPE scaling 'yarn' "
+                "(llama.rope.scaling.type) is not supported");
+    }
+    kv_gguf_close(r);
+    free(rope);
 }
 
 int main(int argc, char **argv)

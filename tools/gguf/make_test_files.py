@@ -16,6 +16,8 @@ Files (tests/data/gguf/):
   tiny_llama.gguf a two-layer Llama (dim 32, H 4, H_kv 2, hidden 64, vocab 40), untied
                   classifier, weights in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16 and F32
   not_llama.gguf  general.architecture qwen2, no tensors
+  llama_rope.gguf the tiny Llama's keys with llama.rope.scaling.type "none" and one tensor,
+                  Llama 3's rope_freqs.weight (what the loader refuses by name)
 
 expected.txt, one fact a line (strings as hex bytes, floats as %.17g of their exact value):
   file NAME VERSION ALIGNMENT N_KV N_TENSORS
@@ -189,8 +191,17 @@ def arch_keys(w, arch, c):
     w.add_uint32(arch + ".vocab_size", c["vocab"])
 
 
+TINY = dict(dim=32, hidden=64, L=2, H=4, Hkv=2, vocab=40, seq=128, theta=500000.0, eps=1e-6)
+
+
+def llama_rope(w, rng):
+    arch_keys(w, "llama", TINY)
+    w.add_string("llama.rope.scaling.type", "none")
+    tensors(w, rng, [("rope_freqs.weight", (TINY["dim"] // TINY["H"] // 2,), QT.F32)])
+
+
 def tiny_llama(w, rng):
-    c = dict(dim=32, hidden=64, L=2, H=4, Hkv=2, vocab=40, seq=128, theta=500000.0, eps=1e-6)
+    c = TINY
     arch_keys(w, "llama", c)
     kvd = c["dim"] // c["H"] * c["Hkv"]
     d, h, v = c["dim"], c["hidden"], c["vocab"]
@@ -299,6 +310,7 @@ def main():
     write("align64.gguf", align64)
     weights(write("tiny_llama.gguf", lambda w: tiny_llama(w, rng), arch="llama"))
     write("not_llama.gguf", lambda w: None, arch="qwen2")
+    write("llama_rope.gguf", lambda w: llama_rope(w, rng), arch="llama")
     with open(os.path.join(OUT, "expected.txt"), "w") as f:
         f.write("# made by tools/gguf/make_test_files.py (the gguf package's GGUFWriter)\n")
         f.write("\n".join(lines) + "\n")
