@@ -1,8 +1,8 @@
 /**
  * @file kv_unicode.h
  * What the GGUF tokenizers need of Unicode: UTF-8 read and written the way llama.cpp does,
- * the codepoint classes of the pre-tokenizer patterns (\p{L}, \p{N}, \p{P}, \s), and GPT-2's
- * byte <-> character map of byte-level BPE.
+ * the codepoint classes of the pre-tokenizer patterns (`\p{L}`, `\p{N}`, `\p{P}`, `\s`), and
+ * GPT-2's byte <-> character map of byte-level BPE.
  *
  * The classes come from a generated table (kv_unicode_table.c, written by
  * tools/unicode/gen_tables.py): runs of codepoints, ascending, found by binary search.
@@ -19,10 +19,10 @@ extern "C" {
 
 /** Codepoint classes (bits of kv_unicode_class()). */
 enum {
-    KV_UC_LETTER = 1, /**< general category L*: \p{L} */
-    KV_UC_NUMBER = 2, /**< general category N*: \p{N} */
-    KV_UC_SPACE = 4,  /**< White_Space: \s */
-    KV_UC_PUNCT = 8   /**< general category P*: \p{P} */
+    KV_UC_LETTER = 1, /**< general category L*: `\p{L}` */
+    KV_UC_NUMBER = 2, /**< general category N*: `\p{N}` */
+    KV_UC_SPACE = 4,  /**< White_Space: `\s` */
+    KV_UC_PUNCT = 8   /**< general category P*: `\p{P}` */
 };
 
 /** One run of the table: codepoints first..last (inclusive) have class cls. */
