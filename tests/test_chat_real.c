@@ -3,12 +3,16 @@
  * the fetch command when the file is absent).
  *
  *  1. The template's rendering, ids against ids: a conversation rendered by kv_chat (control
- *     tokens by id, the text between them encoded with special = 0) equals the string the
- *     template writes, tokenized with special tokens parsed, which is what llama.cpp's chat
- *     path does. The string is written here by hand from the file's Jinja text (the template
- *     is a loop of '<|im_start|>' + role + '\n' + content + '<|im_end|>' + '\n', with
- *     SmolLM2's default system message first, then '<|im_start|>assistant\n'), not made by
- *     kvlab. A user's "<|im_end|>" stays text: the only <|im_end|> ids are the template's.
+ *     tokens by id, the text between them encoded with special = 0) equals
+ *       - llama.cpp's ids for the same ChatML prompt (tests/data/smollm2/greedy-chat.txt's
+ *         prompt_ids: the model's system line, one user message, the reply's header, tokenized
+ *         by llama.cpp with special parsing on), and
+ *       - the string the template writes, tokenized with special tokens parsed, for a second
+ *         conversation and a turn after a reply cut short. The string is written here by hand
+ *         from the file's Jinja text (a loop of '<|im_start|>' + role + '\n' + content +
+ *         '<|im_end|>' + '\n', SmolLM2's default system message first, then
+ *         '<|im_start|>assistant\n'), not made by kvlab.
+ *     A user's "<|im_end|>" stays text: the only <|im_end|> ids are the template's.
  *  2. Incremental chat = recomputing the conversation every turn: a 3-turn script run by
  *     `kvlab chat` twice, keeping the cache and with --recompute, gives the same reply ids on
  *     an fp32 cache (the same ids at the same positions, and the CPU forward pass gives every
@@ -29,6 +33,28 @@
 #define MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 static char model_path[4096];
+static const char *llama_chat; /* tests/data/smollm2/greedy-chat.txt */
+
+/* llama.cpp's prompt_ids of the ChatML prompt in @p path, into ids [cap]; -1 when unreadable */
+static int llama_prompt_ids(const char *path, int *ids, int cap)
+{
+    FILE *f = fopen(path, "r");
+    char line[8192];
+    int n = -1;
+    while (f && n < 0 && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "prompt_ids ", 11)) continue;
+        char *p = line + 11, *end;
+        const long count = strtol(p, &end, 10);
+        for (n = 0; n < count && n < cap; n++) {
+            p = end;
+            ids[n] = (int)strtol(p, &end, 10);
+            if (end == p) break;
+        }
+        if (n != count) n = -1;
+    }
+    if (f) fclose(f);
+    return n;
+}
 
 static int find_model(void)
 {
@@ -81,6 +107,17 @@ static void check_template(void)
 
     enum { CAP = 512 };
     int got[CAP], want[CAP], n = 0;
+    /* llama.cpp's ids for its ChatML prompt */
+    const char *sky = "Explain in a few sentences why the sky is blue.";
+    st = kv_chat_render_message(&t, v, 1, "system", t.default_system, strlen(t.default_system),
+                                got, CAP, &n, &err);
+    if (!st) st = kv_chat_render_message(&t, v, 0, "user", sky, strlen(sky), got, CAP, &n, &err);
+    if (!st) st = kv_chat_render_reply_start(&t, v, got, CAP, &n, &err);
+    KV_CHECK(st == KV_OK, "render: %s", err.msg);
+    const int m0 = llama_prompt_ids(llama_chat, want, CAP);
+    KV_CHECK(m0 == 41, "%s: prompt_ids of 41 ids expected, read %d", llama_chat, m0);
+    check_same("llama.cpp's ChatML prompt", got, n, want, m0);
+    n = 0;
     const char *user = "What is the capital of France?";
     st = kv_chat_render_message(&t, v, 1, "system", t.default_system, strlen(t.default_system),
                                 got, CAP, &n, &err);
@@ -189,6 +226,11 @@ int main(int argc, char **argv)
                "KVLAB_MODELS to its folder)\n", model_path);
         return KV_TEST_SKIP;
     }
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s <kvlab> <tests/data/smollm2/greedy-chat.txt>\n", argv[0]);
+        return 2;
+    }
+    llama_chat = argv[2];
     kv_test_cli_init(argc, argv);
     check_template();
     check_incremental();

@@ -1,7 +1,7 @@
 /*
  * The one model loader of the kvlab commands (model_load.h): an embedded default, `trained`,
- * or a checkpoint file, each with its text codec. A command asks for a model once, by what it
- * was given, and never reads a checkpoint or a tokenizer itself.
+ * a checkpoint file or a GGUF file (`smollm2`), each with its text codec. A command asks for a
+ * model once, by what it was given, and never reads a checkpoint or a tokenizer itself.
  */
 #include "model_load.h"
 
