@@ -87,6 +87,20 @@ static void check_same(const char *what, const int *got, int n_got, const int *w
             printf("  %3d: %6d %6d\n", i, i < n_got ? got[i] : -1, i < n_want ? want[i] : -1);
 }
 
+/* a conversation's first turn: the default system message, @p user, the reply's header */
+static int render_first(const kv_chat_template *t, const kv_vocab *v, const char *user, int *ids,
+                        int cap)
+{
+    int n = 0;
+    kv_err err = {{0}};
+    int st = kv_chat_render_message(t, v, 1, "system", t->default_system,
+                                    strlen(t->default_system), ids, cap, &n, &err);
+    if (!st) st = kv_chat_render_message(t, v, 0, "user", user, strlen(user), ids, cap, &n, &err);
+    if (!st) st = kv_chat_render_reply_start(t, v, ids, cap, &n, &err);
+    KV_CHECK(st == KV_OK, "render '%s': %s", user, err.msg);
+    return n;
+}
+
 static void check_template(void)
 {
     kv_gguf *g = NULL;
@@ -108,22 +122,11 @@ static void check_template(void)
     enum { CAP = 512 };
     int got[CAP], want[CAP], n = 0;
     /* llama.cpp's ids for its ChatML prompt */
-    const char *sky = "Explain in a few sentences why the sky is blue.";
-    st = kv_chat_render_message(&t, v, 1, "system", t.default_system, strlen(t.default_system),
-                                got, CAP, &n, &err);
-    if (!st) st = kv_chat_render_message(&t, v, 0, "user", sky, strlen(sky), got, CAP, &n, &err);
-    if (!st) st = kv_chat_render_reply_start(&t, v, got, CAP, &n, &err);
-    KV_CHECK(st == KV_OK, "render: %s", err.msg);
+    n = render_first(&t, v, "Explain in a few sentences why the sky is blue.", got, CAP);
     const int m0 = llama_prompt_ids(llama_chat, want, CAP);
     KV_CHECK(m0 == 41, "%s: prompt_ids of 41 ids expected, read %d", llama_chat, m0);
     check_same("llama.cpp's ChatML prompt", got, n, want, m0);
-    n = 0;
-    const char *user = "What is the capital of France?";
-    st = kv_chat_render_message(&t, v, 1, "system", t.default_system, strlen(t.default_system),
-                                got, CAP, &n, &err);
-    if (!st) st = kv_chat_render_message(&t, v, 0, "user", user, strlen(user), got, CAP, &n, &err);
-    if (!st) st = kv_chat_render_reply_start(&t, v, got, CAP, &n, &err);
-    KV_CHECK(st == KV_OK, "render: %s", err.msg);
+    n = render_first(&t, v, "What is the capital of France?", got, CAP);
     const char *first =
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
         "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
