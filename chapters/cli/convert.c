@@ -51,7 +51,7 @@ int cmd_convert(int argc, char **argv)
     if (st) return st;
     kv_model out = {0};
     kv_cli_model mdl;
-    const kv_cli_model_args ma = {in_path, def, NULL, NULL, KV_CLI_TEXT_NONE};
+    const kv_cli_model_args ma = {in_path, def, NULL, NULL, KV_CLI_TEXT_NONE, 0};
     if ((st = kv_cli_model_load(cmd, &ma, &mdl))) return st;
     const kv_model *const in = &mdl.m;
     const kv_config *c = &in->config;

@@ -230,7 +230,7 @@ int cmd_spec(int argc, char **argv)
     if (paged && kivi && block % KV_KIVI_GROUP)
         return kv_args_bad(cmd, "--block-size", "%d: a paged %s cache needs a multiple of %d", block,
                            cache, KV_KIVI_GROUP);
-    const kv_cli_model_args ma = {model_path, def, "small", NULL, KV_CLI_TEXT_NONE};
+    const kv_cli_model_args ma = {model_path, def, "small", NULL, KV_CLI_TEXT_NONE, 0};
     kv_cli_model mdl;
     int st = kv_cli_model_load(cmd, &ma, &mdl);
     if (st) return st;

@@ -180,7 +180,7 @@ int cmd_tp(int argc, char **argv)
     if (fmt < 0)
         return kv_args_bad(cmd, "--cache", "unknown format '%s' (fp32, fp16, bf16, int8, "
                            "int8-g32, int8-g64, int8-g128, fp8-e4m3, fp8-e5m2)", cache);
-    const kv_cli_model_args ma = {model_path, def, "small", NULL, KV_CLI_TEXT_NONE};
+    const kv_cli_model_args ma = {model_path, def, "small", NULL, KV_CLI_TEXT_NONE, 0};
     kv_cli_model mdl;
     int st = kv_cli_model_load(cmd, &ma, &mdl);
     if (st) return st;
