@@ -21,8 +21,14 @@
 extern "C" {
 #endif
 
-/** KV_OK when a CUDA device can run kernels (always, in the emulation build). */
+/** KV_OK when a CUDA device can run kvlab's kernels: sm_75 (Turing) or newer, and this build
+ * holds an image of its kernels for it; else KV_ERR_DEVICE with a sentence that names the GPU
+ * and what is missing (always KV_OK in the emulation build, unless KVEMU_SM says older). */
 int kvcu_device_available(kv_err *err);
+/** The current device's compute capability as 10·major + minor (75 Turing, 80 A100, 86/89
+ * RTX 30/40, 90 H100); 0 when none answers. Below 80 (KVCU_SM_MMA) every tensor-core kernel
+ * is replaced by a CUDA-core one. The emulation build reports KVEMU_SM (90 when unset). */
+int kvcu_device_sm(void);
 /** "NVIDIA H200, sm_90, 139 GiB" or "emulated (CPU fibers)"; KV_ERR_DEVICE if none. */
 int kvcu_device_describe(char *buf, size_t n, kv_err *err);
 /** 1 when this library is the CPU emulation build. */
@@ -59,7 +65,8 @@ int kvcu_matmul_strided(float *y, const float *x, const float *W, int T, int in,
 /** kvcu_matmul_strided() on tensor cores with 16-bit weights W [out][ldw] (bf16 when @p bf16,
  * else fp16; device), x rounded to the same type: mma.sync tiles of 128 (or 16 for T < 128)
  * tokens x 128 outputs x 32 columns, no split-K, so a row's result depends on nothing else
- * in the batch (cuda/model/kvcu_ops.cu says why, and the bound it keeps to kv_matmul()). */
+ * in the batch (cuda/model/kvcu_ops.cu says why, and the bound it keeps to kv_matmul()).
+ * Below sm_80 it is kvcu_matmul_w16_gemv() (CUDA cores, x unrounded: within the same bound). */
 int kvcu_matmul_w16(float *y, const float *x, const uint16_t *W, int bf16, int T, int in,
                     int out, int ldw, kv_err *err);
 /** kvcu_matmul_w16()'s product for rows that are one token each (decode): a GEMV, a warp per
@@ -190,8 +197,8 @@ int kvcu_model_set_weights(kvcu_model *m, int dtype, kv_err *err);
  * chunked prefill): 0 (the default) the per-row kernels every row takes, so a row's result is
  * that of a one-token step at its position, bit for bit; 5 chapter 08's v5 on tensor cores
  * (kvcu_flash_attention(5, ...): q, K, V and P rounded to 16 bits, held to the reference by
- * the bound of tests/test_gpu_flash.c), where the cache has no window or retention and the
- * head dim fits v5 (else the per-row kernels). A sequence asking for all_logits (a
+ * the bound of tests/test_gpu_flash.c), where the device has tensor cores (sm_80+), the cache
+ * has no window or retention and the head dim fits v5 (else the per-row kernels). A sequence asking for all_logits (a
  * speculative verification chunk, chapter 10) takes the per-row kernels under either
  * setting: its row j equals the one-token step at that position, bit for bit, which greedy
  * verification relies on. KV_ERR_ARG for other versions.
@@ -251,6 +258,7 @@ int kvcu_cache_create_planes(kvcu_cache **out, const kv_config *cfg, const kv_ca
  * d_R a multiple of 16, d_c + d_R <= 576; every per-token format (fp16 and bf16 rows copied
  * as they are, the others dequantized to fp16), contiguous or paged. @p n_parts: split-KV
  * ranges (0: from the device's SM count; ranges are multiples of 64 rows, so fewer may run).
+ * Below sm_80 the same ranges run on CUDA cores in fp32 (no 16-bit rounding).
  * @p scratch: kvcu_mla_attention_scratch() floats, or NULL to allocate one and wait. Refused:
  * a cache of two planes (KV_ERR_ARG), KIVI or a window (KV_ERR_UNSUPPORTED), bad shapes.
  */
@@ -406,7 +414,9 @@ typedef struct {
  * KVCU_FLASH_V1_MAX_SCORES scores), 2 fused tiled prefill (one block per (query tile, head),
  * online softmax, causal key tiles skipped), 3 decode (one block per (query, KV head): the G
  * heads of a group share each K/V tile), 4 split-KV (v3 over ranges of KVCU_FLASH_SPLIT_KEYS
- * keys, partial (m, l, acc) merged by log-sum-exp in a second kernel). Every version reads
+ * keys, partial (m, l, acc) merged by log-sum-exp in a second kernel), 5 v2's tiles on tensor
+ * cores (kvcu_flash_mma.cu; sm_80 and newer, else KV_ERR_UNSUPPORTED naming the GPU). Every
+ * version reads
  * contiguous and paged caches of every format through the cache views (dequantization
  * fused). A windowed cache: KV_ERR_UNSUPPORTED; bad shapes or ranges: KV_ERR_ARG.
  * @p scratch: device scratch of kvcu_flash_scratch() floats, or NULL to allocate one here (the
@@ -450,7 +460,8 @@ int kvcu_copy_bandwidth(size_t bytes, int repeats, double *bytes_per_s, kv_err *
  * The device's tensor-core throughput in the same run (cuda/eval/kvcu_bench_mma.cu): warps
  * issuing independent mma.sync.m16n8k16 (fp16, or bf16 when @p bf16) on register fragments,
  * @p iters rounds of 8 per warp, 8 blocks of 4 warps per SM; median of @p repeats timed
- * launches after a warm-up, in *flop_per_s (4 096 FLOPs per mma).
+ * launches after a warm-up, in *flop_per_s (4 096 FLOPs per mma). KV_ERR_UNSUPPORTED below
+ * sm_80, naming the GPU.
  */
 int kvcu_mma_throughput(int bf16, int iters, int repeats, double *flop_per_s, kv_err *err);
 /** Median of @p repeats CUDA-event-timed calls of fn(arg) (work issued to the default

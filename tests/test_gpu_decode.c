@@ -29,7 +29,8 @@
  * So |ô - o| <= 1.01·(expm1(2Δ') + (2N + 8 + 2R)·u)·V. The test prints max |err| / bound.
  *
  * The tensor-core kernel (kvcu_decode_mma.cu; kvcu_cache_decode_mma() says where version 4
- * runs it: G >= 4 with int8 per token or fp8, MQA with fp16 / bf16 too) rounds two things to
+ * runs it: sm_80 and newer, G >= 4 with int8 per token or fp8, MQA with fp16 / bf16 too; on
+ * sm_75, KVEMU_SM=75 in emulation, the CUDA-core kernel instead) rounds two things to
  * 16 bits, with unit roundoff h = 2^-11 (fp16) or 2^-8 (bf16): the query, which moves a score
  * by at most h·Σ_j |q_j||k_ij| / √d <= h·S (keys and values enter exactly: fp16 holds int8
  * codes and fp8 values), and each weight P (times an int8 row's scale) that multiplies V,
@@ -129,7 +130,7 @@ static void check_cache(const shape *sh, int fmt, int paged, int W, int S, int n
     const int mma = kvcu_cache_decode_mma(g, 0, H);
     const double h16 = mma ? kvcu_decode_mma_roundoff(fmt) : 0.0;
     const int two_byte = fmt == KV_QF_F16 || fmt == KV_QF_BF16;
-    KV_CHECK(mma == (!pos_cache && d % 16 == 0 && d <= 128 && G >= 4 && G <= 64 &&
+    KV_CHECK(mma == (kvcu_device_sm() >= 80 && !pos_cache && d % 16 == 0 && d <= 128 && G >= 4 && G <= 64 &&
                      (one_byte || (Hkv == 1 && two_byte))),
              "%s: tensor cores %s, as the rule says", what, mma ? "on" : "off");
     const size_t kvs = (size_t)Hkv * d;

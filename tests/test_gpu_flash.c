@@ -228,6 +228,12 @@ static void check_job(twin *w, const char *mask, int T, int64_t q_pos0, int64_t 
                  w->name, mask, T, (long long)q_pos0, (long long)k_begin, (long long)n_keys,
                  causal ? "causal" : "full", ver);
         if (ver == 1 && (int64_t)w->H * T * n_keys > KVCU_FLASH_V1_MAX_SCORES) continue;
+        if (ver == 5 && kvcu_device_sm() < 80) { /* no tensor cores: refused, naming the GPU */
+            const int rc = kvcu_flash_attention(5, &gj, NULL, &e);
+            KV_CHECK(rc == KV_ERR_UNSUPPORTED && strstr(e.msg, "sm_80"),
+                     "%s: refused below sm_80 (%d: %s)", what, rc, e.msg);
+            continue;
+        }
         /* poison the output: every element must be written */
         for (size_t i = 0; i < nq; i++) got[i] = NAN;
         int rc = kvcu_upload(dout, got, nq * 4, &e);

@@ -323,6 +323,17 @@ int main(void)
     test_elementwise();
     test_attn_decode();
 
+    /* below sm_80 (a Turing GPU, or the emulator as one: KVEMU_SM=75) kvcu_matmul_w16 above ran
+     * on CUDA cores; what has no such path is refused with a sentence naming the GPU */
+    const int sm = kvcu_device_sm();
+    KV_CHECK(sm >= 75, "kvcu_device_available() passed a device of sm_%d", sm);
+    if (sm < 80) {
+        double flops = 0.0;
+        const int rc = kvcu_mma_throughput(0, 4, 1, &flops, &e);
+        KV_CHECK(rc == KV_ERR_UNSUPPORTED && strstr(e.msg, "sm_80") && strstr(e.msg, "(sm_"),
+                 "kvcu_mma_throughput below sm_80: %d, %s", rc, rc ? e.msg : "");
+    }
+
     void *huge = NULL;
     KV_CHECK(kvcu_malloc(&huge, (size_t)1 << 50, &e) == KV_ERR_NOMEM,
              "a 1 PiB allocation is KV_ERR_NOMEM");

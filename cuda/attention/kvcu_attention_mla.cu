@@ -38,6 +38,7 @@
  * sums fp32. tests/test_gpu_mla.c holds the result to kv_mla_attention_absorbed() by the bound
  * derived there from those roundings. Shapes: d_c a multiple of 64 up to 512 (O's columns in
  * registers), d_R a multiple of 16, d_c + d_R <= 576 (9 k-blocks a warp); any H >= 1, any n.
+ * A device below sm_80 runs mla_simt_kernel instead: the same ranges and merge on CUDA cores.
  */
 #include <stdint.h>
 #include <string.h>
@@ -106,6 +107,61 @@ __device__ inline void mla_tile(const kv_head_view &h, uint16_t *ts, int D, int6
             ts[j * ld + i] = kvcu_bits16<BF16>(x);
         }
     }
+}
+
+/* Below sm_80 (no mma.sync.m16n8k16) the same attention on CUDA cores, fp32 throughout (no
+ * 16-bit rounding: within the tensor cores' bound): block (range, head) of MLA_SIMT threads,
+ * the head's query [D] in shared memory; per tile of MLA_KT rows, warp w scores rows w, w + 4,
+ * ... (a lane per 32 elements, a warp sum), then every thread runs the tile's online softmax
+ * and adds the weighted rows into its columns j ≡ tid (mod MLA_SIMT) of o (coalesced reads).
+ * It leaves the same partial states for mla_merge_kernel. */
+#define MLA_SIMT 128
+__global__ void __launch_bounds__(MLA_SIMT) mla_simt_kernel(mla_src src, mla_args a)
+{
+    __shared__ float qs[MLA_WARPS * MLA_MAX_KB * 16]; /* [D] */
+    __shared__ float ss[MLA_KT];                      /* the tile's scores */
+    const int D = src.d, dc = a.d_c, h = blockIdx.y, part = blockIdx.x;
+    const int tid = threadIdx.x, warp = tid / KV_WARP, l = tid % KV_WARP;
+    const int64_t lo = (int64_t)part * a.keys, hi = lo + a.keys < a.n ? lo + a.keys : a.n;
+    const kv_head_view hv = mla_view(src);
+    for (int i = tid; i < D; i += MLA_SIMT)
+        qs[i] = i < dc ? a.q_lat[(size_t)h * dc + i] : a.q_rope[(size_t)h * a.d_rope + i - dc];
+    float o[MLA_MAX_DC / MLA_SIMT], m = -INFINITY, lsum = 0.0f;
+    for (int k = 0; k < MLA_MAX_DC / MLA_SIMT; k++) o[k] = 0.0f;
+    __syncthreads();
+    for (int64_t kt = lo; kt < hi; kt += MLA_KT) {
+        const int nt = (int)(hi - kt < MLA_KT ? hi - kt : MLA_KT);
+        for (int j = warp; j < nt; j += MLA_SIMT / KV_WARP) {
+            const int64_t r = kv_view_row(&hv, kt + j);
+            float acc = 0.0f;
+            for (int i = l; i < D; i += KV_WARP) acc += qs[i] * kv_ld(hv, NULL, kt + j, r, i);
+            acc = kv_warp_sum(acc);
+            if (l == 0) ss[j] = acc * a.scale;
+        }
+        __syncthreads();
+        float mt = m;
+        for (int j = 0; j < nt; j++) mt = fmaxf(mt, ss[j]);
+        const float alpha = m == -INFINITY ? 0.0f : expf(m - mt);
+        m = mt;
+        lsum *= alpha;
+        for (int k = 0; k < MLA_MAX_DC / MLA_SIMT; k++) o[k] *= alpha;
+        for (int j = 0; j < nt; j++) {
+            const float p = expf(ss[j] - m);
+            const int64_t r = kv_view_row(&hv, kt + j);
+            lsum += p;
+            for (int k = 0; k < MLA_MAX_DC / MLA_SIMT; k++)
+                if (tid + k * MLA_SIMT < dc)
+                    o[k] += p * kv_ld(hv, NULL, kt + j, r, tid + k * MLA_SIMT);
+        }
+        __syncthreads(); /* ss is rewritten by the next tile */
+    }
+    const size_t ph = (size_t)h * a.n_parts + part;
+    if (tid == 0) {
+        a.pm[ph] = m;
+        a.pl[ph] = lsum;
+    }
+    for (int k = 0; k < MLA_MAX_DC / MLA_SIMT; k++)
+        if (tid + k * MLA_SIMT < dc) a.po[ph * dc + tid + k * MLA_SIMT] = o[k];
 }
 
 /* Block (range, head group): heads 16·HT·blockIdx.y .., rows of range blockIdx.x. */
@@ -395,6 +451,20 @@ static int mla_run(const mla_src &src, mla_args &a, float *o_lat, int want, kv_e
     return KV_OK;
 }
 
+/* mla_run() on CUDA cores (mla_simt_kernel: below sm_80), a block per (range, head). */
+static int mla_run_simt(const mla_src &src, mla_args &a, float *o_lat, int want, kv_err *err)
+{
+    a.keys = mla_keys((const void *)mla_simt_kernel, 0, MLA_SIMT, a.H, a.n, want);
+    a.n_parts = (int)((a.n + a.keys - 1) / a.keys);
+    a.pl = a.pm + (size_t)a.H * a.n_parts;
+    a.po = a.pl + (size_t)a.H * a.n_parts;
+    KV_LAUNCH(mla_simt_kernel, dim3(a.n_parts, a.H), MLA_SIMT, 0, 0, src, a);
+    KV_CUDA_TRY_LAUNCH(err);
+    KV_LAUNCH(mla_merge_kernel, a.H, 128, 0, 0, a, o_lat);
+    KV_CUDA_TRY_LAUNCH(err);
+    return KV_OK;
+}
+
 /* The latent attention into o_lat, partial states in @p parts (kvcu_mla_attention_scratch()
  * minus the absorbed call's 2·H·d_c). */
 static int mla_latent(const kvcu_cache *c, int layer, int slot, int n, const float *q_lat,
@@ -416,6 +486,7 @@ static int mla_latent(const kvcu_cache *c, int layer, int slot, int n, const flo
     a.q_lat = q_lat, a.q_rope = q_rope, a.pm = parts;
     a.H = n_heads, a.d_c = c->head_dim - d_rope, a.d_rope = d_rope, a.n = n, a.scale = scale;
     a.ht = n_heads > 16 ? 2 : 1;
+    if (!kvcu_has_mma()) return mla_run_simt(s, a, o_lat, n_parts, err);
     const int raw = (s.fmt == KV_QF_F16 || s.fmt == KV_QF_BF16) && (uintptr_t)s.p.codes % 16 == 0;
     if (s.fmt == KV_QF_BF16)
         return raw ? mla_run<1, 1>(s, a, o_lat, n_parts, err) : mla_run<1, 0>(s, a, o_lat, n_parts, err);

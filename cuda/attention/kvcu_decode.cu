@@ -41,7 +41,8 @@
  * into the weights the methods read), so a set listing every position gives the plain
  * decode's bits. Not here (the engine runs v2/v3, dec_plan() says no): a head dim past 32
  * chunks of 16 bytes even as fp32 (d > 128 staged), and a group whose shared memory passes
- * KVCU_DECODE_SMEM_MAX.
+ * what a block may opt in to on this device (kvcu_smem_optin(): 99 KiB on sm_86/89, 227 KiB
+ * on sm_90).
  */
 #include <stdint.h>
 #include <string.h>
@@ -268,7 +269,7 @@ static int dec_plan(const attn_src &src, int n_heads, int d, dec_plan_t *p)
     p->off_buf = p->off_o + align16((size_t)p->G * d * 4);
     p->stage = align16((size_t)2 * p->tile * p->rb + (size_t)2 * p->tile * p->ng * 4);
     p->smem = p->off_buf + 2 * p->stage;
-    return p->smem <= KVCU_DECODE_SMEM_MAX;
+    return p->smem <= kvcu_smem_optin();
 }
 
 int kvcu_decode_supported(const attn_src &src, int n_heads, int head_dim)
@@ -325,9 +326,12 @@ int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_row
     /* the group on tensor cores where the rule says (kvcu_decode_mma.cu) */
     const int mma = kvcu_decode_mma_plan(src, &p, &kernel);
     if (!mma) kernel = dec_kernel(p.fmt);
-    if (p.smem > 48 * 1024)
-        (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)p.smem); /* a refusal shows at the launch */
+    /* the plan fits the device's opt-in (dec_plan()); should the runtime still refuse it, the
+     * engine's v2/v3 run instead (0: nothing launched), the refusal cleared */
+    if (p.smem > 48 * 1024 &&
+        kvcu_clear_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)p.smem)) != cudaSuccess)
+        return 0;
     rows.split_target = dec_split_target(kernel, p.smem, src.n_kv_heads);
     int n_parts = (int)((max_len + KVCU_DECODE_MIN_KEYS - 1) / KVCU_DECODE_MIN_KEYS);
     if (n_parts > rows.split_target) n_parts = rows.split_target;

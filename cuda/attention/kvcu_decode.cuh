@@ -19,7 +19,6 @@
 #define DEC_MIN_BLOCKS 4                    /* blocks per SM asked of ptxas: <= 128 registers */
 #define DEC_STAGE_BYTES 8192                /* K codes of one tile, about */
 #define KVCU_DECODE_WAVES 2
-#define KVCU_DECODE_SMEM_MAX (160 * 1024)   /* sm_80 allows 163 KiB per block, sm_90 227 KiB */
 
 /* The staged path's pseudo-format: rows dequantized element by element into fp32 tiles. */
 #define DEC_ELEM (-1)

@@ -43,7 +43,8 @@
  * int8 and fp8, and for MQA (one KV head, G = H, usually 8-64) with fp16 and bf16 as well; the
  * CUDA-core kernel below that, where its fp32 arithmetic costs nothing and its bound is
  * tighter, and for fp32 and the staged formats. Shapes: d a multiple of 16 up to 128, G <= 64
- * (four warps of 16 heads).
+ * (four warps of 16 heads). Only on sm_80 and newer (kvcu_has_mma()): a Turing GPU reads every
+ * group on its CUDA cores.
  */
 static constexpr bool mma_one_byte(int f)
 {
@@ -260,6 +261,7 @@ static size_t mma_align16(size_t n) { return (n + 15) / 16 * 16; }
 int kvcu_decode_mma_plan(const attn_src &src, dec_plan_t *p, const void **kernel)
 {
     if (p->fmt != src.fmt || !dec_mma_rule(p->fmt, p->G, src.n_kv_heads, p->d)) return 0;
+    if (!kvcu_has_mma()) return 0; /* below sm_80: the CUDA-core kernel reads every group */
     const int d = p->d;
     p->mb = (p->G + 15) / 16;
     p->ks = p->mb >= 4 ? 1 : p->mb == 1 ? 4 : 2; /* warps over heads x warps over a tile's keys */
@@ -268,7 +270,7 @@ int kvcu_decode_mma_plan(const attn_src &src, dec_plan_t *p, const void **kernel
     p->stage = mma_align16((size_t)2 * MMA_TILE * p->rb + (size_t)2 * MMA_TILE * p->ng * 4);
     const size_t cb = (size_t)4 * 16 * (d + 2) * 4;
     p->smem = p->off_buf + (2 * p->stage > cb ? 2 * p->stage : cb);
-    if (p->smem > KVCU_DECODE_SMEM_MAX) return 0;
+    if (p->smem > kvcu_smem_optin()) return 0;
     dec_dispatch(p->fmt, [&](auto c) {
         if constexpr (mma_fmt<decltype(c)::value>)
             *kernel = (const void *)attn_mma_kernel<decltype(c)::value>;

@@ -317,6 +317,9 @@ static int flash_check(int version, const kvcu_flash_job *j, kv_err *err)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: v5 (tensor cores) takes head dims that "
                        "are multiples of 16 up to 128 and groups of up to 64 heads (d %d, "
                        "G %d)", who, c->head_dim, kv_heads_group(j->n_heads, c->n_kv_heads));
+    if (version == 5 && !kvcu_has_mma())
+        return kvcu_fail_arch(err, who, "the tensor cores v5 runs on (mma.sync.m16n8k16 with "
+                              "fp32 accumulators)", KVCU_SM_MMA);
     if (version == 1 && (int64_t)j->n_heads * j->T * flash_n_vis(j) > KVCU_FLASH_V1_MAX_SCORES)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: v1 would materialize %lld scores "
                        "(H %d x T %d x %lld keys), more than its limit of %lld; use v2-v4",

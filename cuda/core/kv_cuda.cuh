@@ -74,6 +74,27 @@ static inline int kvcu_device_alloc(void **p, size_t bytes, kv_err *err)
 /** After KV_LAUNCH: check the launch configuration was accepted. */
 #define KV_CUDA_TRY_LAUNCH(err) KV_CUDA_TRY(cudaGetLastError(), err)
 
+/* ---- what the device can run (cuda/core/kvcu_device.cu) ----------------------------------
+ * kvlab runs on sm_75 (Turing) and newer. The tensor-core kernels (mma.sync.m16n8k16 with fp32
+ * accumulators, bf16 inputs: cuda/core/kvcu_mma.cuh) need sm_80; below it the host routes every
+ * step to a CUDA-core path, chosen on the device's compute capability at run time, and refuses
+ * (kvcu_fail_arch()) only where there is none. */
+#define KVCU_SM_MIN 75 /* Turing: the oldest architecture CUDA 13 compiles for that kvlab runs */
+#define KVCU_SM_MMA 80 /* Ampere: mma.sync.m16n8k16 .f32.{f16,bf16}, cp.async */
+extern "C" {
+/** The current device's compute capability as 10·major + minor (75 Turing, 80 A100, 86/89
+ * RTX 30/40, 90 H100); 0 when none answers. The emulation build reports KVEMU_SM (90 unset). */
+int kvcu_device_sm(void);
+}
+/** 1 when the current device runs the tensor-core kernels (sm_80 and newer). */
+static inline int kvcu_has_mma(void) { return kvcu_device_sm() >= KVCU_SM_MMA; }
+/** Shared memory one block may opt in to on the current device
+ * (cudaDevAttrMaxSharedMemoryPerBlockOptin: 64 KiB on sm_75, 163 KiB on sm_80, 99 KiB on
+ * sm_86/89/120, 227 KiB on sm_90); 48 KiB, every device's default, when it cannot be read. */
+size_t kvcu_smem_optin(void);
+/** KV_ERR_UNSUPPORTED: "@p who: <GPU> (sm_XY) lacks @p what (sm_NN and newer)". */
+int kvcu_fail_arch(kv_err *err, const char *who, const char *what, int need);
+
 static inline unsigned kv_ceil_div(long long a, long long b) { return (unsigned)((a + b - 1) / b); }
 
 #endif

@@ -1,12 +1,14 @@
 /**
  * @file kvcu_mma.cuh
  * Tensor cores from CUDA C++: the warp-wide mma.sync.m16n8k16 (fp16 or bf16 inputs, fp32
- * accumulators) and ldmatrix (m8n8 .x1/.x2/.x4, plain and .trans), the two instructions the
- * tensor-core kernels are built of (flash prefill, cuda/attention/kvcu_prefill.cu; the
- * projections' GEMM, cuda/model/kvcu_ops.cu). On a GPU each helper is one inline PTX
- * instruction; in the emulation build (cuda/emu/mma.cpp) the warp meets, each lane reads the
- * fragment registers of the others where the PTX ISA puts them and computes its own, so a
- * kernel holding an element in the wrong register fails there as it would on the device.
+ * accumulators; sm_80 and newer) and ldmatrix (m8n8 .x1/.x2/.x4, plain and .trans; sm_75),
+ * the two instructions the tensor-core kernels are built of (flash prefill,
+ * cuda/attention/kvcu_flash_mma.cu; the engine's decode for large groups, kvcu_decode_mma.cu;
+ * the absorbed MLA decode, kvcu_attention_mla.cu; the projections' GEMM, cuda/model/kvcu_ops.cu).
+ * On a GPU each helper is one inline PTX instruction; in the emulation build (cuda/emu/mma.cpp)
+ * the warp meets, each lane reads the fragment registers of the others where the PTX ISA puts
+ * them and computes its own, so a kernel holding an element in the wrong register fails there
+ * as it would on the device (and an mma on an emulated device below sm_80, KVEMU_SM, aborts).
  *
  * Fragments of one m16n8k16 product D = A·B + C (PTX ISA, "Matrix Fragments for
  * mma.m16n8k16"; g = lane / 4, t = lane % 4; each 32-bit register holds two 16-bit elements,
@@ -66,12 +68,19 @@ __device__ inline uint16_t kvcu_bits16(float x)
                 : __half_as_ushort(__float2half_rn(x));
 }
 
-/* The instruction for input type TY ("f16" or "bf16"), accumulating into c in place. */
+/* The instruction for input type TY ("f16" or "bf16"), accumulating into c in place. It exists
+ * from sm_80 on (m16n8k16 with fp32 accumulators, and any bf16 mma): compiled for an older
+ * architecture the helper traps instead, and the host never launches a kernel that calls it
+ * there (kvcu_has_mma(), kv_cuda.cuh: the CUDA-core paths run instead). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < KVCU_SM_MMA * 10
+#define KVCU_MMA_ASM(TY) __trap()
+#else
 #define KVCU_MMA_ASM(TY)                                                                       \
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 "                    \
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                    \
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                              \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+#endif
 
 /** c += A·B on the warp's tensor cores: fp16 inputs, fp32 accumulators. */
 __device__ inline void kvcu_mma_f16(float c[4], const uint32_t a[4], const uint32_t b[2])

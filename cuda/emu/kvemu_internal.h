@@ -121,5 +121,7 @@ void kvemu_cp_block_start(void);
 void kvemu_set_error(cudaError_t e);
 void kvemu_set_kernel_error(cudaError_t e, const char *msg);
 int kvemu_env_threads(void);
+int kvemu_sm(void);               /* KVEMU_SM: the architecture pretended, 90 unset */
+unsigned kvemu_smem_optin(void);  /* its opt-in shared memory per block (<= KVEMU_SMEM_MAX) */
 
 #endif

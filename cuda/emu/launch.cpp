@@ -93,7 +93,7 @@ extern "C" cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute 
     if (!func) { kvemu_set_error(cudaErrorInvalidDeviceFunction); return cudaErrorInvalidDeviceFunction; }
     std::lock_guard<std::mutex> lk(config_mu);
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && value >= 0 &&
-        value <= (int)KVEMU_SMEM_MAX) {
+        value <= (int)kvemu_smem_optin()) {
         func_attrs[func].max_dynamic_smem = value;
         return cudaSuccess;
     }
@@ -110,7 +110,7 @@ extern "C" cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, const void *
     if (!a || !func) { kvemu_set_error(cudaErrorInvalidValue); return cudaErrorInvalidValue; }
     memset(a, 0, sizeof *a);
     a->maxThreadsPerBlock = 1024;
-    a->ptxVersion = a->binaryVersion = 90;
+    a->ptxVersion = a->binaryVersion = kvemu_sm();
     a->maxDynamicSharedSizeBytes = max_dynamic_smem(func);
     a->preferredShmemCarveout = -1;
     return cudaSuccess;
@@ -273,8 +273,8 @@ extern "C" void kvemu_launch_raw(const char *name, const void *key, unsigned gx,
     if (smem > (size_t)limit) {
         snprintf(msg, sizeof msg, "kernel '%s': %zu bytes of dynamic shared memory requested, "
                  "limit %d (raise it with cudaFuncSetAttribute("
-                 "cudaFuncAttributeMaxDynamicSharedMemorySize), at most %u)", name, smem, limit,
-                 KVEMU_SMEM_MAX);
+                 "cudaFuncAttributeMaxDynamicSharedMemorySize), at most %u on sm_%d)", name,
+                 smem, limit, kvemu_smem_optin(), kvemu_sm());
         kvemu_set_kernel_error(cudaErrorInvalidValue, msg);
         return;
     }

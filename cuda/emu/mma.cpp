@@ -78,7 +78,14 @@ static void warp_meet(void) { kvemu_warp(KVEMU_W_SYNC, 0xffffffffu, 0, 0, 32); }
 extern "C" void kvemu_mma_m16n8k16(int bf16, float d[4], const uint32_t a[4], const uint32_t b[2])
 {
     int wi, l;
-    if (!enter(&wi, &l, "mma.sync needs all 32 lanes of the warp")) return;
+    kvemu_worker *w = enter(&wi, &l, "mma.sync needs all 32 lanes of the warp");
+    if (!w) return;
+    if (kvemu_sm() < 80) { /* a kernel built for the device traps there (kvcu_mma.cuh) */
+        char what[96];
+        snprintf(what, sizeof what, "mma.sync.m16n8k16 .f32 on an sm_%d device (it needs sm_80)",
+                 kvemu_sm());
+        warp_fault(w, what);
+    }
     mma_slot *s = stage[wi];
     memcpy(s[l].a, a, sizeof s[l].a);
     memcpy(s[l].b, b, sizeof s[l].b);

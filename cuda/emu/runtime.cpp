@@ -365,6 +365,35 @@ extern "C" cudaError_t cudaDeviceSetCacheConfig(cudaFuncCache) { return cudaSucc
 extern "C" cudaError_t cudaDriverGetVersion(int *v) { if (v) *v = KVEMU_CUDART_VERSION; return cudaSuccess; }
 extern "C" cudaError_t cudaRuntimeGetVersion(int *v) { if (v) *v = KVEMU_CUDART_VERSION; return cudaSuccess; }
 
+/* The architecture the emulated device pretends to be: KVEMU_SM=75 (or 80, 86, 89, 90, 100,
+ * 120), 90 when unset; anything else aborts (a typo must not test sm_90 silently). What it
+ * changes: the compute capability the runtime reports (the host's plans read it), the opt-in
+ * shared memory per block, and mma.sync, which faults below sm_80 (mma.cpp) as __trap() would. */
+int kvemu_sm(void)
+{
+    const char *e = getenv("KVEMU_SM");
+    if (!e || !*e) return 90;
+    static const int known[] = {75, 80, 86, 87, 89, 90, 100, 120};
+    const int v = atoi(e);
+    for (int k : known)
+        if (v == k) return v;
+    fprintf(stderr, "kvemu: KVEMU_SM=%s is not an architecture the emulator knows (75, 80, 86, "
+            "87, 89, 90, 100, 120)\n", e);
+    abort();
+}
+
+/* cudaDevAttrMaxSharedMemoryPerBlockOptin of each architecture (the CUDA C++ Programming
+ * Guide's table of compute capabilities). */
+unsigned kvemu_smem_optin(void)
+{
+    switch (kvemu_sm()) {
+    case 75: return 64u * 1024u;
+    case 80: case 87: return 163u * 1024u;
+    case 90: case 100: return KVEMU_SMEM_MAX;
+    default: return 99u * 1024u; /* 86, 89, 120 */
+    }
+}
+
 extern "C" cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
 {
     if (!p) return fail(cudaErrorInvalidValue);
@@ -375,7 +404,7 @@ extern "C" cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
     cudaMemGetInfo(&free_b, &total);
     p->totalGlobalMem = total;
     p->sharedMemPerBlock = KVEMU_SMEM_DEFAULT;
-    p->sharedMemPerBlockOptin = KVEMU_SMEM_MAX;
+    p->sharedMemPerBlockOptin = kvemu_smem_optin();
     p->sharedMemPerMultiprocessor = 228u * 1024u;
     p->reservedSharedMemPerBlock = 1024;
     p->regsPerBlock = p->regsPerMultiprocessor = 65536;
@@ -389,8 +418,8 @@ extern "C" cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
     p->maxGridSize[1] = 65535;
     p->maxGridSize[2] = 65535;
     p->totalConstMem = 65536;
-    p->major = 9;
-    p->minor = 0;
+    p->major = kvemu_sm() / 10;
+    p->minor = kvemu_sm() % 10;
     p->textureAlignment = 512;
     p->multiProcessorCount = kvemu_env_threads();
     p->canMapHostMemory = 1;

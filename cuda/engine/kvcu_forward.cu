@@ -84,37 +84,6 @@ struct kvcu_state {
 
 /* ---- the device --------------------------------------------------------------------------- */
 
-/** KV_OK when a CUDA device can run kernels (always, in the emulation build). */
-int kvcu_device_available(kv_err *err)
-{
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-        cudaGetLastError(); /* no driver / no device: not an error to keep */
-        return kv_fail(err, KV_ERR_DEVICE, "no usable CUDA device: %s", cudaGetErrorString(e));
-    }
-    if (n < 1) return kv_fail(err, KV_ERR_DEVICE, "no usable CUDA device: none found");
-    return KV_OK;
-}
-
-/** "NVIDIA H200, sm_90, 139 GiB" or "emulated (CPU fibers)"; KV_ERR_DEVICE if none. */
-int kvcu_device_describe(char *buf, size_t n, kv_err *err)
-{
-    int st = kvcu_device_available(err);
-    if (st) return st;
-    if (kvcu_is_emulation()) {
-        snprintf(buf, n, "emulated (CPU fibers)");
-        return KV_OK;
-    }
-    int dev = 0;
-    cudaDeviceProp prop;
-    KV_CUDA_TRY(cudaGetDevice(&dev), err);
-    KV_CUDA_TRY(cudaGetDeviceProperties(&prop, dev), err);
-    snprintf(buf, n, "%s, sm_%d%d, %.0f GiB", prop.name, prop.major, prop.minor,
-             (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
-    return KV_OK;
-}
-
 /** 1 when this library is the CPU emulation build. */
 int kvcu_is_emulation(void)
 {
@@ -356,7 +325,8 @@ static int rows_attention(kvcu_cache *c, int l, kvcu_state *s, const int *d_slot
 }
 
 /* Attention of a one-wave step over layer l (its K/V rows written). With the state's prefill
- * version 5 (and a cache without window, W = 0, or retention, a head dim v5 takes), each
+ * version 5 (and a device with tensor cores, sm_80+, a cache without window, W = 0, or
+ * retention, a head dim v5 takes), each
  * sequence of more than one token runs as a causal chapter 08 job on tensor cores: its n
  * queries at positions pos .. pos + n - 1 over keys 0 .. pos + n - 1 (kvcu_flash_mma.cu); the
  * rows of one-token sequences and of all_logits sequences (whose rows must equal one-token
@@ -366,7 +336,7 @@ static int step_attention(kvcu_cache *c, int l, kvcu_state *s, const kv_seq *seq
                           int T, int rows, int Hs, int d, int W, int max_len, kv_err *err)
 {
     const int qs = Hs * d;
-    if (s->prefill != 5 || W > 0 || c->retain ||
+    if (s->prefill != 5 || W > 0 || c->retain || !kvcu_has_mma() ||
         !kvcu_flash_mma_fits(Hs, c->n_kv_heads, d))
         return rows_attention(c, l, s, d_slot, d_pos, q, out, 0, T, rows, Hs, qs, max_len, err);
     int run = 0; /* first row not yet attended */

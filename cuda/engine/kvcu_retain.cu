@@ -348,8 +348,12 @@ int kvcu_retain_attend(kvcu_cache *c, int layer, int slot, int pos0, int n, cons
         const int ni = prefix ? n : nr, j0 = prefix ? 0 : r0; /* rows off and cnt cover */
         const int *d_off = s->ints, *d_cnt = d_off + (size_t)Hkv * ni;
         const int *d_lists = d_cnt + (size_t)Hkv * ni;
-        kvcu_attn_list_launch(nr, out, q, src, s->att, sums, parts, d_off, d_cnt, d_lists, slot,
-                              r0, j0, ni, H, d, cs);
+        if (!kvcu_attn_list_launch(nr, out, q, src, s->att, sums, parts, d_off, d_cnt, d_lists,
+                                   slot, r0, j0, ni, H, d, cs)) {
+            rc = kv_fail(err, KV_ERR_DEVICE, "kvcu_retain_attend: the decode kernel's shared "
+                         "memory was refused on this device");
+            break;
+        }
         for (int kvh = 0; kvh < Hkv; kvh++) {
             const int a = from[kvh] > r0 ? from[kvh] : r0, b = r0 + nr;
             if (a >= b) continue;

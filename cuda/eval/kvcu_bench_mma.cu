@@ -58,6 +58,9 @@ int kvcu_mma_throughput(int bf16, int iters, int repeats, double *flop_per_s, kv
 {
     if (!flop_per_s || iters < 1)
         return kv_fail(err, KV_ERR_ARG, "kvcu_mma_throughput: iters %d", iters);
+    if (!kvcu_has_mma())
+        return kvcu_fail_arch(err, "kvcu_mma_throughput", "mma.sync.m16n8k16 with fp32 "
+                              "accumulators", KVCU_SM_MMA);
     int dev = 0, sms = 1;
     KV_CUDA_TRY(cudaGetDevice(&dev), err);
     KV_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), err);

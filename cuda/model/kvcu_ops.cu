@@ -39,7 +39,8 @@
  *   same whichever BM, block or batch its row falls in, so a sequence's rows are bit-identical
  *   alone or in any batch, and at T = 1 as at T = 1000. Against the fp32 reference the
  *   rounding of x and W (unit roundoff u: 2^-11 fp16, 2^-8 bf16) bounds the error:
- *   |y - y_ref| <= (2u + u² + in·2^-23)·Σ_j |x_j·w_j| (tests/test_gpu_ops.c).
+ *   |y - y_ref| <= (2u + u² + in·2^-23)·Σ_j |x_j·w_j| (tests/test_gpu_ops.c). Below sm_80
+ *   (no mma.sync.m16n8k16) kvcu_matmul_w16 runs gemv_kernel_w16 instead, within that bound.
  *
  * gemv_kernel_w16 (16-bit weights, the engine's one-token rows, kvcu_matmul_w16_gemv): a warp
  *   per output, lane l reading 8 weights at a time with one 16-byte load (kvcu_ld16(),
@@ -283,6 +284,8 @@ int kvcu_matmul_w16(float *y, const float *x, const uint16_t *W, int bf16, int T
         return kv_fail(err, KV_ERR_ARG, "kvcu_matmul_w16: T %d, in %d, out %d, ldw %d", T, in,
                        out, ldw);
     if (T == 0) return KV_OK;
+    if (!kvcu_has_mma()) /* below sm_80: the CUDA cores' GEMV, x unrounded (a tighter bound) */
+        return kvcu_matmul_w16_gemv(y, x, W, bf16, T, in, out, ldw, err);
     if ((int64_t)kv_ceil_div(out, MMA_BN) > 65535)
         return kv_fail(err, KV_ERR_ARG, "kvcu_matmul_w16: %d outputs need more than 65535 "
                        "tiles of %d", out, MMA_BN);
