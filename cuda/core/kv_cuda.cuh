@@ -92,7 +92,7 @@ static inline int kvcu_has_mma(void) { return kvcu_device_sm() >= KVCU_SM_MMA; }
  * (cudaDevAttrMaxSharedMemoryPerBlockOptin: 64 KiB on sm_75, 163 KiB on sm_80, 99 KiB on
  * sm_86/89/120, 227 KiB on sm_90); 48 KiB, every device's default, when it cannot be read. */
 size_t kvcu_smem_optin(void);
-/** KV_ERR_UNSUPPORTED: "@p who: <GPU> (sm_XY) lacks @p what (sm_NN and newer)". */
+/** KV_ERR_UNSUPPORTED: "@p who: the GPU by name (sm_XY) lacks @p what (sm_NN and newer)". */
 int kvcu_fail_arch(kv_err *err, const char *who, const char *what, int need);
 
 static inline unsigned kv_ceil_div(long long a, long long b) { return (unsigned)((a + b - 1) / b); }
