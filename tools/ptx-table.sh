@@ -58,7 +58,7 @@ for a in $ARCHS; do
         if [ $HAVE_SASS -eq 1 ]; then
             cuobjdump -sass "$WORK/$n.$a.cubin" | awk -v a="$a" '
                 /Function :/ { if (k != "") print a, k, n, h, g, t; k = $3; n = h = g = t = 0; next }
-                /^ +\/\*[0-9a-f]{4}\*\/ / { n++; h += /HMMA/; g += /LDGSTS/; t += /BPT\.TRAP/ }
+                /^ +\/\*[0-9a-f][0-9a-f]*\*\/ / { n++; h += /HMMA/; g += /LDGSTS/; t += /BPT\.TRAP/ }
                 END { if (k != "") print a, k, n, h, g, t }' >>"$WORK/sass.txt"
         fi
     done
