@@ -52,6 +52,7 @@ for a in $ARCHS; do
                   rm -f "$WORK/$n.$a.cubin"; exit 1; }
         fi
         awk -v a="$a" '/Compiling entry function/ { k = $0; sub(/.*function .?/, "", k); sub(/.? for .*/, "", k); sp = "?" }
+            /Function properties for/ { k = $NF } # (the only name ptxas gives some entries)
             /spill stores/ { sp = $5 + $9 }
             /Used [0-9]+ registers/ && k != "" { for (i = 1; i <= NF; i++) if ($i == "Used") r = $(i + 1)
                 print a, k, r, sp; k = "" }' "$WORK/$n.$a.log" >>"$WORK/regs.txt"
