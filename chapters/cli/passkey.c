@@ -150,8 +150,15 @@ int cmd_passkey(int argc, char **argv)
         kv_cli_model_close(&mdl);
         return KV_EXIT_USAGE;
     }
+    /* BOS only where the tokenizer asks for one (SmolLM2's file does not): what an empty
+     * text encodes to with BOS on */
+    int bos = -1, *bos_ids = NULL, n_bos = 0;
+    kv_err berr = {{0}};
+    if (kv_cli_encode(&mdl, "", 1, &bos_ids, &n_bos, &berr) == KV_OK && n_bos >= 1)
+        bos = bos_ids[0];
+    free(bos_ids);
     int stops[8];
-    kv_text_codec tc = {&mdl, codec_encode, codec_piece, kv_cli_bos(&mdl), stops, 0};
+    kv_text_codec tc = {&mdl, codec_encode, codec_piece, bos, stops, 0};
     tc.n_stop = kv_cli_stop_ids(&mdl, stops, 8);
     kv_passkey_hay hay = {0};
     kv_backend *b = NULL;
