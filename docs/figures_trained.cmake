@@ -115,14 +115,16 @@ foreach(m l2-large l2-small h2o snapkv quest topk) # a method's rows together: g
 endforeach()
 kv_plot(ch09-trained-budget "
 set title 'Chapter 09: perplexity vs budget, trained model, 4096 held-out tokens in windows of 512' noenhanced
-set xlabel 'budget: share of the positions seen kept (evicting) or read (quest, topk)' noenhanced
+set xlabel 'budget r: B = ceil(r n) per layer and KV head (w16 keeps at least 16; quest reads whole pages)' noenhanced
 set ylabel 'perplexity'
 set xrange [0.05:0.55]
 set key right top
 f = '${OUT}/ch09-trained.csv'
 budget(c) = real(substr(c, strstrt(c, '/r') + 2, strstrt(c, '/r') + 4))
 M = 'l2-large l2-small h2o snapkv quest topk'
-plot for [i=1:6] f every ::1 using (strcol(1) eq word(M, i) ? budget(strcol(8)) : 1/0):11 with linespoints lw 2 pt 7 title word(M, i), \\
+# the legend names the variants as run: the evicting ones with their 16-token window (h2o/w16 is H2O)
+L(i) = i == 1 ? 'l2-large w16' : i == 2 ? 'l2-small w16' : i == 3 ? 'H2O (h2o w16)' : i == 4 ? 'snapkv w16, steps of 64' : word(M, i)
+plot for [i=1:6] f every ::1 using (strcol(1) eq word(M, i) ? budget(strcol(8)) : 1/0):11 with linespoints lw 2 pt 7 title L(i), \\
      f every ::1 using (strcol(1) eq 'exact' ? 0.05 : 1/0):11:(0.5):(0) with vectors nohead dt 2 lw 2 lc rgb 'black' title 'exact cache'
 ")
 
