@@ -6,6 +6,8 @@ commas where it takes them (a cache spec int8/l0,1, a text file named a,b.txt, o
 files named with commas); every row must have its header's column count, and the fields that
 carry those strings must read back as the strings themselves. A stream may hold several tables
 (kvlab tour): a '#' comment line or a blank line ends one, and a header starts the next.
+kvlab tour --csv-dir writes those tables one per file: each file must be one header and rows of
+its width, and the files together the stream's tables, in order.
 
 usage: check_csv.py <kvlab> <datasets folder>     (exit 0: all passed, 1: a failure)
 """
@@ -89,6 +91,87 @@ def expect(tbls, what, name, want):
         fail(f"{what}: column {name} reads {sorted(set(got))}, expected {want!r}")
 
 
+def number(s):
+    # a measured value: a decimal number, or inf/nan
+    return re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(inf|nan)", s) is not None
+
+
+def plot_some(out, names):
+    """tools/plot.py: --help always; where matplotlib is installed, a line chart and a bar
+    chart (a table with one numeric column that varies) drawn as PNG files."""
+    plot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "plot.py")
+    r = subprocess.run([sys.executable, plot, "--help"], capture_output=True, text=True)
+    if r.returncode != 0 or "--csv-dir" not in r.stdout:
+        fail(f"tools/plot.py --help: exit {r.returncode}: {r.stderr[-300:]}")
+    try:
+        import matplotlib  # noqa: F401 (only whether it is there)
+    except ImportError:
+        print("matplotlib not installed: tools/plot.py draws nothing here")
+        return
+    for name in [n for n in names if n.startswith(("ch02-1-", "ch05-4-"))]:
+        png = os.path.join(out, name + ".png")
+        r = subprocess.run([sys.executable, plot, os.path.join(out, name), "--out", png],
+                           capture_output=True, text=True)
+        with open(png, "rb") if os.path.exists(png) else io.BytesIO() as f:
+            if r.returncode != 0 or f.read(8) != b"\x89PNG\r\n\x1a\n":
+                fail(f"tools/plot.py {name}: exit {r.returncode}, no PNG: {r.stderr[-300:]}")
+
+
+def check_csv_dir(kvlab, d, stream):
+    """tour --csv-dir: one file per table of the --csv stream @p stream, each one header and
+    rows of its width (what pandas reads); the same headers in the same order, the same row
+    counts, and in each row the same text where it is not a number (numbers are measured)."""
+    global checks
+    out = os.path.join(d, "tour,dir")
+    os.mkdir(out)
+    r = subprocess.run([kvlab, "tour", "--csv-dir", out + "-absent"], capture_output=True, text=True)
+    if r.returncode != 2 or "-absent" not in r.stderr or os.path.exists(out + "-absent"):
+        fail(f"tour --csv-dir into a missing folder: exit {r.returncode}, {r.stderr!r}")
+    with open(os.path.join(out, "notes.txt"), "w") as f:
+        f.write("mine")
+    what, listing = run(kvlab, d, ["tour", "--quick", "--csv-dir", out])
+    with open(os.path.join(out, "notes.txt")) as f:
+        if f.read() != "mine":
+            fail(f"{what}: a file it did not write changed")
+    names = sorted((n for n in os.listdir(out) if n != "notes.txt"), key=lambda n: [int(x) if x.isdigit() else x
+                                                   for x in re.split(r"(\d+)", n)])
+    got = []
+    for name in names:
+        m = re.fullmatch(r"ch(\d\d)-(\d+)-([a-z_][a-z0-9_]*)\.csv", name)
+        if not m:
+            fail(f"{what}: a file not named chNN-T-name.csv: {name}")
+            continue
+        if os.path.join(out, name) not in listing:
+            fail(f"{what}: {name} is not in what it printed: {listing[:300]!r}")
+        with open(os.path.join(out, name), newline="") as f:
+            rows = list(csv.reader(f, strict=True))
+        if not rows or not is_header(rows[0]):
+            fail(f"{what}: {name} does not start with a header: {rows[:1]}")
+            continue
+        named = [c for c in rows[0] if c not in ("part", "chapter")] or rows[0]
+        if m.group(3) != named[0].lower():
+            fail(f"{what}: {name} is not named by its header's column {named[0]}")
+        for r in rows[1:]:
+            checks += 1
+            if len(r) != len(rows[0]) or is_header(r):
+                fail(f"{what}: {name}: a row {r} under the header {rows[0]}")
+        got.append((name, rows[0], rows[1:]))
+    plot_some(out, [n for n, _, _ in got])
+    want = tables(stream, "kvlab tour --quick --csv")
+    if [h for _, h, _ in got] != [h for h, _ in want]:
+        fail(f"{what}: the files' headers {[n for n, _, _ in got]} are not the stream's tables "
+             f"{[h[:3] for h, _ in want]}")
+        return
+    for (name, _, rows), (_, want_rows) in zip(got, want):
+        checks += 1
+        if len(rows) != len(want_rows):
+            fail(f"{what}: {name} holds {len(rows)} rows, the stream's table {len(want_rows)}")
+        for r, w in zip(rows, want_rows):
+            if any(a != b and not (number(a) and number(b)) for a, b in zip(r, w)):
+                fail(f"{what}: {name}: the row {r} differs from the stream's {w}")
+                break
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__)
@@ -148,6 +231,7 @@ def main():
                      ["tour", "--quick", "--csv"]):
             what, out = run(kvlab, d, args)
             tables(out, what)
+        check_csv_dir(kvlab, d, out)  # the last stream: tour --quick --csv
     finally:
         shutil.rmtree(d, ignore_errors=True)
     print(f"{checks} rows checked; {checks - len(failures)} passed, {len(failures)} failed")

@@ -12,7 +12,10 @@
 #ifndef KV_CLI_CSV_H
 #define KV_CLI_CSV_H
 
+#include <stddef.h>
 #include <stdio.h>
+
+#include "kv_common.h"
 
 #if defined(__GNUC__)
 #define KV_CSV_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -26,5 +29,20 @@ int kv_csv_printf(FILE *f, const char *fmt, ...) KV_CSV_PRINTF(2, 3);
 
 /** A row of a command that prints a table or CSV: kv_csv_printf() when @p csv, else fprintf. */
 int kv_table_printf(FILE *f, int csv, const char *fmt, ...) KV_CSV_PRINTF(3, 4);
+
+/**
+ * Split @p text (@p n bytes, then a NUL), one chapter's CSV stream of one or more tables, into
+ * one file per table in the folder @p dir: "<prefix>-<T>-<name>.csv", T counting the tables
+ * from 1 and name the header's first column other than "part" and "chapter" (the columns that
+ * carry a part's number, not what the table holds), lowercased. A table starts at a header, a
+ * row whose fields are all names (a letter or '_', then letters, digits, '_'), when no table is
+ * open or the open one has rows; a '#' comment line or a blank line ends it. Each file is one
+ * header, then the table's rows, byte for byte as in @p text, written through kv_file_create()
+ * and kv_file_commit() (a file of that name is replaced, no other touched). One line per file
+ * written goes to @p log (NULL: none). KV_ERR_FORMAT when a row comes before any header or a
+ * quoted field never ends, KV_ERR_IO when a file cannot be written.
+ */
+int kv_csv_split(const char *text, size_t n, const char *dir, const char *prefix, FILE *log,
+                 kv_err *err);
 
 #endif
