@@ -28,7 +28,16 @@ __global__ void warp_kernel(int *out)
     o[7] = __all_sync(full, lane < 31);
     float f = __shfl_down_sync(full, (float)t * 0.5f, 1);        /* a float payload */
     o[8] = (int)(f * 2.0f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    /* __reduce_add_sync (redux.sync) is an sm_80 instruction: compiled for an older GPU the
+     * same sum over the active lanes is taken by shuffles from each of them */
+    unsigned r = 0;
+    for (int l = 0; l < 32; l++)
+        if (full >> l & 1u) r += (unsigned)__shfl_sync(full, t, l);
+    o[9] = (int)r;
+#else
     o[9] = (int)__reduce_add_sync(full, (unsigned)t);
+#endif
     __syncwarp(full);
 }
 
