@@ -63,9 +63,16 @@ static void test_limit(const char *datasets)
     KV_CHECK(!strcmp(after_name(r.out), after_name(ref.out)), "--limit 300 of a text that starts "
              "with the held-out text: '%s', the held-out text alone: '%s'", r.out, ref.out);
     /* the text itself, the tiny model and the run: well under twice the text (the whole text
-     * encoded held about 60 times it) */
-    KV_CHECK(peak_mib < text_mib + 32, "eval ppl --limit 300 on %.0f MiB of text peaked at %.0f "
-             "MiB: it encoded more than the limit needs", text_mib, peak_mib);
+     * encoded held about 60 times it). Under AddressSanitizer (the debug-asan preset builds
+     * kvlab with it too) the allocator's red zones, quarantine and shadow add tens of MiB
+     * (49 MiB measured there), still a tenth of what encoding the whole text takes. */
+#if defined(__SANITIZE_ADDRESS__)
+    const double slack_mib = 96;
+#else
+    const double slack_mib = 32;
+#endif
+    KV_CHECK(peak_mib < text_mib + slack_mib, "eval ppl --limit 300 on %.0f MiB of text peaked "
+             "at %.0f MiB: it encoded more than the limit needs", text_mib, peak_mib);
     printf("eval ppl --limit 300 on %.0f MiB of text: peak %.1f MiB\n", text_mib, peak_mib);
     free(r.out);
     free(r.err);
