@@ -86,6 +86,16 @@ static int space_run(const piece *p, int pos, int *last_rn)
 }
 
 /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+/* The last alternatives of the GPT-2 and Llama 3 patterns, at a run of n_space spaces (maybe
+ * 0): \s+(?!\S) (a run followed by a non-space leaves its last space to the next word), then
+ * \s+, else one codepoint alone (no alternative matched). Returns the codepoints taken. */
+static int space_tail(piece *p, int pos, int n_space)
+{
+    if (n_space > 1 && cpt_at(p, pos + n_space) != OUT_OF_RANGE) return word(p, n_space - 1);
+    if (n_space > 0) return word(p, n_space);
+    return word(p, 1);
+}
+
 static void split_gpt2(piece *p)
 {
     for (int pos = p->ini; pos < p->end;) {
@@ -108,17 +118,7 @@ static void split_gpt2(piece *p)
             continue;
         }
         int last_rn, n_space = space_run(p, pos, &last_rn);
-        /* \s+(?!\S): a run followed by a non-space leaves its last space to the next word */
-        if (n_space > 1 && cpt_at(p, pos + n_space) != OUT_OF_RANGE) {
-            pos += word(p, n_space - 1);
-            continue;
-        }
-        /* \s+ */
-        if (n_space > 0) {
-            pos += word(p, n_space);
-            continue;
-        }
-        pos += word(p, 1); /* no alternative matches: one codepoint alone */
+        pos += space_tail(p, pos, n_space);
     }
 }
 
@@ -170,17 +170,7 @@ static void split_llama3_digits(piece *p, int max_digits)
             pos += word(p, last_rn - pos);
             continue;
         }
-        /* \s+(?!\S) */
-        if (n_space > 1 && cpt_at(p, pos + n_space) != OUT_OF_RANGE) {
-            pos += word(p, n_space - 1);
-            continue;
-        }
-        /* \s+ */
-        if (n_space > 0) {
-            pos += word(p, n_space);
-            continue;
-        }
-        pos += word(p, 1);
+        pos += space_tail(p, pos, n_space);
     }
 }
 
