@@ -33,12 +33,11 @@
 #include "kv_vocab.h"
 #include "common/kv_test.h"
 #include "common/kv_test_gpu.h"
+#include "common/kv_test_model.h"
 #include "kvcu.h"
 
 #include <string.h>
-#include <sys/stat.h>
 
-#define MODEL "SmolLM2-135M-Instruct.Q4_1.gguf"
 enum { LAYERS = 2, PROMPT = 16, STEPS = 8, CAPACITY = PROMPT + STEPS };
 
 /* *out a model of its own holding the first LAYERS layers of @p m, through the layer-prefix
@@ -152,15 +151,8 @@ static void run(const kv_model *m, const int *prompt, const char *variant,
 int main(void)
 {
     if (kv_test_no_gpu()) return KV_TEST_SKIP;
-    const char *env = getenv("KVLAB_MODELS"), *home = getenv("HOME");
     char path[1200];
-    if (env && *env) snprintf(path, sizeof path, "%s/" MODEL, env);
-    else snprintf(path, sizeof path, "%s/.cache/kvlab/models/" MODEL, home ? home : ".");
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        printf("skipped: %s is not there; fetch it with: tools/fetch-model.sh smollm2\n", path);
-        return KV_TEST_SKIP;
-    }
+    if (!kv_test_model_path(KV_TEST_SMOLLM2, "smollm2", path, sizeof path)) return KV_TEST_SKIP;
     kv_gguf *g = NULL;
     kv_vocab *voc = NULL;
     kv_model full = {0}, m = {0};

@@ -19,6 +19,7 @@
 
 #include "common/kv_test.h"
 #include "common/kv_test_cli.h"
+#include "common/kv_test_model.h"
 #include "kv_passkey.h"
 
 /* one id per byte: ids are the bytes + 1 (0 stays free), so counts are string lengths */
@@ -132,18 +133,11 @@ static int csv_found(const char *path, int *found, int cap)
 
 static void real_model(void)
 {
-    const char *d = getenv("KVLAB_MODELS"), *home = getenv("HOME");
     char path[4096];
-    if (d && d[0]) snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", d);
-    else snprintf(path, sizeof path, "%s/.cache/kvlab/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-                  home ? home : ".");
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        printf("skipped: %s is absent; fetch it with: tools/fetch-model.sh smollm2\n", path);
+    if (!kv_test_model_path(KV_TEST_SMOLLM2, "smollm2", path, sizeof path)) {
         cleanup();
         exit(KV_TEST_SKIP);
     }
-    fclose(f);
     int found[8];
     result r = run_in(dir, (const char *const[]){"passkey", "--model", path, "--lengths", "256",
                                                   "--depths", "0,50,100", "--keys", "1", "--csv",

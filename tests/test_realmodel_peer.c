@@ -37,6 +37,7 @@
  */
 #include "common/kv_test.h"
 #include "common/kv_test_gguf.h"
+#include "common/kv_test_model.h"
 
 #include "kv_cache.h"
 #include "kv_forward.h"
@@ -44,9 +45,7 @@
 #include "kv_vocab.h"
 
 #include <string.h>
-#include <sys/stat.h>
 
-#define MODEL "SmolLM2-135M-Instruct.Q4_1.gguf"
 #define STEPS 64
 #define N_CTX 512
 #define PPL_CHUNKS 2
@@ -346,15 +345,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s <tests/data/smollm2>\n", argv[0]);
         return 2;
     }
-    const char *dir = argv[1], *env = getenv("KVLAB_MODELS"), *home = getenv("HOME");
+    const char *dir = argv[1];
     char path[1200];
-    if (env && *env) snprintf(path, sizeof path, "%s/" MODEL, env);
-    else snprintf(path, sizeof path, "%s/.cache/kvlab/models/" MODEL, home ? home : ".");
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        printf("skipped: %s is not there; fetch it with: tools/fetch-model.sh smollm2\n", path);
-        return KV_TEST_SKIP;
-    }
+    if (!kv_test_model_path(KV_TEST_SMOLLM2, "smollm2", path, sizeof path)) return KV_TEST_SKIP;
     kv_gguf *g = NULL;
     kv_vocab *v = NULL;
     kv_model m;
