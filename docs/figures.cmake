@@ -40,16 +40,23 @@ plot '${OUT}/ch01-naive.csv' every ::1 using 4:7 with lines lw 2 title 'projecti
 # ---- chapter 02: naive vs cached, same run ----------------------------------------------------
 message(STATUS "figures: kvlab tour --chapter 2 --csv (a few seconds)")
 kv_run(${KVLAB} tour --chapter 2 --csv OUTPUT_FILE ${OUT}/ch02-naive-vs-cached.csv)
+# linear axes, two panels: naive grows with p (its slope is the whole model per token), the
+# cached step is flat but for attention's slope, which only its own panel's scale shows
 kv_plot(ch02-cost-per-token "
-set title 'Chapter 02: FLOPs of each step, naive recompute vs KV cache'
+set multiplot layout 1,2 title 'Chapter 02: FLOPs of each step, naive recompute vs KV cache (counted)'
 set xlabel 'position p of the new token'
-set ylabel 'FLOPs per step (log)'
-set logscale y
-set key right bottom
+set ylabel 'MFLOPs per step'
+set yrange [0:*]
+set key top left Left reverse
 f = '${OUT}/ch02-naive-vs-cached.csv'
-plot f every ::1 using 4:(strcol(2) eq 'naive'  ? \$7+\$8 : 1/0) with lines lw 2 title 'naive: whole prefix again', \\
-     f every ::1 using 4:(strcol(2) eq 'cached' ? \$7+\$8 : 1/0) with lines lw 2 title 'cached: one token', \\
-     f every ::1 using 4:(strcol(2) eq 'cached' ? \$8 : 1/0) with lines dt 2 title 'cached: attention part (linear in p)'
+set title 'both (linear axes)'
+plot f every ::1 using 4:(strcol(2) eq 'naive'  ? (\$7+\$8)/1e6 : 1/0) with lines lw 2 title 'naive: whole prefix again', \\
+     f every ::1 using 4:(strcol(2) eq 'cached' && \$5 == 1 ? (\$7+\$8)/1e6 : 1/0) with lines lw 2 title 'cached: one token (decode)'
+set title 'the cached decode steps alone (the prefill left out)'
+set key right center
+plot f every ::1 using 4:(strcol(2) eq 'cached' && \$5 == 1 ? (\$7+\$8)/1e6 : 1/0) with lines lw 2 lc 2 title 'cached: one token', \\
+     f every ::1 using 4:(strcol(2) eq 'cached' && \$5 == 1 ? \$8/1e6 : 1/0) with lines dt 2 lc 3 title 'attention part (linear in p)'
+unset multiplot
 ")
 kv_plot(ch02-time-per-token "
 set title 'Chapter 02: measured seconds per step, naive vs cached (same run)'

@@ -112,18 +112,85 @@ static void write_csv(FILE *f, const kv_needle_spec *s, const kv_needle_result *
     }
 }
 
-/* The heatmap: one panel per (model, variant, seed); green cells passed (darker = larger
- * margin), red cells failed; a black border marks a cell that contradicts its prediction. */
+/* Pixels a text of n characters takes at a font size, wide enough for DejaVu Sans, the widest
+ * common sans-serif face (0.62 em a character; test_docs_figures checks the result). */
+static int text_px(size_t n, int size) { return (int)(n * size * 62 + 99) / 100; }
+
+/* One cell: green passed (darker = larger margin), red failed; a black border marks a cell that
+ * contradicts its prediction. */
+static void write_cell(FILE *f, const kv_needle_result *r, int x, int y, int cw, int ch)
+{
+    double a = r->margin < 0 ? -r->margin : r->margin;
+    a = 0.25 + 0.75 * (a > 5.0 ? 1.0 : a / 5.0);
+    const int bad = r->expected >= 0 && r->expected != r->pass;
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\" "
+               "fill-opacity=\"%.2f\" stroke=\"%s\" stroke-width=\"%d\"/>\n",
+            x, y, cw - 2, ch - 2, r->pass ? "#1a9850" : "#d73027", a, bad ? "black" : "white",
+            bad ? 2 : 1);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%+.2f</text>\n", x + cw / 2 - 1,
+            y + ch / 2 + 3, r->margin);
+}
+
+/* A row of the one-length table: the model and the variant (and the seed, when there are two). */
+static void row_label(char *buf, size_t cap, const kv_needle_spec *s, const kv_needle_result *r0)
+{
+    int at = snprintf(buf, cap, "%s, %s", kv_recall_kind_name(r0->kind), s->variants[r0->variant].spec);
+    if (s->n_seeds > 1 && at > 0 && (size_t)at < cap)
+        snprintf(buf + at, cap - (size_t)at, ", seed %llu", (unsigned long long)r0->seed);
+}
+
+/* The heatmap. A grid of one context length is one table: a row per (model, variant, seed),
+ * a column per depth. Otherwise one panel per (model, variant, seed), rows the lengths. Every
+ * width is taken from the longest text it holds, so no title or label leaves the frame. */
 static void write_svg(FILE *f, const kv_needle_spec *s, const kv_needle_result *res, int n)
 {
     (void)n; /* the grid's shape is the spec's */
-    const int cw = 56, ch = 26, left = 70, top = 40, gap = 50;
+    const int cw = 56, ch = 26, top = 40, gap = 50;
     const int panels = s->n_models * s->n_variants * s->n_seeds, per = s->n_lengths * s->n_depths;
-    int pw = left + cw * s->n_depths + 20; /* wide enough for the panel titles too */
-    if (pw < 470) pw = 470;
+    char title[256], label[160];
+    if (s->n_lengths == 1) {
+        int left = 0;
+        for (int g = 0; g < panels; g++) {
+            const kv_needle_result *r0 = res + (size_t)g * per;
+            row_label(label, sizeof label, s, r0);
+            const int w = text_px(strlen(label), 11) + 12;
+            if (w > left) left = w;
+        }
+        snprintf(title, sizeof title, "needle: %d tokens (cell: logit margin)", s->lengths[0]);
+        int pw = left + cw * s->n_depths + 12;
+        if (pw < text_px(strlen(title), 13) + 8) pw = text_px(strlen(title), 13) + 8;
+        fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+                   "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n",
+                pw, top + ch * panels + 30, pw, top + ch * panels + 30);
+        fprintf(f, "<text x=\"4\" y=\"16\" font-size=\"13\">%s</text>\n", title);
+        for (int d = 0; d < s->n_depths; d++)
+            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%d%%</text>\n",
+                    left + d * cw + cw / 2, top - 6, s->depths[d]);
+        for (int g = 0; g < panels; g++) {
+            const kv_needle_result *r0 = res + (size_t)g * per;
+            row_label(label, sizeof label, s, r0);
+            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%s</text>\n", left - 6,
+                    top + g * ch + ch / 2 + 4, label);
+            for (int d = 0; d < s->n_depths; d++)
+                write_cell(f, r0 + d, left + d * cw, top + g * ch, cw, ch);
+        }
+        fprintf(f, "<text x=\"4\" y=\"%d\" fill=\"#555\">rows: recall model, cache; columns: "
+                   "needle depth</text>\n</svg>\n", top + panels * ch + 18);
+        return;
+    }
+    const int left = 70;
+    int pw = left + cw * s->n_depths + 20;
+    for (int g = 0; g < panels; g++) {
+        const kv_needle_result *r0 = res + (size_t)g * per;
+        snprintf(title, sizeof title, "needle: %s model, cache %s, seed %llu (cell: logit margin)",
+                 kv_recall_kind_name(r0->kind), s->variants[r0->variant].spec,
+                 (unsigned long long)r0->seed);
+        if (pw < text_px(strlen(title), 13) + 8) pw = text_px(strlen(title), 13) + 8;
+    }
     const int ph = top + ch * s->n_lengths + gap;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-               "font-family=\"sans-serif\" font-size=\"11\">\n", pw, ph * panels + 10);
+               "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n",
+            pw, ph * panels + 10, pw, ph * panels + 10);
     for (int g = 0; g < panels; g++) {
         const kv_needle_result *r0 = res + (size_t)g * per;
         const int y0 = g * ph;
@@ -136,18 +203,8 @@ static void write_svg(FILE *f, const kv_needle_spec *s, const kv_needle_result *
         for (int l = 0; l < s->n_lengths; l++) {
             fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%d</text>\n", left - 6,
                     y0 + top + l * ch + ch / 2 + 4, s->lengths[l]);
-            for (int d = 0; d < s->n_depths; d++) {
-                const kv_needle_result *r = r0 + l * s->n_depths + d;
-                double a = r->margin < 0 ? -r->margin : r->margin;
-                a = 0.25 + 0.75 * (a > 5.0 ? 1.0 : a / 5.0);
-                const int bad = r->expected >= 0 && r->expected != r->pass;
-                fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\" "
-                           "fill-opacity=\"%.2f\" stroke=\"%s\" stroke-width=\"%d\"/>\n",
-                        left + d * cw, y0 + top + l * ch, cw - 2, ch - 2,
-                        r->pass ? "#1a9850" : "#d73027", a, bad ? "black" : "white", bad ? 2 : 1);
-                fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%+.2f</text>\n",
-                        left + d * cw + cw / 2 - 1, y0 + top + l * ch + ch / 2 + 3, r->margin);
-            }
+            for (int d = 0; d < s->n_depths; d++)
+                write_cell(f, r0 + l * s->n_depths + d, left + d * cw, y0 + top + l * ch, cw, ch);
         }
         fprintf(f, "<text x=\"4\" y=\"%d\" fill=\"#555\">rows: context length (tokens); "
                    "columns: needle depth</text>\n", y0 + top + s->n_lengths * ch + 16);
