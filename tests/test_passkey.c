@@ -7,8 +7,8 @@
  * question at 1), the frame's ids surround it; the answer check; the refusals.
  *
  * With the real model (`real`, label realmodel, 77 and the fetch command when it is absent):
- * kvlab passkey on SmolLM2-135M-Instruct, 256-token prompts through its chat template. With an
- * fp32 cache it finds the key at depths 0, 50 and 100 % (llama.cpp, the outside reference,
+ * kvlab passkey on SmolLM2-135M-Instruct, 256-token prompts through its chat template, two caches
+ * in one run (--caches, the CSV's cache column and the heatmap's rows). With an fp32 cache it finds the key at depths 0, 50 and 100 % (llama.cpp, the outside reference,
  * retrieves such keys from 1-2k tokens of filler at every depth); with a 64-token window and
  * no sinks, the needle at depth 0 has left the cache before the question is asked, and no
  * model can answer a five-digit key it no longer sees.
@@ -138,23 +138,29 @@ static void real_model(void)
         cleanup();
         exit(KV_TEST_SKIP);
     }
+    /* one run, two caches on the same prompts (--caches): the rows follow the list */
     int found[8];
     result r = run_in(dir, (const char *const[]){"passkey", "--model", path, "--lengths", "256",
-                                                  "--depths", "0,50,100", "--keys", "1", "--csv",
-                                                  "fp32.csv", NULL});
-    KV_CHECK(r.rc == 0 && strstr(r.out, "found 3 of 3 keys"),
+                                                  "--depths", "0,50,100", "--keys", "1",
+                                                  "--caches", "fp32;window/w64", "--csv",
+                                                  "grid.csv", "--svg", "grid.svg", NULL});
+    KV_CHECK(r.rc == 0 && strstr(r.out, "cache fp32\n") && strstr(r.out, "found 3 of 3 keys"),
              "fp32 cache: the key found at depths 0, 50, 100 %% (exit %d)\n%s%s", r.rc,
              r.out ? r.out : "", r.err ? r.err : "");
-    KV_CHECK(csv_found(file("fp32.csv"), found, 8) == 3 && found[0] == 1 && found[1] == 1 &&
-                 found[2] == 1, "fp32: three CSV rows, each found");
-    free(r.out);
-    free(r.err);
-    r = run_in(dir, (const char *const[]){"passkey", "--model", path, "--lengths", "256",
-                                          "--depths", "0", "--keys", "1", "--cache", "window/w64",
-                                          "--csv", "w64.csv", NULL});
-    KV_CHECK(r.rc == 0 && strstr(r.out, "found 0 of 1 keys"),
-             "a 64-token window without sinks: the needle at depth 0 is gone (exit %d)\n%s%s",
-             r.rc, r.out ? r.out : "", r.err ? r.err : "");
+    KV_CHECK(r.out && strstr(r.out, "summary") && strstr(r.out, "window/w64"),
+             "the summary names both caches");
+    KV_CHECK(csv_found(file("grid.csv"), found, 8) == 6 && found[0] == 1 && found[1] == 1 &&
+                 found[2] == 1 && found[3] == 0,
+             "six CSV rows, fp32's three found; a 64-token window without sinks: the needle at "
+             "depth 0 is gone");
+    size_t sz = 0;
+    char *csv = (char *)slurp(file("grid.csv"), &sz), *svg = (char *)slurp(file("grid.svg"), &sz);
+    KV_CHECK(csv && strstr(csv, ",window/w64,filler,256,0,"),
+             "the CSV's cache column names each row's variant");
+    KV_CHECK(svg && strstr(svg, "<svg") && strstr(svg, "window/w64") && strstr(svg, "</svg>"),
+             "the heatmap has a row per cache");
+    free(csv);
+    free(svg);
     free(r.out);
     free(r.err);
 }

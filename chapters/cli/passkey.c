@@ -1,6 +1,8 @@
 /*
  * kvlab passkey: the pass-key test on a real model (reference_cpu/eval/kv_passkey.h): a grid of
- * prompt lengths x depths, several keys a cell, under one cache, greedy answers checked exactly.
+ * prompt lengths x depths, several keys a cell, under one cache or a list of them (--caches,
+ * cache_sets.h: the same prompts for every variant), greedy answers checked exactly; a table
+ * per variant, a summary, CSV and an SVG heatmap (passkey_out.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,10 +11,12 @@
 #include "cli.h"
 #include "csv.h"
 #include "kv_chat.h"
+#include "cache_sets.h"
 #include "kv_file.h"
 #include "kv_needle.h"
 #include "kv_passkey.h"
 #include "model_load.h"
+#include "passkey_out.h"
 
 #define PK_MAX_LIST 16
 #define PK_MAX_TEXT (64 << 20) /* a haystack file larger than 64 MiB is refused */
@@ -75,26 +79,38 @@ static int chat_frame(const kv_cli_model *mdl, pk_frame_ids *f, kv_err *err)
     return rc;
 }
 
-typedef struct {
-    int length, depth_pct;
-    kv_passkey_result r;
-} pk_cell;
-
-static void write_csv(FILE *f, const char *model, const char *cache, const char *hay,
-                      const pk_cell *cells, int n)
+/* The grid under one variant: cells [n_len][n_dep][keys] of @p out; the keys are the grid's,
+ * the same for every variant. 0, or the exit code after a message. */
+static int run_variant(const char *cmd, kv_backend *b, const kv_text_codec *tc,
+                       const kv_passkey_frame *frame, const kv_passkey_hay *hay,
+                       const int *lengths, int n_len, const int *depths, int n_dep, int keys,
+                       int64_t seed, kv_progress *p, long *done, long total, pk_cell *out)
 {
-    kv_csv_printf(f, "model,cache,haystack,length,depth_pct,key,needle_at,answer,found,seconds\n");
-    for (int i = 0; i < n; i++)
-        kv_csv_printf(f, "%s,%s,%s,%d,%d,%d,%d,%s,%d,%.3f\n", model, cache, hay, cells[i].length,
-                      cells[i].depth_pct, cells[i].r.key, cells[i].r.needle_at, cells[i].r.answer,
-                      cells[i].r.found, cells[i].r.seconds);
+    kv_err err = {{0}};
+    int n = 0;
+    for (int li = 0; li < n_len; li++)
+        for (int di = 0; di < n_dep; di++)
+            for (int k = 0; k < keys; k++, n++) {
+                pk_cell *c = &out[n];
+                c->length = lengths[li];
+                c->depth_pct = depths[di];
+                const int st = kv_passkey_run(b, tc, frame, hay, lengths[li], depths[di] / 100.0,
+                                              kv_passkey_key((uint64_t)seed, n), &c->r, &err);
+                if (st) {
+                    kv_progress_end(p);
+                    return kv_cli_fail(cmd, "pass-key prompt", st, &err);
+                }
+                kv_progress_update(p, ++*done, total);
+            }
+    return KV_EXIT_OK;
 }
 
 int cmd_passkey(int argc, char **argv)
 {
     const char *cmd = "kvlab passkey";
     const char *model = "smollm2", *lengths_s = "1024", *depths_s = "0,25,50,75,100";
-    const char *hay_s = "filler", *cache = "fp32", *csv = NULL, *device = "cpu";
+    const char *hay_s = "filler", *cache = "fp32", *caches = NULL, *csv = NULL, *svg = NULL;
+    const char *device = "cpu";
     int keys = 3, threads = 0, plain = 0;
     int64_t seed = 1;
     kv_cli_layout lo = {"contiguous", 0, 0};
@@ -105,10 +121,12 @@ int cmd_passkey(int argc, char **argv)
         {"--depths", KV_OPT_STRING, &depths_s, 0, 0, NULL, "LIST", "needle depths in percent of the haystack (default 0,25,50,75,100)", 0},
         {"--keys", KV_OPT_INT, &keys, 1, 100, NULL, "K", "keys asked per cell, each a fresh five-digit number (default 3)", 0},
         {"--seed", KV_OPT_I64, &seed, 0, 9.0e15, NULL, "S", "seed of the keys (default 1)", 0},
-        {"--haystack", KV_OPT_STRING, &hay_s, 0, 0, NULL, "H", "filler (default: the classic repeated sentences) or a text FILE, from its start", 0},
+        {"--haystack", KV_OPT_STRING, &hay_s, 0, 0, NULL, "H", "filler (default: the classic repeated sentences) or a text FILE, from its start (e.g. datasets/models/kjv-heldout.txt, the King James Version)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "the cache, as generate --cache / needle's specs: fp32 (default), fp16, int8, int4, window/w256/s4, h2o/b64/w16, ...", 0},
+        {"--caches", KV_OPT_STRING, &caches, 0, 0, NULL, "LIST", "several caches, one after the other on the same prompts: specs separated by spaces or ';', or a chapter's set: ch04 (every format, KIVI, selective layers both ways), ch06 (windows with and without 4 sinks), ch09 (every selector at 10/25/50 %)", 0},
         {"--plain", KV_OPT_FLAG, &plain, 0, 0, NULL, NULL, "a plain completion; default: inside the model's chat template when it has one (system message, user turn, the reply started with \"The pass key is\")", 0},
-        {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "also write one row per prompt (the answer included) to FILE", 0},
+        {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "also write one row per prompt (the cache and the answer included) to FILE", 0},
+        {"--svg", KV_OPT_STRING, &svg, 0, 0, NULL, "FILE", "write a heatmap (SVG): a panel per length, a row per cache, a column per depth", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
         KV_CLI_LAYOUT_OPTS(lo),
         KV_CLI_ENGINE_OPTS(en),
@@ -117,13 +135,16 @@ int cmd_passkey(int argc, char **argv)
     int r = kv_args_parse(cmd,
                           "The pass-key test on a trained model: a five-digit key hidden at a depth\n"
                           "of a long haystack, then asked for; a cell passes when the greedy answer\n"
-                          "starts with the key's digits. A grid of lengths x depths under one cache\n"
-                          "(run it once per cache and compare with the fp32 row: a 135M model also\n"
-                          "misses on its own). reference_cpu/eval/kv_passkey.h has the prompt.",
+                          "starts with the key's digits. A grid of lengths x depths under one cache,\n"
+                          "or under each of a list (--caches ch04: the same prompts for every\n"
+                          "variant; read each against the fp32 row: a 135M model also misses on its\n"
+                          "own). reference_cpu/eval/kv_passkey.h has the prompt.",
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
+    if (caches && kv_args_given(opts, (int)(sizeof opts / sizeof opts[0]), "--cache"))
+        return kv_args_bad(cmd, "--caches", "give --cache or --caches, not both");
     int lengths[PK_MAX_LIST], depths[PK_MAX_LIST], n_len = 0, n_dep = 0, e;
     if ((e = kv_args_int_list(cmd, "--lengths", lengths_s, lengths, PK_MAX_LIST, &n_len, 16,
                               1 << 20)) ||
@@ -132,23 +153,41 @@ int cmd_passkey(int argc, char **argv)
     if ((e = kv_cli_layout_check(cmd, &lo)) || (e = kv_cli_check_device(cmd, device)) ||
         (e = kv_cli_engine_check(cmd, device, &en)))
         return e;
-    if ((e = kv_cli_outputs_check(cmd, (const kv_cli_output[]){{"--csv", csv}}, 1))) return e;
-    int max_len = 0;
-    for (int i = 0; i < n_len; i++) max_len = lengths[i] > max_len ? lengths[i] : max_len;
+    if ((e = kv_cli_outputs_check(cmd, (const kv_cli_output[]){{"--csv", csv}, {"--svg", svg}},
+                                  2)))
+        return e;
+    int max_len = 0, min_len = 1 << 30;
+    for (int i = 0; i < n_len; i++) {
+        max_len = lengths[i] > max_len ? lengths[i] : max_len;
+        min_len = lengths[i] < min_len ? lengths[i] : min_len;
+    }
     kv_err err = {{0}};
     kv_cache_spec spec; /* checked before the model is loaded: a bad spec costs nothing */
-    int st = kv_needle_cache_spec(cache, 1, max_len + 8, &spec, &err);
+    int st = caches ? KV_OK : kv_needle_cache_spec(cache, 1, max_len + 8, &spec, &err);
     if (st) return kv_cli_fail(cmd, "--cache", st, &err);
-    kv_cli_layout_apply(&lo, &spec);
 
     kv_cli_model_args ma = {model, NULL, NULL, NULL, KV_CLI_TEXT_NEED, 0};
     kv_cli_model mdl;
     if ((e = kv_cli_model_load(cmd, &ma, &mdl))) return e;
-    if (max_len + 8 > mdl.m.config.seq_len) {
+    static char specs[KV_CLI_SETS_MAX][KV_CLI_SPEC_MAX];
+    int n_var = 1;
+    if (caches) { /* the named sets need the model's layer count */
+        e = kv_cli_cache_list(cmd, "--caches", caches, mdl.m.config.n_layers, min_len, specs,
+                              KV_CLI_SETS_MAX, &n_var);
+        for (int v = 0; !e && v < n_var; v++)
+            if ((st = kv_needle_cache_spec(specs[v], 1, max_len + 8, &spec, &err)))
+                e = kv_cli_fail(cmd, "--caches", st, &err);
+    } else {
+        snprintf(specs[0], sizeof specs[0], "%s", cache);
+    }
+    if (!e && max_len + 8 > mdl.m.config.seq_len) {
         fprintf(stderr, "%s: --lengths: %d tokens and an 8-token answer exceed the model's "
                 "context of %d\n", cmd, max_len, mdl.m.config.seq_len);
+        e = KV_EXIT_USAGE;
+    }
+    if (e) {
         kv_cli_model_close(&mdl);
-        return KV_EXIT_USAGE;
+        return e;
     }
     /* BOS only where the tokenizer asks for one (SmolLM2's file does not): what an empty
      * text encodes to with BOS on */
@@ -161,11 +200,11 @@ int cmd_passkey(int argc, char **argv)
     kv_text_codec tc = {&mdl, codec_encode, codec_piece, bos, stops, 0};
     tc.n_stop = kv_cli_stop_ids(&mdl, stops, 8);
     kv_passkey_hay hay = {0};
-    kv_backend *b = NULL;
     pk_frame_ids fids;
     kv_passkey_frame frame = {fids.pre, 0, " What is the pass key?", fids.post, 0};
-    pk_cell *cells = calloc((size_t)n_len * n_dep * keys, sizeof *cells);
-    int rc = KV_EXIT_OK, n = 0;
+    const int per = n_len * n_dep * keys;
+    pk_cell *cells = calloc((size_t)n_var * per, sizeof *cells);
+    int rc = KV_EXIT_OK;
     if (!cells) {
         rc = kv_cli_fail(cmd, "grid", KV_ERR_NOMEM, &err);
         goto done;
@@ -192,73 +231,35 @@ int cmd_passkey(int argc, char **argv)
         rc = kv_cli_fail(cmd, "--haystack", st, &err);
         goto done;
     }
-    if ((st = kv_cli_backend_engine(&b, device, &mdl.m, &spec, &en, &err))) {
-        rc = kv_cli_fail(cmd, "backend", st, &err);
-        goto done;
-    }
-    printf("kvlab passkey: model %s, cache %s (%s), device %s, haystack %s, %s, %d key%s a "
-           "cell, greedy answers of at most 8 tokens\n\n", mdl.name, cache, lo.layout, device,
-           hay_s, chat ? "chat template" : "plain completion", keys, keys == 1 ? "" : "s");
+    printf("kvlab passkey: model %s, %d cache%s (%s), device %s, haystack %s, %s, %d key%s a "
+           "cell, greedy answers of at most 8 tokens\n", mdl.name, n_var, n_var == 1 ? "" : "s",
+           lo.layout, device, hay_s, chat ? "chat template" : "plain completion", keys,
+           keys == 1 ? "" : "s");
     kv_progress p;
     kv_progress_start(&p, "pass-key prompts");
-    const long total = (long)n_len * n_dep * keys;
-    for (int li = 0; li < n_len && !rc; li++)
-        for (int di = 0; di < n_dep && !rc; di++)
-            for (int k = 0; k < keys; k++) {
-                pk_cell *c = &cells[n];
-                c->length = lengths[li];
-                c->depth_pct = depths[di];
-                const int key = kv_passkey_key((uint64_t)seed, n);
-                st = kv_passkey_run(b, &tc, chat ? &frame : NULL, &hay, lengths[li],
-                                    depths[di] / 100.0, key, &c->r, &err);
-                if (st) {
-                    kv_progress_end(&p);
-                    rc = kv_cli_fail(cmd, "pass-key prompt", st, &err);
-                    break;
-                }
-                n++;
-                kv_progress_update(&p, n, total);
-            }
+    const long total = (long)n_var * per;
+    long done_n = 0;
+    for (int v = 0; v < n_var && !rc; v++) {
+        kv_backend *b = NULL;
+        kv_needle_cache_spec(specs[v], 1, max_len + 8, &spec, &err); /* checked above */
+        kv_cli_layout_apply(&lo, &spec);
+        if ((st = kv_cli_backend_engine(&b, device, &mdl.m, &spec, &en, &err))) {
+            kv_progress_end(&p);
+            rc = kv_cli_fail(cmd, specs[v], st, &err);
+            break;
+        }
+        rc = run_variant(cmd, b, &tc, chat ? &frame : NULL, &hay, lengths, n_len, depths, n_dep,
+                         keys, seed, &p, &done_n, total, cells + (size_t)v * per);
+        kv_backend_destroy(b);
+    }
     if (rc) goto done;
     kv_progress_end(&p);
-
-    /* the grid: found / asked per (depth, length), then each length's total */
-    printf("%-10s", "depth");
-    for (int li = 0; li < n_len; li++) printf(" %9d", lengths[li]);
-    printf("   (prompt tokens)\n");
-    int found_all = 0;
-    for (int di = 0; di < n_dep; di++) {
-        printf("%8d %%", depths[di]);
-        for (int li = 0; li < n_len; li++) {
-            int f = 0;
-            for (int k = 0; k < keys; k++) f += cells[(li * n_dep + di) * keys + k].r.found;
-            found_all += f;
-            char cell[16];
-            snprintf(cell, sizeof cell, "%d/%d", f, keys);
-            printf(" %9s", cell);
-        }
-        printf("\n");
-    }
-    printf("%-10s", "all");
-    for (int li = 0; li < n_len; li++) {
-        int f = 0;
-        for (int i = 0; i < n_dep * keys; i++) f += cells[li * n_dep * keys + i].r.found;
-        char cell[24];
-        snprintf(cell, sizeof cell, "%d/%d", f, n_dep * keys);
-        printf(" %9s", cell);
-    }
-    printf("\nfound %d of %d keys\n", found_all, n);
-    if (csv) {
-        kv_file_out o;
-        st = kv_file_create(csv, &o, &err);
-        if (!st) {
-            write_csv(o.f, mdl.name, cache, hay_s, cells, n);
-            st = kv_file_commit(&o, &err);
-        }
-        if (st) rc = kv_cli_write_fail(cmd, "--csv", &err);
-    }
+    pk_grid g = {mdl.name, hay_s, lengths, n_len, depths, n_dep, keys, specs, n_var, cells};
+    for (int v = 0; v < n_var; v++) pk_print_grid(stdout, &g, v);
+    if (n_var > 1) pk_print_summary(stdout, &g);
+    if (csv && pk_write_file(cmd, "--csv", csv, pk_write_csv, &g)) rc = KV_EXIT_FAIL;
+    if (svg && pk_write_file(cmd, "--svg", svg, pk_write_svg, &g)) rc = KV_EXIT_FAIL;
 done:
-    if (b) kv_backend_destroy(b);
     kv_passkey_hay_free(&hay);
     free(cells);
     kv_cli_model_close(&mdl);
