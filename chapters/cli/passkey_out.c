@@ -106,11 +106,15 @@ static void xml_text(FILE *f, const char *s)
  * keys found (white none, dark all), its text found/asked. */
 void pk_write_svg(FILE *f, const pk_grid *g)
 {
-    const int cw = 48, ch = 20, left = 250, top = 44, gap = 40;
-    const int pw = left + cw * g->n_dep + 20 > 520 ? left + cw * g->n_dep + 20 : 520;
+    /* wide enough for the title: 13 px text, under 8 px a character (DejaVu Sans) */
+    const int cw = 48, ch = 20, left = 300, top = 44, gap = 40;
+    const int title = 8 * (int)(60 + strlen(g->model) + strlen(g->haystack));
+    int pw = left + cw * g->n_dep + 20;
+    pw = pw > title ? pw : title;
     const int ph = top + ch * g->n_var + gap;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-               "font-family=\"sans-serif\" font-size=\"11\">\n", pw, ph * g->n_len + 10);
+               "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n", pw,
+            ph * g->n_len + 10, pw, ph * g->n_len + 10);
     for (int li = 0; li < g->n_len; li++) {
         const int y0 = li * ph;
         fprintf(f, "<text x=\"4\" y=\"%d\" font-size=\"13\">pass key, %s, %d-token prompts, "
@@ -124,8 +128,8 @@ void pk_write_svg(FILE *f, const pk_grid *g)
             const int y = y0 + top + v * ch;
             fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">", left - 6, y + ch / 2 + 4);
             char label[48];
-            snprintf(label, sizeof label, "%.40s%s", g->specs[v],
-                     strlen(g->specs[v]) > 40 ? "..." : "");
+            snprintf(label, sizeof label, "%.38s%s", g->specs[v],
+                     strlen(g->specs[v]) > 38 ? "..." : "");
             xml_text(f, label);
             fprintf(f, "</text>\n");
             for (int d = 0; d < g->n_dep; d++) {
