@@ -312,7 +312,7 @@ int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cach
         *out = kv_cache_spec_default(n_slots, capacity);
         return KV_OK;
     }
-    char buf[64];
+    char buf[192]; /* a layer list of 30 layers runs to some 90 characters */
     if (strlen(variant) >= sizeof buf)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "cache variant '%.40s...' is too long", variant);
     /* strtok_r() skips empty parts: "int8/", "int8//head" and "/int8" are refused, not read as

@@ -24,7 +24,8 @@
  *           modes score the same subsample with the same @c every, to compare on it).
  *   reference  with @c ref, a second backend (normally the exact fp32 cache) runs the same
  *           steps; the result adds the mean KL(ref || b) per token and the fraction of tokens
- *           whose argmax agrees (cached mode only).
+ *           whose argmax agrees (cached mode only). kv_eval_ppl_many() runs several
+ *           backends (cache variants) in lockstep against one reference.
  * NLL is summed in double; perplexity = exp(mean NLL over the predicted tokens).
  */
 #ifndef KV_EVAL_H
@@ -54,6 +55,12 @@ typedef struct {
      * here). A non-zero return stops the run with that status. */
     int (*before_step)(void *hook, kv_backend *b, int pos, int n, kv_err *err);
     void *hook;
+    /** Called for every predicted token (may be NULL): the backend's index @p v (0 with
+     * kv_eval_ppl()), the token's index @p t in the stream, its NLL, and with a reference its
+     * KL(ref || b) and whether the argmaxes agree (0, 0 without). What a spread over windows
+     * or a curve along the stream is computed from. */
+    void (*on_token)(void *ctx, int v, long t, double nll, double kl, int agree);
+    void *token_ctx;
 } kv_ppl_opts;
 
 typedef struct {
@@ -72,6 +79,15 @@ typedef struct {
  */
 int kv_eval_ppl(kv_backend *b, const int *tokens, long n, const kv_ppl_opts *o,
                 kv_ppl_result *r, kv_err *err);
+
+/**
+ * kv_eval_ppl() for @p nb backends in lockstep (cached mode, stride or stream): every step's
+ * chunk runs through the reference once and through each of @p bs [nb], so one exact run
+ * serves the KL of every variant. Results into @p r [nb]. No naive or recompute mode, no
+ * before_step hook with nb > 1 (KV_ERR_ARG).
+ */
+int kv_eval_ppl_many(kv_backend *const *bs, int nb, const int *tokens, long n,
+                     const kv_ppl_opts *o, kv_ppl_result *r, kv_err *err);
 
 #ifdef __cplusplus
 }

@@ -79,15 +79,17 @@ int kv_probe_key_channels(const kv_model *m, const int *tokens, int n, double *p
     return st;
 }
 
-int kv_probe_attention_mass(const kv_model *m, const int *tokens, int n, double *mass,
-                            kv_err *err)
+int kv_probe_attention_mass_heads(const kv_model *m, const int *tokens, int n, double *mass,
+                                  kv_err *err)
 {
     int st = per_head_keys(m ? &m->config : NULL, "probe: attention mass", err);
     if (st) return st;
     const kv_config *cfg = &m->config;
     const int L = cfg->n_layers, Hkv = cfg->n_kv_heads;
+    const int G = cfg->n_heads / Hkv; /* query heads reading each KV head */
     if (n < 1) return kv_fail(err, KV_ERR_ARG, "probe: n = %d, need at least one token", n);
-    /* H2O at a budget of every position: its scores are the summed probabilities */
+    /* H2O at a budget of every position: its scores are the summed probabilities, per KV
+     * head over the G query heads of its group */
     char variant[32];
     snprintf(variant, sizeof variant, "h2o/b%d", n);
     kv_cache_spec spec;
@@ -95,16 +97,36 @@ int kv_probe_attention_mass(const kv_model *m, const int *tokens, int n, double 
     st = kv_needle_cache_spec(variant, 1, n, &spec, err);
     if (!st) st = prefill(&b, m, &spec, tokens, n, err);
     const kv_cache *c = st ? NULL : kv_backend_cpu_cache(b);
-    for (int l = 0; c && l < L; l++) {
-        double *row = mass + (size_t)l * n;
-        memset(row, 0, sizeof(double) * (size_t)n);
+    for (int l = 0; c && l < L; l++)
         for (int h = 0; h < Hkv; h++) {
+            double *row = mass + ((size_t)l * Hkv + h) * n;
+            memset(row, 0, sizeof(double) * (size_t)n);
             const kv_retain_head *rh = kv_retain_at(c->retain, 0, l, h);
             for (int i = 0; i < rh->kept.n; i++) row[rh->kept.pos[i]] += rh->score[i];
+            for (int p = 0; p < n; p++) row[p] /= (double)n * G;
         }
-        for (int p = 0; p < n; p++) row[p] /= (double)n * cfg->n_heads;
-    }
     kv_backend_destroy(b);
+    return st;
+}
+
+int kv_probe_attention_mass(const kv_model *m, const int *tokens, int n, double *mass,
+                            kv_err *err)
+{
+    int st = per_head_keys(m ? &m->config : NULL, "probe: attention mass", err);
+    if (st) return st;
+    const int L = m->config.n_layers, Hkv = m->config.n_kv_heads;
+    if (n < 1) return kv_fail(err, KV_ERR_ARG, "probe: n = %d, need at least one token", n);
+    double *heads = malloc(sizeof(double) * (size_t)L * Hkv * n); /* [L][H_kv][n] */
+    if (!heads) return kv_fail(err, KV_ERR_NOMEM, "probe: out of memory");
+    st = kv_probe_attention_mass_heads(m, tokens, n, heads, err);
+    /* the layer's distribution: the mean of its KV heads' (each of G query heads) */
+    for (int l = 0; !st && l < L; l++)
+        for (int p = 0; p < n; p++) {
+            double sum = 0.0;
+            for (int h = 0; h < Hkv; h++) sum += heads[((size_t)l * Hkv + h) * n + p];
+            mass[(size_t)l * n + p] = sum / Hkv;
+        }
+    free(heads);
     return st;
 }
 

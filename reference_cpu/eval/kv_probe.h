@@ -47,6 +47,14 @@ int kv_probe_key_channels(const kv_model *m, const int *tokens, int n, double *p
 int kv_probe_attention_mass(const kv_model *m, const int *tokens, int n, double *mass,
                             kv_err *err);
 
+/**
+ * The same per KV head: mass [L][H_kv][n], row (l, h) the mass the G query heads of KV head
+ * h's group give each position, over n · G (each row sums to 1). Where a sink lives: some
+ * heads put most of their attention on position 0, others almost none.
+ */
+int kv_probe_attention_mass_heads(const kv_model *m, const int *tokens, int n, double *mass,
+                                  kv_err *err);
+
 /** KIVI emulation state: a ::kv_ppl_opts before_step hook over an fp32 contiguous CPU cache. */
 typedef struct {
     int fmt;           /**< KV_QF_INT2_KIVI or KV_QF_INT4_KIVI */
