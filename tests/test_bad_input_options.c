@@ -4,7 +4,8 @@
  *  - the shared list parsers (args.h): kv_args_int_list() refuses an empty item ("1,,2", ",0",
  *    "1,"), a stray word, a value out of range and one item too many, naming the limit;
  *    kv_args_word_list() refuses empty items, a word given twice and too many words;
- *  - eval ppl: --kivi-bits / --kivi-window without --kivi-keys, --scheme without --recent, and a
+ *  - eval ppl: --caches with --cache or --recompute, --segments without --csv,
+ *    --kivi-bits / --kivi-window without --kivi-keys, --scheme without --recent, and a
  *    --chunk that KIVI's emulation would replace by 32;
  *  - needle's --models / --lengths / --depths / --seeds through those parsers;
  *  - bench attention --device cuda's --dtypes and --layouts (in a CUDA build): empty items,
@@ -137,6 +138,9 @@ static void test_eval(void)
     CLI_BAD("--kivi-window|needs --kivi-keys", "eval", "ppl", "--kivi-window", "64");
     CLI_BAD("--scheme|needs --recent", "eval", "ppl", "--scheme", "cache");
     CLI_BAD("--chunk|--kivi-keys|32", "eval", "ppl", "--kivi-keys", "channel", "--chunk", "64");
+    CLI_BAD("--caches|cached mode", "eval", "ppl", "--caches", "ch04", "--cache", "int8");
+    CLI_BAD("--caches|cached mode", "eval", "ppl", "--caches", "fp32 int8", "--recompute");
+    CLI_BAD("--segments|needs --csv", "eval", "ppl", "--segments");
 }
 
 static void test_needle(void)
