@@ -9,9 +9,10 @@
  *                equals pooling the original's 3 to 1: the mean of a,a,a,b,b,b,c,c,c is the mean
  *                of a,b,c (rounding apart).
  *   KL           kv_eval_ppl_many() with an fp32 variant against the fp32 reference: KL exactly
- *                0 and every argmax agreeing; an int8 variant: KL > 0. Running variants in
- *                lockstep changes nothing: each one's NLL equals a run of it alone, bit for bit,
- *                and the per-token hook's NLLs sum to the result's.
+ *                0, every argmax agreeing and the reference's NLL its own; an int8 variant:
+ *                KL > 0. Running variants in lockstep changes nothing: each one's NLL equals a
+ *                run of it alone, bit for bit, and the per-token hook's NLLs sum to the
+ *                result's.
  *   sinks        kv_probe_attention_mass_heads() on the GGUF: each (layer, KV head) row is a
  *                distribution (sums to 1), and the layer's rows average to
  *                kv_probe_attention_mass()'s.
@@ -102,6 +103,9 @@ static void check_kl(const kv_model *m, const int *ids, int n)
         KV_CHECK(st == KV_OK, "lockstep: %s", err.msg);
         KV_CHECK(r[0].kl == 0.0 && r[0].top1 == 1.0, "fp32 vs fp32: KL %g, top-1 %g", r[0].kl,
                  r[0].top1);
+        KV_CHECK(r[0].ref_nll == r[0].nll && r[1].ref_nll == r[0].nll,
+                 "the reference's NLL %.12f, %.12f: the fp32 variant's is %.12f", r[0].ref_nll,
+                 r[1].ref_nll, r[0].nll);
         KV_CHECK(r[1].kl > 0.0 && r[1].kl < 0.05, "int8 vs fp32: KL %g", r[1].kl);
         for (int v = 0; v < 2; v++)
             KV_CHECK(sums[v].n == r[v].n_predicted &&

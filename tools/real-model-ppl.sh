@@ -43,7 +43,7 @@ for T in $sizes; do
     lim=$tokens
     if [ $full = 0 ] && [ "$T" -gt 512 ]; then
         lim=$T
-        set -- "fp32 int8 int2 int2/l$mid int2/l$ends"
+        set -- "int2 int2/l$mid int2/l$ends"
     else
         set -- ch04
     fi

@@ -269,7 +269,7 @@ int cmd_eval_ppl(int argc, char **argv)
         kv_csv_printf(stdout, "text,window,mode,cache,segment,first,last,predicted,nll,ppl,kl\n");
     else if (csv)
         kv_csv_printf(stdout, "text,tokens,predicted,windows,window,mode,cache,layout,nll,ppl,kl,"
-                      "top1,segments,nll_se,kl_se,ppl_min,ppl_max\n");
+                      "top1,segments,nll_se,kl_se,ppl_min,ppl_max,exact_ppl\n");
     for (int v = 0; v < nb; v++) {
         char lname[96], cname[KV_CLI_SPEC_MAX + 96];
         kv_cache_spec spec;
@@ -301,7 +301,9 @@ int cmd_eval_ppl(int argc, char **argv)
             kv_csv_printf(stdout, "%d,%.9f,", sp.k, sp.nll_se);
             if (kl) kv_csv_printf(stdout, "%.9f,", sp.kl_se);
             else kv_csv_printf(stdout, ",");
-            kv_csv_printf(stdout, "%.6f,%.6f\n", sp.ppl_min, sp.ppl_max);
+            kv_csv_printf(stdout, "%.6f,%.6f,", sp.ppl_min, sp.ppl_max);
+            if (kl) kv_csv_printf(stdout, "%.6f\n", exp(q->ref_nll));
+            else kv_csv_printf(stdout, "\n");
         } else {
             char span[48];
             if (window) snprintf(span, sizeof span, "%d tokens", window);
@@ -315,8 +317,9 @@ int cmd_eval_ppl(int argc, char **argv)
                        "perplexity %.4f .. %.4f\n", sp.k, sums.seg, sp.nll_se, sp.ppl_min,
                        sp.ppl_max);
             if (kl)
-                printf("  against the exact fp32 cache: KL %.6f nats/token (standard error "
-                       "%.6f), top-1 agreement %.2f %%\n", q->kl, sp.kl_se, 100.0 * q->top1);
+                printf("  against the exact fp32 cache (perplexity %.4f): KL %.6f nats/token "
+                       "(standard error %.6f), top-1 agreement %.2f %%\n", exp(q->ref_nll), q->kl,
+                       sp.kl_se, 100.0 * q->top1);
         }
     }
 done:

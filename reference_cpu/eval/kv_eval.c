@@ -47,7 +47,7 @@ static double token_kl(const float *p_logits, const float *q_logits, int vocab)
 
 /* running sums of one evaluation (one per backend) */
 typedef struct {
-    double nll, kl;
+    double nll, kl, ref_nll;
     long done, agree;
 } ppl_sums;
 
@@ -74,6 +74,7 @@ static void score(ppl_run *p, int v, long t, const float *row, const float *ref_
     a->done++;
     if (ref_row) {
         kl = token_kl(ref_row, row, vocab);
+        a->ref_nll += token_nll(ref_row, vocab, target);
         agree = argmax(ref_row, vocab) == argmax(row, vocab);
         a->kl += kl;
         a->agree += agree;
@@ -227,6 +228,7 @@ int kv_eval_ppl_many(kv_backend *const *bs, int nb, const int *tokens, long n,
         r[v].ppl = exp(r[v].nll);
         r[v].kl = a->kl / (double)a->done;
         r[v].top1 = (double)a->agree / (double)a->done;
+        r[v].ref_nll = a->ref_nll / (double)a->done;
     }
     free(p.logits);
     free(p.ref_logits);

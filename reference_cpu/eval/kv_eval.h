@@ -70,6 +70,8 @@ typedef struct {
     int n_windows;     /**< windows run (1 in stream mode; predictions in recompute mode) */
     double kl;         /**< with ref: mean KL(ref || b) in nats per predicted token */
     double top1;       /**< with ref: fraction of predicted tokens where the argmaxes agree */
+    double ref_nll;    /**< with ref: the reference's own mean NLL on the same tokens (its
+                        *   perplexity without a run of its own) */
 } kv_ppl_result;
 
 /**
