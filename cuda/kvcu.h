@@ -78,9 +78,10 @@ int kvcu_matmul_w16_gemv(float *y, const float *x, const uint16_t *W, int bf16, 
                          int out, int ldw, kv_err *err);
 /** dst[i] = src[i] rounded to bf16 (@p bf16) or fp16, as bits; device arrays of n. */
 int kvcu_to16(uint16_t *dst, const float *src, int64_t n, int bf16, kv_err *err);
-/** kv_rope() on the GPU: angles formed in double exactly as the CPU forms them. */
+/** kv_rope() on the GPU: angles formed in double exactly as the CPU forms them, from the
+ * same host table freq [rotary_dim/2] (kv_rope_freqs()). */
 int kvcu_rope(float *x, const int *pos, int T, int n_heads, int head_dim, int rotary_dim,
-              float theta, kv_err *err);
+              const double *freq, kv_err *err);
 /** kv_swiglu() on the GPU. */
 int kvcu_swiglu(float *g, const float *u, int64_t n, kv_err *err);
 /** kv_add() on the GPU. */

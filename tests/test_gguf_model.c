@@ -9,8 +9,9 @@
  * each sum agree to the rounding of a double sum of a few thousand floats.
  *
  * Refusals, each by name: another architecture, a key missing, a shape that does not match
- * the config, a missing tensor, a tensor type kvlab does not dequantize, Llama 3's
- * rope_freqs.weight and RoPE scaling (llama_rope.gguf).
+ * the config, a missing tensor, a tensor type kvlab does not dequantize, a Llama 3
+ * rope_freqs.weight whose factor is not positive and a RoPE scaling other than none or
+ * linear (llama_rope.gguf). Factors that make sense: tests/test_gguf_llama3.c.
  *
  * Usage: test_gguf_model <tests/data/gguf>
  */
@@ -77,15 +78,16 @@ static void refusals(const kv_gguf *g, const unsigned char *file, size_t n)
                 "architecture 'qwen2' is not supported (kvlab runs 'llama')");
     free(qwen);
 
-    /* Llama 3's frequency factors, and RoPE scaling: kvlab's RoPE has neither */
+    /* Llama 3's frequency factors (this file's are random, one negative), and a RoPE scaling
+     * kvlab's RoPE has not */
     snprintf(path, sizeof path, "%s/llama_rope.gguf", dir);
     unsigned char *rope = kv_test_slurp(path, &qn);
     kv_gguf *r = NULL;
     kv_err err;
     KV_CHECK(rope && kv_gguf_open(path, &r, &err) == KV_OK, "llama_rope.gguf: %s", err.msg);
     if (rope && r) {
-        refused(rope, qn, "rope_freqs", KV_ERR_UNSUPPORTED, "tensor 'rope_freqs.weight' (Llama 3 "
-                "RoPE frequency factors) is not supported");
+        refused(rope, qn, "rope_freqs", KV_ERR_FORMAT, "tensor 'rope_freqs.weight'[1] = "
+                "-1.11473 must be positive and finite");
         const kv_gguf_kv *scaling = kv_test_gguf_kv(r, "llama.rope.scaling.type");
         memcpy(rope + (scaling->str.s - (const char *)kv_test_gguf_base(r)), "yarn", 4);
         refused(rope, qn, "yarn", KV_ERR_UNSUPPORTED, "RoPE scaling 'yarn' "

@@ -1,7 +1,8 @@
 /* The GPU engine vs the CPU engine (chapters 01-02): kvcu_forward() against kv_forward().
  *
  *  - logits within the fp32 tolerances of kv_test.h over a prefill and 20 decode steps, for
- *    MHA, GQA and MQA models with head_dim 32 and 64 (one with partial rotary dims);
+ *    MHA, GQA and MQA models with head_dim 32 and 64 (one with partial rotary dims, one with
+ *    per-pair RoPE frequency factors as a Llama 3.x GGUF has them);
  *  - a batch of 3 sequences (prefills beside decodes) matches the CPU, and each sequence's
  *    GPU logits are bit-identical to its solo GPU run;
  *  - naive recompute and the KV cache on the GPU choose identical greedy tokens, with
@@ -28,6 +29,7 @@
 typedef struct {
     const char *name;
     int dim, n_heads, n_kv_heads, rotary_dim; /* rotary_dim 0: the whole head */
+    int factors; /* 1: RoPE frequency factors 1, 2, .. per pair (kv_config.rope_factors) */
 } engine_case;
 
 /* Small widths: the emulation build runs this test under three schedules. */
@@ -37,6 +39,9 @@ static const engine_case cases[] = {
     {"MQA d32 (G 3)", 96, 3, 1, 0},
     {"MHA d64", 64, 1, 1, 0},
     {"MQA d64 (G 2)", 128, 2, 1, 0},
+    /* within 48 positions pair i turns i+1 times slower than theta^(-2i/d): whole radians
+     * apart from the plain angles, so a GPU RoPE that ignored the factors would miss */
+    {"GQA d32 (G 2), RoPE factors", 128, 4, 2, 0, 1},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -55,6 +60,8 @@ static int make_model(kv_model *m, const engine_case *ec, uint64_t seed)
     c.seq_len = CAPACITY;
     kv_config_set_defaults(&c);
     if (ec->rotary_dim) c.rotary_dim = ec->rotary_dim;
+    c.n_rope_factors = ec->factors ? c.rotary_dim / 2 : 0;
+    for (int i = 0; i < c.n_rope_factors; i++) c.rope_factors[i] = (float)(i + 1);
     return kv_test_model_random(m, &c, seed);
 }
 

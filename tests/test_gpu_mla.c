@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "common/kv_test.h"
+#include "common/kv_test_rope.h"
 #include "common/kv_test_gpu.h"
 #include "kv_attention_mla.h"
 #include "kv_cache.h"
@@ -115,7 +116,9 @@ static int twin_init(twin *t, int H, const kv_mla_dims *m, int n, int fmt, int p
         kv_rng_seed(&r, seed ^ 0x5eed);
         for (int i = 0; i < n * DIM; i++) x[i] = kv_rng_normal(&r);
         for (int i = 0; i < n; i++) pos[i] = i;
-        kv_mla_project(&t->w, x, pos, n, 10000.0f, 1e-6f, qn, qr, t->rows, scratch);
+        double freq[KV_ROPE_MAX_PAIRS];
+        kv_test_rope_freqs(10000.0f, m->d_rope, freq);
+        kv_mla_project(&t->w, x, pos, n, freq, 1e-6f, qn, qr, t->rows, scratch);
         memcpy(t->qn, qn + (size_t)(n - 1) * H * m->d_nope, sizeof(float) * H * m->d_nope);
         memcpy(t->qr, qr + (size_t)(n - 1) * H * m->d_rope, sizeof(float) * H * m->d_rope);
         /* the CPU cache, then its twin on the device: the same shape, spec and table */

@@ -14,6 +14,7 @@
 #include "kv_ops.h"
 #include "kv_rng.h"
 #include "common/kv_test.h"
+#include "common/kv_test_rope.h"
 #include "common/kv_test_gpu.h"
 #include "kvcu.h"
 
@@ -205,11 +206,13 @@ static void test_rope(void)
                 float *x = host_random((size_t)T * H * d, -1, 1);
                 float *ref = malloc((size_t)T * H * d * sizeof(float));
                 memcpy(ref, x, (size_t)T * H * d * sizeof(float));
-                kv_rope(ref, pos, T, H, d, rotary[r], 10000.0f);
+                double freq[KV_ROPE_MAX_PAIRS];
+                kv_test_rope_freqs(10000.0f, rotary[r], freq);
+                kv_rope(ref, pos, T, H, d, rotary[r], freq);
                 float *dx = dev_copy(x, (size_t)T * H * d * 4);
                 int *dpos = dev_copy(pos, (size_t)T * sizeof(int));
                 kv_err e;
-                int rc = kvcu_rope(dx, dpos, T, H, d, rotary[r], 10000.0f, &e);
+                int rc = kvcu_rope(dx, dpos, T, H, d, rotary[r], freq, &e);
                 KV_CHECK(rc == KV_OK, "kvcu_rope: %s", e.msg);
                 char what[80];
                 snprintf(what, sizeof what, "rope T %d d %d rotary %d", T, d, rotary[r]);
@@ -219,7 +222,8 @@ static void test_rope(void)
             }
     }
     kv_err e;
-    KV_CHECK(kvcu_rope(NULL, NULL, 1, 1, 8, 7, 10000.0f, &e) == KV_ERR_ARG,
+    double freq[KV_ROPE_MAX_PAIRS] = {0};
+    KV_CHECK(kvcu_rope(NULL, NULL, 1, 1, 8, 7, freq, &e) == KV_ERR_ARG,
              "odd rotary_dim is refused");
 }
 

@@ -124,6 +124,8 @@ static int gather(const kv_cache *c, const kv_config *cfg, int t, float *k, floa
 {
     const int W = c->spec.window.size, S = c->spec.window.n_sinks;
     const int n = (int)kv_window_count(W, S, t);
+    double freq[KV_ROPE_MAX_PAIRS]; /* [rotary_dim/2] */
+    kv_rope_freqs(cfg, freq);
     for (int h = 0; h < HKV; h++) {
         const kv_head_view kh = kv_cache_view(c, 0, 0, h, KV_QROLE_KEY);
         const kv_head_view vh = kv_cache_view(c, 0, 0, h, KV_QROLE_VALUE);
@@ -133,7 +135,7 @@ static int gather(const kv_cache *c, const kv_config *cfg, int t, float *k, floa
             kv_attn_row(&kh, row, kr);
             kv_attn_row(&vh, row, v + ((size_t)h * n + i) * D);
             if (c->spec.window.pos_scheme == KV_POS_CACHE)
-                kv_rope(kr, &i, 1, 1, D, cfg->rotary_dim, cfg->rope_theta);
+                kv_rope(kr, &i, 1, 1, D, cfg->rotary_dim, freq);
         }
     }
     return n;

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common/kv_test.h"
+#include "common/kv_test_rope.h"
 #include "kv_attention_mla.h"
 #include "kv_cache.h"
 #include "kv_mla.h"
@@ -116,7 +117,9 @@ static int setup_init(setup *s, int dim, int H, const kv_mla_dims *m, int n, int
     kv_rng_seed(&r, seed ^ 0x5eed);
     for (int64_t i = 0; i < (int64_t)n * dim; i++) s->x[i] = kv_rng_normal(&r);
     for (int t = 0; t < n; t++) pos[t] = pos0 + t;
-    kv_mla_project(&s->w, s->x, pos, n, THETA, EPS, s->qn, s->qr, s->row, s->scratch);
+    double freq[KV_ROPE_MAX_PAIRS];
+    kv_test_rope_freqs(THETA, s->w.m.d_rope, freq);
+    kv_mla_project(&s->w, s->x, pos, n, freq, EPS, s->qn, s->qr, s->row, s->scratch);
     kv_free(pos);
 
     /* paged: blocks from the top of the pool down (logical order is not physical), 2 spare */

@@ -4,6 +4,7 @@
 #include "kv_ops.h"
 #include "kv_rng.h"
 #include "common/kv_test.h"
+#include "common/kv_test_rope.h"
 
 #include <math.h>
 #include <omp.h>
@@ -106,7 +107,9 @@ static void test_rope(kv_rng *r)
                 rope_ref(tmp, x0 + (t * H + h) * d, pos[t], d, rot, 10000.0);
                 for (int i = 0; i < d; i++) ref[(t * H + h) * d + i] = (float)tmp[i];
             }
-        kv_rope(x, pos, 4, H, d, rot, 10000.0f);
+        double freq[KV_ROPE_MAX_PAIRS];
+        kv_test_rope_freqs(10000.0f, rot, freq);
+        kv_rope(x, pos, 4, H, d, rot, freq);
         KV_CHECK(kv_test_compare("rope", x, ref, 4 * H * d, KV_TOL_F32_ATOL, KV_TOL_F32_RTOL) == 0,
                  "rope vs double, rotary_dim %d", rot);
         /* position 0 is the identity; dims past rotary_dim are never touched */
@@ -146,8 +149,10 @@ static void test_rope(kv_rng *r)
             memcpy(qq, q, sizeof q);
             memcpy(kk, k, sizeof k);
             int pq = base[c] + 7, pk = base[c] + 3;
-            kv_rope(qq, &pq, 1, 1, d, rot, 10000.0f);
-            kv_rope(kk, &pk, 1, 1, d, rot, 10000.0f);
+            double freq[KV_ROPE_MAX_PAIRS];
+            kv_test_rope_freqs(10000.0f, rot, freq);
+            kv_rope(qq, &pq, 1, 1, d, rot, freq);
+            kv_rope(kk, &pk, 1, 1, d, rot, freq);
             dots[c] = 0;
             for (int i = 0; i < d; i++) dots[c] += (double)qq[i] * kk[i];
         }

@@ -251,7 +251,7 @@ typedef struct {
     int swap_a, swap_b;    /* swap rows a and b (both < len) */
     int swap_v;            /* 1: swap V too (with K); 0: K only */
     int rotary_dim;
-    float theta;
+    const double *freq;    /* [rotary_dim/2] the model's RoPE frequencies */
 } damage;
 
 static void rerotate(kv_cache *c, int len, void *user)
@@ -261,7 +261,7 @@ static void rerotate(kv_cache *c, int len, void *user)
     for (int p = 0; p < len; p++) {
         float *k = kv_cache_k(c, d->layer, 0, 0) + (size_t)p * c->head_dim; /* [d] */
         /* RoPE composes: rotating a key stored at p by delta = writing it at p + delta */
-        kv_rope(k, &dd, 1, 1, c->head_dim, d->rotary_dim, d->theta);
+        kv_rope(k, &dd, 1, 1, c->head_dim, d->rotary_dim, d->freq);
     }
 }
 
@@ -299,6 +299,8 @@ static void test_position_damage(void)
         }
         int prev, ret;
         kv_recall_layers(kind, o.n_layers, &prev, &ret);
+        double freq[KV_ROPE_MAX_PAIRS]; /* [rotary_dim/2] the model's */
+        kv_rope_freqs(&m.config, freq);
         /* the layer whose keys carry position: the previous-token layer (induction); for
          * direct, the retrieval layer (its match ignores position) */
         const int layer = kind == KV_MODEL_RECALL_INDUCTION ? prev : ret;
@@ -310,7 +312,7 @@ static void test_position_damage(void)
          * half of the previous-token weight survives and the outcome rides on the noise */
         const int deltas[] = {0, 1, 2, -2, 5, 300, -1};
         for (int i = 0; i < 7; i++) {
-            damage d = {layer, deltas[i], 0, 0, 0, m.config.rotary_dim, m.config.rope_theta};
+            damage d = {layer, deltas[i], 0, 0, 0, m.config.rotary_dim, freq};
             int ans = run(&m, tok, n, cut, rerotate, &d, logits);
             const int expect_pass = kind == KV_MODEL_RECALL_DIRECT || deltas[i] == 0;
             printf("%-9s cache keys of layer %d re-positioned by %+4d: answer %s (margin %.3f)\n",
@@ -324,8 +326,8 @@ static void test_position_damage(void)
         if (kind == KV_MODEL_RECALL_INDUCTION) {
             /* swap the fact's key token with the filler before it, in the previous-token
              * layer, before the value token reads them */
-            damage both = {layer, 0, at, at - 1, 1, 0, 0.0f};
-            damage konly = {layer, 0, at, at - 1, 0, 0, 0.0f};
+            damage both = {layer, 0, at, at - 1, 1, 0, NULL};
+            damage konly = {layer, 0, at, at - 1, 0, 0, NULL};
             int a1 = run(&m, tok, n, cut, swap_rows, &both, logits);
             KV_CHECK(a1 == want, "swapping K and V rows together keeps the answer (attention "
                      "reads the rotation stored in K, not the row index): got %d", a1);

@@ -196,6 +196,8 @@ static void stream_ref(const float *q_rot, const kv_cache *full, const kv_config
     const int n = (int)kv_window_count(W, S, t);
     float *k = malloc(sizeof(float) * HKV * n * D), *v = malloc(sizeof(float) * HKV * n * D);
     float vf[HKV * 4096], att[4096]; /* [Hkv][n] each value row's factor; [n] */
+    double freq[KV_ROPE_MAX_PAIRS]; /* [rotary_dim/2] */
+    kv_rope_freqs(cfg, freq);
     for (int h = 0; h < HKV; h++) {
         kv_head_view kh = kv_cache_view(full, 0, 0, h, KV_QROLE_KEY);
         kv_head_view vh = kv_cache_view(full, 0, 0, h, KV_QROLE_VALUE);
@@ -204,7 +206,7 @@ static void stream_ref(const float *q_rot, const kv_cache *full, const kv_config
             float *kr = k + ((size_t)h * n + i) * D;
             kv_attn_row(&kh, p, kr);
             vf[h * n + i] = kv_attn_row_factored(&vh, p, v + ((size_t)h * n + i) * D);
-            kv_rope(kr, &i, 1, 1, D, cfg->rotary_dim, cfg->rope_theta);
+            kv_rope(kr, &i, 1, 1, D, cfg->rotary_dim, freq);
         }
     }
     const float scale = 1.0f / sqrtf((float)D);
@@ -243,6 +245,8 @@ static long check_case(const kv_config *cfg, int dtype, int paged, int B, int W,
     }
     kv_rng r;
     kv_rng_seed(&r, 77 + (uint64_t)W * 31 + S);
+    double freq[KV_ROPE_MAX_PAIRS]; /* [rotary_dim/2] */
+    kv_rope_freqs(cfg, freq);
     float *k = malloc(sizeof(float) * (size_t)n_max * HKV * D); /* [n][Hkv][d] */
     float *v = malloc(sizeof(float) * (size_t)n_max * HKV * D);
     for (long i = 0; i < (long)n_max * HKV * D; i++) {
@@ -266,7 +270,7 @@ static long check_case(const kv_config *cfg, int dtype, int paged, int B, int W,
             if (scheme == KV_POS_CACHE) {
                 memcpy(qr, q, sizeof q);
                 const int qp = (int)kv_window_query_pos(W, S, scheme, t);
-                kv_rope(qr, &qp, 1, H, D, cfg->rotary_dim, cfg->rope_theta);
+                kv_rope(qr, &qp, 1, H, D, cfg->rotary_dim, freq);
                 stream_ref(qr, &full, cfg, W, S, t, oref);
             }
             for (int h = 0; h < H; h++) {

@@ -21,6 +21,7 @@
 #include "kv_attention_mla.h"
 #include "kv_cache.h"
 #include "kv_mla.h"
+#include "kv_ops.h"
 #include "kv_quant.h"
 #include "kv_rng.h"
 
@@ -86,7 +87,12 @@ static int part_two_ways(const kv_demo_ctx *ctx, kv_err *err)
         kv_rng_seed(&r, 11);
         for (int64_t i = 0; i < (int64_t)n * CH11_DIM; i++) x[i] = kv_rng_normal(&r);
         for (int t = 0; t < n; t++) pos[t] = t;
-        kv_mla_project(&w, x, pos, n, 10000.0f, 1e-6f, qn, qr, row, scratch);
+        kv_config rc = {0}; /* RoPE over d_R at llama2.c's base, for kv_rope_freqs() */
+        rc.rope_theta = 10000.0f;
+        rc.rotary_dim = m.d_rope;
+        double freq[KV_ROPE_MAX_PAIRS]; /* [d_R/2] */
+        kv_rope_freqs(&rc, freq);
+        kv_mla_project(&w, x, pos, n, freq, 1e-6f, qn, qr, row, scratch);
         st = latent_cache(&c, &m, n, KV_QF_F32, 0, row, err);
     }
     double tn = INFINITY, ta = INFINITY;

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_ops.h"
 #include "kv_retain.h"
 #include "kvcu_flash.cuh"
 
@@ -453,6 +454,8 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
                            cudaMemcpyHostToDevice), err);
     const int *d_tok = (const int *)s->ints.p, *d_slot = d_tok + T, *d_pos = d_slot + T;
     const int *d_qpos = d_pos + T, *d_last = d_qpos + T, *d_wave = d_last + n_seqs;
+    double rope_freq[KV_ROPE_MAX_PAIRS]; /* [rotary_dim/2] the CPU's table (kv_rope_freqs()) */
+    kv_rope_freqs(p, rope_freq);
 
     KVCU_TRY(kvcu_embed(x, w->token_embedding, d_tok, T, dim, err));
     for (int l = 0; l < p->n_layers; l++) {
@@ -466,9 +469,9 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
         KVCU_TRY(proj(m, seqs, n_seqs, v, xb,
                       w->wv + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs, dim,
                       err));
-        KVCU_TRY(kvcu_rope(q, d_qpos, T, Hs, d, p->rotary_dim, p->rope_theta, err));
+        KVCU_TRY(kvcu_rope(q, d_qpos, T, Hs, d, p->rotary_dim, rope_freq, err));
         if (!keys_at_cache_pos) /* KV_POS_CACHE: attention rotates keys by cache index */
-            KVCU_TRY(kvcu_rope(k, d_pos, T, KVs, d, p->rotary_dim, p->rope_theta, err));
+            KVCU_TRY(kvcu_rope(k, d_pos, T, KVs, d, p->rotary_dim, rope_freq, err));
         /* every row's K/V of a wave first, so a prefill row can attend to the rows before it */
         if (n_waves == 1) { /* the whole step: one write, rows in order */
             KVCU_TRY(kvcu_cache_write(c, l, seqs, n_seqs, d_slot, d_pos, k, v, T, err));

@@ -26,8 +26,8 @@
  * rope_kernel: one thread per rotated pair (token, head, i). As in the CPU reference the
  *   angle pos * theta^(-2i/rotary_dim) is formed in double (in fp32, position 32k times a
  *   frequency near 1 is already ~2e-3 rad off) and only the rotation is fp32. The frequencies
- *   depend on i alone: the host computes them once per call with the reference's expression
- *   and passes the table by value, so both devices start from the same bits.
+ *   depend on i alone: the caller's host table (kv_rope_freqs(), Llama 3's factors included)
+ *   is passed by value, so both devices start from the same bits.
  *
  * matmul_kernel_mma (16-bit weights, kvcu_matmul_w16): y = x·Wᵀ on tensor cores, W stored as
  *   bf16 or fp16 on the device (kvcu_model_set_weights), x rounded to the same type as its
@@ -393,10 +393,9 @@ int kvcu_to16(uint16_t *dst, const float *src, int64_t n, int bf16, kv_err *err)
 
 /* ---- rope ------------------------------------------------------------------------------ */
 
-#define KV_ROPE_MAX_PAIRS 256 /* rotary_dim <= 512; 2 KiB of kernel parameters (4 KiB max) */
-
+/* KV_ROPE_MAX_PAIRS (kv_config.h) 256: 2 KiB of kernel parameters (4 KiB max) */
 typedef struct {
-    double freq[KV_ROPE_MAX_PAIRS]; /* [rotary_dim / 2]  theta^(-2i / rotary_dim) */
+    double freq[KV_ROPE_MAX_PAIRS]; /* [rotary_dim / 2]  kv_rope_freqs(): theta^(-2i/d) / f_i */
 } rope_freqs;
 
 __global__ void rope_kernel(float *x, const int *pos, int T, int n_heads, int head_dim,
@@ -419,7 +418,7 @@ __global__ void rope_kernel(float *x, const int *pos, int T, int n_heads, int he
 
 /** GPU twin of kv_rope(); x [T][n_heads][head_dim], pos [T] device. */
 int kvcu_rope(float *x, const int *pos, int T, int n_heads, int head_dim, int rotary_dim,
-              float theta, kv_err *err)
+              const double *freq, kv_err *err)
 {
     if (T < 0 || n_heads <= 0 || head_dim <= 0 || rotary_dim < 0 || rotary_dim > head_dim ||
         rotary_dim % 2)
@@ -431,8 +430,7 @@ int kvcu_rope(float *x, const int *pos, int T, int n_heads, int head_dim, int ro
                        2 * KV_ROPE_MAX_PAIRS);
     if (T == 0 || n_pairs == 0) return KV_OK;
     rope_freqs f;
-    for (int i = 0; i < n_pairs; i++)
-        f.freq[i] = pow((double)theta, -(double)(2 * i) / (double)rotary_dim);
+    for (int i = 0; i < n_pairs; i++) f.freq[i] = freq[i];
     KV_LAUNCH(rope_kernel, elementwise_grid((int64_t)T * n_heads * n_pairs), KV_OPS_THREADS, 0,
               0, x, pos, T, n_heads, head_dim, n_pairs, f);
     KV_CUDA_TRY_LAUNCH(err);

@@ -9,6 +9,7 @@
  * stored before RoPE and attention rotates them by their cache index, with a table of the
  * S+W rotations built once. */
 #include "kv_cache_internal.h"
+#include "kv_ops.h"
 #include "kv_quant.h"
 
 #include <math.h>
@@ -45,18 +46,18 @@ int kv_cache_window_check(const char *who, const kv_cache_spec *spec, int caps, 
 
 float *kv_cache_rope_table(const kv_config *cfg, const kv_cache_spec *spec, size_t *bytes)
 {
-    /* cos and sin of every cache index, computed as kv_rope() computes them (in double,
-     * rounded once to float), so a key rotated at attention time has the bits kv_rope() would
-     * have given it */
+    /* cos and sin of every cache index, computed as kv_rope() computes them (in double from
+     * the same per-pair frequencies, rounded once to float), so a key rotated at attention
+     * time has the bits kv_rope() would have given it */
     const int64_t keep = kv_window_keep(spec->window.size, spec->window.n_sinks), P = cfg->rotary_dim / 2;
     *bytes = (size_t)(keep * P * 2 > 0 ? keep * P * 2 : 1) * sizeof(float);
     float *cs = kv_calloc(*bytes); /* [S+W][P][2] */
     if (!cs) return NULL;
+    double freq[KV_ROPE_MAX_PAIRS]; /* [P] */
+    kv_rope_freqs(cfg, freq);
     for (int64_t p = 0; p < keep; p++)
         for (int64_t i = 0; i < P; i++) {
-            const double freq = pow((double)cfg->rope_theta,
-                                    -(double)(2 * i) / (double)cfg->rotary_dim);
-            const double angle = (double)p * freq;
+            const double angle = (double)p * freq[i];
             cs[(p * P + i) * 2] = (float)cos(angle);
             cs[(p * P + i) * 2 + 1] = (float)sin(angle);
         }

@@ -38,6 +38,8 @@ typedef struct {
     int n_seqs, T;
     float *scratch;     /**< the block's floats for this step, from begin() to end() */
     int max_len;        /**< the longest attention span of any row (set by begin()) */
+    double rope_freq[KV_ROPE_MAX_PAIRS]; /**< [rotary_dim/2] RoPE's per-pair frequencies
+                                          *   (kv_rope_freqs() of the model, once a step) */
 } kv_attn_step;
 
 /** A kind of attention block: the hooks the forward pass and the backends call. */

@@ -222,7 +222,8 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
         kv_embed(s->x + (size_t)(t - seqs[i].n_tokens) * dim, w->token_embedding,
                  seqs[i].tokens, seqs[i].n_tokens, dim);
     }
-    kv_attn_step a = {m, c, s, sh, seqs, n_seqs, T, NULL, 0};
+    kv_attn_step a = {m, c, s, sh, seqs, n_seqs, T, NULL, 0, {0}};
+    kv_rope_freqs(p, a.rope_freq);
     rc = blk->begin(&a, err); /* the block's scratch for this step */
     if (rc) return rc;
 

@@ -73,9 +73,9 @@ static int gqa_layer(kv_attn_step *a, int l, kv_err *err)
     kv_matmul_fast(s->q, s->xb, w->wq + ((size_t)l * qdim + (size_t)q0 * d) * dim, T, dim, qs);
     kv_matmul_fast(s->k, s->xb, w->wk + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs);
     kv_matmul_fast(s->v, s->xb, w->wv + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs);
-    kv_rope(s->q, s->q_pos, T, Hs, d, p->rotary_dim, p->rope_theta);
+    kv_rope(s->q, s->q_pos, T, Hs, d, p->rotary_dim, a->rope_freq);
     if (!keys_at_cache_pos)
-        kv_rope(s->k, s->tok_pos, T, KVs, d, p->rotary_dim, p->rope_theta);
+        kv_rope(s->k, s->tok_pos, T, KVs, d, p->rotary_dim, a->rope_freq);
     /* Rows' K/V first, so a prefill row can attend to the rows before it; one call per
      * sequence, whose rows are consecutive, so a quantized cache sees the whole chunk
      * (fp8 calibrates on a prefill, KIVI spills whole blocks: kv_cache.h). Without a

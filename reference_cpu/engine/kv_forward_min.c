@@ -84,6 +84,8 @@ int kv_forward_min(const kv_model *m, kv_min_cache *c, kv_min_state *s, int toke
         return kv_fail(err, KV_ERR_ARG, "kv_forward_min: position %d outside the cache's 0..%d",
                        pos, c->max_seq - 1);
 
+    double freq[KV_ROPE_MAX_PAIRS]; /* [rotary_dim/2] RoPE's per-pair frequencies */
+    kv_rope_freqs(p, freq);
     kv_embed(s->x, w->token_embedding, &token, 1, dim);
     for (int l = 0; l < L; l++) {
         /* attention: x += Wo · attention(RoPE(Wq·xb), cache(RoPE(Wk·xb), Wv·xb)) */
@@ -91,8 +93,8 @@ int kv_forward_min(const kv_model *m, kv_min_cache *c, kv_min_state *s, int toke
         kv_matmul(s->q, s->xb, w->wq + (size_t)l * dim * dim, 1, dim, dim);
         kv_matmul(s->k, s->xb, w->wk + (size_t)l * kvdim * dim, 1, dim, kvdim);
         kv_matmul(s->v, s->xb, w->wv + (size_t)l * kvdim * dim, 1, dim, kvdim);
-        kv_rope(s->q, &pos, 1, H, d, p->rotary_dim, p->rope_theta);
-        kv_rope(s->k, &pos, 1, Hkv, d, p->rotary_dim, p->rope_theta);
+        kv_rope(s->q, &pos, 1, H, d, p->rotary_dim, freq);
+        kv_rope(s->k, &pos, 1, Hkv, d, p->rotary_dim, freq);
 
         /* the cache: this token's row of each KV head, at its position. Written before the
          * attention below reads it: a token attends to itself. */

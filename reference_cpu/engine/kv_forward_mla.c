@@ -105,7 +105,7 @@ static int mla_layer(kv_attn_step *a, int l, kv_err *err)
     float *proj = o + (size_t)T * H * m->d_v;        /* kv_mla_project_scratch(w, T) */
     int rc;
 
-    kv_mla_project(w, s->xb, s->tok_pos, T, p->rope_theta, p->norm_eps, qn, qr, row, proj);
+    kv_mla_project(w, s->xb, s->tok_pos, T, a->rope_freq, p->norm_eps, qn, qr, row, proj);
     /* the rows first, one call per sequence (a quantized cache sees the whole chunk), so a
      * prefill row can attend to the rows before it; a latent cache has one plane: no V */
     for (int i = 0, t = 0; i < a->n_seqs; t += seqs[i].n_tokens, i++) {

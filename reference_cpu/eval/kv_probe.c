@@ -57,6 +57,8 @@ int kv_probe_key_channels(const kv_model *m, const int *tokens, int n, double *p
     float *row = malloc(sizeof(float) * (size_t)d); /* [d] one key, rotated back */
     if (!st && !row) st = kv_fail(err, KV_ERR_NOMEM, "probe: out of memory");
     const kv_cache *c = st ? NULL : kv_backend_cpu_cache(b);
+    double freq[KV_ROPE_MAX_PAIRS]; /* [rotary_dim/2] */
+    kv_rope_freqs(cfg, freq);
     for (int l = 0; c && l < L; l++)
         for (int h = 0; h < Hkv; h++) {
             const float *k = kv_cache_k(c, l, 0, h); /* [capacity][d], RoPE applied */
@@ -67,7 +69,7 @@ int kv_probe_key_channels(const kv_model *m, const int *tokens, int n, double *p
                 /* rotating by -t undoes the rotation by t (cos even, sin odd) */
                 const int back = -t;
                 memcpy(row, k + (size_t)t * d, sizeof(float) * (size_t)d);
-                kv_rope(row, &back, 1, 1, d, cfg->rotary_dim, cfg->rope_theta);
+                kv_rope(row, &back, 1, 1, d, cfg->rotary_dim, freq);
                 for (int j = 0; j < d; j++) {
                     z[j] += fabs((double)k[(size_t)t * d + j]) / n;
                     a[j] += fabs((double)row[j]) / n;

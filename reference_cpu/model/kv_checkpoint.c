@@ -309,6 +309,13 @@ int kv_checkpoint_write(const char *path, const kv_model *m, int format, kv_err 
     if (format != KV_FILE_LLAMA2C && format != KV_FILE_KVLAB)
         return kv_fail(err, KV_ERR_ARG, "unknown checkpoint format %d (0 llama2.c, 1 kvlab)",
                        format);
+    /* neither header has a field for them: a file without them would turn the model's slow
+     * pairs at the wrong speed, quietly (a GGUF model is converted by keeping its file) */
+    if (c->n_rope_factors)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "a model with RoPE frequency factors (Llama "
+                       "3.x's rope_freqs, or linear RoPE scaling) cannot be stored in a %s "
+                       "file: its header has no field for them (keep the GGUF file)",
+                       format == KV_FILE_KVLAB ? "kvlab" : "llama2.c");
     if (format == KV_FILE_LLAMA2C && (rc = llama2c_can_express(c, err))) return rc;
 
     unsigned char hdr[KV_KVLAB_HEADER_BYTES] = {0}; /* [256] padding stays zero */

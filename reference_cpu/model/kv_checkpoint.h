@@ -37,7 +37,8 @@ int kv_checkpoint_read(const char *path, kv_model *m, kv_err *err);
 
 /**
  * Write @p m in @p format. llama2.c files cannot carry an MLA model, rope_theta != 10000,
- * partial rotary, norm_eps != 1e-5 or a model kind: KV_ERR_UNSUPPORTED then. The file is written to a
+ * partial rotary, norm_eps != 1e-5 or a model kind; neither format carries RoPE frequency
+ * factors (a GGUF Llama 3.x): KV_ERR_UNSUPPORTED then. The file is written to a
  * temporary name and renamed, so a failure leaves no partial file.
  */
 int kv_checkpoint_write(const char *path, const kv_model *m, int format, kv_err *err);

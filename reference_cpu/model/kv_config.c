@@ -32,6 +32,8 @@ void kv_config_set_defaults(kv_config *c)
     c->kind = KV_MODEL_GENERIC;
     c->attn = KV_ATTN_GQA; /* an MLA model sets attn and mla after this */
     memset(&c->mla, 0, sizeof c->mla);
+    c->n_rope_factors = 0; /* every pair at theta^(-2i/rotary_dim) */
+    memset(c->rope_factors, 0, sizeof c->rope_factors);
 }
 
 /* check lo <= v <= hi, naming the field when it is not */
@@ -42,7 +44,8 @@ static int range(const char *name, int v, int lo, int hi, kv_err *err)
     return KV_OK;
 }
 
-/* rope_theta, norm_eps and the tied flag: the same rules for every attention kind */
+/* rope_theta, norm_eps, the tied flag and RoPE's factors: the same rules for every attention
+ * kind */
 static int numbers(const kv_config *c, kv_err *err)
 {
     if (!(c->rope_theta > 0.0f) || !isfinite(c->rope_theta))
@@ -52,6 +55,17 @@ static int numbers(const kv_config *c, kv_err *err)
         return kv_fail(err, KV_ERR_ARG, "norm_eps (%g) must be in (0, 1]", (double)c->norm_eps);
     if (c->tied_classifier != 0 && c->tied_classifier != 1)
         return kv_fail(err, KV_ERR_ARG, "tied_classifier (%d) must be 0 or 1", c->tied_classifier);
+    /* the per-pair tables (kv_rope_freqs()) hold KV_ROPE_MAX_PAIRS pairs */
+    if (c->rotary_dim > 2 * KV_ROPE_MAX_PAIRS)
+        return kv_fail(err, KV_ERR_ARG, "rotary_dim (%d) must be at most %d", c->rotary_dim,
+                       2 * KV_ROPE_MAX_PAIRS);
+    if (c->n_rope_factors != 0 && c->n_rope_factors != c->rotary_dim / 2)
+        return kv_fail(err, KV_ERR_ARG, "n_rope_factors (%d) must be 0 or rotary_dim / 2 (%d)",
+                       c->n_rope_factors, c->rotary_dim / 2);
+    for (int i = 0; i < c->n_rope_factors; i++)
+        if (!(c->rope_factors[i] > 0.0f) || !isfinite(c->rope_factors[i]))
+            return kv_fail(err, KV_ERR_ARG, "rope_factors[%d] (%g) must be positive and finite",
+                           i, (double)c->rope_factors[i]);
     return KV_OK;
 }
 
@@ -158,6 +172,9 @@ void kv_config_describe(const kv_config *c, char *buf, size_t n)
         k += snprintf(buf + k, n - k, ", theta %g", (double)c->rope_theta);
     if (k >= 0 && (size_t)k < n && c->rotary_dim != d && c->attn != KV_ATTN_MLA)
         k += snprintf(buf + k, n - k, ", rotary %d", c->rotary_dim);
+    if (k >= 0 && (size_t)k < n && c->n_rope_factors)
+        k += snprintf(buf + k, n - k, ", RoPE factors %g..%g", (double)c->rope_factors[0],
+                      (double)c->rope_factors[c->n_rope_factors - 1]);
     if (k >= 0 && (size_t)k < n && !c->tied_classifier)
         k += snprintf(buf + k, n - k, ", untied");
     if (k >= 0 && (size_t)k < n && c->kind == KV_MODEL_RECALL_DIRECT)

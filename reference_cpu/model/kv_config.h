@@ -38,6 +38,10 @@ typedef struct {
     int q_rank; /**< q_lora_rank: the query bottleneck; 0 = queries from x directly */
 } kv_mla_dims;
 
+/** Most pairs RoPE rotates per head (rotary_dim <= 512; published models rotate <= 128 dims):
+ * the size of the per-pair tables (kv_rope_freqs()). */
+#define KV_ROPE_MAX_PAIRS 256
+
 typedef struct {
     /* the seven llama2.c header fields */
     int dim;        /**< residual stream width (= H * d) */
@@ -57,6 +61,11 @@ typedef struct {
     int attn;         /**< ::kv_attn_kind */
     kv_mla_dims mla;  /**< KV_ATTN_MLA: its dims (then n_kv_heads is 1: one latent row per
                        *   token, and rotary_dim is d_R: only q_R and k_R rotate); else zero */
+    /* RoPE frequency factors, from a GGUF file only (no kvlab header field holds them):
+     * pair i turns at theta^(-2i/rotary_dim) / rope_factors[i] (Llama 3.x's rope_freqs, a
+     * linear position scaling's factor in every pair, or both multiplied; kv_rope_freqs()) */
+    int n_rope_factors; /**< 0: none (every factor 1), else rotary_dim / 2 */
+    float rope_factors[KV_ROPE_MAX_PAIRS]; /**< [n_rope_factors] each > 0 */
 } kv_config;
 
 /** Head dimension d = dim / n_heads. */
@@ -74,7 +83,8 @@ void kv_config_set_defaults(kv_config *c);
 /**
  * Check a configuration: positive sizes within sane limits (dim <= 65536, hidden <= 2^20,
  * L <= 1024, vocab and seq_len <= 2^24, at most 2^40 parameters), H divides dim, H_kv divides
- * H, d even, even rotary_dim <= d, positive finite theta/eps. Returns KV_OK or KV_ERR_ARG with
+ * H, d even, even rotary_dim <= d and <= 2 KV_ROPE_MAX_PAIRS, positive finite theta/eps, RoPE
+ * factors none or one positive finite factor per rotated pair. Returns KV_OK or KV_ERR_ARG with
  * the field and its value named, e.g. "n_kv_heads (3) must divide n_heads (8)".
  * An MLA model (attn KV_ATTN_MLA) has no head dim d = dim / H: instead H <= 1024, n_kv_heads
  * 1, the dims of kv_mla_dims_check(), rotary_dim = d_R, and the generic kind (the recall

@@ -30,6 +30,13 @@
  * permutation back. (A checkpoint exported from Hugging Face straight to kvlab's format would
  * need the permutation; a GGUF file has had it.) tests/test_gguf_realmodel.c checks the
  * consequence on SmolLM2: a known prompt's next token.
+ *
+ * Llama 3.x's longer context. Its files carry rope_freqs.weight, one factor f_i per pair:
+ * pair i turns at theta^(-2i/d) / f_i (llama.cpp's freq_factors; kv_rope_freqs()), and an
+ * older linear scaling (rope.scaling.type linear, rope.scaling.factor s) turns every pair
+ * s times slower. Both become the config's rope_factors, which every RoPE in kvlab reads;
+ * other scalings (YaRN, LongRoPE) are refused by name. tests/test_gguf_llama3.c holds a
+ * synthetic Llama 3.1 file to llama.cpp's logits.
  */
 #include "kv_gguf_model.h"
 #include "kv_gguf_quant.h"
@@ -88,17 +95,79 @@ static int check_supported(const kv_gguf *g, kv_err *err)
     kv_gguf_str scaling;
     if (kv_gguf_has(g, ARCH ".rope.scaling.type")) {
         if ((rc = kv_gguf_get_str(g, ARCH ".rope.scaling.type", &scaling, err))) return rc;
-        if (!kv_gguf_str_eq(scaling, "none"))
+        if (!kv_gguf_str_eq(scaling, "none") && !kv_gguf_str_eq(scaling, "linear"))
             return kv_fail(err, KV_ERR_UNSUPPORTED, "RoPE scaling '%.*s' (" ARCH
-                           ".rope.scaling.type) is not supported: kvlab's RoPE rotates by "
-                           "pos * theta^(-2i/d) alone", (int)(scaling.n < 64 ? scaling.n : 64),
+                           ".rope.scaling.type) is not supported: kvlab's RoPE divides each "
+                           "pair's frequency by a fixed factor (none, linear, Llama 3's "
+                           "rope_freqs) and nothing else", (int)(scaling.n < 64 ? scaling.n : 64),
                            scaling.s);
     }
-    /* Llama 3.1's per-frequency factors: a change to the forward pass's RoPE, not made */
-    if (kv_gguf_find_tensor(g, "rope_freqs.weight"))
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "tensor 'rope_freqs.weight' (Llama 3 RoPE "
-                       "frequency factors) is not supported: kvlab's RoPE has no per-frequency "
-                       "factors");
+    /* YaRN's magnitude scale: cos and sin times a factor, which kvlab's rotation has not */
+    double attn = 1.0;
+    if (kv_gguf_has(g, ARCH ".rope.scaling.attn_factor") &&
+        (rc = kv_gguf_get_float(g, ARCH ".rope.scaling.attn_factor", &attn, err)))
+        return rc;
+    if (attn != 1.0)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "GGUF key '" ARCH ".rope.scaling.attn_factor' = "
+                       "%g is not supported (kvlab's RoPE is a pure rotation)", attn);
+    return KV_OK;
+}
+
+/* A linear position scaling's factor s (angle pos/s · theta^(-2i/d)), as llama.cpp reads it:
+ * rope.scaling.factor, else the older rope.scale_linear; absent or 0 is 1, and scaling type
+ * "none" ignores it (the type's default is linear). */
+static int linear_scale(const kv_gguf *g, double *s, kv_err *err)
+{
+    *s = 1.0;
+    kv_gguf_str type;
+    if (kv_gguf_has(g, ARCH ".rope.scaling.type") &&
+        !kv_gguf_get_str(g, ARCH ".rope.scaling.type", &type, NULL) &&
+        kv_gguf_str_eq(type, "none"))
+        return KV_OK;
+    static const char *const keys[] = {ARCH ".rope.scaling.factor", ARCH ".rope.scale_linear"};
+    for (int k = 0; k < 2; k++) {
+        if (!kv_gguf_has(g, keys[k])) continue;
+        double v;
+        int rc = kv_gguf_get_float(g, keys[k], &v, err);
+        if (rc) return rc;
+        if (v == 0.0) return KV_OK;
+        if (!(v > 0 && v < 1e30))
+            return kv_fail(err, KV_ERR_FORMAT, "GGUF key '%s' = %g must be positive and finite",
+                           keys[k], v);
+        *s = v;
+        return KV_OK;
+    }
+    return KV_OK;
+}
+
+/* RoPE's per-pair factors (kv_config.rope_factors): Llama 3.x's tensor rope_freqs.weight,
+ * F32 [rotary_dim/2], by which llama.cpp divides each pair's frequency (its freq_factors),
+ * times a linear scaling's factor, which divides every pair's. Neither: no factors, and the
+ * frequencies stay theta^(-2i/d) bit for bit. */
+static int rope_factors(const kv_gguf *g, kv_config *c, kv_err *err)
+{
+    double s;
+    int rc = linear_scale(g, &s, err);
+    if (rc) return rc;
+    const kv_gguf_tensor *t = kv_gguf_find_tensor(g, "rope_freqs.weight");
+    if (!t && s == 1.0) return KV_OK;
+    const int P = c->rotary_dim / 2;
+    if (P > KV_ROPE_MAX_PAIRS)
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "RoPE factors for %d pairs: kvlab holds at most "
+                       "%d", P, KV_ROPE_MAX_PAIRS);
+    if (t && (t->type != 0 || t->n_dims != 1 || t->ne[0] != P))
+        return kv_fail(err, KV_ERR_FORMAT, "tensor 'rope_freqs.weight' must be F32 [%d] (one "
+                       "factor per rotated pair), not %s of %d dims, ne[0] %lld", P,
+                       kv_ggml_type_name(t->type), t->n_dims, (long long)t->ne[0]);
+    for (int i = 0; i < P; i++) {
+        float f = 1.0f;
+        if (t) memcpy(&f, (const unsigned char *)t->data + 4 * (size_t)i, 4); /* may be unaligned */
+        if (!(f > 0.0f && f < 1e30f))
+            return kv_fail(err, KV_ERR_FORMAT, "tensor 'rope_freqs.weight'[%d] = %g must be "
+                           "positive and finite", i, (double)f);
+        c->rope_factors[i] = (float)(f * s);
+    }
+    c->n_rope_factors = P;
     return KV_OK;
 }
 
@@ -150,7 +219,8 @@ int kv_gguf_model_config(const kv_gguf *g, kv_config *c, kv_err *err)
         (rc = get_dim(g, "rope.dimension_count", 0, d, &c->rotary_dim, err)))
         return rc;
     if ((rc = get_pos(g, "rope.freq_base", 10000.0, &c->rope_theta, err)) ||
-        (rc = get_pos(g, "attention.layer_norm_rms_epsilon", -1.0, &c->norm_eps, err)))
+        (rc = get_pos(g, "attention.layer_norm_rms_epsilon", -1.0, &c->norm_eps, err)) ||
+        (rc = rope_factors(g, c, err)))
         return rc;
     c->tied_classifier = kv_gguf_find_tensor(g, "output.weight") == NULL;
     kv_err why;

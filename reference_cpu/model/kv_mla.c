@@ -208,7 +208,7 @@ size_t kv_mla_project_scratch(const kv_mla_layer *w, int T)
 }
 
 void kv_mla_project(const kv_mla_layer *w, const float *x, const int *pos, int T,
-                    float theta, float eps, float *q_nope, float *q_rope, float *row,
+                    const double *rope_freq, float eps, float *q_nope, float *q_rope, float *row,
                     float *scratch)
 {
     const kv_mla_dims *m = &w->m;
@@ -234,7 +234,7 @@ void kv_mla_project(const kv_mla_layer *w, const float *x, const int *pos, int T
     for (int t = 0; t < T; t++) {
         float *rt = row + (size_t)t * width;
         kv_rmsnorm(rt, rt, w->kv_norm, 1, m->d_c, eps);
-        kv_rope(rt + m->d_c, pos + t, 1, 1, m->d_rope, m->d_rope, theta);
+        kv_rope(rt + m->d_c, pos + t, 1, 1, m->d_rope, m->d_rope, rope_freq);
     }
-    kv_rope(q_rope, pos, T, H, m->d_rope, m->d_rope, theta);
+    kv_rope(q_rope, pos, T, H, m->d_rope, m->d_rope, rope_freq);
 }

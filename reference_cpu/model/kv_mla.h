@@ -105,12 +105,13 @@ void kv_mla_layer_free(kv_mla_layer *w);
  * The projections of T tokens at positions @p pos: each token's queries and its cache row.
  * x [T][dim] (already RMSNorm'ed), q_nope [T][H][d_nope], q_rope [T][H][d_R] (rotated),
  * row [T][d_c + d_R] = c_KV ‖ RoPE(k_R): what the latent cache stores.
+ * rope_freq [d_R/2]: RoPE's per-pair frequencies (kv_rope_freqs() of the model's config).
  * @p scratch: kv_mla_project_scratch() floats.
  */
 /** Floats of scratch kv_mla_project() needs for T tokens: T · (q_rank + H · (d_nope + d_R)). */
 size_t kv_mla_project_scratch(const kv_mla_layer *w, int T);
 void kv_mla_project(const kv_mla_layer *w, const float *x, const int *pos, int T,
-                    float theta, float eps, float *q_nope, float *q_rope, float *row,
+                    const double *rope_freq, float eps, float *q_nope, float *q_rope, float *row,
                     float *scratch);
 
 #ifdef __cplusplus

@@ -148,20 +148,31 @@ void kv_matmul_strided(float *y, const float *x, const float *W, int T, int in, 
     }
 }
 
-/* The angle pos · theta^(-2i/rotary_dim) is formed in double: in fp32 a position of 32k times
- * a frequency near 1 would already be off by ~2e-3 radians. The rotation itself is fp32. */
-void kv_rope(float *x, const int *pos, int T, int n_heads, int head_dim, int rotary_dim,
-             float theta)
+/* Llama 3.x divides each pair's frequency by its factor (llama.cpp's freq_factors: the
+ * angle pos · theta^(-2i/d) / f_i); a linear position scaling s is the same factor s in every
+ * pair (pos / s). Without factors the division is skipped, so freq[i] is the bits
+ * theta^(-2i/rotary_dim) always had. */
+void kv_rope_freqs(const kv_config *c, double *freq)
 {
-    /* a pow, a cos and a sin per pair: worth threads sixteen times sooner than a multiply-add */
+    for (int i = 0; i < c->rotary_dim / 2; i++) {
+        freq[i] = pow((double)c->rope_theta, -(double)(2 * i) / (double)c->rotary_dim);
+        if (i < c->n_rope_factors) freq[i] /= (double)c->rope_factors[i];
+    }
+}
+
+/* The angle pos · freq[i] is formed in double: in fp32 a position of 32k times a frequency
+ * near 1 would already be off by ~2e-3 radians. The rotation itself is fp32. */
+void kv_rope(float *x, const int *pos, int T, int n_heads, int head_dim, int rotary_dim,
+             const double *freq)
+{
+    /* a cos and a sin per pair: worth threads sixteen times sooner than a multiply-add */
     #pragma omp parallel for collapse(2) \
         if (go_parallel((int64_t)T * n_heads * rotary_dim * 16, KV_PARALLEL_MIN))
     for (int t = 0; t < T; t++)
         for (int h = 0; h < n_heads; h++) {
             float *xh = x + ((size_t)t * n_heads + h) * head_dim;
             for (int i = 0; i < rotary_dim; i += 2) {
-                const double freq = pow((double)theta, -(double)i / (double)rotary_dim);
-                const double angle = (double)pos[t] * freq;
+                const double angle = (double)pos[t] * freq[i / 2];
                 const float c = (float)cos(angle), s = (float)sin(angle);
                 const float a = xh[i], b = xh[i + 1];
                 xh[i] = a * c - b * s;

@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include "kv_config.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -73,12 +75,20 @@ void kv_matmul_strided(float *y, const float *x, const float *W, int T, int in, 
                        int ldw);
 
 /**
+ * RoPE's per-pair inverse frequencies of config @p c, in double:
+ *   freq[i] = theta^(-2i/rotary_dim) / rope_factors[i]     (factor 1 when the model has none)
+ * freq [rotary_dim/2] (at most KV_ROPE_MAX_PAIRS). Computed once per step (or per cache) and
+ * read by every rotation: kv_rope(), a window's table (kv_cache_rope_table()), the GPU's.
+ */
+void kv_rope_freqs(const kv_config *c, double *freq);
+
+/**
  * Rotate adjacent pairs (2i, 2i+1) of the first rotary_dim dims of every head by angle
- * pos · theta^(-2i/rotary_dim)   (llama2.c's convention).
- * x [T][n_heads][head_dim], pos [T].
+ * pos · freq[i]   (llama2.c's convention with freq[i] = theta^(-2i/rotary_dim)).
+ * x [T][n_heads][head_dim], pos [T], freq [rotary_dim/2] (kv_rope_freqs()).
  */
 void kv_rope(float *x, const int *pos, int T, int n_heads, int head_dim, int rotary_dim,
-             float theta);
+             const double *freq);
 
 /** g[i] = silu(g[i]) * u[i] over n elements (SwiGLU's gate);  g, u [n]. */
 void kv_swiglu(float *g, const float *u, int64_t n);

@@ -17,7 +17,8 @@ Files (tests/data/gguf/):
                   classifier, weights in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16 and F32
   not_llama.gguf  general.architecture qwen2, no tensors
   llama_rope.gguf the tiny Llama's keys with llama.rope.scaling.type "none" and one tensor,
-                  Llama 3's rope_freqs.weight (what the loader refuses by name)
+                  Llama 3's rope_freqs.weight with random factors (one negative, which the
+                  loader refuses by name)
 
 expected.txt, one fact a line (strings as hex bytes, floats as %.17g of their exact value):
   file NAME VERSION ALIGNMENT N_KV N_TENSORS
