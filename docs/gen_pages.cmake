@@ -40,7 +40,7 @@ endforeach()
 file(WRITE ${OUT}/chapters.md.new "${t}")
 
 # ---- notes.md ----------------------------------------------------------------------------
-set(preferred design errata interview references figures recall-models)
+set(preferred design errata interview solutions references figures recall-models)
 file(GLOB doc_mds RELATIVE ${SRC}/docs ${SRC}/docs/*.md)
 set(ordered "")
 foreach(p ${preferred})

@@ -4,8 +4,8 @@
  *   test_docs <source root>            names: every name a README puts in backticks exists
  *   test_docs <source root> <kvlab>    output: every quoted kvlab output still matches
  *
- * Names. In chapters/NN-* /README.md, README.md, docs/interview.md, docs/errata.md and
- * docs/real-model.md, outside fenced blocks, each `inline code` span is read for
+ * Names. In chapters/NN-* /README.md, README.md and docs/NAME.md (but design.md's templates
+ * and references.md's files of other projects), outside fenced blocks, each `inline code` span is read for
  *   - a call `name(...)`: name is an identifier of the code (C/CUDA sources with comments and
  *     string literals removed, plus the words of the CMake files, so test names count);
  *   - a bare `kv_x`, `kvq_x`, `kvcu_x`, `KV_X`, `test_x`, `emu_x` or `x_kernel...`: the same;
@@ -30,6 +30,7 @@
  * Prints each mismatch and "N passed, M failed".
  */
 #include "common/kv_test.h"
+#include "common/kv_docs.h"
 
 #include <dirent.h>
 #include <string.h>
@@ -80,21 +81,6 @@ static void set_add(strset *set, const char *s, size_t n)
 static strset idents;      /* identifiers of the code and words of the CMake files */
 static char **files;       /* [n_files] paths relative to the root */
 static size_t n_files, cap_files;
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    buf[got] = '\0';
-    if (len) *len = got;
-    return buf;
-}
 
 static int is_id0(int c) { return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 static int is_id(int c) { return is_id0(c) || (c >= '0' && c <= '9'); }
@@ -159,7 +145,7 @@ static void walk(const char *root, const char *rel)
         const int cmake = ends_with(sub, ".cmake") || strcmp(e->d_name, "CMakeLists.txt") == 0 ||
                           ends_with(sub, ".json");
         if (code || cmake) {
-            char *t = slurp(full, NULL);
+            char *t = kv_docs_slurp(full, NULL);
             if (t) add_words(t, code);
             free(t);
         }
@@ -270,7 +256,7 @@ static void check_span(const char *readme, int line, const char *span, const cha
         if (f && at > 0) {
             char full[4096];
             snprintf(full, sizeof full, "%s/%s", root, f);
-            char *t = slurp(full, NULL);
+            char *t = kv_docs_slurp(full, NULL);
             long lines = 0;
             for (const char *c = t; t && *c; c++) lines += *c == '\n';
             KV_CHECK(lines >= at, "%s:%d: `%s:%ld` but the file has %ld lines", readme, line, w,
@@ -301,8 +287,28 @@ static int has_word(const char *s, size_t n, const char *name)
     return 0;
 }
 
-/* "`name()` in `file`": the file contains name. "`name()` at `file:N`" (a code walk's anchor):
- * line N of the file contains name. */
+/* Does a line of t define (or declare, or #define) name: a line that starts in column 0, not
+ * with "return", with name( before any ';' or '='? (A call is indented; a definition,
+ * a prototype and a macro are not.) */
+static int defines(const char *t, const char *name)
+{
+    const size_t m = strlen(name);
+    for (const char *l = t; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+        if (*l == ' ' || *l == '\t' || *l == '\n' || strncmp(l, "return", 6) == 0) continue;
+        const char *e = strchr(l, '\n');
+        const size_t n = e ? (size_t)(e - l) : strlen(l);
+        for (size_t i = 0; i + m < n && l[i] != ';' && l[i] != '='; i++)
+            if (memcmp(l + i, name, m) == 0 && (i == 0 || !is_id(l[i - 1])) &&
+                (l[i + m] == '(' || (l[i + m] == ' ' && strncmp(l, "#define", 7) == 0)))
+                return 1;
+    }
+    return 0;
+}
+
+/* "`name()` in `file`" and "`name()` (`file`)": the file defines name (C and CUDA: a line in
+ * column 0, defines() above; any other file: contains it), so prose credits a function to the
+ * file that holds it, not to one that calls it. "`name()` at `file:N`" (a code walk's anchor,
+ * which may be a call): line N of the file contains name. */
 static void check_in_file(const char *readme, int line, const char *text, const char *readme_dir,
                           const char *root, const char *joint)
 {
@@ -322,15 +328,18 @@ static void check_in_file(const char *readme, int line, const char *text, const 
         if (!f) continue; /* reported by check_span */
         char full[4096];
         snprintf(full, sizeof full, "%s/%s", root, f);
-        char *t = slurp(full, NULL);
+        char *t = kv_docs_slurp(full, NULL);
         const char *l = at > 0 ? line_at(t, at) : t;
         const char *e = l && at > 0 ? strchr(l, '\n') : NULL;
-        const int found = l && has_word(l, e ? (size_t)(e - l) : strlen(l), name);
+        const int code = ends_with(f, ".c") || ends_with(f, ".h") || ends_with(f, ".cu") ||
+                         ends_with(f, ".cuh");
+        const int found = at > 0 || !code ? l && has_word(l, e ? (size_t)(e - l) : strlen(l), name)
+                                          : t && defines(t, name);
         if (at > 0)
             KV_CHECK(found, "%s:%d: line %ld of `%s` does not contain `%s`", readme, line, at,
                      fname, name);
         else
-            KV_CHECK(found, "%s:%d: `%s()` is not in `%s`", readme, line, name, fname);
+            KV_CHECK(found, "%s:%d: `%s()` is not defined in `%s`", readme, line, name, fname);
         free(t);
     }
 }
@@ -390,7 +399,7 @@ static void check_quotes(const char *root, const char *readme, const char *text,
         if (!close || !f) continue;
         char full[4096];
         snprintf(full, sizeof full, "%s/%s", root, f);
-        char *src = slurp(full, NULL);
+        char *src = kv_docs_slurp(full, NULL);
         const char *l = line_at(src, a), *e = line_at(src, b);
         e = e ? strchr(e, '\n') : NULL;
         e = e ? e + 1 : NULL;
@@ -409,7 +418,7 @@ static void check_names(const char *root, const char *readme)
     snprintf(dir, sizeof dir, "%s", readme);
     char *slash = strrchr(dir, '/');
     if (slash) *slash = '\0'; else snprintf(dir, sizeof dir, ".");
-    char *t = slurp(path, NULL);
+    char *t = kv_docs_slurp(path, NULL);
     KV_CHECK(t != NULL, "cannot read %s", readme);
     if (!t) return;
     check_quotes(root, readme, t, dir);
@@ -422,6 +431,7 @@ static void check_names(const char *root, const char *readme)
         if (fenced) continue;
         check_in_file(readme, line, l, dir, root, "()` in `");
         check_in_file(readme, line, l, dir, root, "()` at `");
+        check_in_file(readme, line, l, dir, root, "()` (`");
         check_links(readme, line, l, dir, root);
         for (char *a = strchr(l, '`'); a; a = strchr(a, '`')) {
             char *b = strchr(a + 1, '`');
@@ -528,7 +538,7 @@ static void check_output(const char *root, const char *kvlab, const char *readme
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", root, readme);
-    char *t = slurp(path, NULL);
+    char *t = kv_docs_slurp(path, NULL);
     if (!t) return;
     for (char *m = strstr(t, "<!-- kvlab: "); m; m = strstr(m + 1, "<!-- kvlab: ")) {
         char args[1024];
@@ -587,8 +597,11 @@ int main(int argc, char **argv)
         const char *f = files[i];
         const int chapter = strncmp(f, "chapters/", 9) == 0 && ends_with(f, "/README.md") &&
                             strchr(f + 9, '/') == strrchr(f, '/');
-        const int doc = strcmp(f, "README.md") == 0 || strcmp(f, "docs/interview.md") == 0 ||
-                        strcmp(f, "docs/errata.md") == 0 || strcmp(f, "docs/real-model.md") == 0;
+        /* every docs/NAME.md but the two that name what is not in the tree: design.md's
+         * templates (kv_x.c, chapters/NN-name/) and references.md's files of other projects */
+        const int doc = strcmp(f, "README.md") == 0 ||
+                        (strncmp(f, "docs/", 5) == 0 && !strchr(f + 5, '/') && ends_with(f, ".md") &&
+                         strcmp(f, "docs/design.md") != 0 && strcmp(f, "docs/references.md") != 0);
         if (!chapter && !doc) continue;
         readmes++;
         if (argc > 2)

@@ -16,6 +16,7 @@
  * "N passed, M failed".
  */
 #include "common/kv_test.h"
+#include "common/kv_docs.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -137,15 +138,9 @@ static void check_figure(const char *root, const char *name)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/docs/figures/%s", root, name);
-    FILE *f = fopen(path, "rb");
-    KV_CHECK(f != NULL, "cannot read %s", path);
-    if (!f) return;
-    fseek(f, 0, SEEK_END);
-    const long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *svg = malloc((size_t)len + 1);
-    svg[fread(svg, 1, (size_t)len, f)] = '\0';
-    fclose(f);
+    char *svg = kv_docs_slurp(path, NULL);
+    KV_CHECK(svg != NULL, "cannot read %s", path);
+    if (!svg) return;
 
     enum { DEPTH = 64 };
     text_state stack[DEPTH] = {{16, 0, 0, {1, 0, 0, 1, 0, 0}}};
