@@ -2,7 +2,8 @@
  * kvlab info --model on the GGUF files of tests/data/gguf (tools/gguf/make_test_files.py):
  * the header, keys and values, the config, the tensor table as the generator wrote them; and
  * the refusals with exit 2: a file that is not there, a truncated one, `--model smollm2`
- * before tools/fetch-model.sh has fetched it.
+ * before tools/fetch-model.sh has fetched it, --weights that the model or the device cannot
+ * use.
  *
  * Usage: test_gguf_cli <kvlab> <tests/data/gguf>
  */
@@ -78,6 +79,15 @@ int main(int argc, char **argv)
                    (const char *const[]){"info", "--model", cut, NULL});
     expect_cli_bad("kvlab info: --model:|cannot open|no-such.gguf",
                    (const char *const[]){"info", "--model", "no-such.gguf", NULL});
+    /* --weights: a CPU storage for a GGUF model only; a 16-bit copy needs --device cuda */
+    expect_cli_bad("kvlab generate: --weights: native keeps a GGUF model's blocks; tiny has fp32 "
+                   "weights (f32 only)",
+                   (const char *const[]){"generate", "--default", "tiny", "--weights", "native", NULL});
+    expect_cli_bad("kvlab generate: --weights: bf16 weights need --device cuda (on the cpu: f32, "
+                   "native, q8_0 or f16)",
+                   (const char *const[]){"generate", "--weights", "bf16", NULL});
+    expect_cli_bad("kvlab bench engine: --context: needs --model",
+                   (const char *const[]){"bench", "engine", "--context", "64", NULL});
     setenv("KVLAB_MODELS", dir, 1); /* an empty models folder */
     expect_cli_bad("model 'smollm2' is not fetched: run tools/fetch-model.sh smollm2",
                    (const char *const[]){"info", "--model", "smollm2", NULL});

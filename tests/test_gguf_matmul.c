@@ -5,15 +5,20 @@
  * must give exactly kv_matmul() on the dequantized matrix. The fast path rounds the activations
  * to int8 and is held to the reference by the bound derived here:
  *
- * Let x_j be an activation, b its block of 32, amax_b = max_{j in b} |x_j|, dx = fl(amax_b/127),
- * c_j = rint(fl(x_j / dx)) and x^_j = dx c_j (what the fast path multiplies).
- *   Activation rounding. |fl(x/dx) - x/dx| <= u |x/dx| <= 128 u (|x/dx| <= 127 (1 + 2u)), so
- *   |x/dx - c| <= 1/2 + 128 u and |x - x^| <= dx (1/2 + 128 u) <= amax/254 (1 + u)(1 + 256 u)
- *   <= E_b := amax_b / 254 * (1 + 2^-15)   (258 u < 2^-15, u = 2^-24). The clamp to +-127
- *   never moves a code: |x/dx| <= 127 (1 + 2u) rounds to at most 127. A block whose step
- *   would be below FLT_MIN is rounded to zero: there E_b := amax_b.
- *   With w~_j the weight computed exactly (the fast path never rounds it: its integer sums
- *   are exact), sum_j w~_j (x^_j - x_j) is at most  A = sum_b E_b sum_{j in b} |w~_j|, and
+ * Let x_j be an activation, b its block of 32, amax_b = max_{j in b} |x_j|, r = fl(amax_b/127),
+ * c_j = rint(fl(x_j * fl(127 / amax_b))) (ggml's rounding), dx = h(r) with h() the rounding
+ * to binary16, and x^_j = dx c_j (what the fast path multiplies).
+ *   Activation rounding. fl(x * fl(127/amax)) is x 127/amax within 2u + u^2 of relative
+ *   error, at most 127 (1 + 3u), so |x 127/amax - c| <= 1/2 + 384 u and, with r's own
+ *   rounding, |x - r c| <= amax/254 (1 + 2^-13). The clamp to +-127 never moves a code.
+ *   dx rounds r: |x - x^| <= E_b := amax_b / 254 (1 + 2^-13) + 127 |dx - r|. A block whose
+ *   step would be below FLT_MIN is rounded to zero: there E_b := amax_b.
+ *   Q4_1's minimum m multiplies ds = h(fl(r sum c)) where the reference has sum_j x_j:
+ *   |sum x - ds| <= 32 amax/254 (1 + 2^-13) + D_b, D_b = |ds - fl(r sum c)| + u |r sum c|.
+ *   With w~_j = a_j + o_j the weight computed exactly (a_j its scale part, o_j its offset
+ *   part; the fast path never rounds it: its integer sums are exact), the scale parts err
+ *   by |a_j| E_b <= (|w~_j| + |o_j|) E_b and the offsets by |o_j| E_b (Q4_1: |m| D_b more):
+ *   A = sum_b (E_b sum_{j in b} (|w~_j| + 2 |o_j|) + |m_b| D_b), and
  *   |w~_j| <= |w_j| (1 + u), w_j = fl(w~_j) the reference's weight.
  *   Float steps of the fast path. A block's term is fl(fl(s dx) * fl(I)) for an integer sum I
  *   and a weight scale s (three roundings: 3u of its magnitude), or, with an offset or minimum
@@ -29,7 +34,8 @@
  * (each below 2^-20 of its first-order term at these sizes). o_j is read from the library
  * itself: the row dequantized with its codes set to zero (Q4_1: m; Q4_K, Q5_K: -dmin m_j).
  * With activations that are integers with a +-127 in every block, dx = 1 and c = x exactly:
- * E_b = 0, and the fast path must be within F + R of the reference, float rounding alone.
+ * E_b = 0 (D_b = 0 while |sum c| <= 2048), and the fast path must be within F + R of the
+ * reference, float rounding alone.
  *
  * The AVX2 and portable loops compute the same integer sums and the same float steps: their
  * outputs must be equal bit for bit, as must 1 and 2 threads and a batch against its tokens.
@@ -106,17 +112,29 @@ static void make_acts(float *x, int n, int exact)
     }
 }
 
-/* the bound of the header comment for output row i of token x */
-static double bound(const float *w, const float *o, const float *x, int in, int exact)
+/* binary16 rounding (the compiler's IEEE conversion, to nearest even) */
+static double h16(float v) { return (double)(float)(_Float16)v; }
+
+/* the bound of the header comment for output row i of token x; q4_1: its minimum's D_b */
+static double bound(const float *w, const float *o, const float *x, int in, int exact, int q4_1)
 {
     const double u = 0x1p-24;
     double A = 0.0, F = 0.0, R = 0.0;
     for (int b = 0; b < in / 32; b++) {
         float amax = 0.0f;
         for (int j = 32 * b; j < 32 * b + 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const double E = exact ? 0.0 : amax / 127.0f < FLT_MIN ? amax : amax / 254.0 * (1 + 0x1p-15);
+        const float r = amax / 127.0f, id = 127.0f / amax;
+        const int flush = r < FLT_MIN;
+        float csum = 0.0f; /* sum of ggml's codes */
+        for (int j = 32 * b; j < 32 * b + 32 && !flush; j++)
+            csum += fminf(fmaxf(rintf(x[j] * id), -127.0f), 127.0f);
+        const double E = exact ? 0.0 /* c = x, dx = 1 */
+                         : flush ? amax : amax / 254.0 * (1 + 0x1p-13) + 127.0 * fabs(h16(r) - r);
+        const float rs = r * csum;
+        const double D = flush || !q4_1 ? 0.0 : fabs(h16(rs) - rs) + u * fabs(rs);
+        A += fabs(o[32 * b]) * D;
         for (int j = 32 * b; j < 32 * b + 32; j++) {
-            A += E * fabs(w[j]) * (1 + u);
+            A += E * (fabs(w[j]) * (1 + u) + 2.0 * fabs(o[j]));
             F += (fabs(w[j]) + 2.0 * fabs(o[j])) * (fabs(x[j]) + E);
             R += fabs((double)w[j] * x[j]);
         }
@@ -183,7 +201,8 @@ static void check_type(const layout *L, int in, int out, int T, int exact)
         for (int t = 0; t < T; t++)
             for (int i = 0; i < out; i++) {
                 const float *xt = x + (size_t)t * in;
-                const double lim = bound(wf + (size_t)i * in, o + (size_t)i * in, xt, in, exact);
+                const double lim = bound(wf + (size_t)i * in, o + (size_t)i * in, xt, in, exact,
+                                         L->type == KV_GGML_Q4_1);
                 const double e = fabs((double)fast[t * out + i] - ref[t * out + i]);
                 double mag = 0.0;
                 for (int j = 0; j < in; j++) mag += fabs((double)wf[(size_t)i * in + j] * xt[j]);

@@ -82,6 +82,18 @@ int kv_swap_bench_run(FILE *f, int csv, const kv_swap_bench *sb, const int *lens
 
 /** One line: the bandwidth, its spread, threads, buffer and the LLC; @p when may be NULL. */
 int kv_bench_print_bandwidth(FILE *f, const kv_bandwidth *bw, const char *when);
+/** Bytes a decoded token reads of @p m's weights as it holds them: its matrices
+ * (kv_model_matrix_bytes()), one embedding row and the norms (bench_engine_ctx.c). */
+double kv_bench_model_weight_bytes(const kv_model *m);
+/**
+ * kvlab bench engine --model FILE --context N: @p repeats times, a prefill of @p context tokens
+ * into an empty cache of format @p cache (timed), then @p steps greedy one-token steps
+ * (timed); prints the medians' tokens/s, the bytes per decoded token (weights + KV) and the
+ * read bandwidth ceiling measured before and after in the same run (bench_engine_ctx.c).
+ */
+int kv_bench_engine_context(const kv_model *m, const char *name, const char *cache, int context,
+                            int steps, int repeats, kv_err *err);
+
 /** The best read bandwidth reachable over a buffer of @p buffer_bytes (at least 8 MiB): the
  * fastest of 7 passes, all threads or one (bench bandwidth.c); bytes/s into *best. */
 int kv_bench_ceiling(double buffer_bytes, double *best, kv_err *err);

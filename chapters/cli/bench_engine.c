@@ -29,6 +29,7 @@
 #include "model_load.h"
 #include "kv_generate.h"
 #include "kv_needle.h"
+#include "kv_linear.h"
 #include "kv_ops.h"
 #include "measure.h"
 
@@ -86,10 +87,11 @@ static int run_shape(const engine_cfg *e, const kv_model *given, const char *cac
 }
 
 /* The lines above the results: the team, and a warning where OMP_WAIT_POLICY hurts. */
-static void header(int ignore_load, const char *cache)
+static void header(int ignore_load, const char *cache, const char *weights)
 {
-    printf("bench engine: %d OpenMP threads%s, fp32 weights, cache %s\n", omp_get_max_threads(),
-           ignore_load ? " (even on a busy machine)" : " (one thread while the machine is busy)", cache);
+    printf("bench engine: %d OpenMP threads%s, %s weights, cache %s\n", omp_get_max_threads(),
+           ignore_load ? " (even on a busy machine)" : " (one thread while the machine is busy)",
+           weights, cache);
     /* a decode step opens ~50 parallel regions; sleeping threads pay a wake-up at each one
      * (measured here: 0.29 of the roofline passive against 1.0 active on the small config) */
     const char *wait = getenv("OMP_WAIT_POLICY");
@@ -116,8 +118,10 @@ static int run_config(const engine_cfg *e, const kv_model *given, const char *ca
     }
     if (!st) st = kv_backend_cpu(&b, given ? given : &m, &spec, err);
     if (!st) st = kv_run_log_init(&run, KV_MODE_CACHED, e->tokens, repeats, err);
-    /* a token's bytes: the weights and the KV it reads on average over the run */
-    const double token_bytes = kv_decode_weight_bytes(&c) + (double)c.n_layers * 2 *
+    /* a token's bytes: the weights (as the model holds them) and the KV it reads on average
+     * over the run */
+    const double wtok = kv_bench_model_weight_bytes(given ? given : &m);
+    const double token_bytes = wtok + (double)c.n_layers * 2 *
         c.n_kv_heads * kv_config_head_dim(&c) * 4.0 * (e->tokens + 1) / 2.0;
     double bw[4] = {0, 0, 0, 0}; /* before: large buffer, token-sized; after: the same (bytes/s) */
     if (!st) st = measure_bandwidth(bw, token_bytes, err);
@@ -134,7 +138,7 @@ static int run_config(const engine_cfg *e, const kv_model *given, const char *ca
         double best = 0;
         for (int i = 0; i < 4; i++) best = bw[i] > best ? bw[i] : best;
         const double t = kv_run_total_median(&run);
-        const double wbytes = kv_decode_weight_bytes(&c) * e->tokens;
+        const double wbytes = wtok * e->tokens;
         const double kvbytes = run.sum.kv_bytes_read;
         const double ratio = (wbytes + kvbytes) / t / best;
         const int64_t llc = kv_llc_bytes(NULL, NULL);
@@ -183,6 +187,8 @@ int cmd_bench_engine(int argc, char **argv)
     int ignore_load = 0;
     int repeats = 0, tokens = 0, dim = 0, layers = 0, heads = 0, hidden = 0, vocab = 0, seq = 0;
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
+    int context = 0; /* --context: the cache pre-filled to N tokens (with --model) */
+    kv_cli_engine en = {NULL, NULL}; /* --weights (and --prefill: cuda's) */
     kv_opt opts[] = {
         {"--config", KV_OPT_CHOICE, &which, 0, 0, config_names, "NAME", "small (dim 288, L 6, vocab 32000, 256 tokens), long (the same, 8000 tokens, seq_len 8192), large (dim 768, L 12), or all (default small)", 0},
         {"--model", KV_OPT_STRING, &model, 0, 0, NULL, "M", "a model's own weights instead of a random config: a llama2.c / kvlab checkpoint, `trained`, a GGUF file or smollm2 (256 tokens unless --tokens; no target)", 0},
@@ -196,6 +202,8 @@ int cmd_bench_engine(int argc, char **argv)
         {"--hidden", KV_OPT_INT, &hidden, 1, 1 << 20, NULL, "F", "SwiGLU width (override)", 0},
         {"--vocab", KV_OPT_INT, &vocab, 2, 1 << 24, NULL, "V", "vocabulary (override)", 0},
         {"--seq-len", KV_OPT_INT, &seq, 1, 1 << 24, NULL, "S", "cache capacity (override; >= tokens)", 0},
+        {"--context", KV_OPT_INT, &context, 1, 1 << 20, NULL, "N", "with --model: prefill N tokens (timed), then decode --tokens steps (default 32) at that context; prints both speeds, the bytes a decoded token reads and the run's bandwidth ceiling, medians of --repeats (default 3)", 0},
+        KV_CLI_WEIGHTS_OPT(en),
         KV_CLI_THREADS_OPT(threads),
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cpu (default), or cuda: the model on the GPU (kvlab bench engine --device cuda --help)", 0},
     };
@@ -210,6 +218,11 @@ int cmd_bench_engine(int argc, char **argv)
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     if (strcmp(device, "cpu")) return kv_cli_check_device(cmd, device); /* no CUDA build */
+    if (kv_cli_engine_check(cmd, device, &en)) return KV_EXIT_USAGE;
+    const int storage = kv_cli_engine_storage(device, &en);
+    if (!model && (context || storage != KV_WEIGHTS_F32))
+        return kv_args_bad(cmd, context ? "--context" : "--weights", "needs --model (a GGUF file "
+                           "or smollm2 for --weights)");
     const int custom = tokens || dim || layers || heads || hidden || vocab || seq;
     int st = KV_OK, missed = 0, ran = 0;
     kv_err err = {{0}};
@@ -221,7 +234,7 @@ int cmd_bench_engine(int argc, char **argv)
         if (opts[0].seen || dim || layers || heads || hidden || vocab || seq)
             return kv_args_bad(cmd, "--model", "takes the model's own shape: no --config, --dim, "
                                "--layers, --heads, --hidden, --vocab or --seq-len");
-        const kv_cli_model_args ma = {model, NULL, NULL, NULL, KV_CLI_TEXT_NONE, 0};
+        const kv_cli_model_args ma = {model, NULL, NULL, NULL, KV_CLI_TEXT_NONE, 0, storage};
         if ((st = kv_cli_model_load(cmd, &ma, &mdl))) return st;
         const engine_cfg e = {mdl.name, 0, 0, 0, 0, 0, 0, (tokens ? tokens : 256) + 1, 0, ""};
         kv_config c;
@@ -232,8 +245,16 @@ int cmd_bench_engine(int argc, char **argv)
         }
     }
     kv_parallel_ignore_load(ignore_load);
+    if (model && context) { /* prefill N, then decode at context N */
+        st = kv_bench_engine_context(&mdl.m, mdl.name, cache, context, tokens ? tokens : 32,
+                                     repeats ? repeats : 3, &err);
+        kv_cli_model_close(&mdl);
+        if (st) return kv_cli_fail(cmd, "run", st, &err);
+        return KV_EXIT_OK;
+    }
     if (model) { /* one run on the model's weights */
-        header(ignore_load, cache);
+        char store[64];
+        header(ignore_load, cache, kv_model_storage(&mdl.m, store, sizeof store));
         engine_cfg e = {mdl.name, 0, 0, 0, 0, 0, tokens ? tokens : 256, 0, 0, "its own weights"};
         e.seq_len = e.tokens + 1;
         st = run_config(&e, &mdl.m, cache, repeats ? repeats : 3, 1, &missed, &err);
@@ -243,7 +264,7 @@ int cmd_bench_engine(int argc, char **argv)
     /* every run's shape first (pass 0), then the runs (pass 1): nothing is refused after a
      * measurement */
     for (int pass = 0; pass < 2 && !st && !model; pass++) {
-        if (pass == 1) header(ignore_load, cache);
+        if (pass == 1) header(ignore_load, cache, "fp32");
         for (int i = 0; i < N_CONFIGS && !st; i++) {
             if (strcmp(which, "all") && strcmp(which, configs[i].name)) continue;
             engine_cfg e = configs[i];

@@ -144,7 +144,8 @@ int cmd_chat(int argc, char **argv)
     }
     const int interactive = !script && isatty(fileno(stdin));
 
-    const kv_cli_model_args ma = {model_path, NULL, NULL, NULL, KV_CLI_TEXT_NEED, 0};
+    const kv_cli_model_args ma = {model_path, NULL, NULL, NULL, KV_CLI_TEXT_NEED, 0,
+                                   kv_cli_engine_storage(device, &en)};
     kv_cli_model mdl;
     if ((e = kv_cli_model_load(cmd, &ma, &mdl))) {
         if (script) fclose(in);

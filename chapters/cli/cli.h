@@ -53,9 +53,10 @@ int kv_cli_models_dir(char *dir, size_t n, kv_err *err);
  *  folder, KV_ERR_IO "model 'smollm2' is not fetched: run tools/fetch-model.sh smollm2" when
  *  it is absent; any other name is copied unchanged (a path). */
 int kv_cli_model_resolve(const char *name, char *path, size_t n, kv_err *err);
-/** Open the GGUF file @p path and load its model (kv_gguf_model_load), progress on stderr after
- *  a second; *g (may be NULL: closed) keeps the file open for its tokenizer (kv_vocab.h). */
-int kv_cli_gguf_load(const char *path, kv_model *m, kv_gguf **g, kv_err *err);
+/** Open the GGUF file @p path and load its model with its matrices in @p storage
+ *  (kv_weights_storage: kv_gguf_model_load_as()), progress on stderr after a second; *g (may
+ *  be NULL: closed) keeps the file open for its tokenizer (kv_vocab.h). */
+int kv_cli_gguf_load(const char *path, int storage, kv_model *m, kv_gguf **g, kv_err *err);
 /** kvlab info --model: a GGUF file's header, metadata and tensor table on stdout (info_gguf.c);
  *  returns the exit code. */
 int kv_cli_info_gguf(const char *cmd, const char *model);
@@ -122,7 +123,8 @@ int kv_cli_backend(kv_backend **out, const char *device, const kv_model *model,
  * speculative verification chunk still takes the per-row kernels, kvcu_state_set_prefill()).
  */
 typedef struct {
-    const char *weights; /**< "fp32", "bf16", "fp16"; NULL: not given (fp32) */
+    const char *weights; /**< cuda: "fp32", "bf16", "fp16"; cpu: "f32" ("fp32"), "native",
+                          *   "q8_0", "f16" (a GGUF model's storage); NULL: not given (fp32) */
     const char *prefill; /**< "mma", "simt"; NULL: not given (mma on cuda) */
 } kv_cli_engine;
 
@@ -130,13 +132,20 @@ typedef struct {
 extern const char *const kv_cli_weights[];
 extern const char *const kv_cli_prefills[];
 
+#define KV_CLI_WEIGHTS_OPT(en)                                                                  \
+    {"--weights", KV_OPT_CHOICE, &(en).weights, 0, 0, kv_cli_weights, "W", "the projections' weights. On the cpu, for a GGUF model: f32 (default; every weight dequantized), native (the file's blocks as stored, int8 activations and integer dots, as llama.cpp), q8_0 (rows re-quantized) or f16. With --device cuda: fp32 (default; the reference's arithmetic) or a 16-bit copy, bf16 or fp16: prompt rows on tensor cores, one-token rows by a 16-byte-load GEMV (logits move by the rounding; chapter 08)", 0}
+
 #define KV_CLI_ENGINE_OPTS(en)                                                                  \
-    {"--weights", KV_OPT_CHOICE, &(en).weights, 0, 0, kv_cli_weights, "W", "with --device cuda: the projections' weights on the device: fp32 (default; the reference's arithmetic) or a 16-bit copy: prompt rows on tensor cores, one-token rows by a 16-byte-load GEMV (logits move by the rounding; chapter 08)", 0}, \
+    KV_CLI_WEIGHTS_OPT(en),                                                                    \
     {"--prefill", KV_OPT_CHOICE, &(en).prefill, 0, 0, kv_cli_prefills, "P", "with --device cuda: attention of a prompt's rows: mma (default; chapter 08's v5 on tensor cores, within a stated bound of the reference) or simt (the per-row kernels: each row equals a one-token step bit for bit)", 0}
 
-/** --weights / --prefill other than the defaults mean nothing on the CPU (the reference):
- * says so and returns 2; 0 when fine. */
+/** A --weights value the device cannot use (bf16 / fp16 on the CPU, native / q8_0 / f16 on
+ * cuda) or --prefill mma on the CPU: says so and returns 2; 0 when fine. */
 int kv_cli_engine_check(const char *cmd, const char *device, const kv_cli_engine *en);
+
+/** The storage --weights asks of a model's matrices on @p device (kv_weights_storage):
+ * KV_WEIGHTS_F32 but on the CPU (where it names native, q8_0 or f16). */
+int kv_cli_engine_storage(const char *device, const kv_cli_engine *en);
 
 /** kv_cli_backend() with the engine @p en chooses (its NULL fields: the defaults above). */
 int kv_cli_backend_engine(kv_backend **out, const char *device, const kv_model *model,

@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "kv_config.h"
+#include "kv_gguf_model.h"
+#include "kv_linear.h"
 #ifdef KV_HAVE_CUDA
 #include "kvcu.h"
 #endif
@@ -37,24 +39,41 @@ int kv_cli_backend(kv_backend **out, const char *device, const kv_model *model,
 {
     if (strcmp(device, "cpu") == 0) return kv_backend_cpu(out, model, spec, err);
 #ifdef KV_HAVE_CUDA
-    if (strcmp(device, "cuda") == 0) return kvcu_backend_create(out, model, spec, err);
+    if (strcmp(device, "cuda") == 0) {
+        const int st = kv_model_need_fp32(model, "the CUDA engine", err);
+        return st ? st : kvcu_backend_create(out, model, spec, err);
+    }
 #endif
     return kv_fail(err, KV_ERR_UNSUPPORTED, "device '%s' is not available in this build", device);
 }
 
-const char *const kv_cli_weights[] = {"fp32", "bf16", "fp16", NULL};
+const char *const kv_cli_weights[] = {"fp32", "bf16", "fp16", "f32", "native", "q8_0", "f16",
+                                      NULL};
 const char *const kv_cli_prefills[] = {"mma", "simt", NULL};
 
 int kv_cli_engine_check(const char *cmd, const char *device, const kv_cli_engine *en)
 {
-    if (strcmp(device, "cpu") != 0) return KV_EXIT_OK;
-    if (en->weights && strcmp(en->weights, "fp32") != 0)
-        return kv_args_bad(cmd, "--weights", "%s weights need --device cuda (the CPU engine is "
-                           "the fp32 reference)", en->weights);
+    const int cpu_kind = en->weights && kv_weights_storage_parse(en->weights) >= 0;
+    if (strcmp(device, "cpu") != 0) {
+        if (cpu_kind && kv_weights_storage_parse(en->weights) != KV_WEIGHTS_F32)
+            return kv_args_bad(cmd, "--weights", "%s keeps a GGUF model's matrices for the CPU "
+                               "engine; with --device %s: fp32, bf16 or fp16", en->weights,
+                               device);
+        return KV_EXIT_OK;
+    }
+    if (en->weights && !cpu_kind)
+        return kv_args_bad(cmd, "--weights", "%s weights need --device cuda (on the cpu: f32, "
+                           "native, q8_0 or f16)", en->weights);
     if (en->prefill && strcmp(en->prefill, "simt") != 0)
         return kv_args_bad(cmd, "--prefill", "%s needs --device cuda (the CPU engine is the "
                            "reference)", en->prefill);
     return KV_EXIT_OK;
+}
+
+int kv_cli_engine_storage(const char *device, const kv_cli_engine *en)
+{
+    const int s = en->weights ? kv_weights_storage_parse(en->weights) : -1;
+    return strcmp(device, "cpu") == 0 && s >= 0 ? s : KV_WEIGHTS_F32;
 }
 
 int kv_cli_backend_engine(kv_backend **out, const char *device, const kv_model *model,
@@ -63,6 +82,8 @@ int kv_cli_backend_engine(kv_backend **out, const char *device, const kv_model *
 #ifdef KV_HAVE_CUDA
     if (strcmp(device, "cuda") == 0) {
         const char *w = en->weights ? en->weights : "fp32";
+        const int st = kv_model_need_fp32(model, "the CUDA engine", err);
+        if (st) return st;
         kvcu_engine_opts o = {KV_QF_F32, 5};
         o.weights = !strcmp(w, "bf16") ? KV_QF_BF16 : !strcmp(w, "fp16") ? KV_QF_F16 : KV_QF_F32;
         if (en->prefill && !strcmp(en->prefill, "simt")) o.prefill = 0;

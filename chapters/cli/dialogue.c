@@ -166,6 +166,9 @@ int cmd_dialogue(int argc, char **argv)
     if (e) return e;
     e = kv_cli_check_device(cmd, device);
     if (!e) e = kv_cli_engine_check(cmd, device, &en);
+    if (!e && kv_cli_engine_storage(device, &en) != KV_WEIGHTS_F32)
+        e = kv_args_bad(cmd, "--weights", "%s keeps a GGUF model's blocks; the recall models "
+                        "are fp32 (f32 only)", en.weights);
     if (e) return e;
     kv_err err = {{0}};
     kv_cache_spec cs;

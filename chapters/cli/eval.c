@@ -58,11 +58,12 @@ static int encode_first(const kv_cli_model *mdl, char *text, size_t len, long wa
 
 /* eval_inputs.h */
 int eval_inputs_load(const char *cmd, const char *model_path, const char *tok_path,
-                     const char *text_path, long want, eval_inputs *in)
+                     const char *text_path, long want, int storage, eval_inputs *in)
 {
     memset(in, 0, sizeof *in);
     kv_err err = {{0}};
-    kv_cli_model_args ma = {model_path, NULL, NULL, tok_path, KV_CLI_TEXT_NEED, !text_path};
+    kv_cli_model_args ma = {model_path, NULL, NULL, tok_path, KV_CLI_TEXT_NEED, !text_path,
+                            storage};
     int rc = kv_cli_model_load(cmd, &ma, &in->mdl);
     if (rc) return rc;
     if (!text_path && in->mdl.heldout[0]) text_path = in->mdl.heldout;
@@ -113,7 +114,8 @@ static int probe_begin(const char *cmd, const char *help, int argc, char **argv,
     if (r == KV_ARGS_HELP) return -1;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     /* paths point at the option variables: read after parsing */
-    int rc = eval_inputs_load(cmd, *paths[0], *paths[1], *paths[2], *tokens ? *tokens : -1, in);
+    int rc = eval_inputs_load(cmd, *paths[0], *paths[1], *paths[2], *tokens ? *tokens : -1,
+                              KV_WEIGHTS_F32, in);
     if (rc) {
         eval_inputs_free(in);
         return rc;

@@ -16,9 +16,10 @@ typedef struct {
 } eval_inputs;
 
 /** KV_EXIT_OK, or the exit code after a message on stderr; @p want: the tokens the command
- * reads (0: the whole text, -1: the model's seq_len) */
+ * reads (0: the whole text, -1: the model's seq_len); @p storage: a GGUF model's matrices
+ * (kv_weights_storage, --weights on the cpu) */
 int eval_inputs_load(const char *cmd, const char *model_path, const char *tok_path,
-                     const char *text_path, long want, eval_inputs *in);
+                     const char *text_path, long want, int storage, eval_inputs *in);
 void eval_inputs_free(eval_inputs *in);
 
 int cmd_eval_ppl(int argc, char **argv);

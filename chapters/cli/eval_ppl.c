@@ -178,7 +178,8 @@ int cmd_eval_ppl(int argc, char **argv)
         return e;
 
     eval_inputs in;
-    int rc = eval_inputs_load(cmd, model_path, tok_path, text_path, (long)limit, &in), st;
+    int rc = eval_inputs_load(cmd, model_path, tok_path, text_path, (long)limit,
+                              kv_cli_engine_storage(device, &en), &in), st;
     kv_err err = {{0}};
     kv_backend *bs[KV_CLI_SETS_MAX] = {NULL}, *ref = NULL;
     char (*specs)[KV_CLI_SPEC_MAX] = calloc(KV_CLI_SETS_MAX, KV_CLI_SPEC_MAX);

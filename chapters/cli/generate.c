@@ -91,7 +91,8 @@ int cmd_generate(int argc, char **argv)
     if (ptext[0] && !tok_path && !kv_cli_model_has_text(model_path))
         return kv_args_bad(cmd, "--prompt", "a model file needs --tokenizer FILE to encode the prompt");
     kv_cli_model_args ma = {model_path, def, "tiny", tok_path,
-                            ptext[0] ? KV_CLI_TEXT_NEED : KV_CLI_TEXT_ANY, 0};
+                            ptext[0] ? KV_CLI_TEXT_NEED : KV_CLI_TEXT_ANY, 0,
+                            kv_cli_engine_storage(device, &en)};
     kv_cli_model mdl;
     if ((e = kv_cli_model_load(cmd, &ma, &mdl))) return e;
     kv_model *const mp = &mdl.m;

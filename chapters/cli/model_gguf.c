@@ -56,15 +56,16 @@ static void show(void *ctx, int64_t done, int64_t total)
     kv_progress_update(ctx, (long)(done >> 20), (long)(total >> 20));
 }
 
-int kv_cli_gguf_load(const char *path, kv_model *m, kv_gguf **g, kv_err *err)
+int kv_cli_gguf_load(const char *path, int storage, kv_model *m, kv_gguf **g, kv_err *err)
 {
     memset(m, 0, sizeof *m);
     kv_gguf *file = NULL;
     int rc = kv_gguf_open(path, &file, err);
     if (rc) return rc;
     kv_progress p;
-    kv_progress_start(&p, "dequantizing the weights (Mi weights)");
-    rc = kv_gguf_model_load_progress(file, m, show, &p, err);
+    kv_progress_start(&p, storage == KV_WEIGHTS_F32 ? "dequantizing the weights (Mi weights)"
+                                                    : "reading the weights (Mi weights)");
+    rc = kv_gguf_model_load_as(file, m, storage, show, &p, err);
     kv_progress_end(&p);
     if (rc || !g) kv_gguf_close(file);
     else *g = file;

@@ -16,10 +16,10 @@
 /* A GGUF model: the weights dequantized to fp32, the tokenizer and the chat template (when
  * the command reads text) copied out of the file, which is closed again: nothing keeps its
  * mapping. */
-static int open_gguf(const char *path, int text, kv_cli_model *out, kv_err *err)
+static int open_gguf(const char *path, int text, int storage, kv_cli_model *out, kv_err *err)
 {
     kv_gguf *g = NULL;
-    int st = kv_cli_gguf_load(path, &out->m, text == KV_CLI_TEXT_NONE ? NULL : &g, err);
+    int st = kv_cli_gguf_load(path, storage, &out->m, text == KV_CLI_TEXT_NONE ? NULL : &g, err);
     if (st || !g) return st;
     st = kv_vocab_from_gguf(g, &out->vocab, err);
     kv_gguf_str tpl;
@@ -62,6 +62,11 @@ int kv_cli_model_open(const kv_cli_model_args *a, kv_cli_model *out, const char 
     if (!path && !def) def = a->fallback;
     if (!path && !def) return kv_fail(err, KV_ERR_ARG, "a model is required (--model FILE)");
     int st;
+    if (def && a->storage != KV_WEIGHTS_F32) {
+        *what = "--weights";
+        return kv_fail(err, KV_ERR_ARG, "%s keeps a GGUF model's blocks; %s has fp32 weights "
+                       "(f32 only)", kv_weights_storage_name(a->storage), def);
+    }
     if (def) {
         out->source = KV_CLI_SRC_DEFAULT;
         snprintf(out->name, sizeof out->name, "%s", def);
@@ -95,8 +100,13 @@ int kv_cli_model_open(const kv_cli_model_args *a, kv_cli_model *out, const char 
         out->source = KV_CLI_SRC_GGUF;
         if (!out->name[0]) snprintf(out->name, sizeof out->name, "%s", path);
         *what = path;
-        if ((st = open_gguf(path, a->text, out, err))) kv_cli_model_close(out);
+        if ((st = open_gguf(path, a->text, a->storage, out, err))) kv_cli_model_close(out);
         return st;
+    }
+    if (a->storage != KV_WEIGHTS_F32) {
+        *what = "--weights";
+        return kv_fail(err, KV_ERR_ARG, "%s keeps a GGUF model's blocks; %s is an fp32 "
+                       "checkpoint (f32 only)", kv_weights_storage_name(a->storage), path);
     }
     if (!strcmp(path, "trained")) {
         if ((st = kv_cli_trained(&trained, a->heldout, err))) return st;

@@ -13,7 +13,8 @@
  *  - a GGUF file (recognised by its magic, kv_model_path_is_gguf()), or `smollm2`: the
  *    SmolLM2-135M-Instruct GGUF that tools/fetch-model.sh fetches into $KVLAB_MODELS (default
  *    ~/.cache/kvlab/models; kv_cli_model_resolve()). Its weights are dequantized to fp32 once
- *    (kv_cli_gguf_load()), its tokenizer and chat template come from the file
+ *    (kv_cli_gguf_load()), or kept as --weights asks (native, q8_0, f16: kv_linear.h), its
+ *    tokenizer and chat template come from the file
  *    (docs/real-model.md).
  *
  * The text codec hides which tokenizer a model came with behind four calls: encode, the
@@ -50,6 +51,8 @@ typedef struct {
     const char *tokenizer; /**< --tokenizer FILE for a checkpoint, or NULL */
     int text;              /**< ::kv_cli_text_need: does the command read or write text */
     int heldout;           /**< trained: the command reads its held-out text (checked too) */
+    int storage;           /**< a GGUF model's matrices (kv_weights_storage, --weights on the
+                            *   cpu: kv_cli_engine_storage()); 0: fp32. Another model: f32 only */
 } kv_cli_model_args;
 
 /** A loaded model and its text codec. */

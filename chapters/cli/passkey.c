@@ -166,7 +166,8 @@ int cmd_passkey(int argc, char **argv)
     int st = caches ? KV_OK : kv_needle_cache_spec(cache, 1, max_len + 8, &spec, &err);
     if (st) return kv_cli_fail(cmd, "--cache", st, &err);
 
-    kv_cli_model_args ma = {model, NULL, NULL, NULL, KV_CLI_TEXT_NEED, 0};
+    kv_cli_model_args ma = {model, NULL, NULL, NULL, KV_CLI_TEXT_NEED, 0,
+                            kv_cli_engine_storage(device, &en)};
     kv_cli_model mdl;
     if ((e = kv_cli_model_load(cmd, &ma, &mdl))) return e;
     static char specs[KV_CLI_SETS_MAX][KV_CLI_SPEC_MAX];

@@ -148,7 +148,8 @@ int cmd_serve(int argc, char **argv)
         rc = kv_cli_fail(cmd, trace_path, st, &err);
         goto done;
     }
-    const kv_cli_model_args ma = {model_arg, NULL, NULL, NULL, KV_CLI_TEXT_NONE, 0};
+    const kv_cli_model_args ma = {model_arg, NULL, NULL, NULL, KV_CLI_TEXT_NONE, 0,
+                                  kv_cli_engine_storage(device, &en)};
     if ((rc = kv_cli_model_load(cmd, &ma, &mdl))) goto done;
     const int n_req = max_requests < t.n ? max_requests : t.n;
     /* The longest request of the whole trace sets the sequence length the model must serve:

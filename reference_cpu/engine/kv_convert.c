@@ -8,6 +8,7 @@
 #include "kv_convert.h"
 #include "kv_checkpoint.h"
 #include "kv_forward.h"
+#include "kv_linear.h"
 #include "kv_rng.h"
 
 #include <math.h>
@@ -55,6 +56,7 @@ static void pool_rows(float *dst, const float *src, int L, int n_old, int n_new,
 int kv_convert_pool_kv_heads(kv_model *out, const kv_model *in, int n_kv_heads, kv_err *err)
 {
     if (!out || !in || !in->data) return kv_fail(err, KV_ERR_ARG, "kv_convert: NULL model");
+    if (kv_model_need_fp32(in, "kv_convert", err)) return KV_ERR_UNSUPPORTED;
     const kv_config *c = &in->config;
     if (c->attn != KV_ATTN_GQA) return kv_config_require_gqa(c, "kv_convert", err); /* K/V heads */
     if (n_kv_heads < 1 || c->n_kv_heads % n_kv_heads)
@@ -78,6 +80,7 @@ int kv_convert_pool_kv_heads(kv_model *out, const kv_model *in, int n_kv_heads, 
 int kv_convert_expand_kv_heads(kv_model *out, const kv_model *in, int n_kv_heads, kv_err *err)
 {
     if (!out || !in || !in->data) return kv_fail(err, KV_ERR_ARG, "kv_convert: NULL model");
+    if (kv_model_need_fp32(in, "kv_convert", err)) return KV_ERR_UNSUPPORTED;
     const kv_config *c = &in->config;
     if (c->attn != KV_ATTN_GQA) return kv_config_require_gqa(c, "kv_convert", err); /* K/V heads */
     if (n_kv_heads < c->n_kv_heads || n_kv_heads % c->n_kv_heads || c->n_heads % n_kv_heads)
@@ -116,6 +119,7 @@ static void pad_copy(float *dst, const float *src, int src_rows, int src_cols, i
 int kv_convert_widen(kv_model *out, const kv_model *in, int n_heads, uint64_t seed, kv_err *err)
 {
     if (!out || !in || !in->data) return kv_fail(err, KV_ERR_ARG, "kv_convert: NULL model");
+    if (kv_model_need_fp32(in, "kv_convert", err)) return KV_ERR_UNSUPPORTED;
     const kv_config *c = &in->config;
     if (c->attn != KV_ATTN_GQA) return kv_config_require_gqa(c, "kv_convert", err); /* K/V heads */
     if (c->n_kv_heads != c->n_heads)

@@ -5,11 +5,12 @@
  * every matmul runs over all T rows at once and only attention cares which sequence a row
  * belongs to. Because each row is computed alone in a fixed order (kv_ops.h), a sequence's
  * logits are bit-identical whether it runs solo, in a batch, or on any number of threads. The
- * matrix products go through kv_ops_fast.h: kv_matmul()'s bits, four rows at a time. */
+ * matrix products go through kv_linear() (kv_linear.h), over every row of the step at once:
+ * fp32 weights get kv_matmul()'s bits, weights kept quantized the integer kernels. */
 #include "kv_forward.h"
 #include "kv_attn_block.h"
+#include "kv_linear.h"
 #include "kv_ops.h"
-#include "kv_ops_fast.h"
 #include "kv_retain.h"
 #include "kv_window.h"
 
@@ -219,8 +220,8 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
             s->tok_pos[t] = seqs[i].pos + j;
             s->q_pos[t] = (int)kv_window_query_pos(W, S, c->spec.window.pos_scheme, seqs[i].pos + j);
         }
-        kv_embed(s->x + (size_t)(t - seqs[i].n_tokens) * dim, w->token_embedding,
-                 seqs[i].tokens, seqs[i].n_tokens, dim);
+        kv_model_embed(m, seqs[i].tokens, seqs[i].n_tokens,
+                       s->x + (size_t)(t - seqs[i].n_tokens) * dim);
     }
     kv_attn_step a = {m, c, s, sh, seqs, n_seqs, T, NULL, 0, {0}};
     kv_rope_freqs(p, a.rope_freq);
@@ -242,16 +243,22 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
 
         /* MLP block: x += W2 · (silu(W1·xb) * W3·xb) */
         kv_rmsnorm(s->xb, s->x, w->rms_ffn + (size_t)l * dim, T, dim, p->norm_eps);
-        kv_matmul_fast(s->hb, s->xb, w->w1 + ((size_t)l * hidden + f0) * dim, T, dim, fs);
-        kv_matmul_fast(s->hb2, s->xb, w->w3 + ((size_t)l * hidden + f0) * dim, T, dim, fs);
-        kv_swiglu(s->hb, s->hb2, (int64_t)T * fs);
-        kv_matmul_strided_fast(s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden + f0, T, fs,
-                               dim, hidden);
+        const kv_mat w1 = kv_model_mat(m, KV_MAT_GATE, l), w3 = kv_model_mat(m, KV_MAT_UP, l);
+        const kv_mat w2 = kv_model_mat(m, KV_MAT_DOWN, l);
+        rc = kv_linear(s->hb, s->xb, &w1, T, f0, fs, 0, dim, err);
+        if (!rc) rc = kv_linear(s->hb2, s->xb, &w3, T, f0, fs, 0, dim, err);
+        if (!rc) kv_swiglu(s->hb, s->hb2, (int64_t)T * fs);
+        if (!rc) rc = kv_linear(s->xb2, s->hb, &w2, T, 0, dim, f0, fs, err);
+        if (rc) {
+            blk->end(&a);
+            return rc;
+        }
         if (sh) sh->all_reduce(sh, s->xb2, (int64_t)T * dim);
         kv_add(s->x, s->xb2, (int64_t)T * dim);
     }
     blk->end(&a);
 
+    const kv_mat cls = kv_model_mat(m, KV_MAT_CLS, 0);
     /* chapter 10: a sequence that asks for all_logits gets the classifier over each of its
      * rows, row by row exactly as a one-token step would run it (kv_matmul computes each
      * output row alone), so row j equals the logits of a step ending at token j bit for bit */
@@ -259,8 +266,9 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
         if (!seqs[i].all_logits) continue;
         kv_rmsnorm(s->xlast, s->x + (size_t)t * dim, w->rms_final, seqs[i].n_tokens, dim,
                    p->norm_eps);
-        kv_matmul_fast(seqs[i].all_logits, s->xlast, w->wcls, seqs[i].n_tokens, dim,
-                       p->vocab_size);
+        rc = kv_linear(seqs[i].all_logits, s->xlast, &cls, seqs[i].n_tokens, 0,
+                       p->vocab_size, 0, dim, err);
+        if (rc) return rc;
     }
     /* only the last token of each sequence needs logits: the next token is chosen from it */
     if (logits) {
@@ -269,7 +277,8 @@ int kv_forward_shard(const kv_model *m, kv_cache *c, kv_state *s, const kv_shard
             kv_rmsnorm(s->xlast + (size_t)i * dim, s->x + (size_t)(t - 1) * dim, w->rms_final,
                        1, dim, p->norm_eps);
         }
-        kv_matmul_fast(logits, s->xlast, w->wcls, n_seqs, dim, p->vocab_size);
+        rc = kv_linear(logits, s->xlast, &cls, n_seqs, 0, p->vocab_size, 0, dim, err);
+        if (rc) return rc;
     }
 
     for (int i = 0; i < n_seqs; i++) c->len[seqs[i].slot] = seqs[i].pos + seqs[i].n_tokens;

@@ -8,8 +8,8 @@
  * columns of Wo, a partial sum the forward pass all-reduces. */
 #include "kv_attn_block.h"
 #include "kv_attention.h"
+#include "kv_linear.h"
 #include "kv_ops.h"
-#include "kv_ops_fast.h"
 #include "kv_retain.h"
 #include "kv_window.h"
 
@@ -51,14 +51,12 @@ static int gqa_begin(kv_attn_step *a, kv_err *err)
 static int gqa_layer(kv_attn_step *a, int l, kv_err *err)
 {
     const kv_config *p = &a->m->config;
-    const kv_weights *w = &a->m->w;
     const kv_shard *sh = a->sh;
     const kv_seq *seqs = a->seqs;
     kv_cache *c = a->c;
     kv_state *s = a->s;
     const int T = a->T, n_seqs = a->n_seqs;
     const int dim = p->dim, H = p->n_heads, d = kv_config_head_dim(p);
-    const int qdim = H * d, kvdim = kv_config_kv_dim(p);
     /* chapter 10: the rank's query heads q0.. and KV heads kv0.. (the whole model without a
      * shard); qs, kvs: widths of its q and k/v rows */
     const int Hs = sh ? sh->n_q_heads : H, KVs = c->n_kv_heads; /* the cache's: checked */
@@ -70,9 +68,12 @@ static int gqa_layer(kv_attn_step *a, int l, kv_err *err)
     const int keys_at_cache_pos = W > 0 && c->spec.window.pos_scheme == KV_POS_CACHE;
     int rc = KV_OK;
 
-    kv_matmul_fast(s->q, s->xb, w->wq + ((size_t)l * qdim + (size_t)q0 * d) * dim, T, dim, qs);
-    kv_matmul_fast(s->k, s->xb, w->wk + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs);
-    kv_matmul_fast(s->v, s->xb, w->wv + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs);
+    const kv_mat wq = kv_model_mat(a->m, KV_MAT_Q, l), wk = kv_model_mat(a->m, KV_MAT_K, l);
+    const kv_mat wv = kv_model_mat(a->m, KV_MAT_V, l), wo = kv_model_mat(a->m, KV_MAT_O, l);
+    rc = kv_linear(s->q, s->xb, &wq, T, q0 * d, qs, 0, dim, err);
+    if (!rc) rc = kv_linear(s->k, s->xb, &wk, T, kv0 * d, kvs, 0, dim, err);
+    if (!rc) rc = kv_linear(s->v, s->xb, &wv, T, kv0 * d, kvs, 0, dim, err);
+    if (rc) return rc;
     kv_rope(s->q, s->q_pos, T, Hs, d, p->rotary_dim, a->rope_freq);
     if (!keys_at_cache_pos)
         kv_rope(s->k, s->tok_pos, T, KVs, d, p->rotary_dim, a->rope_freq);
@@ -112,9 +113,7 @@ static int gqa_layer(kv_attn_step *a, int l, kv_err *err)
     }
     /* a rank multiplies its heads' columns of Wo: a partial sum, completed by the
      * all-reduce over the ranks (chapter 10) */
-    kv_matmul_strided_fast(s->xb2, s->xb, w->wo + (size_t)l * dim * qdim + (size_t)q0 * d,
-                           T, qs, dim, qdim);
-    return KV_OK;
+    return kv_linear(s->xb2, s->xb, &wo, T, 0, dim, q0 * d, qs, err);
 }
 
 const kv_attn_block kv_attn_gqa = {

@@ -21,12 +21,14 @@
 
 #include "kv_attention.h"
 #include "kv_forward_min.h"
+#include "kv_linear.h"
 #include "kv_ops.h"
 
 int kv_min_create(const kv_model *m, int max_seq, kv_min_cache *c, kv_min_state *s, kv_err *err)
 {
     memset(c, 0, sizeof *c);
     memset(s, 0, sizeof *s);
+    if (kv_model_need_fp32(m, "kv_forward_min", err)) return KV_ERR_UNSUPPORTED;
     const kv_config *p = &m->config;
     if (kv_config_require_gqa(p, "kv_forward_min", err)) return KV_ERR_UNSUPPORTED;
     if (max_seq < 1 || max_seq > p->seq_len)

@@ -14,6 +14,7 @@
  * The first round's target step is also the prompt's prefill. */
 #include "kv_spec.h"
 #include "kv_sampler.h"
+#include "kv_linear.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -21,6 +22,8 @@
 
 int kv_model_layer_prefix(kv_model *view, const kv_model *m, int n_layers, kv_err *err)
 {
+    if (m && m->mats) /* a layer prefix of the handles would need its own classifier's place */
+        return kv_model_need_fp32(m, "a draft of the model's first layers", err);
     if (!view || !m || !m->w.token_embedding)
         return kv_fail(err, KV_ERR_ARG, "kv_model_layer_prefix: NULL or empty model");
     if (n_layers < 1 || n_layers > m->config.n_layers)

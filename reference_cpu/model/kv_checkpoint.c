@@ -11,6 +11,7 @@
 #define _FILE_OFFSET_BITS 64
 #include "kv_checkpoint.h"
 #include "kv_file.h"
+#include "kv_linear.h"
 
 #include <errno.h>
 #include <math.h>
@@ -301,7 +302,8 @@ int kv_checkpoint_write(const char *path, const kv_model *m, int format, kv_err 
 {
     if (!path || !m || !m->data) return kv_fail(err, KV_ERR_ARG, "no path or no model to write");
     const kv_config *c = &m->config;
-    int rc = kv_config_validate(c, err);
+    int rc = kv_model_need_fp32(m, "writing a checkpoint", err);
+    if (!rc) rc = kv_config_validate(c, err);
     if (rc) return rc;
     if (m->n_floats != kv_config_param_count(c))
         return kv_fail(err, KV_ERR_ARG, "model holds %lld floats but its config needs %lld",

@@ -6,6 +6,7 @@
 #define KV_GGUF_INTERNAL_H
 
 #include "kv_gguf.h"
+#include "kv_model.h"
 
 /* a metadata entry and, for an array of strings, where its elements start in kv_gguf.strs */
 typedef struct {
@@ -42,5 +43,12 @@ int kv_gguf_index_tensors(kv_gguf *g, const char *path, kv_err *err);
 const kv_gguf_kv *kv_gguf_lookup(const kv_gguf *g, const char *key);
 /* [n_tensors] tensor indices in order of offset (malloc'd; NULL when out of memory). */
 int64_t *kv_gguf_tensors_by_offset(const kv_gguf *g);
+
+/* kv_gguf_model_store.c: a model whose matrices stay in @p storage (kv_weights_storage, not
+ * F32) from the checked tensors @p t [n] in the loader's plan order (token_embd; per layer
+ * attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_down, ffn_up;
+ * output_norm; output when untied). @p m holds its config; on failure the caller frees it. */
+int kv_gguf_store_model(kv_model *m, const kv_gguf_tensor *const *t, int n, int storage,
+                        kv_err *err);
 
 #endif

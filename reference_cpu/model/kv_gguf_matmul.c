@@ -21,11 +21,30 @@ int kv_gguf_matmul_check(int type, int T, int in, int out, uint64_t *row_bytes, 
     return kv_ggml_row_bytes(type, in, row_bytes, err);
 }
 
-int kv_gguf_matmul(float *y, const float *x, const void *W, int type, int T, int in, int out,
-                   kv_err *err)
+int kv_gguf_matmul_ld_check(int type, int T, int in, int out, uint64_t *ld, kv_err *err)
 {
     uint64_t row_bytes = 0;
     const int st = kv_gguf_matmul_check(type, T, in, out, &row_bytes, err);
+    if (st != KV_OK) return st;
+    if (*ld == 0) *ld = row_bytes;
+    if (*ld < row_bytes)
+        return kv_fail(err, KV_ERR_ARG, "matmul: rows %llu bytes apart hold %llu bytes of %s",
+                       (unsigned long long)*ld, (unsigned long long)row_bytes,
+                       kv_ggml_type_name(type));
+    return KV_OK;
+}
+
+int kv_gguf_matmul(float *y, const float *x, const void *W, int type, int T, int in, int out,
+                   kv_err *err)
+{
+    return kv_gguf_matmul_ld(y, x, W, type, T, in, out, 0, err);
+}
+
+int kv_gguf_matmul_ld(float *y, const float *x, const void *W, int type, int T, int in, int out,
+                      uint64_t ld, kv_err *err)
+{
+    uint64_t row_bytes = ld; /* the stride between rows */
+    const int st = kv_gguf_matmul_ld_check(type, T, in, out, &row_bytes, err);
     if (st != KV_OK) return st;
     const int64_t work = (int64_t)T * in * out;
     const int threads = kv_parallel_worth(work) ? omp_get_max_threads() : 1;

@@ -37,6 +37,18 @@ extern "C" {
 int kv_gguf_matmul(float *y, const float *x, const void *W, int type, int T, int in, int out,
                    kv_err *err);
 
+/**
+ * kv_gguf_matmul() over rows @p ld bytes apart (0: the row bytes of @p in weights), so that
+ * a matrix's columns c0 .. c0 + in - 1 are multiplied in place: W points at column c0's
+ * block in row 0, and c0 and @p in are multiples of the block (tensor parallel's slices).
+ * KV_ERR_ARG when @p ld is below the row bytes of @p in weights.
+ */
+int kv_gguf_matmul_ld(float *y, const float *x, const void *W, int type, int T, int in, int out,
+                      uint64_t ld, kv_err *err);
+
+/** kv_gguf_matmul_check() and the stride: *ld 0 becomes the row bytes. */
+int kv_gguf_matmul_ld_check(int type, int T, int in, int out, uint64_t *ld, kv_err *err);
+
 /** The checks kv_gguf_matmul() and kv_gguf_matmul_fast() make, and @p in's row bytes. */
 int kv_gguf_matmul_check(int type, int T, int in, int out, uint64_t *row_bytes, kv_err *err);
 

@@ -72,7 +72,7 @@ KV_AVX2 static inline float dot_q4(const uint8_t *row, const kv_gguf_act *a, int
     for (int b = 0; b < n / 32; b++) {
         const uint8_t *blk = row + bytes * b;
         const int32_t s = udot(nibbles16(blk + bytes - 16), a->q + 32 * b);
-        acc += kv_gguf_q4_term(blk, a->d[b], s, csum32(a, b), q4_1);
+        acc += kv_gguf_q4_term(blk, a, b, s, q4_1);
     }
     return acc;
 }

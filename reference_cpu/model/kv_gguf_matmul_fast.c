@@ -9,6 +9,7 @@
 #include "kv_gguf_matmul_fast.h"
 #include "kv_gguf_matmul.h"
 #include "kv_gguf_quant.h"
+#include "kv_gguf_requant.h"
 #include "kv_ops.h"
 #include "kv_ops_fast.h"
 
@@ -24,10 +25,12 @@
 #define PARALLEL_MIN (1 << 15)
 
 /* ---- the activations --------------------------------------------------------------------
- * Per block of 32: dx = amax / 127 and c = rint(x / dx), so |x - dx c| <= dx / 2 (plus the
- * division's rounding) and the largest magnitude lands on +-127. The clamp is a guard only:
- * |x / dx| <= 127 (1 + 2u) after dx's rounding, which rounds to 127 at most. */
-void kv_gguf_act_quantize(const float *x, int n, int8_t *q, float *d, int16_t *s16)
+ * Per block of 32, as ggml's quantize_row_q8_0 / q8_1 (AVX2: round to nearest even):
+ * c = rint(x * fl(127 / amax)), so |x - (amax / 127) c| <= amax / 254 (plus the roundings of
+ * the inverse and the product) and the largest magnitude lands on +-127; the step dx is
+ * amax / 127 rounded to binary16, as ggml stores it. The clamp is a guard only:
+ * |x * fl(127 / amax)| <= 127 (1 + 2u), which rounds to 127 at most. */
+void kv_gguf_act_quantize(const float *x, int n, int8_t *q, float *d, float *ds, int16_t *s16)
 {
     for (int b = 0; b < n / KV_GGUF_ACT_BLOCK; b++) {
         const float *xb = x + b * KV_GGUF_ACT_BLOCK;
@@ -40,16 +43,21 @@ void kv_gguf_act_quantize(const float *x, int n, int8_t *q, float *d, int16_t *s
         float dx = amax / 127.0f;
         if (!(amax <= FLT_MAX)) dx = NAN;        /* every term of the block NaN */
         else if (dx < FLT_MIN) dx = 0.0f;       /* all zero, or too small to scale */
+        const float id = dx > 0.0f ? 127.0f / amax : 0.0f;
         for (int j = 0; j < KV_GGUF_ACT_BLOCK; j++) {
-            const float c = dx > 0.0f ? fminf(fmaxf(rintf(xb[j] / dx), -127.0f), 127.0f) : 0.0f;
+            const float c = dx > 0.0f ? fminf(fmaxf(rintf(xb[j] * id), -127.0f), 127.0f) : 0.0f;
             qb[j] = (int8_t)c;
         }
-        d[b] = dx;
+        int csum = 0;
         for (int h = 0; h < 2; h++) {
             int s = 0;
             for (int j = 0; j < 16; j++) s += qb[16 * h + j];
             s16[2 * b + h] = (int16_t)s;
+            csum += s;
         }
+        /* binary16, as ggml stores them (a NaN step stays NaN) */
+        d[b] = dx == dx ? kv_ggml_fp16(kv_ggml_fp32_to_fp16(dx)) : dx;
+        ds[b] = dx == dx ? kv_ggml_fp16(kv_ggml_fp32_to_fp16(dx * (float)csum)) : dx;
     }
 }
 
@@ -87,7 +95,7 @@ static float dot_q4(const uint8_t *row, const kv_gguf_act *a, int n, int q4_1)
     for (int b = 0; b < n / 32; b++) {
         const uint8_t *blk = row + bytes * b;
         const int32_t s = nibble_dot(blk + bytes - 16, a->q + 32 * b);
-        acc += kv_gguf_q4_term(blk, a->d[b], s, csum32(a, b), q4_1);
+        acc += kv_gguf_q4_term(blk, a, b, s, q4_1);
     }
     return acc;
 }
@@ -174,27 +182,35 @@ static int use_avx2(void) { return strcmp(kv_matmul_fast_isa(), "avx2") == 0; }
 int kv_gguf_matmul_fast(float *y, const float *x, const void *W, int type, int T, int in,
                         int out, kv_err *err)
 {
-    uint64_t row_bytes = 0;
-    const int st = kv_gguf_matmul_check(type, T, in, out, &row_bytes, err);
+    return kv_gguf_matmul_fast_ld(y, x, W, type, T, in, out, 0, err);
+}
+
+int kv_gguf_matmul_fast_ld(float *y, const float *x, const void *W, int type, int T, int in,
+                           int out, uint64_t ld, kv_err *err)
+{
+    uint64_t row_bytes = ld; /* the stride between rows */
+    const int st = kv_gguf_matmul_ld_check(type, T, in, out, &row_bytes, err);
     if (st != KV_OK) return st;
     const kv_gguf_row_dots *avx2 = use_avx2() ? kv_gguf_row_dots_avx2() : NULL;
     const kv_gguf_row_dot dot = pick(avx2 ? avx2 : &PORTABLE, type);
-    if (!dot) return kv_gguf_matmul(y, x, W, type, T, in, out, err); /* no integer path */
+    if (!dot) /* no integer path */
+        return kv_gguf_matmul_ld(y, x, W, type, T, in, out, row_bytes, err);
 
     /* every token's activations rounded once: codes [T][in], steps [T][in / 32],
      * sums [T][in / 16] */
     int8_t *q = malloc((size_t)T * in + 1);
     float *d = malloc((size_t)T * (in / 32) * sizeof(float) + 1);
+    float *ds = malloc((size_t)T * (in / 32) * sizeof(float) + 1);
     int16_t *s16 = malloc((size_t)T * (in / 16) * sizeof(int16_t) + 1);
     kv_gguf_act *act = malloc((size_t)T * sizeof(kv_gguf_act) + 1);
-    if (!q || !d || !s16 || !act) {
-        free(q), free(d), free(s16), free(act);
+    if (!q || !d || !ds || !s16 || !act) {
+        free(q), free(d), free(ds), free(s16), free(act);
         return kv_fail(err, KV_ERR_NOMEM, "matmul: activations of %d tokens", T);
     }
     for (int t = 0; t < T; t++) {
         const size_t o = (size_t)t * in;
-        kv_gguf_act_quantize(x + o, in, q + o, d + o / 32, s16 + o / 16);
-        act[t] = (kv_gguf_act){q + o, d + o / 32, s16 + o / 16};
+        kv_gguf_act_quantize(x + o, in, q + o, d + o / 32, ds + o / 32, s16 + o / 16);
+        act[t] = (kv_gguf_act){q + o, d + o / 32, ds + o / 32, s16 + o / 16};
     }
     const int64_t work = (int64_t)T * in * out;
     const int n_blocks = (out + ROWS - 1) / ROWS;
@@ -207,6 +223,6 @@ int kv_gguf_matmul_fast(float *y, const float *x, const void *W, int type, int T
             for (int t = 0; t < T; t++) y[(size_t)t * out + i] = dot(row, &act[t], in);
         }
     }
-    free(q), free(d), free(s16), free(act);
+    free(q), free(d), free(ds), free(s16), free(act);
     return KV_OK;
 }

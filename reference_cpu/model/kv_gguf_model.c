@@ -39,6 +39,7 @@
  * synthetic Llama 3.1 file to llama.cpp's logits.
  */
 #include "kv_gguf_model.h"
+#include "kv_gguf_internal.h"
 #include "kv_gguf_quant.h"
 
 #include "kv_file.h"
@@ -318,6 +319,12 @@ static void dequant_tensor(const plan_row *r)
 int kv_gguf_model_load_progress(const kv_gguf *g, kv_model *m, kv_gguf_progress progress,
                                 void *ctx, kv_err *err)
 {
+    return kv_gguf_model_load_as(g, m, KV_WEIGHTS_F32, progress, ctx, err);
+}
+
+int kv_gguf_model_load_as(const kv_gguf *g, kv_model *m, int storage,
+                          kv_gguf_progress progress, void *ctx, kv_err *err)
+{
     if (!m) return kv_fail(err, KV_ERR_ARG, "model is NULL");
     memset(m, 0, sizeof *m);
     if (!g) return kv_fail(err, KV_ERR_ARG, "GGUF file is NULL");
@@ -332,6 +339,19 @@ int kv_gguf_model_load_progress(const kv_gguf *g, kv_model *m, kv_gguf_progress 
     for (int k = 0; k < n && !rc; k++)
         rc = need_tensor(g, rows[k].name, rows[k].n_dims, rows[k].ne0, rows[k].ne1, &rows[k].t,
                          err);
+    if (!rc && storage != KV_WEIGHTS_F32) { /* the matrices kept as blocks */
+        const kv_gguf_tensor **ts = calloc((size_t)n, sizeof *ts);
+        if (!ts) rc = kv_fail(err, KV_ERR_NOMEM, "out of memory");
+        for (int k = 0; k < n && !rc; k++) ts[k] = rows[k].t;
+        if (!rc) rc = kv_gguf_store_model(m, ts, n, storage, err);
+        free(ts);
+        int64_t all = 0; /* every weight read */
+        for (int k = 0; k < n; k++) all += rows[k].ne0 * rows[k].ne1;
+        free(rows);
+        if (!rc && progress) progress(ctx, all, all);
+        if (rc) kv_model_free(m);
+        return rc;
+    }
     const kv_config c = m->config;
     if (!rc) rc = kv_model_alloc(m, &c, err); /* fills the fields the plan points at */
     int64_t done = 0;
@@ -349,6 +369,21 @@ int kv_gguf_model_load_progress(const kv_gguf *g, kv_model *m, kv_gguf_progress 
 int kv_gguf_model_load(const kv_gguf *g, kv_model *m, kv_err *err)
 {
     return kv_gguf_model_load_progress(g, m, NULL, NULL, err);
+}
+
+static const char *const storage_names[] = {"f32", "native", "q8_0", "f16"};
+
+const char *kv_weights_storage_name(int storage)
+{
+    return storage >= 0 && storage < 4 ? storage_names[storage] : NULL;
+}
+
+int kv_weights_storage_parse(const char *name)
+{
+    if (name && !strcmp(name, "fp32")) return KV_WEIGHTS_F32;
+    for (int i = 0; name && i < 4; i++)
+        if (!strcmp(name, storage_names[i])) return i;
+    return -1;
 }
 
 int kv_model_path_is_gguf(const char *path)

@@ -136,6 +136,8 @@ void kv_model_free(kv_model *m)
     if (!m) return;
     kv_free(m->data);
     kv_free(m->mla);
+    kv_free(m->mats);
+    kv_free(m->blocks);
     memset(m, 0, sizeof *m);
 }
 
@@ -200,6 +202,7 @@ int kv_model_check_finite(const kv_model *m, kv_err *err)
     kv_tensor t[KV_MAX_TENSORS];
     const int nt = kv_model_tensors(m, t);
     for (int i = 0; i < nt; i++) {
+        if (!t[i].data) continue; /* a matrix kept in its storage type (kv_model.mats) */
         for (int l = 0; l < t[i].layers; l++) {
             const float *x = t[i].data + (int64_t)l * t[i].per_layer;
             for (int64_t j = 0; j < t[i].per_layer; j++) {

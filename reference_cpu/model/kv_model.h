@@ -32,12 +32,35 @@ typedef struct {
     float *wcls;            /* [vocab][dim]; == token_embedding when tied */
 } kv_weights;
 
+/**
+ * A weight matrix as it is stored: @p rows rows of @p cols weights, each row @p row_bytes
+ * bytes of ggml type @p type (kv_gguf_quant.h: 0 fp32, 1 binary16, 8 Q8_0, 3 Q4_1, ...).
+ * kv_linear.h multiplies one into activations, whatever its type.
+ */
+typedef struct {
+    int type;           /**< ggml type code */
+    int rows, cols;     /**< [rows][cols] weights */
+    uint64_t row_bytes; /**< bytes of one row */
+    const void *data;   /**< [rows][row_bytes] */
+} kv_mat;
+
+/** A layer's matrices, in kv_model.mats order; then the classifier and the embedding. */
+enum { KV_MAT_Q, KV_MAT_K, KV_MAT_V, KV_MAT_O, KV_MAT_GATE, KV_MAT_DOWN, KV_MAT_UP,
+       KV_MAT_PER_LAYER, KV_MAT_CLS = KV_MAT_PER_LAYER, KV_MAT_EMBED };
+
 typedef struct {
     kv_config config;
     kv_weights w;   /* pointers into data */
     float *data;    /* one allocation holding every weight, llama2.c order */
     int64_t n_floats;
     kv_mla_layer *mla; /* [L] MLA: each layer's attention weights, pointing into data; else NULL */
+    /* Matrices kept in a storage type of their own (a GGUF file's blocks, Q8_0, binary16:
+     * kv_gguf_model_load_as()): [L][KV_MAT_PER_LAYER] then the classifier and the embedding,
+     * pointing into blocks; data then holds the RMSNorm gains only and the matrix fields of w
+     * are NULL. NULL: every weight is fp32 in data (kv_model_mat() describes them). */
+    kv_mat *mats;
+    void *blocks;   /* the bytes mats point into */
+    int64_t n_block_bytes;
 } kv_model;
 
 /**
