@@ -92,21 +92,23 @@ plot f every ::1 using 7:(sel('fp32')) with linespoints lw 2 pt 7 ps 0.5 title '
      '$OUT/stream-recompute.csv' every ::1 using 7:10 with linespoints lw 2 dt 2 pt 13 ps 0.5 title 'recompute window (every $every-th token)'
 EOF
     gnuplot "$OUT/stream.gp"
+    # position 0's mass as one row per layer: layer, then one column per KV head
+    awk -F, 'NR > 1 && $3 == 0 { v[$1] = v[$1] "," $4; if ($1 > L) L = $1 }
+             END { for (l = 0; l <= L; l++) print l v[l] }' "$OUT/mass-heads.csv" > "$OUT/mass-sink.csv"
     cat > "$OUT/mass.gp" <<EOF
 set terminal svg size 800,500 dynamic font 'sans,12'
 set output '$OUT/real-model-sink-mass.svg'
 set datafile separator ','
 set grid
-set title 'SmolLM2-135M: attention mass on position 0 per layer and KV head ($probe tokens of the KJV)' noenhanced
+set title 'SmolLM2-135M: attention on position 0 per layer and KV head ($probe tokens of the KJV)' noenhanced
 set xlabel 'layer'
 set ylabel 'share of attention on position 0'
 set yrange [0:1]
-set key bottom right
-f = '$OUT/mass-heads.csv'
-at(h) = (\$2 == h && \$3 == 0) ? \$4 : NaN
-plot f every ::1 using 1:(at(0)) with linespoints lw 2 pt 7 title 'KV head 0 (query heads 0-2)', \\
-     f every ::1 using 1:(at(1)) with linespoints lw 2 pt 5 title 'KV head 1 (query heads 3-5)', \\
-     f every ::1 using 1:(at(2)) with linespoints lw 2 pt 9 title 'KV head 2 (query heads 6-8)', \\
+set key top left
+f = '$OUT/mass-sink.csv'
+plot f using 1:2 with linespoints lw 2 pt 7 title 'KV head 0 (query heads 0-2)', \\
+     f using 1:3 with linespoints lw 2 pt 5 title 'KV head 1 (query heads 3-5)', \\
+     f using 1:4 with linespoints lw 2 pt 9 title 'KV head 2 (query heads 6-8)', \\
      (log($probe) + 0.5772) / $probe with lines dt 2 lc rgb 'gray' title 'even causal attention, (ln n + 0.58) / n'
 EOF
     gnuplot "$OUT/mass.gp"
