@@ -89,7 +89,7 @@ plot f every ::1 using 7:(sel('fp32')) with linespoints lw 2 pt 7 ps 0.5 title '
      f every ::1 using 7:(sel('window/w$win/cache')) with linespoints lw 2 pt 5 ps 0.5 title 'window $win, no sink', \\
      f every ::1 using 7:(sel('window/w$s1/s1/cache')) with linespoints lw 2 pt 9 ps 0.5 title 'window $s1 + 1 sink', \\
      f every ::1 using 7:(sel('window/w$s4/s4/cache')) with linespoints lw 2 pt 11 ps 0.5 title 'window $s4 + 4 sinks', \\
-     '$OUT/stream-recompute.csv' every ::1 using 7:10 with linespoints lw 2 dt 2 pt 13 ps 0.5 title 'recompute window (every $every-th token)'
+     '$OUT/stream-recompute.csv' every ::1 using 7:10 with linespoints lw 2 dt 2 pt 13 ps 0.5 title 'recompute window: every $every-th token, few per point'
 EOF
     gnuplot "$OUT/stream.gp"
     # position 0's mass as one row per layer: layer, then one column per KV head
