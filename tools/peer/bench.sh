@@ -5,10 +5,11 @@
 # on the machine; the ratio is taken within a pair (kvlab tokens/s over llama.cpp tokens/s)
 # and the script prints every pair and the medians. Two rows:
 #   decode   N tokens one at a time after D tokens of context (llama-bench -p 0 -n N -d D;
-#            kvlab bench engine --model FILE --tokens N, which decodes from an empty cache,
-#            so its ratio is like for like at D = 0 only)
-#   prefill  a P-token prompt as one batch (llama-bench -p P -n 0); kvlab's half only when
-#            --kvlab-prefill names a command
+#            kvlab bench engine --model FILE --weights native --cache fp16 --context D
+#            --tokens N: the file's blocks and a 16-bit cache on both sides; D = 0 runs
+#            kvlab at --context 1, one token of context)
+#   prefill  a P-token prompt as one batch (llama-bench -p P -n 0; kvlab bench engine
+#            --context P, whose prefill line is read)
 set -eu
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -21,8 +22,9 @@ THREADS=1
 TOKENS=64
 DEPTH=0
 PROMPT=512
-KV_DECODE='{kvlab} bench engine --model {model} --threads {threads} --tokens {tokens} --repeats 1'
-KV_PREFILL=
+KV_FLAGS='--weights native --cache fp16 --threads {threads} --repeats 1'
+KV_DECODE="{kvlab} bench engine --model {model} $KV_FLAGS --tokens {tokens} --context {context} | grep decode"
+KV_PREFILL="{kvlab} bench engine --model {model} $KV_FLAGS --tokens 1 --context {prompt} | grep prefill"
 LLAMA_ARGS=
 
 usage() {
@@ -42,11 +44,12 @@ pair's tokens/s, the same-pair ratio kvlab/llama.cpp, and the medians.
   --tokens N       decode row: tokens generated (default $TOKENS)
   --depth D        decode row: llama.cpp's context before them (default $DEPTH)
   --prompt P       prefill row: prompt tokens (default $PROMPT; 0 skips the row)
-  --kvlab-decode 'CMD'   kvlab's decode command; {kvlab} {model} {threads} {tokens} are
-                   replaced; the first "N tokens/s" it prints is read (default:
+  --kvlab-decode 'CMD'   kvlab's decode command; {kvlab} {model} {threads} {tokens}
+                   {context} (the depth, at least 1) are replaced; the last "N tokens/s" of
+                   its first such line is read (default:
                    $KV_DECODE)
-  --kvlab-prefill 'CMD'  kvlab's prefill command, with {prompt} too (default: none, the row
-                   runs llama.cpp alone)
+  --kvlab-prefill 'CMD'  kvlab's prefill command, with {prompt} too; '' runs llama.cpp alone
+                   (default: $KV_PREFILL)
   --llama-args 'ARGS'    more llama-bench options (default none: its f16 cache and
                    automatic flash attention; llama-bench offers no f32 cache, whose cost
                    beside the weights is small at depth 0)
@@ -96,6 +99,7 @@ kvlab_ts() {
     cmd=${cmd//\{threads\}/$THREADS}
     cmd=${cmd//\{tokens\}/$TOKENS}
     cmd=${cmd//\{prompt\}/$PROMPT}
+    cmd=${cmd//\{context\}/$((DEPTH > 0 ? DEPTH : 1))}
     OMP_NUM_THREADS=$THREADS sh -c "$cmd" 2>/dev/null |
         sed -n 's/.* \([0-9][0-9.]*\) tokens\/s.*/\1/p' | head -n 1 || true
 }
@@ -136,8 +140,7 @@ echo "llama-bench ${LLAMA_ARGS:-with its defaults (f16 KV cache)}"
 echo "kvlab: $KVLAB"
 echo
 echo "decode: $TOKENS tokens at depth $DEPTH (llama-bench -p 0 -n $TOKENS -d $DEPTH)"
-[ "$DEPTH" = 0 ] ||
-    echo "  (kvlab's bench engine decodes from an empty cache: its ratio is not like for like)"
+echo "  kvlab: ${KV_DECODE//\{kvlab\}/kvlab}"
 row decode "$KV_DECODE" -p 0 -n "$TOKENS" -d "$DEPTH"
 if [ "$PROMPT" -gt 0 ]; then
     echo "prefill: $PROMPT prompt tokens as one batch (llama-bench -p $PROMPT -n 0 -b $PROMPT)"
