@@ -13,8 +13,9 @@
  *         + Q read + output written (split: + its partials, written and read back)
  *         + scores written and read back (naive: 5 passes over [T][n] floats per head).
  * A GPU row's bytes are the same formulas applied to the version's own work split
- * (kvcu_flash_bytes(): v3/v4 read K/V once per KV head, v1/v2 once per query head, v1
- * adds its score passes), since the kernels keep no counters.
+ * (kvcu_flash_bytes(): v3/v4 read K/V once per KV head, v2 once per query tile and query
+ * head, v1 once per query and query head, so T times at prefill, and adds its score passes),
+ * since the kernels keep no counters.
  * GB/s = bytes / median time; "of BW" = that rate / the machine's read bandwidth,
  * measured in the same run by kv_read_bandwidth() (`kvlab bench bandwidth`'s measurement):
  * at the start, and again after each CPU engine row read from DRAM, whose ratio then uses the
@@ -428,9 +429,10 @@ int cmd_bench_attention(int argc, char **argv)
                           "  + Q read + output written (split: + partials) + scores (naive: 5 x 4 x H x T\n"
                           "  x N: written, read for the max, rewritten as exp, read for P V).\n"
                           "GPU rows (--device cuda): the same formulas on each kernel version's work\n"
-                          "  split (kvcu_flash_bytes): v1/v2 read K/V once per query head, v3/v4 once\n"
-                          "  per KV head; v1 adds its score passes. Each version is checked against\n"
-                          "  kv_flash_naive (max |diff| <= 1e-4) before it is timed.",
+                          "  split (kvcu_flash_bytes): v2 reads K/V once per query head, v1 once per query\n"
+                          "  and query head (T times at prefill), v3/v4 once per KV head; v1 adds its score\n"
+                          "  passes. Each version is checked against kv_flash_naive (max |diff| <= 1e-4)\n"
+                          "  before it is timed.",
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;

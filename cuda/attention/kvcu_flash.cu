@@ -16,8 +16,11 @@
  *   visible key) go to global memory, [H][T][n_vis] floats (n_vis = n_keys - k_begin; masked
  *   keys -inf); a softmax kernel reads each row for its max, then rewrites it as exp(s - max)
  *   and sums it; the P·V kernel reads P once more and divides. The scores cost 5·4·H·T·n_vis
- *   bytes (kv_flash.c's count for kv_flash_naive), which at prefill dwarfs the cache. The
- *   wrapper refuses jobs of more than KVCU_FLASH_V1_MAX_SCORES scores.
+ *   bytes (kv_flash.c's count for kv_flash_naive), which at prefill dwarfs the cache. Each
+ *   (query, head) block reads the K rows, then the V rows, its query sees: at prefill the
+ *   cache is re-read once per query, where kv_flash_naive() reads each row once per head (at
+ *   decode, T = 1, the two counts agree). The wrapper refuses jobs of more than
+ *   KVCU_FLASH_V1_MAX_SCORES scores.
  *
  * v2, fused tiled prefill (flash_kernel_v2): S never leaves the chip. One block per (tile of
  *   BQ queries, query head) keeps its queries in shared memory and walks the keys BK at a
@@ -455,7 +458,11 @@ int kvcu_flash_bytes(int version, const kvcu_flash_job *j, kv_flash_stats *st, k
     st->q_bytes = (int64_t)T * H * d * 4;
     st->out_bytes = (int64_t)T * H * d * 4;
     if (version == 1) {
-        kv = (double)H * 2.0 * flash_rows_bytes(j, j->k_begin, j->n_keys);
+        /* a block per (query, head) in the scores and in the P V kernel, each reading the K
+         * (then V) rows its query sees: at prefill every query re-reads its visible prefix,
+         * where kv_flash_naive()'s loop (key outer, queries inner) reads a row once per head */
+        for (int t = 0; t < T; t++)
+            kv += (double)H * 2.0 * flash_rows_bytes(j, j->k_begin, flash_end_host(j, t));
         st->score_bytes = 5 * (int64_t)H * T * n_vis * 4;
     } else if (version == 2 || version == 5) {
         /* v2: a block per (query tile, head); v5: per (query tile, KV head), 64 keys a tile */
