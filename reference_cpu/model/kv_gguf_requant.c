@@ -40,7 +40,10 @@ void kv_ggml_quantize_q8_0(const float *x, void *dst, int64_t n)
         const uint16_t h = kv_ggml_fp32_to_fp16(d);
         blk[0] = (uint8_t)(h & 0xff);
         blk[1] = (uint8_t)(h >> 8);
-        for (int j = 0; j < 32; j++) blk[2 + j] = (uint8_t)(int8_t)roundf(xb[j] * id);
+        /* |x * id| <= 127 (1 + 2u) rounds to 127 at most; the clamp only keeps an infinite or
+         * NaN product (a step below 2^-128, whose inverse overflows) a defined int8 */
+        for (int j = 0; j < 32; j++)
+            blk[2 + j] = (uint8_t)(int8_t)fminf(fmaxf(roundf(xb[j] * id), -127.0f), 127.0f);
     }
 }
 
