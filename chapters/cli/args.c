@@ -73,6 +73,26 @@ int kv_args_bad(const char *cmd, const char *opt, const char *fmt, ...)
     return KV_EXIT_USAGE;
 }
 
+int kv_args_positional(const char *cmd, int argc, char **argv, const kv_opt *opts, int n_opts,
+                       const char **pos, int max_pos, int *n_pos, char **rest, int cap,
+                       int *n_rest)
+{
+    *n_pos = *n_rest = 0;
+    for (int i = 1; i < argc; i++) {
+        int takes_value = 0;
+        for (int j = 0; j < n_opts; j++)
+            if (!strcmp(argv[i], opts[j].name) && opts[j].type != KV_OPT_FLAG) takes_value = 1;
+        if (argv[i][0] != '-' && *n_pos < max_pos) {
+            pos[(*n_pos)++] = argv[i];
+            continue;
+        }
+        if (*n_rest + 2 > cap) return kv_args_bad(cmd, argv[i], "too many arguments");
+        rest[(*n_rest)++] = argv[i];
+        if (takes_value && i + 1 < argc) rest[(*n_rest)++] = argv[++i];
+    }
+    return 0;
+}
+
 int kv_args_int_list(const char *cmd, const char *opt, const char *s, int *out, int max, int *n,
                      int64_t lo, int64_t hi)
 {

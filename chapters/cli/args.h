@@ -85,6 +85,16 @@ int kv_args_int_list(const char *cmd, const char *opt, const char *s, int *out, 
 int kv_args_word_list(const char *cmd, const char *opt, const char *s,
                       char (*words)[KV_ARGS_WORD], int max, int *n);
 
+/**
+ * Split argv [1, argc) of a command that takes positional words (files): the first @p max_pos
+ * words that neither start with '-' nor are an option's value (by @p opts) into pos (*n_pos),
+ * everything else, in order, into rest [cap] (*n_rest) for kv_args_parse(), which then refuses
+ * whatever is left over in words. 0, or KV_EXIT_USAGE after a message when rest is too small.
+ */
+int kv_args_positional(const char *cmd, int argc, char **argv, const kv_opt *opts, int n_opts,
+                       const char **pos, int max_pos, int *n_pos, char **rest, int cap,
+                       int *n_rest);
+
 /** Report a bad value of @p opt ("kvlab calc: --config: ...") on stderr; returns KV_EXIT_USAGE. */
 int kv_args_bad(const char *cmd, const char *opt, const char *fmt, ...)
 #if defined(__GNUC__)

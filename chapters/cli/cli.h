@@ -25,6 +25,7 @@ int cmd_info(int argc, char **argv);     /* info.c */
 int cmd_bench(int argc, char **argv);    /* bench.c */
 int cmd_needle(int argc, char **argv);   /* needle.c */
 int cmd_dialogue(int argc, char **argv); /* dialogue.c */
+int cmd_dialogue_chat(int argc, char **argv); /* dialogue_chat.c: --model a chat model */
 int cmd_convert(int argc, char **argv);  /* convert.c */
 int cmd_stream(int argc, char **argv);   /* stream.c */
 int cmd_serve(int argc, char **argv);    /* serve.c */

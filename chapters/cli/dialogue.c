@@ -2,7 +2,8 @@
  * kvlab dialogue: run a multi-turn dialogue (datasets/dialogues/, .dlg files) on the recall models
  * with an incremental session (reference_cpu/eval/kv_dialogue.h) and print every turn with its
  * expected and actual reply; --recompute also checks each reply against a from-scratch run of
- * the whole history. Exits 1 when a turn fails.
+ * the whole history. Exits 1 when a turn fails. With a GGUF chat model (--model smollm2) it
+ * runs chat scripts instead (dialogue_chat.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,6 +113,13 @@ static int run_one(const char *cmd, const kv_dialogue *d, int kind, const char *
 
 int cmd_dialogue(int argc, char **argv)
 {
+    /* a model that is not a recall model: the chat scripts (dialogue_chat.c) */
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--model")) {
+            int recall = 0;
+            for (int k = 0; model_names[k]; k++) recall |= !strcmp(argv[i + 1], model_names[k]);
+            if (!recall) return cmd_dialogue_chat(argc, argv);
+        }
     const char *cmd = "kvlab dialogue";
     const char *model = "both", *cache = "fp32", *device = "cpu";
     int recompute = 0;
@@ -119,7 +127,7 @@ int cmd_dialogue(int argc, char **argv)
     kv_cli_engine en = {NULL, NULL};
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
-        {"--model", KV_OPT_STRING, &model, 0, 0, NULL, "M", "recall model: direct, induction or both (default both); a model file or a GGUF model converses with `kvlab chat --script FILE` instead", 0},
+        {"--model", KV_OPT_STRING, &model, 0, 0, NULL, "M", "recall model: direct, induction or both (default both); a GGUF chat model (smollm2, FILE.gguf) runs chat scripts instead: kvlab dialogue --model smollm2 FILE.chat --help", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant (default fp32; or a storage format: fp16 int8 fp8 int4 int2 ..., chapter 04)", 0},
         {"--recompute", KV_OPT_FLAG, &recompute, 0, 0, NULL, NULL, "also run each turn's whole history from scratch and compare", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
@@ -130,19 +138,10 @@ int cmd_dialogue(int argc, char **argv)
     /* the file is the one positional word: take it out before parsing the options */
     const char *file = NULL;
     char *rest[64];
-    int nrest = 0;
-    for (int i = 1; i < argc; i++) {
-        int takes_value = 0;
-        for (size_t j = 0; j < sizeof opts / sizeof opts[0]; j++)
-            if (!strcmp(argv[i], opts[j].name) && opts[j].type != KV_OPT_FLAG) takes_value = 1;
-        if (argv[i][0] != '-' && !file) {
-            file = argv[i];
-            continue;
-        }
-        if (nrest + 2 >= 64) return kv_args_bad(cmd, argv[i], "too many arguments");
-        rest[nrest++] = argv[i];
-        if (takes_value && i + 1 < argc) rest[nrest++] = argv[++i];
-    }
+    int nrest = 0, nfile = 0;
+    if (kv_args_positional(cmd, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), &file, 1,
+                           &nfile, rest, 64, &nrest))
+        return KV_EXIT_USAGE;
     int r = kv_args_parse(cmd,
                           "usage: kvlab dialogue FILE [options]\n"
                           "Run a dialogue file (datasets/dialogues/*.dlg) turn by turn on the recall\n"
@@ -155,12 +154,8 @@ int cmd_dialogue(int argc, char **argv)
     if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     int known = 0;
     for (int i = 0; model_names[i]; i++) known |= !strcmp(model, model_names[i]);
-    if (!known) /* what the one model loader opens has no planted facts to check answers by */
-        return kv_args_bad(cmd, "--model", "'%s': a dialogue file runs on the constructed recall "
-                           "models (direct, induction or both), whose right answer is known by "
-                           "construction (docs/recall-models.md); a model file, `trained` or a "
-                           "GGUF model converses with `kvlab chat --model M --script FILE`",
-                           model);
+    if (!known) /* not reached: another --model runs the chat scripts */
+        return kv_args_bad(cmd, "--model", "'%s': not a recall model", model);
     if (!file) return kv_args_bad(cmd, "FILE", "a dialogue file is required (datasets/dialogues/*.dlg)");
     int e = kv_cli_layout_check(cmd, &lo);
     if (e) return e;

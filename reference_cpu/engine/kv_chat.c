@@ -8,6 +8,7 @@
  * token, max_tokens, or a full cache. With recompute, the slot is emptied first and the whole
  * list is fed from position 0: the same ids at the same positions. */
 #include "kv_chat.h"
+#include "kv_paged.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +68,14 @@ int kv_chat_turn(kv_chat *c, const char *text, size_t len, int max_tokens, kv_sa
                  kv_chat_token_fn on_token, void *user, int *reply, kv_chat_stats *st,
                  kv_err *err)
 {
+    return kv_chat_turn_opened(c, text, len, NULL, max_tokens, sampler, on_token, user, reply,
+                               st, err);
+}
+
+int kv_chat_turn_opened(kv_chat *c, const char *text, size_t len, const char *opening,
+                        int max_tokens, kv_sampler *sampler, kv_chat_token_fn on_token,
+                        void *user, int *reply, kv_chat_stats *st, kv_err *err)
+{
     memset(st, 0, sizeof *st);
     if (max_tokens < 1) return kv_fail(err, KV_ERR_ARG, "kv_chat_turn: max_tokens %d", max_tokens);
     /* render what is new after the ids so far; on any failure the conversation is unchanged */
@@ -80,6 +89,13 @@ int kv_chat_turn(kv_chat *c, const char *text, size_t len, int max_tokens, kv_sa
         rc = kv_chat_render_message(c->t, c->v, n == 0, "user", text, len, c->ids, c->cap, &n,
                                     err);
     if (!rc) rc = kv_chat_render_reply_start(c->t, c->v, c->ids, c->cap, &n, err);
+    if (!rc && opening && opening[0]) { /* the reply's first words, as plain text */
+        int k = 0;
+        rc = kv_vocab_encode(c->v, opening, strlen(opening), 0, 0, c->ids + n, c->cap - n, &k,
+                             err);
+        if (!rc) n += k;
+        else if (rc == KV_ERR_CAPACITY) n = c->cap;
+    }
     if (rc == KV_ERR_CAPACITY || (!rc && n >= c->cap)) /* n: as far as the rendering got */
         return kv_fail(err, KV_ERR_CAPACITY, "the context is full: the conversation holds %d of "
                        "the %d tokens the cache holds, and this message needs %s%d more (/reset "
@@ -90,6 +106,14 @@ int kv_chat_turn(kv_chat *c, const char *text, size_t len, int max_tokens, kv_sa
     if (c->recompute) {
         c->b->reset(c->b, 0);
         c->n_cached = 0;
+    }
+    /* an empty slot adopts the longest prefix a paged cache with prefix caching holds (the
+     * system message other conversations wrote); at least the last token is fed, for its
+     * logits. Off, or a contiguous cache: nothing adopted. */
+    if (c->n_cached == 0 && c->b->mem) {
+        int hit = 0;
+        if ((rc = kv_paged_match_prefix(c->b->mem, 0, c->ids, n - 1, &hit, err))) return rc;
+        c->n_cached = st->prefix_hit = hit;
     }
     st->reused = c->n_cached;
     st->fed = n - c->n_cached;

@@ -110,6 +110,8 @@ typedef struct {
     int cached;      /**< tokens in the cache after the turn */
     double prefill_s, decode_s; /**< wall time of the prefill and of the reply's steps */
     int decode_steps;           /**< one-token forward steps of the reply */
+    int prefix_hit;  /**< tokens an empty slot adopted from the prefix cache (paged layout
+                      *   with prefix caching on; else 0), counted in reused */
 } kv_chat_stats;
 
 /** Called with each reply token as it is chosen (may be NULL). */
@@ -148,6 +150,17 @@ void kv_chat_free(kv_chat *c);
 int kv_chat_turn(kv_chat *c, const char *text, size_t len, int max_tokens, kv_sampler *sampler,
                  kv_chat_token_fn on_token, void *user, int *reply, kv_chat_stats *st,
                  kv_err *err);
+
+/**
+ * kv_chat_turn() with the reply's first words given: @p opening (NUL-terminated plain text,
+ * NULL or "" for none) is put after the reply's header and fed with the turn, so the model
+ * continues it ("My locker code is" -> " 4721."); reply receives only the chosen tokens, the
+ * conversation holds both. A test of memory asks this way: the answer's form is fixed, only
+ * its content is the model's.
+ */
+int kv_chat_turn_opened(kv_chat *c, const char *text, size_t len, const char *opening,
+                        int max_tokens, kv_sampler *sampler, kv_chat_token_fn on_token,
+                        void *user, int *reply, kv_chat_stats *st, kv_err *err);
 
 #ifdef __cplusplus
 }
