@@ -580,7 +580,8 @@ static void test_cli_ch09_10(void)
     CLI_BAD("--model|not both", "spec", "--model", "x.bin", "--default", "small");
 
     /* the one model loader's refusals, and kvlab chat's: what a command cannot run, in words */
-    CLI_BAD("--model|recall models|kvlab chat", "dialogue", "--model", "trained", "x.dlg");
+    CLI_BAD("--model|recall models|.chat scripts", "dialogue", "--model", "trained", "x.dlg");
+    CLI_BAD("FILE|a script is required", "dialogue", "--model", "smollm2");
     CLI_BAD("--model|recall models|eval ppl", "needle", "--model", "trained");
     CLI_BAD("--model|a GGUF model is required", "chat");
     CLI_BAD("--model|no chat template|kvlab generate", "chat", "--model", "trained");

@@ -177,6 +177,15 @@ int cmd_dialogue_chat(int argc, char **argv)
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     if (!n_files) return kv_args_bad(cmd, "FILE", "a script is required (datasets/chat-dialogues/*.chat)");
+    for (int i = 0; i < n_files; i++) {
+        const size_t n = strlen(files[i]);
+        if (n >= 4 && !strcmp(files[i] + n - 4, ".dlg")) /* before the model is loaded */
+            return kv_args_bad(cmd, "--model", "'%s' is a .dlg file: it runs on the recall models "
+                               "(--model direct, induction or both), whose right answers are "
+                               "known by construction; a chat model (%s) runs .chat scripts "
+                               "(datasets/chat-dialogues/), or talks with kvlab chat", files[i],
+                               model ? model : "?");
+    }
     int e = kv_cli_layout_check(cmd, &lo);
     if (!e) e = kv_cli_check_device(cmd, device);
     if (!e) e = kv_cli_engine_check(cmd, device, &en);
