@@ -7,7 +7,8 @@
 # MLA tests, the device benches (kvlab bench attention, its MQA rows, engine and mla --device
 # cuda), Nsight Compute metrics of attn_fast_kernel, attn_mma_kernel and flash_kernel_v5 (issue
 # active, DRAM throughput, shared-memory bank conflicts, instructions executed: issue-bound or
-# bandwidth-bound), and the real model (kvlab generate --model smollm2) when its file is there.
+# bandwidth-bound), and the real model (kvlab generate --model smollm2, and the pass-key grid at
+# 1k-8k under five caches: keys found and tokens/s) when its file is there.
 # Each step runs under a budget computed from the sizes it runs (the bytes a bench reads at a
 # floor of FLOOR_GBPS, plus its set-up); a step that fails or runs out of time is reported as
 # such and the next one runs.
@@ -85,6 +86,7 @@ bench_budget() {
         printf "%d\n", t + 0.999 }'
 }
 B_BUILD=$(scale 150) B_TESTS=$(scale 70) B_SAN=$(scale 15) B_NCU=$(scale 15) B_MODEL=$(scale 20)
+B_PASSKEY=$(scale 90)
 # attention, B 1: N 4k/32k/128k, fp16/int8/fp8, two layouts, 7 kernels x (check + warm-up + 2
 # repeats) at N <= 32k; at 128k attn v2 and the engine alone (--lean). Counted as 28 calls at
 # 32k and below, 8 at 128k.
@@ -97,7 +99,7 @@ B_ATTN32=$(scale $(bench_budget 6 2,1.03,1 32 4096,32768 8 128 2))
 B_MQA=$(scale $(bench_budget 28 2,2 1 32768 1 128 1))
 B_ENGINE=$(scale 25) B_MLA=$(scale 15)
 B_TOTAL=$(( B_BUILD + B_TESTS + 4 * B_SAN + B_ATTN1 + B_ATTN32 + B_MQA + B_ENGINE + B_MLA +
-            3 * B_NCU + B_MODEL ))
+            3 * B_NCU + B_MODEL + B_PASSKEY ))
 
 report() { printf '%s\n' "$*" >>"$OUT"; }
 
@@ -154,7 +156,7 @@ fi
 report "- build: \`$BUILD\`; $JOBS jobs"
 report "- budget: $BUDGET s in all; per step: build $B_BUILD, tests $B_TESTS, sanitizer $B_SAN"
 report "  per run (4 runs), attention B 1 $B_ATTN1 and B 32 $B_ATTN32, MQA $B_MQA, engine"
-report "  $B_ENGINE, mla $B_MLA, ncu $B_NCU per kernel (3), model $B_MODEL: $B_TOTAL s if each used all of it"
+report "  $B_ENGINE, mla $B_MLA, ncu $B_NCU per kernel (3), model $B_MODEL, pass key $B_PASSKEY: $B_TOTAL s if each used all of it"
 
 # ---- 1. build ---------------------------------------------------------------------------------
 report ''
@@ -372,6 +374,24 @@ else
     run model "$B_MODEL" "$KVLAB" generate --model smollm2 --device cuda \
         --prompt "The key/value cache of a transformer" --steps 64 --no-stop
     log_tail model 12
+    # the pass-key grid at 1k-8k (docs/real-model-tests.md): keys found per cache, and the
+    # prompts' tokens per second of prefill and answer, from the CSV's seconds
+    report ''
+    report '### The pass-key grid (1k-8k tokens, 5 depths, 1 key a cell) on the GPU'
+    report ''
+    run passkey "$B_PASSKEY" "$KVLAB" passkey --model smollm2 --device cuda \
+        --lengths 1024,2048,4096,8000 --depths 0,25,50,75,100 --keys 1 \
+        --caches "fp32;fp16;int8;window/w512/s4;window/w512" --csv "$LOGS/passkey.csv"
+    awk '/^summary/,0' "$LOGS/passkey.log" | sed 's/^/    /' >>"$OUT"
+    if [ -f "$LOGS/passkey.csv" ]; then
+        report ''
+        awk -F, 'NR > 1 { t[$2] += $4; s[$2] += $NF; if (!(($2) in o)) o[$2] = ++n }
+                 END { for (c in o) k[o[c]] = c;
+                       for (i = 1; i <= n; i++)
+                           printf "- %s: %.0f prompt tokens/s (prefill and answer)\n", k[i],
+                                  s[k[i]] > 0 ? t[k[i]] / s[k[i]] : 0 }' \
+            "$LOGS/passkey.csv" >>"$OUT"
+    fi
 fi
 
 report ''
