@@ -75,13 +75,15 @@ __device__ __forceinline__ int dec_dot_q16(const uint4 &raw, const int *qi)
  */
 template <int F>
 __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)
-attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec_plan_t p,
+attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec_plan_t plan,
                  int n_heads)
 {
+    dec_plan_t p = plan;
+    dec_count_shape<F>(p);
     constexpr int VEC = dec_fmt<F>::vec;
     KV_DYNAMIC_SMEM(uint4, smem4);
     uint8_t *sm = (uint8_t *)smem4;
-    const int tid = threadIdx.x, G = p.G, d = p.d, TILE = p.tile;
+    const int tid = DEC_TID, G = p.G, d = p.d, TILE = p.tile;
     uint8_t *buf = sm + p.off_buf;
     dec_block blk;
     kv_head_view kh, vh;
@@ -111,7 +113,7 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
     __syncthreads();
     for (int g = tid; qint && g < G; g += DEC_THREADS) st[g] *= 1.0f / sqrtf((float)d);
     const float factor = (dec_fmt<F>::fp8 ? kh.scale : 1.0f) / sqrtf((float)d);
-    const int lane = tid & (KV_WARP - 1), warp = tid / KV_WARP, sub = tid & (p.lpr - 1);
+    const int lane = DEC_LANE(tid), warp = tid / KV_WARP, sub = lane & (p.lpr - 1);
     const int grp = tid >> p.lpr_shift, ngrp = DEC_THREADS >> p.lpr_shift; /* row lanes */
     const int gsub = dec_fmt<F>::int8 ? sub * VEC / (d / p.ng) : 0;        /* chunk's scale */
 
@@ -121,6 +123,7 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
         /* scores: lane `sub` of a row's lanes dots its chunk with each head's, summed across
          * the row's lanes by xor shuffles (all lanes take part, rows past n with zeros); int8
          * sums the codes and scales once, per chunk (groups) or per row (integer keys) */
+        DEC_COUNT_UNROLL
         for (int r0 = 0; r0 < tl.n; r0 += ngrp) {
             const int row = r0 + grp;
             const bool live = row < tl.n;
@@ -129,10 +132,12 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
             const float ks = dec_fmt<F>::int8 && live ? tl.ks[row * p.ng + gsub] : 1.0f;
             float x[VEC];
             if (!qint) kvcu_unpack<dec_fmt<F>::kind>(raw, x);
+            DEC_COUNT_UNROLL
             for (int g = 0; g < G; g++) {
                 float sc;
                 if (qint) {
                     int acc = dec_dot_q16(raw, qi + (size_t)g * d + sub * VEC);
+                    DEC_COUNT_UNROLL
                     for (int off = p.lpr >> 1; off > 0; off >>= 1)
                         acc += __shfl_xor_sync(0xffffffffu, acc, off);
                     sc = ((float)acc * ks) * st[g];
@@ -149,6 +154,7 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
                         acc = fmaf(qq.w, x[4 * k + 3], acc);
                     }
                     if (dec_fmt<F>::int8) acc *= ks;
+                    DEC_COUNT_UNROLL
                     for (int off = p.lpr >> 1; off > 0; off >>= 1)
                         acc += __shfl_xor_sync(0xffffffffu, acc, off);
                     sc = acc * factor;
@@ -162,6 +168,7 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
         __syncthreads();
 
         /* online softmax: warp w takes heads w, w+4, ...; a lane takes rows lane, lane+32 */
+        DEC_COUNT_UNROLL
         for (int g = warp; g < G; g += DEC_THREADS / KV_WARP) {
             const float s0 = lane < tl.n ? ps[g * TILE + lane] : -INFINITY;
             const float s1 = lane + KV_WARP < tl.n ? ps[g * TILE + lane + KV_WARP] : -INFINITY;
@@ -175,6 +182,7 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
             __syncwarp();
             if (lane == 0) { /* the exp-sum in position order, as the CPU adds it */
                 float sum = 0.0f;
+                DEC_COUNT_UNROLL
                 for (int i = 0; i < tl.n; i++) sum += ps[g * TILE + i];
                 mx[g] = mn;
                 ls[g] = fmaf(ls[g], a, sum);
@@ -187,9 +195,11 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
          * over the tile's rows in position order, o = fma(w·s, v, o) from row to row: the
          * CPU's order and roundings (kv_attention_fast.c's values pass); heads past 128 / lpr
          * come round again, and below it threads wait (the pass reads shared memory only) */
+        DEC_COUNT_UNROLL
         for (int g = grp; g < G; g += ngrp) {
             float acc[VEC];
             for (int k = 0; k < VEC; k++) acc[k] = 0.0f;
+            DEC_COUNT_UNROLL
             for (int row = 0; row < tl.n; row++) {
                 float x[VEC];
                 const uint4 raw = *(const uint4 *)(const void *)(tl.v + row * p.rb + sub * 16);

@@ -64,6 +64,50 @@ struct dec_plan_t {
     size_t off_s, off_m, off_o, off_buf, stage, smem; /* byte offsets; q at 0 */
 };
 
+/* A count of machine code needs a shape: tools/ptx-table.sh compiles the decode kernels with
+ * DEC_COUNT_D, DEC_COUNT_G and DEC_COUNT_WARP defined, and each kernel then fixes its plan to
+ * that shape in its own format (dec_plan()'s tile; per-token int8), a contiguous cache, whole
+ * tiles and one warp's threads (DEC_TID), so that every loop but the tile loop has a constant
+ * trip count and unrolls, and the script counts the tile loop's instructions per KV byte.
+ * No build defines them. */
+template <int F>
+__device__ __forceinline__ void dec_count_shape(dec_plan_t &p)
+{
+#ifdef DEC_COUNT_D
+    p.G = DEC_COUNT_G;
+    p.d = DEC_COUNT_D;
+    p.lpr = DEC_COUNT_D / dec_fmt<F>::vec;
+    p.lpr_shift = 0;
+    while ((1 << p.lpr_shift) < p.lpr) p.lpr_shift++;
+    p.rb = 16 * p.lpr;
+    p.tile = 8;
+    while (p.tile < 64 && 2 * p.tile * p.rb <= DEC_STAGE_BYTES) p.tile *= 2;
+    p.ng = dec_fmt<F>::int8 ? 1 : 0;
+    p.qint = F == KV_QF_INT8;
+#else
+    (void)p;
+#endif
+}
+
+/* The thread: threadIdx.x, or for the count (dec_count_shape()) the first of warp
+ * DEC_COUNT_WARP, a constant, so that every loop but the tile loop has a constant trip count;
+ * the lane that picks the data stays threadIdx.x's (DEC_LANE), so the data differ across the
+ * warp and shuffles stay shuffles ... */
+#ifdef DEC_COUNT_D
+#define DEC_TID (DEC_COUNT_WARP * KV_WARP)
+#define DEC_LANE(tid) ((int)threadIdx.x & (KV_WARP - 1))
+#else
+#define DEC_TID ((int)threadIdx.x)
+#define DEC_LANE(tid) ((tid) & (KV_WARP - 1))
+#endif
+/* ... and the loops inside the tile loop unrolled whole there (their trip counts are constants
+ * of the shape, at most 64); nothing in a build */
+#ifdef DEC_COUNT_D
+#define DEC_COUNT_UNROLL _Pragma("unroll 64")
+#else
+#define DEC_COUNT_UNROLL
+#endif
+
 /* Index i of the positions a query at tpos retains -> the logical row it lives in: i itself,
  * the i-th of chapter 06's sinks and window (kvcu_attention.cu's attn_row()), or position
  * lst[i] of chapter 09's selected set. kv_view_row() then finds the physical row: the one row
@@ -71,6 +115,9 @@ struct dec_plan_t {
 __device__ __forceinline__ int64_t dec_lrow(const attn_src &s, const int *lst, int64_t tpos,
                                             int64_t i)
 {
+#ifdef DEC_COUNT_D
+    return i; /* the count's path: every position, no set (dec_count_shape()) */
+#endif
     if (lst) return lst[i];
     return s.keep_w ? kv_window_row(s.keep_w, s.keep_s, kv_window_pos(s.keep_w, s.keep_s, tpos, i))
                     : i;
@@ -88,7 +135,8 @@ __device__ __forceinline__ void dec_issue(const dec_plan_t &p, const attn_src &s
 {
     if (F == DEC_ELEM) {
         const int dsh = p.lpr_shift + 2, m = n << dsh; /* d = 4·lpr elements a row */
-        for (int c = threadIdx.x; c < 2 * m; c += DEC_THREADS) {
+        DEC_COUNT_UNROLL
+        for (int c = DEC_TID; c < 2 * m; c += DEC_THREADS) {
             const int v = c >= m, cc = v ? c - m : c, row = cc >> dsh, i = cc & (p.d - 1);
             const int64_t lr = dec_lrow(src, lst, tpos, i0 + row);
             const float x = v ? kv_ld(vh, NULL, lr, kv_view_row(&vh, lr), i)
@@ -99,7 +147,8 @@ __device__ __forceinline__ void dec_issue(const dec_plan_t &p, const attn_src &s
         return;
     }
     const int chunks = n << p.lpr_shift;
-    for (int c = threadIdx.x; c < 2 * chunks; c += DEC_THREADS) {
+    DEC_COUNT_UNROLL
+    for (int c = DEC_TID; c < 2 * chunks; c += DEC_THREADS) {
         const int v = c >= chunks, cc = v ? c - chunks : c;
         const int row = cc >> p.lpr_shift, ch = cc & (p.lpr - 1);
         const int64_t pr = kv_view_row(v ? &vh : &kh, dec_lrow(src, lst, tpos, i0 + row));
@@ -109,7 +158,8 @@ __device__ __forceinline__ void dec_issue(const dec_plan_t &p, const attn_src &s
     if (dec_fmt<F>::int8) {
         float *sc = (float *)(void *)(st + 2 * p.tile * p.rb); /* [2][tile][ng] */
         const int m = n * p.ng;
-        for (int c = threadIdx.x; c < 2 * m; c += DEC_THREADS) {
+        DEC_COUNT_UNROLL
+        for (int c = DEC_TID; c < 2 * m; c += DEC_THREADS) {
             const int v = c >= m, cc = v ? c - m : c, row = cc / p.ng, j = cc % p.ng;
             const int64_t pr = kv_view_row(v ? &vh : &kh, dec_lrow(src, lst, tpos, i0 + row));
             const float *meta = (const float *)(v ? vh.meta : kh.meta);
@@ -136,6 +186,9 @@ struct dec_block {
 /* Rows of the tile at i0 of [lo, hi). */
 __device__ __forceinline__ int dec_rows(const dec_block &b, int64_t i0, int tile)
 {
+#ifdef DEC_COUNT_D
+    return tile; /* whole tiles (dec_count_shape()) */
+#endif
     return (int)(b.hi - i0 < tile ? b.hi - i0 : tile);
 }
 
@@ -157,6 +210,11 @@ __device__ __forceinline__ bool dec_open(dec_block &b, kv_head_view &kh, kv_head
     const size_t h0 = (size_t)kvh * p.G; /* the group's first query head */
     b.satt = rows.sel ? rows.sel_att + ((size_t)blockIdx.z * n_heads + h0) * rows.sel_stride
                       : NULL;
+#ifdef DEC_COUNT_D
+    kh.blocks = vh.blocks = NULL; /* the count's path: contiguous, no set */
+    b.lst = NULL;
+    b.satt = NULL;
+#endif
     b.ntiles = (int)((b.hi - b.lo + tile - 1) / tile);
     dec_issue<F>(p, src, b.lst, kh, vh, b.r.tpos, b.lo, dec_rows(b, b.lo, tile), buf);
     kvcu_cp_commit();
