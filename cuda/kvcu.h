@@ -332,10 +332,12 @@ static inline double kvcu_decode_mma_roundoff(int fmt)
  * (kvcu_decode_mma_roundoff()), 0 for the CUDA-core kernel:
  *   |ô - o| <= 1.01·(expm1(2Δ) + h + (2n + 8 + 2R)·u)·V,
  *   Δ = h·S + u·(c·S + 4 + R·(2S + 5)),  c = d + 30 on tensor cores, ⌊d/16⌋ + 30 else,
- *   R = ⌈n/8⌉ + ⌈n/256⌉ + 2, u = 2^-24. */
+ *   R = ⌈n/8⌉ + P + 2, u = 2^-24, P the most split ranges of n keys: max(min(⌈n/64⌉, 64),
+ *   ⌈n/256⌉) (ranges shrink to 64 keys for short rows, attn_split_keys()). */
 static inline double kvcu_decode_bound(int d, int64_t n, double S, double V, double h)
 {
-    const double u = 0x1p-24, R = ceil(n / 8.0) + ceil(n / 256.0) + 2;
+    const double P = fmax(fmin(ceil(n / 64.0), 64), ceil(n / 256.0));
+    const double u = 0x1p-24, R = ceil(n / 8.0) + P + 2;
     const double dots = h > 0 ? d + 30 : d / 16 + 30;
     const double delta = h * S + u * (dots * S + 4 + R * (2 * S + 5));
     return 1.01 * (expm1(2 * delta) + h + (2.0 * (double)n + 8 + 2 * R) * u) * V;

@@ -23,7 +23,8 @@
  *  (b) the weights: test_attn_fast.c's Δ, plus the online softmax's rescalings: a row's weight
  *      meets at most R = (tiles of its range) + (ranges) factors exp(m_old - m_new), each off by
  *      the rounding of the difference (2u·S) and expf's 2 ulp: Δ' = Δ + R·(2S + 5)·u; with a
- *      tile of at least 8 rows and a range of at least 256, R <= ⌈N/8⌉ + ⌈N/256⌉ + 2;
+ *      tile of at least 8 rows and at most P = max(min(⌈N/64⌉, 64), ⌈N/256⌉) ranges
+ *      (attn_split_keys(): 256 keys or more, down to 64 for short rows), R <= ⌈N/8⌉ + P + 2;
  *  (c) the sums: the (2N + 5)·u·V of test_attn_fast.c, plus a multiply by the factor per
  *      tile on the running output and sum (2R·u·V) and fp8's value scale applied once (3u·V).
  * So |ô - o| <= 1.01·(expm1(2Δ') + (2N + 8 + 2R)·u)·V. The test prints max |err| / bound.

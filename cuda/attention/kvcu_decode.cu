@@ -23,12 +23,17 @@
  *  - online softmax inside each split (running max, exp-sum and output rescaled per tile), so
  *    no scores go to global memory; within a tile the exp-sum and the weighted values add up
  *    in position order, o = fma(w·s, v, o), the CPU's order (kv_attention_fast.c), so a row
- *    of one tile differs from the CPU by the exponentials alone;
+ *    of one tile differs from the CPU by the exponentials alone (chapter 10's GPU test holds
+ *    the logits of an int8 cache to the CPU's within fp32 tolerance on that; a warp-tree sum
+ *    or P·V in row slices broke it, chapter 08 "Decode at bandwidth");
+ *  - the row locator once per row and thread for K and V together, on head views held by
+ *    value (dec_issue()): no view in local memory, no address per 16-byte chunk;
  *  - split-KV with the split count from the device: a row's keys are cut into ranges of
  *    attn_split_keys() (kvcu_internal.cuh), enough ranges that one row alone fills about
- *    KVCU_DECODE_WAVES waves of the GPU's blocks; the count depends on the row's length, the
- *    SM count and H_kv only, never on the batch, so a sequence gets the same bits alone or
- *    batched. attn_merge_kernel (kvcu_attention.cu), the family's one merge, combines them.
+ *    KVCU_DECODE_WAVES waves of the GPU's blocks, ranges of 256 keys or more, down to 64 for a
+ *    row too short to fill them; the count depends on the row's length, the SM count and H_kv
+ *    only, never on the batch, so a sequence gets the same bits alone or batched.
+ *    attn_merge_kernel (kvcu_attention.cu), the family's one merge, combines them.
  *
  * Rows are found by one locator, dec_lrow() then kv_view_row(): the retained index -> logical
  * row (chapter 06's window and sinks, or chapter 09's selected set) -> physical row
@@ -323,7 +328,7 @@ static int dec_split_target(const void *kernel, size_t smem, int n_kv_heads)
 
 size_t kvcu_decode_scratch(int T, int n_heads, int head_dim, int capacity)
 {
-    const size_t parts = ((size_t)capacity + KVCU_DECODE_MIN_KEYS - 1) / KVCU_DECODE_MIN_KEYS;
+    const size_t parts = (size_t)attn_split_parts_max(capacity, 0);
     return (size_t)T * n_heads * parts * (head_dim + 2);
 }
 
@@ -343,8 +348,7 @@ int kvcu_decode_launch(float *out, const float *q, const attn_src &src, attn_row
                                               (int)p.smem)) != cudaSuccess)
         return 0;
     rows.split_target = dec_split_target(kernel, p.smem, src.n_kv_heads);
-    int n_parts = (int)((max_len + KVCU_DECODE_MIN_KEYS - 1) / KVCU_DECODE_MIN_KEYS);
-    if (n_parts > rows.split_target) n_parts = rows.split_target;
+    int n_parts = (int)attn_split_parts_max(max_len, rows.split_target);
     if (n_parts < 1) n_parts = 1;
     const attn_parts parts = attn_parts_at(scratch, T, n_heads, n_parts);
     const dim3 grid(src.n_kv_heads, n_parts, T);

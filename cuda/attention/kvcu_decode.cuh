@@ -124,18 +124,20 @@ __device__ __forceinline__ int64_t dec_lrow(const attn_src &s, const int *lst, i
 }
 
 /* Tile `it` of [lo, hi) into stage st: K rows at 0, V rows at tile·rb, then (int8) the K and V
- * scales [tile][ng] each. 16-byte copies for codes, 4-byte ones for scales. DEC_ELEM: each
- * element dequantized (kv_ld(), under KV_POS_CACHE rotated by its index, key_ld()) into fp32
- * rows, plain stores that the tile's barrier publishes. */
+ * scales [tile][ng] each. 16-byte copies for codes, 4-byte ones for scales. A thread keeps one
+ * chunk column (its lane among the row's lpr) and walks rows, so each row's locator runs once
+ * per thread for K and V together, on the views' own copies (by value: an address picked
+ * between K and V at run time would put both views in local memory). DEC_ELEM: each element
+ * dequantized (kv_ld(), under KV_POS_CACHE rotated by its index, key_ld()) into fp32 rows,
+ * plain stores that the tile's barrier publishes. */
 template <int F>
 __device__ __forceinline__ void dec_issue(const dec_plan_t &p, const attn_src &src,
-                                          const int *lst, const kv_head_view &kh,
-                                          const kv_head_view &vh, int64_t tpos, int64_t i0, int n,
+                                          const int *lst, const kv_head_view kh,
+                                          const kv_head_view vh, int64_t tpos, int64_t i0, int n,
                                           uint8_t *st)
 {
     if (F == DEC_ELEM) {
         const int dsh = p.lpr_shift + 2, m = n << dsh; /* d = 4·lpr elements a row */
-        DEC_COUNT_UNROLL
         for (int c = DEC_TID; c < 2 * m; c += DEC_THREADS) {
             const int v = c >= m, cc = v ? c - m : c, row = cc >> dsh, i = cc & (p.d - 1);
             const int64_t lr = dec_lrow(src, lst, tpos, i0 + row);
@@ -146,25 +148,26 @@ __device__ __forceinline__ void dec_issue(const dec_plan_t &p, const attn_src &s
         }
         return;
     }
-    const int chunks = n << p.lpr_shift;
+    const int ch = DEC_TID & (p.lpr - 1), step = DEC_THREADS >> p.lpr_shift;
+    uint8_t *sk = st + ch * 16, *sv = sk + p.tile * p.rb;
+    const uint8_t *gk = kh.codes + ch * 16, *gv = vh.codes + ch * 16;
     DEC_COUNT_UNROLL
-    for (int c = DEC_TID; c < 2 * chunks; c += DEC_THREADS) {
-        const int v = c >= chunks, cc = v ? c - chunks : c;
-        const int row = cc >> p.lpr_shift, ch = cc & (p.lpr - 1);
-        const int64_t pr = kv_view_row(v ? &vh : &kh, dec_lrow(src, lst, tpos, i0 + row));
-        const uint8_t *g = (v ? vh.codes : kh.codes) + pr * p.rb + ch * 16;
-        kvcu_cp16(st + (v ? p.tile * p.rb : 0) + row * p.rb + ch * 16, g);
+    for (int row = DEC_TID >> p.lpr_shift; row < n; row += step) {
+        const int64_t lr = dec_lrow(src, lst, tpos, i0 + row);
+        kvcu_cp16(sk + row * p.rb, gk + kv_view_row(&kh, lr) * p.rb);
+        kvcu_cp16(sv + row * p.rb, gv + kv_view_row(&vh, lr) * p.rb);
     }
     if (dec_fmt<F>::int8) {
         float *sc = (float *)(void *)(st + 2 * p.tile * p.rb); /* [2][tile][ng] */
+        const float *mk = (const float *)kh.meta, *mv = (const float *)vh.meta;
         const int m = n * p.ng;
         DEC_COUNT_UNROLL
-        for (int c = DEC_TID; c < 2 * m; c += DEC_THREADS) {
-            const int v = c >= m, cc = v ? c - m : c, row = cc / p.ng, j = cc % p.ng;
-            const int64_t pr = kv_view_row(v ? &vh : &kh, dec_lrow(src, lst, tpos, i0 + row));
-            const float *meta = (const float *)(v ? vh.meta : kh.meta);
-            __pipeline_memcpy_async(sc + (v ? p.tile * p.ng : 0) + row * p.ng + j,
-                                    meta + pr * p.ng + j, 4);
+        for (int c = DEC_TID; c < m; c += DEC_THREADS) {
+            const int row = c / p.ng, j = c - row * p.ng;
+            const int64_t lr = dec_lrow(src, lst, tpos, i0 + row);
+            __pipeline_memcpy_async(sc + c, mk + kv_view_row(&kh, lr) * p.ng + j, 4);
+            __pipeline_memcpy_async(sc + p.tile * p.ng + c, mv + kv_view_row(&vh, lr) * p.ng + j,
+                                    4);
         }
     }
 }
@@ -233,8 +236,8 @@ struct dec_tile {
 /* Tile it's turn in the double buffer: tile it + 1's copies go out into the other stage (an
  * empty batch after the last keeps the wait uniform), then every thread waits for tile it's. */
 template <int F>
-__device__ __forceinline__ dec_tile dec_turn(const dec_block &b, const kv_head_view &kh,
-                                             const kv_head_view &vh, const dec_plan_t &p,
+__device__ __forceinline__ dec_tile dec_turn(const dec_block &b, const kv_head_view kh,
+                                             const kv_head_view vh, const dec_plan_t &p,
                                              const attn_src &src, int it, int tile, uint8_t *buf)
 {
     dec_tile t;

@@ -180,15 +180,34 @@ typedef struct {
 } attn_span;
 
 /* Split-KV ranges of the engine's decode kernel (kvcu_decode.cu): a row of n keys is cut into
- * about `target` ranges, none shorter than KVCU_DECODE_MIN_KEYS keys (shorter ones would cost
- * more in partial states than they save), each a multiple of 64 keys (whole tiles). The
- * length of the row and the target (a device constant) decide it: never the batch. */
+ * about `target` ranges of at least KVCU_DECODE_MIN_KEYS keys (shorter ones cost more in partial
+ * states than they save, once the GPU is full). A row too short for that many such ranges
+ * would leave SMs idle (B = 1 at a short context, MQA's one KV head), so its floor drops to
+ * what cuts it into at most KVCU_DECODE_SHORT_PARTS ranges, none under KVCU_DECODE_SHORT_KEYS
+ * (a tile or more each). Each range is a multiple of 64 keys (whole tiles). The length of the
+ * row and the target (a device constant) decide it: never the batch. */
 #define KVCU_DECODE_MIN_KEYS 256
+#define KVCU_DECODE_SHORT_KEYS 64
+#define KVCU_DECODE_SHORT_PARTS 64
 static inline KV_HD int64_t attn_split_keys(int64_t n, int target)
 {
+    int64_t floor_keys = (n + KVCU_DECODE_SHORT_PARTS - 1) / KVCU_DECODE_SHORT_PARTS;
+    if (floor_keys < KVCU_DECODE_SHORT_KEYS) floor_keys = KVCU_DECODE_SHORT_KEYS;
+    if (floor_keys > KVCU_DECODE_MIN_KEYS) floor_keys = KVCU_DECODE_MIN_KEYS;
     int64_t k = target > 0 ? (n + target - 1) / target : n;
-    if (k < KVCU_DECODE_MIN_KEYS) k = KVCU_DECODE_MIN_KEYS;
+    if (k < floor_keys) k = floor_keys;
     return (k + 63) / 64 * 64;
+}
+
+/* The most ranges attn_split_keys() makes of a row of at most n keys: at most 64 below
+ * 64 · 256 keys, else n / 256 (rounded up); never more than the target. */
+static inline KV_HD int64_t attn_split_parts_max(int64_t n, int target)
+{
+    const int64_t shrt = (n + KVCU_DECODE_SHORT_KEYS - 1) / KVCU_DECODE_SHORT_KEYS;
+    const int64_t lng = (n + KVCU_DECODE_MIN_KEYS - 1) / KVCU_DECODE_MIN_KEYS;
+    int64_t m = shrt < KVCU_DECODE_SHORT_PARTS ? shrt : KVCU_DECODE_SHORT_PARTS;
+    if (m < lng) m = lng;
+    return target > 0 && m > target ? target : m;
 }
 
 __device__ inline attn_span attn_span_of(const attn_src &src, const attn_rows &rs, int t)
