@@ -14,7 +14,8 @@
 # "before" column.
 #
 # Usage: tools/ptx-table.sh [--out FILE] [--archs "75 80 90"] [--work DIR (kept; reused)]
-#                           [--count-arch 90] [--base REV]
+#                           [--count-arch 90] [--base REV] [--count-only (to stdout)]
+#                           [--only "cuda/x/a.cu ..." (those files rebuilt, the other rows kept)]
 # Needs nvcc (ptxas beside it). cuobjdump and nvdisasm: from the toolkit, or PyPI's
 # nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm (their bin/ on the PATH); without them the
 # SASS columns say so. Each file is compiled once per architecture: minutes on 2 cores.
@@ -25,6 +26,8 @@ ARCHS="75 80 90"
 WORK=
 COUNT_ARCH=90
 BASE=
+COUNT_ONLY=0
+ONLY=
 while [ $# -gt 0 ]; do
     case "$1" in
     --out) OUT=$2; shift ;;
@@ -32,7 +35,9 @@ while [ $# -gt 0 ]; do
     --work) WORK=$2; shift ;;
     --count-arch) COUNT_ARCH=$2; shift ;;
     --base) BASE=$2; shift ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --count-only) COUNT_ONLY=1 ;;
+    --only) ONLY=$2; shift ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ptx-table.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -45,37 +50,6 @@ mkdir -p "$WORK" || exit 2
 inc=""
 for d in "$ROOT"/reference_cpu/* "$ROOT"/cuda/* "$ROOT"/cuda; do
     [ -d "$d" ] && [ "$(basename "$d")" != emu ] && inc="$inc -I$d"
-done
-
-# per arch and file: ptxas -v lines -> "arch kernel regs spill" rows; SASS -> "arch kernel n hmma ldgsts trap"
-: >"$WORK/regs.txt"
-: >"$WORK/sass.txt"
-files=$(cd "$ROOT" && ls cuda/*/*.cu | grep -v '/kvcu_tp\.cu$')
-for a in $ARCHS; do
-    for f in $files; do
-        n=$(basename "$f" .cu)
-        # a --work DIR kept from an earlier run: a cubin newer than every source is reused
-        if [ ! -s "$WORK/$n.$a.cubin" ] ||
-           [ -n "$(find "$ROOT/cuda" "$ROOT/reference_cpu" -newer "$WORK/$n.$a.cubin" \
-                   \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' \) | head -n 1)" ]; then
-            # shellcheck disable=SC2086
-            nvcc -arch=sm_$a -std=c++17 -O3 -cubin -Xptxas -v $inc "$ROOT/$f" \
-                -o "$WORK/$n.$a.cubin" >"$WORK/$n.$a.log" 2>&1 ||
-                { cat "$WORK/$n.$a.log" >&2; echo "ptx-table.sh: $f does not compile for sm_$a" >&2
-                  rm -f "$WORK/$n.$a.cubin"; exit 1; }
-        fi
-        awk -v a="$a" '/Compiling entry function/ { k = $0; sub(/.*function .?/, "", k); sub(/.? for .*/, "", k); sp = "?" }
-            /Function properties for/ { k = $NF } # (the only name ptxas gives some entries)
-            /spill stores/ { sp = $5 + $9 }
-            /Used [0-9]+ registers/ && k != "" { for (i = 1; i <= NF; i++) if ($i == "Used") r = $(i + 1)
-                print a, k, r, sp; k = "" }' "$WORK/$n.$a.log" >>"$WORK/regs.txt"
-        if [ $HAVE_SASS -eq 1 ]; then
-            cuobjdump -sass "$WORK/$n.$a.cubin" | awk -v a="$a" '
-                /Function :/ { if (k != "") print a, k, n, h, g, t; k = $3; n = h = g = t = 0; next }
-                /^ +\/\*[0-9a-f][0-9a-f]*\*\/ / { n++; h += /HMMA/; g += /LDGSTS/; t += /BPT\.TRAP/ }
-                END { if (k != "") print a, k, n, h, g, t }' >>"$WORK/sass.txt"
-        fi
-    done
 done
 
 # ---- the decode kernels' main loop: instructions per KV byte ----
@@ -91,6 +65,9 @@ count_tree() {
     done
     for w in 0 1 2 3; do
         c="$WORK/count.$2.$w.cubin"
+        # a --work DIR kept from an earlier run: a cubin newer than every source is reused
+        [ -s "$c" ] && [ -z "$(find "$1/cuda" "$1/reference_cpu" -newer "$c" \
+            \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' \) | head -n 1)" ] ||
         # shellcheck disable=SC2086
         nvcc -arch=sm_$COUNT_ARCH -std=c++17 -O3 -cubin $cinc -DDEC_COUNT_D=$COUNT_D \
             -DDEC_COUNT_G=$COUNT_G -DDEC_COUNT_WARP=$w "$1/cuda/attention/kvcu_decode.cu" -o "$c" \
@@ -119,8 +96,12 @@ count_section() {
     count_tree "$ROOT" now
     if [ -n "$BASE" ]; then
         b="$WORK/base"
-        rm -rf "$b" && mkdir -p "$b" && git -C "$ROOT" archive "$BASE" cuda reference_cpu | tar -x -C "$b" ||
-            { echo "ptx-table.sh: no commit $BASE" >&2; exit 1; }
+        # extracted once per commit into a --work DIR (kept: its cubins are reused)
+        if [ "$(cat "$b.rev" 2>/dev/null)" != "$(git -C "$ROOT" rev-parse "$BASE" 2>/dev/null)" ]; then
+            rm -rf "$b" && mkdir -p "$b" && git -C "$ROOT" archive "$BASE" cuda reference_cpu | tar -x -C "$b" ||
+                { echo "ptx-table.sh: no commit $BASE" >&2; exit 1; }
+            git -C "$ROOT" rev-parse "$BASE" >"$b.rev"
+        fi
         count_tree "$b" base
     fi
     echo ""
@@ -145,9 +126,48 @@ count_section() {
                 bytes = 2 * t * rb + (f == 3 ? 2 * t * 4 : 0)
                 line = sprintf("| `attn_fast_kernel<%d>` | %s | %d | %d | %d (%s)%s | %.3f |", f, name[f], t, bytes,
                                n["now", f], list["now", f], in_["now", f] ? ", inner loops left" : "", n["now", f] / bytes)
-                if (base != "") line = line sprintf(" %.3f |", n["base", f] / bytes)
+                if (base != "") line = line sprintf(" %.3f%s |", n["base", f] / bytes,
+                                                    in_["base", f] ? " (inner loops left)" : "")
                 print line } }' "$WORK/count.txt"
 }
+
+if [ $COUNT_ONLY -eq 1 ]; then
+    [ $HAVE_SASS -eq 1 ] || { echo "ptx-table.sh: the count needs cuobjdump" >&2; exit 2; }
+    count_section
+    exit 0
+fi
+
+# per arch and file: ptxas -v lines -> "arch kernel regs spill" rows; SASS -> "arch kernel n hmma ldgsts trap"
+: >"$WORK/regs.txt"
+: >"$WORK/sass.txt"
+files=$(cd "$ROOT" && ls cuda/*/*.cu | grep -v '/kvcu_tp\.cu$')
+[ -n "$ONLY" ] && files=$ONLY
+for a in $ARCHS; do
+    for f in $files; do
+        n=$(basename "$f" .cu)
+        # a --work DIR kept from an earlier run: a cubin newer than every source is reused
+        if [ ! -s "$WORK/$n.$a.cubin" ] ||
+           [ -n "$(find "$ROOT/cuda" "$ROOT/reference_cpu" -newer "$WORK/$n.$a.cubin" \
+                   \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' \) | head -n 1)" ]; then
+            # shellcheck disable=SC2086
+            nvcc -arch=sm_$a -std=c++17 -O3 -cubin -Xptxas -v $inc "$ROOT/$f" \
+                -o "$WORK/$n.$a.cubin" >"$WORK/$n.$a.log" 2>&1 ||
+                { cat "$WORK/$n.$a.log" >&2; echo "ptx-table.sh: $f does not compile for sm_$a" >&2
+                  rm -f "$WORK/$n.$a.cubin"; exit 1; }
+        fi
+        awk -v a="$a" '/Compiling entry function/ { k = $0; sub(/.*function .?/, "", k); sub(/.? for .*/, "", k); sp = "?" }
+            /Function properties for/ { k = $NF } # (the only name ptxas gives some entries)
+            /spill stores/ { sp = $5 + $9 }
+            /Used [0-9]+ registers/ && k != "" { for (i = 1; i <= NF; i++) if ($i == "Used") r = $(i + 1)
+                print a, k, r, sp; k = "" }' "$WORK/$n.$a.log" >>"$WORK/regs.txt"
+        if [ $HAVE_SASS -eq 1 ]; then
+            cuobjdump -sass "$WORK/$n.$a.cubin" | awk -v a="$a" '
+                /Function :/ { if (k != "") print a, k, n, h, g, t; k = $3; n = h = g = t = 0; next }
+                /^ +\/\*[0-9a-f][0-9a-f]*\*\/ / { n++; h += /HMMA/; g += /LDGSTS/; t += /BPT\.TRAP/ }
+                END { if (k != "") print a, k, n, h, g, t }' >>"$WORK/sass.txt"
+        fi
+    done
+done
 
 # the table: one row per kernel (its name demangled when c++filt is there), per arch
 demangle() { if command -v c++filt >/dev/null 2>&1; then c++filt; else cat; fi; }
@@ -160,6 +180,7 @@ demangle() { if command -v c++filt >/dev/null 2>&1; then c++filt; else cat; fi; 
     echo "kernel's machine code (cuobjdump -sass), then the HMMA (tensor-core mma), LDGSTS (cp.async)"
     echo "and BPT.TRAP among them: below sm_80 a tensor-core kernel is a trap the host never"
     echo "launches (cuda/README.md, \"Which GPUs\"), and cp.async becomes plain loads and stores."
+    [ -n "$ONLY" ] && echo "This run rebuilt the rows of $(echo $ONLY | sed 's/ /, /g'); the other rows are an earlier full run's."
     echo ""
     printf '| kernel |'
     for a in $ARCHS; do printf ' sm_%s regs / spill | sm_%s SASS (HMMA, LDGSTS, trap) |' "$a" "$a"; done
@@ -184,7 +205,14 @@ demangle() { if command -v c++filt >/dev/null 2>&1; then c++filt; else cat; fi; 
         }' "$WORK/regs.txt" "$WORK/sass.txt" | sort |
         while IFS="$(printf '\t')" read -r k rest; do
             printf '| `%s` %s\n' "$(echo "$k" | demangle | sed 's/|/\\|/g')" "$rest"
-        done
-    [ $HAVE_SASS -eq 1 ] && count_section
+        done >"$WORK/rows.txt"
+    # --only: the rows of kernels in files not rebuilt stay as the table had them
+    if [ -n "$ONLY" ] && [ -s "$OUT" ]; then
+        awk -F'|' 'FNR == NR { new[$2] = 1; print; next } /^## / { stop = 1 }
+                   !stop && /^\| `/ && !($2 in new) { print }' "$WORK/rows.txt" "$OUT" | sort
+    else
+        cat "$WORK/rows.txt"
+    fi
+    if [ $HAVE_SASS -eq 1 ]; then count_section; fi
 } >"$OUT.tmp" && mv "$OUT.tmp" "$OUT"
 echo "ptx-table.sh: $(grep -c '^| `' "$OUT") kernels in $OUT"
