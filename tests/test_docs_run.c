@@ -241,7 +241,8 @@ static void run_readme(const char *root, const char *kvlab, const char *readme, 
             continue;
         }
         if (!fenced) {
-            if (strstr(l, "<!-- docs-test:")) {
+            /* a marker is a line of its own; prose that mentions one in a code span is prose */
+            if (!strncmp(trim(l), "<!-- docs-test:", 15)) {
                 memset(&pending, 0, sizeof pending);
                 parse_marker(l, &pending, where);
             } else if (*trim(l)) {
