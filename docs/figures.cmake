@@ -23,7 +23,7 @@ endfunction()
 
 # ---- chapter 01: cost of each naive step by position ------------------------------------------
 message(STATUS "figures: kvlab tour --chapter 1 --csv (a few seconds)")
-kv_run(${KVLAB} tour --chapter 1 --csv OUTPUT_FILE ${OUT}/ch01-naive.csv)
+kv_run(${KVLAB} tour --chapter 1 --csv - OUTPUT_FILE ${OUT}/ch01-naive.csv)
 kv_plot(ch01-cost-per-token "
 set title 'Chapter 01: naive recompute, cost of the step at each position'
 set xlabel 'position p of the new token'
@@ -39,7 +39,7 @@ plot '${OUT}/ch01-naive.csv' every ::1 using 4:7 with lines lw 2 title 'projecti
 
 # ---- chapter 02: naive vs cached, same run ----------------------------------------------------
 message(STATUS "figures: kvlab tour --chapter 2 --csv (a few seconds)")
-kv_run(${KVLAB} tour --chapter 2 --csv OUTPUT_FILE ${OUT}/ch02-naive-vs-cached.csv)
+kv_run(${KVLAB} tour --chapter 2 --csv - OUTPUT_FILE ${OUT}/ch02-naive-vs-cached.csv)
 # linear axes, two panels: naive grows with p (its slope is the whole model per token), the
 # cached step is flat but for attention's slope, which only its own panel's scale shows
 kv_plot(ch02-cost-per-token "
@@ -106,7 +106,7 @@ plot ${plot_lines}
 
 # ---- chapter 05: KV bytes reserved per step, contiguous policies vs paging ------------------
 message(STATUS "figures: kvlab tour --chapter 5 --csv (under a second)")
-kv_run(${KVLAB} tour --chapter 5 --csv OUTPUT_FILE ${OUT}/ch05-tour.csv)
+kv_run(${KVLAB} tour --chapter 5 --csv - OUTPUT_FILE ${OUT}/ch05-tour.csv)
 # the per-step rows of part 2 ("2t,...") with their header, as a CSV of their own
 file(STRINGS ${OUT}/ch05-tour.csv ch05_lines REGEX "^(2t,|part,step,held_bytes)")
 list(JOIN ch05_lines "\n" ch05_text)
@@ -148,7 +148,7 @@ plot p every ::1 using 1:3 with steps lw 2 title 'paged: blocks used', \\
 
 # ---- chapter 06: memory on an endless stream, window vs full cache --------------------------
 message(STATUS "figures: kvlab stream --csv, 32768 tokens through a window, 8192 kept in full (about 10 s)")
-kv_run(${KVLAB} stream --tokens 32768 --full-tokens 8192 --every 1024 --csv
+kv_run(${KVLAB} stream --tokens 32768 --full-tokens 8192 --every 1024 --csv -
   OUTPUT_FILE ${OUT}/ch06-stream.csv)
 kv_plot(ch06-stream-memory "
 set title 'Chapter 06: KV bytes held while streaming (tiny model, fp16; 4 sinks + 256-token window)' noenhanced
@@ -221,7 +221,7 @@ plot ${ch07_normal}
 # kvlab bench attention counts the bytes (kv_flash_stats), so this figure is the same on any
 # machine; its time columns are not plotted. One file per (mode, algorithm): n_keys, MiB.
 message(STATUS "figures: kvlab bench attention --csv (about 20 s)")
-kv_run(${KVLAB} bench attention --csv --decode 1024,4096,16384 --prefill 256,512,1024
+kv_run(${KVLAB} bench attention --csv - --decode 1024,4096,16384 --prefill 256,512,1024
   --repeats 1 --prefill-repeats 1 OUTPUT_FILE ${OUT}/ch08-attention.csv)
 set(ch08_plot "")
 foreach(mode decode prefill)
@@ -259,7 +259,7 @@ plot ${ch08_plot}
 # ("kept,model,cache,layer,reader,position,needle"): for the evicting methods the positions
 # kept after the 512-token haystack, for quest and topk the positions each question reads.
 message(STATUS "figures: kvlab tour --chapter 9 --csv (a few seconds)")
-kv_run(${KVLAB} tour --chapter 9 --csv OUTPUT_FILE ${OUT}/ch09-tour.csv)
+kv_run(${KVLAB} tour --chapter 9 --csv - OUTPUT_FILE ${OUT}/ch09-tour.csv)
 file(STRINGS ${OUT}/ch09-tour.csv ch09_lines REGEX "^(kept,|part,model,cache,layer,)")
 list(JOIN ch09_lines "\n" ch09_text)
 file(WRITE ${OUT}/ch09-kept.csv "${ch09_text}\n")
@@ -346,7 +346,7 @@ plot f every ::1 using 1:(\$2 / (\$3 * \$4)) with linespoints lw 2 pt 7 title 'K
 # MLA decode reads one 576-element row for all H heads; MHA, GQA-8 and MQA of the same head dim
 # do 2G/b. The two ridge points are an H100's datasheet rates over its HBM bandwidth.
 message(STATUS "figures: kvlab tour --chapter 11 --csv (counted, under a second)")
-kv_run(${KVLAB} tour --chapter 11 --csv OUTPUT_FILE ${OUT}/ch11-intensity.csv)
+kv_run(${KVLAB} tour --chapter 11 --csv - OUTPUT_FILE ${OUT}/ch11-intensity.csv)
 kv_plot(ch11-intensity "
 set termoption noenhanced
 set title 'Chapter 11: FLOPs per byte of one decode step of attention (bf16, DeepSeek-V2 dims: d_c 512, d_R 64, d 128)'

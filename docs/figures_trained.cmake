@@ -4,10 +4,10 @@
 # About 5 minutes of CPU in all (the eval ppl runs dominate).
 set(KJV ${SRC}/datasets/models)
 
-# one `kvlab eval ppl ... --csv` run: its result row, prefixed with @p label, appended to @p csv
+# one `kvlab eval ppl ... --csv -` run: its result row, prefixed with @p label, appended to @p csv
 # (the header, prefixed with "label", written first when the file is new)
 function(kv_ppl csv label)
-  kv_run(${KVLAB} eval ppl ${ARGN} --csv OUTPUT_VARIABLE o)
+  kv_run(${KVLAB} eval ppl ${ARGN} --csv - OUTPUT_VARIABLE o)
   string(REPLACE "\n" ";" lines "${o}")
   list(GET lines 0 head)
   list(GET lines 1 row)
@@ -61,7 +61,7 @@ plot f every ::1 using 1:3 with linespoints lw 2 pt 7 title 'held-out perplexity
 
 # ---- chapter 04: mean |K| per channel before and after RoPE ------------------------------------
 message(STATUS "figures: chapter 04 on the trained model: kvlab eval keys (a second)")
-kv_run(${KVLAB} eval keys --csv OUTPUT_FILE ${OUT}/ch04-trained-keys.csv)
+kv_run(${KVLAB} eval keys --csv - OUTPUT_FILE ${OUT}/ch04-trained-keys.csv)
 kv_plot(ch04-trained-key-channels "
 set terminal svg size 900,500 dynamic font 'sans,12'
 set output '${OUT}/ch04-trained-key-channels.svg'
@@ -78,7 +78,7 @@ plot f every ::1 using (\$1 == 3 ? \$2 * 32 + \$3 : 1/0):4 with impulses lw 3 lc
 
 # ---- chapter 06: attention mass per position (sinks?) -------------------------------------------
 message(STATUS "figures: chapter 06 on the trained model: kvlab eval mass (a second)")
-kv_run(${KVLAB} eval mass --csv OUTPUT_FILE ${OUT}/ch06-trained-mass.csv)
+kv_run(${KVLAB} eval mass --csv - OUTPUT_FILE ${OUT}/ch06-trained-mass.csv)
 kv_plot(ch06-trained-mass "
 set title 'Chapter 06: attention mass each position receives, trained model, first 512 held-out tokens' noenhanced
 set xlabel 'position p'
@@ -134,7 +134,7 @@ file(WRITE ${OUT}/ch10-trained.csv "draft_layers,temperature,k,tokens_per_step,a
 foreach(dl 1 2 3)
   foreach(t 0 1)
     kv_run(${KVLAB} spec --model ${KJV}/kjv.bin --draft-layers ${dl} --temperature ${t}
-      --tokens 128 --max-k 6 --csv OUTPUT_VARIABLE o)
+      --tokens 128 --max-k 6 --csv - OUTPUT_VARIABLE o)
     string(REPLACE "\n" ";" lines "${o}")
     list(REMOVE_AT lines 0)
     foreach(row ${lines})

@@ -7,7 +7,7 @@
 # usage: check_bench_attention_mma.sh <kvlab>
 kvlab=$1
 out=$("$kvlab" bench attention --device cuda --quick --heads 8 --kv-heads 1 \
-      --dtypes bf16,int8,fp8 --layouts contiguous --batch 1 --lengths 600 --csv) ||
+      --dtypes bf16,int8,fp8 --layouts contiguous --batch 1 --lengths 600 --csv -) ||
     { echo "FAIL: exit $?"; echo "$out"; exit 1; }
 echo "$out"
 pass=0 fail=0

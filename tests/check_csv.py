@@ -9,10 +9,15 @@ carry those strings must read back as the strings themselves. A stream may hold 
 kvlab tour --csv-dir writes those tables one per file: each file must be one header and rows of
 its width, and the files together the stream's tables, in order.
 
+Every bench's --json FILE, read back by Python's json module: the build (version, commit), the
+machine (CPU, threads, device, read bandwidth), the options as given, and the same tables as
+its --csv FILE of the same run, row for row; tools/plot.py draws one of them.
+
 usage: check_csv.py <kvlab> <datasets folder>     (exit 0: all passed, 1: a failure)
 """
 import csv
 import io
+import json
 import os
 import re
 import shutil
@@ -117,6 +122,68 @@ def plot_some(out, names):
                 fail(f"tools/plot.py {name}: exit {r.returncode}, no PNG: {r.stderr[-300:]}")
 
 
+def check_json(kvlab, d, args):
+    """One bench with --json and --csv together: the JSON's tables are the CSV's, value for
+    value (numbers as numbers, empty fields as null), beside the build, machine and options."""
+    global checks
+    what, out = run(kvlab, d, args + ["--json", "j,1.json", "--csv", "j,1.csv"])
+    if out.strip():
+        fail(f"{what}: printed {out[:80]!r} though the rows went to files")
+    try:
+        with open(os.path.join(d, "j,1.json")) as f:
+            doc = json.load(f)
+        with open(os.path.join(d, "j,1.csv"), newline="") as f:
+            want = tables(f.read(), what)
+    except (OSError, ValueError) as e:
+        fail(f"{what}: {e}")
+        return None
+    checks += 1
+    for key in ("kvlab", "commit", "command", "argv", "options", "machine", "results"):
+        if key not in doc:
+            fail(f"{what}: the JSON lacks {key}")
+            return None
+    m = doc["machine"]
+    if not (m.get("cpu") and m.get("threads", 0) >= 1 and m.get("device")
+            and (m.get("read_bandwidth_gbps") or 0) > 0):
+        fail(f"{what}: machine reads {m}")
+    if doc["options"].get("json") != "j,1.json" or doc["command"] != "kvlab " + " ".join(args[:2]):
+        fail(f"{what}: command {doc['command']!r}, options {doc['options']}")
+    got = doc["results"]
+    if [t["columns"] for t in got] != [h for h, _ in want]:
+        fail(f"{what}: the JSON's columns {[t['columns'] for t in got]} are not the CSV's")
+        return None
+    for t, (h, rows) in zip(got, want):
+        checks += 1
+        if len(t["rows"]) != len(rows):
+            fail(f"{what}: {len(t['rows'])} JSON rows, {len(rows)} CSV rows")
+        for jr, cr in zip(t["rows"], rows):
+            for name, v in zip(h, cr):
+                j = jr.get(name)
+                same = (j is None and v == "") or (isinstance(j, str) and j == v) or \
+                    (isinstance(j, (int, float)) and number(v) and float(v) == float(j))
+                if not same:
+                    fail(f"{what}: column {name}: JSON {j!r}, CSV {v!r}")
+                    return None
+    return os.path.join(d, "j,1.json")
+
+
+def plot_json(path):
+    """tools/plot.py reads a --json file as it reads a CSV (where matplotlib is installed)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    if not path:
+        return
+    plot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "plot.py")
+    png = path + ".png"
+    r = subprocess.run([sys.executable, plot, path, "--x", "n", "--y", "swap_s,gpu_s", "--out", png],
+                       capture_output=True, text=True)
+    with open(png, "rb") if os.path.exists(png) else io.BytesIO() as f:
+        if r.returncode != 0 or f.read(8) != b"\x89PNG\r\n\x1a\n":
+            fail(f"tools/plot.py {path}: exit {r.returncode}, no PNG: {r.stderr[-300:]}")
+
+
 def check_csv_dir(kvlab, d, stream):
     """tour --csv-dir: one file per table of the --csv stream @p stream, each one header and
     rows of its width (what pandas reads); the same headers in the same order, the same row
@@ -157,7 +224,7 @@ def check_csv_dir(kvlab, d, stream):
                 fail(f"{what}: {name}: a row {r} under the header {rows[0]}")
         got.append((name, rows[0], rows[1:]))
     plot_some(out, [n for n, _, _ in got])
-    want = tables(stream, "kvlab tour --quick --csv")
+    want = tables(stream, "kvlab tour --quick --csv -")
     if [h for _, h, _ in got] != [h for h, _ in want]:
         fail(f"{what}: the files' headers {[n for n, _, _ in got]} are not the stream's tables "
              f"{[h[:3] for h, _ in want]}")
@@ -173,6 +240,7 @@ def check_csv_dir(kvlab, d, stream):
 
 
 def main():
+    global checks
     if len(sys.argv) != 3:
         print(__doc__)
         return 2
@@ -186,7 +254,7 @@ def main():
         # eval: the text's name, the cache spec and the layout name (which holds commas) as fields
         for extra in ([], ["--layout", "paged"], ["--recent", "32", "--kl"]):
             what, out = run(kvlab, d, ["eval", "ppl", "--text", "a,b.txt", "--limit", "60",
-                                       "--cache", cache, "--csv"] + extra)
+                                       "--cache", cache, "--csv", "-"] + extra)
             t = tables(out, what)
             expect(t, what, "text", "a,b.txt")
             if not extra:
@@ -200,7 +268,7 @@ def main():
                 if len(got) != 1 or not got[0].startswith(cache + "/recent32"):
                     fail(f"{what}: cache reads {got}")
         for sub in ("keys", "mass"):
-            what, out = run(kvlab, d, ["eval", sub, "--text", "a,b.txt", "--tokens", "16", "--csv"])
+            what, out = run(kvlab, d, ["eval", sub, "--text", "a,b.txt", "--tokens", "16", "--csv", "-"])
             tables(out, what)
 
         # needle and serve: files named with commas, the cache spec in a column
@@ -215,23 +283,64 @@ def main():
                 tables(f.read(), what + " (" + name + ")")
 
         # every other command's --csv, at small sizes
-        for args in (["stream", "--tokens", "400", "--full-tokens", "200", "--csv"],
-                     ["spec", "--default", "tiny", "--tokens", "16", "--max-k", "2", "--csv"],
+        for args in (["stream", "--tokens", "400", "--full-tokens", "200", "--csv", "-"],
+                     ["spec", "--default", "tiny", "--tokens", "16", "--max-k", "2", "--csv", "-"],
                      ["spec", "--default", "tiny", "--tokens", "16", "--max-k", "2", "--window",
-                      "32", "--csv"],
-                     ["bench", "attention-gqa", "--seq", "256", "--repeats", "1", "--csv"],
+                      "32", "--csv", "-"],
+                     ["bench", "attention-gqa", "--seq", "256", "--repeats", "1", "--csv", "-"],
                      ["bench", "swap", "--max", "64", "--measure-max", "32", "--repeats", "1",
-                      "--csv"],
+                      "--csv", "-"],
                      ["bench", "paged", "--lengths", "64", "--repeats", "1", "--heads", "4",
-                      "--kv-heads", "2", "--head-dim", "32", "--csv"],
+                      "--kv-heads", "2", "--head-dim", "32", "--csv", "-"],
                      ["bench", "attention", "--decode", "64", "--prefill", "64", "--repeats", "1",
-                      "--prefill-repeats", "1", "--heads", "4", "--kv-heads", "2", "--csv"],
+                      "--prefill-repeats", "1", "--heads", "4", "--kv-heads", "2", "--csv", "-"],
                      ["bench", "quant", "--quick", "--no-needles", "--seq", "256", "--repeats",
-                      "1", "--csv"],
-                     ["tour", "--quick", "--csv"]):
+                      "1", "--csv", "-"],
+                     ["bench", "decode", "--steps", "8", "--repeats", "1", "--csv", "-"],
+                     ["bench", "bandwidth", "--mib", "8", "--repeats", "1", "--csv", "-"],
+                     ["bench", "engine", "--tokens", "8", "--repeats", "1", "--dim", "64",
+                      "--layers", "1", "--heads", "2", "--hidden", "64", "--vocab", "64",
+                      "--csv", "-"],
+                     ["calc", "--csv", "-"],
+                     ["calc", "--preset", "llama-3-8b", "--seq", "4096", "--tp", "4", "--csv", "-"],
+                     ["tp", "--default", "tiny", "--tokens", "8", "--repeats", "1", "--csv", "-"],
+                     ["tour", "--quick", "--csv", "-"]):
             what, out = run(kvlab, d, args)
             tables(out, what)
-        check_csv_dir(kvlab, d, out)  # the last stream: tour --quick --csv
+        out_tour = out
+
+        # --csv FILE writes what --csv - prints (a name with a comma); the commands that write
+        # their own file print the rows alone on stdout with --csv -, the tables on stderr
+        what, out = run(kvlab, d, ["calc", "--csv", "c,1.csv"])
+        with open(os.path.join(d, "c,1.csv"), newline="") as f:
+            checks += 1
+            if out != "" or f.read() != run(kvlab, d, ["calc", "--csv", "-"])[1]:
+                fail(f"{what}: the file differs from --csv -'s output, or the table was printed")
+        for args in (["needle", "--models", "direct", "--lengths", "64", "--depths", "50",
+                      "--csv", "-"],
+                     ["serve", "--trace", "tr,ace.csv", "--max-requests", "4", "--csv", "-"]):
+            what, out = run(kvlab, d, args)
+            tables(out, what)
+        check_csv_dir(kvlab, d, out_tour)  # tour --quick --csv -
+
+        # every bench's --json (the CPU ones; prefill, mla and the --device cuda runs need a GPU)
+        plotted = None
+        for args in (["bench", "decode", "--steps", "8", "--repeats", "1"],
+                     ["bench", "attention-gqa", "--seq", "256", "--repeats", "1"],
+                     ["bench", "quant", "--quick", "--no-needles", "--seq", "256", "--repeats", "1"],
+                     ["bench", "bandwidth", "--mib", "8", "--repeats", "1"],
+                     ["bench", "engine", "--tokens", "8", "--repeats", "1", "--dim", "64",
+                      "--layers", "1", "--heads", "2", "--hidden", "64", "--vocab", "64"],
+                     ["bench", "paged", "--lengths", "64", "--repeats", "1", "--heads", "4",
+                      "--kv-heads", "2", "--head-dim", "32"],
+                     ["bench", "attention", "--decode", "64", "--prefill", "64", "--repeats", "1",
+                      "--prefill-repeats", "1", "--heads", "4", "--kv-heads", "2"],
+                     ["bench", "swap", "--max", "64", "--measure-max", "32", "--repeats", "1"]):
+            path = check_json(kvlab, d, args)
+            if path and args[1] == "swap":
+                plotted = os.path.join(d, "swap.json")
+                shutil.copy(path, plotted)
+        plot_json(plotted)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     print(f"{checks} rows checked; {checks - len(failures)} passed, {len(failures)} failed")

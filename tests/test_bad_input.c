@@ -638,7 +638,7 @@ static void test_cli(void)
     CLI_BAD("--gpu-tflops|out of range", "bench", "swap", "--gpu-tflops", "0");
     CLI_BAD("--gpu-tflops|not a number", "bench", "swap", "--gpu-tflops", "inf");
     CLI_BAD("--gpu-tflops|out of range", "bench", "swap", "--gpu-tflops", "1e7");
-    CLI_BAD("--csv|takes no value", "bench", "swap", "--csv=out.csv");
+    CLI_BAD("--csv|missing value|--csv FILE|--csv -", "bench", "swap", "--csv");
 
     /* kvlab bench attention: the length lists, "none", formats, tiles */
     CLI_BAD("--decode|'0'|out of range", "bench", "attention", "--decode", "0");
@@ -686,7 +686,8 @@ static void test_cli(void)
     CLI_BAD("--prefill|'v5'", "generate", "--prefill", "v5");
     CLI_BAD("--device|give --device cuda", "bench", "prefill");
     CLI_BAD("--device|give --device cuda", "bench", "mla");
-    CLI_BAD("--csv|takes no value", "tour", "--chapter", "8", "--csv=1");
+    CLI_BAD("--csv|missing value|--csv -", "tour", "--chapter", "8", "--csv", "--quick");
+    CLI_BAD("--csv|empty", "tour", "--chapter", "8", "--csv=");
     CLI_BAD("unexpected argument '8'", "tour", "--chapter", "7", "8");
 
     char *huge = malloc(100001);

@@ -594,7 +594,7 @@ static void test_cli_ch09_10(void)
 
     /* kvlab tour: chapter 12 has no demo */
     CLI_BAD("--chapter|no demo for chapter 12", "tour", "--chapter", "12");
-    CLI_BAD("--chapter|no demo for chapter 12", "tour", "--chapter", "12", "--csv");
+    CLI_BAD("--chapter|no demo for chapter 12", "tour", "--chapter", "12", "--csv", "-");
 }
 
 int main(int argc, char **argv)

@@ -246,9 +246,9 @@ static void test_runs(const char *cuda_mode, int quick)
     EXPECT_OK("64 KiB", "calc", "--compare-heads");
     EXPECT_OK("G", "tour", "--chapter", "3", q);
     EXPECT_OK("int8", "tour", "--chapter", "4", q);
-    EXPECT_OK("chapter,mode,step", "tour", "--chapter", "1", "--csv", q);
+    EXPECT_OK("chapter,mode,step", "tour", "--chapter", "1", "--csv", "-", q);
     /* chapter 09's CSV: both tables, the second (kept positions) ending with the figure's rows */
-    EXPECT_OK("kept,direct,topk/b16,2,question 100%", "tour", "--chapter", "9", "--csv", q);
+    EXPECT_OK("kept,direct,topk/b16,2,question 100%", "tour", "--chapter", "9", "--csv", "-", q);
     /* tour --quick (what memcheck runs): every chapter's demo, its checks included, exit 0 */
     EXPECT_OK("== chapter 10: speculative decoding: the cache writes every draft, rolls back the "
               "rejected (device cpu, quick sizes) ==", "tour", "--quick");
@@ -268,7 +268,7 @@ static void test_runs(const char *cuda_mode, int quick)
     EXPECT_OK("recompute dearer than swap", "bench", "swap", "--model", "llama-2-7b", "--max", "64");
     EXPECT_OK("prefill,cpu,cpu tiled", "bench", "attention", "--decode", "none", "--prefill", "32",
               "--prefill-heads", "2", "--prefill-kv-heads", "1", "--head-dim", "16",
-              "--prefill-repeats", "1", "--csv");
+              "--prefill-repeats", "1", "--csv", "-");
     EXPECT_OK("cpu engine", "bench", "attention", "--decode", "64", "--prefill", "none",
               "--only", "engine", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
               "--repeats", "1");
@@ -312,14 +312,14 @@ static void test_runs(const char *cuda_mode, int quick)
             EXPECT_OK("\ndecode,cpu,cpu engine resident,8,8,64,fp16,1,", "bench", "attention",
                       "--decode", ns, "--prefill", "none", "--only", "engine", "--heads", "8",
                       "--kv-heads", "8", "--head-dim", "64", "--dtype", "fp16", "--repeats", "1",
-                      "--csv");
+                      "--csv", "-");
         }
     }
     /* chapter 05: every layout against the memory's rate for its pattern, in the same run */
     EXPECT_OK("in shuffled chunks of one head's block: B8 (512 B)", "bench", "paged", "--heads",
               "2", "--kv-heads", "1", "--head-dim", "16", "--lengths", "64", "--repeats", "1");
     EXPECT_OK("paged,8,cpu,", "bench", "paged", "--heads", "2", "--kv-heads", "1", "--head-dim",
-              "16", "--lengths", "64", "--repeats", "1", "--csv");
+              "16", "--lengths", "64", "--repeats", "1", "--csv", "-");
     EXPECT_OK("6 of 6 cells pass", "needle", "--lengths", "200", "--depths", "0,50,100", "--layout", "paged", "--block-size", "8");
 
     /* greedy naive and cached generation print the same tokens */
@@ -416,7 +416,7 @@ static void test_outliers(void)
     double k8[2], kivi[2], v8[2];
     for (int o = 0; o < 2; o++) {
         result r = run("bench", "quant", "--quick", "--no-needles", "--seq", "64", "--repeats", "1",
-                       "--csv", "--outlier-channels", o ? "1" : "0", (const char *)NULL);
+                       "--csv", "-", "--outlier-channels", o ? "1" : "0", (const char *)NULL);
         KV_CHECK(r.rc == 0, "bench quant --outlier-channels %d: exit %d (%s)", o, r.rc, r.err);
         k8[o] = csv_field(r.out, "int8", 2);
         v8[o] = csv_field(r.out, "int8", 3);

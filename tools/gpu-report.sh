@@ -264,18 +264,18 @@ report ''
 report '## bench attention --device cuda'
 report ''
 if [ $DRY -eq 1 ]; then
-    run bench_attention "$B_ATTN1" "$KVLAB" bench attention --device cuda --csv --quick \
+    run bench_attention "$B_ATTN1" "$KVLAB" bench attention --device cuda --csv - --quick \
         --lengths 64 --batch 1,2
     csv_table bench_attention layout,
 else
     report 'B 1: every kernel to N 32k; at 128k attn v2 (the reference) and the engine alone.'
-    run bench_attention "$B_ATTN1" "$KVLAB" bench attention --device cuda --csv --lean \
+    run bench_attention "$B_ATTN1" "$KVLAB" bench attention --device cuda --csv - --lean \
         --batch 1 --lengths 4096,32768,131072 --repeats 2
     csv_table bench_attention layout,
     report ''
     report 'B 32: the engine'"'"'s batched launch alone, sequence 0 of it held bit for bit to that'
     report 'sequence decoded alone (no reference at B 32).'
-    run bench_attention_b32 "$B_ATTN32" "$KVLAB" bench attention --device cuda --csv --lean \
+    run bench_attention_b32 "$B_ATTN32" "$KVLAB" bench attention --device cuda --csv - --lean \
         --batch 32 --lengths 4096,32768 --repeats 2
     csv_table bench_attention_b32 layout,
 fi
@@ -291,7 +291,7 @@ if [ $DRY -eq 1 ]; then
 else
     MQA=(--lengths 32768 --batch 1 --repeats 2)
 fi
-run bench_attention_mqa "$B_MQA" "$KVLAB" bench attention --device cuda --csv --kv-heads 1 \
+run bench_attention_mqa "$B_MQA" "$KVLAB" bench attention --device cuda --csv - --kv-heads 1 \
     --dtypes fp16,bf16 --layouts contiguous "${MQA[@]}"
 csv_table bench_attention_mqa layout,
 report ''
@@ -302,14 +302,14 @@ report ''
 report '## bench engine --device cuda'
 report ''
 if [ $DRY -eq 1 ]; then ENG=(--quick); else ENG=(--repeats 2); fi
-run bench_engine "$B_ENGINE" "$KVLAB" bench engine --device cuda --csv "${ENG[@]}"
+run bench_engine "$B_ENGINE" "$KVLAB" bench engine --device cuda --csv - "${ENG[@]}"
 csv_table bench_engine config,
 
 report ''
 report '## bench mla --device cuda'
 report ''
 if [ $DRY -eq 1 ]; then MLA=(--quick); else MLA=(--repeats 2); fi
-run bench_mla "$B_MLA" "$KVLAB" bench mla --device cuda --csv "${MLA[@]}"
+run bench_mla "$B_MLA" "$KVLAB" bench mla --device cuda --csv - "${MLA[@]}"
 csv_table bench_mla layout,
 report ''
 report 'The absorbed MLA decode (chapter 11): flop_per_byte = 2176 H / (576 b); of_mma: TFLOP/s over'

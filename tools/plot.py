@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Draw one CSV table of kvlab (a file of `kvlab tour --csv-dir DIR`, or any file with one header
-row) as a line chart, PNG, with matplotlib:
+"""Draw one CSV table of kvlab (a file of `kvlab tour --csv-dir DIR`, any file with one header
+row, or a bench's `--json FILE`) as a line chart, PNG, with matplotlib:
 
     kvlab tour --quick --csv-dir out && tools/plot.py out/ch02-1-mode.csv --x position --y seconds
 
@@ -13,6 +13,7 @@ Reads with the csv module of the standard library; only the drawing needs matplo
 """
 import argparse
 import csv
+import json
 import os
 import sys
 
@@ -25,7 +26,23 @@ def number(s):
         return False
 
 
-def read(path):
+def read_json(path, table):
+    """A bench's --json file: its results' table number @p table (columns, rows of objects)."""
+    with open(path) as f:
+        doc = json.load(f)
+    tables = doc.get("results") if isinstance(doc, dict) else None
+    if not tables:
+        sys.exit(f"plot.py: {path} holds no results (a kvlab --json file has a results list)")
+    if not 0 <= table < len(tables):
+        sys.exit(f"plot.py: {path} has tables 0..{len(tables) - 1}, not {table}")
+    header = tables[table]["columns"]
+    rows = [["" if r.get(h) is None else str(r.get(h)) for h in header] for r in tables[table]["rows"]]
+    return header, rows
+
+
+def read(path, table=0):
+    if path.endswith(".json"):
+        return read_json(path, table)
     with open(path, newline="") as f:
         rows = list(csv.reader(f, strict=True))
     if not rows:
@@ -41,7 +58,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("csv", metavar="FILE.csv", help="a CSV file: one header row, then rows")
+    ap.add_argument("csv", metavar="FILE", help="a CSV file (one header row, then rows), or a "
+                    "bench's --json file (FILE.json)")
+    ap.add_argument("--table", type=int, default=0, metavar="N", help="of a --json file: the "
+                    "results' table N (default 0)")
     ap.add_argument("--x", metavar="COL", help="the x column (default: the first numeric one "
                     "that varies)")
     ap.add_argument("--y", metavar="COL[,COL]", help="the y columns (default: every other "
@@ -52,7 +72,7 @@ def main():
     ap.add_argument("--out", metavar="PNG", help="where to write (default: FILE.png)")
     a = ap.parse_args()
 
-    header, rows = read(a.csv)
+    header, rows = read(a.csv, a.table)
     col = {name: [r[i] for r in rows] for i, name in enumerate(header)}
     numeric = [h for h in header if any(col[h]) and all(number(v) for v in col[h] if v)]
     varies = [h for h in numeric if len(set(col[h])) > 1]

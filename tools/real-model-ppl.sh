@@ -48,28 +48,28 @@ for T in $sizes; do
         set -- ch04
     fi
     seg=$((T / 8))
-    ev ppl-$T.csv eval ppl --window "$T" --limit "$lim" --segment "$seg" --caches "$1" --kl --csv
+    ev ppl-$T.csv eval ppl --window "$T" --limit "$lim" --segment "$seg" --caches "$1" --kl --csv -
 done
 
 # ---- chapter 04: outlier key channels and KIVI's ablation ----------------------------------------
 ev keys.txt eval keys --tokens $probe
-ev keys.csv eval keys --tokens $probe --csv
+ev keys.csv eval keys --tokens $probe --csv -
 for g in channel token; do
-    ev kivi-$g.csv eval ppl --window 512 --limit $tokens --segment 64 --kivi-keys $g --kl --csv
+    ev kivi-$g.csv eval ppl --window 512 --limit $tokens --segment 64 --kivi-keys $g --kl --csv -
 done
 
 # ---- chapter 03: GQA mean-pooled to MQA ------------------------------------------------------------
-ev mqa.csv eval ppl --window 512 --limit $tokens --segment 64 --kv-heads 1 --kl --csv
+ev mqa.csv eval ppl --window 512 --limit $tokens --segment 64 --kv-heads 1 --kl --csv -
 
 # ---- chapter 06: attention sinks and the stream ------------------------------------------------------
 ev mass.txt eval mass --tokens $probe
 ev mass-heads.txt eval mass --tokens $probe --heads
-ev mass-heads.csv eval mass --tokens $probe --heads --csv
+ev mass-heads.csv eval mass --tokens $probe --heads --csv -
 s1=$((win - 1)) s4=$((win - 4))
-ev stream.csv eval ppl --window 0 --limit $stream --segment $win --segments --csv \
+ev stream.csv eval ppl --window 0 --limit $stream --segment $win --segments --csv - \
     --caches "fp32 window/w$win/cache window/w$s1/s1/cache window/w$s4/s4/cache"
 ev stream-recompute.csv eval ppl --recompute --window $((win + 1)) --limit $stream \
-    --every $every --segment $((win * 4)) --segments --csv
+    --every $every --segment $((win * 4)) --segments --csv -
 
 # ---- the figures ----------------------------------------------------------------------------------
 if command -v gnuplot >/dev/null; then

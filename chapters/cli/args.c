@@ -208,6 +208,13 @@ static int set_value(const char *cmd, kv_opt *o, const char *val)
     case KV_OPT_TEXT:
         *(const char **)o->dest = val;
         return 0;
+    case KV_OPT_CSV: /* the file itself is main.c's (kv_cli_csv_begin): the command prints */
+        if (val[0] == '\0') {
+            kv_args_bad(cmd, o->name, "the value is empty (a FILE, or - for standard output)");
+            return -1;
+        }
+        *(int *)o->dest = 1;
+        return 0;
     case KV_OPT_CHOICE:
         for (int i = 0; o->choices[i]; i++)
             if (strcmp(val, o->choices[i]) == 0) {
@@ -320,7 +327,11 @@ static kv_args_result parse(const char *cmd, const char *about, int argc, char *
         } else {
             /* a following "--x" is the next option, not this one's value ("-5" is a value) */
             if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) {
-                kv_args_bad(cmd, o->name, "missing value (%s)", o->meta ? o->meta : "X");
+                if (!strcmp(o->name, "--csv")) /* the flag it once was, in every command */
+                    kv_args_bad(cmd, o->name, "missing value: --csv FILE writes the rows to "
+                                "FILE, --csv - to standard output");
+                else
+                    kv_args_bad(cmd, o->name, "missing value (%s)", o->meta ? o->meta : "X");
                 return KV_ARGS_BAD;
             }
             val = argv[++i];

@@ -31,7 +31,10 @@ typedef enum {
     KV_OPT_FLOAT,  /**< dest: double, finite, within [min, max] */
     KV_OPT_STRING, /**< dest: const char * (points into argv), not empty */
     KV_OPT_TEXT,   /**< dest: const char * (points into argv), may be empty ("--prompt ''") */
-    KV_OPT_CHOICE  /**< dest: const char *, one of @c choices */
+    KV_OPT_CHOICE, /**< dest: const char *, one of @c choices */
+    KV_OPT_CSV     /**< --csv FILE of a command that prints its rows: dest: int, set to 1; the
+                        value (FILE, or - for standard output) is where main.c sends standard
+                        output for the run (cli.h: kv_cli_csv_begin) */
 } kv_opt_type;
 
 typedef struct {

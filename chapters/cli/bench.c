@@ -35,13 +35,14 @@ static int bench_decode(int argc, char **argv)
 {
     const char *cmd = "kvlab bench decode";
     const char *model_name = "tiny", *device = "cpu";
-    int steps = 200, repeats = 5;
+    int steps = 200, repeats = 5, csv = 0;
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--default", KV_OPT_CHOICE, &model_name, 0, 0, kv_cli_defaults, "NAME", "embedded model (default tiny)", 0},
         {"--steps", KV_OPT_INT, &steps, 1, 1 << 20, NULL, "N", "tokens to generate (default 200; prompt 16 + N <= the model's seq_len)", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "runs of each mode, interleaved (default 5)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
+        KV_CLI_CSV_OPTS(csv),
         KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,
@@ -82,6 +83,22 @@ static int bench_decode(int argc, char **argv)
         kv_cli_fail(cmd, "run", st, &err);
         goto done;
     }
+    double ratio[64];
+    for (int i = 0; i < repeats; i++) ratio[i] = runs[0].total[i] / runs[1].total[i];
+    if (csv) { /* one row per mode */
+        kv_csv_printf(stdout, "model,device,threads,prompt,steps,repeats,mode,time_s,tokens_per_s,"
+                      "gflops,kv_read_gbps,tokens_run,speedup\n");
+        for (int k = 0; k < 2; k++) {
+            const kv_counters *s = &runs[k].sum;
+            const double t = kv_run_total_median(&runs[k]);
+            kv_csv_printf(stdout, "%s,%s,%d,%d,%d,%d,%s,%.6e,%.3f,%.4f,%.4f,%lld,%.4f\n",
+                          model_name, b->name, omp_get_max_threads(), BENCH_PROMPT, steps,
+                          repeats, k ? "cached" : "naive", t, steps / t,
+                          (s->flops_proj + s->flops_attn) / t * 1e-9, s->kv_bytes_read / t * 1e-9,
+                          (long long)s->tokens, k ? kv_median(ratio, repeats) : 1.0);
+        }
+        goto done;
+    }
     const double bw = strcmp(device, "cpu") == 0 ? read_bandwidth() : 0.0;
 
     char desc[256];
@@ -92,8 +109,6 @@ static int bench_decode(int argc, char **argv)
            BENCH_PROMPT, steps, repeats);
     printf("%-8s %11s %11s %11s %13s %11s\n", "mode", "time (s)", "tokens/s", "GFLOP/s",
            "KV read GB/s", "tokens run");
-    double ratio[64];
-    for (int i = 0; i < repeats; i++) ratio[i] = runs[0].total[i] / runs[1].total[i];
     for (int k = 0; k < 2; k++) {
         const kv_counters *s = &runs[k].sum;
         double t = kv_run_total_median(&runs[k]);
@@ -255,7 +270,7 @@ static int bench_attention_gqa(int argc, char **argv)
         {"--seq", KV_OPT_INT, &N, 1, 1 << 20, NULL, "N", "cached positions (default 8192)", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "timed calls per row, after one warm-up (default 9)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cpu, or cuda: both kernel versions (default cpu)", 0},
-        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows", 0},
+        KV_CLI_CSV_OPTS(csv),
     };
     int r = kv_args_parse(cmd,
                           "One decode-attention call (one token, H query heads over N cached positions)\n"

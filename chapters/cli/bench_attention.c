@@ -411,7 +411,7 @@ int cmd_bench_attention(int argc, char **argv)
         {"--compare", KV_OPT_FLAG, &compare, 0, 0, NULL, NULL, "with --device cuda: these rows and the kernel versions v1..v4 of chapter 08 instead", 0},
         {"--loops", KV_OPT_FLAG, &loops, 0, 0, NULL, NULL, "the engine row with the portable loops, not the AVX2 twins (kv_attn_simd(0); the same bits)", 0},
         {"--only", KV_OPT_STRING, &only, 0, 0, NULL, "NAMES", "rows to run, comma-separated words of their names: engine, naive, tiled, split, v1..v4 (default: all)", 0},
-        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows", 0},
+        KV_CLI_CSV_OPTS(csv),
     };
     int r = kv_args_parse(cmd,
                           "Attention of one sequence by each algorithm of chapter 08: naive (scores\n"

@@ -55,10 +55,11 @@ int kv_bench_ceiling(double buffer_bytes, double *best, kv_err *err)
 int cmd_bench_bandwidth(int argc, char **argv)
 {
     const char *cmd = "kvlab bench bandwidth";
-    int mib = 0, repeats = 7;
+    int mib = 0, repeats = 7, csv = 0;
     kv_opt opts[] = {
         {"--mib", KV_OPT_INT, &mib, 1, 1 << 16, NULL, "M", "buffer size in MiB (default 8 x the LLC, 256 MiB to 1 GiB)", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "timed passes after one warm-up (default 7)", 0},
+        KV_CLI_CSV_OPTS(csv),
     };
     int r = kv_args_parse(cmd,
                           "Sustained read bandwidth: every OpenMP thread sums (as 64-bit integers, the\n"
@@ -74,11 +75,27 @@ int cmd_bench_bandwidth(int argc, char **argv)
     kv_bandwidth bw;
     int st = kv_read_bandwidth(&bw, (size_t)mib << 20, repeats, &err);
     if (st) return kv_cli_fail(cmd, "measure", st, &err);
-    kv_bench_print_bandwidth(stdout, &bw, NULL);
+    if (!csv) kv_bench_print_bandwidth(stdout, &bw, NULL);
     kv_bandwidth one;
+    const int threads = omp_get_max_threads();
     omp_set_num_threads(1); /* one core alone: why matmuls split their rows over threads */
     st = kv_read_bandwidth(&one, (size_t)mib << 20, repeats, &err);
+    omp_set_num_threads(threads);
     if (st) return kv_cli_fail(cmd, "measure", st, &err);
+    if (csv) { /* one row per team: all threads, then one alone */
+        int level = 0;
+        const char *src = NULL;
+        const long long llc = (long long)kv_llc_bytes(&level, &src);
+        kv_csv_printf(stdout, "threads,buffer_bytes,repeats,median_gbps,slowest_gbps,fastest_gbps,"
+                      "llc_bytes,llc_level\n");
+        for (int k = 0; k < 2; k++) {
+            const kv_bandwidth *x = k ? &one : &bw;
+            kv_csv_printf(stdout, "%d,%.0f,%d,%.3f,%.3f,%.3f,%lld,%d\n", x->threads,
+                          x->buffer_bytes, x->repeats, x->bytes_per_s * 1e-9, x->min * 1e-9,
+                          x->max * 1e-9, llc, level);
+        }
+        return KV_EXIT_OK;
+    }
     printf("one thread alone: %.2f GB/s (%.0f%% of all threads); fastest pass %.2f\n",
            one.bytes_per_s * 1e-9, 100.0 * one.bytes_per_s / bw.bytes_per_s, one.max * 1e-9);
     printf("best reached: %.2f GB/s (the fastest pass of either; the ceiling `bench engine` "

@@ -329,7 +329,7 @@ int cmd_bench_attention_cuda(int argc, char **argv)
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "timed calls per row after a warm-up (default 5)", 0},
         {"--quick", KV_OPT_FLAG, &quick, 0, 0, NULL, NULL, "tiny sizes (H 4, H_kv 2, d 32, N 64,600, B 1,3 unless given; 16 MiB bandwidth buffers, 1 repeat): the emulation's and the tests' run", 0},
         {"--compare", KV_OPT_FLAG, &compare, 0, 0, NULL, NULL, "(not here: the chapter 08 comparison, CPU rows and kernel versions v1..v4)", 0},
-        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows", 0},
+        KV_CLI_CSV_OPTS(csv),
         {"--lean", KV_OPT_FLAG, &lean, 0, 0, NULL, NULL, "B > 1: the engine's row alone, held bit for bit to sequence 0 alone (no reference); N > 32768: attn v2 and the engine only (gpu-report.sh)", 0},
     };
     int r = kv_args_parse(cmd,
@@ -558,7 +558,7 @@ int cmd_bench_engine_cuda(int argc, char **argv)
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "cache storage (default fp32)", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "runs per config, median (default 3)", 0},
         {"--quick", KV_OPT_FLAG, &quick, 0, 0, NULL, NULL, "the quick config only, 16 MiB bandwidth buffers, 1 repeat", 0},
-        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows", 0},
+        KV_CLI_CSV_OPTS(csv),
     };
     int r = kv_args_parse(cmd,
                           "Greedy decoding of random-weight models on the GPU, one token per step, against\n"

@@ -86,9 +86,17 @@ static int run_shape(const engine_cfg *e, const kv_model *given, const char *cac
     return st;
 }
 
+static int engine_csv; /* --csv: one row per config in place of the text */
+
 /* The lines above the results: the team, and a warning where OMP_WAIT_POLICY hurts. */
 static void header(int ignore_load, const char *cache, const char *weights)
 {
+    if (engine_csv) {
+        kv_csv_printf(stdout, "config,dim,layers,heads,kv_heads,vocab,cache,threads,tokens,repeats,"
+                      "weight_bytes_per_token,kv_bytes_per_token,ms_per_token,tokens_per_s,"
+                      "read_gbps,ceiling_gbps,ratio,target\n");
+        return;
+    }
     printf("bench engine: %d OpenMP threads%s, %s weights, cache %s\n", omp_get_max_threads(),
            ignore_load ? " (even on a busy machine)" : " (one thread while the machine is busy)",
            weights, cache);
@@ -142,6 +150,19 @@ static int run_config(const engine_cfg *e, const kv_model *given, const char *ca
         const double kvbytes = run.sum.kv_bytes_read;
         const double ratio = (wbytes + kvbytes) / t / best;
         const int64_t llc = kv_llc_bytes(NULL, NULL);
+        const int has_target = !(custom || strcmp(cache, "fp32") != 0);
+        if (engine_csv) {
+            kv_csv_printf(stdout, "%s,%d,%d,%d,%d,%d,%s,%d,%d,%d,%.0f,%.0f,%.4f,%.3f,%.4f,%.4f,%.4f,",
+                          custom && !given ? "custom" : e->name, c.dim, c.n_layers, c.n_heads,
+                          c.n_kv_heads, c.vocab_size, cache, omp_get_max_threads(), e->tokens,
+                          repeats, wbytes / e->tokens, kvbytes / e->tokens,
+                          t / e->tokens * 1e3, e->tokens / t, (wbytes + kvbytes) / t * 1e-9,
+                          best * 1e-9, ratio);
+            if (has_target) kv_csv_printf(stdout, "%.2f\n", e->target);
+            else kv_csv_printf(stdout, "\n");
+            if (has_target && ratio < e->target) ++*missed;
+            goto out;
+        }
         char desc[256], wb[32], kb[32];
         kv_config_describe(&c, desc, sizeof desc);
         printf("\n[%s] %s; %s\n", custom && !given ? "custom" : e->name, desc, e->why);
@@ -160,7 +181,7 @@ static int run_config(const engine_cfg *e, const kv_model *given, const char *ca
         if (ratio > 1.0) /* faster than the best bandwidth measured: the ceiling is not one */
             printf("  above 1: the ceiling is wrong (the run read faster than any pass of the "
                    "bandwidth measurement)\n");
-        else if (custom || strcmp(cache, "fp32") != 0) printf(" (no target for this shape/cache)\n");
+        else if (!has_target) printf(" (no target for this shape/cache)\n");
         else if (ratio >= e->target) printf("  target >= %.2f: met\n", e->target);
         else {
             printf("  target >= %.2f: MISSED\n", e->target);
@@ -171,6 +192,7 @@ static int run_config(const engine_cfg *e, const kv_model *given, const char *ca
                team1 ? "the whole team" : "one thread (machine busy, or 1 thread)");
         if (run.repeats_differ) printf("  warning: repeats chose different tokens\n");
     }
+out:
     kv_run_log_free(&run);
     if (b) kv_backend_destroy(b);
     kv_model_free(&m);
@@ -206,6 +228,7 @@ int cmd_bench_engine(int argc, char **argv)
         KV_CLI_WEIGHTS_OPT(en),
         KV_CLI_THREADS_OPT(threads),
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cpu (default), or cuda: the model on the GPU (kvlab bench engine --device cuda --help)", 0},
+        KV_CLI_CSV_OPTS(engine_csv),
     };
     int r = kv_args_parse(cmd,
                           "Greedy decoding of random-weight llama2.c-format models, one token per step,\n"
@@ -220,6 +243,9 @@ int cmd_bench_engine(int argc, char **argv)
     if (strcmp(device, "cpu")) return kv_cli_check_device(cmd, device); /* no CUDA build */
     if (kv_cli_engine_check(cmd, device, &en)) return KV_EXIT_USAGE;
     const int storage = kv_cli_engine_storage(device, &en);
+    if (engine_csv && context)
+        return kv_args_bad(cmd, "--csv", "not with --context (its prefill and decode speeds print "
+                           "as text)");
     if (!model && (context || storage != KV_WEIGHTS_F32))
         return kv_args_bad(cmd, context ? "--context" : "--weights", "needs --model (a GGUF file "
                            "or smollm2 for --weights)");
@@ -293,6 +319,7 @@ int cmd_bench_engine(int argc, char **argv)
         }
     }
     if (st) return kv_cli_fail(cmd, "run", st, &err);
+    if (engine_csv) return KV_EXIT_OK;
     printf("\n%d config%s run; %d below target\n", ran, ran == 1 ? "" : "s", missed);
     printf("formulas: weight bytes/token = 4 (P + dim V + dim + (2L+1) dim), P = L (dim H d + 2 dim H_kv d\n"
            "  + H d dim + 3 dim hidden); KV bytes read at position p = L 2 H_kv d b (p+1);\n"

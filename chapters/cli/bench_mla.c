@@ -110,7 +110,7 @@ int cmd_bench_mla(int argc, char **argv)
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cuda (required: a tensor-core kernel)", 0},
         {"--quick", KV_OPT_FLAG, &quick, 0, 0, NULL, NULL, "small sizes, one repeat (the emulation build's run)", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 1000, NULL, "N", "timed runs per row, median (default 5; --quick 1)", 0},
-        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows", 0},
+        KV_CLI_CSV_OPTS(csv),
     };
     int r = kv_args_parse(cmd,
                           "Chapter 11's absorbed MLA decode on tensor cores (all H heads of a sequence as\n"

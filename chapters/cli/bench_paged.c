@@ -230,7 +230,7 @@ int cmd_bench_paged(int argc, char **argv)
         {"--dtype", KV_OPT_STRING, &dtype_s, 0, 0, NULL, "FMT", "cache format: fp32 (default), fp16, bf16, int8, int8-g32, fp8-e4m3, int4-kivi, ...", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 64, NULL, "R", "timed rounds over every layout, after one warm-up (default 7)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cpu, or cuda: kernel v2 per layout, and v3 beside it (default cpu)", 0},
-        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows", 0},
+        KV_CLI_CSV_OPTS(csv),
         {"--table", KV_OPT_CHOICE, &table_order, 0, 0, table_orders, "T", "shuffled (default: blocks scattered over the pool, as after a long run) or in-order (block i at pool block i: the lookup alone, memory read in order)", 0},
     };
     int r = kv_args_parse(cmd,

@@ -139,17 +139,45 @@ static int time_ttft(const kv_model *m, int P, const kvcu_engine_opts *o, int re
 }
 #endif
 
+#ifdef KV_HAVE_CUDA
+/* One result row: the table's columns, or with --csv one CSV row (row, time_s, tflops,
+ * pct_of_mma, gbps, pct_of_bandwidth, speedup; a column a row has no value for is empty). */
+static void result_row(int csv, const char *name, double s, double tflops, double pct,
+                       double gbps, double bw_pct, double speedup)
+{
+    if (!csv) {
+        if (gbps > 0)
+            printf("\n%-34s %10.3f ms %8.1f GB/s %6.1f%% of the read bandwidth\n", name, s * 1e3,
+                   gbps, bw_pct);
+        else if (speedup > 0)
+            printf("  %-32s %10.3f ms  %6.2fx\n", name, s * 1e3, speedup);
+        else if (s > 0)
+            printf("%-34s %10.3f ms %10.4g %7.1f%%\n", name, s * 1e3, tflops, pct);
+        else
+            printf("%-34s %12s %10.4g %8s\n", name, "-", tflops, "100%");
+        return;
+    }
+    char v[6][32];
+    const double x[6] = {s, tflops, pct, gbps, bw_pct, speedup};
+    for (int i = 0; i < 6; i++)
+        if (x[i] > 0) snprintf(v[i], sizeof v[i], "%.6g", x[i]);
+        else v[i][0] = '\0';
+    kv_csv_printf(stdout, "%s,%s,%s,%s,%s,%s,%s\n", name, v[0], v[1], v[2], v[3], v[4], v[5]);
+}
+#endif
+
 int cmd_bench_prefill(int argc, char **argv)
 {
     const char *cmd = "kvlab bench prefill";
     const char *device = "cpu", *model = "small";
-    int quick = 0, repeats = 0, prompt = 0;
+    int quick = 0, repeats = 0, prompt = 0, csv = 0;
     kv_opt opts[] = {
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cuda (required: these are tensor-core kernels)", 0},
         {"--quick", KV_OPT_FLAG, &quick, 0, 0, NULL, NULL, "small sizes, one repeat (the emulation build's run)", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 1000, NULL, "N", "timed runs per row, median (default 5; --quick 1)", 0},
         {"--default", KV_OPT_CHOICE, &model, 0, 0, kv_cli_defaults, "NAME", "model of the time-to-first-token rows (default small; --quick tiny)", 0},
         {"--prompt", KV_OPT_INT, &prompt, 2, 1 << 17, NULL, "P", "prompt tokens of the time-to-first-token rows and T of the v5 row (default 4096; --quick 64)", 0},
+        KV_CLI_CSV_OPTS(csv),
     };
     int r = kv_args_parse(cmd,
                           "Chapter 08's prefill on tensor cores: v5 and the 16-bit GEMM in TFLOP/s against\n"
@@ -171,21 +199,24 @@ int cmd_bench_prefill(int argc, char **argv)
     kv_err err = {{0}};
     char dev[128];
     if (kvcu_device_describe(dev, sizeof dev, &err)) return kv_cli_fail(cmd, "device", 1, &err);
-    printf("bench prefill --device cuda: %s%s; medians of %d runs\n\n", dev,
-           quick ? " (--quick sizes)" : "", repeats);
+    if (csv)
+        kv_csv_printf(stdout, "row,time_s,tflops,pct_of_mma,gbps,pct_of_bandwidth,speedup\n");
+    else
+        printf("bench prefill --device cuda: %s%s; medians of %d runs\n\n", dev,
+               quick ? " (--quick sizes)" : "", repeats);
     double peak[2];
     for (int b = 0; b < 2; b++)
         if (kvcu_mma_throughput(b, iters, repeats, &peak[b], &err))
             return kv_cli_fail(cmd, "mma throughput", 1, &err);
-    printf("%-34s %12s %10s %8s\n", "row", "time", "TFLOP/s", "of mma");
-    printf("%-34s %12s %10.4g %8s\n", "mma.sync fp16 (measured ceiling)", "-", peak[0] * 1e-12, "100%");
-    printf("%-34s %12s %10.4g %8s\n", "mma.sync bf16 (measured ceiling)", "-", peak[1] * 1e-12, "100%");
+    if (!csv) printf("%-34s %12s %10s %8s\n", "row", "time", "TFLOP/s", "of mma");
+    result_row(csv, "mma.sync fp16 (measured ceiling)", 0, peak[0] * 1e-12, 100, 0, 0, 0);
+    result_row(csv, "mma.sync bf16 (measured ceiling)", 0, peak[1] * 1e-12, 100, 0, 0, 0);
     double s = 0.0;
     if (time_v5(prompt, H, Hkv, d, repeats, &s, &err)) return kv_cli_fail(cmd, "v5", 1, &err);
     double f = 4.0 * H * d * ((double)prompt * (prompt + 1) / 2.0);
     char name[64];
     snprintf(name, sizeof name, "v5 T %d H %d/%d d %d causal fp16", prompt, H, Hkv, d);
-    printf("%-34s %10.3f ms %10.4g %7.1f%%\n", name, s * 1e3, f / s * 1e-12, 100.0 * f / s / peak[0]);
+    result_row(csv, name, s, f / s * 1e-12, 100.0 * f / s / peak[0], 0, 0, 0);
     const int dts[3] = {KV_QF_BF16, KV_QF_F16, KV_QF_F32};
     const char *dtn[3] = {"bf16 (mma)", "fp16 (mma)", "fp32 (simt)"};
     for (int i = 0; i < 3; i++) {
@@ -193,7 +224,7 @@ int cmd_bench_prefill(int argc, char **argv)
         f = 2.0 * GT * GN * GN;
         snprintf(name, sizeof name, "gemm %dx%dx%d %s", GT, GN, GN, dtn[i]);
         const double pk = peak[dts[i] == KV_QF_BF16];
-        printf("%-34s %10.3f ms %10.4g %7.1f%%\n", name, s * 1e3, f / s * 1e-12, 100.0 * f / s / pk);
+        result_row(csv, name, s, f / s * 1e-12, 100.0 * f / s / pk, 0, 0, 0);
     }
     /* the one-token rows: bandwidth-bound, against the read bandwidth of the same run */
     double bw = 0.0;
@@ -201,13 +232,14 @@ int cmd_bench_prefill(int argc, char **argv)
         return kv_cli_fail(cmd, "read bandwidth", 1, &err);
     if (time_gemm(KV_QF_BF16, 1, 1, GN, GN, repeats, &s, &err)) return kv_cli_fail(cmd, "gemv", 1, &err);
     const double wb = 2.0 * GN * GN;
-    printf("\n%-34s %10.3f ms %8.1f GB/s %6.1f%% of the read bandwidth (%.1f GB/s)\n",
-           "gemv 1 row, bf16 weights (ld16)", s * 1e3, wb / s * 1e-9, 100.0 * wb / s / bw, bw * 1e-9);
+    if (!csv) printf("\nread bandwidth of the device, this run: %.1f GB/s", bw * 1e-9);
+    result_row(csv, "gemv 1 row, bf16 weights (ld16)", s, 0, 0, wb / s * 1e-9, 100.0 * wb / s / bw, 0);
     kv_model m = {0};
     if (kv_cli_default_model(&m, model, &err)) return kv_cli_fail(cmd, model, 1, &err);
     if (m.config.seq_len < prompt) m.config.seq_len = prompt; /* RoPE has no hard limit */
-    printf("\ntime to first token, %s model, %d-token prompt (one forward of the prompt):\n", model,
-           prompt);
+    if (!csv)
+        printf("\ntime to first token, %s model, %d-token prompt (one forward of the prompt):\n",
+               model, prompt);
     const kvcu_engine_opts eo[3] = {{KV_QF_F32, 0}, {KV_QF_F32, 5}, {KV_QF_BF16, 5}};
     const char *eon[3] = {"simt prefill, fp32 weights", "mma prefill, fp32 weights",
                           "mma prefill, bf16 weights"};
@@ -218,9 +250,12 @@ int cmd_bench_prefill(int argc, char **argv)
             return kv_cli_fail(cmd, "time to first token", 1, &err);
         }
         if (!i) base = s;
-        printf("  %-32s %10.3f ms  %6.2fx\n", eon[i], s * 1e3, base / s);
+        char ttft[96];
+        snprintf(ttft, sizeof ttft, csv ? "ttft %s, %s, P %d" : "%s", eon[i], model, prompt);
+        result_row(csv, ttft, s, 0, 0, 0, 0, base / s);
     }
     kv_model_free(&m);
+    if (csv) return KV_EXIT_OK;
     printf("\nformulas: v5 FLOPs = 4·H·d·T(T+1)/2 (causal pairs; S and P·V); gemm FLOPs = 2·T·in·out;\n"
            "\"of mma\" = TFLOP/s / the mma.sync row of the same input type (fp32: fp16's), measured above.\n");
     if (kvcu_is_emulation())

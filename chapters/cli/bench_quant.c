@@ -28,7 +28,7 @@ int kv_bench_quant(int argc, char **argv)
         {"--model", KV_OPT_STRING, &model, 0, 0, NULL, "FILE", "a model to study instead of the random one: a llama2.c / kvlab checkpoint, `trained`, a GGUF file or smollm2", 0},
         {"--outlier-channels", KV_OPT_INT, &outliers, 0, 512, NULL, "C", "multiply the Wk rows of the last C key channels of every KV head by 20: outlier key channels (chapter 04, exercise 1; default 0)", 0},
         {"--quick", KV_OPT_FLAG, &quick, 0, 0, NULL, NULL, "tour --quick's sizes: a 32-token prompt, 8 teacher-forced steps, a 96-token needle context", 0},
-        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows", 0},
+        KV_CLI_CSV_OPTS(csv),
     };
     int r = kv_args_parse(cmd,
                           "Every cache format (fp32, fp16, bf16, int8, int8-g32, fp8 per tensor and per\n"

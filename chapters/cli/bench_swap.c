@@ -349,7 +349,7 @@ int cmd_bench_swap(int argc, char **argv)
         {"--link-gbps", KV_OPT_FLOAT, &gbps, 1e-3, 1e6, NULL, "G", "link bandwidth each way, GB/s (default 25: PCIe 4.0 x16)", 0},
         {"--link-us", KV_OPT_FLOAT, &us, 0, 1e6, NULL, "U", "link latency per batched copy, us (default 10)", 0},
         {"--gpu-tflops", KV_OPT_FLOAT, &tflops, 1e-3, 1e6, NULL, "T", "modelled accelerator's sustained prefill rate, TFLOP/s (default 300)", 0},
-        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows", 0},
+        KV_CLI_CSV_OPTS(csv),
     };
     int r = kv_args_parse(cmd,
                           "Swap vs recompute by sequence length n (16, 32, ... doubling): the bytes a\n"

@@ -212,6 +212,32 @@ static void explain_tp(const kv_config *c, const char *dt, int64_t n, int64_t ba
            "  the MLP): %d all-reduces of a [tokens][%d] activation per step.\n", 2 * L, c->dim);
 }
 
+/* --csv: one row per model and length, the numbers explain() and explain_tp() derive (the
+ * window caps the tokens cached; tp 1: one device). */
+static void csv_header(void)
+{
+    kv_csv_printf(stdout, "model,layers,heads,kv_heads,head_dim,dtype,bytes_per_element,"
+                  "tokens_requested,window,sinks,tokens_cached,batch,tp,kv_heads_per_rank,"
+                  "bytes_per_token,cache_bytes,cache_bytes_per_rank,fixed_bytes_per_sequence,"
+                  "weights_bytes\n");
+}
+
+static void csv_row(const char *name, const kv_config *c, int window, int sinks, const char *dt,
+                    int64_t n_req, int64_t batch, int p)
+{
+    const int d = kv_config_head_dim(c), Hkv = c->n_kv_heads;
+    const double b = dtype_bytes(dt, d);
+    const int64_t keep = window > 0 ? (int64_t)window + sinks : 0;
+    const int64_t n = (keep > 0 && n_req > keep) ? keep : n_req;
+    const int kv_rank = p <= Hkv ? Hkv / p : 1;
+    const double per_token = (double)c->n_layers * 2 * Hkv * d * b;
+    const double all = per_token * (double)n * (double)batch;
+    kv_csv_printf(stdout, "%s,%d,%d,%d,%d,%s,%g,%lld,%d,%d,%lld,%lld,%d,%d,%.0f,%.0f,%.0f,%.0f,%.0f\n",
+                  name, c->n_layers, c->n_heads, Hkv, d, dt, b, (long long)n_req, window, sinks,
+                  (long long)n, (long long)batch, p, kv_rank, per_token, all,
+                  all / Hkv * kv_rank, dtype_fixed(dt, c), (double)kv_config_param_count(c) * b);
+}
+
 /* Every preset at a few lengths. */
 void kv_calc_table(FILE *f, const char *dt, int64_t seq, int64_t batch)
 {
@@ -302,7 +328,7 @@ int cmd_calc(int argc, char **argv)
     const char *cmd = "kvlab calc";
     const char *preset = NULL, *config = NULL, *dt = "fp16";
     int64_t seq = 0, batch = 1;
-    int do_list = 0, heads = 0, window_opt = 0, sinks = 0, tp = 1;
+    int do_list = 0, heads = 0, window_opt = 0, sinks = 0, tp = 1, csv = 0;
     kv_opt opts[] = {
         {"--preset", KV_OPT_STRING, &preset, 0, 0, NULL, "NAME", "a published model (see --list)", 0},
         {"--config", KV_OPT_STRING, &config, 0, 0, NULL, "D,F,L,H,K,V,S",
@@ -320,12 +346,17 @@ int cmd_calc(int argc, char **argv)
          "preset's own, e.g. mistral-7b 4096; 0 = none)", 0},
         {"--sinks", KV_OPT_INT, &sinks, 0, 1 << 30, NULL, "S",
          "with --window: S first tokens kept as well (StreamingLLM attention sinks; default 0)", 0},
+        {"--csv", KV_OPT_CSV, &csv, 0, 0, NULL, "FILE",
+         "the rows as CSV, to FILE in place of the explanation (- : standard output)", 0},
     };
     const int n_opts = (int)(sizeof opts / sizeof opts[0]);
     int r = kv_args_parse(cmd, about, argc - 1, argv + 1, opts, n_opts);
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
-    const int window_seen = opts[n_opts - 2].seen, sinks_seen = opts[n_opts - 1].seen;
+    const int window_seen = opts[n_opts - 3].seen, sinks_seen = opts[n_opts - 2].seen;
+    if (csv && (do_list || heads))
+        return kv_args_bad(cmd, "--csv", "writes the memory rows of a preset, a config or the "
+                           "presets' table: not with %s", do_list ? "--list" : "--compare-heads");
     if (do_list) {
         list();
         kv_calc_mla_list(stdout);
@@ -348,6 +379,9 @@ int cmd_calc(int argc, char **argv)
     int window = 0;
     const kv_mla_preset *mla = preset ? kv_mla_preset_find(preset) : NULL;
     if (mla) { /* chapter 11: a latent cache, no KV heads to split or window */
+        if (csv)
+            return kv_args_bad(cmd, "--csv", "not for an MLA preset yet (%s: its explanation "
+                               "alone)", mla->name);
         if (tp > 1 || window_seen || sinks_seen)
             return kv_args_bad(cmd, tp > 1 ? "--tp" : "--window", "not for an MLA preset (%s "
                                "caches one latent row per token, shared by every head)", mla->name);
@@ -373,6 +407,16 @@ int cmd_calc(int argc, char **argv)
         int e = parse_config(cmd, config, &c);
         if (e) return e;
         name = "the given config";
+    } else if (csv) { /* every preset at the table's lengths (or --seq) */
+        static const int64_t lens[] = {2048, 8192, 32768, 131072};
+        int np = 0;
+        const kv_preset *all = kv_presets(&np);
+        csv_header();
+        for (int i = 0; i < np; i++)
+            for (int j = 0; j < (seq > 0 ? 1 : 4); j++)
+                csv_row(all[i].name, &all[i].config, all[i].sliding_window, 0, dt,
+                        seq > 0 ? seq : lens[j], batch, 1);
+        return KV_EXIT_OK;
     } else {
         kv_calc_table(stdout, dt, seq, batch);
         return KV_EXIT_OK;
@@ -384,6 +428,11 @@ int cmd_calc(int argc, char **argv)
     if (tp > 1) {
         int e = tp_check(cmd, &c, tp);
         if (e) return e;
+    }
+    if (csv) {
+        csv_header();
+        csv_row(name, &c, window, sinks, dt, seq > 0 ? seq : c.seq_len, batch, tp);
+        return KV_EXIT_OK;
     }
     explain(name, &c, window, sinks, dt, seq > 0 ? seq : c.seq_len, batch);
     if (tp > 1) {

@@ -10,6 +10,7 @@
 
 #include "args.h"
 #include "csv.h"
+#include "kv_file.h"
 #include "kv_backend.h"
 #include "kv_gguf_model.h"
 #include "kv_model.h"
@@ -81,6 +82,43 @@ typedef struct {
  * otherwise). Returns 0, or the exit code (2) after a message naming the option(s) and path.
  */
 int kv_cli_outputs_check(const char *cmd, const kv_cli_output *outs, int n);
+/** --csv and --json around one command run (csv_out.c): where its rows go. */
+typedef struct {
+    kv_file_out out;  /**< --csv FILE's temporary file */
+    kv_file_out json; /**< --json FILE's temporary file */
+    FILE *capture;    /**< with --json: the rows as printed, then written to both */
+    int saved_fd;     /**< the real standard output while redirected, else -1 */
+    int to_file;      /**< --csv FILE given */
+    int to_stdout;    /**< --csv - given beside --json */
+} kv_cli_csv;
+/**
+ * Before a command runs (main.c), its words @p argv (the command's name first): for a command
+ * whose --csv is a KV_OPT_CSV (@p own_file 0), --csv FILE points standard output at FILE's
+ * temporary file, and --json FILE (the benches) at a capture that becomes the JSON's rows and,
+ * with --csv, the CSV; for one that writes its own CSV file (@p own_file 1), --csv - sends
+ * standard output to standard error and keeps the real one for kv_cli_csv_stdout(). Nothing
+ * otherwise (--help among the words, neither option). Returns 0, or the exit code after a
+ * message ("cmd: --csv: ...").
+ */
+int kv_cli_csv_begin(const char *cmd, int argc, char **argv, int own_file, kv_cli_csv *c);
+/** After the run, its exit code @p rc: standard output restored; the files renamed into place
+ * when @p rc is 0, else removed (an old FILE stays as it was). Returns @p rc, or 1 when a write
+ * failed. */
+int kv_cli_csv_end(const char *cmd, int argc, char **argv, kv_cli_csv *c, int rc);
+/** During a run with --csv - of a command that writes its own CSV: the real standard output,
+ * where the rows go; NULL otherwise (the command then writes its --csv FILE). */
+FILE *kv_cli_csv_stdout(void);
+/** --json: the build, the machine (CPU model, threads, device, read bandwidth measured now),
+ * the command @p cmd and its words, and @p rows (its --csv tables, @p n bytes) as one JSON
+ * object on @p f (json_out.c). KV_ERR_FORMAT when the rows do not parse as CSV tables. */
+int kv_cli_json_write(FILE *f, const char *cmd, int argc, char **argv, const char *rows,
+                      size_t n, kv_err *err);
+/** The --csv and --json entries of a bench's option table: both set @p v (the bench prints
+ * its rows; main.c sends them where the options say). */
+#define KV_CLI_CSV_OPTS(v)                                                                    \
+    {"--csv", KV_OPT_CSV, &(v), 0, 0, NULL, "FILE", "the rows as CSV, to FILE in place of the table (- : standard output)", 0}, \
+    {"--json", KV_OPT_CSV, &(v), 0, 0, NULL, "FILE", "the build, the machine, the options and the rows as JSON, to FILE in place of the table", 0}
+
 /** A write that failed once the run was under way (a full disk, a refused rename): "cmd: opt:
  * message" on stderr; returns 1, a run failure, for every command alike. */
 int kv_cli_write_fail(const char *cmd, const char *opt, const kv_err *err);

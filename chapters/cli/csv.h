@@ -45,4 +45,18 @@ int kv_table_printf(FILE *f, int csv, const char *fmt, ...) KV_CSV_PRINTF(3, 4);
 int kv_csv_split(const char *text, size_t n, const char *dir, const char *prefix, FILE *log,
                  kv_err *err);
 
+/** The end of the record that starts at @p p (just past its LF, or @p end): a quoted field
+ * may hold a newline, so quotes are followed. NULL when a quote never closes. */
+const char *kv_csv_record_end(const char *p, const char *end);
+/** 1 when the record [p, e) is a header: every field a name, none quoted, none empty. */
+int kv_csv_is_header(const char *p, const char *e);
+
+/**
+ * The same stream of tables as JSON, for --json (json_out.c): a JSON array with one object per
+ * table, {"columns": [...], "rows": [{column: value, ...}, ...]}, each value a JSON number when
+ * the field is one as JSON writes numbers, null when empty, else a string. '#' comment lines
+ * and blank lines are not rows. KV_ERR_FORMAT as kv_csv_split().
+ */
+int kv_csv_to_json(FILE *f, const char *text, size_t n, kv_err *err);
+
 #endif

@@ -7,9 +7,7 @@
 #include "csv.h"
 #include "kv_file.h"
 
-/* The end of the record that starts at @p p (just past its LF, or @p end): a quoted field
- * may hold a newline, so quotes are followed. NULL when a quote never closes. */
-static const char *record_end(const char *p, const char *end)
+const char *kv_csv_record_end(const char *p, const char *end)
 {
     int quoted = 0;
     for (; p < end; p++) {
@@ -19,8 +17,7 @@ static const char *record_end(const char *p, const char *end)
     return quoted ? NULL : end;
 }
 
-/* 1 when the record [p, e) is a header: every field a name, none quoted, none empty. */
-static int is_header(const char *p, const char *e)
+int kv_csv_is_header(const char *p, const char *e)
 {
     while (e > p && (e[-1] == '\n' || e[-1] == '\r')) e--;
     int at_start = 1;
@@ -68,20 +65,20 @@ int kv_csv_split(const char *text, size_t n, const char *dir, const char *prefix
     long rows = 0;
     char path[4096];
     while (p < end) {
-        const char *e = record_end(p, end);
+        const char *e = kv_csv_record_end(p, end);
         if (!e) {
             kv_file_abort(&o);
             return kv_fail(err, KV_ERR_FORMAT, "%s: a quoted field never ends", prefix);
         }
         const int ends = *p == '#' || *p == '\n' || *p == '\r';
-        if (open && (ends || (rows > 0 && is_header(p, e)))) { /* the open table ends here */
+        if (open && (ends || (rows > 0 && kv_csv_is_header(p, e)))) { /* the open table ends here */
             open = 0;
             const int st = kv_file_commit(&o, err);
             if (st != KV_OK) return st;
             if (log) fprintf(log, "%s (%ld rows)\n", path, rows);
         }
         if (!ends && !open) { /* a table starts: its header */
-            if (!is_header(p, e))
+            if (!kv_csv_is_header(p, e))
                 return kv_fail(err, KV_ERR_FORMAT, "%s: a row before any header: %.*s", prefix,
                                (int)(e - p > 80 ? 80 : e - p), p);
             char name[64];

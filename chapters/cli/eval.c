@@ -88,7 +88,7 @@ int eval_inputs_load(const char *cmd, const char *model_path, const char *tok_pa
     {"--tokenizer", KV_OPT_STRING, &tok_path, 0, 0, NULL, "FILE", "llama2.c tokenizer.bin (required with a model file)", 0}, \
     {"--text", KV_OPT_STRING, &text_path, 0, 0, NULL, "FILE", "text (default with --model trained: its held-out split)", 0}, \
     {"--tokens", KV_OPT_INT, &tokens, 1, 1 << 20, NULL, "N", "the first N tokens of the text (default: the model's seq_len)", 0}, \
-    {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "comma-separated rows (for plots)", 0}
+    {"--csv", KV_OPT_CSV, &csv, 0, 0, NULL, "FILE", "the rows as CSV, to FILE in place of the table (- : standard output)", 0}
 
 static int cmp_double(const void *a, const void *b)
 {

@@ -133,7 +133,7 @@ int cmd_eval_ppl(int argc, char **argv)
         {"--scheme", KV_OPT_CHOICE, &scheme, 0, 0, schemes, "P", "with --recent: RoPE by original position (default) or cache index (StreamingLLM)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
         KV_CLI_ENGINE_OPTS(en),
-        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "print a header and one comma-separated row per variant", 0},
+        {"--csv", KV_OPT_CSV, &csv, 0, 0, NULL, "FILE", "a header and one row per variant as CSV, to FILE in place of the table (- : standard output)", 0},
         KV_CLI_LAYOUT_OPTS(lo),
         KV_CLI_THREADS_OPT(threads),
     };

@@ -17,6 +17,7 @@ typedef struct {
     const char *name;
     kv_cli_cmd run;
     const char *summary;
+    int own_csv_file; /* 1: --csv FILE is written by the command beside its table (csv_out.c) */
 } kv_subcommand;
 
 static const kv_subcommand commands[] = {
@@ -27,11 +28,11 @@ static const kv_subcommand commands[] = {
     {"info", cmd_info, "version, build, SIMD level, threads, CUDA mode and device"},
     {"bench", cmd_bench, "benchmarks: decode, attention-gqa, quant, bandwidth, engine, paged,\n"
                           "             attention, prefill, mla, swap (kvlab bench --help)"},
-    {"needle", cmd_needle, "needle-in-a-haystack grid over the recall models: lengths x depths x cache"},
-    {"passkey", cmd_passkey, "the pass-key test on a real model: a key hidden in a long text, asked for"},
+    {"needle", cmd_needle, "needle-in-a-haystack grid over the recall models: lengths x depths x cache", 1},
+    {"passkey", cmd_passkey, "the pass-key test on a real model: a key hidden in a long text, asked for", 1},
     {"convert", cmd_convert, "MHA -> GQA/MQA: mean-pool K/V heads per group, write a new checkpoint"},
     {"dialogue", cmd_dialogue, "multi-turn dialogues: a .dlg file on the recall models, or chat scripts on a chat model (memory by distance)"},
-    {"serve", cmd_serve, "replay a request trace: continuous batching on a paged cache, allocator metrics"},
+    {"serve", cmd_serve, "replay a request trace: continuous batching on a paged cache, allocator metrics", 1},
     {"stream", cmd_stream, "an endless stream through a sliding-window cache: memory and tokens/s stay flat"},
     {"spec", cmd_spec, "speculative decoding: draft k tokens, verify in one step, roll back the rejected K/V"},
     {"tp", cmd_tp, "tensor-parallel heads: P ranks as threads, per-rank cache, all-reduces per layer"},
@@ -129,8 +130,18 @@ int main(int argc, char **argv)
         return finish_stdout(KV_EXIT_OK);
     }
     for (int i = 0; i < n_commands; i++)
-        if (strcmp(name, commands[i].name) == 0)
-            return finish_stdout(commands[i].run(argc - 1, argv + 1));
+        if (strcmp(name, commands[i].name) == 0) {
+            /* --csv FILE or -: where the rows go, the same for every command (csv_out.c) */
+            char cmd[64];
+            snprintf(cmd, sizeof cmd, "kvlab %s", name);
+            if (argc > 2 && strncmp(argv[2], "--", 2)) /* "kvlab bench decode" */
+                snprintf(cmd, sizeof cmd, "kvlab %s %s", name, argv[2]);
+            kv_cli_csv csv;
+            const int e = kv_cli_csv_begin(cmd, argc - 1, argv + 1, commands[i].own_csv_file, &csv);
+            if (e) return e;
+            const int rc = finish_stdout(commands[i].run(argc - 1, argv + 1));
+            return kv_cli_csv_end(cmd, argc - 1, argv + 1, &csv, rc);
+        }
     fprintf(stderr, "kvlab: unknown command '%s'\n\n", name);
     usage(stderr);
     return KV_EXIT_USAGE;

@@ -219,6 +219,10 @@ typedef void (*grid_writer)(FILE *f, const kv_needle_spec *s, const kv_needle_re
 static int write_out(const char *cmd, const char *opt, const char *path, grid_writer fn,
                      const kv_needle_spec *s, const kv_needle_result *res, int n)
 {
+    if (!strcmp(opt, "--csv") && kv_cli_csv_stdout()) { /* --csv -: the real stdout */
+        fn(kv_cli_csv_stdout(), s, res, n);
+        return KV_EXIT_OK;
+    }
     kv_file_out o;
     kv_err err = {{0}};
     int st = kv_file_create(path, &o, &err);
@@ -256,7 +260,7 @@ int cmd_needle(int argc, char **argv)
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "cache variant: fp32, or a storage format (fp16 int8 fp8 int4 ... with /head /wR /lA,B; see kvlab generate --help), predicted to pass every cell (int2: measured, not predicted); or a chapter 06 window window/wN with /sN /cache /FORMAT, e.g. window/w512/s4/cache (measured, not predicted: datasets/needle/ch06-grid.needle holds the predictions); or a chapter 09 method l2-large l2-small h2o snapkv quest topk with /bN or /rX and /wN /sN /dN /FORMAT, e.g. h2o/b64/w16 (measured, not predicted: datasets/needle/ch09.txt holds the predictions)", 0},
         {"--chunk", KV_OPT_INT, &chunk, 1, 1 << 24, NULL, "N", "haystack tokens per prefill step (default: the spec's, else 512); chapter 09's methods evict between steps", 0},
         {"--seeds", KV_OPT_STRING, &seeds, 0, 0, NULL, "LIST", "haystack seeds", 0},
-        {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "write every cell as CSV", 0},
+        {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "write every cell as CSV to FILE (- : standard output, the tables then on standard error)", 0},
         {"--svg", KV_OPT_STRING, &svg, 0, 0, NULL, "FILE", "write a heatmap (SVG)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the models run (default cpu)", 0},
         {"--save-models", KV_OPT_STRING, &save, 0, 0, NULL, "PREFIX", "also write the grid's recall models as PREFIX-direct.bin, PREFIX-induction.bin (kvlab checkpoints)", 0},

@@ -53,6 +53,7 @@ int kv_cli_outputs_check(const char *cmd, const kv_cli_output *outs, int n)
     if (n > KV_CLI_MAX_OUTPUTS) n = KV_CLI_MAX_OUTPUTS; /* never: the lists are written by hand */
     for (int i = 0; i < n && !rc; i++) {
         if (!outs[i].path) continue;
+        if (!strcmp(outs[i].opt, "--csv") && kv_cli_csv_stdout()) continue; /* --csv - */
         kv_err err = {{0}};
         const int st = kv_file_check_target(outs[i].path, &err);
         if (st) {

@@ -125,7 +125,7 @@ int cmd_passkey(int argc, char **argv)
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "SPEC", "the cache, as generate --cache / needle's specs: fp32 (default), fp16, int8, int4, window/w256/s4, h2o/b64/w16, ...", 0},
         {"--caches", KV_OPT_STRING, &caches, 0, 0, NULL, "LIST", "several caches, one after the other on the same prompts: specs separated by spaces or ';', or a chapter's set: ch04 (every format, KIVI, selective layers both ways), ch06 (windows with and without 4 sinks), ch09 (every selector at 10/25/50 %)", 0},
         {"--plain", KV_OPT_FLAG, &plain, 0, 0, NULL, NULL, "a plain completion; default: inside the model's chat template when it has one (system message, user turn, the reply started with \"The pass key is\")", 0},
-        {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "also write one row per prompt (the cache and the answer included) to FILE", 0},
+        {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "also write one row per prompt (the cache and the answer included) to FILE (- : standard output, the tables then on standard error)", 0},
         {"--svg", KV_OPT_STRING, &svg, 0, 0, NULL, "FILE", "write a heatmap (SVG): a panel per length, a row per cache, a column per depth", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
         KV_CLI_LAYOUT_OPTS(lo),

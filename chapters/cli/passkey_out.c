@@ -151,6 +151,10 @@ void pk_write_svg(FILE *f, const pk_grid *g)
 int pk_write_file(const char *cmd, const char *opt, const char *path,
                   void (*fn)(FILE *, const pk_grid *), const pk_grid *g)
 {
+    if (!strcmp(opt, "--csv") && kv_cli_csv_stdout()) { /* --csv -: the real stdout */
+        fn(kv_cli_csv_stdout(), g);
+        return KV_EXIT_OK;
+    }
     kv_file_out o;
     kv_err err = {{0}};
     int st = kv_file_create(path, &o, &err);

@@ -97,7 +97,7 @@ int cmd_serve(int argc, char **argv)
         {"--link-gbps", KV_OPT_FLOAT, &link_gbps, 1e-6, 1e4, NULL, "X", "host link bandwidth in GB/s (10^9 bytes per second) each direction (default 25: PCIe 4.0 x16)", 0},
         {"--link-us", KV_OPT_FLOAT, &link_us, 0, 1e7, NULL, "X", "host link latency per batched copy in microseconds (default 10)", 0},
         {"--token-us", KV_OPT_FLOAT, &token_us, 0, 1e7, NULL, "X", "simulated microseconds per prefill token (prompts and recompute), added to --step-ms (default 0)", 0},
-        {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "CSV", "write each request's arrival, first-token and finish times and latencies to this file", 0},
+        {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "write each request's arrival, first-token and finish times and latencies to FILE (- : standard output, the tables then on standard error)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model and its paged cache run (default cpu)", 0},
         KV_CLI_ENGINE_OPTS(en),
         KV_CLI_THREADS_OPT(threads),
@@ -182,11 +182,13 @@ int cmd_serve(int argc, char **argv)
     }
     /* both output files are opened before the run: a path that cannot be written (or is
      * not a regular file) fails now, before any work */
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
+        if (i == 1 && kv_cli_csv_stdout()) continue; /* --csv -: the real stdout */
         if (out_paths[i] && (st = kv_file_create(out_paths[i], &outs[i], &err))) {
             rc = kv_cli_fail(cmd, out_paths[i], st, &err);
             goto done;
         }
+    }
     ctx.timeline = outs[0].f;
     if (ctx.timeline)
         kv_csv_printf(ctx.timeline, "step,clock_s,used_blocks,cached_blocks,reserved_blocks,"
@@ -287,7 +289,8 @@ int cmd_serve(int argc, char **argv)
         if (x->n_class[c])
             printf("  %-24s %8d   %10.3f / %-10.3f   %10.3f / %-10.3f\n", cls[c], x->n_class[c],
                    x->ttft_p50[c], x->ttft_p99[c], x->e2e_p50[c], x->e2e_p99[c]);
-    if (outs[1].f) write_latency_csv(outs[1].f, &out, &t);
+    if (outs[1].f || (csv && kv_cli_csv_stdout()))
+        write_latency_csv(outs[1].f ? outs[1].f : kv_cli_csv_stdout(), &out, &t);
     int leaked = kv_pool_check_leaks(&b->mem->paged->pool, NULL, 0);
     if (leaked) kv_fail(&err, KV_ERR_CAPACITY, "%d blocks still in use", leaked);
     if (!leaked && x->host_leaked) {
@@ -304,7 +307,7 @@ int cmd_serve(int argc, char **argv)
         goto done;
     }
     for (int i = 0; i < 2; i++) /* the run succeeded: the files replace their paths now */
-        if (out_paths[i] && kv_file_commit(&outs[i], &err)) {
+        if (outs[i].f && kv_file_commit(&outs[i], &err)) {
             rc = kv_cli_write_fail(cmd, i ? "--csv" : "--timeline", &err);
             goto done;
         }

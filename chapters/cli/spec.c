@@ -195,7 +195,7 @@ int cmd_spec(int argc, char **argv)
         {"--kivi-window", KV_OPT_INT, &kivi_window, 0, 1 << 20, NULL, "R", "int4-kivi / int2-kivi: fp32 window, a multiple of 32 (default 128)", 0},
         {"--temperature", KV_OPT_FLOAT, &temperature, 0, 100, NULL, "T", "0 = greedy (default), else sampling with the acceptance rule", 0},
         {"--seed", KV_OPT_I64, &seed, 0, 1e15, NULL, "S", "prompt and sampling seed (default 1)", 0},
-        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "print comma-separated rows (for plots)", 0},
+        {"--csv", KV_OPT_CSV, &csv, 0, 0, NULL, "FILE", "the rows as CSV, to FILE in place of the table (- : standard output)", 0},
         KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,

@@ -190,7 +190,7 @@ int cmd_stream(int argc, char **argv)
         {"--block-size", KV_OPT_INT, &block, 1, 4096, NULL, "B", "paged: tokens per block (default 16)", 0},
         {"--full-tokens", KV_OPT_I64, &full_tokens, 0, (1 << 24) - 1, NULL, "M", "tokens of the full-cache run beside it (default 32768; 0 = none)", 0},
         {"--every", KV_OPT_I64, &every, 1, 1 << 24, NULL, "K", "report every K tokens (default: 16 reports)", 0},
-        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "print comma-separated rows (for plots)", 0},
+        {"--csv", KV_OPT_CSV, &csv, 0, 0, NULL, "FILE", "the rows as CSV, to FILE in place of the table (- : standard output)", 0},
         KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,

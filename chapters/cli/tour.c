@@ -59,7 +59,7 @@ int cmd_tour(int argc, char **argv)
     kv_opt opts[] = {
         {"--chapter", KV_OPT_INT, &chapter, 1, 99, NULL, "N", "run only chapter N's demo", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
-        {"--csv", KV_OPT_FLAG, &csv, 0, 0, NULL, NULL, "print comma-separated rows (for plots)", 0},
+        {"--csv", KV_OPT_CSV, &csv, 0, 0, NULL, "FILE", "the rows as CSV, to FILE in place of the table (- : standard output)", 0},
         {"--csv-dir", KV_OPT_STRING, &csv_dir, 0, 0, NULL, "DIR",
          "write the same CSV as one file per table into the folder DIR (it must exist),"
          " named by chapter and table (ch05-2-policy.csv), each one header and its rows;"

@@ -66,7 +66,7 @@ static const char *span(char *buf, size_t n, int first, int count)
 }
 
 static int tp_run(const kv_model *m, const char *name, int p, const char *cache, int n_prompt,
-                  int n_tokens, int repeats, kv_err *err)
+                  int n_tokens, int repeats, int csv, kv_err *err)
 {
     const kv_config *c = &m->config;
     const int L = c->n_layers, H = c->n_heads, Hkv = c->n_kv_heads, d = kv_config_head_dim(c);
@@ -85,6 +85,8 @@ static int tp_run(const kv_model *m, const char *name, int p, const char *cache,
     if (!rc) rc = kv_tp_backend(&tpb, m, p, &spec, err);
     if (rc) goto done;
     kv_tp *g = kv_tp_of_backend(tpb);
+    const size_t rank_bytes = kv_cache_bytes(kv_tp_cache(g, 0));
+    if (csv) goto run; /* the rows after the measurement, one per run */
 
     printf("tensor-parallel heads: %s (dim %d, hidden %d, L %d, H %d, H_kv %d, d %d), cache %s,\n"
            "prompt %d tokens, %d generated greedily; p = %d ranks as threads\n\n",
@@ -104,14 +106,13 @@ static int tp_run(const kv_model *m, const char *name, int p, const char *cache,
                kv_fmt_bytes((double)kv_cache_bytes(kv_tp_cache(g, r)), b, sizeof b));
     }
     char b1[32], b2[32];
-    const size_t rank_bytes = kv_cache_bytes(kv_tp_cache(g, 0));
     printf("\nper-rank KV cache: %zu bytes = %s (p = 1: %s); the same figure as\n"
            "  kvlab calc --config %d,%d,%d,%d,%d,%d,%d --dtype %s --seq %d --tp %d\n",
            rank_bytes, kv_fmt_bytes((double)rank_bytes, b1, sizeof b1),
            kv_fmt_bytes((double)kv_cache_bytes(kv_backend_cpu_cache(one)), b2, sizeof b2),
            c->dim, c->hidden_dim, L, H, Hkv, c->vocab_size, c->seq_len, cache,
            n_prompt + n_tokens, p);
-
+run:;
     double t1 = 0, tp = 0;
     rc = timed_run(one, prompt, n_prompt, n_tokens, repeats, want, &t1, err);
     if (rc) goto done;
@@ -125,6 +126,18 @@ static int tp_run(const kv_model *m, const char *name, int p, const char *cache,
     const int64_t n_ar = s1.all_reduces - s0.all_reduces, steps = s1.steps - s0.steps;
     const double floats = s1.reduced_floats - s0.reduced_floats;
     const double moved = s1.rank_bytes[0] - s0.rank_bytes[0];
+    if (csv) {
+        kv_csv_printf(stdout, "model,ranks,cache,prompt,tokens,repeats,rank_cache_bytes,"
+                      "one_device_cache_bytes,all_reduces,steps,decode_ring_bytes,"
+                      "prefill_ring_bytes,rank0_bytes_moved,rank0_bytes_formula,tokens_equal,"
+                      "ms_per_token_p1,ms_per_token\n");
+        kv_csv_printf(stdout, "%s,%d,%s,%d,%d,%d,%zu,%zu,%lld,%lld,%.0f,%.0f,%.0f,%.0f,%d,%.4f,%.4f\n",
+                      name, p, cache, n_prompt, n_tokens, repeats, rank_bytes,
+                      kv_cache_bytes(kv_backend_cpu_cache(one)), (long long)n_ar, (long long)steps,
+                      kv_tp_ring_bytes(p, c->dim), kv_tp_ring_bytes(p, (double)n_prompt * c->dim),
+                      moved, kv_tp_ring_bytes(p, floats), same, t1 * 1e3, tp * 1e3);
+        goto done;
+    }
     char b3[32], b4[32], b5[32];
     printf("\nall-reduces: %lld in %lld steps = %lld per token (2 per layer: after Wo and after "
            "W2, L = %d)\n", (long long)n_ar, (long long)steps, (long long)(n_ar / steps), L);
@@ -154,7 +167,7 @@ int cmd_tp(int argc, char **argv)
 {
     const char *cmd = "kvlab tp";
     const char *def = NULL, *model_path = NULL, *cache = "fp32";
-    int ranks = 2, prompt = 16, tokens = 32, repeats = 3;
+    int ranks = 2, prompt = 16, tokens = 32, repeats = 3, csv = 0;
     int threads = 0; /* --threads: 0 keeps OpenMP's team */
     kv_opt opts[] = {
         {"--ranks", KV_OPT_INT, &ranks, 1, KV_TP_MAX_RANKS, NULL, "P", "tensor-parallel ranks (threads; default 2)", 0},
@@ -164,6 +177,7 @@ int cmd_tp(int argc, char **argv)
         {"--tokens", KV_OPT_INT, &tokens, 1, 1 << 16, NULL, "N", "tokens to generate (default 32)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 100, NULL, "R", "timed runs, median reported (default 3)", 0},
+        {"--csv", KV_OPT_CSV, &csv, 0, 0, NULL, "FILE", "the numbers as one CSV row, to FILE in place of the text (- : standard output)", 0},
         KV_CLI_THREADS_OPT(threads),
     };
     int r = kv_args_parse(cmd,
@@ -196,7 +210,7 @@ int cmd_tp(int argc, char **argv)
         kv_cli_model_close(&mdl);
         return st;
     }
-    st = tp_run(&mdl.m, mdl.name, ranks, cache, prompt, tokens, repeats, &err);
+    st = tp_run(&mdl.m, mdl.name, ranks, cache, prompt, tokens, repeats, csv, &err);
     kv_cli_model_close(&mdl);
     return st ? kv_cli_fail(cmd, "tp", st, &err) : KV_EXIT_OK;
 }
