@@ -1,10 +1,8 @@
 /* The CUDA engine on the real model: SmolLM2-135M-Instruct (Q4_1 GGUF, fetched by
  * tools/fetch-model.sh smollm2), cut to its first 2 layers, against the CPU engine.
  *
- * The GGUF loader gives an fp32 kv_model; kv_model_layer_prefix() makes the 2-layer view
- * (embedding, final norm and tied classifier shared). kvcu_model_upload() copies a model as
- * its one weight block, which a view does not own (data NULL), so the view's tensors are
- * copied into a 2-layer model of their own: the device then holds 2 layers, not 30.
+ * The GGUF loader gives an fp32 kv_model; kv_test_model_prefix_copy() makes a 2-layer model of
+ * its own (tests/common/kv_test_model_prefix.h): the device then holds 2 layers, not 30.
  *
  * A sentence tokenized by the file's own tokenizer (its first 16 ids) is prefilled and 8 tokens
  * are greedy-decoded on each backend, each following its own argmax (8, not more: the
@@ -34,41 +32,12 @@
 #include "common/kv_test.h"
 #include "common/kv_test_gpu.h"
 #include "common/kv_test_model.h"
+#include "common/kv_test_model_prefix.h"
 #include "kvcu.h"
 
 #include <string.h>
 
 enum { LAYERS = 2, PROMPT = 16, STEPS = 8, CAPACITY = PROMPT + STEPS };
-
-/* *out a model of its own holding the first LAYERS layers of @p m, through the layer-prefix
- * view: every per-layer array is [L][...], so its first LAYERS entries are a prefix. */
-static int prefix_copy(kv_model *out, const kv_model *m, kv_err *e)
-{
-    kv_model v;
-    memset(out, 0, sizeof *out);
-    int rc = kv_model_layer_prefix(&v, m, LAYERS, e);
-    if (rc) return rc;
-    KV_CHECK(v.config.n_layers == LAYERS && v.w.rms_final == m->w.rms_final &&
-             v.w.wcls == m->w.wcls && v.w.token_embedding == m->w.token_embedding,
-             "the layer-prefix view keeps the embedding, final norm and classifier");
-    rc = kv_model_alloc(out, &v.config, e);
-    if (rc) return rc;
-    const kv_config *c = &v.config;
-    const size_t L = LAYERS, dim = c->dim, hid = c->hidden_dim, V = c->vocab_size;
-    const size_t q = (size_t)c->n_heads * kv_config_head_dim(c);
-    const size_t kv = (size_t)c->n_kv_heads * kv_config_head_dim(c);
-    const struct { float *dst; const float *src; size_t n; } t[] = {
-        {out->w.token_embedding, v.w.token_embedding, V * dim},
-        {out->w.rms_att, v.w.rms_att, L * dim},       {out->w.wq, v.w.wq, L * q * dim},
-        {out->w.wk, v.w.wk, L * kv * dim},            {out->w.wv, v.w.wv, L * kv * dim},
-        {out->w.wo, v.w.wo, L * dim * q},             {out->w.rms_ffn, v.w.rms_ffn, L * dim},
-        {out->w.w1, v.w.w1, L * hid * dim},           {out->w.w2, v.w.w2, L * dim * hid},
-        {out->w.w3, v.w.w3, L * hid * dim},           {out->w.rms_final, v.w.rms_final, dim},
-        {out->w.wcls, v.w.wcls, V * dim},
-    };
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) memcpy(t[i].dst, t[i].src, t[i].n * 4);
-    return KV_OK;
-}
 
 /* logit tolerance of one value of the CPU's logits [V] in a run */
 typedef double (*tol_fn)(double ref, double top);
@@ -160,7 +129,7 @@ int main(void)
     int rc = kv_gguf_open(path, &g, &e);
     if (!rc) rc = kv_vocab_from_gguf(g, &voc, &e);
     if (!rc) rc = kv_gguf_model_load(g, &full, &e);
-    if (!rc) rc = prefix_copy(&m, &full, &e);
+    if (!rc) rc = kv_test_model_prefix_copy(&m, &full, LAYERS, &e);
     KV_CHECK(rc == KV_OK, "model: %s", e.msg);
     kv_model_free(&full);
     static const char text[] = "The quick brown fox jumps over the lazy dog, then it runs back "
