@@ -10,7 +10,7 @@
  *     --json FILE captures the rows the same way, and once the run succeeds writes them as
  *     JSON with the build and the machine (json_out.c), and as CSV where --csv asks too.
  *   - a command that prints a table and writes its rows to a file of its own (needle, passkey,
- *     serve: --csv is a KV_OPT_STRING): with FILE nothing changes; with "-" the table goes to
+ *     serve, dialogue: --csv is a KV_OPT_STRING): with FILE nothing changes; with "-" the table goes to
  *     standard error and the command writes the rows to kv_cli_csv_stdout(), the real standard
  *     output, so a pipe receives the CSV alone.
  */

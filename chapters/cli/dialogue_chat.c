@@ -148,7 +148,7 @@ int cmd_dialogue_chat(int argc, char **argv)
         {"--ctx", KV_OPT_INT, &ctx, 64, 1 << 20, NULL, "N", "tokens the cache holds: the longest conversation (default 4096, at most the model's context)", 0},
         {"--recompute", KV_OPT_FLAG, &recompute, 0, 0, NULL, NULL, "empty the cache before every turn and prefill the whole conversation again (the same replies with a lossless cache)", 0},
         {"--prefix-cache", KV_OPT_FLAG, &prefix, 0, 0, NULL, NULL, "with --layout paged: the conversations share the cached blocks of their common opening; print the first turns' hit rate", 0},
-        {"--csv", KV_OPT_STRING, &csv_path, 0, 0, NULL, "FILE", "one row per ask: cache, script, turn, fact, value, distance in turns and tokens, reply, pass", 0},
+        {"--csv", KV_OPT_STRING, &csv_path, 0, 0, NULL, "FILE", "one row per ask: cache, script, turn, fact, value, distance in turns and tokens, reply, pass (- : standard output, the table then on standard error)", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
         KV_CLI_ENGINE_OPTS(en),
         KV_CLI_LAYOUT_OPTS(lo),
@@ -237,12 +237,16 @@ int cmd_dialogue_chat(int argc, char **argv)
         rc = kv_cli_fail(cmd, "tally", kv_fail(&err, KV_ERR_NOMEM, "out of memory"), &err);
         goto close;
     }
+    const int csv_stdout = csv_path && kv_cli_csv_stdout() != NULL; /* --csv -: the real stdout */
     if (csv_path) {
-        if ((st = kv_file_create(csv_path, &o, &err))) {
+        if (csv_stdout) {
+            csv = kv_cli_csv_stdout();
+        } else if ((st = kv_file_create(csv_path, &o, &err))) {
             rc = kv_cli_write_fail(cmd, "--csv", &err);
             goto close;
+        } else {
+            csv = o.f;
         }
-        csv = o.f;
         kv_csv_printf(csv, "model,cache,script,turn,fact,value,distance,distance_tokens,reply,"
                            "pass\n");
     }
@@ -254,7 +258,9 @@ int cmd_dialogue_chat(int argc, char **argv)
         rc = run_cache(cmd, &mdl, &tpl, specs[v], &lo, device, &en, prefix, ctx, recompute,
                        max_reply, max_answer, scripts, n_scripts, csv, &tl[v]);
     if (!rc) print_table(specs, n_var, tl, prefix);
-    if (csv) {
+    if (csv && csv_stdout) {
+        fflush(csv);
+    } else if (csv) {
         if (rc) kv_file_abort(&o);
         else if ((st = kv_file_commit(&o, &err))) rc = kv_cli_write_fail(cmd, "--csv", &err);
     }

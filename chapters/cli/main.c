@@ -31,7 +31,7 @@ static const kv_subcommand commands[] = {
     {"needle", cmd_needle, "needle-in-a-haystack grid over the recall models: lengths x depths x cache", 1},
     {"passkey", cmd_passkey, "the pass-key test on a real model: a key hidden in a long text, asked for", 1},
     {"convert", cmd_convert, "MHA -> GQA/MQA: mean-pool K/V heads per group, write a new checkpoint"},
-    {"dialogue", cmd_dialogue, "multi-turn dialogues: a .dlg file on the recall models, or chat scripts on a chat model (memory by distance)"},
+    {"dialogue", cmd_dialogue, "multi-turn dialogues: a .dlg file on the recall models, or chat scripts on a chat model (memory by distance)", 1},
     {"serve", cmd_serve, "replay a request trace: continuous batching on a paged cache, allocator metrics", 1},
     {"stream", cmd_stream, "an endless stream through a sliding-window cache: memory and tokens/s stay flat"},
     {"spec", cmd_spec, "speculative decoding: draft k tokens, verify in one step, roll back the rejected K/V"},
