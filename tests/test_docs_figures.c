@@ -102,7 +102,7 @@ static affine parse_transform(const char *s, size_t n)
 static const char *attr(const char *t, const char *e, const char *name, size_t *len)
 {
     const size_t n = strlen(name);
-    for (const char *p = t; p + n + 2 < e; p++) {
+    for (const char *p = t + 1; p + n + 2 < e; p++) { /* t is the tag's '<': p[-1] exists */
         if ((p[-1] == ' ' || p[-1] == '\t' || p[-1] == '\n') && strncmp(p, name, n) == 0 &&
             p[n] == '=' && (p[n + 1] == '"' || p[n + 1] == '\'')) {
             const char q = p[n + 1], *v = p + n + 2, *ve = memchr(v, q, (size_t)(e - v));
