@@ -79,14 +79,10 @@ int main(void)
     if (!kv_test_model_path(KV_TEST_SMOLLM2, "smollm2", path, sizeof path)) return KV_TEST_SKIP;
     kv_gguf *g = NULL;
     kv_vocab *voc = NULL;
-    kv_model full = {0}, m = {0};
+    kv_model m = {0};
     kv_err e = {{0}};
-    int rc = kv_gguf_open(path, &g, &e);
-    if (!rc) rc = kv_vocab_from_gguf(g, &voc, &e);
-    if (!rc) rc = kv_gguf_model_load(g, &full, &e);
-    if (!rc) rc = kv_test_model_prefix_copy(&m, &full, LAYERS, &e);
+    int rc = kv_test_gguf_prefix_open(path, LAYERS, &g, &voc, &m, &e);
     KV_CHECK(rc == KV_OK, "model: %s", e.msg);
-    kv_model_free(&full);
     int stop = voc ? kv_vocab_eos(voc) : -1;
     kv_text_codec tc = {voc, encode, piece, -1, &stop, stop >= 0};
     kv_passkey_hay hay = {0};

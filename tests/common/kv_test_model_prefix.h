@@ -10,7 +10,10 @@
 
 #include <string.h>
 
+#include "kv_gguf.h"
+#include "kv_gguf_model.h"
 #include "kv_model.h"
+#include "kv_vocab.h"
 #include "kv_spec.h" /* kv_model_layer_prefix() */
 
 /* *out a model of its own holding the first @p layers layers of @p m: every per-layer array is
@@ -43,6 +46,22 @@ static inline int kv_test_model_prefix_copy(kv_model *out, const kv_model *m, in
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) memcpy(t[i].dst, t[i].src, t[i].n * 4);
     return KV_OK;
+}
+
+/* The GGUF file at @p path opened (*g, *voc its tokenizer) and its first @p layers layers as a
+ * model of their own (*m): the whole model is loaded, copied from, and freed. The caller frees
+ * *m, *voc and *g whatever the status (each stays NULL/zero when not made). */
+static inline int kv_test_gguf_prefix_open(const char *path, int layers, kv_gguf **g,
+                                           kv_vocab **voc, kv_model *m, kv_err *e)
+{
+    kv_model full = {0};
+    memset(m, 0, sizeof *m);
+    int rc = kv_gguf_open(path, g, e);
+    if (!rc) rc = kv_vocab_from_gguf(*g, voc, e);
+    if (!rc) rc = kv_gguf_model_load(*g, &full, e);
+    if (!rc) rc = kv_test_model_prefix_copy(m, &full, layers, e);
+    kv_model_free(&full);
+    return rc;
 }
 
 #endif
