@@ -24,16 +24,17 @@
 
 /* DejaVu Sans advance widths of ASCII 32..126, in hundredths of an em (regular, bold); any
  * other character (UTF-8 sequence) counts as 0.65 em. */
-static const unsigned char width_regular[95] = {
+static const unsigned char width_em100[2][95] = {
+    {/* regular */
     32, 40, 46, 84, 64, 95, 78, 27, 39, 39, 50, 84, 32, 36, 32, 34, 64, 64, 64, 64, 64, 64, 64, 64,
     64, 64, 34, 34, 84, 84, 84, 53, 100, 68, 69, 70, 77, 63, 58, 77, 75, 29, 29, 66, 56, 86, 75, 79,
     60, 79, 69, 63, 61, 73, 68, 99, 69, 61, 69, 39, 34, 39, 84, 50, 50, 61, 63, 55, 63, 62, 35, 63,
-    63, 28, 28, 58, 28, 97, 63, 61, 63, 63, 41, 52, 39, 63, 59, 82, 59, 59, 52, 64, 34, 64, 84};
-static const unsigned char width_bold[95] = {
+    63, 28, 28, 58, 28, 97, 63, 61, 63, 63, 41, 52, 39, 63, 59, 82, 59, 59, 52, 64, 34, 64, 84},
+    {/* bold */
     35, 46, 52, 84, 70, 100, 87, 31, 46, 46, 52, 84, 38, 42, 38, 37, 70, 70, 70, 70, 70, 70, 70, 70,
     70, 70, 40, 40, 84, 84, 84, 58, 100, 77, 76, 73, 83, 68, 68, 82, 84, 37, 37, 77, 64, 100, 84, 85,
     73, 85, 77, 72, 68, 81, 77, 110, 77, 72, 73, 46, 37, 46, 84, 50, 50, 67, 72, 59, 72, 68, 44, 72,
-    71, 34, 34, 67, 34, 104, 71, 69, 72, 72, 49, 60, 48, 71, 65, 92, 65, 65, 58, 71, 37, 71, 84};
+    71, 34, 34, 67, 34, 104, 71, 69, 72, 72, 49, 60, 48, 71, 65, 92, 65, 65, 58, 71, 37, 71, 84}};
 
 /* The width of text in em: ASCII by the table, an entity (&#x27; &amp;) as one character. */
 static double text_em(const char *s, size_t n, int bold)
@@ -48,13 +49,13 @@ static double text_em(const char *s, size_t n, int bold)
                 c = strncmp(ent, "&amp;", 5) == 0 ? '&' : strncmp(ent, "&lt;", 4) == 0 ? '<'
                   : strncmp(ent, "&gt;", 4) == 0 ? '>' : strncmp(ent, "&#x27;", 6) == 0 ? '\''
                   : strncmp(ent, "&quot;", 6) == 0 ? '"' : 0;
-                w += c ? (bold ? width_bold : width_regular)[c - 32] / 100.0 : 0.65;
+                w += c ? width_em100[bold != 0][c - 32] / 100.0 : 0.65;
                 i = (size_t)(semi - s) + 1;
                 continue;
             }
         }
         if (c >= 32 && c < 127) {
-            w += (bold ? width_bold : width_regular)[c - 32] / 100.0;
+            w += width_em100[bold != 0][c - 32] / 100.0;
             i++;
         } else if (c >= 0xc0 || c < 32) { /* a UTF-8 lead byte (continuations add nothing) */
             w += c < 32 ? 0 : 0.65;
