@@ -7,7 +7,10 @@
  * major, B both as Kᵀ rows and as V rows with .trans), against a plain loop in double within
  * the bound below; and the same product with two A registers swapped, which must fail it,
  * showing that a wrong fragment index is caught (in emulation too, where each lane reads the
- * others' registers where the ISA puts them). A CUDA program: it checks a GPU the same way.
+ * others' registers where the ISA puts them). Then the one-byte codes' conversions to fp16
+ * operands (kvcu_i8x4_f16()'s magic number, kvcu_e4m3x2_f16()'s cvt.rn.f16x2.e4m3x2,
+ * kvcu_e5m2x4_f16()'s byte placement) for every code in every position, against the formats'
+ * definitions decoded here from the bits. A CUDA program: it checks a GPU the same way.
  */
 #include "kv_cuda.cuh"
 #include "kvcu_mma.cuh"
@@ -15,6 +18,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- ldmatrix ---------------------------------------------------------------------------- */
 
@@ -188,6 +192,66 @@ static void check_mma(unsigned seed)
     cudaFree(dd2);
 }
 
+/* ---- one-byte codes to fp16 operands ------------------------------------------------------ */
+
+/* Thread i: e4m3 codes (i, i >> 8) -> out[i][0..1]; int8 codes, the bytes of w = i | (i ^ 0x5a5a)
+ * << 16 -> out[i][2..5]; e5m2 codes, the bytes of the same w -> out[i][6..9]. */
+__global__ void operand_kernel(float *out)
+{
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x, w = i | (i ^ 0x5a5au) << 16;
+    uint32_t h[5];
+    h[0] = kvcu_e4m3x2_f16((uint16_t)i);
+    kvcu_i8x4_f16(w, h + 1);
+    kvcu_e5m2x4_f16(w, h + 3);
+    for (int k = 0; k < 10; k++)
+        out[(size_t)i * 10 + k] = __half2float(__ushort_as_half((uint16_t)(h[k / 2] >> (16 * (k & 1)))));
+}
+
+/* The value of fp8 code b from the format's definition: sign, E exponent bits of bias B, M
+ * mantissa bits, subnormal below; E4M3's S.1111.111 is NaN (it has no infinity), E5M2's top
+ * exponent is infinity (mantissa 0) or NaN, as IEEE's. */
+static float fp8_value(unsigned b, int E, int M)
+{
+    const int bias = (1 << (E - 1)) - 1, e = (b >> M) & ((1 << E) - 1), m = b & ((1 << M) - 1);
+    float v;
+    if (E == 4 && (b & 0x7f) == 0x7f) return NAN;
+    if (E == 5 && e == 31) v = m ? NAN : INFINITY;
+    else v = e ? ldexpf((float)((1 << M) + m), e - bias - M) : ldexpf((float)m, 1 - bias - M);
+    return b & 0x80 ? -v : v;
+}
+
+static int same_value(float got, float want)
+{
+    return isnan(want) ? isnan(got) : memcmp(&got, &want, sizeof got) == 0;
+}
+
+static void check_operands(void)
+{
+    enum { N = 65536 };
+    float *d, *h = (float *)malloc(sizeof(float) * 10 * N);
+    KV_CHECK(cudaMalloc((void **)&d, sizeof(float) * 10 * N) == cudaSuccess, "operand alloc");
+    KV_LAUNCH(operand_kernel, N / 256, 256, 0, 0, d);
+    KV_CHECK(cudaMemcpy(h, d, sizeof(float) * 10 * N, cudaMemcpyDeviceToHost) == cudaSuccess,
+             "operand copy");
+    long bad[3] = {0, 0, 0};
+    for (uint32_t i = 0; i < N; i++) {
+        const uint32_t w = i | (i ^ 0x5a5au) << 16;
+        const float *o = h + (size_t)i * 10;
+        for (int k = 0; k < 2; k++) bad[0] += !same_value(o[k], fp8_value((i >> (8 * k)) & 0xff, 4, 3));
+        for (int k = 0; k < 4; k++) {
+            const unsigned b = (w >> (8 * k)) & 0xff;
+            bad[1] += !same_value(o[2 + k], (float)(int8_t)b);
+            bad[2] += !same_value(o[6 + k], fp8_value(b, 5, 2));
+        }
+    }
+    KV_CHECK(bad[0] == 0, "e4m3 pairs: %ld of %d halves differ from the format's values", bad[0], 2 * N);
+    KV_CHECK(bad[1] == 0, "int8 by the magic number: %ld of %d halves differ from the codes (exact)",
+             bad[1], 4 * N);
+    KV_CHECK(bad[2] == 0, "e5m2 quads: %ld of %d halves differ from the format's values", bad[2], 4 * N);
+    cudaFree(d);
+    free(h);
+}
+
 int main(void)
 {
     int n_dev = 0;
@@ -209,6 +273,7 @@ int main(void)
         check_mma<0>(seed);
         check_mma<1>(seed);
     }
+    check_operands();
     printf("%d passed, %d failed\n", kv_test_passed, kv_test_failed);
     return kv_test_failed ? 1 : 0;
 }

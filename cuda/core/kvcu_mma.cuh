@@ -33,6 +33,8 @@
 #include <stdint.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <string.h>
 
 #include "kv_cuda.cuh"
 
@@ -66,6 +68,53 @@ __device__ inline uint16_t kvcu_bits16(float x)
 {
     return BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x))
                 : __half_as_ushort(__float2half_rn(x));
+}
+
+/* One-byte codes to fp16 operands, two a register (lo in the low half), exactly; what a kernel
+ * runs once per tile to turn int8 or fp8 rows into the 16-bit rows ldmatrix reads.
+ *
+ * int8, four codes (the bytes of x, lowest first) by the magic number: b ^ 0x80 is b + 128
+ * (0 .. 255) as an unsigned byte; PRMT sets it under 0x64, the fp16 1024 whose ulp is 1, so the
+ * half reads 1024 + 128 + b; one sub.f16x2 of 1152 (0x6480) leaves b. Exact for every int8:
+ * 1152 + b lies in [1024, 1279] and b in [-128, 127], integers fp16 holds, and the difference
+ * of two fp16 integers that is an fp16 integer is exact. No integer-to-float conversion.
+ * h[0]: codes 0, 1; h[1]: codes 2, 3. */
+__device__ __forceinline__ void kvcu_i8x4_f16(uint32_t x, uint32_t h[2])
+{
+    const uint32_t u = x ^ 0x80808080u, m = 0x64806480u; /* 1152 in both halves */
+    const uint32_t lo = __byte_perm(u, 0x64646464u, 0x4140), hi = __byte_perm(u, 0x64646464u, 0x4342);
+    __half2 a, b, c;
+    memcpy(&c, &m, 4);
+    memcpy(&a, &lo, 4);
+    memcpy(&b, &hi, 4);
+    a = __hsub2(a, c);
+    b = __hsub2(b, c);
+    memcpy(&h[0], &a, 4);
+    memcpy(&h[1], &b, 4);
+}
+
+/* fp8 E4M3, two codes (x's low byte first) -> two halves: cvt.rn.f16x2.e4m3x2 from sm_89 on
+ * (exact: every E4M3 value is an fp16 one), cuda_fp8.h's software decode below sm_89 and in
+ * the emulation build (where it computes what the instruction does, cuda/emu/README.md). */
+__device__ __forceinline__ uint32_t kvcu_e4m3x2_f16(uint16_t x)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(KV_CUDA_EMULATION)
+    uint32_t r;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
+    return r;
+#else
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)x, __NV_E4M3);
+    return (uint32_t)h.x | (uint32_t)h.y << 16;
+#endif
+}
+
+/* fp8 E5M2, four codes (the bytes of x) -> four halves, on every architecture: an E5M2 code is
+ * the high byte of the fp16 of the same value (1 sign, 5 exponent bits of bias 15, the top 2
+ * mantissa bits), so PRMT puts each under a zero byte. h[0]: codes 0, 1; h[1]: codes 2, 3. */
+__device__ __forceinline__ void kvcu_e5m2x4_f16(uint32_t x, uint32_t h[2])
+{
+    h[0] = __byte_perm(x, 0u, 0x1404);
+    h[1] = __byte_perm(x, 0u, 0x3424);
 }
 
 /* The instruction for input type TY ("f16" or "bf16"), accumulating into c in place. It exists
