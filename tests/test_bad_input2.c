@@ -568,6 +568,9 @@ static void test_cli_ch09_10(void)
     CLI_BAD("--kivi-window|needs --cache int4-kivi", "spec", "--kivi-window", "64");
     CLI_BAD("--kivi-window|48|multiple of 32", "spec", "--cache", "int4-kivi", "--kivi-window", "48");
     CLI_BAD("--kivi-window|out of range", "spec", "--kivi-window", "-32");
+    CLI_BAD("--turns|needs --script", "spec", "--turns", "3");
+    CLI_BAD("--prompt|not both", "spec", "--script", "x.chat", "--prompt", "8");
+    CLI_BAD("--script|no chat template", "spec", "--script", "x.chat");
     CLI_BAD("--cache|int4-kivi|head dim", "spec", "--cache", "int4-kivi");
     CLI_BAD("--cache|unknown format 'h2o/b64'", "spec", "--cache", "h2o/b64");
     CLI_BAD("--layout|'ring'", "spec", "--layout", "ring");

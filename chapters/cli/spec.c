@@ -14,6 +14,7 @@
 
 #include "cli.h"
 #include "model_load.h"
+#include "kv_chat_dialogue.h"
 #include "kv_generate.h"
 #include "kv_quant.h"
 #include "kv_spec.h"
@@ -63,9 +64,99 @@ static int make_pair(kv_backend **t, kv_backend **d, const char *device, const k
     return rc;
 }
 
+/* The prompts a table runs: one of random ids, or a chat script's user turns, each rendered
+ * as a one-turn conversation (kv_chat_render_prompt()). */
+typedef struct {
+    int **ids; /* [n][len[i]] */
+    int *len;  /* [n] */
+    int n, longest;
+} spec_prompts;
+
+static void prompts_free(spec_prompts *p)
+{
+    for (int i = 0; i < p->n; i++) free(p->ids[i]);
+    free(p->ids);
+    free(p->len);
+    memset(p, 0, sizeof *p);
+}
+
+static int prompts_alloc(spec_prompts *p, int n, kv_err *err)
+{
+    p->ids = calloc((size_t)n, sizeof *p->ids);
+    p->len = calloc((size_t)n, sizeof *p->len);
+    return p->ids && p->len ? KV_OK : kv_fail(err, KV_ERR_NOMEM, "spec: out of memory");
+}
+
+/* One prompt of @p n random ids from @p seed (the embedded models' way). */
+static int prompts_random(spec_prompts *p, int n, int vocab, uint64_t seed, kv_err *err)
+{
+    int rc = prompts_alloc(p, 1, err);
+    if (!rc && !(p->ids[0] = malloc(sizeof(int) * n)))
+        rc = kv_fail(err, KV_ERR_NOMEM, "spec: out of memory");
+    if (rc) return rc;
+    kv_rng rng;
+    kv_rng_seed(&rng, seed);
+    for (int i = 0; i < n; i++) p->ids[0][i] = (int)(kv_rng_u32(&rng) % (uint32_t)vocab);
+    p->len[0] = p->longest = n;
+    p->n = 1;
+    return KV_OK;
+}
+
+/* The first @p turns user turns of the script at @p path (0: all), each rendered with the
+ * model's chat template and default system message as the prompt of a reply. */
+static int prompts_script(spec_prompts *p, const char *path, int turns, const kv_cli_model *mdl,
+                          kv_err *err)
+{
+    if (!mdl->vocab || !mdl->chat_template)
+        return kv_fail(err, KV_ERR_ARG, "%s has no chat template (tokenizer.chat_template): "
+                       "--script needs a chat model", mdl->name);
+    kv_chat_template tpl;
+    kv_chat_script s;
+    int rc = kv_chat_template_parse(mdl->chat_template, strlen(mdl->chat_template), mdl->vocab,
+                                    &tpl, err);
+    if (rc || (rc = kv_chat_script_read(path, &s, err))) return rc;
+    const int n = turns && turns < s.n_turns ? turns : s.n_turns;
+    const int cap = mdl->m.config.seq_len;
+    rc = prompts_alloc(p, n, err);
+    for (int i = 0; i < n && !rc; i++, p->n++) {
+        if (!(p->ids[i] = malloc(sizeof(int) * cap))) {
+            rc = kv_fail(err, KV_ERR_NOMEM, "spec: out of memory");
+            break;
+        }
+        rc = kv_chat_render_prompt(&tpl, mdl->vocab, NULL, s.turns[i].text, s.turns[i].len,
+                                   p->ids[i], cap, &p->len[i], err);
+        if (p->len[i] > p->longest) p->longest = p->len[i];
+    }
+    kv_chat_script_free(&s);
+    return rc;
+}
+
+/* One k over every prompt: the stats summed, *same 1 when every greedy run matched want. */
+static int spec_k(kv_backend *t, kv_backend *d, const spec_prompts *p, int **want, int *got,
+                  const kv_spec_opts *o, kv_spec_stats *sum, int *same, kv_err *err)
+{
+    memset(sum, 0, sizeof *sum);
+    *same = 1;
+    for (int i = 0; i < p->n; i++) {
+        kv_spec_stats st;
+        int rc = kv_spec_generate(t, d, p->ids[i], p->len[i], o, got, &st, err);
+        if (rc) return rc;
+        if (want && memcmp(got, want[i], sizeof(int) * o->n_tokens)) *same = 0;
+        sum->emitted += st.emitted, sum->target_steps += st.target_steps;
+        sum->draft_steps += st.draft_steps, sum->drafted += st.drafted;
+        sum->accepted += st.accepted;
+        sum->target_kv_written += st.target_kv_written;
+        sum->target_kv_rolled_back += st.target_kv_rolled_back;
+        sum->draft_kv_written += st.draft_kv_written;
+        sum->draft_kv_rolled_back += st.draft_kv_rolled_back;
+    }
+    return KV_OK;
+}
+
 static int spec_table(const kv_model *m, const char *name, const char *device, int draft_layers,
-                      const kv_cache_spec *spec, int n_prompt, int n_tokens, int max_k,
-                      double temperature, uint64_t seed, int csv, kv_err *err)
+                      const kv_cache_spec *spec, const spec_prompts *p, const char *what,
+                      int n_tokens, int max_k, double temperature, uint64_t seed, int csv,
+                      kv_err *err)
 {
     kv_model dm;
     int rc = kv_model_layer_prefix(&dm, m, draft_layers, err);
@@ -73,39 +164,37 @@ static int spec_table(const kv_model *m, const char *name, const char *device, i
     /* the view aliases m's one weight block, which is what the CUDA backend uploads */
     dm.data = m->data;
     dm.n_floats = m->n_floats;
-    const int V = m->config.vocab_size;
-    int *prompt = malloc(sizeof(int) * n_prompt), *want = malloc(sizeof(int) * n_tokens);
+    const int greedy = temperature == 0.0;
+    int **want = greedy ? calloc((size_t)p->n, sizeof *want) : NULL;
     int *got = malloc(sizeof(int) * n_tokens);
     kv_backend *t = NULL, *d = NULL;
-    if (!prompt || !want || !got) {
+    if (!got || (greedy && !want)) {
         rc = kv_fail(err, KV_ERR_NOMEM, "spec: out of memory");
         goto done;
     }
-    kv_rng rng;
-    kv_rng_seed(&rng, seed);
-    for (int i = 0; i < n_prompt; i++) prompt[i] = (int)(kv_rng_u32(&rng) % (uint32_t)V);
     rc = make_pair(&t, &d, device, m, &dm, spec, err);
     if (rc) goto done;
-    const int greedy = temperature == 0.0;
-    if (greedy) { /* the tokens every k must reproduce */
+    for (int i = 0; greedy && i < p->n && !rc; i++) { /* the tokens every k must reproduce */
         const kv_gen_opts go = {KV_MODE_CACHED, 0, n_tokens, NULL, NULL, NULL, NULL};
-        rc = kv_generate(t, prompt, n_prompt, &go, want, NULL, err);
-        if (rc) goto done;
+        if (!(want[i] = malloc(sizeof(int) * n_tokens)))
+            rc = kv_fail(err, KV_ERR_NOMEM, "spec: out of memory");
+        else rc = kv_generate(t, p->ids[i], p->len[i], &go, want[i], NULL, err);
     }
+    if (rc) goto done;
+    const int total = n_tokens * p->n; /* the tokens of every prompt: a plain run's steps */
     char lay[64];
     const int logged = snapshot_bytes(t) >= 0.0; /* a window or KIVI on the CPU: undo columns */
     if (csv) {
         kv_csv_printf(stdout, "k,target_steps,plain_steps,steps_saved,tokens_per_step,"
                               "acceptance,target_kv_written,target_kv_rolled_back,draft_kv_written,"
-                              "draft_kv_rolled_back,matches_greedy");
+                              "draft_kv_rolled_back,matches_greedy,draft_layers,temperature,prompts");
         kv_csv_printf(stdout, logged ? ",undo_log_bytes,ring_copy_bytes\n" : "\n");
     } else {
         printf("speculative decoding: target %s (%d layers), draft = its first %d layer%s\n"
-               "device %s, cache %s, prompt %d tokens, %d tokens emitted, %s\n\n",
-               name, m->config.n_layers,
-               draft_layers, draft_layers == 1 ? "" : "s", t->name,
-               kv_cli_layout_name(spec, lay, sizeof lay),
-               n_prompt, n_tokens, greedy ? "greedy" : "sampling");
+               "device %s, cache %s, %s, %d tokens emitted after each, %s\n\n", name,
+               m->config.n_layers, draft_layers, draft_layers == 1 ? "" : "s", t->name,
+               kv_cli_layout_name(spec, lay, sizeof lay), what, n_tokens,
+               greedy ? "greedy" : "sampling");
         printf("%2s  %6s %6s %6s %9s %7s  %11s %11s  %11s %11s  %8s", "k", "target", "plain",
                "saved", "tok/step", "accept", "target KV", "rolled back", "draft KV",
                "rolled back", greedy ? "= greedy" : "");
@@ -115,26 +204,28 @@ static int spec_table(const kv_model *m, const char *name, const char *device, i
     for (int k = 1; k <= max_k && !rc; k++) {
         const kv_spec_opts o = {k, n_tokens, 0, (float)temperature, seed + (uint64_t)k};
         kv_spec_stats st;
+        int same;
         const double u0 = undo_copied(t) + undo_copied(d);
-        rc = kv_spec_generate(t, d, prompt, n_prompt, &o, got, &st, err);
+        rc = spec_k(t, d, p, want, got, &o, &st, &same, err);
         if (rc) break;
         /* undo log: bytes both caches copied; ring copy: a snapshot per round of each */
         const double undo = undo_copied(t) + undo_copied(d) - u0;
         const double snap = (double)st.target_steps * (snapshot_bytes(t) + snapshot_bytes(d));
-        const int same = greedy && !memcmp(got, want, sizeof(int) * n_tokens);
+        same = greedy && same;
         const double tps = (double)st.emitted / (double)st.target_steps;
         if (csv) {
-            kv_csv_printf(stdout, "%d,%lld,%d,%lld,%.3f,%.4f,%.0f,%.0f,%.0f,%.0f,%s", k,
-                          (long long)st.target_steps, n_tokens,
-                          (long long)(n_tokens - st.target_steps), tps, kv_spec_acceptance(&st),
-                          st.target_kv_written, st.target_kv_rolled_back, st.draft_kv_written,
-                          st.draft_kv_rolled_back, greedy ? (same ? "yes" : "no") : "n/a");
+            kv_csv_printf(stdout, "%d,%lld,%d,%lld,%.3f,%.4f,%.0f,%.0f,%.0f,%.0f,%s,%d,%g,%d", k,
+                          (long long)st.target_steps, total, (long long)(total - st.target_steps),
+                          tps, kv_spec_acceptance(&st), st.target_kv_written,
+                          st.target_kv_rolled_back, st.draft_kv_written, st.draft_kv_rolled_back,
+                          greedy ? (same ? "yes" : "no") : "n/a", draft_layers, temperature,
+                          p->n);
             if (logged) kv_csv_printf(stdout, ",%.0f,%.0f", undo, snap);
             kv_csv_printf(stdout, "\n");
         } else {
             char b[6][32];
             printf("%2d  %6lld %6d %6lld %9.2f %6.1f%%  %11s %11s  %11s %11s  %8s", k,
-                   (long long)st.target_steps, n_tokens, (long long)(n_tokens - st.target_steps),
+                   (long long)st.target_steps, total, (long long)(total - st.target_steps),
                    tps, 100.0 * kv_spec_acceptance(&st),
                    kv_fmt_bytes(st.target_kv_written, b[0], sizeof b[0]),
                    kv_fmt_bytes(st.target_kv_rolled_back, b[1], sizeof b[1]),
@@ -145,6 +236,7 @@ static int spec_table(const kv_model *m, const char *name, const char *device, i
                 printf("  %11s %11s", kv_fmt_bytes(undo, b[4], sizeof b[4]),
                        kv_fmt_bytes(snap, b[5], sizeof b[5]));
             printf("\n");
+            fflush(stdout);
         }
         if (greedy && !same)
             rc = kv_fail(err, KV_ERR_ARG, "spec: k=%d emitted other tokens than greedy", k);
@@ -161,7 +253,7 @@ static int spec_table(const kv_model *m, const char *name, const char *device, i
 done:
     kv_backend_destroy(t);
     kv_backend_destroy(d);
-    free(prompt);
+    for (int i = 0; want && i < p->n; i++) free(want[i]);
     free(want);
     free(got);
     return rc;
@@ -171,8 +263,9 @@ int cmd_spec(int argc, char **argv)
 {
     const char *cmd = "kvlab spec";
     const char *def = NULL, *cache = "fp32", *layout = "contiguous", *device = "cpu";
-    const char *model_path = NULL;
-    int draft_layers = 1, prompt = 16, tokens = 64, max_k = 8, block = 0, csv = 0;
+    const char *model_path = NULL, *script = NULL;
+    int turns = 0;
+    int draft_layers = 1, prompt = 0, tokens = 64, max_k = 8, block = 0, csv = 0;
     int window = 0, sinks = 0, kivi_window = 0;
     const char *scheme = "original";
     int64_t seed = 1;
@@ -184,6 +277,8 @@ int cmd_spec(int argc, char **argv)
         {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "or a model file as the target: a llama2.c / kvlab checkpoint, `trained`, a GGUF file or smollm2 (KIVI needs 32 | head dim)", 0},
         {"--draft-layers", KV_OPT_INT, &draft_layers, 1, 1 << 10, NULL, "N", "layers of the target the draft keeps (default 1)", 0},
         {"--prompt", KV_OPT_INT, &prompt, 1, 1 << 16, NULL, "P", "random prompt tokens (default 16)", 0},
+        {"--script", KV_OPT_STRING, &script, 0, 0, NULL, "FILE", "a chat model: the prompts are this chat script's user turns (datasets/chat-dialogues/*.chat), each a one-turn conversation in the model's template; the table sums them", 0},
+        {"--turns", KV_OPT_INT, &turns, 1, 1 << 16, NULL, "N", "with --script: its first N user turns (default all)", 0},
         {"--tokens", KV_OPT_INT, &tokens, 1, 1 << 16, NULL, "N", "tokens to emit per run (default 64)", 0},
         {"--max-k", KV_OPT_INT, &max_k, 1, 64, NULL, "K", "runs for k = 1..K draft tokens (default 8)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2, int4-kivi, int2-kivi", 0},
@@ -230,7 +325,11 @@ int cmd_spec(int argc, char **argv)
     if (paged && kivi && block % KV_KIVI_GROUP)
         return kv_args_bad(cmd, "--block-size", "%d: a paged %s cache needs a multiple of %d", block,
                            cache, KV_KIVI_GROUP);
-    const kv_cli_model_args ma = {model_path, def, "small", NULL, KV_CLI_TEXT_NONE, 0};
+    if (turns && !script) return kv_args_bad(cmd, "--turns", "needs --script");
+    if (script && prompt) return kv_args_bad(cmd, "--prompt", "random prompts, or --script: not both");
+    if (!prompt) prompt = 16;
+    const kv_cli_model_args ma = {model_path, def, "small", NULL,
+                                  script ? KV_CLI_TEXT_NEED : KV_CLI_TEXT_NONE, 0};
     kv_cli_model mdl;
     int st = kv_cli_model_load(cmd, &ma, &mdl);
     if (st) return st;
@@ -252,7 +351,17 @@ int cmd_spec(int argc, char **argv)
         kv_cli_model_close(&mdl);
         return st;
     }
-    kv_cache_spec spec = kv_cache_spec_default(1, prompt + tokens);
+    spec_prompts ps = {0};
+    char what[KV_CLI_PATH_MAX + 64];
+    if (script) {
+        st = prompts_script(&ps, script, turns, &mdl, &err);
+        snprintf(what, sizeof what, "%d prompts from %s (%d tokens at most)", ps.n, script,
+                 ps.longest);
+    } else {
+        st = prompts_random(&ps, prompt, mp->config.vocab_size, (uint64_t)seed, &err);
+        snprintf(what, sizeof what, "a prompt of %d random tokens", prompt);
+    }
+    kv_cache_spec spec = kv_cache_spec_default(1, ps.longest + tokens);
     spec.quant.dtype = fmt;
     spec.window.size = window; /* a window or KIVI rolls back through the undo log (kv_cache.h) */
     spec.window.n_sinks = sinks;
@@ -261,10 +370,12 @@ int cmd_spec(int argc, char **argv)
     if (!strcmp(layout, "paged")) {
         spec.layout.kind = KV_LAYOUT_PAGED;
         spec.layout.block_size = block;
-        spec.layout.n_blocks = (prompt + tokens + block - 1) / block;
+        spec.layout.n_blocks = (ps.longest + tokens + block - 1) / block;
     }
-    st = spec_table(mp, def, device, draft_layers, &spec, prompt, tokens, max_k, temperature, (uint64_t)seed,
-                    csv, &err);
+    if (!st)
+        st = spec_table(mp, def, device, draft_layers, &spec, &ps, what, tokens, max_k,
+                        temperature, (uint64_t)seed, csv, &err);
+    prompts_free(&ps);
     kv_cli_model_close(&mdl);
-    return st ? kv_cli_fail(cmd, "spec", st, &err) : KV_EXIT_OK;
+    return st ? kv_cli_fail(cmd, script ? script : "spec", st, &err) : KV_EXIT_OK;
 }

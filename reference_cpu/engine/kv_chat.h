@@ -92,6 +92,15 @@ int kv_chat_render_reply_start(const kv_chat_template *t, const kv_vocab *v, int
 int kv_chat_render_reply_end(const kv_chat_template *t, const kv_vocab *v, int ended, int *ids,
                              int cap, int *n, kv_err *err);
 
+/**
+ * A one-turn conversation's prompt, from *n on: @p system (NULL or "": the template's default,
+ * none when it has none), the user's message @p text [len] and the reply's header: the ids a
+ * kv_chat session feeds for its first turn. A prompt for commands that run one request at a
+ * time (kvlab spec --script, kvlab serve's text traces).
+ */
+int kv_chat_render_prompt(const kv_chat_template *t, const kv_vocab *v, const char *system,
+                          const char *text, size_t len, int *ids, int cap, int *n, kv_err *err);
+
 /* ---- the session ---------------------------------------------------------------------- */
 
 /** How a reply ended. */

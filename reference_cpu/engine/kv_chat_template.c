@@ -195,3 +195,15 @@ int kv_chat_render_reply_end(const kv_chat_template *t, const kv_vocab *v, int e
     if (t->format == KV_CHAT_CHATML) return put_text(v, "\n", 1, NULL, 0, ids, cap, n, err);
     return KV_OK;
 }
+
+int kv_chat_render_prompt(const kv_chat_template *t, const kv_vocab *v, const char *system,
+                          const char *text, size_t len, int *ids, int cap, int *n, kv_err *err)
+{
+    const char *sys = system && system[0] ? system : t->default_system;
+    const int first = *n == 0;
+    int st = KV_OK;
+    if (sys[0]) st = kv_chat_render_message(t, v, first, "system", sys, strlen(sys), ids, cap, n, err);
+    if (!st) st = kv_chat_render_message(t, v, first && !sys[0], "user", text, len, ids, cap, n, err);
+    if (!st) st = kv_chat_render_reply_start(t, v, ids, cap, n, err);
+    return st;
+}
