@@ -62,10 +62,16 @@ int kvcu_matmul(float *y, const float *x, const float *W, int T, int in, int out
  * is kvcu_matmul(), bit for bit. */
 int kvcu_matmul_strided(float *y, const float *x, const float *W, int T, int in, int out,
                         int ldw, kv_err *err);
-/** kvcu_matmul_strided() on tensor cores with 16-bit weights W [out][ldw] (bf16 when @p bf16,
- * else fp16; device), x rounded to the same type: mma.sync tiles of 128 (or 16 for T < 128)
- * tokens x 128 outputs x 32 columns, no split-K, so a row's result depends on nothing else
- * in the batch (cuda/model/kvcu_ops.cu says why, and the bound it keeps to kv_matmul()).
+/** kvcu_matmul_strided() on tensor cores, x [T][in] and W [out][ldw] both 16-bit (bf16 when
+ * @p bf16, else fp16; device; x rounded once by kvcu_to16(), as the engine does per layer
+ * input): mma.sync tiles of 128 (or 16 for T < 128) tokens x 128 outputs x 32 columns, fed by a
+ * ring of cp.async copies, no split-K, so a row's result depends on nothing else in the batch
+ * (cuda/model/kvcu_ops_fast.cu says why, and the bound it keeps to kv_matmul()). Needs sm_80:
+ * below it KV_ERR_UNSUPPORTED naming the GPU (use kvcu_matmul_w16_gemv() there). */
+int kvcu_matmul_x16(float *y, const uint16_t *x, const uint16_t *W, int bf16, int T, int in,
+                    int out, int ldw, kv_err *err);
+/** kvcu_matmul_x16() from an fp32 x, rounded first into a device scratch of its own (one
+ * allocation per call: the engine rounds once per layer input instead); the same bits.
  * Below sm_80 it is kvcu_matmul_w16_gemv() (CUDA cores, x unrounded: within the same bound). */
 int kvcu_matmul_w16(float *y, const float *x, const uint16_t *W, int bf16, int T, int in,
                     int out, int ldw, kv_err *err);
@@ -186,8 +192,9 @@ void kvcu_state_free(kvcu_state *s);
  * The weights the projections read: KV_QF_F32 (the default, the reference's arithmetic) or a
  * 16-bit copy, KV_QF_BF16 or KV_QF_F16, made on the device beside the fp32 weights (which
  * stay: embedding and norms read them). With a copy the matmuls of kvcu_forward() read it:
- * a prefill's rows on tensor cores (kvcu_matmul_w16), the rows of one-token sequences, of
- * all_logits chunks and the classifier by the GEMV (kvcu_matmul_w16_gemv); a row's path is
+ * a prefill's rows on tensor cores (kvcu_matmul_x16, each layer input rounded to 16 bits
+ * once), the rows of one-token sequences, of all_logits chunks and the classifier by the
+ * GEMV (kvcu_matmul_w16_gemv); a row's path is
  * its sequence's, so a sequence's rows stay bit-identical alone and in any batch; the logits
  * move from the CPU's by the rounding of weights (and, on tensor cores, activations).
  * KV_ERR_ARG for other dtypes.

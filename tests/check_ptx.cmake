@@ -2,8 +2,8 @@
 # them for sm_90, the facts emulation cannot show. For each kernel, in the PTX of its file
 # (`nvcc -ptx`): at least one mma.sync and one ldmatrix; in ptxas's report (`-Xptxas -v`): no
 # spill stores or loads; and the instructions a variant exists for (the `needs` list below: the
-# raw-tile instances of v5 and of the MLA decode copy by cp.async). Prints each kernel's counts
-# and registers, "N passed, M failed".
+# raw-tile instances of v5 and of the MLA decode, and the 16-bit GEMM, copy by cp.async).
+# Prints each kernel's counts and registers, "N passed, M failed".
 #
 #   cmake -DNVCC=<nvcc> -DROOT=<source dir> -DOUT=<scratch dir> -P check_ptx.cmake
 cmake_policy(SET CMP0054 NEW) # "mma" below is a string, not the variable of that name
@@ -25,10 +25,12 @@ set(failed 0)
 set(needs "flash_kernel_v5ILi[01]ELi1E|cp.async")
 list(APPEND needs "gemv_kernel_w16ILi[01]ELi1E|ld.global.nc.v4")
 list(APPEND needs "mla_decode_kernelILi[01]ELi1E|cp.async")
+list(APPEND needs "matmul_kernel_mma|cp.async")
 # file | kernel name as it appears in the mangled symbol | mma: must hold mma.sync and ldmatrix
 foreach(pair IN ITEMS "attention/kvcu_flash_mma.cu|flash_kernel_v5|mma"
                       "attention/kvcu_attention_mla.cu|mla_decode_kernel|mma"
-                      "model/kvcu_ops.cu|matmul_kernel_mma|mma" "model/kvcu_ops.cu|gemv_kernel_w16|-")
+                      "model/kvcu_ops_fast.cu|matmul_kernel_mma|mma"
+                      "model/kvcu_ops_fast.cu|gemv_kernel_w16|-")
   string(REPLACE "|" ";" pair "${pair}")
   list(GET pair 0 src)
   list(GET pair 1 kernel)

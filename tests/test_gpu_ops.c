@@ -7,7 +7,9 @@
  *    which is what makes a sequence's result independent of its batch;
  *  - matmul on tensor cores with 16-bit weights (kvcu_matmul_w16): within the bound of the
  *    rounding of x and W, and a row's bits the same at T 1, 17 and 130; the same for the
- *    GEMV of one-token rows (kvcu_matmul_w16_gemv), within the bound of W's rounding;
+ *    GEMV of one-token rows (kvcu_matmul_w16_gemv), within the bound of W's rounding; and
+ *    from an x rounded once beforehand (kvcu_matmul_x16) on shapes the tiles and the cp.async
+ *    ring meet unevenly, with the bits of kvcu_matmul_w16;
  *  - rope at positions up to 40000, where an fp32 angle would already be off.
  * Exits 77 (skipped) without a usable device. */
 #include "kv_attention.h"
@@ -124,12 +126,31 @@ static void test_matmul(void)
 
 /* ---- matmul on tensor cores, 16-bit weights --------------------------------------------- */
 
+/* The outputs of y [T][out] outside |y - ref| <= coef·Σ_j |x_j·w_j| (x [T][in], W [out][ldw]),
+ * the first three printed. */
+static long outside_bound(const char *what, const float *y, const float *ref, const float *x,
+                          const float *W, int T, int in, int out, int ldw, double coef)
+{
+    long bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int o = 0; o < out; o++) {
+            double mag = 0.0;
+            for (int j = 0; j < in; j++)
+                mag += fabs((double)x[(size_t)t * in + j] * W[(size_t)o * ldw + j]);
+            const size_t i = (size_t)t * out + o;
+            if (!(fabs((double)y[i] - ref[i]) <= coef * mag) && bad++ < 3)
+                printf("  %s: y[%d][%d] = %.9g, ref %.9g, bound %.3g\n", what, t, o, y[i], ref[i],
+                       coef * mag);
+        }
+    return bad;
+}
+
 /* kvcu_matmul_w16 against kv_matmul on the fp32 values: x and W rounded to 16 bits (unit
  * roundoff u) and the products summed in fp32 give |y - ref| <= (2u + u² + in·2^-23)·Σ|x·w|
- * per output (kvcu_ops.cu). Shapes: in and out across the 32-column and 128-output tiles, T 1,
- * 17 (the 16-token tile) and 130 (the 128-token tile, and a partial one). Each T's rows must be
- * bit-identical to the same rows computed alone (T 1) and within the larger batch: no split-K,
- * the same chain of mma steps for an output whatever its tile. */
+ * per output (kvcu_ops_fast.cu). Shapes: in and out across the 32-column and 128-output tiles,
+ * T 1, 17 (the 16-token tile) and 130 (the 128-token tile, and a partial one). Each T's rows
+ * must be bit-identical to the same rows computed alone (T 1) and within the larger batch: no
+ * split-K, the same chain of mma steps for an output whatever its tile. */
 static void test_matmul_w16(void)
 {
     const int ins[] = {48, 257}, outs[] = {7, 130}, Ts[] = {1, 17, 130};
@@ -163,19 +184,10 @@ static void test_matmul_w16(void)
                         KV_CHECK(rc == KV_OK, "%s: %s", what, e.msg);
                         if (rc) break;
                         const double coef = (kind ? u : 2.0 * u + u * u) + in * ldexp(1.0, -23);
-                        long bad = 0;
-                        for (int t = 0; t < T; t++)
-                            for (int o = 0; o < out; o++) {
-                                double mag = 0.0;
-                                for (int j = 0; j < in; j++)
-                                    mag += fabs((double)x[(size_t)t * in + j] *
-                                                W[(size_t)o * in + j]);
-                                const size_t i = (size_t)t * out + o;
-                                if (!(fabs((double)y[i] - ref[i]) <= coef * mag) && bad++ < 3)
-                                    printf("  %s %s in %d out %d T %d: y[%d][%d] = %.9g, ref "
-                                           "%.9g, bound %.3g\n", what, bf ? "bf16" : "fp16", in,
-                                           out, T, t, o, y[i], ref[i], coef * mag);
-                            }
+                        char where[80];
+                        snprintf(where, sizeof where, "%s %s in %d out %d T %d", what,
+                                 bf ? "bf16" : "fp16", in, out, T);
+                        const long bad = outside_bound(where, y, ref, x, W, T, in, out, in, coef);
                         KV_CHECK(bad == 0, "%s %s in %d out %d T %d: %ld outside the bound", what,
                                  bf ? "bf16" : "fp16", in, out, T, bad);
                         if (T == TM) memcpy(all, y, (size_t)TM * out * 4);
@@ -187,6 +199,75 @@ static void test_matmul_w16(void)
                 kvcu_free(dx), kvcu_free(dW), kvcu_free(dy), kvcu_free(dW16);
                 free(x), free(W), free(ref), free(y), free(all);
             }
+}
+
+/* kvcu_matmul_x16 from an x rounded once (kvcu_to16, as the engine rounds each layer input), on
+ * shapes the tiles and the cp.async ring meet unevenly: in 40 (two 32-column tiles, the second
+ * a quarter full: fewer tiles than the 128-token ring's 3 buffers), 200 (7 tiles: the 16-token
+ * ring of 4 wraps), 520 (17 tiles at T 145: the 128-token ring wraps, the second token tile 17
+ * rows deep); W a column slice of a wider matrix (ldw 104: 16-byte rows, cp.async) and rows not
+ * 16-byte aligned (ldw 68, base 2 bytes off: the 2-byte staging); T no multiple of 16 or 128.
+ * Each within (2u + u² + in·2^-23)·Σ|x·w| of kv_matmul_strided; the bits of kvcu_matmul_w16 on
+ * the fp32 x (the same rounding, the same chain of mma steps); rows 5 .. 21 computed alone (a
+ * 16-token tile) the bits of the same rows inside T. Below sm_80: refused, naming sm_80. */
+static void test_matmul_x16(void)
+{
+    static const int shapes[][5] = {/* T, in, out, ldw, W's offset in elements */
+                                    {145, 40, 136, 40, 0}, {33, 200, 9, 200, 0},
+                                    {145, 520, 7, 520, 0}, {3, 96, 130, 104, 8},
+                                    {20, 64, 17, 68, 1}};
+    const int mma = kvcu_device_sm() >= 80;
+    for (int bf = 0; bf <= 1; bf++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int T = shapes[si][0], in = shapes[si][1], out = shapes[si][2];
+            const int ldw = shapes[si][3], off = shapes[si][4];
+            const double u = ldexp(1.0, bf ? -8 : -11);
+            float *x = host_random((size_t)T * in, -1, 1);
+            float *W = host_random((size_t)out * ldw + off, -1, 1);
+            float *ref = malloc((size_t)T * out * 4), *y = malloc((size_t)T * out * 4);
+            float *y2 = malloc((size_t)T * out * 4);
+            kv_matmul_strided(ref, x, W + off, T, in, out, ldw);
+            float *dx = dev_copy(x, (size_t)T * in * 4), *dy = dev_copy(ref, (size_t)T * out * 4);
+            float *dW = dev_copy(W, ((size_t)out * ldw + off) * 4);
+            uint16_t *dW16 = NULL, *dx16 = NULL;
+            kv_err e;
+            int rc = kvcu_malloc((void **)&dW16, ((size_t)out * ldw + off) * 2, &e);
+            if (!rc) rc = kvcu_to16(dW16, dW, (int64_t)out * ldw + off, bf, &e);
+            if (!rc) rc = kvcu_malloc((void **)&dx16, (size_t)T * in * 2, &e);
+            if (!rc) rc = kvcu_to16(dx16, dx, (int64_t)T * in, bf, &e);
+            KV_CHECK(rc == KV_OK, "16-bit copies: %s", e.msg);
+            char what[80];
+            snprintf(what, sizeof what, "matmul_x16 %s T %d in %d out %d ldw %d",
+                     bf ? "bf16" : "fp16", T, in, out, ldw);
+            if (!rc) rc = kvcu_matmul_x16(dy, dx16, dW16 + off, bf, T, in, out, ldw, &e);
+            if (!mma) {
+                KV_CHECK(rc == KV_ERR_UNSUPPORTED && strstr(e.msg, "sm_80"),
+                         "%s below sm_80: %d, %s", what, rc, rc ? e.msg : "");
+                rc = -1; /* nothing more to check */
+            } else {
+                if (!rc) rc = kvcu_download(y, dy, (size_t)T * out * 4, &e);
+                KV_CHECK(rc == KV_OK, "%s: %s", what, e.msg);
+            }
+            if (!rc) {
+                const double coef = 2.0 * u + u * u + in * ldexp(1.0, -23);
+                const long bad = outside_bound(what, y, ref, x, W + off, T, in, out, ldw, coef);
+                KV_CHECK(bad == 0, "%s: %ld outside the bound", what, bad);
+                rc = kvcu_matmul_w16(dy, dx, dW16 + off, bf, T, in, out, ldw, &e);
+                if (!rc) rc = kvcu_download(y2, dy, (size_t)T * out * 4, &e);
+                KV_CHECK(!rc && !memcmp(y, y2, (size_t)T * out * 4),
+                         "%s: not the bits of kvcu_matmul_w16 on the fp32 x (%s)", what,
+                         rc ? e.msg : "they differ");
+                const int r0 = T > 5 ? 5 : 0, n = T - r0 < 17 ? T - r0 : 17;
+                if (!rc) rc = kvcu_matmul_x16(dy, dx16 + (size_t)r0 * in, dW16 + off, bf, n, in,
+                                              out, ldw, &e);
+                if (!rc) rc = kvcu_download(y2, dy, (size_t)n * out * 4, &e);
+                KV_CHECK(!rc && !memcmp(y + (size_t)r0 * out, y2, (size_t)n * out * 4),
+                         "%s: rows %d .. %d alone differ from the same rows at T %d (%s)", what,
+                         r0, r0 + n - 1, T, rc ? e.msg : "their bits");
+            }
+            kvcu_free(dx), kvcu_free(dy), kvcu_free(dW), kvcu_free(dW16), kvcu_free(dx16);
+            free(x), free(W), free(ref), free(y), free(y2);
+        }
 }
 
 /* ---- rope ------------------------------------------------------------------------------ */
@@ -323,6 +404,7 @@ int main(void)
     test_rmsnorm();
     test_matmul();
     test_matmul_w16();
+    test_matmul_x16();
     test_rope();
     test_elementwise();
     test_attn_decode();

@@ -7,7 +7,8 @@
  *   v5       chapter 08's flash_kernel_v5 on one layer, T queries over T keys, causal, fp16
  *            cache: FLOPs 4·H·d·T(T+1)/2 (S = QKᵀ and P·V, 2 per multiply-add, the visible
  *            pairs), TFLOP/s and % of the mma row;
- *   gemm     kvcu_matmul_w16() at T x in x out (bf16 and fp16 weights), 2·T·in·out FLOPs,
+ *   gemm     kvcu_matmul_x16() at T x in x out (bf16 and fp16 weights, x rounded to 16 bits
+ *            beforehand as the engine rounds each layer input once), 2·T·in·out FLOPs,
  *            beside the fp32 SIMT matmul (kvcu_matmul()) on the same shape;
  *   gemv     kvcu_matmul_w16_gemv() on one row: the weight bytes over the time, against the
  *            read bandwidth of the same run (kvcu_read_bandwidth());
@@ -33,7 +34,7 @@
 typedef struct {
     float *y, *x;
     const float *w32;
-    const uint16_t *w16;
+    const uint16_t *w16, *x16;
     int bf16, T, in, out, gemv;
 } gemm_call;
 
@@ -43,7 +44,7 @@ static int gemm_fn(void *arg, kv_err *err)
     if (!g->w16) return kvcu_matmul(g->y, g->x, g->w32, g->T, g->in, g->out, err);
     if (g->gemv)
         return kvcu_matmul_w16_gemv(g->y, g->x, g->w16, g->bf16, g->T, g->in, g->out, g->in, err);
-    return kvcu_matmul_w16(g->y, g->x, g->w16, g->bf16, g->T, g->in, g->out, g->in, err);
+    return kvcu_matmul_x16(g->y, g->x16, g->w16, g->bf16, g->T, g->in, g->out, g->in, err);
 }
 
 /* Device buffer of n uniform floats in [-1, 1]. */
@@ -85,22 +86,24 @@ static int time_v5(int T, int H, int Hkv, int d, int repeats, double *s, kv_err 
     return st;
 }
 
-/* kvcu_matmul_w16 (dtype KV_QF_BF16 / F16; its GEMV when @p gemv) or kvcu_matmul (KV_QF_F32)
- * at T x in x out. */
+/* kvcu_matmul_x16 (dtype KV_QF_BF16 / F16; the GEMV kvcu_matmul_w16_gemv when @p gemv) or
+ * kvcu_matmul (KV_QF_F32) at T x in x out. */
 static int time_gemm(int dtype, int gemv, int T, int in, int out, int repeats, double *s,
                      kv_err *err)
 {
-    gemm_call g = {NULL, NULL, NULL, NULL, dtype == KV_QF_BF16, T, in, out, gemv};
+    gemm_call g = {NULL, NULL, NULL, NULL, NULL, dtype == KV_QF_BF16, T, in, out, gemv};
     float *w = NULL;
-    uint16_t *w16 = NULL;
+    uint16_t *w16 = NULL, *x16 = NULL;
     int st = upload_random(&g.x, (size_t)T * in, 21, err);
     if (!st) st = upload_random(&w, (size_t)out * in, 22, err);
     if (!st) st = kvcu_malloc((void **)&g.y, (size_t)T * out * sizeof(float), err);
     if (!st && dtype != KV_QF_F32) st = kvcu_malloc((void **)&w16, (size_t)out * in * 2, err);
     if (!st && w16) st = kvcu_to16(w16, w, (int64_t)out * in, g.bf16, err);
-    g.w32 = w, g.w16 = w16;
+    if (!st && w16 && !gemv) st = kvcu_malloc((void **)&x16, (size_t)T * in * 2, err);
+    if (!st && x16) st = kvcu_to16(x16, g.x, (int64_t)T * in, g.bf16, err);
+    g.w32 = w, g.w16 = w16, g.x16 = x16;
     if (!st) st = kvcu_time_calls(gemm_fn, &g, repeats, s, err);
-    kvcu_free(g.x), kvcu_free(g.y), kvcu_free(w), kvcu_free(w16);
+    kvcu_free(g.x), kvcu_free(g.y), kvcu_free(w), kvcu_free(w16), kvcu_free(x16);
     return st;
 }
 

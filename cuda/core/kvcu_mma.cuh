@@ -4,7 +4,8 @@
  * accumulators; sm_80 and newer) and ldmatrix (m8n8 .x1/.x2/.x4, plain and .trans; sm_75),
  * the two instructions the tensor-core kernels are built of (flash prefill,
  * cuda/attention/kvcu_flash_mma.cu; the engine's decode for large groups, kvcu_decode_mma.cu;
- * the absorbed MLA decode, kvcu_attention_mla.cu; the projections' GEMM, cuda/model/kvcu_ops.cu).
+ * the absorbed MLA decode, kvcu_attention_mla.cu; the projections' GEMM,
+ * cuda/model/kvcu_ops_fast.cu).
  * On a GPU each helper is one inline PTX instruction; in the emulation build (cuda/emu/mma.cpp)
  * the warp meets, each lane reads the fragment registers of the others where the PTX ISA puts
  * them and computes its own, so a kernel holding an element in the wrong register fails there

@@ -70,6 +70,7 @@ struct kvcu_state {
     kvcu_buf v;      /* [T][H_kv*d] */
     kvcu_buf hb;     /* [T][hidden]  gate, then SwiGLU */
     kvcu_buf hb2;    /* [T][hidden]  up */
+    kvcu_buf x16;    /* [T][in]      a projection's input as 16 bits (stage16()) */
     kvcu_buf xlast;  /* [n_seqs][dim] last token of each sequence, final-normed */
     kvcu_buf logits; /* [max(n_seqs, n_tokens of any all_logits sequence)][vocab] */
     kvcu_buf scores; /* [rows][H][capacity] attention scores of a chunk of rows, then v3's
@@ -197,12 +198,13 @@ int kvcu_model_set_weights(kvcu_model *m, int dtype, kv_err *err)
  * reference does (kvcu_matmul_strided), or from the 16-bit copy, where a row's kind is its
  * sequence's: the rows of a one-token sequence or of an all_logits chunk (each row equal to a
  * one-token step's, chapter 10) by the GEMV (kvcu_matmul_w16_gemv: bandwidth-bound, 16-byte
- * loads), the rows of a prefill on tensor cores (kvcu_matmul_w16). Neither depends on the
- * other rows of the batch, so a sequence's bits do not either. x's rows follow seqs (T rows
- * in all); seqs NULL: every row by the GEMV (the classifier: one row per sequence, or an
+ * loads), the rows of a prefill on tensor cores (kvcu_matmul_x16) from x16, x rounded to 16
+ * bits (stage16(); NULL below sm_80, where those rows take the GEMV too). Neither depends on
+ * the other rows of the batch, so a sequence's bits do not either. x's rows follow seqs (T
+ * rows in all); seqs NULL: every row by the GEMV (the classifier: one row per sequence, or an
  * all_logits chunk's rows). */
 static int proj(const kvcu_model *m, const kv_seq *seqs, int n_seqs, float *y, const float *x,
-                const float *W, int T, int in, int out, int ldw, kv_err *err)
+                const uint16_t *x16, const float *W, int T, int in, int out, int ldw, kv_err *err)
 {
     if (!m->data16) return kvcu_matmul_strided(y, x, W, T, in, out, ldw, err);
     const uint16_t *W16 = m->data16 + (W - m->data);
@@ -215,8 +217,10 @@ static int proj(const kvcu_model *m, const kv_seq *seqs, int n_seqs, float *y, c
             n += seqs[i].n_tokens;
         const float *xr = x + (size_t)t * in;
         float *yr = y + (size_t)t * out;
-        const int rc = gemv ? kvcu_matmul_w16_gemv(yr, xr, W16, bf, n, in, out, ldw, err)
-                            : kvcu_matmul_w16(yr, xr, W16, bf, n, in, out, ldw, err);
+        const int rc = gemv || !x16
+                           ? kvcu_matmul_w16_gemv(yr, xr, W16, bf, n, in, out, ldw, err)
+                           : kvcu_matmul_x16(yr, x16 + (size_t)t * in, W16, bf, n, in, out, ldw,
+                                             err);
         if (rc) return rc;
         t += n;
     }
@@ -251,8 +255,8 @@ int kvcu_state_set_prefill(kvcu_state *s, int version, kv_err *err)
 void kvcu_state_free(kvcu_state *s)
 {
     if (!s) return;
-    kvcu_buf *bufs[] = {&s->x, &s->xb, &s->xb2, &s->q, &s->k, &s->v, &s->hb, &s->hb2,
-                        &s->xlast, &s->logits, &s->scores, &s->ints};
+    kvcu_buf *bufs[] = {&s->x,   &s->xb,  &s->xb2,   &s->q,      &s->k,      &s->v,   &s->hb,
+                        &s->hb2, &s->x16, &s->xlast, &s->logits, &s->scores, &s->ints};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]->p);
     free(s->host_ints);
     free(s);
@@ -308,6 +312,22 @@ static int state_reserve(kvcu_state *s, const kv_config *c, int T, int n_seqs, i
         int kv_rc_ = (call);        \
         if (kv_rc_) return kv_rc_;  \
     } while (0)
+
+/* The 16-bit copy of a projection input x [T][in] (s->x16) that the tensor-core rows of
+ * proj() read, made once for every product of that input (Q, K and V; gate and up), in
+ * place of a rounding in every block of each product. *x16 NULL when no row reads it: fp32
+ * weights, a device below sm_80, a step of one-token and all_logits sequences only. */
+static int stage16(const kvcu_model *m, kvcu_state *s, const kv_seq *seqs, int n_seqs,
+                   const float *x, int T, int in, const uint16_t **x16, kv_err *err)
+{
+    int mma = 0;
+    for (int i = 0; i < n_seqs; i++) mma |= !(seqs[i].n_tokens == 1 || seqs[i].all_logits);
+    *x16 = NULL;
+    if (!m->data16 || !mma || !kvcu_has_mma()) return KV_OK;
+    KVCU_TRY(grow(&s->x16, (size_t)T * in * sizeof(uint16_t), err));
+    *x16 = (const uint16_t *)s->x16.p;
+    return kvcu_to16((uint16_t *)s->x16.p, x, (int64_t)T * in, m->w16_bf16, err);
+}
 
 /** The transformer step on the GPU; same contract as kv_forward(). logits: host memory. */
 /* Attention of rows [a, b) of a step by the per-row kernels (kvcu_attention()), in launches
@@ -408,6 +428,7 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
     float *x = (float *)s->x.p, *xb = (float *)s->xb.p, *xb2 = (float *)s->xb2.p;
     float *q = (float *)s->q.p, *k = (float *)s->k.p, *v = (float *)s->v.p;
     float *hb = (float *)s->hb.p, *hb2 = (float *)s->hb2.p, *xlast = (float *)s->xlast.p;
+    const uint16_t *x16 = NULL; /* the 16-bit copy of the layer input a product reads */
 
     /* flatten on the host: row t is token j of sequence i, at position pos + j of its slot,
      * its query rotated at q_pos; last[i] is the row of sequence i's last token. */
@@ -461,12 +482,13 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
     for (int l = 0; l < p->n_layers; l++) {
         /* attention block: x += Wo · attention(RoPE(Wq·xb), cache(RoPE(Wk·xb), Wv·xb)) */
         KVCU_TRY(kvcu_rmsnorm(xb, x, w->rms_att + (size_t)l * dim, T, dim, eps, err));
-        KVCU_TRY(proj(m, seqs, n_seqs, q, xb,
+        KVCU_TRY(stage16(m, s, seqs, n_seqs, xb, T, dim, &x16, err));
+        KVCU_TRY(proj(m, seqs, n_seqs, q, xb, x16,
                       w->wq + ((size_t)l * qdim + (size_t)q0 * d) * dim, T, dim, qs, dim, err));
-        KVCU_TRY(proj(m, seqs, n_seqs, k, xb,
+        KVCU_TRY(proj(m, seqs, n_seqs, k, xb, x16,
                       w->wk + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs, dim,
                       err));
-        KVCU_TRY(proj(m, seqs, n_seqs, v, xb,
+        KVCU_TRY(proj(m, seqs, n_seqs, v, xb, x16,
                       w->wv + ((size_t)l * kvdim + (size_t)kv0 * d) * dim, T, dim, kvs, dim,
                       err));
         KVCU_TRY(kvcu_rope(q, d_qpos, T, Hs, d, p->rotary_dim, rope_freq, err));
@@ -502,20 +524,23 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
         }
         /* a rank multiplies its heads' columns of Wo: a partial sum, completed by the
          * all-reduce over the ranks (chapter 10), on the device buffer xb2 */
-        KVCU_TRY(proj(m, seqs, n_seqs, xb2, xb, w->wo + (size_t)l * dim * qdim + (size_t)q0 * d,
-                      T, qs, dim, qdim, err));
+        KVCU_TRY(stage16(m, s, seqs, n_seqs, xb, T, qs, &x16, err));
+        KVCU_TRY(proj(m, seqs, n_seqs, xb2, xb, x16,
+                      w->wo + (size_t)l * dim * qdim + (size_t)q0 * d, T, qs, dim, qdim, err));
         if (sh) sh->all_reduce(sh, xb2, (int64_t)T * dim);
         KVCU_TRY(kvcu_add(x, xb2, (int64_t)T * dim, err));
 
         /* MLP block: x += W2 · (silu(W1·xb) * W3·xb) */
         KVCU_TRY(kvcu_rmsnorm(xb, x, w->rms_ffn + (size_t)l * dim, T, dim, eps, err));
-        KVCU_TRY(proj(m, seqs, n_seqs, hb, xb, w->w1 + ((size_t)l * hidden + f0) * dim, T, dim,
-                      fs, dim, err));
-        KVCU_TRY(proj(m, seqs, n_seqs, hb2, xb, w->w3 + ((size_t)l * hidden + f0) * dim, T, dim,
-                      fs, dim, err));
+        KVCU_TRY(stage16(m, s, seqs, n_seqs, xb, T, dim, &x16, err));
+        KVCU_TRY(proj(m, seqs, n_seqs, hb, xb, x16, w->w1 + ((size_t)l * hidden + f0) * dim, T,
+                      dim, fs, dim, err));
+        KVCU_TRY(proj(m, seqs, n_seqs, hb2, xb, x16, w->w3 + ((size_t)l * hidden + f0) * dim, T,
+                      dim, fs, dim, err));
         KVCU_TRY(kvcu_swiglu(hb, hb2, (int64_t)T * fs, err));
-        KVCU_TRY(proj(m, seqs, n_seqs, xb2, hb, w->w2 + (size_t)l * dim * hidden + f0, T, fs,
-                      dim, hidden, err));
+        KVCU_TRY(stage16(m, s, seqs, n_seqs, hb, T, fs, &x16, err));
+        KVCU_TRY(proj(m, seqs, n_seqs, xb2, hb, x16, w->w2 + (size_t)l * dim * hidden + f0, T,
+                      fs, dim, hidden, err));
         if (sh) sh->all_reduce(sh, xb2, (int64_t)T * dim);
         KVCU_TRY(kvcu_add(x, xb2, (int64_t)T * dim, err));
     }
@@ -530,7 +555,7 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
         if (!seqs[i].all_logits) continue;
         const int n = seqs[i].n_tokens;
         KVCU_TRY(kvcu_rmsnorm(xb, x + (size_t)t * dim, w->rms_final, n, dim, eps, err));
-        KVCU_TRY(proj(m, NULL, 0, dlogits, xb, w->wcls, n, dim, p->vocab_size, dim, err));
+        KVCU_TRY(proj(m, NULL, 0, dlogits, xb, NULL, w->wcls, n, dim, p->vocab_size, dim, err));
         KV_CUDA_TRY(cudaMemcpy(seqs[i].all_logits, dlogits,
                                (size_t)n * p->vocab_size * sizeof(float),
                                cudaMemcpyDeviceToHost), err);
@@ -540,8 +565,8 @@ int kvcu_forward_shard(const kvcu_model *m, kvcu_cache *c, kvcu_state *s, const 
     if (logits) {
         KVCU_TRY(kvcu_embed(xlast, x, d_last, n_seqs, dim, err));
         KVCU_TRY(kvcu_rmsnorm(xlast, xlast, w->rms_final, n_seqs, dim, eps, err));
-        KVCU_TRY(proj(m, NULL, 0, dlogits, xlast, w->wcls, n_seqs, dim, p->vocab_size, dim,
-                      err));
+        KVCU_TRY(proj(m, NULL, 0, dlogits, xlast, NULL, w->wcls, n_seqs, dim, p->vocab_size,
+                      dim, err));
         KV_CUDA_TRY(cudaMemcpy(logits, dlogits, (size_t)n_seqs * p->vocab_size * sizeof(float),
                                cudaMemcpyDeviceToHost), err);
     } else {
