@@ -87,22 +87,29 @@ int kvcu_to16(uint16_t *dst, const float *src, int64_t n, int bf16, kv_err *err)
 /* Buffers in the ring of a BM-token block: 3 x 20 KiB for 128 tokens, 4 x 11.25 KiB for 16. */
 __host__ __device__ constexpr int mma_stages(int BM) { return BM >= 128 ? 3 : 4; }
 
-/* Rows r0 .. r0 + rows - 1 of a 16-bit matrix M [n][ld], columns j0 .. j0 + 31 (zeros past row n
- * and column in), into a staged tile [rows][MMA_LD]: cp.async copies of 16 bytes (VEC: every
+/* Rows r0 .. r0 + ROWS - 1 of a 16-bit matrix M [n][ld], columns j0 .. j0 + 31 (zeros past row n
+ * and column in), into a staged tile [ROWS][MMA_LD]: cp.async copies of 16 bytes (VEC: every
  * row 16-byte aligned and in a multiple of 8, so a copy is all inside or all outside), or
- * 2-byte loads and stores. The caller commits the batch. */
-__device__ inline void mma_stage(uint16_t *dst, const uint16_t *M, int r0, int rows, int n, int ld,
-                                 int in, int j0, int vec)
+ * 2-byte loads and stores. A thread's copies are the same chunks in every tile (a count known
+ * at compile time: the loop unrolls, its rows and columns are constants plus threadIdx.x);
+ * the caller commits the batch. */
+template <int ROWS>
+__device__ inline void mma_stage(uint16_t *dst, const uint16_t *M, int r0, int n, int ld, int in,
+                                 int j0, int vec)
 {
+    constexpr int N = ROWS * MMA_CHUNKS; /* 16-byte chunks of the tile */
     if (vec) {
-        for (int e = threadIdx.x; e < rows * MMA_CHUNKS; e += MMA_THREADS) {
+        KV_UNROLL
+        for (int i = 0; i < (N + MMA_THREADS - 1) / MMA_THREADS; i++) {
+            const int e = threadIdx.x + i * MMA_THREADS;
+            if (N % MMA_THREADS && e >= N) break;
             const int r = e / MMA_CHUNKS, j = j0 + 8 * (e % MMA_CHUNKS);
             uint16_t *d = dst + r * MMA_LD + 8 * (e % MMA_CHUNKS);
             if (r0 + r < n && j < in) kvcu_cp16(d, M + (size_t)(r0 + r) * ld + j);
             else *(uint4 *)(void *)d = make_uint4(0, 0, 0, 0);
         }
     } else {
-        for (int e = threadIdx.x; e < rows * MMA_BK; e += MMA_THREADS) {
+        for (int e = threadIdx.x; e < ROWS * MMA_BK; e += MMA_THREADS) {
             const int r = e / MMA_BK, c = e % MMA_BK, j = j0 + c;
             dst[r * MMA_LD + c] = r0 + r < n && j < in ? M[(size_t)(r0 + r) * ld + j] : 0;
         }
@@ -133,8 +140,8 @@ __global__ void matmul_kernel_mma(float *y, const uint16_t *x, const uint16_t *W
     /* the ring's first S - 1 tiles in flight, one batch each (an empty batch past the last) */
     for (int s = 0; s < S - 1; s++) {
         if (s < n_tiles) {
-            mma_stage(as + s * BM * MMA_LD, x, t0, BM, T, in, in, s * MMA_BK, vec);
-            mma_stage(bs + s * MMA_BN * MMA_LD, W, o0, MMA_BN, out, ldw, in, s * MMA_BK, vec);
+            mma_stage<BM>(as + s * BM * MMA_LD, x, t0, T, in, in, s * MMA_BK, vec);
+            mma_stage<MMA_BN>(bs + s * MMA_BN * MMA_LD, W, o0, out, ldw, in, s * MMA_BK, vec);
         }
         kvcu_cp_commit();
     }
@@ -143,9 +150,9 @@ __global__ void matmul_kernel_mma(float *y, const uint16_t *x, const uint16_t *W
         __syncthreads();       /* every thread's have; and tile kt - 1's buffer is free */
         const int nt = kt + S - 1; /* into the buffer tile kt - 1 held */
         if (nt < n_tiles) {
-            mma_stage(as + (nt % S) * BM * MMA_LD, x, t0, BM, T, in, in, nt * MMA_BK, vec);
-            mma_stage(bs + (nt % S) * MMA_BN * MMA_LD, W, o0, MMA_BN, out, ldw, in, nt * MMA_BK,
-                      vec);
+            mma_stage<BM>(as + (nt % S) * BM * MMA_LD, x, t0, T, in, in, nt * MMA_BK, vec);
+            mma_stage<MMA_BN>(bs + (nt % S) * MMA_BN * MMA_LD, W, o0, out, ldw, in, nt * MMA_BK,
+                              vec);
         }
         kvcu_cp_commit();
         const uint16_t *ab = as + (kt % S) * BM * MMA_LD, *bb = bs + (kt % S) * MMA_BN * MMA_LD;
