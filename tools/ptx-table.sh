@@ -5,7 +5,8 @@
 # say which path a kernel takes (HMMA: tensor cores; LDGSTS: cp.async; BPT.TRAP: the trap an
 # sm_80-only helper compiles to below sm_80, kvcu_mma.cuh).
 #
-# Then the decode kernels' main loop (attn_fast_kernel<F>, cuda/attention/kvcu_decode.cu): the
+# Then the decode kernels' main loop (attn_fast_kernel<F>, cuda/attention/kvcu_decode.cu, and
+# attn_mma_kernel<F>, kvcu_decode_mma.cu): the
 # machine instructions of one tile, all four warps, per byte of K and V the tile brings in, at
 # one shape (d 128, G 4: H 32, H_kv 8; a contiguous cache, whole tiles). The kernel compiled
 # with DEC_COUNT_* fixes that shape and one warp's thread index (dec_count_shape(), so every
@@ -37,7 +38,7 @@ while [ $# -gt 0 ]; do
     --base) BASE=$2; shift ;;
     --count-only) COUNT_ONLY=1 ;;
     --only) ONLY=$2; shift ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ptx-table.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -55,42 +56,48 @@ done
 # ---- the decode kernels' main loop: instructions per KV byte ----
 COUNT_D=128
 COUNT_G=4
-# count_tree DIR TAG: DIR's kvcu_decode.cu compiled once per warp (DEC_COUNT_*) for sm_COUNT_ARCH;
-# appends "TAG F warp instructions inner" per attn_fast_kernel<F> to $WORK/count.txt (inner: loops
+# count_tree DIR TAG: DIR's decode kernels compiled once per warp (DEC_COUNT_*) for sm_COUNT_ARCH;
+# appends "TAG K F warp instructions inner" per kernel K<F> (K fast: attn_fast_kernel of
+# kvcu_decode.cu, mma: attn_mma_kernel of kvcu_decode_mma.cu) to $WORK/count.txt (inner: loops
 # left inside the tile loop, 0 when it unrolled as meant)
 count_tree() {
     cinc=""
     for d in "$1"/reference_cpu/* "$1"/cuda/* "$1"/cuda; do
         [ -d "$d" ] && [ "$(basename "$d")" != emu ] && cinc="$cinc -I$d"
     done
-    for w in 0 1 2 3; do
-        c="$WORK/count.$2.$w.cubin"
-        # a --work DIR kept from an earlier run: a cubin newer than every source is reused
-        [ -s "$c" ] && [ -z "$(find "$1/cuda" "$1/reference_cpu" -newer "$c" \
-            \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' \) | head -n 1)" ] ||
-        # shellcheck disable=SC2086
-        nvcc -arch=sm_$COUNT_ARCH -std=c++17 -O3 -cubin $cinc -DDEC_COUNT_D=$COUNT_D \
-            -DDEC_COUNT_G=$COUNT_G -DDEC_COUNT_WARP=$w "$1/cuda/attention/kvcu_decode.cu" -o "$c" \
-            >"$WORK/count.$2.$w.log" 2>&1 ||
-            { cat "$WORK/count.$2.$w.log" >&2; echo "ptx-table.sh: the count build failed ($2)" >&2; exit 1; }
-        for f in 0 1 2 3 7 8; do
-            cuobjdump -sass -fun "_Z16attn_fast_kernelILi${f}EEvPKf8attn_src9attn_rows10attn_parts10dec_plan_ti" "$c" |
-            awk -v tag="$2" -v f="$f" -v w="$w" '
-                function hex(s,   i, v) { v = 0; s = tolower(s); sub(/^0x/, "", s)
-                    for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789abcdef", substr(s, i, 1)) - 1
-                    return v }
-                /^ +\/\*[0-9a-f]+\*\/ / { a = $1; gsub(/[\/*]/, "", a); n++; at[hex(a)] = n
-                    if ($0 ~ / BRA /) { t = $0; sub(/.* BRA /, "", t); sub(/[ ;].*/, "", t)
-                        if (hex(t) <= hex(a) && n > at[hex(t)]) { L++; lo[L] = at[hex(t)]; hi[L] = n } } }
-                END { b = 0; for (i = 1; i <= L; i++) if (!b || hi[i] - lo[i] > hi[b] - lo[b]) b = i
-                      inner = 0; for (i = 1; i <= L; i++) if (i != b && lo[i] >= lo[b] && hi[i] <= hi[b]) inner++
-                      print tag, f, w, b ? hi[b] - lo[b] + 1 : 0, inner }' >>"$WORK/count.txt"
+    for k in fast mma; do
+        if [ $k = fast ]; then src=kvcu_decode.cu; sym=_Z16attn_fast_kernel; fmts="0 1 2 3 7 8"
+        else src=kvcu_decode_mma.cu; sym=_Z15attn_mma_kernel; fmts="1 2 3 7 8"; fi
+        for w in 0 1 2 3; do
+            c="$WORK/count.$2.$k.$w.cubin"
+            # a --work DIR kept from an earlier run: a cubin newer than every source is reused
+            [ -s "$c" ] && [ -z "$(find "$1/cuda" "$1/reference_cpu" -newer "$c" \
+                \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' \) | head -n 1)" ] ||
+            # shellcheck disable=SC2086
+            nvcc -arch=sm_$COUNT_ARCH -std=c++17 -O3 -cubin $cinc -DDEC_COUNT_D=$COUNT_D \
+                -DDEC_COUNT_G=$COUNT_G -DDEC_COUNT_WARP=$w "$1/cuda/attention/$src" -o "$c" \
+                >"$WORK/count.$2.$k.$w.log" 2>&1 ||
+                { cat "$WORK/count.$2.$k.$w.log" >&2; echo "ptx-table.sh: the count build failed ($2, $src)" >&2; exit 1; }
+            for f in $fmts; do
+                cuobjdump -sass -fun "${sym}ILi${f}EEvPKf8attn_src9attn_rows10attn_parts10dec_plan_ti" "$c" |
+                awk -v tag="$2" -v k="$k" -v f="$f" -v w="$w" '
+                    function hex(s,   i, v) { v = 0; s = tolower(s); sub(/^0x/, "", s)
+                        for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789abcdef", substr(s, i, 1)) - 1
+                        return v }
+                    /^ +\/\*[0-9a-f]+\*\/ / { a = $1; gsub(/[\/*]/, "", a); n++; at[hex(a)] = n
+                        if ($0 ~ / BRA /) { t = $0; sub(/.* BRA /, "", t); sub(/[ ;].*/, "", t)
+                            if (hex(t) <= hex(a) && n > at[hex(t)]) { L++; lo[L] = at[hex(t)]; hi[L] = n } } }
+                    END { b = 0; for (i = 1; i <= L; i++) if (!b || hi[i] - lo[i] > hi[b] - lo[b]) b = i
+                          inner = 0; for (i = 1; i <= L; i++) if (i != b && lo[i] >= lo[b] && hi[i] <= hi[b]) inner++
+                          print tag, k, f, w, b ? hi[b] - lo[b] + 1 : 0, inner }' >>"$WORK/count.txt"
+            done
         done
     done
 }
 
-# the count's table: per format its tile (dec_plan()'s rule: rows doubling from 8 while two
-# tiles of K stay within 8 KiB, at most 64) and the K, V (and int8 scale) bytes of one tile
+# the count's table: per kernel and format its tile (attn_fast: dec_plan()'s rule, rows doubling
+# from 8 while two tiles of K stay within 8 KiB, at most 64; attn_mma: 64) and the K, V (and
+# int8 scale) bytes of one tile
 count_section() {
     : >"$WORK/count.txt"
     count_tree "$ROOT" now
@@ -107,10 +114,11 @@ count_section() {
     echo ""
     echo "## The decode kernels' main loop: instructions per KV byte"
     echo ""
-    echo "\`attn_fast_kernel<F>\` (cuda/attention/kvcu_decode.cu) compiled for sm_$COUNT_ARCH at one shape,"
-    echo "d $COUNT_D and G $COUNT_G (H 32, H_kv 8), a contiguous cache, whole tiles (\`dec_count_shape()\`): the"
-    echo "SASS instructions of the tile loop, summed over the block's four warps, per byte of K and V"
-    echo "(and int8 scales) one tile brings in. A static count of what the loop issues; no GPU needed."
+    echo "\`attn_fast_kernel<F>\` (cuda/attention/kvcu_decode.cu) and \`attn_mma_kernel<F>\`"
+    echo "(kvcu_decode_mma.cu) compiled for sm_$COUNT_ARCH at one shape, d $COUNT_D and G $COUNT_G (H 32, H_kv 8),"
+    echo "a contiguous cache, whole tiles (\`dec_count_shape()\`): the SASS instructions of the tile"
+    echo "loop, summed over the block's four warps, per byte of K and V (and int8 scales) one tile"
+    echo "brings in. A static count of what the loop issues; no GPU needed."
     [ -n "$BASE" ] && echo "base: the same count of commit $(git -C "$ROOT" rev-parse --short "$BASE")'s kernel."
     echo ""
     echo "| kernel | format | tile rows | KV bytes a tile | instructions a tile (warps 0, 1, 2, 3) | per KV byte |$( [ -n "$BASE" ] && printf ' base: per KV byte |')"
@@ -119,16 +127,21 @@ count_section() {
         BEGIN { name[0] = "fp32"; name[1] = "fp16"; name[2] = "bf16"; name[3] = "int8 (per token)"
                 name[7] = "fp8 E4M3"; name[8] = "fp8 E5M2"
                 vec[0] = 4; vec[1] = vec[2] = 8; vec[3] = vec[7] = vec[8] = 16 }
-        { n[$1, $2] += $4; list[$1, $2] = list[$1, $2] ($3 ? ", " : "") $4; in_[$1, $2] += $5 }
+        { key = $2 SUBSEP $3; n[$1, key] += $5; list[$1, key] = list[$1, key] ($4 ? ", " : "") $5
+          in_[$1, key] += $6; seen[$1, key] = 1 }
         END { split("0 1 2 3 7 8", F, " ")
-            for (i = 1; i <= 6; i++) { f = F[i]; rb = 16 * d / vec[f]; t = 8
-                while (t < 64 && 2 * t * rb <= 8192) t *= 2
+            for (kk = 1; kk <= 2; kk++) { k = kk == 1 ? "fast" : "mma"
+            for (i = 1; i <= 6; i++) { f = F[i]; key = k SUBSEP f
+                if (!(("now", key) in seen)) continue
+                rb = 16 * d / vec[f]; t = 8
+                if (k == "mma") t = 64; else while (t < 64 && 2 * t * rb <= 8192) t *= 2
                 bytes = 2 * t * rb + (f == 3 ? 2 * t * 4 : 0)
-                line = sprintf("| `attn_fast_kernel<%d>` | %s | %d | %d | %d (%s)%s | %.3f |", f, name[f], t, bytes,
-                               n["now", f], list["now", f], in_["now", f] ? ", inner loops left" : "", n["now", f] / bytes)
-                if (base != "") line = line sprintf(" %.3f%s |", n["base", f] / bytes,
-                                                    in_["base", f] ? " (inner loops left)" : "")
-                print line } }' "$WORK/count.txt"
+                line = sprintf("| `attn_%s_kernel<%d>` | %s | %d | %d | %d (%s)%s | %.3f |", k, f, name[f], t, bytes,
+                               n["now", key], list["now", key], in_["now", key] ? ", inner loops left" : "",
+                               n["now", key] / bytes)
+                if (base != "") line = line (("base", key) in seen ? sprintf(" %.3f%s |", n["base", key] / bytes,
+                                                    in_["base", key] ? " (inner loops left)" : "") : " - |")
+                print line } } }' "$WORK/count.txt"
 }
 
 if [ $COUNT_ONLY -eq 1 ]; then

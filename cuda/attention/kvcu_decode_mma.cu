@@ -85,6 +85,35 @@ __device__ __forceinline__ uint32_t mma_elem(const uint8_t *row, int j)
     return (uint32_t)h.x;
 }
 
+static __host__ __device__ size_t mma_align16(size_t n) { return (n + 15) / 16 * 16; }
+
+/* The plan's tensor-core part for its G and d: head blocks, warps per block over a tile's keys,
+ * the tile, the shared-memory map. */
+static __host__ __device__ void mma_shape(dec_plan_t *p)
+{
+    const int d = p->d;
+    p->mb = (p->G + 15) / 16;
+    p->ks = p->mb >= 4 ? 1 : p->mb == 1 ? 4 : 2; /* warps over heads x warps over a tile's keys */
+    p->tile = MMA_TILE;
+    p->off_buf = mma_align16((size_t)p->mb * 16 * (d + MMA_PAD) * 2);
+    p->stage = mma_align16((size_t)2 * MMA_TILE * p->rb + (size_t)2 * MMA_TILE * p->ng * 4);
+    const size_t cb = (size_t)4 * 16 * (d + 2) * 4;
+    p->smem = p->off_buf + (2 * p->stage > cb ? 2 * p->stage : cb);
+}
+
+/* The count's shape (dec_count_shape(), tools/ptx-table.sh): the plan above at d DEC_COUNT_D,
+ * G DEC_COUNT_G. Nothing in a build. */
+template <int F>
+__device__ __forceinline__ void mma_count_shape(dec_plan_t &p)
+{
+#ifdef DEC_COUNT_D
+    dec_count_shape<F>(p);
+    mma_shape(&p);
+#else
+    (void)p;
+#endif
+}
+
 /*
  * Block (kvh, part, t), four warps: launch row t's G heads of KV head kvh over range `part`.
  * Warp w takes head block w / ks (16 heads) and keys [w % ks · 64/ks, +64/ks) of each tile.
@@ -93,14 +122,16 @@ __device__ __forceinline__ uint32_t mma_elem(const uint8_t *row, int j)
  */
 template <int F>
 __global__ void __launch_bounds__(DEC_THREADS)
-attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec_plan_t p,
+attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec_plan_t plan,
                 int n_heads)
 {
+    dec_plan_t p = plan;
+    mma_count_shape<F>(p);
     constexpr int BF = F == KV_QF_BF16;
     constexpr bool INT8 = F == KV_QF_INT8, FP8 = F == KV_QF_FP8_E4M3 || F == KV_QF_FP8_E5M2;
     KV_DYNAMIC_SMEM(uint4, smem4);
     uint8_t *sm = (uint8_t *)smem4;
-    const int tid = threadIdx.x, G = p.G, d = p.d, ld = d + MMA_PAD;
+    const int tid = DEC_TID, G = p.G, d = p.d, ld = d + MMA_PAD;
     const int KS = p.ks, NK = MMA_TILE / p.ks;
     uint16_t *qh = (uint16_t *)(void *)sm;
     uint8_t *buf = sm + p.off_buf;
@@ -113,7 +144,7 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
         qh[i] = kvcu_bits16<BF>(row < G && j < d ? qg[(size_t)row * d + j] : 0.0f);
     }
     __syncthreads();
-    const int warp = tid / KV_WARP, lane = tid & (KV_WARP - 1), gq = lane / 4, tq = lane % 4;
+    const int warp = tid / KV_WARP, lane = DEC_LANE(tid), gq = lane / 4, tq = lane % 4;
     const int mb = warp / KS, k0 = (warp % KS) * NK; /* head block, first key of the tile */
     const bool active = mb < p.mb;
     uint32_t qa[MMA_MAX_D / 16][4];
@@ -256,20 +287,12 @@ attn_mma_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, dec
 
 /* ---- host side ----------------------------------------------------------------------------- */
 
-static size_t mma_align16(size_t n) { return (n + 15) / 16 * 16; }
 
 int kvcu_decode_mma_plan(const attn_src &src, dec_plan_t *p, const void **kernel)
 {
     if (p->fmt != src.fmt || !dec_mma_rule(p->fmt, p->G, src.n_kv_heads, p->d)) return 0;
     if (!kvcu_has_mma()) return 0; /* below sm_80: the CUDA-core kernel reads every group */
-    const int d = p->d;
-    p->mb = (p->G + 15) / 16;
-    p->ks = p->mb >= 4 ? 1 : p->mb == 1 ? 4 : 2; /* warps over heads x warps over a tile's keys */
-    p->tile = MMA_TILE;
-    p->off_buf = mma_align16((size_t)p->mb * 16 * (d + MMA_PAD) * 2);
-    p->stage = mma_align16((size_t)2 * MMA_TILE * p->rb + (size_t)2 * MMA_TILE * p->ng * 4);
-    const size_t cb = (size_t)4 * 16 * (d + 2) * 4;
-    p->smem = p->off_buf + (2 * p->stage > cb ? 2 * p->stage : cb);
+    mma_shape(p);
     if (p->smem > kvcu_smem_optin()) return 0;
     dec_dispatch(p->fmt, [&](auto c) {
         if constexpr (mma_fmt<decltype(c)::value>)
