@@ -414,6 +414,8 @@ static void test_cli(void)
     free(r.err);
     CLI_BAD("--threads|more than the", "generate", "--threads", "100000");
     CLI_BAD("--threads|out of range", "serve", "--trace", trace, "--threads", "0");
+    CLI_BAD("--prompt-lines|needs --prompts", "serve", "--trace", trace, "--prompt-lines", "3");
+    CLI_BAD("--prompts|no chat template", "serve", "--trace", trace, "--prompts", "x.chat");
     /* --weights / --prefill: dialogue and eval ppl parse them as generate does (cli.h) */
     CLI_BAD("--weights|need --device cuda", "dialogue", "x.dlg", "--weights", "fp16");
     CLI_BAD("--weights|'int8'", "dialogue", "x.dlg", "--weights", "int8");

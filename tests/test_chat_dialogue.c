@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "common/kv_test.h"
+#include "common/kv_test_chat_model.h"
 #include "common/kv_test_model.h"
 #include "kv_chat_dialogue.h"
 #include "kv_gguf.h"
@@ -148,29 +149,21 @@ static void real_model(void)
 {
     char path[4096];
     if (!kv_test_model_path(KV_TEST_SMOLLM2, "smollm2", path, sizeof path)) exit(KV_TEST_SKIP);
-    kv_gguf *g = NULL;
-    kv_vocab *v = NULL;
-    kv_model m = {0};
-    kv_gguf_str tpl = {0};
-    kv_chat_template t;
+    kv_test_chat c;
     kv_chat_script s = {0};
     kv_err err = {{0}};
-    int st = kv_gguf_open(path, &g, &err);
-    if (!st) st = kv_vocab_from_gguf(g, &v, &err);
-    if (!st) st = kv_gguf_get_str(g, "tokenizer.chat_template", &tpl, &err);
-    if (!st) st = kv_chat_template_parse(tpl.s, tpl.n, v, &t, &err);
-    if (!st) st = kv_gguf_model_load(g, &m, &err);
+    int st = kv_test_chat_open(path, &c, &err);
     if (!st) st = kv_chat_script_parse(script, "t", &s, &err);
     KV_CHECK(st == KV_OK, "model %s: %s", path, err.msg);
     kv_cd_result inc[3], rec[3], paged[2][3];
-    if (!st && !run(&m, &t, v, "contiguous", 0, 1, &s, inc) &&
-        !run(&m, &t, v, "contiguous", 1, 1, &s, rec)) {
+    if (!st && !run(&c.m, &c.t, c.v, "contiguous", 0, 1, &s, inc) &&
+        !run(&c.m, &c.t, c.v, "contiguous", 1, 1, &s, rec)) {
         KV_CHECK(same_replies(inc, rec, 3), "kept across turns = recomputed every turn, token "
                  "for token");
         printf("the ask (distance %d turns, %d tokens):%s -> %s\n", inc[2].distance,
                inc[2].distance_tokens, inc[2].text, inc[2].pass ? "recalled" : "missed");
     }
-    if (!st && !run(&m, &t, v, "paged", 0, 2, &s, &paged[0][0])) {
+    if (!st && !run(&c.m, &c.t, c.v, "paged", 0, 2, &s, &paged[0][0])) {
         KV_CHECK(paged[0][0].prefix_hit == 0 && paged[1][0].prefix_hit >= 16 &&
                      paged[1][0].prefix_hit % 16 == 0,
                  "the second run adopts whole blocks of the first's opening: %d then %d tokens",
@@ -180,9 +173,7 @@ static void real_model(void)
                paged[1][0].prefix_hit, paged[1][0].prefix_hit + paged[1][0].fed);
     }
     kv_chat_script_free(&s);
-    kv_model_free(&m);
-    kv_vocab_free(v);
-    kv_gguf_close(g);
+    kv_test_chat_close(&c);
 }
 
 int main(int argc, char **argv)

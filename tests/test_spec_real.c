@@ -15,6 +15,7 @@
  *  - the one-turn prompt (kv_chat_render_prompt) is the ids a kv_chat session feeds for its
  *    first turn, and that session's first reply token is the greedy stream's first. */
 #include "common/kv_test.h"
+#include "common/kv_test_chat_model.h"
 #include "common/kv_test_model.h"
 #include "common/test_spec_common.h"
 
@@ -123,42 +124,26 @@ done:
     kv_backend_destroy(d);
 }
 
-/* The model, its tokenizer and chat template, and the question as a one-turn prompt. */
-static int load(const char *path, kv_gguf **g, kv_vocab **v, kv_chat_template *t, kv_model *m,
-                int *prompt, int *n, kv_err *e)
-{
-    kv_gguf_str tpl = {0};
-    int st = kv_gguf_open(path, g, e);
-    if (!st) st = kv_vocab_from_gguf(*g, v, e);
-    if (!st) st = kv_gguf_get_str(*g, "tokenizer.chat_template", &tpl, e);
-    if (!st) st = kv_chat_template_parse(tpl.s, tpl.n, *v, t, e);
-    if (!st) st = kv_chat_render_prompt(t, *v, NULL, QUESTION, strlen(QUESTION), prompt, CAP, n, e);
-    if (!st) st = kv_gguf_model_load(*g, m, e);
-    return st;
-}
-
 int main(void)
 {
     char path[4096];
     if (!kv_test_model_path(KV_TEST_SMOLLM2, "smollm2", path, sizeof path)) return KV_TEST_SKIP;
-    kv_gguf *g = NULL;
-    kv_vocab *v = NULL;
-    kv_model m = {0}, dm;
-    kv_chat_template t;
+    kv_test_chat c;
+    kv_model dm;
     kv_err e = {{0}};
     int prompt[CAP], n = 0;
-    int st = load(path, &g, &v, &t, &m, prompt, &n, &e);
-    if (!st) st = kv_model_layer_prefix(&dm, &m, DRAFT, &e);
+    int st = kv_test_chat_open(path, &c, &e);
+    if (!st)
+        st = kv_chat_render_prompt(&c.t, c.v, NULL, QUESTION, strlen(QUESTION), prompt, CAP, &n, &e);
+    if (!st) st = kv_model_layer_prefix(&dm, &c.m, DRAFT, &e);
     KV_CHECK(st == KV_OK, "model %s: %s", path, e.msg);
     if (!st) {
-        KV_CHECK(n > 8 && n + N <= CAP && prompt[0] == t.msg_start,
+        KV_CHECK(n > 8 && n + N <= CAP && prompt[0] == c.t.msg_start,
                  "the prompt: %d ids, the first %d", n, prompt[0]);
         int first;
-        spec_runs(&m, &dm, prompt, n, &first);
-        if (first >= 0) same_as_chat(&m, &t, v, prompt, n, first);
+        spec_runs(&c.m, &dm, prompt, n, &first);
+        if (first >= 0) same_as_chat(&c.m, &c.t, c.v, prompt, n, first);
     }
-    kv_model_free(&m);
-    kv_vocab_free(v);
-    kv_gguf_close(g);
+    kv_test_chat_close(&c);
     return kv_test_finish();
 }

@@ -341,6 +341,40 @@ static void test_files(const char *dir, int write)
     }
 }
 
+/* Real prompts in place of the derived ones: lengths, ids, prefix ids and refusals. */
+static void test_real_prompts(void)
+{
+    kv_trace t = {0};
+    kv_err err;
+    const char *text = "#prefix,0,4\narrival_s,prompt_len,output_len,n_samples,beam_width,"
+                       "prefix_id\n0,10,5,1,1,0\n0.5,20,6,2,1,-1\n1.0,7,9,1,1,0\n";
+    int rc = kv_trace_parse(text, &t, &err);
+    KV_CHECK(rc == KV_OK, "parse: %s", err.msg);
+    if (rc) return;
+    const int a[3] = {11, 12, 13}, b[2] = {21, 22};
+    const int *ids[2] = {a, b}, len[2] = {3, 2}, bad_len[2] = {3, 0};
+    KV_CHECK(kv_trace_set_prompts(&t, ids, len, 0, &err) == KV_ERR_ARG, "0 prompts accepted");
+    KV_CHECK(kv_trace_set_prompts(&t, ids, bad_len, 2, &err) == KV_ERR_ARG &&
+                 strstr(err.msg, "prompt 1 has 0 tokens") && !t.ids && t.req[0].prompt_len == 10,
+             "an empty prompt: '%s', the trace changed", err.msg);
+    rc = kv_trace_set_prompts(&t, ids, len, 2, &err);
+    KV_CHECK(rc == KV_OK, "set: %s", err.msg);
+    if (rc) goto done;
+    static const int plen[3] = {3, 2, 3}, out_len[3] = {5, 6, 9};
+    for (int i = 0; i < 3; i++) {
+        int got[4] = {0};
+        kv_trace_tokens(&t, i, 100, got);
+        const int *want = i % 2 ? b : a;
+        KV_CHECK(t.req[i].prompt_len == plen[i] && t.req[i].prefix_id == -1 &&
+                     t.req[i].output_len == out_len[i] && !memcmp(got, want, sizeof(int) * plen[i]),
+                 "request %d: %d tokens (prefix %d, output %d), ids %d %d", i, t.req[i].prompt_len,
+                 t.req[i].prefix_id, t.req[i].output_len, got[0], got[1]);
+    }
+    KV_CHECK(t.req[1].n_samples == 2 && t.req[2].arrival_s == 1.0, "fan-out or arrival changed");
+done:
+    kv_trace_free(&t);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -349,6 +383,7 @@ int main(int argc, char **argv)
     }
     test_generator();
     test_parser();
+    test_real_prompts();
     test_files(argv[1], argc > 2 && strcmp(argv[2], "--write") == 0);
     return kv_test_finish();
 }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat_prompts.h"
 #include "cli.h"
 #include "model_load.h"
 #include "kv_file.h"
@@ -36,6 +37,13 @@ static void on_step(void *user, const kv_sched_step_info *s)
                       s->clock_s, s->used_blocks, s->cached_blocks, s->reserved_blocks,
                       s->running_seqs, s->running_reqs, s->waiting, s->batch_tokens);
     kv_progress_update(&c->progress, s->done, s->total);
+}
+
+static int min_len(const int *len, int n)
+{
+    int m = len[0];
+    for (int i = 1; i < n; i++) m = len[i] < m ? len[i] : m;
+    return m;
 }
 
 static void pct_row(const char *what, double v) { printf("  %-34s %8.2f %%\n", what, 100.0 * v); }
@@ -64,7 +72,8 @@ int cmd_serve(int argc, char **argv)
 {
     const char *cmd = "kvlab serve";
     const char *trace_path = NULL, *policy = "paged", *model_arg = "tiny", *timeline = NULL;
-    const char *device = "cpu", *preempt = "recompute", *csv = NULL;
+    const char *device = "cpu", *preempt = "recompute", *csv = NULL, *prompts = NULL;
+    int prompt_lines = 0; /* 0: 8 */
     int host_blocks = 0, prefetch = 0;
     double watermark = 0.01, link_gbps = KV_LINK_DEFAULT_BANDWIDTH / 1e9,
            link_us = KV_LINK_DEFAULT_LATENCY * 1e6, token_us = 0.0;
@@ -76,6 +85,8 @@ int cmd_serve(int argc, char **argv)
     kv_cli_engine en = {NULL, NULL};
     kv_opt opts[] = {
         {"--trace", KV_OPT_STRING, &trace_path, 0, 0, NULL, "FILE", "request trace (datasets/traces/*.csv); required", 0},
+        {"--prompts", KV_OPT_STRING, &prompts, 0, 0, NULL, "LIST", "a chat model (smollm2): the prompts are real text in place of the trace's lengths, request i taking prompt i mod n, each a one-turn conversation in the model's template: a chat script's user turns (datasets/chat-dialogues/*.chat) or a text's slices asked for a summary; files separated by ','. Arrivals and outputs stay the trace's", 0},
+        {"--prompt-lines", KV_OPT_INT, &prompt_lines, 1, 1 << 20, NULL, "N", "with --prompts: lines of text per slice (default 8)", 0},
         {"--policy", KV_OPT_CHOICE, &policy, 0, 0, policies, "P", "paged (blocks on demand) or a contiguous baseline: max, pow2, oracle (default paged)", 0},
         {"--blocks", KV_OPT_INT, &n_blocks, 1, 1 << 22, NULL, "N", "blocks in the pool: the memory budget (default 1024)", 0},
         {"--block-size", KV_OPT_INT, &block_size, 1, 4096, NULL, "B", "tokens per block (default 16)", 0},
@@ -118,6 +129,8 @@ int cmd_serve(int argc, char **argv)
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
     if (!trace_path) return kv_args_bad(cmd, "--trace", "a trace file is required");
+    if (prompt_lines && !prompts) return kv_args_bad(cmd, "--prompt-lines", "needs --prompts");
+    if (!prompt_lines) prompt_lines = 8;
     /* options that only the host tier reads: refused rather than ignored under recompute */
     if (strcmp(preempt, "recompute") == 0 && prefetch)
         return kv_args_bad(cmd, "--prefetch", "needs --preempt swap or lru (recompute keeps no "
@@ -148,9 +161,24 @@ int cmd_serve(int argc, char **argv)
         rc = kv_cli_fail(cmd, trace_path, st, &err);
         goto done;
     }
-    const kv_cli_model_args ma = {model_arg, NULL, NULL, NULL, KV_CLI_TEXT_NONE, 0,
+    const kv_cli_model_args ma = {model_arg, NULL, NULL, NULL,
+                                  prompts ? KV_CLI_TEXT_NEED : KV_CLI_TEXT_NONE, 0,
                                   kv_cli_engine_storage(device, &en)};
     if ((rc = kv_cli_model_load(cmd, &ma, &mdl))) goto done;
+    if (prompts) { /* real text: each request's prompt ids, and its length, from the tokenizer */
+        kv_cli_prompts ps;
+        st = kv_cli_prompts_files(prompts, prompt_lines, 0, mp->config.seq_len, &mdl, &ps, &err);
+        if (!st) {
+            st = kv_trace_set_prompts(&t, (const int *const *)ps.ids, ps.len, ps.n, &err);
+            fprintf(stderr, "%s: %d prompts of real text, %d to %d tokens\n", cmd, ps.n,
+                    min_len(ps.len, ps.n), ps.longest);
+            kv_cli_prompts_free(&ps);
+        }
+        if (st) {
+            rc = kv_cli_fail(cmd, "--prompts", st, &err);
+            goto done;
+        }
+    }
     const int n_req = max_requests < t.n ? max_requests : t.n;
     /* The longest request of the whole trace sets the sequence length the model must serve:
      * RoPE has no hard limit, so a shorter seq_len is raised (and said so). */
@@ -228,6 +256,7 @@ int cmd_serve(int argc, char **argv)
     kv_config_describe(&mp->config, desc, sizeof desc);
     printf("kvlab serve: %s, %d requests, policy %s, %d blocks x %d tokens, prefix cache %s\n",
            trace_path, n_req, policy, n_blocks, block_size, prefix ? "on" : "off");
+    if (prompts) printf("prompts: real text, %s (%d-line slices of text)\n", prompts, prompt_lines);
     printf("model %s (%s); budget %d tokens/step, %d slots, max_len %d; clock %.1f ms/step%s\n",
            model_arg, desc, budget, max_seqs, max_len, step_ms, burst ? ", burst arrivals" : "");
     printf("clock model: %.1f us per prefill token; link %.4g GB/s, %.1f us per copy; "

@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat_prompts.h"
 #include "cli.h"
 #include "model_load.h"
-#include "kv_chat_dialogue.h"
 #include "kv_generate.h"
 #include "kv_quant.h"
 #include "kv_spec.h"
@@ -64,75 +64,20 @@ static int make_pair(kv_backend **t, kv_backend **d, const char *device, const k
     return rc;
 }
 
-/* The prompts a table runs: one of random ids, or a chat script's user turns, each rendered
- * as a one-turn conversation (kv_chat_render_prompt()). */
-typedef struct {
-    int **ids; /* [n][len[i]] */
-    int *len;  /* [n] */
-    int n, longest;
-} spec_prompts;
-
-static void prompts_free(spec_prompts *p)
-{
-    for (int i = 0; i < p->n; i++) free(p->ids[i]);
-    free(p->ids);
-    free(p->len);
-    memset(p, 0, sizeof *p);
-}
-
-static int prompts_alloc(spec_prompts *p, int n, kv_err *err)
-{
-    p->ids = calloc((size_t)n, sizeof *p->ids);
-    p->len = calloc((size_t)n, sizeof *p->len);
-    return p->ids && p->len ? KV_OK : kv_fail(err, KV_ERR_NOMEM, "spec: out of memory");
-}
-
 /* One prompt of @p n random ids from @p seed (the embedded models' way). */
-static int prompts_random(spec_prompts *p, int n, int vocab, uint64_t seed, kv_err *err)
+static int prompts_random(kv_cli_prompts *p, int n, int vocab, uint64_t seed, kv_err *err)
 {
-    int rc = prompts_alloc(p, 1, err);
-    if (!rc && !(p->ids[0] = malloc(sizeof(int) * n)))
-        rc = kv_fail(err, KV_ERR_NOMEM, "spec: out of memory");
-    if (rc) return rc;
+    int *ids = kv_cli_prompts_add(p, n, err);
+    if (!ids) return KV_ERR_NOMEM;
     kv_rng rng;
     kv_rng_seed(&rng, seed);
-    for (int i = 0; i < n; i++) p->ids[0][i] = (int)(kv_rng_u32(&rng) % (uint32_t)vocab);
-    p->len[0] = p->longest = n;
-    p->n = 1;
+    for (int i = 0; i < n; i++) ids[i] = (int)(kv_rng_u32(&rng) % (uint32_t)vocab);
+    p->longest = n;
     return KV_OK;
 }
 
-/* The first @p turns user turns of the script at @p path (0: all), each rendered with the
- * model's chat template and default system message as the prompt of a reply. */
-static int prompts_script(spec_prompts *p, const char *path, int turns, const kv_cli_model *mdl,
-                          kv_err *err)
-{
-    if (!mdl->vocab || !mdl->chat_template)
-        return kv_fail(err, KV_ERR_ARG, "%s has no chat template (tokenizer.chat_template): "
-                       "--script needs a chat model", mdl->name);
-    kv_chat_template tpl;
-    kv_chat_script s;
-    int rc = kv_chat_template_parse(mdl->chat_template, strlen(mdl->chat_template), mdl->vocab,
-                                    &tpl, err);
-    if (rc || (rc = kv_chat_script_read(path, &s, err))) return rc;
-    const int n = turns && turns < s.n_turns ? turns : s.n_turns;
-    const int cap = mdl->m.config.seq_len;
-    rc = prompts_alloc(p, n, err);
-    for (int i = 0; i < n && !rc; i++, p->n++) {
-        if (!(p->ids[i] = malloc(sizeof(int) * cap))) {
-            rc = kv_fail(err, KV_ERR_NOMEM, "spec: out of memory");
-            break;
-        }
-        rc = kv_chat_render_prompt(&tpl, mdl->vocab, NULL, s.turns[i].text, s.turns[i].len,
-                                   p->ids[i], cap, &p->len[i], err);
-        if (p->len[i] > p->longest) p->longest = p->len[i];
-    }
-    kv_chat_script_free(&s);
-    return rc;
-}
-
 /* One k over every prompt: the stats summed, *same 1 when every greedy run matched want. */
-static int spec_k(kv_backend *t, kv_backend *d, const spec_prompts *p, int **want, int *got,
+static int spec_k(kv_backend *t, kv_backend *d, const kv_cli_prompts *p, int **want, int *got,
                   const kv_spec_opts *o, kv_spec_stats *sum, int *same, kv_err *err)
 {
     memset(sum, 0, sizeof *sum);
@@ -154,7 +99,7 @@ static int spec_k(kv_backend *t, kv_backend *d, const spec_prompts *p, int **wan
 }
 
 static int spec_table(const kv_model *m, const char *name, const char *device, int draft_layers,
-                      const kv_cache_spec *spec, const spec_prompts *p, const char *what,
+                      const kv_cache_spec *spec, const kv_cli_prompts *p, const char *what,
                       int n_tokens, int max_k, double temperature, uint64_t seed, int csv,
                       kv_err *err)
 {
@@ -277,8 +222,8 @@ int cmd_spec(int argc, char **argv)
         {"--model", KV_OPT_STRING, &model_path, 0, 0, NULL, "FILE", "or a model file as the target: a llama2.c / kvlab checkpoint, `trained`, a GGUF file or smollm2 (KIVI needs 32 | head dim)", 0},
         {"--draft-layers", KV_OPT_INT, &draft_layers, 1, 1 << 10, NULL, "N", "layers of the target the draft keeps (default 1)", 0},
         {"--prompt", KV_OPT_INT, &prompt, 1, 1 << 16, NULL, "P", "random prompt tokens (default 16)", 0},
-        {"--script", KV_OPT_STRING, &script, 0, 0, NULL, "FILE", "a chat model: the prompts are this chat script's user turns (datasets/chat-dialogues/*.chat), each a one-turn conversation in the model's template; the table sums them", 0},
-        {"--turns", KV_OPT_INT, &turns, 1, 1 << 16, NULL, "N", "with --script: its first N user turns (default all)", 0},
+        {"--script", KV_OPT_STRING, &script, 0, 0, NULL, "FILE", "a chat model: the prompts are real text, each a one-turn conversation in the model's template: a chat script's user turns (datasets/chat-dialogues/*.chat), or a text's 8-line slices asked for a summary (files separated by ','); the table sums them", 0},
+        {"--turns", KV_OPT_INT, &turns, 1, 1 << 16, NULL, "N", "with --script: the first N prompts (default all)", 0},
         {"--tokens", KV_OPT_INT, &tokens, 1, 1 << 16, NULL, "N", "tokens to emit per run (default 64)", 0},
         {"--max-k", KV_OPT_INT, &max_k, 1, 64, NULL, "K", "runs for k = 1..K draft tokens (default 8)", 0},
         {"--cache", KV_OPT_STRING, &cache, 0, 0, NULL, "FORMAT", "storage: fp32 (default), fp16, bf16, int8, int8-g32/64/128, fp8-e4m3, fp8-e5m2, int4-kivi, int2-kivi", 0},
@@ -351,10 +296,11 @@ int cmd_spec(int argc, char **argv)
         kv_cli_model_close(&mdl);
         return st;
     }
-    spec_prompts ps = {0};
+    kv_cli_prompts ps = {0};
     char what[KV_CLI_PATH_MAX + 64];
     if (script) {
-        st = prompts_script(&ps, script, turns, &mdl, &err);
+        st = kv_cli_prompts_files(script, 8, turns, mp->config.seq_len - tokens - max_k, &mdl,
+                                  &ps, &err);
         snprintf(what, sizeof what, "%d prompts from %s (%d tokens at most)", ps.n, script,
                  ps.longest);
     } else {
@@ -372,10 +318,13 @@ int cmd_spec(int argc, char **argv)
         spec.layout.block_size = block;
         spec.layout.n_blocks = (ps.longest + tokens + block - 1) / block;
     }
-    if (!st)
+    const char *at = "--script"; /* what a failure names: the prompts, or the run */
+    if (!st) {
+        at = "spec";
         st = spec_table(mp, def, device, draft_layers, &spec, &ps, what, tokens, max_k,
                         temperature, (uint64_t)seed, csv, &err);
-    prompts_free(&ps);
+    }
+    kv_cli_prompts_free(&ps);
     kv_cli_model_close(&mdl);
-    return st ? kv_cli_fail(cmd, script ? script : "spec", st, &err) : KV_EXIT_OK;
+    return st ? kv_cli_fail(cmd, at, st, &err) : KV_EXIT_OK;
 }

@@ -63,6 +63,8 @@ static int draw_len(kv_rng *r, const kv_len_model *m, double mu)
 
 void kv_trace_free(kv_trace *t)
 {
+    for (int i = 0; t->ids && i < t->n; i++) free(t->ids[i]);
+    free(t->ids);
     free(t->req);
     memset(t, 0, sizeof(*t));
 }
@@ -349,9 +351,42 @@ static uint64_t mix(uint64_t z)
     return z ^ (z >> 31);
 }
 
+int kv_trace_set_prompts(kv_trace *t, const int *const *ids, const int *len, int n, kv_err *err)
+{
+    if (n < 1) return kv_fail(err, KV_ERR_ARG, "trace: %d real prompts", n);
+    for (int j = 0; j < n; j++)
+        if (len[j] < 1 || len[j] > KV_TRACE_MAX_LEN)
+            return kv_fail(err, KV_ERR_ARG, "trace: real prompt %d has %d tokens (1..%d)", j,
+                           len[j], KV_TRACE_MAX_LEN);
+    int **own = calloc((size_t)t->n, sizeof *own);
+    for (int i = 0; own && i < t->n; i++) {
+        const int j = i % n;
+        if (!(own[i] = malloc(sizeof(int) * (size_t)len[j]))) {
+            for (int k = 0; k < i; k++) free(own[k]);
+            free(own);
+            own = NULL;
+            break;
+        }
+        memcpy(own[i], ids[j], sizeof(int) * (size_t)len[j]);
+    }
+    if (!own) return kv_fail(err, KV_ERR_NOMEM, "trace: out of memory for the real prompts");
+    for (int i = 0; t->ids && i < t->n; i++) free(t->ids[i]);
+    free(t->ids);
+    t->ids = own;
+    for (int i = 0; i < t->n; i++) {
+        t->req[i].prompt_len = len[i % n];
+        t->req[i].prefix_id = -1;
+    }
+    return KV_OK;
+}
+
 void kv_trace_tokens(const kv_trace *t, int i, int vocab, int *out)
 {
     const kv_request *q = &t->req[i];
+    if (t->ids) {
+        memcpy(out, t->ids[i], sizeof(int) * (size_t)q->prompt_len);
+        return;
+    }
     int np = q->prefix_id >= 0 ? t->prefix_len[q->prefix_id] : 0;
     for (int k = 0; k < q->prompt_len; k++) {
         uint64_t stream = k < np ? (1ull << 40) + (uint64_t)q->prefix_id : (uint64_t)i;

@@ -64,6 +64,7 @@ typedef struct {
     int n;
     int n_prefixes;
     int prefix_len[KV_TRACE_MAX_PREFIXES]; /* tokens of each shared prefix (0 = undeclared) */
+    int **ids; /* [n][req[i].prompt_len] real prompts (kv_trace_set_prompts()); NULL: derived */
 } kv_trace;
 
 /** Length distributions. */
@@ -129,9 +130,20 @@ int kv_trace_load(const char *path, kv_trace *t, kv_err *err);
 void kv_trace_free(kv_trace *t);
 
 /**
- * Prompt tokens of request @p i [prompt_len], in 1..vocab-1 (all 0 when vocab is 1): the
- * shared prefix's tokens depend only on its id (so equal prefixes hash equal in the prefix
- * cache), the rest on i.
+ * Real prompts in place of the derived ones (chapters 05 and 07 on a real model): request i
+ * takes prompt i % @p n, ids [len[i % n]] copied, prompt_len its length and prefix_id -1
+ * (prompts that open alike, with one system message, share those tokens as they are; the
+ * prefix cache finds them by their ids). Arrivals, outputs, fan-out and priorities stay the
+ * trace's. KV_ERR_ARG for n < 1 or a length outside 1..KV_TRACE_MAX_LEN; KV_ERR_NOMEM (the
+ * trace then unchanged).
+ */
+int kv_trace_set_prompts(kv_trace *t, const int *const *ids, const int *len, int n, kv_err *err);
+
+/**
+ * Prompt tokens of request @p i [prompt_len]: its real prompt when the trace has them
+ * (kv_trace_set_prompts()); else in 1..vocab-1 (all 0 when vocab is 1), the shared prefix's
+ * tokens depending only on its id (so equal prefixes hash equal in the prefix cache), the
+ * rest on i.
  */
 void kv_trace_tokens(const kv_trace *t, int i, int vocab, int *out);
 
