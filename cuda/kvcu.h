@@ -425,8 +425,9 @@ typedef struct {
  * online softmax, causal key tiles skipped), 3 decode (one block per (query, KV head): the G
  * heads of a group share each K/V tile), 4 split-KV (v3 over ranges of KVCU_FLASH_SPLIT_KEYS
  * keys, partial (m, l, acc) merged by log-sum-exp in a second kernel), 5 v2's tiles on tensor
- * cores (kvcu_flash_mma.cu; sm_80 and newer, else KV_ERR_UNSUPPORTED naming the GPU). Every
- * version reads
+ * cores (kvcu_flash_mma.cu; sm_80 and newer, else KV_ERR_UNSUPPORTED naming the GPU), 6 v5
+ * with 32 rows per warp, the longest query tiles first and per-token int8 / fp8 tiles
+ * converted once to fp16 (kvcu_flash_v6.cu; v5's shapes and devices). Every version reads
  * contiguous and paged caches of every format through the cache views (dequantization
  * fused). A windowed cache: KV_ERR_UNSUPPORTED; bad shapes or ranges: KV_ERR_ARG.
  * @p scratch: device scratch of kvcu_flash_scratch() floats, or NULL to allocate one here (the
@@ -439,14 +440,15 @@ int kvcu_flash_attention(int version, const kvcu_flash_job *j, float *scratch, k
  * split: v1 as kv_flash_naive (K and V once per head, 5·4·H·T·n_vis score bytes), v2 as
  * kv_flash_tiled with the kernel's tiles (K/V once per (query tile, head), up to the tile's
  * last visible key), v3 once per (query, KV head) over each query's visible keys, v4 the same
- * K/V plus its partials (2·n_splits·(d + 2) floats per (query, head)). Host arithmetic only;
+ * K/V plus its partials (2·n_splits·(d + 2) floats per (query, head)), v5 and v6 as v2 per
+ * (query tile, KV head) with their own tiles. Host arithmetic only;
  * *st is overwritten (kv_flash_naive() and friends add into theirs). The checks of
  * kvcu_flash_attention(): a job it refuses is refused here with the same status.
  */
 int kvcu_flash_bytes(int version, const kvcu_flash_job *j, kv_flash_stats *st, kv_err *err);
 /** Floats of device scratch kvcu_flash_attention(@p version, @p j) needs: H·T·(n_vis + 1) for
  * v1 (scores and row sums; n_vis = n_keys - k_begin), T·H·n_splits·(d + 2) for v4 (n_splits =
- * ceil(n_vis / KVCU_FLASH_SPLIT_KEYS), at least 1), 0 for v2 and v3. */
+ * ceil(n_vis / KVCU_FLASH_SPLIT_KEYS), at least 1), 0 for v2, v3, v5 and v6. */
 size_t kvcu_flash_scratch(int version, const kvcu_flash_job *j);
 /**
  * Time version @p version on job @p j with CUDA events: one warm-up call, then @p repeats

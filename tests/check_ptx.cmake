@@ -2,8 +2,9 @@
 # them for sm_90, the facts emulation cannot show. For each kernel, in the PTX of its file
 # (`nvcc -ptx`): at least one mma.sync and one ldmatrix; in ptxas's report (`-Xptxas -v`): no
 # spill stores or loads; and the instructions a variant exists for (the `needs` list below: the
-# raw-tile instances of v5 and of the MLA decode, and the 16-bit GEMM, copy by cp.async).
-# Prints each kernel's counts and registers, "N passed, M failed".
+# raw-tile instances of v5, v6 and the MLA decode, and the 16-bit GEMM, copy by cp.async; v6's
+# converting int8 tiles hold the sub.f16x2 of the magic-number trick, its E4M3 ones the cvt to
+# f16x2 of sm_89+). Prints each kernel's counts and registers, "N passed, M failed".
 #
 #   cmake -DNVCC=<nvcc> -DROOT=<source dir> -DOUT=<scratch dir> -P check_ptx.cmake
 cmake_policy(SET CMP0054 NEW) # "mma" below is a string, not the variable of that name
@@ -23,11 +24,15 @@ set(passed 0)
 set(failed 0)
 # entry-name regex | an instruction its PTX must hold
 set(needs "flash_kernel_v5ILi[01]ELi1E|cp.async")
+list(APPEND needs "flash_kernel_v6ILi[0-9]+ELi[01]ELi4E|cp.async")
+list(APPEND needs "flash_kernel_v6ILi[0-9]+ELi0ELi1E|sub.f16x2")
+list(APPEND needs "flash_kernel_v6ILi[0-9]+ELi0ELi2E|cvt.rn.f16x2.e4m3x2")
 list(APPEND needs "gemv_kernel_w16ILi[01]ELi1E|ld.global.nc.v4")
 list(APPEND needs "mla_decode_kernelILi[01]ELi1E|cp.async")
 list(APPEND needs "matmul_kernel_mma|cp.async")
 # file | kernel name as it appears in the mangled symbol | mma: must hold mma.sync and ldmatrix
 foreach(pair IN ITEMS "attention/kvcu_flash_mma.cu|flash_kernel_v5|mma"
+                      "attention/kvcu_flash_v6.cu|flash_kernel_v6|mma"
                       "attention/kvcu_attention_mla.cu|mla_decode_kernel|mma"
                       "model/kvcu_ops_fast.cu|matmul_kernel_mma|mma"
                       "model/kvcu_ops_fast.cu|gemv_kernel_w16|-")

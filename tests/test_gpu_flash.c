@@ -33,7 +33,14 @@
  * `test_gpu_flash slow` (label slow, real GPUs only): 32768-token causal prefills, held
  * against kv_flash_tiled, since the naive reference's score matrix would not fit.
  * v5 (tensor cores: q, K, V and P rounded to 16 bits) is held to the same reference by the
- * bound derived at mma_compare() instead of the fp32 tolerance; d 64 and 128 fit it.
+ * bound derived at mma_compare() instead of the fp32 tolerance; d 64 and 128 fit it. v6 (v5
+ * with 32 rows a warp, the longest query tiles first, int8 and fp8 tiles converted exactly)
+ * is held to the same bound, which covers it: it rounds q and P (times an int8 value row's
+ * scale) as v5 does and the K and V tiles of the 16-bit and dequantized paths as v5 does; its
+ * int8 and fp8 tiles hold the codes exactly, so those terms only loosen the bound there. The
+ * extra caches at the end (per-token int8 at d 128 across several 32-key tiles, fp8 E4M3 and
+ * E5M2, int8 with one group per row) take v6's converting path, and their causal prefills
+ * span several of its query tiles, so the reversed tile order is exercised.
  * Exits 77 (skipped) without a usable device. */
 #include "kv_flash.h"
 #include "kv_quant.h"
@@ -51,7 +58,8 @@ enum { HKV = 2, N_LAYERS = 2, N_SLOTS = 2, LAYER = 1, SLOT = 1, BLOCK = 16 };
 
 static kv_rng rng;
 static int emu;
-static double mma_worst_frac; /* v5: the largest |diff| seen, as a fraction of its bound */
+static double mma_worst_frac[2]; /* v5, v6: the largest |diff| seen, as a fraction of the bound */
+static int first_ver = 1; /* the first version check_job() runs (5: the tensor-core ones) */
 static int tiled_ref; /* 1: the reference is kv_flash_tiled (the slow 32k prefill, whose naive
                        * score matrix would take T·n·4 = 4 GiB per CPU thread) */
 
@@ -165,7 +173,7 @@ static int twin_make(twin *w, int fmt, int paged, int d, int G, int n)
 }
 
 
-/* v5 (tensor cores) against the reference: mismatches of got [T][H][d] outside the bound of
+/* v5 and v6 (tensor cores) against the reference: mismatches of got [T][H][d] outside the bound of
  * each row (query t, head h). v5 rounds q, the K and V tiles and P = exp(s - m) to 16 bits
  * (unit roundoff u: 2^-11 for fp16, 2^-8 for the bf16 tiles of a bf16 cache) and keeps the
  * scores, the sums and O in fp32. With every stored value in [-1, 1] (the fill, and every
@@ -176,7 +184,7 @@ static int twin_make(twin *w, int fmt, int paged, int d, int G, int n)
  * V adds u·max|v| each. Bound = (e^(2 eps) - 1)(1 + u) + 2u + u², plus the fp32 tolerance
  * of the online softmax's rescaling (KV_TOL_F32_ATOL). Rows that see no key stay exact 0. */
 static long mma_compare(const char *what, const float *got, const float *ref, const float *q,
-                        int T, int H, int d, int fmt)
+                        int T, int H, int d, int fmt, int ver)
 {
     const double u = fmt == KV_QF_BF16 ? ldexp(1.0, -8) : ldexp(1.0, -11);
     const double scale = 1.0 / sqrt((double)d);
@@ -201,7 +209,7 @@ static long mma_compare(const char *what, const float *got, const float *ref, co
         }
     }
     if (bad) printf("  %s: %ld mismatched, max |diff| %.3g\n", what, bad, worst);
-    if (worst_frac > mma_worst_frac) mma_worst_frac = worst_frac;
+    if (worst_frac > mma_worst_frac[ver - 5]) mma_worst_frac[ver - 5] = worst_frac;
     return bad;
 }
 
@@ -222,14 +230,14 @@ static void check_job(twin *w, const char *mask, int T, int64_t q_pos0, int64_t 
     if (!st) st = kvcu_malloc((void **)&dout, nq * 4, &e);
     KV_CHECK(st == KV_OK, "%s %s: device buffers: %s", w->name, mask, e.msg);
     kvcu_flash_job gj = {w->g, LAYER, SLOT, w->H, dq, T, q_pos0, k_begin, n_keys, causal, dout};
-    for (int ver = 1; ver <= 5 && !st; ver++) {
+    for (int ver = first_ver; ver <= 6 && !st; ver++) {
         char what[192];
         snprintf(what, sizeof what, "%s %s (T %d, q_pos0 %lld, keys %lld..%lld, %s) v%d",
                  w->name, mask, T, (long long)q_pos0, (long long)k_begin, (long long)n_keys,
                  causal ? "causal" : "full", ver);
         if (ver == 1 && (int64_t)w->H * T * n_keys > KVCU_FLASH_V1_MAX_SCORES) continue;
-        if (ver == 5 && kvcu_device_sm() < 80) { /* no tensor cores: refused, naming the GPU */
-            const int rc = kvcu_flash_attention(5, &gj, NULL, &e);
+        if (ver >= 5 && kvcu_device_sm() < 80) { /* no tensor cores: refused, naming the GPU */
+            const int rc = kvcu_flash_attention(ver, &gj, NULL, &e);
             KV_CHECK(rc == KV_ERR_UNSUPPORTED && strstr(e.msg, "sm_80"),
                      "%s: refused below sm_80 (%d: %s)", what, rc, e.msg);
             continue;
@@ -241,8 +249,8 @@ static void check_job(twin *w, const char *mask, int T, int64_t q_pos0, int64_t 
         if (!rc) rc = kvcu_download(got, dout, nq * 4, &e);
         KV_CHECK(rc == KV_OK, "%s: %s", what, e.msg);
         if (rc) continue;
-        if (ver == 5)
-            KV_CHECK(mma_compare(what, got, ref, q, T, w->H, w->d, w->fmt) == 0,
+        if (ver >= 5)
+            KV_CHECK(mma_compare(what, got, ref, q, T, w->H, w->d, w->fmt, ver) == 0,
                      "%s: tensor cores vs kv_flash_naive, outside the bound", what);
         else
             KV_CHECK(kv_test_compare(what, got, ref, (long)nq, KV_TOL_F32_ATOL,
@@ -297,12 +305,15 @@ static void check_contract(void)
     kvcu_flash_job j = {w.g, LAYER, SLOT, w.H, dq, T, 32, 0, 40, 1, dout};
 
     KV_CHECK(kvcu_flash_attention(0, &j, NULL, &e) == KV_ERR_ARG, "version 0 refused");
-    KV_CHECK(kvcu_flash_attention(6, &j, NULL, &e) == KV_ERR_ARG, "version 6 refused");
+    KV_CHECK(kvcu_flash_attention(7, &j, NULL, &e) == KV_ERR_ARG, "version 7 refused");
     kvcu_flash_job bad = j;
     bad.n_heads = HKV * 65; /* a group of 65 heads: more than v5's 64 rows per block */
     KV_CHECK(kvcu_flash_attention(5, &bad, NULL, &e) == KV_ERR_UNSUPPORTED,
              "v5 refuses a group of 65 heads");
-    KV_CHECK(kvcu_flash_scratch(5, &j) == 0, "v5 needs no scratch");
+    KV_CHECK(kvcu_flash_attention(6, &bad, NULL, &e) == KV_ERR_UNSUPPORTED,
+             "v6 refuses a group of 65 heads");
+    KV_CHECK(kvcu_flash_scratch(5, &j) == 0 && kvcu_flash_scratch(6, &j) == 0,
+             "v5, v6 need no scratch");
     bad = j;
     bad.n_keys = w.c.spec.capacity + 1;
     KV_CHECK(kvcu_flash_attention(2, &bad, NULL, &e) == KV_ERR_ARG, "keys past the slot refused");
@@ -467,6 +478,20 @@ int main(int argc, char **argv)
         check_masks(&w);
         twin_free(&w);
     }
+    /* v6's converting tiles (fmt, paged, d, n): several key tiles, several query tiles; v5
+     * and v6 only (the formats' other paths are v1-v4's above) */
+    first_ver = 5;
+    const int conv[][4] = {{KV_QF_INT8, 1, 128, 77}, {KV_QF_INT8, 0, 64, 100},
+                           {KV_QF_FP8_E4M3, 0, 128, 70}, {KV_QF_FP8_E5M2, 1, 64, 77},
+                           {KV_QF_INT8_G64, 0, 64, 70}};
+    for (int i = 0; i < 5; i++) {
+        twin w;
+        if (twin_make(&w, conv[i][0], conv[i][1], conv[i][2], 4, conv[i][3])) continue;
+        check_job(&w, "causal prefill", w.n, 0, 0, w.n, 1);
+        check_job(&w, "k_begin, masked rows", 40, 0, 5, w.n, 1);
+        twin_free(&w);
+    }
+    first_ver = 1;
     if (emu) { /* two ranges of v4, and tiles across a paged table, in emulation too */
         twin w;
         if (!twin_make(&w, KV_QF_F16, 1, 64, 4, 600)) {
@@ -490,7 +515,7 @@ int main(int argc, char **argv)
                 }
         }
     }
-    printf("v5 (tensor cores): the worst |diff| was %.1f%% of its bound\n",
-           100.0 * mma_worst_frac);
+    printf("v5, v6 (tensor cores): the worst |diff| was %.1f%%, %.1f%% of the bound\n",
+           100.0 * mma_worst_frac[0], 100.0 * mma_worst_frac[1]);
     return kv_test_finish();
 }

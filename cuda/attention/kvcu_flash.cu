@@ -50,6 +50,10 @@
  *   as 8·64 = 512 blocks instead of 8. There is one split-KV and one merge on the GPU: v4 is
  *   the engine's (kvcu_attention() v3) with chapter 08's online body in each range.
  *
+ * v5 and v6, the same tiles on tensor cores: kvcu_flash_mma.cu and kvcu_flash_v6.cu describe
+ *   them (v6 is v5 with 32 rows a warp, the longest query tiles first and int8 / fp8 tiles
+ *   converted once to fp16); both are held to the CPU by the bound of their 16-bit roundings.
+ *
  * None of the versions is bit-identical to the CPU (another summation order; the tests use
  * the fp32 tolerance). Windowed caches (chapter 06) are refused, as on the CPU.
  */
@@ -286,8 +290,8 @@ size_t kvcu_flash_scratch(int version, const kvcu_flash_job *j)
 static int flash_check(int version, const kvcu_flash_job *j, kv_err *err)
 {
     const char *who = "kvcu_flash_attention";
-    if (version < 1 || version > 5)
-        return kv_fail(err, KV_ERR_ARG, "%s: version %d (there are v1 to v5)", who, version);
+    if (version < 1 || version > 6)
+        return kv_fail(err, KV_ERR_ARG, "%s: version %d (there are v1 to v6)", who, version);
     if (!j || !j->c)
         return kv_fail(err, KV_ERR_ARG, "%s: no job or no cache", who);
     const kvcu_cache *c = j->c;
@@ -316,13 +320,14 @@ static int flash_check(int version, const kvcu_flash_job *j, kv_err *err)
     if (c->head_dim > FLASH_MAX_D)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: head dim %d (the tiles are sized for "
                        "d <= %d)", who, c->head_dim, FLASH_MAX_D);
-    if (version == 5 && !kvcu_flash_mma_fits(j->n_heads, c->n_kv_heads, c->head_dim))
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: v5 (tensor cores) takes head dims that "
+    if (version >= 5 && !kvcu_flash_mma_fits(j->n_heads, c->n_kv_heads, c->head_dim))
+        return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: v%d (tensor cores) takes head dims that "
                        "are multiples of 16 up to 128 and groups of up to 64 heads (d %d, "
-                       "G %d)", who, c->head_dim, kv_heads_group(j->n_heads, c->n_kv_heads));
-    if (version == 5 && !kvcu_has_mma())
-        return kvcu_fail_arch(err, who, "the tensor cores v5 runs on (mma.sync.m16n8k16 with "
-                              "fp32 accumulators)", KVCU_SM_MMA);
+                       "G %d)", who, version, c->head_dim,
+                       kv_heads_group(j->n_heads, c->n_kv_heads));
+    if (version >= 5 && !kvcu_has_mma())
+        return kvcu_fail_arch(err, who, "the tensor cores v5 and v6 run on (mma.sync.m16n8k16 "
+                              "with fp32 accumulators)", KVCU_SM_MMA);
     if (version == 1 && (int64_t)j->n_heads * j->T * flash_n_vis(j) > KVCU_FLASH_V1_MAX_SCORES)
         return kv_fail(err, KV_ERR_UNSUPPORTED, "%s: v1 would materialize %lld scores "
                        "(H %d x T %d x %lld keys), more than its limit of %lld; use v2-v4",
@@ -374,6 +379,7 @@ static cudaError_t flash_launch(int version, const kvcu_flash_job *j, float *scr
         return cudaGetLastError();
     }
     if (version == 5) return kvcu_flash_mma_launch(a);
+    if (version == 6) return kvcu_flash_v6_launch(a);
     if (version == 2) {
         const int BQ = flash_tile_rows(a.d), BK = flash_tile_keys(BQ, a.d);
         dim3 grid(kv_ceil_div(a.T, BQ), a.H);
@@ -464,10 +470,16 @@ int kvcu_flash_bytes(int version, const kvcu_flash_job *j, kv_flash_stats *st, k
         for (int t = 0; t < T; t++)
             kv += (double)H * 2.0 * flash_rows_bytes(j, j->k_begin, flash_end_host(j, t));
         st->score_bytes = 5 * (int64_t)H * T * n_vis * 4;
-    } else if (version == 2 || version == 5) {
-        /* v2: a block per (query tile, head); v5: per (query tile, KV head), 64 keys a tile */
-        const int BQ = version == 5 ? kvcu_flash_mma_queries(G) : flash_tile_rows(d);
-        const int BK = version == 5 ? 64 : flash_tile_keys(BQ, d), nh = version == 5 ? Hkv : H;
+    } else if (version == 2 || version >= 5) {
+        /* v2: a block per (query tile, head); v5, v6: per (query tile, KV head), 64 keys a
+         * tile (v6: 128 rows a block, 32 keys a tile past d 64) */
+        const int BQ = version == 6   ? kvcu_flash_v6_queries(G)
+                       : version == 5 ? kvcu_flash_mma_queries(G)
+                                      : flash_tile_rows(d);
+        const int BK = version == 6   ? kvcu_flash_v6_keys(d)
+                       : version == 5 ? 64
+                                      : flash_tile_keys(BQ, d);
+        const int nh = version >= 5 ? Hkv : H;
         const int64_t all_tiles = (n_vis + BK - 1) / BK;
         for (int t0 = 0; t0 < T; t0 += BQ) {
             const int t1 = T - t0 < BQ ? T : t0 + BQ;

@@ -57,6 +57,13 @@ int kvcu_flash_mma_fits(int n_heads, int n_kv_heads, int head_dim);
 int kvcu_flash_mma_queries(int G);
 cudaError_t kvcu_flash_mma_launch(const flash_args &a);
 
+/* v6, v5 with 32 rows per warp, the longest blocks first and converting int8/fp8 tiles
+ * (kvcu_flash_v6.cu; the shapes v5 fits): the queries of one of its blocks (128 / G), the
+ * keys of one of its tiles (64 for head dims up to 64, else 32), and its launch. */
+int kvcu_flash_v6_queries(int G);
+int kvcu_flash_v6_keys(int head_dim);
+cudaError_t kvcu_flash_v6_launch(const flash_args &a);
+
 /* A block's shared memory, carved from the dynamic allocation (flash_smem_bytes()):
  * R rows that read the same KV head, key tiles of BK. */
 typedef struct {

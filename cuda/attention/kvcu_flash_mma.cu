@@ -32,16 +32,14 @@
  * holds v5 to kv_flash_naive() by the bound derived there from those roundings. Head dims: a
  * multiple of 16 up to FLASH_MMA_MAX_D (the O accumulators are registers).
  */
-#include "kvcu_flash.cuh"
-#include "kvcu_mma.cuh"
-#include "kvcu_vec.cuh"
+#include "kvcu_flash_tile.cuh"
 
 #define FLASH_MMA_WARPS 4
 #define FLASH_MMA_ROWS (16 * FLASH_MMA_WARPS) /* rows (query, head) per block */
 #define FLASH_MMA_KEYS 64                     /* keys per tile */
 #define FLASH_MMA_MAX_D 128
-#define FLASH_MMA_PAD 8 /* halves after each tile row: 16-byte aligned rows, and ldmatrix's
-                         * 8 rows of a matrix fall in different banks */
+#define FLASH_MMA_PAD FLASH_TILE_PAD /* halves after each tile row: 16-byte aligned rows,
+                                     * and ldmatrix's 8 rows of a matrix fall in different banks */
 
 /* Queries per block: 64 / G of them, times the G heads of the group. */
 static inline KV_HD int flash_mma_queries(int G) { return FLASH_MMA_ROWS / G; }
@@ -55,55 +53,14 @@ static inline KV_HD size_t flash_mma_smem(int d)
     return FLASH_MMA_ROWS * sizeof(int64_t) + (tiles > q32 ? tiles : q32);
 }
 
-/* Keys [kt, kt + nk) of the job's KV head into a K and a V tile (16-bit), zeros past nk. */
-template <int BF16>
-__device__ inline void flash_mma_load(const flash_kv &kv, uint16_t *ks, uint16_t *vs, int d,
-                                      int64_t kt, int nk)
-{
-    const int ld = d + FLASH_MMA_PAD;
-    for (int e = threadIdx.x; e < FLASH_MMA_KEYS * d; e += blockDim.x) {
-        const int j = e / d, i = e % d;
-        float kx = 0.0f, vx = 0.0f;
-        if (j < nk) {
-            const int64_t p = kt + j;
-            kx = kv_ld(kv.kh, kv.kf, p, kv_view_row(&kv.kh, p), i);
-            vx = kv_ld(kv.vh, kv.vf, p, kv_view_row(&kv.vh, p), i);
-        }
-        ks[j * ld + i] = kvcu_bits16<BF16>(kx);
-        vs[j * ld + i] = kvcu_bits16<BF16>(vx);
-    }
-}
-
-/* The same tiles copied raw: the cache rows are 16-bit of the tile's type, 2d bytes each
- * (16-byte aligned), so each row is d / 8 cp.async copies of 16 bytes; keys past nk are
- * zeroed by plain stores. One commit closes the tile's copies (kvcu_cp_wait() before use). */
-__device__ inline void flash_mma_copy(const flash_kv &kv, uint16_t *ks, uint16_t *vs, int d,
-                                      int64_t kt, int nk)
-{
-    const int ld = d + FLASH_MMA_PAD, cpr = d / 8; /* 16-byte chunks per row */
-    const size_t rb = (size_t)d * 2;
-    for (int c = threadIdx.x; c < FLASH_MMA_KEYS * cpr; c += blockDim.x) {
-        const int j = c / cpr, ch = c % cpr;
-        uint16_t *kd = ks + j * ld + ch * 8, *vd = vs + j * ld + ch * 8;
-        if (j < nk) {
-            const int64_t p = kt + j;
-            kvcu_cp16(kd, kv.kh.codes + kv_view_row(&kv.kh, p) * rb + ch * 16);
-            kvcu_cp16(vd, kv.vh.codes + kv_view_row(&kv.vh, p) * rb + ch * 16);
-        } else {
-            *(uint4 *)(void *)kd = make_uint4(0, 0, 0, 0);
-            *(uint4 *)(void *)vd = make_uint4(0, 0, 0, 0);
-        }
-    }
-    kvcu_cp_commit();
-}
-
-/* Tile [kt, kt + nk) into a buffer: cp.async copies (RAW) or dequantized plain loads. */
+/* Tile [kt, kt + nk) into a buffer: cp.async copies (RAW) or dequantized plain loads
+ * (kvcu_flash_tile.cuh). */
 template <int BF16, int RAW>
 __device__ inline void flash_mma_tile(const flash_kv &kv, uint16_t *ks, uint16_t *vs, int d,
                                       int64_t kt, int nk)
 {
-    if (RAW) flash_mma_copy(kv, ks, vs, d, kt, nk);
-    else flash_mma_load<BF16>(kv, ks, vs, d, kt, nk);
+    if (RAW) flash_tile_copy(kv, ks, vs, d, FLASH_MMA_KEYS, kt, nk);
+    else flash_tile_dequant<BF16>(kv, ks, vs, d, FLASH_MMA_KEYS, kt, nk);
 }
 
 /* Block (query tile, KV head): rows r = 0..63 are query t0 + r / G, head kvh·G + r % G. */
@@ -289,20 +246,12 @@ static cudaError_t flash_mma_run(const flash_args &a, dim3 grid, size_t smem)
     return cudaGetLastError();
 }
 
-/* Whether the layer's K/V rows can be copied raw into the 16-bit tiles: stored as fp16 or bf16
- * (not KIVI's, nor keys rotated at attention), the planes 16-byte aligned. */
-static int flash_mma_raw(const attn_src &src)
-{
-    return (src.fmt == KV_QF_F16 || src.fmt == KV_QF_BF16) && !src.rope_cs &&
-           ((uintptr_t)src.kp.codes | (uintptr_t)src.vp.codes) % 16 == 0;
-}
-
 cudaError_t kvcu_flash_mma_launch(const flash_args &a)
 {
     const int G = kv_heads_group(a.H, a.src.n_kv_heads);
     const size_t smem = flash_mma_smem(a.d);
     dim3 grid(kv_ceil_div(a.T, flash_mma_queries(G)), a.src.n_kv_heads);
-    const int raw = flash_mma_raw(a.src);
+    const int raw = flash_tile_raw(a.src);
     if (a.src.fmt == KV_QF_BF16)
         return raw ? flash_mma_run<1, 1>(a, grid, smem) : flash_mma_run<1, 0>(a, grid, smem);
     return raw ? flash_mma_run<0, 1>(a, grid, smem) : flash_mma_run<0, 0>(a, grid, smem);
