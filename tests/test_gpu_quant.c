@@ -247,6 +247,7 @@ static void test_decode_codes(void)
     ms[3] = NAN, ms[5] = INFINITY, ms[7] = 0.0f;
     for (int fmt = KV_QF_INT8; fmt <= KV_QF_INT8_G128; fmt++)
         compare_decode("random codes", fmt, 0, codes, meta, 64, d, 1.0f);
+    compare_decode("random codes", KV_QF_INT4_G32, 0, codes, meta, 64, d, 1.0f);
     kv_qsz *mq = (kv_qsz *)meta;
     for (int i = 0; i < n * d; i++)
         mq[i].scale = (uint16_t)(kv_rng_u32(&rng) & 0x3fffu), /* positive, finite, small */

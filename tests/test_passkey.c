@@ -11,7 +11,9 @@
  * in one run (--caches, the CSV's cache column and the heatmap's rows). With an fp32 cache it finds the key at depths 0, 50 and 100 % (llama.cpp, the outside reference,
  * retrieves such keys from 1-2k tokens of filler at every depth); with a 64-token window and
  * no sinks, the needle at depth 0 has left the cache before the question is asked, and no
- * model can answer a five-digit key it no longer sees.
+ * model can answer a five-digit key it no longer sees. --kv-heads 9 (the MHA expansion, exact)
+ * and KIVI emulated with a window that holds the whole prompt (nothing quantized) answer every
+ * cell as the fp32 cache does, digit for digit.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,8 +108,8 @@ static void construction(void)
              "keys: five digits, seeded, varied");
 }
 
-/* found column of each CSV row, in order */
-static int csv_found(const char *path, int *found, int cap)
+/* The CSV's rows after its header, each cut to 255 bytes, into rows [cap][256]. */
+static int csv_lines(const char *path, char (*rows)[256], int cap)
 {
     size_t sz = 0;
     char *s = (char *)slurp(path, &sz);
@@ -118,17 +120,63 @@ static int csv_found(const char *path, int *found, int cap)
         line++;
         char *end = strchr(line, '\n');
         if (end) *end = '\0';
-        /* found is the second-last field: ...,answer,found,seconds */
-        char *last = strrchr(line, ','), *prev = NULL;
-        if (last) {
-            *last = '\0';
-            prev = strrchr(line, ',');
-        }
-        found[n++] = prev ? atoi(prev + 1) : -1;
+        snprintf(rows[n++], 256, "%s", line);
         line = end;
     }
     free(s);
     return n;
+}
+
+/* found column of each CSV row, in order: the second-last field (...,answer,found,seconds) */
+static int csv_found(const char *path, int *found, int cap)
+{
+    char rows[16][256];
+    const int n = csv_lines(path, rows, cap < 16 ? cap : 16);
+    for (int i = 0; i < n; i++) {
+        char *last = strrchr(rows[i], ','), *prev = NULL;
+        if (last) {
+            *last = '\0';
+            prev = strrchr(rows[i], ',');
+        }
+        found[i] = prev ? atoi(prev + 1) : -1;
+    }
+    return n;
+}
+
+/* Each CSV row's cells from the length to the found flag (the model, cache, haystack and
+ * seconds left out: what a variant must repeat exactly), into rows [cap][256]. */
+static int csv_cells(const char *path, char (*rows)[256], int cap)
+{
+    const int n = csv_lines(path, rows, cap);
+    for (int i = 0; i < n; i++) {
+        char *p = rows[i], *last = strrchr(rows[i], ',');
+        for (int c = 0; c < 3 && p; c++) p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL;
+        if (!p || !last || last < p) return i;
+        *last = '\0';
+        memmove(rows[i], p, strlen(p) + 1);
+    }
+    return n;
+}
+
+/* kvlab passkey with @p extra options (one run: each model load costs seconds) at 256 tokens, depths 0, 50, 100, into @p csv: its rows
+ * must repeat the fp32 run's (@p want) cell for cell, answers included. */
+static void same_as_fp32(char (*want)[256], int n_want, const char *path, const char *csv,
+                         const char *what, const char *const extra[6])
+{
+    const char *argv[24] = {"passkey", "--model", path, "--lengths", "256", "--depths",
+                            "0,50,100", "--keys", "1", "--csv", csv};
+    int a = 11;
+    for (int i = 0; i < 6 && extra[i]; i++) argv[a++] = extra[i];
+    argv[a] = NULL;
+    result r = run_in(dir, argv);
+    char got[8][256];
+    const int n = r.rc == 0 ? csv_cells(file(csv), got, 8) : -1;
+    int same = n == n_want && n > 0;
+    for (int i = 0; same && i < n; i++) same = strcmp(got[i], want[i]) == 0;
+    KV_CHECK(same, "%s: the fp32 cache's answers, cell for cell (exit %d, %d rows)\n%s%s", what,
+             r.rc, n, r.out ? r.out : "", r.err ? r.err : "");
+    free(r.out);
+    free(r.err);
 }
 
 static void real_model(void)
@@ -163,6 +211,18 @@ static void real_model(void)
     free(svg);
     free(r.out);
     free(r.err);
+
+    /* --kv-heads 9 copies each of SmolLM2's 3 KV heads out to its 3 query heads: the same
+     * function bit for bit (kv_convert.h), so the same answers; KIVI emulated with a window
+     * of 288 >= 256 + 8 tokens spills nothing, so the hooked path (a prompt 32 tokens a
+     * step, the hook before each) answers as the one-step prefill does */
+    char want[8][256];
+    const int n_want = csv_cells(file("grid.csv"), want, 3);
+    KV_CHECK(n_want == 3, "the fp32 rows of grid.csv (%d)", n_want);
+    same_as_fp32(want, n_want, path, "mha.csv",
+                 "--kv-heads 9 (MHA expansion) --kivi-keys token --kivi-window 288",
+                 (const char *const[6]){"--kv-heads", "9", "--kivi-keys", "token",
+                                        "--kivi-window", "288"});
 }
 
 int main(int argc, char **argv)

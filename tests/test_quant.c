@@ -294,6 +294,61 @@ static void test_int8_special(void)
     }
 }
 
+/* int4-g32 from its definition (kv_quant.h): per 32 channels s = amax / 7 in fp32, code
+ * rint(x / s) in [-7, 7] as a two's-complement nibble, element j in nibble j % 2 of byte j / 2;
+ * keys grouped as values; the special groups as int8's. */
+static void test_int4_g32(void)
+{
+    const int d = 128, fmt = KV_QF_INT4_G32;
+    const int64_t n = 9;
+    KV_CHECK(kv_quant_bytes_per_element(fmt, d) == 0.625 && kv_quant_code_bytes(fmt, n, d) == 9 * 64 &&
+                 kv_quant_meta_bytes(fmt, KV_QROLE_KEY, n, d) == 9 * 4 * 4,
+             "int4-g32: half a byte a code and a float per 32 channels, keys as values");
+    float *x = random_rows(n, d, 0.5f);
+    for (int j = 0; j < 32; j++) x[j] = 0.0f;                  /* row 0, group 0: zeros */
+    x[d + 40] = NAN;                                           /* row 1, group 1: poisoned */
+    for (int j = 0; j < 32; j++) x[2 * d + j] = (float)(j % 15) - 7.0f; /* s = 1 exactly */
+    roundtrip r = encode_decode(fmt, KV_QROLE_VALUE, x, n, d, 0);
+    roundtrip k = encode_decode(fmt, KV_QROLE_KEY, x, n, d, 0);
+    KV_CHECK(!memcmp(r.codes, k.codes, (size_t)kv_quant_code_bytes(fmt, n, d)) &&
+                 !memcmp(r.meta, k.meta, (size_t)kv_quant_meta_bytes(fmt, 0, n, d)),
+             "int4-g32: keys are grouped per token, byte for byte as values");
+    const float *s = r.meta;
+    int scale_ok = 1, code_ok = 1, bound_ok = 1, extreme = 0;
+    for (int64_t t = 0; t < n; t++)
+        for (int gi = 0; gi < d / 32; gi++) {
+            const float *xg = x + t * d + gi * 32;
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xg[j]));
+            const float sg = s[t * (d / 32) + gi];
+            if (t == 1 && gi == 1) continue; /* the poisoned group: below */
+            scale_ok &= sg == amax / 7.0f;
+            int m = 0;
+            for (int j = 0; j < 32; j++) {
+                const int c = gi * 32 + j, byte = r.codes[t * (d / 2) + c / 2];
+                const int nib = (c % 2 ? byte >> 4 : byte) & 0xf, q = nib >= 8 ? nib - 16 : nib;
+                const float want = sg > 0.0f ? fminf(fmaxf(rintf(xg[j] / sg), -7.0f), 7.0f) : 0.0f;
+                code_ok &= q == (int)want && q != -8;
+                bound_ok &= fabsf(r.y[t * d + c] - xg[j]) <= sg * 0.5f * (1.0f + 0x1p-20f) &&
+                            r.y[t * d + c] == (float)q * sg;
+                m = abs(q) > m ? abs(q) : m;
+            }
+            extreme += m == 7;
+        }
+    KV_CHECK(scale_ok, "int4-g32: every group's scale is fl(amax / 7)");
+    KV_CHECK(code_ok, "int4-g32: codes rint(x / s) in [-7, 7], two's-complement nibbles, low first");
+    KV_CHECK(bound_ok, "int4-g32: decode = q * s, within s / 2 of x");
+    KV_CHECK(extreme == n * d / 32 - 2, "int4-g32: the largest magnitude of each group codes +-7 "
+             "(%d of %lld groups)", extreme, (long long)(n * d / 32 - 2));
+    KV_CHECK(s[0] == 0.0f && r.codes[0] == 0 && r.y[0] == 0.0f, "int4-g32: a zero group: s 0, codes 0");
+    int nan_ok = isnan(s[4 + 1]);
+    for (int j = 0; j < d; j++) nan_ok &= isnan(r.y[d + j]) == (j / 32 == 1);
+    KV_CHECK(nan_ok, "int4-g32: a NaN poisons its own group of 32 only");
+    KV_CHECK(s[8] == 1.0f && r.codes[2 * 64] == (uint8_t)((-7 & 0xf) | ((-6 & 0xf) << 4)),
+             "int4-g32: -7 and -6 packed into the row's first byte as 0x%02x", r.codes[2 * 64]);
+    free(x), rt_free(&r), rt_free(&k);
+}
+
 /* ---- fp16 / bf16 / fp8 round trips -------------------------------------------------------- */
 
 static void test_float_formats(void)
@@ -616,6 +671,7 @@ int main(void)
     test_fp8_oracle();
     test_int8();
     test_int8_special();
+    test_int4_g32();
     test_float_formats();
     test_kivi();
     test_kivi_layout();

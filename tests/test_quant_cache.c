@@ -46,6 +46,7 @@ static void fill_rows(float *x, int64_t n, int d)
  * (kv_quant.h), from its step:
  *   fp16  half an ulp, 2^-11 relative (+ 2^-25 for subnormals)   bf16  2^-8 relative
  *   int8  s/2 with s = amax/127 of the group <= A/254, plus fp32 rounding of s and q·s
+ *   int4-g32  the same with s = amax/7: A/14
  *   fp8   2^-4 (E4M3) / 2^-3 (E5M2) relative, plus half the subnormal unit times the scale
  *   KIVI  scale/2, scale = range/(2^b - 1) rounded up to fp16, range <= 2A plus the fp16
  *         rounding down of the zero (2^-10 A)
@@ -60,6 +61,7 @@ static double elem_bound(int fmt, double A, double fp8_scale)
     case KV_QF_BF16: return A * 0x1p-8 + 1e-38;
     case KV_QF_INT8: case KV_QF_INT8_G32: case KV_QF_INT8_G64: case KV_QF_INT8_G128:
         return A / 254.0 + ulp;
+    case KV_QF_INT4_G32: return A / 14.0 + ulp; /* s / 2, s = amax / 7 */
     case KV_QF_FP8_E4M3: return A * 0x1p-4 + 0x1p-10 * fp8_scale + ulp;
     case KV_QF_FP8_E5M2: return A * 0x1p-3 + 0x1p-17 * fp8_scale + ulp;
     case KV_QF_INT4_KIVI: case KV_QF_INT2_KIVI: {
@@ -90,7 +92,7 @@ static kv_config small_config(int L, int H, int Hkv, int d) { return kv_test_con
 
 static const int all_formats[] = {KV_QF_F16, KV_QF_BF16, KV_QF_INT8, KV_QF_INT8_G32,
                                   KV_QF_INT8_G64, KV_QF_FP8_E4M3, KV_QF_FP8_E5M2,
-                                  KV_QF_INT4_KIVI, KV_QF_INT2_KIVI};
+                                  KV_QF_INT4_KIVI, KV_QF_INT2_KIVI, KV_QF_INT4_G32};
 #define N_FORMATS (int)(sizeof all_formats / sizeof all_formats[0])
 
 /* Write n rows (one prefill chunk, then single tokens) of random K/V into a cache of @p fmt
@@ -555,6 +557,8 @@ static void check_engine(void)
                  kls[order[i + 1]]);
     KV_CHECK(kls[KV_QF_INT4_KIVI] < kls[KV_QF_INT2_KIVI], "KL int4 %.3g < int2 %.3g",
              kls[KV_QF_INT4_KIVI], kls[KV_QF_INT2_KIVI]);
+    KV_CHECK(kls[KV_QF_INT8_G32] < kls[KV_QF_INT4_G32], "KL int8-g32 %.3g < int4-g32 %.3g (a step "
+             "16 times coarser)", kls[KV_QF_INT8_G32], kls[KV_QF_INT4_G32]);
     free(logits);
     free(lref);
     kv_model_free(&m);

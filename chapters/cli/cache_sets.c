@@ -26,12 +26,13 @@ static int expand_set(const char *name, int n_layers, int min_context,
     int m = 0;
 #define ADD(...) snprintf(tmp[m++], KV_CLI_SPEC_MAX, __VA_ARGS__)
     if (!strcmp(name, "ch04")) {
-        static const char *const fmts[] = {"fp32", "fp16", "bf16", "int8", "int8-g32",
-                                           "fp8-e4m3", "int4", "int2"};
+        static const char *const fmts[] = {"fp32",     "fp16",     "bf16",      "int8",
+                                           "int8-g32", "fp8-e4m3", "int4-g32",  "int4-kivi",
+                                           "int2-kivi"};
         for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) ADD("%s", fmts[i]);
         const int k = n_layers / 8 > 0 ? n_layers / 8 : 1;
         for (int bits = 4; bits >= 2; bits -= 2) {
-            const char *f = bits == 4 ? "int4" : "int2";
+            const char *f = bits == 4 ? "int4-kivi" : "int2-kivi";
             layer_spec(tmp[m++], f, k, n_layers - k, 0, 0);            /* fp16 at the ends */
             layer_spec(tmp[m++], f, 0, k, n_layers - k, n_layers);     /* fp16 in the middle */
         }

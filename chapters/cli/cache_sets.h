@@ -3,8 +3,8 @@
  * --caches): spec strings (kv_needle_cache_spec()) separated by spaces or ';' (a spec has
  * commas of its own: "int4/l2,3,4"), and the named sets that stand for each chapter's list.
  *
- *   ch04  fp32 fp16 bf16 int8 int8-g32 fp8-e4m3 int4-g32, KIVI int4 and int2, and selective
- *         layers both ways for int4 and int2: fp16 in the first and last k layers with the
+ *   ch04  fp32 fp16 bf16 int8 int8-g32 fp8-e4m3 int4-g32, KIVI's int4-kivi and int2-kivi, and
+ *         selective layers both ways for int4-kivi and int2-kivi: fp16 in the first and last k layers with the
  *         format in the middle, and the format in those 2k layers with fp16 in the middle
  *         (k = L/8 of the model's L layers, at least 1)
  *   ch06  fp32, a window of W = C/4 and C/2 (C the shortest context asked, rounded down to a

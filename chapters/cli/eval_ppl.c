@@ -15,7 +15,6 @@
 #include "cache_sets.h"
 #include "cli.h"
 #include "eval_inputs.h"
-#include "kv_convert.h"
 #include "kv_eval.h"
 #include "kv_needle.h"
 #include "kv_probe.h"
@@ -79,22 +78,6 @@ static seg_spread spread_of(const seg_sums *s, int v)
         r.kl_se = sqrt(q[1] / (r.k - 1) / r.k);
     }
     return r;
-}
-
-/* The model the variants run: the loaded one, or its KV heads pooled (fewer) or expanded
- * (more) to @p kv_heads (kv_convert.h). *conv holds a converted model (free it). */
-static int variant_model(const char *cmd, const kv_model *m, int kv_heads, kv_model *conv,
-                         const kv_model **out)
-{
-    kv_err err = {{0}};
-    const int have = m->config.n_kv_heads;
-    *out = m;
-    if (!kv_heads || kv_heads == have) return KV_EXIT_OK;
-    const int st = kv_heads < have ? kv_convert_pool_kv_heads(conv, m, kv_heads, &err)
-                                   : kv_convert_expand_kv_heads(conv, m, kv_heads, &err);
-    if (st) return kv_cli_fail(cmd, "--kv-heads", st, &err);
-    *out = conv;
-    return KV_EXIT_OK;
 }
 
 int cmd_eval_ppl(int argc, char **argv)
@@ -204,7 +187,7 @@ int cmd_eval_ppl(int argc, char **argv)
     } else {
         snprintf(specs[0], KV_CLI_SPEC_MAX, "%s", cache);
     }
-    if ((rc = variant_model(cmd, &in.mdl.m, kv_heads, &conv, &vm))) goto done;
+    if ((rc = kv_cli_model_kv_heads(cmd, &in.mdl.m, kv_heads, &conv, &vm))) goto done;
 
     for (int v = 0; v < nb; v++) {
         kv_cache_spec spec;

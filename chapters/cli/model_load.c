@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kv_checkpoint.h"
+#include "kv_convert.h"
 #include "kv_gguf_model.h"
 #include "kv_vocab.h"
 
@@ -257,4 +258,18 @@ void kv_cli_piece_name(const kv_cli_model *mdl, int id, char *buf, int cap)
     int len = mdl->vocab ? kv_vocab_piece(mdl->vocab, id, buf, cap - 1) : -1;
     if (len < 0) len = snprintf(buf, (size_t)cap, "token %d", id);
     buf[len < cap - 1 ? len : cap - 1] = '\0';
+}
+
+int kv_cli_model_kv_heads(const char *cmd, const kv_model *m, int kv_heads, kv_model *conv,
+                          const kv_model **out)
+{
+    kv_err err = {{0}};
+    const int have = m->config.n_kv_heads;
+    *out = m;
+    if (!kv_heads || kv_heads == have) return KV_EXIT_OK;
+    const int st = kv_heads < have ? kv_convert_pool_kv_heads(conv, m, kv_heads, &err)
+                                   : kv_convert_expand_kv_heads(conv, m, kv_heads, &err);
+    if (st) return kv_cli_fail(cmd, "--kv-heads", st, &err);
+    *out = conv;
+    return KV_EXIT_OK;
 }

@@ -82,6 +82,14 @@ void kv_cli_model_close(kv_cli_model *mdl);
  * code (kv_cli_fail()); KV_EXIT_OK when loaded. */
 int kv_cli_model_load(const char *cmd, const kv_cli_model_args *a, kv_cli_model *out);
 
+/** The model the variants of a command run (eval ppl, passkey: --kv-heads N): @p m itself
+ * (*out = m) when @p kv_heads is 0 or its own H_kv, else its KV heads mean-pooled (fewer;
+ * 1 = MQA) or copied out (more, exact) into @p conv (kv_convert.h; the caller frees it with
+ * kv_model_free(), a zeroed model otherwise). KV_EXIT_OK, or the exit code after a message
+ * naming @p cmd and --kv-heads. */
+int kv_cli_model_kv_heads(const char *cmd, const kv_model *m, int kv_heads, kv_model *conv,
+                          const kv_model **out);
+
 /** 1 when what --model names brings its tokenizer (an embedded default, trained, smollm2, a
  * GGUF file; NULL: the fallback default), 0 for a checkpoint file (it needs --tokenizer). */
 int kv_cli_model_has_text(const char *model);

@@ -15,6 +15,8 @@
 #include "kv_file.h"
 #include "kv_needle.h"
 #include "kv_passkey.h"
+#include "kv_probe.h"
+#include "kv_quant.h"
 #include "model_load.h"
 #include "passkey_out.h"
 
@@ -84,7 +86,8 @@ static int chat_frame(const kv_cli_model *mdl, pk_frame_ids *f, kv_err *err)
 static int run_variant(const char *cmd, kv_backend *b, const kv_text_codec *tc,
                        const kv_passkey_frame *frame, const kv_passkey_hay *hay,
                        const int *lengths, int n_len, const int *depths, int n_dep, int keys,
-                       int64_t seed, kv_progress *p, long *done, long total, pk_cell *out)
+                       int64_t seed, kv_probe_kivi *kivi, kv_progress *p, long *done,
+                       long total, pk_cell *out)
 {
     kv_err err = {{0}};
     int n = 0;
@@ -94,8 +97,10 @@ static int run_variant(const char *cmd, kv_backend *b, const kv_text_codec *tc,
                 pk_cell *c = &out[n];
                 c->length = lengths[li];
                 c->depth_pct = depths[di];
-                const int st = kv_passkey_run(b, tc, frame, hay, lengths[li], depths[di] / 100.0,
-                                              kv_passkey_key((uint64_t)seed, n), &c->r, &err);
+                const int st = kv_passkey_run_hooked(
+                    b, tc, frame, hay, lengths[li], depths[di] / 100.0,
+                    kv_passkey_key((uint64_t)seed, n), kivi ? kv_probe_kivi_step : NULL, kivi,
+                    &c->r, &err);
                 if (st) {
                     kv_progress_end(p);
                     return kv_cli_fail(cmd, "pass-key prompt", st, &err);
@@ -105,13 +110,35 @@ static int run_variant(const char *cmd, kv_backend *b, const kv_text_codec *tc,
     return KV_EXIT_OK;
 }
 
+static const char *const kivi_keys[] = {"off", "channel", "token", NULL};
+
+/* --kivi-keys and its options: KIVI emulated on one fp32 cache of the CPU (kv_probe.h), as
+ * eval ppl --kivi-keys; the options that only the emulation reads are refused without it. */
+static int kivi_check(const char *cmd, const kv_opt *opts, int n_opts, int emulate, int bits,
+                      int window, const char *cache, const char *caches, const char *device,
+                      const kv_cli_layout *lo)
+{
+    if (bits == 3) return kv_args_bad(cmd, "--kivi-bits", "2 or 4");
+    if (window % KV_KIVI_GROUP)
+        return kv_args_bad(cmd, "--kivi-window", "%d: a multiple of %d", window, KV_KIVI_GROUP);
+    if (!emulate && kv_args_given(opts, n_opts, "--kivi-bits"))
+        return kv_args_bad(cmd, "--kivi-bits", "needs --kivi-keys channel|token");
+    if (!emulate && kv_args_given(opts, n_opts, "--kivi-window"))
+        return kv_args_bad(cmd, "--kivi-window", "needs --kivi-keys channel|token");
+    if (emulate && (caches || strcmp(cache, "fp32") != 0 || strcmp(device, "cpu") != 0 ||
+                    strcmp(lo->layout, "contiguous") != 0))
+        return kv_args_bad(cmd, "--kivi-keys", "emulates on one fp32 contiguous cache of the "
+                           "CPU: --cache fp32, no --caches, --device or --layout");
+    return KV_EXIT_OK;
+}
+
 int cmd_passkey(int argc, char **argv)
 {
     const char *cmd = "kvlab passkey";
     const char *model = "smollm2", *lengths_s = "1024", *depths_s = "0,25,50,75,100";
     const char *hay_s = "filler", *cache = "fp32", *caches = NULL, *csv = NULL, *svg = NULL;
-    const char *device = "cpu";
-    int keys = 3, threads = 0, plain = 0;
+    const char *device = "cpu", *kivi_s = "off";
+    int keys = 3, threads = 0, plain = 0, kv_heads = 0, kivi_bits = 2, kivi_window = 128;
     int64_t seed = 1;
     kv_cli_layout lo = {"contiguous", 0, 0};
     kv_cli_engine en = {NULL, NULL};
@@ -128,11 +155,15 @@ int cmd_passkey(int argc, char **argv)
         {"--csv", KV_OPT_STRING, &csv, 0, 0, NULL, "FILE", "also write one row per prompt (the cache and the answer included) to FILE (- : standard output, the tables then on standard error)", 0},
         {"--svg", KV_OPT_STRING, &svg, 0, 0, NULL, "FILE", "write a heatmap (SVG): a panel per length, a row per cache, a column per depth", 0},
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "where the model runs (default cpu)", 0},
+        {"--kv-heads", KV_OPT_INT, &kv_heads, 1, 1 << 16, NULL, "N", "run the model with its KV heads mean-pooled (fewer; 1 = MQA) or copied (more, exact) to N, as eval ppl --kv-heads (chapter 03)", 0},
+        {"--kivi-keys", KV_OPT_CHOICE, &kivi_s, 0, 0, kivi_keys, "G", "emulate KIVI on the fp32 cache (--cache fp32, the CPU), keys grouped per channel or per token (KIVI's ablation), as eval ppl --kivi-keys", 0},
+        {"--kivi-bits", KV_OPT_INT, &kivi_bits, 2, 4, NULL, "B", "with --kivi-keys: 2 (default) or 4", 0},
+        {"--kivi-window", KV_OPT_INT, &kivi_window, 32, 1 << 20, NULL, "R", "with --kivi-keys: fp32 window of the newest R tokens, a multiple of 32 (default 128)", 0},
         KV_CLI_LAYOUT_OPTS(lo),
         KV_CLI_ENGINE_OPTS(en),
         KV_CLI_THREADS_OPT(threads),
     };
-    int r = kv_args_parse(cmd,
+    int e, r = kv_args_parse(cmd,
                           "The pass-key test on a trained model: a five-digit key hidden at a depth\n"
                           "of a long haystack, then asked for; a cell passes when the greedy answer\n"
                           "starts with the key's digits. A grid of lengths x depths under one cache,\n"
@@ -143,9 +174,14 @@ int cmd_passkey(int argc, char **argv)
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
     if (kv_cli_threads(cmd, threads)) return KV_EXIT_USAGE;
-    if (caches && kv_args_given(opts, (int)(sizeof opts / sizeof opts[0]), "--cache"))
+    const int n_opts = (int)(sizeof opts / sizeof opts[0]);
+    if (caches && kv_args_given(opts, n_opts, "--cache"))
         return kv_args_bad(cmd, "--caches", "give --cache or --caches, not both");
-    int lengths[PK_MAX_LIST], depths[PK_MAX_LIST], n_len = 0, n_dep = 0, e;
+    const int emulate = strcmp(kivi_s, "off") != 0;
+    if ((e = kivi_check(cmd, opts, n_opts, emulate, kivi_bits, kivi_window, cache, caches,
+                        device, &lo)))
+        return e;
+    int lengths[PK_MAX_LIST], depths[PK_MAX_LIST], n_len = 0, n_dep = 0;
     if ((e = kv_args_int_list(cmd, "--lengths", lengths_s, lengths, PK_MAX_LIST, &n_len, 16,
                               1 << 20)) ||
         (e = kv_args_int_list(cmd, "--depths", depths_s, depths, PK_MAX_LIST, &n_dep, 0, 100)))
@@ -170,9 +206,17 @@ int cmd_passkey(int argc, char **argv)
                             kv_cli_engine_storage(device, &en)};
     kv_cli_model mdl;
     if ((e = kv_cli_model_load(cmd, &ma, &mdl))) return e;
+    kv_model conv = {0};
+    const kv_model *vm = NULL; /* the model the variants run (--kv-heads) */
+    kv_probe_kivi kivi;
+    e = kv_cli_model_kv_heads(cmd, &mdl.m, kv_heads, &conv, &vm);
+    if (!e && emulate &&
+        (st = kv_probe_kivi_init(&kivi, kivi_bits == 4 ? KV_QF_INT4_KIVI : KV_QF_INT2_KIVI,
+                                 strcmp(kivi_s, "token") == 0, kivi_window, &err)))
+        e = kv_cli_fail(cmd, "--kivi-window", st, &err);
     static char specs[KV_CLI_SETS_MAX][KV_CLI_SPEC_MAX];
     int n_var = 1;
-    if (caches) { /* the named sets need the model's layer count */
+    if (!e && caches) { /* the named sets need the model's layer count */
         e = kv_cli_cache_list(cmd, "--caches", caches, mdl.m.config.n_layers, min_len, specs,
                               KV_CLI_SETS_MAX, &n_var);
         for (int v = 0; !e && v < n_var; v++)
@@ -187,8 +231,19 @@ int cmd_passkey(int argc, char **argv)
         e = KV_EXIT_USAGE;
     }
     if (e) {
+        kv_model_free(&conv);
         kv_cli_model_close(&mdl);
         return e;
+    }
+    static char names[KV_CLI_SETS_MAX][KV_CLI_SPEC_MAX]; /* as the tables and the CSV say them */
+    for (int v = 0; v < n_var; v++) {
+        char head[32] = "";
+        if (vm != &mdl.m) snprintf(head, sizeof head, "/kv%d", kv_heads);
+        if (emulate)
+            snprintf(names[v], KV_CLI_SPEC_MAX, "%s-emulated/keys-per-%s/w%d%s",
+                     kv_quant_name(kivi.fmt), kivi_s, kivi_window, head);
+        else
+            snprintf(names[v], KV_CLI_SPEC_MAX, "%s%s", specs[v], head);
     }
     /* BOS only where the tokenizer asks for one (SmolLM2's file does not): what an empty
      * text encodes to with BOS on */
@@ -244,18 +299,19 @@ int cmd_passkey(int argc, char **argv)
         kv_backend *b = NULL;
         kv_needle_cache_spec(specs[v], 1, max_len + 8, &spec, &err); /* checked above */
         kv_cli_layout_apply(&lo, &spec);
-        if ((st = kv_cli_backend_engine(&b, device, &mdl.m, &spec, &en, &err))) {
+        if ((st = kv_cli_backend_engine(&b, device, vm, &spec, &en, &err))) {
             kv_progress_end(&p);
             rc = kv_cli_fail(cmd, specs[v], st, &err);
             break;
         }
         rc = run_variant(cmd, b, &tc, chat ? &frame : NULL, &hay, lengths, n_len, depths, n_dep,
-                         keys, seed, &p, &done_n, total, cells + (size_t)v * per);
+                         keys, seed, emulate ? &kivi : NULL, &p, &done_n, total,
+                         cells + (size_t)v * per);
         kv_backend_destroy(b);
     }
     if (rc) goto done;
     kv_progress_end(&p);
-    pk_grid g = {mdl.name, hay_s, lengths, n_len, depths, n_dep, keys, specs, n_var, cells};
+    pk_grid g = {mdl.name, hay_s, lengths, n_len, depths, n_dep, keys, names, n_var, cells};
     for (int v = 0; v < n_var; v++) pk_print_grid(stdout, &g, v);
     if (n_var > 1) pk_print_summary(stdout, &g);
     if (csv && pk_write_file(cmd, "--csv", csv, pk_write_csv, &g)) rc = KV_EXIT_FAIL;
@@ -263,6 +319,7 @@ int cmd_passkey(int argc, char **argv)
 done:
     kv_passkey_hay_free(&hay);
     free(cells);
+    kv_model_free(&conv);
     kv_cli_model_close(&mdl);
     return rc;
 }

@@ -9,7 +9,7 @@
  * quant_encode_elem_kernel (fp32, fp16, bf16, fp8): one thread per element, grid-stride.
  *   No element depends on another, so this is a plain streaming conversion.
  *
- * quant_encode_rows_kernel (int8, int8-gG, KIVI values): one block per token row, one warp
+ * quant_encode_rows_kernel (int8, int8-gG, int4-g32, KIVI values): one block per token row, one warp
  *   per group of G channels (G = 32 ... d). Lanes stride over the group, a 5-step shuffle
  *   gives every lane the group's amax (int8) or min and max (KIVI), lane 0 writes the scale,
  *   and each lane its codes, one per byte, into shared memory. After a barrier the block
@@ -152,7 +152,7 @@ extern "C" int kvcu_quant_encode(int fmt, int role, const float *x, int64_t n, i
     if (rc || n == 0) return rc;
     if ((rc = check_buffers("kvcu_quant_encode", fmt, role, n, d, x, codes, meta, err))) return rc;
     uint8_t *cb = (uint8_t *)codes;
-    if (!kvq_is_int8(fmt) && !kvq_is_kivi(fmt)) {
+    if (!kvq_is_sym(fmt) && !kvq_is_kivi(fmt)) {
         KV_LAUNCH(quant_encode_elem_kernel, elem_grid(n * d), KVQ_THREADS, 0, 0, fmt, x, n * d,
                   scale, cb);
     } else if (kvq_is_kivi(fmt) && role == KV_QROLE_KEY) {

@@ -32,9 +32,10 @@ __device__ inline void kvcu_encode_float(int fmt, uint8_t *codes, int64_t i, flo
     }
 }
 
-/* One warp encodes one group of g values of an integer format (int8, int8-gG: symmetric,
- * a float scale; KIVI: asymmetric, fp16 scale and zero): element i is xg[i * stride], its
- * code goes to q[i * qstride] one per byte, lane l takes i = l, l + 32, ... Two passes over
+/* One warp encodes one group of g values of an integer format (int8, int8-gG, int4-g32:
+ * symmetric, a float scale; KIVI: asymmetric, fp16 scale and zero): element i is
+ * xg[i * stride], its code goes to q[i * qstride] one per byte (int4-g32: its nibble, packed
+ * by the caller), lane l takes i = l, l + 32, ... Two passes over
  * the group (the second read hits the cache): reduce to amax or min/max, then code. Lane 0
  * writes the metadata. A group holding NaN, inf or (KIVI) a value past fp16 gets the
  * poison metadata and zero codes, as on the CPU. */
@@ -52,12 +53,15 @@ __device__ inline void kvcu_encode_group(int fmt, const float *xg, int stride, i
         mx = fmaxf(mx, v);
     }
     bad = kv_warp_max(bad); /* every lane reaches the shuffles: the loop sits before them */
-    if (kvq_is_int8(fmt)) {
+    if (kvq_is_sym(fmt)) {
         amax = kv_warp_max(amax);
-        const float s = bad > 0.0f ? kvq_bits_f32(KVQ_F32_NAN) : kvq_int8_scale(amax);
+        const float s = bad > 0.0f ? kvq_bits_f32(KVQ_F32_NAN)
+                        : bits == 8 ? kvq_int8_scale(amax) : kvq_int4_scale(amax);
         if (lane == 0) *(float *)meta = s;
         for (int i = lane; i < g; i += KV_WARP)
-            q[i * qstride] = bad > 0.0f ? 0 : (uint8_t)kvq_int8_encode(xg[i * stride], s);
+            q[i * qstride] = bad > 0.0f ? 0
+                             : bits == 8 ? (uint8_t)kvq_int8_encode(xg[i * stride], s)
+                                         : kvq_int4_encode(xg[i * stride], s);
     } else {
         mn = -kv_warp_max(-mn);
         mx = kv_warp_max(mx);

@@ -331,7 +331,7 @@ KV_INLINE rowref row_ref(const kv_head_view *h, int f, int64_t rb, int64_t t, in
 KV_AVX2 static void prefetch_rows(const group *g, const kv_head_view *h, int64_t i, int n,
                                   int j0, int j1)
 {
-    if (g->w.window || h->fmt == KV_QF_INT4_KIVI || h->fmt == KV_QF_INT2_KIVI) return;
+    if (g->w.window || kvq_code_bits(h->fmt) < 8) return; /* KIVI, int4-g32: sub-byte codes */
     const int eb = kvq_code_bits(h->fmt) / 8;
     const int64_t rb = (int64_t)h->d * eb, last = g->len < h->q ? g->len : h->q;
     const int64_t end = i + n < last ? i + n : last;

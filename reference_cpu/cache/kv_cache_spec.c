@@ -335,7 +335,7 @@ int kv_needle_cache_spec(const char *variant, int n_slots, int capacity, kv_cach
     if (fmt < 0)
         return kv_fail(err, KV_ERR_UNSUPPORTED,
                        "cache variant '%s' is not known (known: fp32, or a format fp16 bf16 int8 "
-                       "int8-g32 int8-g64 int8-g128 fp8-e4m3 fp8-e5m2 int4 int2, with options "
+                       "int8-g32 int8-g64 int8-g128 fp8-e4m3 fp8-e5m2 int4-g32 int4 int2, with options "
                        "/head /wR /lA,B; or window with /wN /sN /cache; or a method l2-large "
                        "l2-small h2o snapkv quest topk with /bN or /rX, /wN /sN /dN)", variant);
     kv_cache_spec s = kv_cache_spec_default(n_slots, capacity);

@@ -8,6 +8,8 @@
 
 #include <string.h>
 
+#define KVQ_SYM_GROUP_MAX 32 /* the group of the sub-byte symmetric formats (int4-g32) */
+
 /* The names are the format table's (kv_quant_math.h, kvq_format_of()). */
 const char *kv_quant_name(int fmt) { return fmt >= 0 && fmt < KV_QF_COUNT ? kvq_format_of(fmt).name : "?"; }
 
@@ -124,8 +126,9 @@ static void pack_row(uint8_t *row, const uint8_t *q, int d, int bits)
     }
 }
 
-/* One int8 group of g values: scale from its amax, then the codes. */
-static void encode_int8_group(const float *x, int g, int8_t *q, float *scale)
+/* One symmetric group of g values: scale from its amax, then the codes, one per byte (int8's
+ * bytes, or int4's nibbles for pack_row()). */
+static void encode_sym_group(const float *x, int g, int bits, uint8_t *q, float *scale)
 {
     float amax = 0.0f;
     int bad = 0;
@@ -138,9 +141,10 @@ static void encode_int8_group(const float *x, int g, int8_t *q, float *scale)
         memset(q, 0, (size_t)g);
         return;
     }
-    const float s = kvq_int8_scale(amax);
+    const float s = bits == 8 ? kvq_int8_scale(amax) : kvq_int4_scale(amax);
     *scale = s;
-    for (int j = 0; j < g; j++) q[j] = kvq_int8_encode(x[j], s);
+    for (int j = 0; j < g; j++)
+        q[j] = bits == 8 ? (uint8_t)kvq_int8_encode(x[j], s) : kvq_int4_encode(x[j], s);
 }
 
 /* One KIVI group of g values x[0], x[stride], ...: its scale/zero, then codes q[0..g-1]. */
@@ -173,9 +177,16 @@ static void encode_row(int fmt, const float *x, int d, float scale, uint8_t *row
         for (int j = 0; j < d; j++) kvq_elem_encode(fmt, row, j, x[j], scale);
         break;
     case KVQ_SYM: {
-        const int g = kvq_row_group(fmt, KV_QROLE_VALUE, d);
-        for (int j0 = 0; j0 < d; j0 += g)
-            encode_int8_group(x + j0, g, (int8_t *)row + j0, (float *)meta_row + j0 / g);
+        const int g = kvq_row_group(fmt, KV_QROLE_VALUE, d), bits = kvq_code_bits(fmt);
+        uint8_t q[KVQ_SYM_GROUP_MAX];
+        for (int j0 = 0; j0 < d; j0 += g) {
+            if (bits == 8) { /* one code a byte: straight into the row */
+                encode_sym_group(x + j0, g, 8, row + j0, (float *)meta_row + j0 / g);
+                continue;
+            }
+            encode_sym_group(x + j0, g, bits, q, (float *)meta_row + j0 / g);
+            pack_row(row + j0 * bits / 8, q, g, bits);
+        }
         break;
     }
     case KVQ_ASYM: {

@@ -26,6 +26,7 @@
  * |               |                | per kv head, kept by the cache (4 bytes)      |           |
  * | int4-kivi     | 2 codes/byte   | V: kv_qsz [n][d/32]; K: kv_qsz [n/32][d]      | 0.5 + 4/32|
  * | int2-kivi     | 4 codes/byte   | same                                          | 0.25+4/32 |
+ * | int4-g32      | 2 codes/byte   | float scale [n][d/32]  (K and V per token)    | 0.5 + 4/32|
  *
  * plus, for KIVI, a full-precision window (below). kv_quant_bytes_per_element() returns b,
  * kv_quant_fixed_bytes() what a format adds per (layer, kv head, K or V) independent of N.
@@ -44,6 +45,11 @@
  *    fp32 scales, not fp16: per row they cost 4/d bytes (3 % of an int8 element at d = 128),
  *    and they are exact for any amax, where an fp16 scale would go subnormal below
  *    amax ~ 0.008 and overflow above ~8.3e6, each breaking the s/2 bound.
+ *  - int4-g32 (symmetric, plain): int8's rule with 4 bits in groups of 32 channels of a row,
+ *    keys as values: s = amax / 7, q = rint(x / s) in [-7, 7], a two's-complement nibble
+ *    (low nibble first); |x - decode| <= s / 2. The per-token 4-bit format KIVI compares its
+ *    per-channel keys with, and what a cache without KIVI's machinery (no fp32 window, no
+ *    32-token key blocks) stores at 4 bits.
  *  - int4 / int2 KIVI (asymmetric): per group, zero = min rounded down to fp16, scale =
  *    (max - zero) / (2^bits - 1) rounded up to fp16 (::kv_qsz), q = rint((x - zero) / scale)
  *    clamped to [0, 2^bits - 1], decode fmaf(q, scale, zero). The directed roundings keep the
@@ -52,7 +58,7 @@
  *    Values: groups of 32 channels of one token row. Keys: groups of 32 tokens of one
  *    channel (outlier channels then get their own scale instead of inflating every token's).
  *
- * Non-finite input (int8 and KIVI): a group holding a NaN or an infinity (for KIVI also any
+ * Non-finite input (int8, int4-g32 and KIVI): a group holding a NaN or an infinity (for KIVI also any
  * |x| > 65504, which its fp16 metadata cannot hold) is "poisoned": its codes are 0 and its
  * scale (and zero) are NaN, so every element of that group decodes to NaN, while the other
  * groups are untouched. That is what the fp32 cache would give attention anyway (a NaN or

@@ -53,6 +53,7 @@ typedef enum {
     KV_QF_FP8_E5M2,  /**< fp8 E5M2 (max 57344) times an fp32 per-tensor or per-head scale */
     KV_QF_INT4_KIVI, /**< int4 asymmetric, KIVI: keys per channel, values per token */
     KV_QF_INT2_KIVI, /**< int2 asymmetric, KIVI */
+    KV_QF_INT4_G32,  /**< int4 symmetric, one fp32 scale per 32 channels of a row (keys too) */
     KV_QF_COUNT
 } kv_qformat;
 
@@ -105,7 +106,8 @@ static inline KV_HD int kvq_nonfinite(float x) { return (kvq_f32_bits(x) & 0x7ff
 enum {
     KVQ_ELEM = 0, /**< each element converted on its own (fp32, fp16, bf16; fp8 divided by a
                    *   calibrated per-head scale first) */
-    KVQ_SYM,      /**< symmetric int8 groups along a row, one fp32 scale per group */
+    KVQ_SYM,      /**< symmetric integer groups along a row (int8, int4-g32), one fp32 scale
+                   *   per group, codes in two's complement of the format's bits */
     KVQ_ASYM      /**< KIVI: asymmetric groups of 2^bits codes, binary16 scale and zero; values
                    *   per token along the row, keys per channel over 32 tokens */
 };
@@ -146,6 +148,7 @@ static inline KV_HD kvq_format kvq_format_of(int fmt)
     case KV_QF_FP8_E5M2:  return kvq_format_row("fp8-e5m2", 8, 0, KVQ_ELEM, 1);
     case KV_QF_INT4_KIVI: return kvq_format_row("int4-kivi", 4, KV_KIVI_GROUP, KVQ_ASYM, 0);
     case KV_QF_INT2_KIVI: return kvq_format_row("int2-kivi", 2, KV_KIVI_GROUP, KVQ_ASYM, 0);
+    case KV_QF_INT4_G32:  return kvq_format_row("int4-g32", 4, 32, KVQ_SYM, 0);
     default:              return kvq_format_row("?", 0, 0, -1, 0);
     }
 }
@@ -164,7 +167,15 @@ static inline KV_HD int kvq_row_group(int fmt, int role, int d)
 }
 
 static inline KV_HD int kvq_is_kivi(int fmt) { return kvq_format_of(fmt).codec == KVQ_ASYM; }
-static inline KV_HD int kvq_is_int8(int fmt) { return kvq_format_of(fmt).codec == KVQ_SYM; }
+/** Symmetric groups of any width (int8, int8-gG, int4-g32). */
+static inline KV_HD int kvq_is_sym(int fmt) { return kvq_format_of(fmt).codec == KVQ_SYM; }
+/** Symmetric groups of one byte a code (int8, int8-gG): the formats whose codes the fast paths
+ * read as int8 (int4-g32 packs two codes a byte). */
+static inline KV_HD int kvq_is_int8(int fmt)
+{
+    const kvq_format f = kvq_format_of(fmt);
+    return f.codec == KVQ_SYM && f.bits == 8;
+}
 static inline KV_HD int kvq_is_fp8(int fmt)
 {
     const kvq_format f = kvq_format_of(fmt);
@@ -333,6 +344,25 @@ static inline KV_HD int8_t kvq_int8_encode(float x, float s)
 }
 static inline KV_HD float kvq_int8_decode(int8_t q, float s) { return (float)q * s; }
 
+/* ---- int4 symmetric (int4-g32) ------------------------------------------------------------
+ * int8's formula with 4 bits: s = amax / 7, q = rint(x / s) clamped to [-7, 7] (-8 is never
+ * produced, so the grid is symmetric as int8's is), stored as a two's-complement nibble:
+ * element j is nibble (j % 2) of byte j / 2, low nibble first, as KIVI packs. */
+static inline KV_HD float kvq_int4_scale(float amax) { return KVQ_DIV(amax, 7.0f); }
+
+/** The nibble of x in a group of scale s (0 when s is 0 or not a number). */
+static inline KV_HD uint8_t kvq_int4_encode(float x, float s)
+{
+    if (!(s > 0.0f)) return 0;
+    const float q = fminf(fmaxf(rintf(KVQ_DIV(x, s)), -7.0f), 7.0f);
+    return (uint8_t)((int)q & 0xf);
+}
+/** A stored nibble (0..15) back to its value: two's complement, times the scale. */
+static inline KV_HD float kvq_int4_decode(uint32_t nib, float s)
+{
+    return (float)((int)(nib ^ 8u) - 8) * s;
+}
+
 /* ---- a query against int8 keys (kv_attention.h, kv_attn_int_keys()) ---------------------
  * Attention rounds a query that meets per-token int8 keys to 16-bit integers first: step =
  * amax / qmax and Q = rint(q / step), |Q| <= qmax, the int8 formula with 16 bits. qmax is
@@ -475,9 +505,11 @@ static inline KV_HD float kvq_decode_element(int fmt, int role, const void *code
     switch (kvq_format_of(fmt).codec) {
     case KVQ_ELEM:
         return kvq_elem_decode(fmt, row, j, scale);
-    case KVQ_SYM:
-        return kvq_int8_decode((int8_t)row[j],
-                               ((const float *)meta)[kvq_meta_index(fmt, role, t, j, d)]);
+    case KVQ_SYM: {
+        const float s = ((const float *)meta)[kvq_meta_index(fmt, role, t, j, d)];
+        return kvq_code_bits(fmt) == 8 ? kvq_int8_decode((int8_t)row[j], s)
+                                       : kvq_int4_decode(kvq_unpack(row, j, 4), s);
+    }
     case KVQ_ASYM: {
         const kv_qsz p = ((const kv_qsz *)meta)[kvq_meta_index(fmt, role, t, j, d)];
         return kvq_asym_decode(kvq_unpack(row, j, kvq_code_bits(fmt)), kvq_f16_to_f32(p.scale),

@@ -160,9 +160,13 @@ int kv_probe_kivi_step(void *hook, kv_backend *b, int pos, int n, kv_err *err)
     const kv_cache *c = kv_backend_cpu_cache(b);
     if (!c || !c->k || !c->v || c->spec.layout.kind != KV_LAYOUT_CONTIGUOUS)
         return kv_fail(err, KV_ERR_ARG, "KIVI emulation needs an fp32 contiguous CPU cache");
-    if (pos % KV_KIVI_GROUP || n > KV_KIVI_GROUP)
+    /* a step inside one group (a decode step) is fine too: the step that opened the group
+     * spilled enough for the whole group */
+    if (n < 1 || n > KV_KIVI_GROUP ||
+        (pos % KV_KIVI_GROUP && pos / KV_KIVI_GROUP != (pos + n - 1) / KV_KIVI_GROUP))
         return kv_fail(err, KV_ERR_ARG, "KIVI emulation: steps of at most %d tokens at multiples "
-                       "of %d (pos %d, n %d)", KV_KIVI_GROUP, KV_KIVI_GROUP, pos, n);
+                       "of %d, or inside one group of %d (pos %d, n %d)", KV_KIVI_GROUP,
+                       KV_KIVI_GROUP, KV_KIVI_GROUP, pos, n);
     if (pos == 0) k->quantized = 0; /* a new window */
     const int d = c->head_dim;
     uint8_t *codes = malloc(kv_quant_code_bytes(k->fmt, KV_KIVI_GROUP, d)); /* [32][row bytes] */

@@ -69,7 +69,8 @@ typedef struct {
 int kv_probe_kivi_init(kv_probe_kivi *k, int fmt, int keys_per_token, int window, kv_err *err);
 
 /** The hook (kv_ppl_opts.before_step, hook = a ::kv_probe_kivi): steps of at most 32 tokens
- * starting at multiples of 32 (kv_ppl_opts.chunk = 32), an all-fp32 contiguous CPU cache. */
+ * starting at multiples of 32 (kv_ppl_opts.chunk = 32), or inside one group of 32 positions (a
+ * decode step: kv_passkey_run_hooked()), on an all-fp32 contiguous CPU cache. */
 int kv_probe_kivi_step(void *hook, kv_backend *b, int pos, int n, kv_err *err);
 
 #ifdef __cplusplus
