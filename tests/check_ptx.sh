@@ -1,7 +1,8 @@
 #!/bin/sh
 # check_ptx.sh NVCC ROOT WORKDIR: the engine's decode kernels (cuda/attention/kvcu_decode.cu,
-# and the tensor-core one of kvcu_decode_mma.cu: mma.sync, ldmatrix, cp.async in each format's
-# body) compiled to PTX for sm_90 and assembled by ptxas, no GPU needed. Fails when a kernel's body
+# and the tensor-core one of kvcu_decode_mma.cu: mma.sync, ldmatrix, cp.async and the
+# conversion to 16 bits in each format's body) compiled to PTX for sm_90 and assembled by
+# ptxas, no GPU needed. Fails when a kernel's body
 # lacks the instructions its design promises (16-byte cp.async copies of the rows, the wait,
 # 16-byte shared loads; per format its conversion: cvt.f32.f16 pairs, the bf16 shift, fp8x2
 # cvt on sm_90, PRMT for int8), when it loads rows byte by byte from global memory, or when
@@ -37,7 +38,10 @@ check() {
     src=$1 label=$2 entry=$3 loads=$4
     shift 4
     body="$work/body_$label.ptx"
-    awk -v e="$entry" 'index($0, ".entry " e) {f = 1} f {print} f && /^}/ {exit}' "$work/$src.ptx" > "$body"
+    # (to the next entry: an inline asm's own braces, cuda_fp16.h's __hsub2, also close at
+    # column 0)
+    awk -v e="$entry" 'index($0, ".entry " e) {f = 1; print; next} f && /\.entry / {exit} f {print}' \
+        "$work/$src.ptx" > "$body"
     if [ ! -s "$body" ]; then
         echo "FAIL $label: no kernel $entry in the PTX"
         bad=$((bad + 1))
@@ -77,19 +81,23 @@ for f in "0 fp32 ld.shared.v4" "1 fp16 cvt.f32.f16" "2 bf16 -65536" "3 int8 prmt
         "cp.async.cg.shared.global" "cp.async.wait_group" "ld.shared.v4" "$3"
 done
 
-# the tensor-core decode (kvcu_decode_mma.cu): per format its body holds mma.sync m16n8k16 (of
-# its 16-bit type), the query's ldmatrix and the rows' cp.async copies, fp8 its cvt
+# the tensor-core decode (kvcu_decode_mma.cu): per format and stage count (3, and the 2 of a
+# GPU where 3 do not fit) its body holds mma.sync m16n8k16 (of its 16-bit type), the ldmatrix
+# of S's operands and the .trans of P·V's, the rows' cp.async copies, and the one-byte formats
+# their conversion to 16 bits: int8 the magic number's sub.f16x2, fp8 E4M3 its cvt, E5M2 PRMT
 compile kvcu_decode_mma
 for f in "1 fp16 mma.sync.aligned.m16n8k16.row.col.f32.f16" \
          "2 bf16 mma.sync.aligned.m16n8k16.row.col.f32.bf16" \
-         "3 int8 mma.sync.aligned.m16n8k16.row.col.f32.f16" "7 fp8-e4m3 cvt.rn.f16x2.e4m3x2" \
-         "8 fp8-e5m2 cvt.rn.f16x2.e5m2x2"; do
+         "3 int8 sub.f16x2" "7 fp8-e4m3 cvt.rn.f16x2.e4m3x2" "8 fp8-e5m2 prmt.b32"; do
     set -- $f
-    check kvcu_decode_mma "attn_mma_kernel<$2>" "_Z15attn_mma_kernelILi$1EE" 1 \
-        "mma.sync.aligned.m16n8k16" "ldmatrix.sync.aligned.m8n8.x4" "cp.async.cg.shared.global" "$3"
+    for ns in 3 2; do
+        check kvcu_decode_mma "attn_mma_kernel<$2,$ns>" "_Z15attn_mma_kernelILi$1ELi${ns}EE" 1 \
+            "mma.sync.aligned.m16n8k16" "ldmatrix.sync.aligned.m8n8.x4.shared" \
+            "ldmatrix.sync.aligned.m8n8.x4.trans" "cp.async.cg.shared.global" "$3"
+    done
 done
 if [ "$bad" -ne 0 ]; then
     echo "$bad failed"
     exit 1
 fi
-echo "11 kernels checked, 0 failed"
+echo "16 kernels checked, 0 failed"

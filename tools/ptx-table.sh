@@ -79,7 +79,9 @@ count_tree() {
                 >"$WORK/count.$2.$k.$w.log" 2>&1 ||
                 { cat "$WORK/count.$2.$k.$w.log" >&2; echo "ptx-table.sh: the count build failed ($2, $src)" >&2; exit 1; }
             for f in $fmts; do
-                cuobjdump -sass -fun "${sym}ILi${f}EEvPKf8attn_src9attn_rows10attn_parts10dec_plan_ti" "$c" |
+                # attn_mma_kernel<F, NS>: the instance of most stages (an older tree's <F> alone)
+                fn=$(cuobjdump -sass "$c" | sed -n "s/.*Function : \(${sym}ILi${f}E[^ ]*\).*/\1/p" | sort | tail -n 1)
+                cuobjdump -sass -fun "$fn" "$c" |
                 awk -v tag="$2" -v k="$k" -v f="$f" -v w="$w" '
                     function hex(s,   i, v) { v = 0; s = tolower(s); sub(/^0x/, "", s)
                         for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789abcdef", substr(s, i, 1)) - 1

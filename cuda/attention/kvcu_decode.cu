@@ -132,7 +132,7 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
         for (int r0 = 0; r0 < tl.n; r0 += ngrp) {
             const int row = r0 + grp;
             const bool live = row < tl.n;
-            const uint4 raw = live ? *(const uint4 *)(const void *)(tl.k + row * p.rb + sub * 16)
+            const uint4 raw = live ? *(const uint4 *)(const void *)(tl.k + row * p.srb + sub * 16)
                                    : make_uint4(0u, 0u, 0u, 0u);
             const float ks = dec_fmt<F>::int8 && live ? tl.ks[row * p.ng + gsub] : 1.0f;
             float x[VEC];
@@ -207,7 +207,7 @@ attn_fast_kernel(const float *q, attn_src src, attn_rows rows, attn_parts pp, de
             DEC_COUNT_UNROLL
             for (int row = 0; row < tl.n; row++) {
                 float x[VEC];
-                const uint4 raw = *(const uint4 *)(const void *)(tl.v + row * p.rb + sub * 16);
+                const uint4 raw = *(const uint4 *)(const void *)(tl.v + row * p.srb + sub * 16);
                 kvcu_unpack<dec_fmt<F>::kind>(raw, x);
                 float w = ps[g * TILE + row];
                 if (dec_fmt<F>::int8) w *= tl.vs[row * p.ng + gsub];
@@ -264,14 +264,14 @@ static int dec_plan(const attn_src &src, int n_heads, int d, dec_plan_t *p)
     if (native) {
         p->fmt = f;
         p->lpr = lpr;
-        p->rb = kvq_row_bytes(f, d);
+        p->rb = p->srb = kvq_row_bytes(f, d);
         p->ng = kvq_is_int8(f) ? d / kvq_row_group(f, KV_QROLE_VALUE, d) : 0;
         p->qint = f == KV_QF_INT8;
     } else {
         if (d % 4 || d / 4 > KV_WARP || ((d / 4) & (d / 4 - 1))) return 0;
         p->fmt = DEC_ELEM;
         p->lpr = d / 4;
-        p->rb = (int64_t)d * 4;
+        p->rb = p->srb = (int64_t)d * 4;
     }
     p->G = kv_heads_group(n_heads, src.n_kv_heads);
     p->d = d;

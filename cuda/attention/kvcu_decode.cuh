@@ -60,8 +60,11 @@ struct dec_plan_t {
     int qint;                 /* per-token int8 keys: integer scores of the 16-bit query */
     int fmt;                  /* the template: the layer's format, or DEC_ELEM */
     int mb, ks;               /* tensor cores: 16-head blocks, warps per block over a tile */
+    int ns;                   /* tensor cores: stages of raw rows, 3, or 2 where 3 do not fit */
     int64_t rb;               /* bytes per row */
+    int64_t srb;              /* bytes per row in a stage: rb, or more where rows are padded */
     size_t off_s, off_m, off_o, off_buf, stage, smem; /* byte offsets; q at 0 */
+    size_t off_cv;            /* tensor cores: a tile's K/V rows converted to 16 bits */
 };
 
 /* A count of machine code needs a shape: tools/ptx-table.sh compiles the decode kernels with
@@ -79,7 +82,7 @@ __device__ __forceinline__ void dec_count_shape(dec_plan_t &p)
     p.lpr = DEC_COUNT_D / dec_fmt<F>::vec;
     p.lpr_shift = 0;
     while ((1 << p.lpr_shift) < p.lpr) p.lpr_shift++;
-    p.rb = 16 * p.lpr;
+    p.rb = p.srb = 16 * p.lpr;
     p.tile = 8;
     while (p.tile < 64 && 2 * p.tile * p.rb <= DEC_STAGE_BYTES) p.tile *= 2;
     p.ng = dec_fmt<F>::int8 ? 1 : 0;
@@ -123,8 +126,8 @@ __device__ __forceinline__ int64_t dec_lrow(const attn_src &s, const int *lst, i
                     : i;
 }
 
-/* Tile `it` of [lo, hi) into stage st: K rows at 0, V rows at tile·rb, then (int8) the K and V
- * scales [tile][ng] each. 16-byte copies for codes, 4-byte ones for scales. A thread keeps one
+/* Tile `it` of [lo, hi) into stage st: K rows at 0, V rows at tile·srb (rows srb bytes apart in
+ * the stage), then (int8) the K and V scales [tile][ng] each. 16-byte copies for codes, 4-byte ones for scales. A thread keeps one
  * chunk column (its lane among the row's lpr) and walks rows, so each row's locator runs once
  * per thread for K and V together, on the views' own copies (by value: an address picked
  * between K and V at run time would put both views in local memory). DEC_ELEM: each element
@@ -144,21 +147,21 @@ __device__ __forceinline__ void dec_issue(const dec_plan_t &p, const attn_src &s
             const float x = v ? kv_ld(vh, NULL, lr, kv_view_row(&vh, lr), i)
                               : key_ld(kh, NULL, lr, kv_view_row(&kh, lr), i,
                                        attn_rope(src, i0 + row), src.rotary_dim);
-            ((float *)(void *)(st + (v ? p.tile * p.rb : 0) + row * p.rb))[i] = x;
+            ((float *)(void *)(st + (v ? p.tile * p.srb : 0) + row * p.srb))[i] = x;
         }
         return;
     }
     const int ch = DEC_TID & (p.lpr - 1), step = DEC_THREADS >> p.lpr_shift;
-    uint8_t *sk = st + ch * 16, *sv = sk + p.tile * p.rb;
+    uint8_t *sk = st + ch * 16, *sv = sk + p.tile * p.srb;
     const uint8_t *gk = kh.codes + ch * 16, *gv = vh.codes + ch * 16;
     DEC_COUNT_UNROLL
     for (int row = DEC_TID >> p.lpr_shift; row < n; row += step) {
         const int64_t lr = dec_lrow(src, lst, tpos, i0 + row);
-        kvcu_cp16(sk + row * p.rb, gk + kv_view_row(&kh, lr) * p.rb);
-        kvcu_cp16(sv + row * p.rb, gv + kv_view_row(&vh, lr) * p.rb);
+        kvcu_cp16(sk + row * p.srb, gk + kv_view_row(&kh, lr) * p.rb);
+        kvcu_cp16(sv + row * p.srb, gv + kv_view_row(&vh, lr) * p.rb);
     }
     if (dec_fmt<F>::int8) {
-        float *sc = (float *)(void *)(st + 2 * p.tile * p.rb); /* [2][tile][ng] */
+        float *sc = (float *)(void *)(st + 2 * p.tile * p.srb); /* [2][tile][ng] */
         const float *mk = (const float *)kh.meta, *mv = (const float *)vh.meta;
         const int m = n * p.ng;
         DEC_COUNT_UNROLL
@@ -196,8 +199,9 @@ __device__ __forceinline__ int dec_rows(const dec_block &b, int64_t i0, int tile
 }
 
 /* The block's range and views (kh, vh); 0 when the row is shorter than the range (the block
- * leaves). The first tile's copies go out into stage 0 before anything else. */
-template <int F>
+ * leaves). The copies of the first NS - 1 tiles (NS stages: 2 a double buffer, 3 a pipeline of
+ * three) go out into stages 0 .. NS - 2 before anything else, one batch each. */
+template <int F, int NS = 2>
 __device__ __forceinline__ bool dec_open(dec_block &b, kv_head_view &kh, kv_head_view &vh,
                                          const float *q, const attn_src &src,
                                          const attn_rows &rows, const dec_plan_t &p, int tile,
@@ -219,8 +223,13 @@ __device__ __forceinline__ bool dec_open(dec_block &b, kv_head_view &kh, kv_head
     b.satt = NULL;
 #endif
     b.ntiles = (int)((b.hi - b.lo + tile - 1) / tile);
-    dec_issue<F>(p, src, b.lst, kh, vh, b.r.tpos, b.lo, dec_rows(b, b.lo, tile), buf);
-    kvcu_cp_commit();
+    for (int i = 0; i < NS - 1; i++) {
+        const int64_t i0 = b.lo + (int64_t)i * tile;
+        if (i < b.ntiles)
+            dec_issue<F>(p, src, b.lst, kh, vh, b.r.tpos, i0, dec_rows(b, i0, tile),
+                         buf + (size_t)i * p.stage);
+        kvcu_cp_commit();
+    }
     b.qg = q + ((size_t)b.r.tr * n_heads + h0) * p.d;
     return true;
 }
@@ -229,13 +238,14 @@ __device__ __forceinline__ bool dec_open(dec_block &b, kv_head_view &kh, kv_head
 struct dec_tile {
     int64_t i0;
     int n;
-    const uint8_t *k, *v; /* [tile][rb] each */
+    const uint8_t *k, *v; /* [tile][srb] each */
     const float *ks, *vs; /* [tile][ng] each (int8) */
 };
 
-/* Tile it's turn in the double buffer: tile it + 1's copies go out into the other stage (an
- * empty batch after the last keeps the wait uniform), then every thread waits for tile it's. */
-template <int F>
+/* Tile it's turn in the NS stages: tile it + NS - 1's copies go out into the stage tile it - 1
+ * left (an empty batch past the last keeps the wait uniform), then every thread waits for tile
+ * it's, the NS - 1 newer batches still in flight. */
+template <int F, int NS = 2>
 __device__ __forceinline__ dec_tile dec_turn(const dec_block &b, const kv_head_view kh,
                                              const kv_head_view vh, const dec_plan_t &p,
                                              const attn_src &src, int it, int tile, uint8_t *buf)
@@ -243,17 +253,17 @@ __device__ __forceinline__ dec_tile dec_turn(const dec_block &b, const kv_head_v
     dec_tile t;
     t.i0 = b.lo + (int64_t)it * tile;
     t.n = dec_rows(b, t.i0, tile);
-    if (it + 1 < b.ntiles) {
-        const int64_t i1 = t.i0 + tile;
+    if (it + NS - 1 < b.ntiles) {
+        const int64_t i1 = t.i0 + (int64_t)(NS - 1) * tile;
         dec_issue<F>(p, src, b.lst, kh, vh, b.r.tpos, i1, dec_rows(b, i1, tile),
-                     buf + (size_t)((it + 1) & 1) * p.stage);
+                     buf + (size_t)((unsigned)(it + NS - 1) % NS) * p.stage);
     }
     kvcu_cp_commit();
-    kvcu_cp_wait<1>(); /* this tile's copies (this thread's) have landed */
-    __syncthreads();   /* ... and every thread's */
-    t.k = buf + (size_t)(it & 1) * p.stage;
-    t.v = t.k + (size_t)tile * p.rb;
-    t.ks = (const float *)(const void *)(t.k + 2 * (size_t)tile * p.rb);
+    kvcu_cp_wait<NS - 1>(); /* this tile's copies (this thread's) have landed */
+    __syncthreads();        /* ... and every thread's */
+    t.k = buf + (size_t)((unsigned)it % NS) * p.stage;
+    t.v = t.k + (size_t)tile * p.srb;
+    t.ks = (const float *)(const void *)(t.k + 2 * (size_t)tile * p.srb);
     t.vs = t.ks + (size_t)tile * p.ng;
     return t;
 }
