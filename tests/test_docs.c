@@ -14,6 +14,7 @@
  *     `file:N` also needs the file to have N lines;
  *   - "`name()` in `file`": the file contains name;
  *   - "`name()` at `file:N`" (a code walk's anchor): line N of the file contains name;
+ *     both also when a line break falls between the name and the file;
  *   and every local link or image, [text](path) / ![alt](path), points at a file of the tree.
  * A code block marked <!-- quote: path/file.c:A-B --> is lines A..B of that file, character for
  * character (a code walk's quotation of the reference).
@@ -411,6 +412,35 @@ static void check_quotes(const char *root, const char *readme, const char *text,
     }
 }
 
+/* The same claims when a line break falls inside one ("`name()` at" / "`file:N`"): the line's
+ * last backquoted name and the next line's first span, joined by one space. */
+static void check_wrapped(const char *readme, int line, const char *l, const char *next,
+                          const char *dir, const char *root)
+{
+    if (!next || strncmp(next, "```", 3) == 0) return;
+    size_t n = strlen(l);
+    while (n && l[n - 1] == ' ') n--;
+    const char *tail = NULL;
+    for (const char *p = l; (p = strstr(p, "()`")) && p < l + n; p++) tail = p;
+    if (!tail) return;
+    const char *rest = tail + 3, *end = l + n; /* what follows the name on this line */
+    if (!(rest == end || (end - rest == 3 && (!strncmp(rest, " at", 3) || !strncmp(rest, " in", 3)))))
+        return;
+    const char *s = tail;
+    while (s > l && s[-1] != '`') s--;
+    if (s == l) return;
+    s--; /* the opening backquote */
+    while (*next == ' ') next++;
+    const char *b1 = strchr(next, '`'), *nl = strchr(next, '\n');
+    const char *b2 = b1 && (!nl || b1 < nl) ? strchr(b1 + 1, '`') : NULL;
+    if (!b2 || (nl && b2 > nl)) return;
+    char joined[2048];
+    snprintf(joined, sizeof joined, "%.*s %.*s", (int)(end - s), s, (int)(b2 + 1 - next), next);
+    check_in_file(readme, line, joined, dir, root, "()` in `");
+    check_in_file(readme, line, joined, dir, root, "()` at `");
+    check_in_file(readme, line, joined, dir, root, "()` (`");
+}
+
 static void check_names(const char *root, const char *readme)
 {
     char path[4096], dir[4096];
@@ -432,6 +462,7 @@ static void check_names(const char *root, const char *readme)
         check_in_file(readme, line, l, dir, root, "()` in `");
         check_in_file(readme, line, l, dir, root, "()` at `");
         check_in_file(readme, line, l, dir, root, "()` (`");
+        check_wrapped(readme, line, l, next, dir, root);
         check_links(readme, line, l, dir, root);
         for (char *a = strchr(l, '`'); a; a = strchr(a, '`')) {
             char *b = strchr(a + 1, '`');
