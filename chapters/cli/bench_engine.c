@@ -224,7 +224,7 @@ int cmd_bench_engine(int argc, char **argv)
         {"--hidden", KV_OPT_INT, &hidden, 1, 1 << 20, NULL, "F", "SwiGLU width (override)", 0},
         {"--vocab", KV_OPT_INT, &vocab, 2, 1 << 24, NULL, "V", "vocabulary (override)", 0},
         {"--seq-len", KV_OPT_INT, &seq, 1, 1 << 24, NULL, "S", "cache capacity (override; >= tokens)", 0},
-        {"--context", KV_OPT_INT, &context, 1, 1 << 20, NULL, "N", "with --model: prefill N tokens (timed), then decode --tokens steps (default 32) at that context; prints both speeds, the bytes a decoded token reads and the run's bandwidth ceiling, medians of --repeats (default 3)", 0},
+        {"--context", KV_OPT_INT, &context, 1, 1 << 20, NULL, "N", "with --model: prefill N tokens (timed), then decode --tokens steps (default 32) at that context, --repeats times (default 3) from the one prefill; prints both speeds (decode: the median), the bytes a decoded token reads and the run's bandwidth ceiling", 0},
         KV_CLI_WEIGHTS_OPT(en),
         KV_CLI_THREADS_OPT(threads),
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cpu (default), or cuda: the model on the GPU (kvlab bench engine --device cuda --help)", 0},

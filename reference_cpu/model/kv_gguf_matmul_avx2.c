@@ -32,12 +32,52 @@ KV_AVX2 static inline int32_t hsum(__m256i v)
     return _mm_cvtsi128_si32(s);
 }
 
-/* sum_j u_j c_j: u 32 unsigned codes (< 64), c 32 signed codes */
-KV_AVX2 static inline int32_t udot(__m256i u, const int8_t *c)
+/* the sums of eight vectors of 8 int32: lane i of the result is the sum of v[i]'s lanes (two
+ * rounds of pairwise adds within 128-bit halves, then the halves added), one reduction for
+ * eight blocks where hsum() per block is five dependent steps */
+KV_AVX2 static inline __m256i hsum8(const __m256i v[8])
+{
+    const __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20),
+                            _mm256_permute2x128_si256(ab, cd, 0x31));
+}
+
+/* Eight binary16 values, the 16-bit words at p, p + stride, ..., as kv_ggml_fp16() converts
+ * them, bit for bit, with AVX2 integer steps (no F16C needed): a normal number rebiases its
+ * exponent (+112 << 23) under its 10 mantissa bits moved up 13, an infinity or NaN keeps its
+ * payload under exponent 255, a subnormal or zero is its mantissa times 2^-24 (exact in
+ * float); the sign goes on top. */
+KV_AVX2 static inline __m256 fp16x8(const uint8_t *p, int stride)
+{
+    const __m256i h = _mm256_setr_epi32(
+        p[0] | p[1] << 8, p[stride] | p[stride + 1] << 8, p[2 * stride] | p[2 * stride + 1] << 8,
+        p[3 * stride] | p[3 * stride + 1] << 8, p[4 * stride] | p[4 * stride + 1] << 8,
+        p[5 * stride] | p[5 * stride + 1] << 8, p[6 * stride] | p[6 * stride + 1] << 8,
+        p[7 * stride] | p[7 * stride + 1] << 8);
+    const __m256i em = _mm256_and_si256(h, _mm256_set1_epi32(0x7fff));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x8000)), 16);
+    const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(em, 13), _mm256_set1_epi32(112 << 23));
+    const __m256i special = _mm256_or_si256(_mm256_slli_epi32(em, 13), _mm256_set1_epi32(0x7f800000));
+    const __m256i small = _mm256_castps_si256(
+        _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(0x1p-24f)));
+    const __m256i is_special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7bff));
+    const __m256i is_small = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x0400), em);
+    __m256i bits = _mm256_blendv_epi8(normal, special, is_special);
+    bits = _mm256_blendv_epi8(bits, small, is_small);
+    return _mm256_castsi256_ps(_mm256_or_si256(bits, sign));
+}
+
+/* sum_j u_j c_j as 8 int32 partial sums: u 32 unsigned codes (< 64), c 32 signed codes */
+KV_AVX2 static inline __m256i udot8(__m256i u, const int8_t *c)
 {
     const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)c));
-    return hsum(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
+
+/* sum_j u_j c_j: u 32 unsigned codes (< 64), c 32 signed codes */
+KV_AVX2 static inline int32_t udot(__m256i u, const int8_t *c) { return hsum(udot8(u, c)); }
 
 /* 16 bytes of nibbles as 32 codes in weight order: the low nibbles (weights 0-15), then the
  * high ones (weights 16-31) */
@@ -50,30 +90,63 @@ KV_AVX2 static inline __m256i nibbles16(const uint8_t *qs)
 
 static int32_t csum32(const kv_gguf_act *a, int b) { return a->s16[2 * b] + a->s16[2 * b + 1]; }
 
+/* Q8_0's integer sum of block b as 8 partial sums: |w| against c with w's sign */
+KV_AVX2 static inline __m256i q8_0_sums(const uint8_t *blk, const kv_gguf_act *a, int b)
+{
+    const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m256i c = _mm256_loadu_si256((const __m256i *)(a->q + 32 * b));
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(c, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* A row's blocks eight at a time: their integer sums reduced together (hsum8()) and their
+ * binary16 scales converted together (fp16x8(): d at byte 0 of each block, and with @p has_m
+ * Q4_1's minimum m at byte 2), then their float terms one by one in block order, the portable
+ * loop's operations in its order; the last n / 32 mod 8 blocks one at a time.
+ * BLOCK_SUMS(blk, b) is block b's 8 partial sums, TERM(blk, b, s, d, m) its term. */
+#define KV_ROW_DOT(bytes, has_m, BLOCK_SUMS, TERM)                                               \
+    do {                                                                                      \
+        const int nb_ = n / 32;                                                               \
+        int b_ = 0;                                                                           \
+        for (; b_ + 8 <= nb_; b_ += 8) {                                                      \
+            const uint8_t *r_ = row + (bytes) * b_;                                           \
+            __m256i v_[8];                                                                    \
+            int32_t s_[8];                                                                    \
+            float d_[8], m_[8] = {0};                                                         \
+            for (int i_ = 0; i_ < 8; i_++) v_[i_] = BLOCK_SUMS(r_ + (bytes) * i_, b_ + i_);   \
+            _mm256_storeu_si256((__m256i *)s_, hsum8(v_));                                    \
+            _mm256_storeu_ps(d_, fp16x8(r_, bytes));                                          \
+            if (has_m) _mm256_storeu_ps(m_, fp16x8(r_ + 2, bytes));                           \
+            for (int i_ = 0; i_ < 8; i_++)                                                    \
+                acc += TERM(r_ + (bytes) * i_, b_ + i_, s_[i_], d_[i_], m_[i_]);              \
+        }                                                                                     \
+        for (; b_ < nb_; b_++) {                                                              \
+            const uint8_t *r_ = row + (bytes) * b_;                                           \
+            acc += TERM(r_, b_, hsum(BLOCK_SUMS(r_, b_)), kv_ggml_fp16_at(r_),                 \
+                        (has_m) ? kv_ggml_fp16_at(r_ + 2) : 0.0f);                            \
+        }                                                                                     \
+    } while (0)
+
 KV_AVX2 static float dot_q8_0(const uint8_t *row, const kv_gguf_act *a, int n)
 {
     float acc = 0.0f;
-    for (int b = 0; b < n / 32; b++) {
-        const uint8_t *blk = row + 34 * b;
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        const __m256i c = _mm256_loadu_si256((const __m256i *)(a->q + 32 * b));
-        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(c, w));
-        const int32_t s = hsum(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-        acc += kv_gguf_term(kv_ggml_fp16_at(blk), a->d[b], s);
-    }
+#define Q8_SUMS(blk, b) q8_0_sums(blk, a, b)
+#define Q8_TERM(blk, b, s, sc, mn) kv_gguf_term(sc, a->d[b], s)
+    KV_ROW_DOT(34, 0, Q8_SUMS, Q8_TERM);
     return acc;
 }
 
-/* Q4_0 (18-byte blocks: d, codes) and Q4_1 (20 bytes: d, m, codes) */
+/* Q4_0 (18-byte blocks: d, codes) and Q4_1 (20 bytes: d, m, codes): kv_gguf_q4_term()'s
+ * steps with d and m converted eight at a time */
 KV_AVX2 static inline float dot_q4(const uint8_t *row, const kv_gguf_act *a, int n, int q4_1)
 {
     const int bytes = q4_1 ? 20 : 18;
     float acc = 0.0f;
-    for (int b = 0; b < n / 32; b++) {
-        const uint8_t *blk = row + bytes * b;
-        const int32_t s = udot(nibbles16(blk + bytes - 16), a->q + 32 * b);
-        acc += kv_gguf_q4_term(blk, a, b, s, q4_1);
-    }
+#define Q4_SUMS(blk, b) udot8(nibbles16((blk) + bytes - 16), a->q + 32 * (b))
+#define Q4_TERM(blk, b, s, sc, mn)                                                            \
+    (q4_1 ? kv_gguf_term(sc, a->d[b], s) + (mn) * a->ds[b]                                    \
+          : kv_gguf_term(sc, a->d[b], (s) - 8 * (a->s16[2 * (b)] + a->s16[2 * (b) + 1])))
+    KV_ROW_DOT(bytes, q4_1, Q4_SUMS, Q4_TERM);
     return acc;
 }
 KV_AVX2 static float dot_q4_0(const uint8_t *row, const kv_gguf_act *a, int n) { return dot_q4(row, a, n, 0); }
