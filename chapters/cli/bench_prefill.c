@@ -4,8 +4,9 @@
  *
  *   mma      the device's mma.sync throughput (kvcu_mma_throughput(): warps issuing
  *            independent m16n8k16 products on registers), fp16 and bf16: the ceiling;
- *   v5       chapter 08's flash_kernel_v5 on one layer, T queries over T keys, causal, fp16
- *            cache: FLOPs 4·H·d·T(T+1)/2 (S = QKᵀ and P·V, 2 per multiply-add, the visible
+ *   v5, v6   chapter 08's flash_kernel_v5 and flash_kernel_v6 on one layer, T queries over T
+ *            keys, causal, an fp16 cache, then an int8 one (v6's converting tiles):
+ *            FLOPs 4·H·d·T(T+1)/2 (S = QKᵀ and P·V, 2 per multiply-add, the visible
  *            pairs), TFLOP/s and % of the mma row;
  *   gemm     kvcu_matmul_x16() at T x in x out (bf16 and fp16 weights, x rounded to 16 bits
  *            beforehand as the engine rounds each layer input once), 2·T·in·out FLOPs,
@@ -61,8 +62,10 @@ static int upload_random(float **d, size_t n, uint64_t seed, kv_err *err)
     return st;
 }
 
-/* v5 on one layer: T queries of H heads over T keys of H_kv heads, causal, fp16 cache. */
-static int time_v5(int T, int H, int Hkv, int d, int repeats, double *s, kv_err *err)
+/* Chapter 08's v5 or v6 (@p version) on one layer: T queries of H heads over T keys of H_kv
+ * heads, causal, a cache of format @p fmt (fp16, or int8: v6's converting tiles). */
+static int time_flash(int version, int fmt, int T, int H, int Hkv, int d, int repeats, double *s,
+                      kv_err *err)
 {
     kv_config g;
     memset(&g, 0, sizeof g);
@@ -70,7 +73,7 @@ static int time_v5(int T, int H, int Hkv, int d, int repeats, double *s, kv_err 
     g.vocab_size = 2, g.seq_len = T;
     kv_config_set_defaults(&g);
     kv_cache_spec sp = kv_cache_spec_default(1, T);
-    sp.quant.dtype = KV_QF_F16;
+    sp.quant.dtype = fmt;
     kvcu_cache *c = NULL;
     float *q = NULL, *k = NULL, *v = NULL, *out = NULL;
     int st = kvcu_cache_create(&c, &g, &sp, err);
@@ -80,7 +83,7 @@ static int time_v5(int T, int H, int Hkv, int d, int repeats, double *s, kv_err 
     if (!st) st = upload_random(&q, (size_t)T * H * d, 13, err);
     if (!st) st = kvcu_malloc((void **)&out, (size_t)T * H * d * sizeof(float), err);
     const kvcu_flash_job j = {c, 0, 0, H, q, T, 0, 0, T, 1, out};
-    if (!st) st = kvcu_flash_time(5, &j, NULL, repeats, s, err);
+    if (!st) st = kvcu_flash_time(version, &j, NULL, repeats, s, err);
     kvcu_free(q), kvcu_free(k), kvcu_free(v), kvcu_free(out);
     kvcu_cache_free(c);
     return st;
@@ -179,11 +182,11 @@ int cmd_bench_prefill(int argc, char **argv)
         {"--quick", KV_OPT_FLAG, &quick, 0, 0, NULL, NULL, "small sizes, one repeat (the emulation build's run)", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 1000, NULL, "N", "timed runs per row, median (default 5; --quick 1)", 0},
         {"--default", KV_OPT_CHOICE, &model, 0, 0, kv_cli_defaults, "NAME", "model of the time-to-first-token rows (default small; --quick tiny)", 0},
-        {"--prompt", KV_OPT_INT, &prompt, 2, 1 << 17, NULL, "P", "prompt tokens of the time-to-first-token rows and T of the v5 row (default 4096; --quick 64)", 0},
+        {"--prompt", KV_OPT_INT, &prompt, 2, 1 << 17, NULL, "P", "prompt tokens of the time-to-first-token rows and T of the v5 and v6 rows (default 4096; --quick 64)", 0},
         KV_CLI_CSV_OPTS(csv),
     };
     int r = kv_args_parse(cmd,
-                          "Chapter 08's prefill on tensor cores: v5 and the 16-bit GEMM in TFLOP/s against\n"
+                          "Chapter 08's prefill on tensor cores: v5, v6 and the 16-bit GEMM in TFLOP/s against\n"
                           "the device's mma.sync throughput measured in the same run, and the time to\n"
                           "first token of a prompt with the per-row (simt) and tensor-core (mma) prefill.",
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
@@ -214,12 +217,16 @@ int cmd_bench_prefill(int argc, char **argv)
     if (!csv) printf("%-34s %12s %10s %8s\n", "row", "time", "TFLOP/s", "of mma");
     result_row(csv, "mma.sync fp16 (measured ceiling)", 0, peak[0] * 1e-12, 100, 0, 0, 0);
     result_row(csv, "mma.sync bf16 (measured ceiling)", 0, peak[1] * 1e-12, 100, 0, 0, 0);
-    double s = 0.0;
-    if (time_v5(prompt, H, Hkv, d, repeats, &s, &err)) return kv_cli_fail(cmd, "v5", 1, &err);
-    double f = 4.0 * H * d * ((double)prompt * (prompt + 1) / 2.0);
+    double s = 0.0, f = 4.0 * H * d * ((double)prompt * (prompt + 1) / 2.0);
     char name[64];
-    snprintf(name, sizeof name, "v5 T %d H %d/%d d %d causal fp16", prompt, H, Hkv, d);
-    result_row(csv, name, s, f / s * 1e-12, 100.0 * f / s / peak[0], 0, 0, 0);
+    for (int i = 0; i < 4; i++) { /* v5, v6 on an fp16 cache, then on an int8 one */
+        const int ver = 5 + i % 2, fmt = i < 2 ? KV_QF_F16 : KV_QF_INT8;
+        if (time_flash(ver, fmt, prompt, H, Hkv, d, repeats, &s, &err))
+            return kv_cli_fail(cmd, ver == 5 ? "v5" : "v6", 1, &err);
+        snprintf(name, sizeof name, "v%d T %d H %d/%d d %d causal %s", ver, prompt, H, Hkv, d,
+                 i < 2 ? "fp16" : "int8");
+        result_row(csv, name, s, f / s * 1e-12, 100.0 * f / s / peak[0], 0, 0, 0);
+    }
     const int dts[3] = {KV_QF_BF16, KV_QF_F16, KV_QF_F32};
     const char *dtn[3] = {"bf16 (mma)", "fp16 (mma)", "fp32 (simt)"};
     for (int i = 0; i < 3; i++) {
@@ -259,7 +266,7 @@ int cmd_bench_prefill(int argc, char **argv)
     }
     kv_model_free(&m);
     if (csv) return KV_EXIT_OK;
-    printf("\nformulas: v5 FLOPs = 4·H·d·T(T+1)/2 (causal pairs; S and P·V); gemm FLOPs = 2·T·in·out;\n"
+    printf("\nformulas: v5, v6 FLOPs = 4·H·d·T(T+1)/2 (causal pairs; S and P·V); gemm FLOPs = 2·T·in·out;\n"
            "\"of mma\" = TFLOP/s / the mma.sync row of the same input type (fp32: fp16's), measured above.\n");
     if (kvcu_is_emulation())
         printf("(emulation build: CPU fibers run the kernels; the times are not a GPU's)\n");
