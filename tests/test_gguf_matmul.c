@@ -38,7 +38,9 @@
  * reference, float rounding alone.
  *
  * The AVX2 and portable loops compute the same integer sums and the same float steps: their
- * outputs must be equal bit for bit, as must 1 and 2 threads and a batch against its tokens.
+ * outputs must be equal bit for bit, as must 1 and 2 threads and a batch against its tokens
+ * (a batch of 8 tokens or more runs Q4_0, Q4_1 and Q8_0 in tiles of 8, the rest of its tokens
+ * in the row loops: token counts 1 to 33 below).
  */
 #include "common/kv_test.h"
 #include "kv_gguf_matmul.h"
@@ -267,6 +269,17 @@ int main(void)
          * (SmolLM2's width 576 is 18 blocks), so both parts meet the portable bits */
         const kv_ggml_type_info *ti = kv_ggml_type(LAYOUTS[k].type);
         if (ti && ti->block == 32) check_type(&LAYOUTS[k], 608, 11, 2, 0);
+    }
+    /* a prefill: Q4_0, Q4_1 and Q8_0 take whole tiles of 8 tokens (kv_gguf_matmul_tiles()),
+     * the rest of the tokens the row loops; the same bound, and each token's outputs the bits
+     * of that token alone (check_type()), across tile boundaries and odd row counts */
+    static const int TOKENS[] = {1, 3, 7, 8, 9, 33};
+    for (size_t k = 0; k < sizeof LAYOUTS / sizeof LAYOUTS[0]; k++) {
+        const kv_ggml_type_info *ti = kv_ggml_type(LAYOUTS[k].type);
+        if (!kv_gguf_matmul_fast_has(LAYOUTS[k].type)) continue;
+        for (size_t n = 0; n < sizeof TOKENS / sizeof TOKENS[0]; n++)
+            check_type(&LAYOUTS[k], ti->block == 32 ? 608 : 512, 17 + 2 * (int)n, TOKENS[n],
+                       (int)n % 2);
     }
     check_special();
     return kv_test_finish();

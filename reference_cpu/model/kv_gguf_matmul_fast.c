@@ -212,17 +212,22 @@ int kv_gguf_matmul_fast_ld(float *y, const float *x, const void *W, int type, in
         kv_gguf_act_quantize(x + o, in, q + o, d + o / 32, ds + o / 32, s16 + o / 16);
         act[t] = (kv_gguf_act){q + o, d + o / 32, ds + o / 32, s16 + o / 16};
     }
-    const int64_t work = (int64_t)T * in * out;
-    const int n_blocks = (out + ROWS - 1) / ROWS;
+    /* a prefill: whole tiles of 8 tokens first, each row unpacked once for all of them */
+    int done = 0;
+    const int st_tiles = avx2 ? kv_gguf_matmul_tiles(y, act, W, type, T, in, out, row_bytes,
+                                                     &done, err) : KV_OK;
+    const int64_t work = (int64_t)(T - done) * in * out;
+    /* the tokens left (all of them without tiles) */
+    const int n_blocks = done < T && st_tiles == KV_OK ? (out + ROWS - 1) / ROWS : 0;
     #pragma omp parallel for schedule(static) \
         if (work >= PARALLEL_MIN && kv_parallel_worth(INT64_MAX))
     for (int blk = 0; blk < n_blocks; blk++) {
         const int i1 = blk * ROWS + ROWS < out ? blk * ROWS + ROWS : out;
         for (int i = blk * ROWS; i < i1; i++) {
             const uint8_t *row = (const uint8_t *)W + (size_t)i * row_bytes;
-            for (int t = 0; t < T; t++) y[(size_t)t * out + i] = dot(row, &act[t], in);
+            for (int t = done; t < T; t++) y[(size_t)t * out + i] = dot(row, &act[t], in);
         }
     }
     free(q), free(d), free(ds), free(s16), free(act);
-    return KV_OK;
+    return st_tiles;
 }

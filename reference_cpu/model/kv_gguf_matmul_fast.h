@@ -24,7 +24,9 @@
  * both) the integer sums are taken 32 codes a step in 256-bit registers, the 4-bit codes
  * unpacked there (kv_gguf_matmul_avx2.c); elsewhere by the plain loops of kv_gguf_matmul_fast.c. The integer
  * sums are exact either way and the float steps after them are the same operations in the
- * same order, so both give the same bits. Threads split the rows (OpenMP).
+ * same order, so both give the same bits. Threads split the rows (OpenMP). A prefill (8
+ * tokens or more) of Q4_0, Q4_1 or Q8_0 rows under AVX2 runs in tiles of 8 tokens, each row's
+ * blocks unpacked once for the whole prompt (kv_gguf_matmul_tiles()), with the same bits.
  */
 #ifndef KV_GGUF_MATMUL_FAST_H
 #define KV_GGUF_MATMUL_FAST_H
@@ -84,6 +86,17 @@ typedef struct { kv_gguf_row_dot q4_0, q4_1, q8_0, q4_k, q5_k, q6_k; } kv_gguf_r
 
 /** The AVX2 twins (kv_gguf_matmul_avx2.c); NULL off x86-64. */
 const kv_gguf_row_dots *kv_gguf_row_dots_avx2(void);
+
+/**
+ * Tokens 0 .. T8 - 1 of y (T8 = T rounded down to a multiple of 8; *done = T8) in tiles of 8
+ * tokens, each weight row unpacked once for all of them (kv_gguf_matmul_tile.c, AVX2): the
+ * same integer sums and float steps per token as the AVX2 row loops, so the same bits. *done
+ * = 0 (nothing written) for T < 8, a type without tiles (the K types) or off x86-64; the
+ * caller's row loops take the tokens from *done on. act [T] as kv_gguf_matmul_fast_ld()
+ * rounds them; the caller has checked the shapes. KV_ERR_NOMEM for the regrouped codes.
+ */
+int kv_gguf_matmul_tiles(float *y, const kv_gguf_act *act, const void *W, int type, int T,
+                         int in, int out, uint64_t row_bytes, int *done, kv_err *err);
 
 /** The float steps shared by both: a block's term from its exact integer sums. */
 static inline float kv_gguf_term(float scale, float dx, int32_t isum)
