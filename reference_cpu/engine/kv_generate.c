@@ -11,6 +11,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* One step's tokens through the backend, opts->prefill_step at a time (0: all at once), the
+ * before_step hook ahead of each forward call; logits [vocab] are the last token's, the work
+ * of every call is added to *step. */
+static int forward_step(kv_backend *b, const kv_seq *seq, const kv_gen_opts *opts,
+                        float *logits, kv_counters *step, kv_err *err)
+{
+    const int chunk = opts->prefill_step > 0 ? opts->prefill_step : seq->n_tokens;
+    int rc = KV_OK;
+    for (int done = 0; !rc && done < seq->n_tokens; done += chunk) {
+        kv_seq s = *seq;
+        s.pos += done;
+        s.tokens += done;
+        s.n_tokens = seq->n_tokens - done < chunk ? seq->n_tokens - done : chunk;
+        if (opts->before_step) rc = opts->before_step(opts->hook, b, s.pos, s.n_tokens, err);
+        if (!rc) rc = b->forward(b, &s, 1, logits, step, err);
+    }
+    return rc;
+}
+
 /* The loop of both entry points; stop = 1 ends after a BOS or EOS token. */
 static int generate(kv_backend *b, const int *prompt, int n_prompt, const kv_gen_opts *opts,
                     int stop, int *out, int *n_out, kv_counters *total, kv_err *err)
@@ -35,6 +54,9 @@ static int generate(kv_backend *b, const int *prompt, int n_prompt, const kv_gen
         return kv_fail(err, KV_ERR_CAPACITY,
                        "kv_generate: prompt %d + %d steps exceeds the cache capacity %d",
                        n_prompt, opts->n_steps, b->spec.capacity);
+    if (opts->prefill_step < 0)
+        return kv_fail(err, KV_ERR_ARG, "kv_generate: prefill_step %d (need >= 0)",
+                       opts->prefill_step);
     if (opts->n_steps == 0) return KV_OK;
 
     const int n_all = n_prompt + opts->n_steps;
@@ -61,7 +83,7 @@ static int generate(kv_backend *b, const int *prompt, int n_prompt, const kv_gen
         }
         kv_counters step = {0};
         const double t0 = kv_now();
-        rc = b->forward(b, &seq, 1, logits, &step, err);
+        rc = forward_step(b, &seq, opts, logits, &step, err);
         if (rc) break;
         if (opts->last_logits && i == opts->n_steps - 1)
             memcpy(opts->last_logits, logits, (size_t)vocab * sizeof(float));

@@ -26,6 +26,11 @@ typedef enum {
 typedef void (*kv_step_fn)(void *user, int step, int token, const kv_counters *step_work,
                            double seconds);
 
+/** Called before each forward call (may be NULL): the call will feed positions pos .. pos+n-1
+ * to the slot (kv_probe.h's KIVI emulation edits the cache here; the signature of
+ * kv_ppl_opts.before_step). A non-zero return stops generation with that status. */
+typedef int (*kv_before_step_fn)(void *hook, kv_backend *b, int pos, int n, kv_err *err);
+
 typedef struct {
     int mode;          /**< ::kv_gen_mode */
     int slot;          /**< cache slot to use */
@@ -37,6 +42,11 @@ typedef struct {
     const int *stop;     /**< kv_generate_stop(): the ids that end the text [n_stop]; NULL:
                           *   llama2.c's BOS (1) and EOS (2) */
     int n_stop;
+    /* appended last: positional initializers of the fields above leave these 0 */
+    kv_before_step_fn before_step;
+    void *hook;          /**< before_step's first argument */
+    int prefill_step;    /**< tokens a forward call feeds of a step with many (the prompt, or a
+                          *   naive step's prefix), from its first position; 0: all at once */
 } kv_gen_opts;
 
 /**

@@ -11,7 +11,6 @@
 #include "kv_generate.h"
 #include "kv_passkey.h"
 #include "kv_rng.h"
-#include "kv_sampler.h"
 
 #define PASSKEY_ANSWER 8 /* tokens of answer: a space and five digits take at most six */
 #define PASSKEY_STEP 32  /* prompt tokens a step under a hook: KIVI's key groups */
@@ -150,36 +149,6 @@ int kv_passkey_match(const char *answer, int key)
     return strncmp(p, want, w) == 0 && !isdigit((unsigned char)p[w]);
 }
 
-/* The greedy answer with the hook before every step: the prompt 32 tokens a step (so a
- * KIVI emulation's spills fall where the cache's would), then one token a step; out [8]. */
-static int answer_hooked(kv_backend *b, const int *prompt, int n, const kv_text_codec *tc,
-                         kv_passkey_step_fn before_step, void *hook, int *out, int *n_out,
-                         kv_err *err)
-{
-    const int vocab = b->config->vocab_size;
-    float *logits = malloc((size_t)vocab * sizeof(float)); /* [vocab] the last row's */
-    if (!logits) return kv_fail(err, KV_ERR_NOMEM, "pass-key logits [%d]", vocab);
-    int rc = KV_OK, pos = 0;
-    for (; !rc && pos < n; pos += PASSKEY_STEP) {
-        const int k = n - pos < PASSKEY_STEP ? n - pos : PASSKEY_STEP;
-        const kv_seq s = {0, pos, k, prompt + pos, NULL};
-        rc = before_step(hook, b, pos, k, err);
-        if (!rc) rc = b->forward(b, &s, 1, logits, NULL, err);
-    }
-    for (pos = n; !rc && *n_out < PASSKEY_ANSWER; pos++) {
-        const int tok = kv_argmax(logits, vocab);
-        out[(*n_out)++] = tok;
-        int stop = 0;
-        for (int s = 0; s < tc->n_stop; s++) stop |= tok == tc->stop[s];
-        if (stop || *n_out == PASSKEY_ANSWER) break;
-        const kv_seq s = {0, pos, 1, &out[*n_out - 1], NULL};
-        rc = before_step(hook, b, pos, 1, err);
-        if (!rc) rc = b->forward(b, &s, 1, logits, NULL, err);
-    }
-    free(logits);
-    return rc;
-}
-
 int kv_passkey_run(kv_backend *b, const kv_text_codec *tc, const kv_passkey_frame *frame,
                    const kv_passkey_hay *hay, int length, double depth, int key,
                    kv_passkey_result *res, kv_err *err)
@@ -202,10 +171,11 @@ int kv_passkey_run_hooked(kv_backend *b, const kv_text_codec *tc, const kv_passk
     const double t0 = kv_now();
     b->reset(b, 0);
     int out[PASSKEY_ANSWER], n_out = 0;
+    /* under a hook the prompt goes 32 tokens a step, so a KIVI emulation's spills fall where
+     * the cache's would; the answer one token a step either way */
     kv_gen_opts o = {KV_MODE_CACHED, 0, PASSKEY_ANSWER, NULL, NULL, NULL, NULL, tc->stop,
-                     tc->n_stop};
-    rc = before_step ? answer_hooked(b, prompt, n, tc, before_step, hook, out, &n_out, err)
-                     : kv_generate_stop(b, prompt, n, &o, out, &n_out, NULL, err);
+                     tc->n_stop, before_step, hook, before_step ? PASSKEY_STEP : 0};
+    rc = kv_generate_stop(b, prompt, n, &o, out, &n_out, NULL, err);
     free(prompt);
     if (rc) return rc;
     res->seconds = kv_now() - t0;

@@ -31,6 +31,7 @@
 #define KV_PASSKEY_H
 
 #include "kv_backend.h"
+#include "kv_generate.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -107,14 +108,15 @@ int kv_passkey_run(kv_backend *b, const kv_text_codec *tc, const kv_passkey_fram
                    kv_passkey_result *res, kv_err *err);
 
 /** A hook called before each forward step of a cell, with the step's first position and
- * its tokens (the signature of kv_ppl_opts.before_step: kv_probe_kivi_step(), KIVI emulated
- * on an fp32 cache, is one). */
-typedef int (*kv_passkey_step_fn)(void *hook, kv_backend *b, int pos, int n, kv_err *err);
+ * its tokens: kv_generate()'s before_step (kv_probe_kivi_step(), KIVI emulated on an fp32
+ * cache, is one). */
+typedef kv_before_step_fn kv_passkey_step_fn;
 
 /**
  * kv_passkey_run() with @p before_step (NULL: none, the same as kv_passkey_run()) called before
  * every forward step: the prompt is prefilled 32 tokens a step from position 0 (steps start at
- * multiples of 32), then the answer goes one token a step; the same greedy answer otherwise.
+ * multiples of 32, kv_gen_opts.prefill_step), then the answer goes one token a step; the same
+ * greedy answer otherwise.
  */
 int kv_passkey_run_hooked(kv_backend *b, const kv_text_codec *tc, const kv_passkey_frame *frame,
                           const kv_passkey_hay *hay, int length, double depth, int key,
