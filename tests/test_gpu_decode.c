@@ -217,10 +217,11 @@ int main(void)
     }
     const shape shapes[] = {{"GQA G4 d64", 8, 2, 64}, {"MHA d128", 4, 4, 128}, {"MQA G8 d64", 8, 1, 64}};
     const int fmts[] = {KV_QF_F32, KV_QF_F16, KV_QF_BF16, KV_QF_INT8, KV_QF_INT8_G32,
-                        KV_QF_FP8_E4M3, KV_QF_FP8_E5M2};
+                        KV_QF_FP8_E4M3, KV_QF_FP8_E5M2, KV_QF_INT4_G32};
+    const int n_fmts = (int)(sizeof fmts / sizeof fmts[0]);
     static float bits[2][32 * 128];
     for (int si = 0; si < 3; si++)
-        for (int fi = 0; fi < 7; fi++) {
+        for (int fi = 0; fi < n_fmts; fi++) {
             /* MHA d128 in the 16-bit formats only: fp32 and int8 take the other shapes */
             if (si == 1 && fmts[fi] != KV_QF_F32 && fmts[fi] != KV_QF_F16) continue;
             for (int paged = 0; paged < 2; paged++) { /* the same rows and queries on both */

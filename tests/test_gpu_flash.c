@@ -469,10 +469,12 @@ int main(int argc, char **argv)
                     }
                 }
     /* the other storage families through the same views: fp8 with its per-sequence scale
-     * (both layouts) and KIVI int4 (contiguous; paged KIVI needs 32 | B), whose newest rows
-     * sit in an fp32 window while the older ones are quantized */
-    const int more[][2] = {{KV_QF_FP8_E4M3, 0}, {KV_QF_FP8_E4M3, 1}, {KV_QF_INT4_KIVI, 0}};
-    for (int i = 0; i < 3; i++) {
+     * (both layouts), KIVI int4 (contiguous; paged KIVI needs 32 | B), whose newest rows
+     * sit in an fp32 window while the older ones are quantized, and int4-g32 (two codes a
+     * byte, a scale per 32 channels: v5 and v6 dequantize its tiles element by element) */
+    const int more[][2] = {{KV_QF_FP8_E4M3, 0}, {KV_QF_FP8_E4M3, 1}, {KV_QF_INT4_KIVI, 0},
+                           {KV_QF_INT4_G32, 1}};
+    for (int i = 0; i < 4; i++) {
         twin w;
         if (twin_make(&w, more[i][0], more[i][1], 64, 4, 77)) continue;
         check_masks(&w);

@@ -750,8 +750,9 @@ int main(void)
     check_copy_lists(KV_QF_F32);
     check_copy_lists(KV_QF_INT8_G32);
     check_copy_lists(KV_QF_INT4_KIVI);
-    const int slot_formats[] = {KV_QF_F32, KV_QF_F16, KV_QF_BF16, KV_QF_INT8, KV_QF_INT8_G32};
-    for (int i = 0; i < 5; i++) check_write_slots(slot_formats[i]);
+    const int slot_formats[] = {KV_QF_F32,  KV_QF_F16,      KV_QF_BF16,
+                                KV_QF_INT8, KV_QF_INT8_G32, KV_QF_INT4_G32};
+    for (int i = 0; i < 6; i++) check_write_slots(slot_formats[i]);
     check_backend(KV_QF_F32, 8);
     check_backend(KV_QF_INT8, 16);
     check_prefix();

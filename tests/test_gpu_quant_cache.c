@@ -24,8 +24,10 @@
 
 static kv_rng rng;
 
-static const int formats[] = {KV_QF_F32, KV_QF_F16, KV_QF_BF16, KV_QF_INT8, KV_QF_INT8_G32,
-                              KV_QF_FP8_E4M3, KV_QF_FP8_E5M2, KV_QF_INT4_KIVI, KV_QF_INT2_KIVI};
+static const int formats[] = {KV_QF_F32,      KV_QF_F16,      KV_QF_BF16,
+                              KV_QF_INT8,     KV_QF_INT8_G32, KV_QF_INT4_G32,
+                              KV_QF_FP8_E4M3, KV_QF_FP8_E5M2, KV_QF_INT4_KIVI,
+                              KV_QF_INT2_KIVI};
 #define N_FORMATS (int)(sizeof formats / sizeof formats[0])
 
 static kv_config small_config(int L, int H, int Hkv, int d) { return kv_test_config(L, H, Hkv, d, 512); }
@@ -177,6 +179,7 @@ int main(void)
     }
     check_format(KV_QF_INT8_G64, 0, 128, 4, 1, 40, 33);
     check_format(KV_QF_INT4_KIVI, 0, 128, 4, 1, 140, 70);
+    check_format(KV_QF_INT4_G32, 0, 128, 4, 1, 40, 33); /* four groups a row, four warps */
     check_engine();
     return kv_test_finish();
 }

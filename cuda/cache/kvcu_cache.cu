@@ -69,12 +69,6 @@ int kvcu_cache_create_planes(kvcu_cache **out, const kv_config *cfg, const kv_ca
     if (n_planes < 1 || n_planes > KV_CACHE_KV_PLANES)
         return kv_fail(err, KV_ERR_ARG, "kvcu_cache_create: %d planes per layer (1 or %d)",
                        n_planes, KV_CACHE_KV_PLANES);
-    /* int4-g32 packs two codes a byte, which the cache's write kernels (one code a byte for
-     * int8) do not yet do; kvcu_quant_encode() has it, bit for bit the CPU's */
-    if (spec && kvq_is_sym(spec->quant.dtype) && !kvq_is_int8(spec->quant.dtype))
-        return kv_fail(err, KV_ERR_UNSUPPORTED, "kvcu_cache_create: the CUDA cache has no %s "
-                       "rows yet (the CPU cache has: --device cpu)",
-                       kv_quant_name(spec->quant.dtype));
     kvcu_cache *c = (kvcu_cache *)calloc(1, sizeof *c);
     if (!c) return kv_fail(err, KV_ERR_NOMEM, "kvcu_cache_create: host memory");
     /* the host state both devices share (kv_cache_state.c): checks, tables, the planes' sizes */

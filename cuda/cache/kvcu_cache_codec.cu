@@ -7,8 +7,9 @@
  *   and fp8 convert each element with the device's native types (the bits
  *   kv_quant_math.h's software conversions give); int8 gives each group of G channels a
  *   warp: a shuffle max gives the amax, lane 0 writes s = amax / 127, every lane its codes
- *   (kvq_int8_encode(), the CPU's line). A window's ring row written twice in one launch keeps the later token, as on the
- *   CPU.
+ *   (kvq_int8_encode(), the CPU's line); int4-g32 the same with s = amax / 7, each warp's
+ *   32 nibbles packed two a byte, low nibble first (kvq_int4_encode(), the CPU's bytes). A
+ *   window's ring row written twice in one launch keeps the later token, as on the CPU.
  * cache_write_slots_kernel: the same rows through a flat slot mapping (chapter 05).
  * fp8_calibrate_kernel: one block per prefilled sequence: each head's amax over the chunk
  *   (non-finite values skipped), then amax / max per head or the max over heads.
@@ -20,18 +21,33 @@
 #include "kvcu_quant_math.cuh"
 
 /* The whole block writes row x [d] into pool or slot row prow of head rhead of plane p, in
- * format fmt (not KIVI), with kvcu_quant.cu's encoders (kvcu_quant_math.cuh): int8 groups one
- * warp each, the other formats one element a thread. Shared by the position writes and the
+ * format fmt (not KIVI), with kvcu_quant.cu's encoders (kvcu_quant_math.cuh): int8 and
+ * int4-g32 groups one warp each, the other formats one element a thread. Shared by the position writes and the
  * slot-mapping writes. */
 static __device__ void write_row(int fmt, const kv_cache_plane *p, int64_t rhead, int rows,
                                  int64_t prow, const float *x, float scale, int d)
 {
     uint8_t *row = p->codes + (rhead * rows + prow) * p->row_bytes;
-    if (kvq_is_int8(fmt)) {
+    if (kvq_is_sym(fmt)) {
         const int g = kvq_row_group(fmt, KV_QROLE_VALUE, d), ng = d / g;
         float *meta = (float *)p->meta + rhead * p->meta_entries + prow * ng;
-        for (int gi = threadIdx.x / KV_WARP; gi < ng; gi += blockDim.x / KV_WARP)
-            kvcu_encode_group(fmt, x + gi * g, 1, g, meta + gi, row + gi * g, 1);
+        if (kvq_is_int8(fmt)) {
+            for (int gi = threadIdx.x / KV_WARP; gi < ng; gi += blockDim.x / KV_WARP)
+                kvcu_encode_group(fmt, x + gi * g, 1, g, meta + gi, row + gi * g, 1);
+            return;
+        }
+        /* int4-g32: a group is one code a lane (g = 32); the warp's 32 nibbles go through
+         * shared memory, and lane l packs elements 2l (low nibble) and 2l + 1 into byte l of
+         * the group's 16, the CPU's byte */
+        __shared__ uint8_t nib[KVCU_CACHE_THREADS]; /* [warps][32] one code a byte */
+        uint8_t *q = nib + threadIdx.x / KV_WARP * KV_WARP;
+        const int lane = threadIdx.x % KV_WARP;
+        for (int gi = threadIdx.x / KV_WARP; gi < ng; gi += blockDim.x / KV_WARP) {
+            kvcu_encode_group(fmt, x + gi * g, 1, g, meta + gi, q, 1);
+            __syncwarp();
+            if (lane < g / 2) row[gi * g / 2 + lane] = (uint8_t)(q[2 * lane] | q[2 * lane + 1] << 4);
+            __syncwarp(); /* the group's nibbles are read before the next group's land */
+        }
         return;
     }
     for (int j = threadIdx.x; j < d; j += blockDim.x) kvcu_encode_float(fmt, row, j, x[j], scale);
