@@ -70,11 +70,12 @@ int kvcu_matmul_strided(float *y, const float *x, const float *W, int T, int in,
  * below it KV_ERR_UNSUPPORTED naming the GPU (use kvcu_matmul_w16_gemv() there). */
 int kvcu_matmul_x16(float *y, const uint16_t *x, const uint16_t *W, int bf16, int T, int in,
                     int out, int ldw, kv_err *err);
-/** kvcu_matmul_x16() from an fp32 x, rounded first into a device scratch of its own (one
- * allocation per call: the engine rounds once per layer input instead); the same bits.
- * Below sm_80 it is kvcu_matmul_w16_gemv() (CUDA cores, x unrounded: within the same bound). */
-int kvcu_matmul_w16(float *y, const float *x, const uint16_t *W, int bf16, int T, int in,
-                    int out, int ldw, kv_err *err);
+/** kvcu_matmul_x16() from an fp32 x, rounded first by kvcu_to16() into @p x16 [T][in], a
+ * device scratch the caller owns; the same bits. Below sm_80 it is kvcu_matmul_w16_gemv() (CUDA
+ * cores, x unrounded: within the same bound; @p x16 unused). It exists for the test of the
+ * 16-bit path: the engine rounds each layer input once and calls kvcu_matmul_x16() itself. */
+int kvcu_matmul_w16(float *y, const float *x, uint16_t *x16, const uint16_t *W, int bf16, int T,
+                    int in, int out, int ldw, kv_err *err);
 /** kvcu_matmul_w16()'s product for rows that are one token each (decode): a GEMV, a warp per
  * output streaming W by 16-byte loads (2-byte loads where W's rows are not 16-byte aligned, the
  * same sums), x kept fp32; every row sums in the same order whatever T, so a row's bits are

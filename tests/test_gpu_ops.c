@@ -167,10 +167,11 @@ static void test_matmul_w16(void)
                 float *dx = dev_copy(x, (size_t)TM * in * 4);
                 float *dW = dev_copy(W, (size_t)out * in * 4);
                 float *dy = dev_copy(ref, (size_t)TM * out * 4);
-                uint16_t *dW16 = NULL;
+                uint16_t *dW16 = NULL, *dx16 = NULL; /* dx16 [TM][in]: x rounded */
                 kv_err e;
                 int rc = kvcu_malloc((void **)&dW16, (size_t)out * in * 2, &e);
                 if (!rc) rc = kvcu_to16(dW16, dW, (int64_t)out * in, bf, &e);
+                if (!rc) rc = kvcu_malloc((void **)&dx16, (size_t)TM * in * 2, &e);
                 KV_CHECK(rc == KV_OK, "16-bit weights: %s", e.msg);
                 /* kind 0: the tensor-core GEMM; kind 1: the GEMV of one-token rows, where only
                  * W is rounded: (u + in·2^-23)·Σ|x·w| (in 48: 16-byte loads; 257: not) */
@@ -179,7 +180,7 @@ static void test_matmul_w16(void)
                         const int T = Ts[ti];
                         const char *what = kind ? "gemv_w16" : "matmul_w16";
                         rc = kind ? kvcu_matmul_w16_gemv(dy, dx, dW16, bf, T, in, out, in, &e)
-                                  : kvcu_matmul_w16(dy, dx, dW16, bf, T, in, out, in, &e);
+                                  : kvcu_matmul_w16(dy, dx, dx16, dW16, bf, T, in, out, in, &e);
                         if (!rc) rc = kvcu_download(y, dy, (size_t)T * out * 4, &e);
                         KV_CHECK(rc == KV_OK, "%s: %s", what, e.msg);
                         if (rc) break;
@@ -196,7 +197,7 @@ static void test_matmul_w16(void)
                                      "rows at T %d differ from the same rows at T %d", what,
                                      bf ? "bf16" : "fp16", in, out, T, TM);
                     }
-                kvcu_free(dx), kvcu_free(dW), kvcu_free(dy), kvcu_free(dW16);
+                kvcu_free(dx), kvcu_free(dW), kvcu_free(dy), kvcu_free(dW16), kvcu_free(dx16);
                 free(x), free(W), free(ref), free(y), free(all);
             }
 }
@@ -229,12 +230,13 @@ static void test_matmul_x16(void)
             kv_matmul_strided(ref, x, W + off, T, in, out, ldw);
             float *dx = dev_copy(x, (size_t)T * in * 4), *dy = dev_copy(ref, (size_t)T * out * 4);
             float *dW = dev_copy(W, ((size_t)out * ldw + off) * 4);
-            uint16_t *dW16 = NULL, *dx16 = NULL;
+            uint16_t *dW16 = NULL, *dx16 = NULL, *dxs = NULL; /* dxs [T][in]: w16's scratch */
             kv_err e;
             int rc = kvcu_malloc((void **)&dW16, ((size_t)out * ldw + off) * 2, &e);
             if (!rc) rc = kvcu_to16(dW16, dW, (int64_t)out * ldw + off, bf, &e);
             if (!rc) rc = kvcu_malloc((void **)&dx16, (size_t)T * in * 2, &e);
             if (!rc) rc = kvcu_to16(dx16, dx, (int64_t)T * in, bf, &e);
+            if (!rc) rc = kvcu_malloc((void **)&dxs, (size_t)T * in * 2, &e);
             KV_CHECK(rc == KV_OK, "16-bit copies: %s", e.msg);
             char what[80];
             snprintf(what, sizeof what, "matmul_x16 %s T %d in %d out %d ldw %d",
@@ -252,7 +254,7 @@ static void test_matmul_x16(void)
                 const double coef = 2.0 * u + u * u + in * ldexp(1.0, -23);
                 const long bad = outside_bound(what, y, ref, x, W + off, T, in, out, ldw, coef);
                 KV_CHECK(bad == 0, "%s: %ld outside the bound", what, bad);
-                rc = kvcu_matmul_w16(dy, dx, dW16 + off, bf, T, in, out, ldw, &e);
+                rc = kvcu_matmul_w16(dy, dx, dxs, dW16 + off, bf, T, in, out, ldw, &e);
                 if (!rc) rc = kvcu_download(y2, dy, (size_t)T * out * 4, &e);
                 KV_CHECK(!rc && !memcmp(y, y2, (size_t)T * out * 4),
                          "%s: not the bits of kvcu_matmul_w16 on the fp32 x (%s)", what,
@@ -266,6 +268,7 @@ static void test_matmul_x16(void)
                          r0, r0 + n - 1, T, rc ? e.msg : "their bits");
             }
             kvcu_free(dx), kvcu_free(dy), kvcu_free(dW), kvcu_free(dW16), kvcu_free(dx16);
+            kvcu_free(dxs);
             free(x), free(W), free(ref), free(y), free(y2);
         }
 }
@@ -413,6 +416,10 @@ int main(void)
      * on CUDA cores; what has no such path is refused with a sentence naming the GPU */
     const int sm = kvcu_device_sm();
     KV_CHECK(sm >= 75, "kvcu_device_available() passed a device of sm_%d", sm);
+    if (sm >= 80) /* kvcu_matmul_w16 rounds x into the caller's scratch: none is refused */
+        KV_CHECK(kvcu_matmul_w16(NULL, NULL, NULL, NULL, 0, 1, 8, 8, 8, &e) == KV_ERR_ARG &&
+                     strstr(e.msg, "scratch"),
+                 "kvcu_matmul_w16 without a scratch: not refused");
     if (sm < 80) {
         double flops = 0.0;
         const int rc = kvcu_mma_throughput(0, 4, 1, &flops, &e);

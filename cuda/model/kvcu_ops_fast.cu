@@ -32,9 +32,10 @@
  *   BM, block or batch its row falls in, so a sequence's rows are bit-identical alone or in any
  *   batch. Against the fp32 reference the rounding of x and W (unit roundoff u: 2^-11 fp16,
  *   2^-8 bf16) bounds the error: |y - y_ref| <= (2u + u² + in·2^-23)·Σ_j |x_j·w_j|.
- *   kvcu_matmul_w16 is the same product from an fp32 x (rounded into a scratch of its own
- *   first: the same bits); below sm_80 (no mma.sync.m16n8k16) it runs gemv_kernel_w16 instead,
- *   within that bound.
+ *   kvcu_matmul_w16 is the same product from an fp32 x (rounded first into the caller's scratch:
+ *   the same bits); below sm_80 (no mma.sync.m16n8k16) it runs gemv_kernel_w16 instead, within
+ *   that bound. It exists for the test of the 16-bit path (tests/test_gpu_ops.c): the engine
+ *   stages each layer input once (stage16()) and calls kvcu_matmul_x16 itself.
  *
  * gemv_kernel_w16 (16-bit weights, the engine's one-token rows, kvcu_matmul_w16_gemv): a warp
  *   per output, lane l reading 8 weights at a time with one 16-byte load (kvcu_ld16(),
@@ -238,18 +239,16 @@ int kvcu_matmul_x16(float *y, const uint16_t *x, const uint16_t *W, int bf16, in
     return KV_OK;
 }
 
-int kvcu_matmul_w16(float *y, const float *x, const uint16_t *W, int bf16, int T, int in,
-                    int out, int ldw, kv_err *err)
+int kvcu_matmul_w16(float *y, const float *x, uint16_t *x16, const uint16_t *W, int bf16,
+                    int T, int in, int out, int ldw, kv_err *err)
 {
     int st = mm16_check("kvcu_matmul_w16", T, in, out, ldw, err);
     if (st || T == 0) return st;
     if (!kvcu_has_mma()) /* below sm_80: the CUDA cores' GEMV, x unrounded (a tighter bound) */
         return kvcu_matmul_w16_gemv(y, x, W, bf16, T, in, out, ldw, err);
-    uint16_t *x16 = NULL;
-    st = kvcu_device_alloc((void **)&x16, (size_t)T * in * sizeof(uint16_t), err);
-    if (!st) st = kvcu_to16(x16, x, (int64_t)T * in, bf16, err);
+    if (!x16) return kv_fail(err, KV_ERR_ARG, "kvcu_matmul_w16: no scratch for the 16-bit x");
+    st = kvcu_to16(x16, x, (int64_t)T * in, bf16, err);
     if (!st) st = kvcu_matmul_x16(y, x16, W, bf16, T, in, out, ldw, err);
-    cudaFree(x16);
     return st;
 }
 
