@@ -19,6 +19,9 @@
  *
  * Medians of --repeats runs after a warm-up. --quick: the same rows at sizes the emulation
  * build runs in seconds (its times are the CPU's, not a GPU's).
+ *
+ * --dry-run needs no device: it prints the scheduling model behind v6's longest-first order
+ * (kv_flash_grid.h) for the v5 and v6 rows' causal grid at T = --prompt, on an H100's 132 SMs.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +29,7 @@
 
 #include "bench_cmds.h"
 #include "cli.h"
+#include "kv_flash_grid.h"
 #include "kv_rng.h"
 #ifdef KV_HAVE_CUDA
 #include "kvcu.h"
@@ -172,17 +176,48 @@ static void result_row(int csv, const char *name, double s, double tflops, doubl
 }
 #endif
 
+/* --dry-run: the v5 and v6 rows' grid (H 32, H_kv 8, d 128) under kv_flash_grid_schedule():
+ * a block of 128 rows holds 128 / G queries, a key tile at d 128 is 32 keys (fv6_keys()), a
+ * block's fixed cost 2 tiles' worth; 132 SMs (an H100) with 2 blocks each. */
+static int dry_run(const char *cmd, int T)
+{
+    const int H = 32, Hkv = 8, d = 128, sms = 132, per_sm = 2, G = H / Hkv;
+    const kv_flash_grid g = {T, 128 / G, 32, Hkv, 2, sms * per_sm};
+    kv_flash_grid_time t[2];
+    kv_err err = {{0}};
+    for (int o = 0; o < 2; o++)
+        if (kv_flash_grid_schedule(&g, o, &t[o], &err))
+            return kv_cli_fail(cmd, "scheduling model", 1, &err);
+    printf("bench prefill --dry-run: the scheduling model of the v5 and v6 rows' causal grid "
+           "(counted, not timed)\n"
+           "T %d, H %d / H_kv %d, d %d: blocks of %d queries (128 rows / G %d), key tiles of %d "
+           "keys;\na block's time: its key tiles + %d; %lld blocks on %d SMs x %d = %d slots\n\n",
+           T, H, Hkv, d, g.q_block, G, g.k_tile, g.extra, (long long)t[0].blocks, sms, per_sm,
+           g.slots);
+    printf("%-26s %12s %14s\n", "order", "last ends", "after balanced");
+    printf("%-26s %12.2f %13.1f%%\n", "balanced (none ends sooner)", t[0].balanced, 0.0);
+    const char *name[2] = {"index order (v5)", "longest first (v6)"};
+    for (int o = 0; o < 2; o++)
+        printf("%-26s %12lld %13.1f%%\n", name[o], (long long)t[o].makespan,
+               100.0 * (t[o].makespan / t[0].balanced - 1.0));
+    printf("\npredicted speed-up of v6's order alone: %.2fx (%lld / %lld tile-times)\n",
+           (double)t[0].makespan / t[1].makespan, (long long)t[0].makespan,
+           (long long)t[1].makespan);
+    return KV_EXIT_OK;
+}
+
 int cmd_bench_prefill(int argc, char **argv)
 {
     const char *cmd = "kvlab bench prefill";
     const char *device = "cpu", *model = "small";
-    int quick = 0, repeats = 0, prompt = 0, csv = 0;
+    int quick = 0, repeats = 0, prompt = 0, csv = 0, dry = 0;
     kv_opt opts[] = {
         {"--device", KV_OPT_CHOICE, &device, 0, 0, kv_cli_devices, "D", "cuda (required: these are tensor-core kernels)", 0},
         {"--quick", KV_OPT_FLAG, &quick, 0, 0, NULL, NULL, "small sizes, one repeat (the emulation build's run)", 0},
         {"--repeats", KV_OPT_INT, &repeats, 1, 1000, NULL, "N", "timed runs per row, median (default 5; --quick 1)", 0},
         {"--default", KV_OPT_CHOICE, &model, 0, 0, kv_cli_defaults, "NAME", "model of the time-to-first-token rows (default small; --quick tiny)", 0},
         {"--prompt", KV_OPT_INT, &prompt, 2, 1 << 17, NULL, "P", "prompt tokens of the time-to-first-token rows and T of the v5 and v6 rows (default 4096; --quick 64)", 0},
+        {"--dry-run", KV_OPT_FLAG, &dry, 0, 0, NULL, NULL, "no device: print the scheduling model of the v5 and v6 rows' causal grid (index order against longest first) at T = --prompt", 0},
         KV_CLI_CSV_OPTS(csv),
     };
     int r = kv_args_parse(cmd,
@@ -192,6 +227,10 @@ int cmd_bench_prefill(int argc, char **argv)
                           argc - 1, argv + 1, opts, (int)(sizeof opts / sizeof opts[0]));
     if (r == KV_ARGS_HELP) return KV_EXIT_OK;
     if (r != KV_ARGS_OK) return KV_EXIT_USAGE;
+    if (dry) {
+        if (csv) return kv_args_bad(cmd, "--dry-run", "prints the model as text: not with --csv");
+        return dry_run(cmd, prompt ? prompt : 4096);
+    }
     if (strcmp(device, "cuda") != 0)
         return kv_args_bad(cmd, "--device", "bench prefill times GPU kernels: give --device cuda");
     int e = kv_cli_check_device(cmd, device);
