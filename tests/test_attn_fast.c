@@ -17,7 +17,8 @@
  *    window under KV_POS_CACHE too). On a CPU without AVX2 both runs take the loops: the check
  *    still holds, trivially, and the line printed says so.
  *  - a group's passes split over the team (kv_attention_rows() when there are fewer groups
- *    than threads) give the bits of one thread doing them; a head alone (kv_attention_head())
+ *    than threads, or one token's groups do not share out evenly) give the bits of one thread
+ *    doing them; a head alone (kv_attention_head())
  *    gives the bits of the same head inside its group.
  *  - kv_attn_exp_sum(): every exponential within 2 ulp of exp() on [-87, 0]; exactly 1 at 0;
  *    0 for -inf and below -87 (under 2^-125); NaN stays NaN; the sum is the plain sum of the
@@ -257,41 +258,48 @@ static void test_formats(int have_simd)
            worst_ratio);
 }
 
-/* A long cache whose group count is below the thread count: the team split of one group,
- * and the bound at N = 4096. */
-static void test_team_long(int have_simd)
+/* A long cache split over a team of @p team threads (or the machine's, when more): MQA, whose
+ * one group is below the thread count, and SmolLM2's 9 heads over 3 KV heads in int8, whose 3
+ * groups do not share out evenly over 2 threads, so each is split over the team too
+ * (kv_attention_rows()); the team's bits are one thread's, and within the bound at N = 4096. */
+static void test_team_long(const char *what, int H, int Hkv, int d, int dtype, int team)
 {
-    const kv_config cfg = make_config(8, 1, 128);
+    const kv_config cfg = make_config(H, Hkv, d);
     kv_rng r;
     kv_rng_seed(&r, 77);
     kv_cache c;
     kv_err e;
     kv_cache_spec s = kv_cache_spec_default(1, 4096);
-    s.quant.dtype = KV_QF_F16;
+    s.quant.dtype = dtype;
     int rc = kv_cache_create(&c, &cfg, &s, &e);
-    float *k = malloc((size_t)4096 * 128 * sizeof(float)), *v = malloc((size_t)4096 * 128 * 4);
-    for (int i = 0; i < 4096 * 128; i++) k[i] = kv_rng_uniform(&r, -1, 1), v[i] = kv_rng_uniform(&r, -1, 1);
+    const size_t kd = (size_t)Hkv * d, hd = (size_t)H * d;
+    float *k = malloc((size_t)4096 * kd * sizeof(float)), *v = malloc((size_t)4096 * kd * 4);
+    for (size_t i = 0; i < 4096 * kd; i++) k[i] = kv_rng_uniform(&r, -1, 1), v[i] = kv_rng_uniform(&r, -1, 1);
     if (!rc) rc = kv_cache_write_seq(&c, 0, 0, 0, 4096, k, v, &e);
-    KV_CHECK(rc == KV_OK, "long cache: %s", e.msg);
+    KV_CHECK(rc == KV_OK, "%s: long cache: %s", what, e.msg);
+    float *q = malloc(hd * 4), *qr = malloc(hd * 4), *a = malloc(hd * 4), *b = malloc(hd * 4);
+    float *ref = malloc(hd * 4);
     if (!rc) {
-        float q[8 * 128], a[8 * 128], b[8 * 128];
-        for (int i = 0; i < 8 * 128; i++) q[i] = kv_rng_uniform(&r, -2, 2);
+        for (size_t i = 0; i < hd; i++) q[i] = kv_rng_uniform(&r, -2, 2);
+        const kv_head_view kh0 = kv_cache_view(&c, 0, 0, 0, KV_QROLE_KEY);
+        for (int h = 0; h < H; h++) /* the query the fast path scores int8 keys with */
+            if (kv_attn_int_keys(&kh0)) kv_attn_query_rounded(q + h * d, d, qr + h * d);
+            else memcpy(qr + h * d, q + h * d, (size_t)d * 4);
         kv_parallel_ignore_load(1); /* the team must run even on a busy machine */
-        const int nt = omp_get_max_threads();
-        omp_set_num_threads(nt > 1 ? nt : 2);
-        kv_attention(&c, 0, 0, 4095, q, a, 8);
+        const int nt = omp_get_max_threads(), use = nt > team ? nt : team;
+        omp_set_num_threads(use);
+        kv_attention(&c, 0, 0, 4095, q, a, H);
         omp_set_num_threads(1);
-        kv_attention(&c, 0, 0, 4095, q, b, 8);
+        kv_attention(&c, 0, 0, 4095, q, b, H);
         omp_set_num_threads(nt);
         kv_parallel_ignore_load(0);
-        KV_CHECK(!memcmp(a, b, sizeof a), "MQA 4096 positions: team of %d != one thread",
-                 nt > 1 ? nt : 2);
-        float ref[8 * 128];
-        KV_CHECK(kv_attention_ref(&c, 0, 0, 4095, q, ref, 8) == KV_OK &&
-                 !outside_bound("MQA 4096 positions", &c, 4095, 8, q, a, ref),
-                 "MQA 4096 positions: within the bound of the reference");
+        KV_CHECK(!memcmp(a, b, hd * 4), "%s, 4096 positions: team of %d != one thread", what,
+                 use);
+        KV_CHECK(kv_attention_ref(&c, 0, 0, 4095, qr, ref, H) == KV_OK &&
+                 !outside_bound(what, &c, 4095, H, qr, a, ref),
+                 "%s, 4096 positions: within the bound of the reference", what);
     }
-    (void)have_simd;
+    free(q), free(qr), free(a), free(b), free(ref);
     free(k);
     free(v);
     kv_cache_free(&c);
@@ -498,7 +506,8 @@ int main(void)
     test_exp();
     test_formats(have_simd);
     test_fp8_codes();
-    test_team_long(have_simd);
+    test_team_long("MQA fp16", 8, 1, 128, KV_QF_F16, 2);
+    test_team_long("9 heads over 3, int8", 9, 3, 64, KV_QF_INT8, 2);
     test_query_q16();
     test_add_row();
     return kv_test_finish();

@@ -6,7 +6,8 @@
  *  - kv_attention_fast.c, the fast path: the same passes in float as loops the compiler
  *    vectorizes, a KV head's G query heads computed together (a group), rows decoded once
  *    each, the passes of one group split over the team when there are fewer groups than
- *    threads, and an option to score int8 keys against a query rounded to 16-bit integers.
+ *    threads (or a decoded token's do not share out evenly), and an option to score int8
+ *    keys against a query rounded to 16-bit integers.
  *  - kv_attention_avx2.c, the fast path's twins for x86-64 with AVX2: the same operations
  *    in the same order with intrinsics, chosen at run time.
  * The engine (kv_forward()) calls kv_attention_rows(): the fast path. This file finds a
@@ -77,7 +78,11 @@ void kv_attention_rows(const kv_cache *c, int layer, int n, const int *rows, con
     const size_t per = thread_floats(G, d, max_len);
     const int64_t groups = (int64_t)n * Hkv;
     const int par = kv_parallel_worth(groups * G * max_len * d);
-    if (par && groups < omp_get_max_threads()) { /* fewer groups than threads: split each */
+    const int nt = omp_get_max_threads();
+    /* fewer groups than threads, or one token's groups that do not share out evenly (decode
+     * with 3 KV heads on 2 threads: one thread would take two groups, the other one): split
+     * each group over the team */
+    if (par && (groups < nt || (n == 1 && groups % nt))) {
         for (int k = 0; k < n; k++) {
             const int t = rows ? rows[k] : k;
             for (int kvh = 0; kvh < Hkv; kvh++) {

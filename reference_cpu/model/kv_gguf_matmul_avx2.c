@@ -101,24 +101,27 @@ KV_AVX2 static inline __m256i q8_0_sums(const uint8_t *blk, const kv_gguf_act *a
 
 /* A row's blocks eight at a time: their integer sums reduced together (hsum8()) and their
  * binary16 scales converted together (fp16x8(): d at byte 0 of each block, and with @p has_m
- * Q4_1's minimum m at byte 2), then their float terms one by one in block order, the portable
- * loop's operations in its order; the last n / 32 mod 8 blocks one at a time.
- * BLOCK_SUMS(blk, b) is block b's 8 partial sums, TERM(blk, b, s, d, m) its term. */
-#define KV_ROW_DOT(bytes, has_m, BLOCK_SUMS, TERM)                                               \
+ * Q4_1's minimum m at byte 2), their eight float terms made together in one vector
+ * (TERMS8(blk, b, s, d, m): lane i is block b + i's term, by the portable loop's operations on
+ * that lane alone, so the same bits), then added to the one accumulator in block order, the
+ * portable loop's order; the last n / 32 mod 8 blocks one at a time (TERM(blk, b, s, d, m)).
+ * Made one by one, the terms' loads, conversions and multiplies were most of a block's
+ * instructions: the row ran at what one core issues, not at what memory gives.
+ * BLOCK_SUMS(blk, b) is block b's 8 partial sums. */
+#define KV_ROW_DOT(bytes, has_m, BLOCK_SUMS, TERMS8, TERM)                                      \
     do {                                                                                      \
         const int nb_ = n / 32;                                                               \
         int b_ = 0;                                                                           \
         for (; b_ + 8 <= nb_; b_ += 8) {                                                      \
             const uint8_t *r_ = row + (bytes) * b_;                                           \
             __m256i v_[8];                                                                    \
-            int32_t s_[8];                                                                    \
-            float d_[8], m_[8] = {0};                                                         \
+            float t_[8];                                                                      \
             for (int i_ = 0; i_ < 8; i_++) v_[i_] = BLOCK_SUMS(r_ + (bytes) * i_, b_ + i_);   \
-            _mm256_storeu_si256((__m256i *)s_, hsum8(v_));                                    \
-            _mm256_storeu_ps(d_, fp16x8(r_, bytes));                                          \
-            if (has_m) _mm256_storeu_ps(m_, fp16x8(r_ + 2, bytes));                           \
-            for (int i_ = 0; i_ < 8; i_++)                                                    \
-                acc += TERM(r_ + (bytes) * i_, b_ + i_, s_[i_], d_[i_], m_[i_]);              \
+            const __m256 d_ = fp16x8(r_, bytes);                                              \
+            const __m256 m_ = (has_m) ? fp16x8(r_ + 2, bytes) : _mm256_setzero_ps();          \
+            (void)m_;                                                                         \
+            _mm256_storeu_ps(t_, TERMS8(r_, b_, hsum8(v_), d_, m_));                           \
+            for (int i_ = 0; i_ < 8; i_++) acc += t_[i_];                                     \
         }                                                                                     \
         for (; b_ < nb_; b_++) {                                                              \
             const uint8_t *r_ = row + (bytes) * b_;                                           \
@@ -127,26 +130,44 @@ KV_AVX2 static inline __m256i q8_0_sums(const uint8_t *blk, const kv_gguf_act *a
         }                                                                                     \
     } while (0)
 
+/* kv_gguf_term() of eight blocks, lane by lane: (scale dx) isum, two rounded products */
+KV_AVX2 static inline __m256 term8(__m256 scale, const float *dx, __m256i isum)
+{
+    return _mm256_mul_ps(_mm256_mul_ps(scale, _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(isum));
+}
+
+/* the code sums of activation blocks b .. b + 7 (s16's halves added pairwise) */
+KV_AVX2 static inline __m256i csum8(const kv_gguf_act *a, int b)
+{
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a->s16 + 2 * b)),
+                             _mm256_set1_epi16(1));
+}
+
 KV_AVX2 static float dot_q8_0(const uint8_t *row, const kv_gguf_act *a, int n)
 {
     float acc = 0.0f;
 #define Q8_SUMS(blk, b) q8_0_sums(blk, a, b)
+#define Q8_TERMS8(blk, b, s, sc, mn) term8(sc, a->d + (b), s)
 #define Q8_TERM(blk, b, s, sc, mn) kv_gguf_term(sc, a->d[b], s)
-    KV_ROW_DOT(34, 0, Q8_SUMS, Q8_TERM);
+    KV_ROW_DOT(34, 0, Q8_SUMS, Q8_TERMS8, Q8_TERM);
     return acc;
 }
 
 /* Q4_0 (18-byte blocks: d, codes) and Q4_1 (20 bytes: d, m, codes): kv_gguf_q4_term()'s
- * steps with d and m converted eight at a time */
+ * steps, eight blocks a vector: Q4_1's (d dx) s + m ds, Q4_0's (d dx) (s - 8 sum c) */
 KV_AVX2 static inline float dot_q4(const uint8_t *row, const kv_gguf_act *a, int n, int q4_1)
 {
     const int bytes = q4_1 ? 20 : 18;
     float acc = 0.0f;
 #define Q4_SUMS(blk, b) udot8(nibbles16((blk) + bytes - 16), a->q + 32 * (b))
+#define Q4_TERMS8(blk, b, s, sc, mn)                                                          \
+    (q4_1 ? _mm256_add_ps(term8(sc, a->d + (b), s),                                           \
+                          _mm256_mul_ps(mn, _mm256_loadu_ps(a->ds + (b))))                     \
+          : term8(sc, a->d + (b), _mm256_sub_epi32(s, _mm256_slli_epi32(csum8(a, b), 3))))
 #define Q4_TERM(blk, b, s, sc, mn)                                                            \
     (q4_1 ? kv_gguf_term(sc, a->d[b], s) + (mn) * a->ds[b]                                    \
           : kv_gguf_term(sc, a->d[b], (s) - 8 * (a->s16[2 * (b)] + a->s16[2 * (b) + 1])))
-    KV_ROW_DOT(bytes, q4_1, Q4_SUMS, Q4_TERM);
+    KV_ROW_DOT(bytes, q4_1, Q4_SUMS, Q4_TERMS8, Q4_TERM);
     return acc;
 }
 KV_AVX2 static float dot_q4_0(const uint8_t *row, const kv_gguf_act *a, int n) { return dot_q4(row, a, n, 0); }
