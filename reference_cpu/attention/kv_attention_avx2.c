@@ -224,45 +224,58 @@ KV_INLINE void dots_rows(const group *g, int h, int f, const rowref *k, int64_t 
 }
 
 /* Integer scores of int8 rows (kv_attention_fast.c, kv_attn_int_keys()): the dot products Q · c of
- * one head's query against rows 0 .. n-1 (n a multiple of 4), four rows at a time, 16
- * columns a step: the codes widened to 16 bits, one vpmaddwd (16 products of 16-bit
- * integers, added in pairs) and one add of 32-bit integers, where a float dot product takes
- * two conversions, two multiplies and two adds. Each row's eight lanes folded to one. */
-KV_INLINE void dots_q16(const int16_t *q, const rowref *k, int n, int d, int32_t *dot)
+ * nq heads' queries (1 to 3, a constant where inlined; q [nq][d]) against rows 0 .. n-1 (n a
+ * multiple of 4), four rows at a time, 16 columns a step: each row's codes widened to 16 bits
+ * once for the nq heads, one vpmaddwd per head (16 products of 16-bit integers, added in pairs)
+ * and one add of 32-bit integers, where a float dot product takes two conversions, two
+ * multiplies and two adds. Each row's eight lanes folded to one (exact in any order). */
+KV_INLINE void dots_q16(const int16_t *q, int nq, const rowref *k, int n, int d,
+                        int32_t (*dot)[KV_ATTN_ROWS])
 {
     for (int c = 0; c < n; c += 4) {
-        __m256i a[4];
-        for (int u = 0; u < 4; u++) a[u] = _mm256_setzero_si256();
-        for (int j = 0; j < d; j += 16) {
-            const __m256i qj = _mm256_loadu_si256((const __m256i *)(const void *)(q + j));
+        __m256i a[3][4];
+        for (int t = 0; t < nq; t++)
+            for (int u = 0; u < 4; u++) a[t][u] = _mm256_setzero_si256();
+        for (int j = 0; j < d; j += 16)
             for (int u = 0; u < 4; u++) {
                 const __m256i cu = _mm256_cvtepi8_epi16(_mm_loadu_si128(
                     (const __m128i *)(const void *)((const int8_t *)k[c + u].p + j)));
-                a[u] = _mm256_add_epi32(a[u], _mm256_madd_epi16(cu, qj));
+                for (int t = 0; t < nq; t++)
+                    a[t][u] = _mm256_add_epi32(a[t][u], _mm256_madd_epi16(cu, _mm256_loadu_si256(
+                        (const __m256i *)(const void *)(q + (size_t)t * d + j))));
             }
+        for (int t = 0; t < nq; t++) {
+            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a[t][0], a[t][1]),
+                                                _mm256_hadd_epi32(a[t][2], a[t][3]));
+            _mm_storeu_si128((__m128i *)(void *)(dot[t] + c),
+                             _mm_add_epi32(_mm256_castsi256_si128(h),
+                                           _mm256_extracti128_si256(h, 1)));
         }
-        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]),
-                                            _mm256_hadd_epi32(a[2], a[3]));
-        _mm_storeu_si128((__m128i *)(void *)(dot + c),
-                         _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
     }
 }
 
-/* Pass 1 over a block of n int8 rows b .. b+n-1: each head against four rows at a time (the
- * rows are in L1 after the first head), the rows left over one by one. */
+/* Pass 1 over a block of n int8 rows b .. b+n-1: the heads three at a time against four rows
+ * at a time (the rows are in L1 after the first three), the rows left over one by one; each
+ * head's scores and max in row order. */
 KV_INLINE void scores_block_q16(const group *g, const qint *qi, const rowref *k, int n,
                                 int64_t b, float *mx)
 {
     const int d = g->d, n4 = n / 4 * 4;
-    for (int h = 0; h < g->G; h++) {
-        const int16_t *q = qi->q16 + (size_t)h * d;
-        float *att = g->att + (size_t)h * g->len + b;
-        int32_t dot[KV_ATTN_ROWS];
-        dots_q16(q, k, n4, d, dot);
-        for (int c = n4; c < n; c++) dot[c] = kv_attn_dot_q16(q, k[c].p, d);
-        for (int c = 0; c < n; c++) {
-            att[c] = kv_attn_int_score(dot[c], k[c].f, qi->step[h]);
-            if (att[c] > mx[h]) mx[h] = att[c];
+    for (int h0 = 0; h0 < g->G; h0 += 3) {
+        const int nq = g->G - h0 < 3 ? g->G - h0 : 3;
+        const int16_t *q = qi->q16 + (size_t)h0 * d;
+        int32_t dot[3][KV_ATTN_ROWS];
+        if (nq == 3) dots_q16(q, 3, k, n4, d, dot); /* the count a constant of each call */
+        else if (nq == 2) dots_q16(q, 2, k, n4, d, dot);
+        else dots_q16(q, 1, k, n4, d, dot);
+        for (int t = 0; t < nq; t++) {
+            const int h = h0 + t;
+            float *att = g->att + (size_t)h * g->len + b;
+            for (int c = n4; c < n; c++) dot[t][c] = kv_attn_dot_q16(q + (size_t)t * d, k[c].p, d);
+            for (int c = 0; c < n; c++) {
+                att[c] = kv_attn_int_score(dot[t][c], k[c].f, qi->step[h]);
+                if (att[c] > mx[h]) mx[h] = att[c];
+            }
         }
     }
 }
@@ -421,54 +434,41 @@ KV_INLINE_FMA __m256 madd(int f, __m256 w, __m256 v, __m256 x)
     return f == ROW_I8 ? _mm256_fmadd_ps(w, v, x) : _mm256_add_ps(x, _mm256_mul_ps(w, v));
 }
 
-/* out[h][j .. j+32) of NHH heads (1 or 2) += w_h[c] · v_c[j .. j+32) over the block's rows c in
- * order, the outputs held in registers across the rows. */
-KV_INLINE_FMA void values_run(float *const *o, const float *const *w, int nhh, int f,
-                          const rowref *vp, int n, int j)
+/* out[h][j .. j+8U) of NHH heads (1 to 3) += w_h[c] · v_c[j .. j+8U) over the block's rows c
+ * in order, the outputs held in registers across the rows; nhh and U constants where inlined:
+ * U = 4 for one or two heads, 2 for three (a group of 3 query heads, SmolLM2's 9 over 3, in
+ * one pass over the rows, each row's codes converted once for the three where a pair and then
+ * a single head would convert them twice), 1 for what is left of a row. */
+KV_INLINE_FMA void values_run(float *const *o, const float *const *w, int nhh, int U, int f,
+                              const rowref *vp, int n, int j)
 {
-    __m256 x[2][4];
+    __m256 x[3][4];
     for (int t = 0; t < nhh; t++)
-        for (int u = 0; u < 4; u++) x[t][u] = _mm256_loadu_ps(o[t] + j + 8 * u);
+        for (int u = 0; u < U; u++) x[t][u] = _mm256_loadu_ps(o[t] + j + 8 * u);
     for (int c = 0; c < n; c++) {
-        const __m256 v0 = load8(f, vp[c], j), v1 = load8(f, vp[c], j + 8);
-        const __m256 v2 = load8(f, vp[c], j + 16), v3 = load8(f, vp[c], j + 24);
+        __m256 v[4];
+        for (int u = 0; u < U; u++) v[u] = load8(f, vp[c], j + 8 * u);
         for (int t = 0; t < nhh; t++) {
             const __m256 wt = _mm256_set1_ps(w[t][c]);
-            x[t][0] = madd(f, wt, v0, x[t][0]);
-            x[t][1] = madd(f, wt, v1, x[t][1]);
-            x[t][2] = madd(f, wt, v2, x[t][2]);
-            x[t][3] = madd(f, wt, v3, x[t][3]);
+            for (int u = 0; u < U; u++) x[t][u] = madd(f, wt, v[u], x[t][u]);
         }
     }
     for (int t = 0; t < nhh; t++)
-        for (int u = 0; u < 4; u++) _mm256_storeu_ps(o[t] + j + 8 * u, x[t][u]);
+        for (int u = 0; u < U; u++) _mm256_storeu_ps(o[t] + j + 8 * u, x[t][u]);
 }
 
-/* values_run() for a run of 8 columns: what is left of a row after its runs of 32. */
-KV_INLINE_FMA void values_run8(float *const *o, const float *const *w, int nhh, int f,
-                           const rowref *vp, int n, int j)
-{
-    __m256 x[2];
-    for (int t = 0; t < nhh; t++) x[t] = _mm256_loadu_ps(o[t] + j);
-    for (int c = 0; c < n; c++) {
-        const __m256 v = load8(f, vp[c], j);
-        for (int t = 0; t < nhh; t++)
-            x[t] = madd(f, _mm256_set1_ps(w[t][c]), v, x[t]);
-    }
-    for (int t = 0; t < nhh; t++) _mm256_storeu_ps(o[t] + j, x[t]);
-}
-
-/* Pass 3 over a block of n rows read as f, columns [j0, j1): heads in pairs, runs of 32
- * columns in registers, then runs of 8, the last columns one at a time, rows in order; each
- * weight times its row's factor first, as kv_attn_group_values() does. */
+/* Pass 3 over a block of n rows read as f, columns [j0, j1): heads in pairs (an odd count's
+ * first three together), runs of 32 columns in registers (16 for three heads), then runs of 8,
+ * the last columns one at a time, rows in order; each weight times its row's factor first, as
+ * kv_attn_group_values() does. */
 KV_INLINE_FMA void values_block(const group *g, int f, const rowref *vp, const float *fac, int n,
                             int64_t i0, int j0, int j1)
 {
     const int G = g->G, d = g->d;
     for (int h = 0; h < G;) {
-        const int nhh = G - h >= 2 ? 2 : 1;
-        float *o[2], wf[2][KV_ATTN_ROWS];
-        const float *w[2];
+        const int left = G - h, nhh = left >= 3 && left % 2 ? 3 : left >= 2 ? 2 : 1;
+        float *o[3], wf[3][KV_ATTN_ROWS];
+        const float *w[3];
         for (int t = 0; t < nhh; t++) {
             o[t] = g->out + (size_t)(h + t) * d;
             w[t] = g->att + (size_t)(h + t) * g->len + i0;
@@ -478,12 +478,15 @@ KV_INLINE_FMA void values_block(const group *g, int f, const rowref *vp, const f
             }
         }
         int j = j0;
-        if (nhh == 2) { /* the head count a constant of each call: registers, not arrays */
-            for (; j + 32 <= j1; j += 32) values_run(o, w, 2, f, vp, n, j);
-            for (; j + 8 <= j1; j += 8) values_run8(o, w, 2, f, vp, n, j);
+        if (nhh == 3) { /* the head count a constant of each call: registers, not arrays */
+            for (; j + 16 <= j1; j += 16) values_run(o, w, 3, 2, f, vp, n, j);
+            for (; j + 8 <= j1; j += 8) values_run(o, w, 3, 1, f, vp, n, j);
+        } else if (nhh == 2) {
+            for (; j + 32 <= j1; j += 32) values_run(o, w, 2, 4, f, vp, n, j);
+            for (; j + 8 <= j1; j += 8) values_run(o, w, 2, 1, f, vp, n, j);
         } else {
-            for (; j + 32 <= j1; j += 32) values_run(o, w, 1, f, vp, n, j);
-            for (; j + 8 <= j1; j += 8) values_run8(o, w, 1, f, vp, n, j);
+            for (; j + 32 <= j1; j += 32) values_run(o, w, 1, 4, f, vp, n, j);
+            for (; j + 8 <= j1; j += 8) values_run(o, w, 1, 1, f, vp, n, j);
         }
         for (; j < j1; j++)
             for (int t = 0; t < nhh; t++)
