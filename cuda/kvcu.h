@@ -207,8 +207,11 @@ int kvcu_model_set_weights(kvcu_model *m, int dtype, kv_err *err);
  * that of a one-token step at its position, bit for bit; 5 chapter 08's v5 on tensor cores
  * (kvcu_flash_attention(5, ...): q, K, V and P rounded to 16 bits, held to the reference by
  * the bound of tests/test_gpu_flash.c), where the device has tensor cores (sm_80+), the cache
- * has no window or retention and the head dim fits v5 (else the per-row kernels). A sequence asking for all_logits (a
- * speculative verification chunk, chapter 10) takes the per-row kernels under either
+ * has no window or retention and the head dim fits v5 (else the per-row kernels); 6 the same
+ * with v6 (kvcu_flash_attention(6, ...), the same roundings and bound, int8 and fp8 tiles
+ * converted once) wherever v6 fits the layer, v5 where only v5 does (the choice:
+ * kvcu_flash_prefill_version(), kvcu_flash_v6.cu). A sequence asking for all_logits (a
+ * speculative verification chunk, chapter 10) takes the per-row kernels under every
  * setting: its row j equals the one-token step at that position, bit for bit, which greedy
  * verification relies on. KV_ERR_ARG for other versions.
  */
@@ -244,7 +247,8 @@ int kvcu_backend_create(kv_backend **out, const kv_model *model, const kv_cache_
 /** The tensor-core choices of a CUDA backend (all zeros: kvcu_backend_create()'s engine). */
 typedef struct {
     int weights; /**< KV_QF_F32 (0), KV_QF_BF16 or KV_QF_F16: kvcu_model_set_weights() */
-    int prefill; /**< 0 the per-row kernels, 5 v5 on tensor cores: kvcu_state_set_prefill() */
+    int prefill; /**< 0 the per-row kernels, 5 v5 on tensor cores, 6 v6 where it fits (else
+                  *   v5): kvcu_state_set_prefill() */
 } kvcu_engine_opts;
 /** kvcu_backend_create() with the engine @p o chooses (NULL: the default); KV_ERR_ARG for a
  * weights type or prefill version those two setters refuse. */
@@ -457,6 +461,16 @@ size_t kvcu_flash_scratch(int version, const kvcu_flash_job *j);
  */
 int kvcu_flash_time(int version, const kvcu_flash_job *j, float *scratch, int repeats,
                     double *seconds, kv_err *err);
+/**
+ * The tensor-core version the engine's causal prefill of a layer runs (kvcu_state_set_prefill()
+ * @p want 5 or 6), chosen here and nowhere else: 6 where @p want is 6 and v6 takes the shape
+ * (v5's shapes: head dims a multiple of 16 up to 128, groups of up to 64 heads; and its shared
+ * memory within what this device lets a block opt in to), else 5 where v5 takes it, else 0
+ * (the per-row kernels). Both read every format and both layouts (v6 converts per-token int8
+ * and fp8 tiles, dequantizes the others as v5 does), so the shape alone decides; the engine
+ * itself keeps windows, retention and devices below sm_80 on the per-row kernels.
+ */
+int kvcu_flash_prefill_version(int want, int n_heads, int n_kv_heads, int head_dim);
 /**
  * The device's read bandwidth, the roofline of a decode step: a kernel sums a buffer of
  * @p bytes (rounded to 16-byte vectors; 0 = 1 GiB), timed with CUDA events, median of

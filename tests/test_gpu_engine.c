@@ -10,8 +10,9 @@
  *  - bad batches are refused like the CPU refuses them, leaving the cache as it was; an
  *    unsupported spec is KV_ERR_UNSUPPORTED, an impossible one KV_ERR_NOMEM;
  *  - the work counters equal the CPU's;
- *  - with the prefill on tensor cores (kvcu_state_set_prefill 5): a chunked prefill and a
- *    prefill in a batch give the one-shot prefill's logits bit for bit, near the CPU's;
+ *  - with the prefill on tensor cores (kvcu_state_set_prefill 5: v5; 6: v6, the CLI's
+ *    default): a chunked prefill and a prefill in a batch give the one-shot prefill's logits
+ *    bit for bit, near the CPU's;
  *  - with bf16 or fp16 weights (kvcu_model_set_weights): the same, for the projections.
  * Exits 77 (skipped) without a usable device. */
 #include "kv_backend.h"
@@ -325,15 +326,16 @@ static void test_refusals(void)
     kv_model_free(&m);
 }
 
-/* ---- prefill on tensor cores (kvcu_state_set_prefill 5) --------------------------------- */
+/* ---- prefill on tensor cores (kvcu_state_set_prefill 5 and 6) --------------------------- */
 
-/* A 40-token prompt's every-row logits with the prefill on tensor cores: one shot in slot 0;
- * in chunks of 16, 16 and 8 in slot 1; and beside a decode row of slot 0 in slot 2. Each
- * row of v5 is computed alone (its tiles walk the keys from 0 in the same steps, masked keys
- * add exact zeros), so the chunked and batched rows equal the one-shot rows bit for bit. The
- * whole step against the CPU: v5 holds each attention output to the bound of
- * test_gpu_flash.c, which two layers carry into the logits; asserted here within 0.5 % of the
- * largest logit, the measured distance printed. */
+/* A 40-token prompt's every-row logits with the prefill on tensor cores, v5 or v6: one shot
+ * in slot 0; in chunks of 16, 16 and 8 in slot 1; and beside a decode row of slot 0 in slot
+ * 2. Each row of v5 or v6 is computed alone (its tiles walk the keys from 0 in the same steps,
+ * masked keys add exact zeros), so the chunked and batched rows equal the one-shot rows bit
+ * for bit. The whole step against the CPU: v5 and v6 hold each attention output to the bound
+ * of test_gpu_flash.c, which two layers carry into the logits; asserted here within 0.5 % of
+ * the largest logit, the measured distance printed. With 6 the engine runs v6 on these shapes
+ * (kvcu_flash_prefill_version() says so, checked), so a prefill through v6 is what is held. */
 enum { PP = 40 };
 
 /* Prefill the PP tokens of prompt in slot 0 of both engines, every row's logits (gpu, cpu
@@ -355,42 +357,47 @@ static int prompt_vs_cpu(pair *p, const int *prompt, float *gpu, float *cpu, dou
     }
     return rc;
 }
-static void test_prefill_mma(const engine_case *ec, uint64_t seed)
+static void test_prefill_mma(const engine_case *ec, uint64_t seed, int version)
 {
     kv_model m;
     pair p;
     if (make_model(&m, ec, seed)) return;
     kv_err e;
-    if (pair_open(&p, &m, 3) || kvcu_state_set_prefill(p.gs, 5, &e)) {
-        KV_CHECK(0, "%s: prefill 5 engines", ec->name);
+    if (pair_open(&p, &m, 3) || kvcu_state_set_prefill(p.gs, version, &e)) {
+        KV_CHECK(0, "%s: prefill %d engines", ec->name, version);
         pair_close(&p);
         kv_model_free(&m);
         return;
     }
     KV_CHECK(kvcu_state_set_prefill(p.gs, 4, &e) == KV_ERR_ARG, "prefill version 4 refused");
+    KV_CHECK(kvcu_state_set_prefill(p.gs, version, &e) == KV_OK, "prefill %d again", version);
+    const int Hkv = ec->n_kv_heads, d = ec->dim / ec->n_heads;
+    KV_CHECK(kvcu_flash_prefill_version(version, ec->n_heads, Hkv, d) == version,
+             "%s: the engine's prefill %d runs v%d (it runs v%d)", ec->name, version, version,
+             kvcu_flash_prefill_version(version, ec->n_heads, Hkv, d));
     static float one[PP * VOCAB], cpu[PP * VOCAB], part[PP * VOCAB], last[2 * VOCAB];
     int prompt[PP];
     for (int i = 0; i < PP; i++) prompt[i] = (7 * i + 3) % VOCAB;
     double worst, top;
     int rc = prompt_vs_cpu(&p, prompt, one, cpu, &worst, &top);
-    KV_CHECK(rc == KV_OK, "%s: prefill on tensor cores", ec->name);
-    printf("%s: prefill on tensor cores vs CPU: max |diff| %.3g, %.3g%% of the largest logit\n",
-           ec->name, worst, 100.0 * worst / top);
-    KV_CHECK(!rc && worst <= 0.005 * top, "%s: logits %.3g from the CPU's (largest %.3g)",
-             ec->name, worst, top);
+    KV_CHECK(rc == KV_OK, "%s: prefill on tensor cores (v%d)", ec->name, version);
+    printf("%s: prefill on tensor cores (v%d) vs CPU: max |diff| %.3g, %.3g%% of the largest "
+           "logit\n", ec->name, version, worst, 100.0 * worst / top);
+    KV_CHECK(!rc && worst <= 0.005 * top, "%s: v%d logits %.3g from the CPU's (largest %.3g)",
+             ec->name, version, worst, top);
     for (int t0 = 0; t0 < PP && !rc; t0 += 16) { /* chunks 16, 16, 8 */
         const int n = PP - t0 < 16 ? PP - t0 : 16;
         kv_seq c = {1, t0, n, prompt + t0, part + (size_t)t0 * VOCAB};
         rc = kvcu_forward(p.gm, p.gc, p.gs, &c, 1, last, NULL, &e);
     }
     KV_CHECK(!rc && !memcmp(part, one, sizeof one), "%s: chunked prefill on tensor cores "
-             "differs from the one-shot prefill", ec->name);
+             "(v%d) differs from the one-shot prefill", ec->name, version);
     int tok = 1;
     kv_seq b[2] = {{0, PP, 1, &tok, NULL}, {2, 0, PP, prompt, part}};
     memset(part, 0, sizeof part);
     if (!rc) rc = kvcu_forward(p.gm, p.gc, p.gs, b, 2, last, NULL, &e);
     KV_CHECK(!rc && !memcmp(part, one, sizeof one), "%s: a prefill beside a decode row "
-             "differs from the prefill alone", ec->name);
+             "(v%d) differs from the prefill alone", ec->name, version);
     pair_close(&p);
     kv_model_free(&m);
 }
@@ -442,8 +449,10 @@ int main(void)
     test_batch(&cases[1], 7);
     test_naive_vs_cached(&cases[2], 11);
     test_refusals();
-    test_prefill_mma(&cases[1], 5);
-    test_prefill_mma(&cases[4], 6);
+    for (int v = 5; v <= 6; v++) {
+        test_prefill_mma(&cases[1], 5, v);
+        test_prefill_mma(&cases[4], 6, v);
+    }
     test_weights16(&cases[1], 9, KV_QF_BF16);
     test_weights16(&cases[3], 10, KV_QF_F16);
     return kv_test_finish();

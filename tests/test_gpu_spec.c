@@ -19,7 +19,7 @@
  *    CPU scores each one within fp32 tolerance of its own best (agreement is printed);
  *  - refusals as on the CPU: an unarmed KIVI truncate, len outside [0, length], a slot out of
  *    range, cutting into a block the prefix cache registered (length unchanged);
- *  - the prefill on tensor cores (chapter 08's v5, the CLI's default on CUDA): an all_logits
+ *  - the prefill on tensor cores (chapter 08's v6, the CLI's default on CUDA): an all_logits
  *    chunk still equals one-token steps bit for bit after it, its logits stay within 0.5 % of
  *    the CPU's largest, and greedy tokens equal the per-row prefill's and the CPU's on the
  *    tiny models (the bound is stated; the identity is measured on these models).
@@ -104,9 +104,9 @@ done:
     free(last);
 }
 
-/* ---- the prefill on tensor cores (kvcu_engine_opts.prefill 5) --------------------------- */
+/* ---- the prefill on tensor cores (kvcu_engine_opts.prefill 6) --------------------------- */
 
-/* A prompt's rows through v5, then: an all_logits chunk still takes the per-row kernels, so
+/* A prompt's rows through v6, then: an all_logits chunk still takes the per-row kernels, so
  * its rows equal one-token steps after the same prefill bit for bit (what greedy verification
  * needs); the prompt's last logits are within 0.5 % of the largest CPU logit (the bound of
  * test_gpu_engine.c's prefill on tensor cores); greedy decoding after a PL-token prompt
@@ -116,16 +116,16 @@ enum { PL = 32 }; /* the longer prompt: PL + N - 1 positions fit CAP */
 static void test_prefill_mma(const kv_model *m, const kv_cache_spec *spec, const char *what)
 {
     kv_err e;
-    const kvcu_engine_opts mma = {KV_QF_F32, 5};
-    kv_backend *a = NULL, *b = NULL, *s = NULL, *c = NULL; /* v5 x2, per-row, CPU */
+    const kvcu_engine_opts mma = {KV_QF_F32, 6};
+    kv_backend *a = NULL, *b = NULL, *s = NULL, *c = NULL; /* v6 x2, per-row, CPU */
     const int V = m->config.vocab_size;
-    float *rows = malloc(sizeof(float) * (size_t)C * V); /* [C][V] all_logits after v5 */
+    float *rows = malloc(sizeof(float) * (size_t)C * V); /* [C][V] all_logits after v6 */
     float *one = malloc(sizeof(float) * V), *cpu = malloc(sizeof(float) * V);
     int ok = rows && one && cpu && kvcu_backend_create_opts(&a, m, spec, &mma, &e) == KV_OK &&
              kvcu_backend_create_opts(&b, m, spec, &mma, &e) == KV_OK &&
              kvcu_backend_create(&s, m, spec, &e) == KV_OK &&
              kv_backend_cpu(&c, m, spec, &e) == KV_OK;
-    KV_CHECK(ok, "%s: v5 backends: %s", what, e.msg);
+    KV_CHECK(ok, "%s: v6 backends: %s", what, e.msg);
     if (!ok) goto done;
     int tok[PL + C];
     for (int j = 0; j < PL + C; j++) tok[j] = (37 * j + 11) % V;
@@ -134,16 +134,16 @@ static void test_prefill_mma(const kv_model *m, const kv_cache_spec *spec, const
          a->forward(a, &ca, 1, NULL, NULL, &e) == KV_OK &&
          b->forward(b, &pa, 1, one, NULL, &e) == KV_OK &&
          c->forward(c, &pa, 1, cpu, NULL, &e) == KV_OK;
-    KV_CHECK(ok, "%s: v5 prefill: %s", what, e.msg);
+    KV_CHECK(ok, "%s: v6 prefill: %s", what, e.msg);
     if (!ok) goto done;
     double worst = 0.0, top = 0.0;
     for (int i = 0; i < V; i++) {
         if (fabs(cpu[i]) > top) top = fabs(cpu[i]);
         if (fabs(one[i] - cpu[i]) > worst) worst = fabs(one[i] - cpu[i]);
     }
-    printf("%s: v5 prefill of %d tokens vs CPU: max |diff| %.3g (%.3g%% of the largest logit)\n",
+    printf("%s: v6 prefill of %d tokens vs CPU: max |diff| %.3g (%.3g%% of the largest logit)\n",
            what, PL, worst, 100.0 * worst / top);
-    KV_CHECK(worst <= 0.005 * top, "%s: v5 prefill logits %.3g from the CPU's (largest %.3g)",
+    KV_CHECK(worst <= 0.005 * top, "%s: v6 prefill logits %.3g from the CPU's (largest %.3g)",
              what, worst, top);
     long bad = 0;
     for (int j = 0; j < C && ok; j++) {
@@ -151,7 +151,7 @@ static void test_prefill_mma(const kv_model *m, const kv_cache_spec *spec, const
         ok = b->forward(b, &t, 1, one, NULL, &e) == KV_OK;
         bad += ok && memcmp(one, rows + (size_t)j * V, sizeof(float) * V) != 0;
     }
-    KV_CHECK(ok && bad == 0, "%s: after a v5 prefill, %ld all_logits rows differ from one-token "
+    KV_CHECK(ok && bad == 0, "%s: after a v6 prefill, %ld all_logits rows differ from one-token "
              "steps (%s)", what, bad, ok ? "" : e.msg);
     int got[N], want[N], ref[N];
     const kv_gen_opts go = {KV_MODE_CACHED, 0, N, NULL, NULL, NULL, NULL};
@@ -160,9 +160,9 @@ static void test_prefill_mma(const kv_model *m, const kv_cache_spec *spec, const
          kv_generate(s, tok, PL, &go, want, NULL, &e) == KV_OK &&
          kv_generate(c, tok, PL, &go, ref, NULL, &e) == KV_OK;
     KV_CHECK(ok, "%s: greedy runs: %s", what, e.msg);
-    KV_CHECK(ok && !memcmp(got, want, sizeof got), "%s: greedy tokens after the v5 prefill "
+    KV_CHECK(ok && !memcmp(got, want, sizeof got), "%s: greedy tokens after the v6 prefill "
              "differ from those after the per-row prefill", what);
-    KV_CHECK(ok && !memcmp(got, ref, sizeof got), "%s: greedy tokens after the v5 prefill "
+    KV_CHECK(ok && !memcmp(got, ref, sizeof got), "%s: greedy tokens after the v6 prefill "
              "differ from the CPU's", what);
 done:
     kv_backend_destroy(a);
@@ -485,12 +485,12 @@ int main(void)
     KV_CHECK(kvcu_backend_create_opts(&x, &m, &s0, &bad, &e) == KV_ERR_ARG && !x &&
              kvcu_backend_create_opts(&x, &m, &s0, &bad5, &e) == KV_ERR_ARG && !x,
              "int8 weights or prefill version 4 accepted");
-    test_prefill_mma(&m, &s0, "v5 contiguous fp32");
+    test_prefill_mma(&m, &s0, "v6 contiguous fp32");
     const kv_cache_spec s1 = make_spec(1, KV_QF_INT8);
-    test_prefill_mma(&m, &s1, "v5 paged int8");
+    test_prefill_mma(&m, &s1, "v6 paged int8");
     kv_model gqa = {0};
     if (kv_model_default(&gqa, KV_DEFAULT_TINY_GQA, &e) == KV_OK)
-        test_prefill_mma(&gqa, &s0, "v5 tiny-gqa contiguous fp32");
+        test_prefill_mma(&gqa, &s0, "v6 tiny-gqa contiguous fp32");
     else
         KV_CHECK(0, "tiny-gqa: %s", e.msg);
     kv_model_free(&gqa);

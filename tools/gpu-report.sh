@@ -5,10 +5,11 @@
 # CPU library alone, and `ctest -L gpu` would then pass with no test), build for this GPU,
 # the GPU tests (ctest -L gpu), compute-sanitizer memcheck and racecheck over the decode and
 # MLA tests, the device benches (kvlab bench attention, its MQA rows, engine and mla --device
-# cuda), Nsight Compute metrics of attn_fast_kernel, attn_mma_kernel and flash_kernel_v5 (issue
-# active, DRAM throughput, shared-memory bank conflicts, instructions executed: issue-bound or
-# bandwidth-bound), and the real model (kvlab generate --model smollm2, and the pass-key grid at
-# 1k-8k under five caches: keys found and tokens/s) when its file is there.
+# cuda), Nsight Compute metrics of attn_fast_kernel, attn_mma_kernel, flash_kernel_v5 and
+# flash_kernel_v6, the engine's prefill on tensor cores (issue active, DRAM throughput,
+# shared-memory bank conflicts, instructions executed: issue-bound or bandwidth-bound), and
+# the real model (kvlab generate --model smollm2, and the pass-key grid at 1k-8k under five
+# caches: keys found and tokens/s) when its file is there.
 # Each step runs under a budget computed from the sizes it runs (the bytes a bench reads at a
 # floor of FLOOR_GBPS, plus its set-up); a step that fails or runs out of time is reported as
 # such and the next one runs.
@@ -42,7 +43,7 @@ while [ $# -gt 0 ]; do
     --no-build) NO_BUILD=1 ;;
     --all-gpu-tests) ALL_TESTS=1 ;;
     --budget) BUDGET=$2; shift ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-report.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -99,7 +100,7 @@ B_ATTN32=$(scale $(bench_budget 6 2,1.03,1 32 4096,32768 8 128 2))
 B_MQA=$(scale $(bench_budget 28 2,2 1 32768 1 128 1))
 B_ENGINE=$(scale 25) B_MLA=$(scale 15)
 B_TOTAL=$(( B_BUILD + B_TESTS + 4 * B_SAN + B_ATTN1 + B_ATTN32 + B_MQA + B_ENGINE + B_MLA +
-            3 * B_NCU + B_MODEL + B_PASSKEY ))
+            4 * B_NCU + B_MODEL + B_PASSKEY ))
 
 report() { printf '%s\n' "$*" >>"$OUT"; }
 
@@ -156,7 +157,7 @@ fi
 report "- build: \`$BUILD\`; $JOBS jobs"
 report "- budget: $BUDGET s in all; per step: build $B_BUILD, tests $B_TESTS, sanitizer $B_SAN"
 report "  per run (4 runs), attention B 1 $B_ATTN1 and B 32 $B_ATTN32, MQA $B_MQA, engine"
-report "  $B_ENGINE, mla $B_MLA, ncu $B_NCU per kernel (3), model $B_MODEL, pass key $B_PASSKEY: $B_TOTAL s if each used all of it"
+report "  $B_ENGINE, mla $B_MLA, ncu $B_NCU per kernel (4), model $B_MODEL, pass key $B_PASSKEY: $B_TOTAL s if each used all of it"
 
 # ---- 1. build ---------------------------------------------------------------------------------
 report ''
@@ -339,7 +340,8 @@ else
     ATT=(bench attention --device cuda --lengths 32768 --batch 1 --layouts contiguous --repeats 1 --lean)
     for spec in "attn_fast_kernel|fp16 G 4, N 32k|${ATT[*]} --dtypes fp16" \
                 "attn_mma_kernel|int8 G 4, N 32k|${ATT[*]} --dtypes int8" \
-                "flash_kernel_v5|bench prefill --quick|bench prefill --device cuda --quick"; do
+                "flash_kernel_v5|bench prefill --quick|bench prefill --device cuda --quick" \
+                "flash_kernel_v6|bench prefill --quick|bench prefill --device cuda --quick"; do
         IFS='|' read -r kname work args <<<"$spec"
         # shellcheck disable=SC2086
         timeout --kill-after=5 "$B_NCU" ncu --metrics "$METRICS" --kernel-name-base function \

@@ -14,8 +14,9 @@
  *   gemv     kvcu_matmul_w16_gemv() on one row: the weight bytes over the time, against the
  *            read bandwidth of the same run (kvcu_read_bandwidth());
  *   ttft     a P-token prompt's first token on a random-weight model (one kvcu_forward of the
- *            whole prompt, host wall time): the per-row prefill (simt) against v5 (mma), fp32
- *            and bf16 weights.
+ *            whole prompt, host wall time): the per-row prefill (simt) against the engine's
+ *            tensor-core prefill (mma: v6, or v5 where v6 does not fit), fp32 and bf16
+ *            weights.
  *
  * Medians of --repeats runs after a warm-up. --quick: the same rows at sizes the emulation
  * build runs in seconds (its times are the CPU's, not a GPU's).
@@ -289,7 +290,7 @@ int cmd_bench_prefill(int argc, char **argv)
     if (!csv)
         printf("\ntime to first token, %s model, %d-token prompt (one forward of the prompt):\n",
                model, prompt);
-    const kvcu_engine_opts eo[3] = {{KV_QF_F32, 0}, {KV_QF_F32, 5}, {KV_QF_BF16, 5}};
+    const kvcu_engine_opts eo[3] = {{KV_QF_F32, 0}, {KV_QF_F32, 6}, {KV_QF_BF16, 6}};
     const char *eon[3] = {"simt prefill, fp32 weights", "mma prefill, fp32 weights",
                           "mma prefill, bf16 weights"};
     double base = 0.0;

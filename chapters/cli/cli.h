@@ -158,8 +158,9 @@ int kv_cli_backend(kv_backend **out, const char *device, const kv_model *model,
  * ppl): put KV_CLI_ENGINE_OPTS(en) in the option table (both fields NULL before parsing),
  * check them with kv_cli_engine_check() once the device is known, and build the backend with
  * kv_cli_backend_engine(). Defaults on --device cuda: fp32 weights (the reference's
- * arithmetic) and the prefill on tensor cores (v5, held to the reference by a bound; a
- * speculative verification chunk still takes the per-row kernels, kvcu_state_set_prefill()).
+ * arithmetic) and the prefill on tensor cores (v6 where it fits the layer, else v5; held to
+ * the reference by a bound; a speculative verification chunk still takes the per-row kernels,
+ * kvcu_state_set_prefill()).
  */
 typedef struct {
     const char *weights; /**< cuda: "fp32", "bf16", "fp16"; cpu: "f32" ("fp32"), "native",
@@ -176,7 +177,7 @@ extern const char *const kv_cli_prefills[];
 
 #define KV_CLI_ENGINE_OPTS(en)                                                                  \
     KV_CLI_WEIGHTS_OPT(en),                                                                    \
-    {"--prefill", KV_OPT_CHOICE, &(en).prefill, 0, 0, kv_cli_prefills, "P", "with --device cuda: attention of a prompt's rows: mma (default; chapter 08's v5 on tensor cores, within a stated bound of the reference) or simt (the per-row kernels: each row equals a one-token step bit for bit)", 0}
+    {"--prefill", KV_OPT_CHOICE, &(en).prefill, 0, 0, kv_cli_prefills, "P", "with --device cuda: attention of a prompt's rows: mma (default; chapter 08's v6 on tensor cores, v5 where v6 does not fit, within a stated bound of the reference) or simt (the per-row kernels: each row equals a one-token step bit for bit)", 0}
 
 /** A --weights value the device cannot use (bf16 / fp16 on the CPU, native / q8_0 / f16 on
  * cuda) or --prefill mma on the CPU: says so and returns 2; 0 when fine. */

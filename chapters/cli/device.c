@@ -84,7 +84,7 @@ int kv_cli_backend_engine(kv_backend **out, const char *device, const kv_model *
         const char *w = en->weights ? en->weights : "fp32";
         const int st = kv_model_need_fp32(model, "the CUDA engine", err);
         if (st) return st;
-        kvcu_engine_opts o = {KV_QF_F32, 5};
+        kvcu_engine_opts o = {KV_QF_F32, 6};
         o.weights = !strcmp(w, "bf16") ? KV_QF_BF16 : !strcmp(w, "fp16") ? KV_QF_F16 : KV_QF_F32;
         if (en->prefill && !strcmp(en->prefill, "simt")) o.prefill = 0;
         return kvcu_backend_create_opts(out, model, spec, &o, err);

@@ -63,6 +63,9 @@ cudaError_t kvcu_flash_mma_launch(const flash_args &a);
 int kvcu_flash_v6_queries(int G);
 int kvcu_flash_v6_keys(int head_dim);
 cudaError_t kvcu_flash_v6_launch(const flash_args &a);
+/* Whether v6 takes a shape on this device: v5's shapes, and v6's shared memory (up to 70 KiB
+ * at d 128) within what a block may opt in to. kvcu_flash_prefill_version() (kvcu.h) asks. */
+int kvcu_flash_v6_fits(int n_heads, int n_kv_heads, int head_dim);
 
 /* A block's shared memory, carved from the dynamic allocation (flash_smem_bytes()):
  * R rows that read the same KV head, key tiles of BK. */

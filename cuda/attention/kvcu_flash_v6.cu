@@ -275,6 +275,19 @@ __global__ void __launch_bounds__(KV_WARP *FV6_WARPS, 2) flash_kernel_v6(flash_a
 int kvcu_flash_v6_queries(int G) { return fv6_queries(G); }
 int kvcu_flash_v6_keys(int head_dim) { return fv6_keys(head_dim); }
 
+int kvcu_flash_v6_fits(int n_heads, int n_kv_heads, int head_dim)
+{
+    return kvcu_flash_mma_fits(n_heads, n_kv_heads, head_dim) &&
+           fv6_smem(head_dim) <= kvcu_smem_optin();
+}
+
+int kvcu_flash_prefill_version(int want, int n_heads, int n_kv_heads, int head_dim)
+{
+    if (want == 6 && kvcu_flash_v6_fits(n_heads, n_kv_heads, head_dim)) return 6;
+    if (want >= 5 && kvcu_flash_mma_fits(n_heads, n_kv_heads, head_dim)) return 5;
+    return 0;
+}
+
 template <int D, int BF16, int MODE>
 static cudaError_t fv6_run(const flash_args &a, unsigned blocks, size_t smem)
 {

@@ -81,7 +81,8 @@ struct kvcu_state {
                       * [11T + 2 n_seqs + 2] (kvcu_forward) */
     size_t host_ints_n;
     int prefill;     /* attention of a sequence's rows in a step with n_tokens > 1:
-                      * 0 the per-row kernels, 5 chapter 08's v5 (kvcu_state_set_prefill) */
+                      * 0 the per-row kernels, 5 chapter 08's v5, 6 its v6 where v6 fits
+                      * (kvcu_state_set_prefill, kvcu_flash_prefill_version()) */
 };
 
 /* ---- the device --------------------------------------------------------------------------- */
@@ -245,9 +246,9 @@ int kvcu_state_create(kvcu_state **out, kv_err *err)
 
 int kvcu_state_set_prefill(kvcu_state *s, int version, kv_err *err)
 {
-    if (!s || (version != 0 && version != 5))
+    if (!s || (version != 0 && version != 5 && version != 6))
         return kv_fail(err, KV_ERR_ARG, "kvcu_state_set_prefill: version %d (0: the per-row "
-                       "kernels, 5: tensor cores)", version);
+                       "kernels, 5: v5 on tensor cores, 6: v6 where it fits, else v5)", version);
     s->prefill = version;
     return KV_OK;
 }
@@ -346,19 +347,21 @@ static int rows_attention(kvcu_cache *c, int l, kvcu_state *s, const int *d_slot
 }
 
 /* Attention of a one-wave step over layer l (its K/V rows written). With the state's prefill
- * version 5 (and a device with tensor cores, sm_80+, a cache without window, W = 0, or
- * retention, a head dim v5 takes), each
- * sequence of more than one token runs as a causal chapter 08 job on tensor cores: its n
- * queries at positions pos .. pos + n - 1 over keys 0 .. pos + n - 1 (kvcu_flash_mma.cu); the
- * rows of one-token sequences and of all_logits sequences (whose rows must equal one-token
- * steps, chapter 10's verification) take the per-row kernels, as every row does otherwise. */
+ * version 5 or 6 (and a device with tensor cores, sm_80+, a cache without window, W = 0, or
+ * retention), each sequence of more than one token runs as a causal chapter 08 job on tensor
+ * cores, v6 or v5 as kvcu_flash_prefill_version() chooses for the layer's shape: its n
+ * queries at positions pos .. pos + n - 1 over keys 0 .. pos + n - 1 (kvcu_flash_v6.cu,
+ * kvcu_flash_mma.cu); the rows of one-token sequences and of all_logits sequences (whose rows
+ * must equal one-token steps, chapter 10's verification) take the per-row kernels, as every
+ * row does otherwise. */
 static int step_attention(kvcu_cache *c, int l, kvcu_state *s, const kv_seq *seqs, int n_seqs,
                           const int *d_slot, const int *d_pos, const float *q, float *out,
                           int T, int rows, int Hs, int d, int W, int max_len, kv_err *err)
 {
     const int qs = Hs * d;
-    if (s->prefill != 5 || W > 0 || c->retain || !kvcu_has_mma() ||
-        !kvcu_flash_mma_fits(Hs, c->n_kv_heads, d))
+    const int version = W > 0 || c->retain || !kvcu_has_mma()
+                            ? 0 : kvcu_flash_prefill_version(s->prefill, Hs, c->n_kv_heads, d);
+    if (!version)
         return rows_attention(c, l, s, d_slot, d_pos, q, out, 0, T, rows, Hs, qs, max_len, err);
     int run = 0; /* first row not yet attended */
     for (int i = 0, t = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
@@ -369,7 +372,7 @@ static int step_attention(kvcu_cache *c, int l, kvcu_state *s, const kv_seq *seq
         const kvcu_flash_job j = {c, l, seqs[i].slot, Hs, q + (size_t)t * qs, n,
                                   seqs[i].pos, 0, (int64_t)seqs[i].pos + n, 1,
                                   out + (size_t)t * qs};
-        KVCU_TRY(kvcu_flash_attention(5, &j, NULL, err));
+        KVCU_TRY(kvcu_flash_attention(version, &j, NULL, err));
         run = t + n;
     }
     return rows_attention(c, l, s, d_slot, d_pos, q, out, run, T, rows, Hs, qs, max_len, err);
