@@ -39,8 +39,8 @@
  *
  * The AVX2 and portable loops compute the same integer sums and the same float steps: their
  * outputs must be equal bit for bit, as must 1 and 2 threads and a batch against its tokens
- * (a batch of 8 tokens or more runs Q4_0, Q4_1 and Q8_0 in tiles of 8, the rest of its tokens
- * in the row loops: token counts 1 to 33 below).
+ * (a batch of 8 tokens or more runs in tiles of 8 under AVX2, the rest of its tokens in the
+ * row loops: token counts 1 to 33 below).
  */
 #include "common/kv_test.h"
 #include "kv_gguf_matmul.h"
@@ -226,20 +226,25 @@ static void check_type(const layout *L, int in, int out, int T, int exact)
 
 static void check_special(void)
 {
-    /* a NaN or an infinity among a token's activations: NaN in every output of that token */
-    const layout *L = &LAYOUTS[7]; /* Q4_K */
-    uint64_t rb = 0;
-    const int in = 256, out = 5;
-    uint8_t *W = make_matrix(L, in, out, &rb);
-    float x[2 * 256], y[2 * 5];
-    make_acts(x, 2 * in, 0);
-    x[17] = NAN;
-    x[in + 200] = INFINITY;
-    KV_CHECK(kv_gguf_matmul_fast(y, x, W, L->type, 2, in, out, NULL) == KV_OK, "Q4_K nan");
-    int all_nan = 1;
-    for (int i = 0; i < 2 * out; i++) all_nan &= isnan(y[i]) != 0;
-    KV_CHECK(all_nan, "a non-finite activation gives NaN outputs");
-    free(W);
+    /* a NaN or an infinity among a token's activations: NaN in every output of that token
+     * (9 tokens: token 1 in a tile of 8, token 8 in the row loops), the others finite */
+    for (int k = 1; k < 10; k += 6) {
+        const layout *L = &LAYOUTS[k]; /* Q4_1, Q4_K */
+        uint64_t rb = 0;
+        const int in = 256, out = 5;
+        uint8_t *W = make_matrix(L, in, out, &rb);
+        float x[9 * 256], y[9 * 5];
+        make_acts(x, 9 * in, 0);
+        x[in + 17] = NAN;
+        x[8 * in + 200] = INFINITY;
+        KV_CHECK(kv_gguf_matmul_fast(y, x, W, L->type, 9, in, out, NULL) == KV_OK, "nan");
+        int nan_ok = 1;
+        for (int i = 0; i < 9 * out; i++)
+            nan_ok &= (isnan(y[i]) != 0) == (i / out == 1 || i / out == 8);
+        KV_CHECK(nan_ok, "%s: a non-finite activation gives NaN outputs, in its token only",
+                 kv_ggml_type_name(L->type));
+        free(W);
+    }
 
     /* refusals, named */
     kv_err err = {{0}};
@@ -270,7 +275,7 @@ int main(void)
         const kv_ggml_type_info *ti = kv_ggml_type(LAYOUTS[k].type);
         if (ti && ti->block == 32) check_type(&LAYOUTS[k], 608, 11, 2, 0);
     }
-    /* a prefill: Q4_0, Q4_1 and Q8_0 take whole tiles of 8 tokens (kv_gguf_matmul_tiles()),
+    /* a prefill: whole tiles of 8 tokens (kv_gguf_matmul_tiles()),
      * the rest of the tokens the row loops; the same bound, and each token's outputs the bits
      * of that token alone (check_type()), across tile boundaries and odd row counts */
     static const int TOKENS[] = {1, 3, 7, 8, 9, 33};

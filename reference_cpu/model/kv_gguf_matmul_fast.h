@@ -25,8 +25,8 @@
  * unpacked there (kv_gguf_matmul_avx2.c); elsewhere by the plain loops of kv_gguf_matmul_fast.c. The integer
  * sums are exact either way and the float steps after them are the same operations in the
  * same order, so both give the same bits. Threads split the rows (OpenMP). A prefill (8
- * tokens or more) of Q4_0, Q4_1 or Q8_0 rows under AVX2 runs in tiles of 8 tokens, each row's
- * blocks unpacked once for the whole prompt (kv_gguf_matmul_tiles()), with the same bits.
+ * tokens or more) under AVX2 runs in tiles of 8 tokens, each row's blocks unpacked once for
+ * the whole prompt (kv_gguf_matmul_tiles()), with the same bits.
  */
 #ifndef KV_GGUF_MATMUL_FAST_H
 #define KV_GGUF_MATMUL_FAST_H
@@ -91,7 +91,7 @@ const kv_gguf_row_dots *kv_gguf_row_dots_avx2(void);
  * Tokens 0 .. T8 - 1 of y (T8 = T rounded down to a multiple of 8; *done = T8) in tiles of 8
  * tokens, each weight row unpacked once for all of them (kv_gguf_matmul_tile.c, AVX2): the
  * same integer sums and float steps per token as the AVX2 row loops, so the same bits. *done
- * = 0 (nothing written) for T < 8, a type without tiles (the K types) or off x86-64; the
+ * = 0 (nothing written) for T < 8, a type without integer dots or off x86-64; the
  * caller's row loops take the tokens from *done on. act [T] as kv_gguf_matmul_fast_ld()
  * rounds them; the caller has checked the shapes. KV_ERR_NOMEM for the regrouped codes.
  */

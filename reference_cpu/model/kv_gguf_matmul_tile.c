@@ -17,12 +17,15 @@
  * (d dx) * (float)s (+ m ds for Q4_1) added into an accumulator per token, is the row loop's
  * kv_gguf_term() lane by lane, in block order (no FMA: the two roundings stay two).
  *
- * Integer range: four-bit codes (< 16) against |c| <= 127 give |pair| <= 3810 per int16
- * lane, so four groups are added in int16 (15240) before one widening; Q8_0's codes go
- * through the sign trick of kv_gguf_matmul_avx2.c (|w| <= 128, pairs up to 32512), each
- * group widened on its own.
+ * The K types the same way per 32 weights: Q4_K and Q5_K's (d dx) (sc s) - (dmin dx) (mn sum c)
+ * with the sub-block's sc and mn, Q6_K's (d dx) sum_h sc_h (s_h - 32 sum_h c) over its two
+ * halves of 16 (kv_gguf_matmul_fast.h's terms, the row loops' order).
  *
- * Q4_0, Q4_1 and Q8_0 have tiles; the K types keep the row loops (the caller's loop). */
+ * Integer range: codes below 32 (Q4_x, Q4_K, Q5_K) against |c| <= 127 give |pair| <= 7874
+ * per int16 lane, so four groups are added in int16 (31496) before one widening; Q6_K's
+ * codes (< 64, pairs up to 16002) two groups, widened by its half's scale; Q8_0's codes go
+ * through the sign trick of kv_gguf_matmul_avx2.c (|w| <= 128, pairs up to 32512), each
+ * group widened on its own. */
 #include "kv_gguf_matmul_fast.h"
 #include "kv_gguf_quant.h"
 
@@ -51,13 +54,18 @@ int kv_gguf_matmul_tiles(float *y, const kv_gguf_act *act, const void *W, int ty
 #define KV_AVX2 __attribute__((target("avx2")))
 
 /* A row unpacked: per block of 32, its codes in weight order (Q8_0: |w|, then w for the
- * signs), its scale d and (Q4_1) minimum m as floats. */
-typedef struct { uint8_t *u; float *d, *m; } unpacked;
+ * signs), its scale d and (Q4_1) minimum m as floats (Q4_K, Q5_K: d and dmin of its
+ * super-block, Q6_K: d), and the K types' integer scales: sc[2 b] and sc[2 b + 1] (Q4_K,
+ * Q5_K: the sub-block's scale and minimum; Q6_K: its two halves' scales). */
+typedef struct { uint8_t *u; float *d, *m; int32_t *sc; } unpacked;
+
+/* bytes of one unpacked block of 32 */
+#define UNPACKED_BYTES (64 + 2 * sizeof(float) + 2 * sizeof(int32_t))
 
 /* the activations of tokens 0 .. T8 - 1 regrouped (layout in the file comment):
  * q [T8 / 8][nb][8][8][4], dx, ds [T8 / 8][nb][8], csum [T8 / 8][nb][8] (sum of the block's
- * 32 codes, for Q4_0's -8) */
-typedef struct { int8_t *q; float *dx, *ds; int32_t *csum; } tiles;
+ * 32 codes: Q4_0's -8, the minimums), s16 [T8 / 8][nb][2][8] (its halves' sums, Q6_K's -32) */
+typedef struct { int8_t *q; float *dx, *ds; int32_t *csum, *s16; } tiles;
 
 static void regroup(tiles *a, const kv_gguf_act *act, int T8, int nb)
 {
@@ -70,6 +78,42 @@ static void regroup(tiles *a, const kv_gguf_act *act, int T8, int nb)
             a->dx[kb * TILE + l] = act[t].d[b];
             a->ds[kb * TILE + l] = act[t].ds[b];
             a->csum[kb * TILE + l] = act[t].s16[2 * b] + act[t].s16[2 * b + 1];
+            a->s16[(2 * kb) * TILE + l] = act[t].s16[2 * b];
+            a->s16[(2 * kb + 1) * TILE + l] = act[t].s16[2 * b + 1];
+        }
+    }
+}
+
+/* a K-type row's super-blocks into @p r, as the portable row loops read them
+ * (kv_gguf_matmul_fast.c) */
+static void unpack_k(const unpacked *r, const uint8_t *row, int type, int nb)
+{
+    for (int sb = 0; sb < nb / 8; sb++) {
+        if (type == KV_GGML_Q6_K) {
+            const uint8_t *blk = row + 210 * sb, *ql = blk, *qh = blk + 128;
+            for (int k = 0; k < 8; k++) {
+                const int b = 8 * sb + k, g = k / 4, t = k % 4;
+                for (int l = 0; l < 32; l++) {
+                    const int q = 32 * t + l;  /* weight 128 g + q */
+                    r->u[32 * b + l] = (uint8_t)(((ql[64 * g + q % 64] >> (4 * (q / 64))) & 15) |
+                                                 ((qh[32 * g + l] >> (2 * t)) & 3) << 4);
+                }
+                r->d[b] = kv_ggml_fp16_at(blk + 208);
+                r->sc[2 * b] = ((const int8_t *)blk)[192 + 2 * k];
+                r->sc[2 * b + 1] = ((const int8_t *)blk)[192 + 2 * k + 1];
+            }
+            continue;
+        }
+        const int q5 = type == KV_GGML_Q5_K, bytes = q5 ? 176 : 144;
+        const uint8_t *blk = row + (size_t)bytes * sb, *qh = blk + 16, *qs = blk + bytes - 128;
+        for (int j = 0; j < 8; j++) {
+            const int b = 8 * sb + j;
+            for (int l = 0; l < 32; l++)
+                r->u[32 * b + l] = (uint8_t)(((qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15) |
+                                             (q5 ? (qh[l] >> j) & 1 : 0) << 4);
+            r->d[b] = kv_ggml_fp16_at(blk);
+            r->m[b] = kv_ggml_fp16_at(blk + 2);
+            kv_ggml_scale_min_k4(blk + 4, j, &r->sc[2 * b], &r->sc[2 * b + 1]);
         }
     }
 }
@@ -77,6 +121,10 @@ static void regroup(tiles *a, const kv_gguf_act *act, int T8, int nb)
 /* row @p row's nb blocks into @p r */
 KV_AVX2 static void unpack_row(const unpacked *r, const uint8_t *row, int type, int nb)
 {
+    if (type != KV_GGML_Q4_0 && type != KV_GGML_Q4_1 && type != KV_GGML_Q8_0) {
+        unpack_k(r, row, type, nb);
+        return;
+    }
     const int q8 = type == KV_GGML_Q8_0, q4_1 = type == KV_GGML_Q4_1;
     const int bytes = q8 ? 34 : q4_1 ? 20 : 18;
     const __m128i m4 = _mm_set1_epi8(15);
@@ -105,8 +153,8 @@ KV_AVX2 static inline __m256i bcast4(const uint8_t *p)
     return _mm256_set1_epi32(v);
 }
 
-/* Q4_0 / Q4_1: block b's sums q_j c_j, lane l for token l (u: 32 codes; c: the tile's
- * block, 8 groups of [8 tokens][4]) */
+/* Q4_0 / Q4_1 (and Q4_K, Q5_K: codes < 32): block b's sums q_j c_j, lane l for token l
+ * (u: 32 codes; c: the tile's block, 8 groups of [8 tokens][4]) */
 KV_AVX2 static inline __m256i sums_q4(const uint8_t *u, const int8_t *c)
 {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -136,6 +184,29 @@ KV_AVX2 static inline __m256i sums_q8(const uint8_t *u, const int8_t *c)
     return s;
 }
 
+/* Q6_K: block b's sum_h sc_h (sum q c over half h - 32 sum c over half h), lane l for token
+ * l; s16: the tile's half sums [2][8] */
+KV_AVX2 static inline __m256i sums_q6(const uint8_t *u, const int8_t *c, const int32_t *sc,
+                                     const int32_t *s16)
+{
+    __m256i s = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i sch = _mm256_set1_epi16((int16_t)sc[h]);
+        for (int g = 4 * h; g < 4 * h + 4; g += 2) { /* two groups in int16 */
+            const __m256i p = _mm256_add_epi16(
+                _mm256_maddubs_epi16(bcast4(u + 4 * g),
+                                     _mm256_loadu_si256((const __m256i *)(c + 32 * g))),
+                _mm256_maddubs_epi16(bcast4(u + 4 * g + 4),
+                                     _mm256_loadu_si256((const __m256i *)(c + 32 * g + 32))));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(p, sch));
+        }
+        s = _mm256_sub_epi32(s, _mm256_mullo_epi32(_mm256_set1_epi32(32 * sc[h]),
+                                                   _mm256_loadu_si256((const __m256i *)
+                                                                      (s16 + TILE * h))));
+    }
+    return s;
+}
+
 /* y[token 8 k + l][i] for the 8 tokens of tile k and unpacked row r: the row loop's float
  * steps, one token per lane */
 KV_AVX2 static void tile_row(float *y, int out, int i, const unpacked *r, const tiles *a, int k,
@@ -157,6 +228,20 @@ KV_AVX2 static void tile_row(float *y, int out, int i, const unpacked *r, const 
                 sums_q4(r->u + 32 * b, c + 256 * b),
                 _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(cs + TILE * b)), 3));
             term = _mm256_mul_ps(sdx, _mm256_cvtepi32_ps(s));
+        } else if (type == KV_GGML_Q6_K) {
+            term = _mm256_mul_ps(sdx, _mm256_cvtepi32_ps(sums_q6(r->u + 32 * b, c + 256 * b,
+                                                                 r->sc + 2 * b,
+                                                                 a->s16 + 2 * (kb + b) * TILE)));
+        } else if (type != KV_GGML_Q4_1) { /* Q4_K, Q5_K: (d dx) (sc s) - (dmin dx) (mn sum c) */
+            const __m256i s = sums_q4(r->u + 32 * b, c + 256 * b);
+            const __m256i cs_b = _mm256_loadu_si256((const __m256i *)(cs + TILE * b));
+            term = _mm256_sub_ps(
+                _mm256_mul_ps(sdx, _mm256_cvtepi32_ps(
+                                       _mm256_mullo_epi32(_mm256_set1_epi32(r->sc[2 * b]), s))),
+                _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(r->m[b]),
+                                            _mm256_loadu_ps(dx + TILE * b)),
+                              _mm256_cvtepi32_ps(_mm256_mullo_epi32(
+                                  _mm256_set1_epi32(r->sc[2 * b + 1]), cs_b))));
         } else { /* Q4_1: (d dx) s + m ds */
             term = _mm256_add_ps(
                 _mm256_mul_ps(sdx, _mm256_cvtepi32_ps(sums_q4(r->u + 32 * b, c + 256 * b))),
@@ -174,12 +259,11 @@ KV_AVX2 static void tile_rows(float *y, const tiles *a, const uint8_t *W, uint64
                               int type, int n_tiles, int nb, int out, int i0, int i1,
                               uint8_t *scratch)
 {
-    const int code_bytes = type == KV_GGML_Q8_0 ? 64 : 32;
     unpacked r[ROWS];
     for (int i = i0; i < i1; i++) {
-        uint8_t *p = scratch + (size_t)(i - i0) * nb * (code_bytes + 2 * sizeof(float));
-        r[i - i0] = (unpacked){p, (float *)(p + (size_t)nb * code_bytes),
-                               (float *)(p + (size_t)nb * code_bytes) + nb};
+        uint8_t *p = scratch + (size_t)(i - i0) * nb * UNPACKED_BYTES;
+        float *f = (float *)(p + (size_t)nb * 64);
+        r[i - i0] = (unpacked){p, f, f + nb, (int32_t *)(f + 2 * nb)};
         unpack_row(&r[i - i0], W + (size_t)i * row_bytes, type, nb);
     }
     for (int k = 0; k < n_tiles; k++) /* the tile's activations stay in cache for ROWS rows */
@@ -190,16 +274,16 @@ int kv_gguf_matmul_tiles(float *y, const kv_gguf_act *act, const void *W, int ty
                          int in, int out, uint64_t row_bytes, int *done, kv_err *err)
 {
     *done = 0;
-    if (T < TILE || (type != KV_GGML_Q4_0 && type != KV_GGML_Q4_1 && type != KV_GGML_Q8_0))
-        return KV_OK;
+    if (T < TILE || !kv_gguf_matmul_fast_has(type)) return KV_OK;
     const int nb = in / 32, n_tiles = T / TILE, T8 = n_tiles * TILE;
-    const size_t row_scratch = (size_t)nb * (64 + 2 * sizeof(float));
+    const size_t row_scratch = (size_t)nb * UNPACKED_BYTES;
     const int threads = omp_get_max_threads();
     tiles a = {malloc((size_t)T8 * in), malloc(sizeof(float) * T8 * nb),
-               malloc(sizeof(float) * T8 * nb), malloc(sizeof(int32_t) * T8 * nb)};
+               malloc(sizeof(float) * T8 * nb), malloc(sizeof(int32_t) * T8 * nb),
+               malloc(sizeof(int32_t) * T8 * nb * 2)};
     uint8_t *scratch = malloc(row_scratch * ROWS * threads);
-    if (!a.q || !a.dx || !a.ds || !a.csum || !scratch) {
-        free(a.q), free(a.dx), free(a.ds), free(a.csum), free(scratch);
+    if (!a.q || !a.dx || !a.ds || !a.csum || !a.s16 || !scratch) {
+        free(a.q), free(a.dx), free(a.ds), free(a.csum), free(a.s16), free(scratch);
         return kv_fail(err, KV_ERR_NOMEM, "matmul: tiles of %d tokens", T8);
     }
     regroup(&a, act, T8, nb);
@@ -212,7 +296,7 @@ int kv_gguf_matmul_tiles(float *y, const kv_gguf_act *act, const void *W, int ty
         tile_rows(y, &a, (const uint8_t *)W, row_bytes, type, n_tiles, nb, out, blk * ROWS,
                   i1, scratch + row_scratch * ROWS * omp_get_thread_num());
     }
-    free(a.q), free(a.dx), free(a.ds), free(a.csum), free(scratch);
+    free(a.q), free(a.dx), free(a.ds), free(a.csum), free(a.s16), free(scratch);
     *done = T8;
     return KV_OK;
 }
