@@ -6,7 +6,8 @@
  *     tokens by id, the text between them encoded with special = 0) equals
  *       - llama.cpp's ids for the same ChatML prompt (tests/data/smollm2/greedy-chat.txt's
  *         prompt_ids: the model's system line, one user message, the reply's header, tokenized
- *         by llama.cpp with special parsing on), and
+ *         by llama.cpp with special parsing on), as kv_chat_render_prompt() (the one-turn
+ *         prompt of kvlab spec --script and kvlab serve) renders it too, and
  *       - the string the template writes, tokenized with special tokens parsed, for a second
  *         conversation and a turn after a reply cut short. The string is written here by hand
  *         from the file's Jinja text (a loop of '<|im_start|>' + role + '\n' + content +
@@ -122,10 +123,16 @@ static void check_template(void)
     enum { CAP = 512 };
     int got[CAP], want[CAP], n = 0;
     /* llama.cpp's ids for its ChatML prompt */
-    n = render_first(&t, v, "Explain in a few sentences why the sky is blue.", got, CAP);
+    const char *sky = "Explain in a few sentences why the sky is blue.";
+    n = render_first(&t, v, sky, got, CAP);
     const int m0 = llama_prompt_ids(llama_chat, want, CAP);
     KV_CHECK(m0 == 41, "%s: prompt_ids of 41 ids expected, read %d", llama_chat, m0);
     check_same("llama.cpp's ChatML prompt", got, n, want, m0);
+    /* the one-turn prompt of kvlab spec --script and kvlab serve's text traces: the same ids */
+    int n1 = 0;
+    st = kv_chat_render_prompt(&t, v, NULL, sky, strlen(sky), got, CAP, &n1, &err);
+    KV_CHECK(st == KV_OK, "kv_chat_render_prompt: %s", err.msg);
+    if (!st) check_same("kv_chat_render_prompt, llama.cpp's ChatML prompt", got, n1, want, m0);
     n = render_first(&t, v, "What is the capital of France?", got, CAP);
     const char *first =
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
