@@ -5,7 +5,9 @@
  *    logits to its solo run, with 1 or 2 threads;
  *  - bad batches and specs are refused with the problem named, and leave the cache as it was;
  *  - the work counters equal their closed forms: naive O(n^2) projections and O(n^3)
- *    attention, cached O(n) and O(n^2). */
+ *    attention, cached O(n) and O(n^2);
+ *  - kv_gen_opts.prefill_step feeds the prompt in pieces, the before_step hook ahead of every
+ *    forward call, with the same tokens. */
 #include "kv_attention.h"
 #include "kv_backend.h"
 #include "kv_generate.h"
@@ -442,6 +444,80 @@ static void test_counters(void)
     kv_model_free(&m);
 }
 
+/* ---- the prompt in pieces, a hook before each forward call ------------------------------ */
+
+typedef struct {
+    int n, pos[64], len[64]; /* the calls seen: first position and tokens */
+    int fail_at;             /* the call that returns KV_ERR_IO (0: none) */
+} hook_log;
+
+static int log_step(void *hook, kv_backend *b, int pos, int n, kv_err *err)
+{
+    hook_log *h = hook;
+    (void)b;
+    if (h->n < 64) h->pos[h->n] = pos, h->len[h->n] = n;
+    if (++h->n == h->fail_at) return kv_fail(err, KV_ERR_IO, "the hook's call %d", h->n);
+    return KV_OK;
+}
+
+/* kv_gen_opts.prefill_step 4 on an 11-token prompt: the prompt goes as 4 + 4 + 3 tokens from
+ * position 0, then one token a step at 11 .. 15 (cached), each call after the hook, and the
+ * tokens and last logits are the bits of the whole-prompt run (a row's bits do not depend on
+ * the rows fed beside it, design.md §8). Naive: every step's prefix in pieces of 4, ceil((11 +
+ * i) / 4) calls at step i: 3 + 3 + 4 + 4 + 4 + 4 = 22. A hook's error stops the run with its
+ * status; a negative step is refused. */
+static void test_prefill_step(void)
+{
+    kv_model m;
+    if (make_model(&m, tiny_config(32, 4, 2, 256, 0), 11)) {
+        KV_CHECK(0, "prefill_step: model");
+        return;
+    }
+    const int prompt[11] = {1, 9, 33, 7, 120, 5, 64, 2, 17, 250, 3}, NS = 6;
+    int want[6], got[6];
+    float lw[256], lg[256];
+    kv_backend *b = NULL;
+    kv_err e = {{0}};
+    const kv_cache_spec spec = kv_cache_spec_default(1, 32);
+    int rc = kv_backend_cpu(&b, &m, &spec, &e);
+    kv_gen_opts o = {0};
+    o.mode = KV_MODE_CACHED;
+    o.n_steps = NS;
+    o.last_logits = lw;
+    if (!rc) rc = kv_generate(b, prompt, 11, &o, want, NULL, &e);
+    KV_CHECK(rc == KV_OK, "prefill_step: the whole-prompt run: %s", e.msg);
+    hook_log h = {0};
+    o.last_logits = lg;
+    o.before_step = log_step;
+    o.hook = &h;
+    o.prefill_step = 4;
+    if (!rc) rc = kv_generate(b, prompt, 11, &o, got, NULL, &e);
+    KV_CHECK(rc == KV_OK, "prefill_step 4: %s", e.msg);
+    const int wpos[8] = {0, 4, 8, 11, 12, 13, 14, 15}, wlen[8] = {4, 4, 3, 1, 1, 1, 1, 1};
+    KV_CHECK(!rc && h.n == 8 && !memcmp(h.pos, wpos, sizeof wpos) &&
+                 !memcmp(h.len, wlen, sizeof wlen),
+             "prefill_step 4, cached: %d hook calls, first at %d+%d (want 8: 0+4 4+4 8+3, then "
+             "11 .. 15 one each)", h.n, h.pos[0], h.len[0]);
+    KV_CHECK(!rc && !memcmp(got, want, sizeof want) && !memcmp(lg, lw, sizeof lw),
+             "prefill_step 4: tokens or last logits differ from the whole-prompt run");
+    memset(&h, 0, sizeof h);
+    o.mode = KV_MODE_NAIVE;
+    if (!rc) rc = kv_generate(b, prompt, 11, &o, got, NULL, &e);
+    KV_CHECK(!rc && h.n == 22 && !memcmp(got, want, sizeof want),
+             "prefill_step 4, naive: %d hook calls (want 22), %s", h.n, rc ? e.msg : "tokens");
+    memset(&h, 0, sizeof h);
+    h.fail_at = 3;
+    o.mode = KV_MODE_CACHED;
+    expect(kv_generate(b, prompt, 11, &o, got, NULL, &e), KV_ERR_IO, &e, "call 3",
+           "a hook's error");
+    KV_CHECK(h.n == 3, "after the hook's error: %d calls, want 3", h.n);
+    o.prefill_step = -1;
+    expect(kv_generate(b, prompt, 11, &o, got, NULL, &e), KV_ERR_ARG, &e, "prefill_step",
+           "prefill_step -1");
+    kv_backend_destroy(b);
+    kv_model_free(&m);
+}
+
 int main(void)
 {
     double t0 = kv_now();
@@ -454,6 +530,7 @@ int main(void)
     test_batched_vs_solo();
     test_refusals();
     test_counters();
+    test_prefill_step();
     printf("total: %.2f s\n", kv_now() - t0);
     return kv_test_finish();
 }
