@@ -5,7 +5,7 @@
  * A Markdown table of numbers stands right after a marker naming the run's CSV (or several,
  * separated by spaces), committed under docs/data/ as kvlab wrote it:
  *
- *   <!-- numbers-from: docs/data/ppl-512.csv -->
+ *   <!-- numbers-from: docs/data/ppl-ch04-512.csv -->
  *   | cache | perplexity | KL(exact ‖ cache) ± s.e. | top-1 |
  *   |---|---|---|---|
  *   | KIVI int2 `int2-kivi` | 26.131 | 1.48e-01 ± 3.4e-02 | 80.4 % |

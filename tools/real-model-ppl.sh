@@ -39,36 +39,40 @@ fi
 mid=$(seq -s, 3 26) ends=0,1,2,27,28,29
 
 # ---- chapter 04: perplexity and KL of every cache variant ---------------------------------------
+# (each CSV is named as its copy under docs/data/, which the page's tables quote)
 for T in $sizes; do
-    lim=$tokens
-    if [ $full = 0 ] && [ "$T" -gt 512 ]; then
-        lim=$T
-        set -- "int2 int2/l$mid int2/l$ends"
-    else
-        set -- ch04
-    fi
     seg=$((T / 8))
-    ev ppl-$T.csv eval ppl --window "$T" --limit "$lim" --segment "$seg" --caches "$1" --kl --csv -
+    if [ $full = 0 ] && [ "$T" -gt 512 ]; then
+        # one window of T: KIVI int2 and its selective layers, then the formats whose loss may
+        # grow with the context (what a loaded 2-core machine finished)
+        ev ppl-int2-$T.csv eval ppl --window "$T" --limit "$T" --segment "$seg" \
+            --caches "int2 int2/l$mid int2/l$ends" --kl --csv -
+        ev ppl-formats-$T.csv eval ppl --window "$T" --limit "$T" --segment "$seg" \
+            --caches "int8 fp8-e4m3 int4-g32 int4" --kl --csv -
+    else
+        ev ppl-ch04-$T.csv eval ppl --window "$T" --limit "$tokens" --segment "$seg" \
+            --caches ch04 --kl --csv -
+    fi
 done
 
 # ---- chapter 04: outlier key channels and KIVI's ablation ----------------------------------------
 ev keys.txt eval keys --tokens $probe
-ev keys.csv eval keys --tokens $probe --csv -
+ev keys-$probe.csv eval keys --tokens $probe --csv -
 for g in channel token; do
-    ev kivi-$g.csv eval ppl --window 512 --limit $tokens --segment 64 --kivi-keys $g --kl --csv -
+    ev ppl-kivi-keys-$g-512.csv eval ppl --window 512 --limit $tokens --segment 128 --kivi-keys $g --kl --csv -
 done
 
 # ---- chapter 03: GQA mean-pooled to MQA ------------------------------------------------------------
-ev mqa.csv eval ppl --window 512 --limit $tokens --segment 64 --kv-heads 1 --kl --csv -
+ev ppl-mqa-512.csv eval ppl --window 512 --limit $tokens --segment 128 --kv-heads 1 --kl --csv -
 
 # ---- chapter 06: attention sinks and the stream ------------------------------------------------------
 ev mass.txt eval mass --tokens $probe
 ev mass-heads.txt eval mass --tokens $probe --heads
 ev mass-heads.csv eval mass --tokens $probe --heads --csv -
 s1=$((win - 1)) s4=$((win - 4))
-ev stream.csv eval ppl --window 0 --limit $stream --segment $win --segments --csv - \
+ev stream-$stream.csv eval ppl --window 0 --limit $stream --segment $win --segments --csv - \
     --caches "fp32 window/w$win/cache window/w$s1/s1/cache window/w$s4/s4/cache"
-ev stream-recompute.csv eval ppl --recompute --window $((win + 1)) --limit $stream \
+ev stream-recompute-$stream.csv eval ppl --recompute --window $((win + 1)) --limit $stream \
     --every $every --segment $((win * 4)) --segments --csv -
 
 # ---- the figures ----------------------------------------------------------------------------------
@@ -83,13 +87,13 @@ set xlabel 'tokens into the stream'
 set ylabel 'perplexity of each $win-token segment'
 set logscale y
 set key top left
-f = '$OUT/stream.csv'
+f = '$OUT/stream-$stream.csv'
 sel(c) = strcol(4) eq c ? \$10 : NaN
 plot f every ::1 using 7:(sel('fp32')) with linespoints lw 2 pt 7 ps 0.5 title 'dense fp32 cache', \\
      f every ::1 using 7:(sel('window/w$win/cache')) with linespoints lw 2 pt 5 ps 0.5 title 'window $win, no sink', \\
      f every ::1 using 7:(sel('window/w$s1/s1/cache')) with linespoints lw 2 pt 9 ps 0.5 title 'window $s1 + 1 sink', \\
      f every ::1 using 7:(sel('window/w$s4/s4/cache')) with linespoints lw 2 pt 11 ps 0.5 title 'window $s4 + 4 sinks', \\
-     '$OUT/stream-recompute.csv' every ::1 using 7:10 with linespoints lw 2 dt 2 pt 13 ps 0.5 title 'recompute window: every $every-th token, few per point'
+     '$OUT/stream-recompute-$stream.csv' every ::1 using 7:10 with linespoints lw 2 dt 2 pt 13 ps 0.5 title 'recompute window: every $every-th token, few per point'
 EOF
     gnuplot "$OUT/stream.gp"
     # position 0's mass as one row per layer: layer, then one column per KV head
