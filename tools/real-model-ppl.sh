@@ -52,6 +52,9 @@ for T in $sizes; do
     else
         ev ppl-ch04-$T.csv eval ppl --window "$T" --limit "$tokens" --segment "$seg" \
             --caches ch04 --kl --csv -
+        # int4-g32 joined ch04 after the page's 512-token run: scored alone on the same tokens
+        [ $full = 1 ] || ev ppl-int4-g32-$T.csv eval ppl --window "$T" --limit "$tokens" \
+            --segment "$seg" --caches int4-g32 --kl --csv -
     fi
 done
 
