@@ -221,10 +221,22 @@ demangle() { if command -v c++filt >/dev/null 2>&1; then c++filt; else cat; fi; 
         while IFS="$(printf '\t')" read -r k rest; do
             printf '| `%s` %s\n' "$(echo "$k" | demangle | sed 's/|/\\|/g')" "$rest"
         done >"$WORK/rows.txt"
-    # --only: the rows of kernels in files not rebuilt stay as the table had them
+    # --only: the rows of kernels in files not rebuilt stay as the table had them. A kernel is
+    # known by its name (`void ` and template arguments dropped): an old row goes when the
+    # rebuilt files have a kernel of that name (its signature may have changed, the old row
+    # would stay beside the new one) or when no file of cuda/ names it any more (removed)
     if [ -n "$ONLY" ] && [ -s "$OUT" ]; then
-        awk -F'|' 'FNR == NR { new[$2] = 1; print; next } /^## / { stop = 1 }
-                   !stop && /^\| `/ && !($2 in new) { print }' "$WORK/rows.txt" "$OUT" | sort
+        kname() { sed -e 's/^| `//' -e 's/^void //' -e 's/[<(].*//'; }
+        : >"$WORK/gone.txt"
+        awk '/^## / { exit } /^\| `/' "$OUT" | kname | sort -u | while read -r k; do
+            grep -rqw --include='*.cu' --include='*.cuh' -e "$k" "$ROOT/cuda" || echo "$k"
+        done >"$WORK/gone.txt"
+        kname <"$WORK/rows.txt" | sort -u >>"$WORK/gone.txt"
+        awk -F'|' 'FNR == NR { drop[$1] = 1; next } FILENAME == ARGV[2] { print; next }
+                   /^## / { stop = 1 }
+                   !stop && /^\| `/ { k = $2; sub(/^ `/, "", k); sub(/^void /, "", k)
+                                      sub(/[<(].*/, "", k); if (!(k in drop)) print }' \
+            "$WORK/gone.txt" "$WORK/rows.txt" "$OUT" | sort
     else
         cat "$WORK/rows.txt"
     fi
