@@ -31,6 +31,7 @@
  */
 #include "common/kv_test.h"
 #include "common/kv_docs.h"
+#include "common/kv_docs_table.h"
 
 #include <glob.h>
 #include <stdlib.h>
@@ -51,17 +52,6 @@ typedef struct {
     int n;
     int dialogue; /* 1: kvlab dialogue's rows, 0: kvlab passkey's, -1: none read yet */
 } csv_set;
-
-/* The mismatches check_table() found; each printed unless quiet (the self-check's tables
- * written wrong on purpose). */
-static int bad, quiet;
-#define EXPECT(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            bad++;                                                                         \
-            if (!quiet) printf("  "), printf(__VA_ARGS__), printf("\n");                   \
-        }                                                                                  \
-    } while (0)
 
 /* One CSV field at *p into out [cap] (quotes removed, "" as one quote, commas and newlines
  * inside quotes kept); *p moves past it and its separator. Returns the separator: ',', '\n'
@@ -127,24 +117,6 @@ static int parse_csv(const char *text, csv_set *set)
     return added;
 }
 
-/* cell k (0-based) of a table line "| a | b | c |" into out [cap]; 0 when absent */
-static int cell(const char *line, int k, char *out, size_t cap)
-{
-    const char *p = strchr(line, '|');
-    for (int i = 0; p && i < k; i++) p = strchr(p + 1, '|');
-    const char *e = p ? strchr(p + 1, '|') : NULL;
-    const char *nl = p ? strchr(p, '\n') : NULL;
-    if (!p || !e || (nl && e > nl)) return 0;
-    p++;
-    while (*p == ' ') p++;
-    size_t len = (size_t)(e - p);
-    while (len && p[len - 1] == ' ') len--;
-    if (len >= cap) len = cap - 1;
-    memcpy(out, p, len);
-    out[len] = '\0';
-    return 1;
-}
-
 /* A pass-key cell: "yes", "no" or "k/n" for k found of n asked; a dialogue cell: "k/n". */
 static void verdict(int dialogue, int k, int n, char *out, size_t cap)
 {
@@ -169,7 +141,7 @@ static void check_table(const char *md, const char *csv, const char *t, const cs
 {
     char head[64], c[1024];
     int n_cols = 0, at_of[32];
-    while (n_cols < 32 && cell(t, n_cols, head, sizeof head)) {
+    while (n_cols < 32 && kv_docs_table_cell(t, n_cols, head, sizeof head)) {
         int d = -1;
         if (set->dialogue ? strstr(head, "turn") != NULL : strchr(head, '%') != NULL)
             d = atoi(head);
@@ -183,7 +155,7 @@ static void check_table(const char *md, const char *csv, const char *t, const cs
     line = line ? strchr(line + 1, '\n') : NULL; /* past the |---| line */
     for (; line && line[1] == '|'; line = strchr(line + 1, '\n')) {
         const char *row = line + 1;
-        if (!cell(row, 0, c, sizeof c)) break;
+        if (!kv_docs_table_cell(row, 0, c, sizeof c)) break;
         int names = 0;
         for (const char *b = strchr(c, '`'); b; b = strchr(b, '`')) {
             const char *e = strchr(b + 1, '`');
@@ -204,7 +176,7 @@ static void check_table(const char *md, const char *csv, const char *t, const cs
             EXPECT(seen, "%s: `%s` is not a cache of %s", md, name, csv);
             for (int col = 1; seen && col < n_cols; col++) {
                 char want[32], got[64];
-                if (!cell(row, col, got, sizeof got)) break;
+                if (!kv_docs_table_cell(row, col, got, sizeof got)) break;
                 if (at_of[col] >= 0) {
                     int k = 0, m = 0;
                     for (int i = 0; i < set->n; i++) {

@@ -35,6 +35,7 @@
  */
 #include "common/kv_test.h"
 #include "common/kv_docs.h"
+#include "common/kv_docs_table.h"
 #include "common/kv_docs_pages.h"
 
 #include <math.h>
@@ -283,29 +284,6 @@ static int key_values(const csv *c, int a, int b, const char *head, double *v)
     return 2;
 }
 
-/* cell k (0-based) of a table line "| a | b |" into out [cap]; 0 when the line has none */
-static int table_cell(const char *line, int k, char *out, size_t cap)
-{
-    const char *nl = strchr(line, '\n'), *end = nl ? nl : line + strlen(line);
-    const char *p = memchr(line, '|', (size_t)(end - line));
-    for (int i = 0; p && i < k; i++) p = memchr(p + 1, '|', (size_t)(end - p - 1));
-    const char *e = p ? memchr(p + 1, '|', (size_t)(end - p - 1)) : NULL;
-    if (!e) return 0;
-    for (p++; *p == ' '; p++) {}
-    while (e > p && e[-1] == ' ') e--;
-    snprintf(out, cap, "%.*s", (int)(e - p), p);
-    return 1;
-}
-
-static int bad, quiet; /* mismatches of the table being checked; quiet: the self-check's */
-#define EXPECT(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            bad++;                                                                         \
-            if (!quiet) printf("  "), printf(__VA_ARGS__), printf("\n");                   \
-        }                                                                                  \
-    } while (0)
-
 /* One cell against the values its column holds; a row's number against its CSV value. */
 static void check_cell(const char *where, const char *got, const double *want, int n_want)
 {
@@ -336,13 +314,13 @@ static void check_table(const char *md, const char *src, const char *t, const cs
 {
     char head[32][128], c0[1024], got[256];
     int n_cols = 0;
-    while (n_cols < 32 && table_cell(t, n_cols, head[n_cols], sizeof head[0])) n_cols++;
+    while (n_cols < 32 && kv_docs_table_cell(t, n_cols, head[n_cols], sizeof head[0])) n_cols++;
     EXPECT(n_cols >= 2, "%s: the table after the marker of %s has no columns", md, src);
     const char *line = strchr(t, '\n');
     line = line ? strchr(line + 1, '\n') : NULL; /* past the |---| line */
     for (; line && line[1] == '|'; line = strchr(line + 1, '\n')) {
         const char *row = line + 1;
-        if (!table_cell(row, 0, c0, sizeof c0)) break;
+        if (!kv_docs_table_cell(row, 0, c0, sizeof c0)) break;
         char name[512] = "", where[2600];
         const char *b = strchr(c0, '`'), *e = b ? strchr(b + 1, '`') : NULL;
         if (e) snprintf(name, sizeof name, "%.*s", (int)(e - b - 1), b + 1);
@@ -357,7 +335,7 @@ static void check_table(const char *md, const char *src, const char *t, const cs
                 const int k = c->kind == CSV_PPL        ? ppl_values(c, name, head[col], v)
                               : c->kind == CSV_SEGMENTS ? segment_values(c, name, head[col], v)
                                                         : key_values(c, a, z, head[col], v);
-                if (!table_cell(row, col, got, sizeof got) || !*got) continue; /* not given */
+                if (!kv_docs_table_cell(row, col, got, sizeof got) || !*got) continue; /* not given */
                 snprintf(where, sizeof where, "%s: %s, '%s' under '%s'", md, src, c0, head[col]);
                 EXPECT(k >= 0, "%s: %s has no such segments", where, src);
                 if (k > 0) check_cell(where, got, v, k);
